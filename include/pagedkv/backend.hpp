@@ -1,0 +1,110 @@
+// The executor interface: memory, streams, events, copies and kernel-body launches.
+//
+// Two implementations: the CPU backend (host memory; each stream is a worker thread running its
+// work in order, so asynchrony and event ordering are real) and the CUDA backend (cudaMalloc,
+// pinned cudaHostAlloc, CUDA streams and events, a generic __global__ trampoline). Kernel bodies
+// are written once (kernels/*.hpp) and named by a KernelId; each backend runs them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "pagedkv/config.hpp"
+#include "pagedkv/kernel_id.hpp"
+#include "pagedkv/status.hpp"
+
+namespace pagedkv {
+
+/// An ordered queue of work. The default-constructed Stream is the backend's default stream.
+struct Stream {
+  void* handle = nullptr;
+  friend bool operator==(Stream a, Stream b) { return a.handle == b.handle; }
+  friend bool operator!=(Stream a, Stream b) { return a.handle != b.handle; }
+};
+
+/// A marker in a stream: recorded after the work queued so far, waited on by other streams.
+struct Event {
+  void* handle = nullptr;
+};
+
+/// Where the source and destination of a copy live.
+enum class CopyKind : uint8_t {
+  kDeviceToDevice = 0,
+  kDeviceToHost = 1,
+  kHostToDevice = 2,
+  kHostToHost = 3,
+};
+
+/// One kernel launch: which body, its parameters (a trivially copyable struct the body type
+/// expects; copied by the backend before `launch` returns) and the size of the index space.
+struct KernelLaunch {
+  KernelId kernel = KernelId::kFill;
+  const void* params = nullptr;
+  size_t params_size = 0;
+  int64_t num_items = 0;
+};
+
+/// Executes allocations, copies and kernel bodies. Methods are thread-compatible: one owner.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  /// kCpu or kCuda.
+  virtual BackendKind kind() const = 0;
+  /// A one-line description of the executor, e.g. "cuda: NVIDIA H200 (132 SMs, sm_90)".
+  virtual std::string description() const = 0;
+
+  /// Device memory (host memory on the CPU backend), 256-byte aligned.
+  /// kResourceExhausted when it cannot be had; zero bytes is kInvalidArgument.
+  virtual StatusOr<void*> allocate_device(size_t bytes) = 0;
+  virtual void free_device(void* ptr) = 0;
+  /// Page-locked host memory usable by asynchronous copies, 256-byte aligned.
+  virtual StatusOr<void*> allocate_pinned(size_t bytes) = 0;
+  virtual void free_pinned(void* ptr) = 0;
+
+  virtual StatusOr<Stream> create_stream() = 0;
+  /// Waits for the stream's work, then releases it. The default stream is not destroyed.
+  virtual void destroy_stream(Stream stream) = 0;
+  virtual StatusOr<Event> create_event() = 0;
+  virtual void destroy_event(Event event) = 0;
+
+  /// Captures the work queued on `stream` so far; the event completes after it.
+  virtual Status record_event(Event event, Stream stream) = 0;
+  /// Work queued on `stream` after this call does not start before `event` (as last recorded)
+  /// completes. Does not block the host.
+  virtual Status wait_event(Stream stream, Event event) = 0;
+  /// True when the event's captured work is done (also for a never-recorded event).
+  virtual StatusOr<bool> query_event(Event event) = 0;
+  /// Blocks the host until the event's captured work is done.
+  virtual Status synchronize_event(Event event) = 0;
+  /// Blocks the host until all work queued on `stream` is done.
+  virtual Status synchronize_stream(Stream stream) = 0;
+
+  /// Queues a copy of `bytes` bytes on `stream`.
+  virtual Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind,
+                            Stream stream) = 0;
+  /// Queues `fn` to run on the host in stream order (cudaLaunchHostFunc). `fn` must not call
+  /// back into the backend.
+  virtual Status launch_host_func(Stream stream, std::function<void()> fn) = 0;
+  /// Queues a kernel body over the index space [0, launch.num_items).
+  virtual Status launch(const KernelLaunch& launch, Stream stream) = 0;
+};
+
+/// Creates a backend. kAuto picks CUDA when this build has it and a device is present, else the
+/// CPU backend; the choice is logged once. kCuda without a device (or without CUDA in this build)
+/// is kUnavailable.
+StatusOr<std::unique_ptr<Backend>> create_backend(BackendKind kind = BackendKind::kAuto);
+
+/// True when this build includes the CUDA backend.
+bool cuda_backend_built();
+
+/// True when the CUDA backend is built and at least one device is present.
+bool cuda_device_available();
+
+}  // namespace pagedkv

@@ -1,0 +1,65 @@
+// The cache configuration: model shape, pool sizes, element type, layout and policies.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "pagedkv/dtype.hpp"
+#include "pagedkv/status.hpp"
+
+namespace pagedkv {
+
+/// Order of a page's elements. NHD: [block_size][kv_heads][head_dim] (default);
+/// HND: [kv_heads][block_size][head_dim].
+enum class PageLayout : uint8_t { kNHD = 0, kHND = 1 };
+
+/// What the planner evicts or offloads when a block is needed and none is free.
+/// kNone never takes blocks from sequences (cached prefix blocks are still reclaimed).
+enum class EvictionPolicy : uint8_t { kNone = 0, kLru = 1, kFifo = 2 };
+
+/// Which executor runs the data plane.
+enum class BackendKind : uint8_t { kAuto = 0, kCpu = 1, kCuda = 2 };
+
+/// Paged (block pool) or dense (per-sequence contiguous buffers, the seed's default).
+enum class CacheMode : uint8_t { kPaged = 0, kDense = 1 };
+
+const char* page_layout_name(PageLayout l);
+const char* eviction_policy_name(EvictionPolicy p);
+const char* backend_kind_name(BackendKind k);
+
+/// Everything needed to create a cache. `validate()` names the first offending field.
+struct CacheConfig {
+  // Model shape.
+  int32_t num_layers = 4;
+  int32_t num_kv_heads = 4;
+  int32_t head_dim = 64;
+
+  // Pools.
+  int32_t block_size = 16;       // tokens per block
+  int64_t num_device_blocks = 256;
+  int64_t num_host_blocks = 0;   // pinned host tier; 0 disables offload to host
+  DType dtype = DType::kFloat16;
+  PageLayout page_layout = PageLayout::kNHD;
+
+  // Policies.
+  CacheMode mode = CacheMode::kPaged;
+  EvictionPolicy eviction_policy = EvictionPolicy::kLru;
+  bool enable_prefix_caching = true;
+  int32_t max_sequence_length = 1 << 20;  // tokens; reserve past it is kOutOfRange
+
+  // Dense mode knobs (seed compatible).
+  int32_t dense_initial_length = 256;
+  int32_t dense_max_free_buffers = 8;
+
+  BackendKind backend = BackendKind::kAuto;
+
+  /// Ok, or kInvalidArgument whose message starts with the field name ("head_dim: ...").
+  Status validate() const;
+
+  /// Bytes of one block (all layers, keys and values).
+  int64_t block_bytes() const;
+  /// Bytes of one page (one layer's keys or values of one block).
+  int64_t page_bytes() const;
+};
+
+}  // namespace pagedkv

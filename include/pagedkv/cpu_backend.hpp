@@ -1,0 +1,28 @@
+// Options of the CPU backend, for tests and for planning on machines without a GPU.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+
+#include "pagedkv/backend.hpp"
+
+namespace pagedkv {
+
+/// Knobs of the CPU backend. The defaults behave like an unlimited, undelayed executor.
+struct CpuBackendOptions {
+  /// Each copy sleeps this long on its worker before moving bytes, so tests can show that
+  /// ordering comes from events and not from copies finishing quickly.
+  std::chrono::microseconds copy_delay{0};
+  /// Each kernel launch sleeps this long on its worker before running.
+  std::chrono::microseconds kernel_delay{0};
+  /// Total bytes allocate_device may hand out; 0 means no limit beyond the host's.
+  size_t device_memory_limit = 0;
+  /// Total bytes allocate_pinned may hand out; 0 means no limit beyond the host's.
+  size_t pinned_memory_limit = 0;
+};
+
+/// A CPU backend with the given options (create_backend(kCpu) uses the defaults).
+std::unique_ptr<Backend> create_cpu_backend(const CpuBackendOptions& options = {});
+
+}  // namespace pagedkv

@@ -1,0 +1,16 @@
+// Names of the kernel bodies that a Backend can launch. The body types and their parameter
+// structs live in kernels/*.hpp; kernels/registry.hpp maps each id to its body type.
+#pragma once
+
+#include <cstdint>
+
+namespace pagedkv {
+
+/// One entry per kernel body. Keep in step with PAGEDKV_KERNEL_LIST in kernels/registry.hpp.
+enum class KernelId : uint16_t {
+  kFill = 0,  // fill 32-bit words with a value (poisoning, clearing)
+  kIota,      // out[i] = start + i * step (backend self-test)
+  kCount,     // number of ids; not a kernel
+};
+
+}  // namespace pagedkv

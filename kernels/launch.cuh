@@ -1,0 +1,18 @@
+// Declaration of the CUDA launcher of a kernel body. The CUDA backend's dispatcher calls it for
+// every body in PAGEDKV_KERNEL_LIST; each body's explicit instantiation lives in the kernels/*.cu
+// file of its family (PAGEDKV_INSTANTIATE_CUDA_LAUNCH), so families compile in parallel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace pagedkv::cuda {
+
+/// Launches `Body` (whose bytes are at `params`) over [0, num_items) on `stream` with a
+/// grid-stride loop of at most `max_blocks` blocks; returns cudaPeekAtLastError().
+template <typename Body>
+cudaError_t launch_body(const void* params, int64_t num_items, cudaStream_t stream,
+                        int max_blocks);
+
+}  // namespace pagedkv::cuda

@@ -1,0 +1,72 @@
+// Backend selection: explicit, or auto (CUDA when built in and a device is present, else CPU).
+#include <mutex>
+
+#include "common/logging.hpp"
+#include "pagedkv/backend.hpp"
+#include "pagedkv/cpu_backend.hpp"
+
+#if defined(PAGEDKV_WITH_CUDA)
+#include "backend/cuda/cuda_factory.hpp"
+#endif
+
+namespace pagedkv {
+namespace {
+
+void log_choice_once(const Backend& backend, BackendKind requested) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    detail::logger().info("backend {} (requested {}): {}", backend_kind_name(backend.kind()),
+                          backend_kind_name(requested), backend.description());
+  });
+}
+
+}  // namespace
+
+bool cuda_backend_built() {
+#if defined(PAGEDKV_WITH_CUDA)
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool cuda_device_available() {
+#if defined(PAGEDKV_WITH_CUDA)
+  return cuda::device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+StatusOr<std::unique_ptr<Backend>> create_backend(BackendKind kind) {
+  std::unique_ptr<Backend> backend;
+  switch (kind) {
+    case BackendKind::kCpu:
+      backend = create_cpu_backend();
+      break;
+    case BackendKind::kCuda: {
+#if defined(PAGEDKV_WITH_CUDA)
+      PAGEDKV_ASSIGN_OR_RETURN(backend, cuda::create_cuda_backend());
+#else
+      return unavailable("the CUDA backend is not built in (configured with PAGEDKV_ENABLE_CUDA=OFF)");
+#endif
+      break;
+    }
+    case BackendKind::kAuto: {
+#if defined(PAGEDKV_WITH_CUDA)
+      if (cuda::device_count() > 0) {
+        PAGEDKV_ASSIGN_OR_RETURN(backend, cuda::create_cuda_backend());
+        break;
+      }
+#endif
+      backend = create_cpu_backend();
+      break;
+    }
+    default:
+      return invalid_argument("backend: unknown backend kind");
+  }
+  log_choice_once(*backend, kind);
+  return backend;
+}
+
+}  // namespace pagedkv

@@ -1,0 +1,226 @@
+#include "backend/cpu/cpu_backend.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "kernels/registry.hpp"
+
+namespace pagedkv::cpu {
+namespace {
+
+constexpr size_t kAlignment = 256;
+
+size_t round_up(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+
+const char* copy_kind_name(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::kDeviceToDevice: return "device-to-device";
+    case CopyKind::kDeviceToHost: return "device-to-host";
+    case CopyKind::kHostToDevice: return "host-to-device";
+    case CopyKind::kHostToHost: return "host-to-host";
+  }
+  return "unknown";
+}
+
+template <typename Body>
+void run_body(const void* params, int64_t num_items) {
+  Body body;
+  std::memcpy(static_cast<void*>(&body), params, sizeof(Body));
+  for (int64_t i = 0; i < num_items; ++i) body(i);
+}
+
+}  // namespace
+
+void run_kernel(KernelId id, const void* params, int64_t num_items) {
+  switch (id) {
+#define PAGEDKV_CPU_RUN_CASE(name, Body)     \
+  case KernelId::name:                       \
+    run_body<Body>(params, num_items);       \
+    return;
+    PAGEDKV_KERNEL_LIST(PAGEDKV_CPU_RUN_CASE)
+#undef PAGEDKV_CPU_RUN_CASE
+    default:
+      return;  // rejected by launch() before anything is queued
+  }
+}
+
+CpuBackend::CpuBackend(const CpuBackendOptions& options)
+    : options_(options), default_stream_(std::make_unique<CpuStream>()) {
+  device_.limit = options.device_memory_limit;
+  pinned_.limit = options.pinned_memory_limit;
+}
+
+CpuBackend::~CpuBackend() {
+  // Streams drain before the memory they may touch goes away.
+  default_stream_.reset();
+  streams_.clear();
+  for (auto& [ptr, size] : device_.sizes) std::free(ptr);
+  for (auto& [ptr, size] : pinned_.sizes) std::free(ptr);
+}
+
+std::string CpuBackend::description() const {
+  return "cpu: " + std::to_string(std::thread::hardware_concurrency()) +
+         " hardware threads, one worker thread per stream";
+}
+
+StatusOr<void*> CpuBackend::allocate(Arena& arena, size_t bytes) {
+  if (bytes == 0) return invalid_argument(std::string(arena.name) + " allocation of zero bytes");
+  std::lock_guard<std::mutex> lock(arena_mutex_);
+  const size_t rounded = round_up(bytes);
+  if (rounded < bytes || (arena.limit != 0 && arena.in_use + rounded > arena.limit)) {
+    return resource_exhausted(std::string(arena.name) + " memory exhausted: asked for " +
+                              std::to_string(bytes) + " bytes, " + std::to_string(arena.in_use) +
+                              " of " + std::to_string(arena.limit) + " in use");
+  }
+  void* ptr = std::aligned_alloc(kAlignment, rounded);
+  if (ptr == nullptr) {
+    return resource_exhausted(std::string(arena.name) + " allocation of " +
+                              std::to_string(bytes) + " bytes failed");
+  }
+  arena.sizes.emplace(ptr, rounded);
+  arena.in_use += rounded;
+  return ptr;
+}
+
+void CpuBackend::release(Arena& arena, void* ptr) {
+  if (ptr == nullptr) return;
+  std::lock_guard<std::mutex> lock(arena_mutex_);
+  auto it = arena.sizes.find(ptr);
+  if (it == arena.sizes.end()) return;  // not ours: ignore rather than corrupt the heap
+  arena.in_use -= it->second;
+  arena.sizes.erase(it);
+  std::free(ptr);
+}
+
+StatusOr<void*> CpuBackend::allocate_device(size_t bytes) { return allocate(device_, bytes); }
+void CpuBackend::free_device(void* ptr) { release(device_, ptr); }
+StatusOr<void*> CpuBackend::allocate_pinned(size_t bytes) { return allocate(pinned_, bytes); }
+void CpuBackend::free_pinned(void* ptr) { release(pinned_, ptr); }
+
+StatusOr<Stream> CpuBackend::create_stream() {
+  auto stream = std::make_unique<CpuStream>();
+  void* handle = stream.get();
+  streams_.emplace(handle, std::move(stream));
+  return Stream{handle};
+}
+
+void CpuBackend::destroy_stream(Stream stream) {
+  streams_.erase(stream.handle);  // the destructor drains the queue
+}
+
+StatusOr<Event> CpuBackend::create_event() {
+  auto event = std::make_shared<CpuEvent>();
+  void* handle = event.get();
+  events_.emplace(handle, std::move(event));
+  return Event{handle};
+}
+
+void CpuBackend::destroy_event(Event event) {
+  events_.erase(event.handle);  // queued work holds its own reference
+}
+
+StatusOr<CpuStream*> CpuBackend::find_stream(Stream stream) {
+  if (stream.handle == nullptr) return default_stream_.get();
+  auto it = streams_.find(stream.handle);
+  if (it == streams_.end()) return invalid_argument("unknown stream handle");
+  return it->second.get();
+}
+
+StatusOr<std::shared_ptr<CpuEvent>> CpuBackend::find_event(Event event) {
+  auto it = events_.find(event.handle);
+  if (it == events_.end()) return invalid_argument("unknown event handle");
+  return it->second;
+}
+
+Status CpuBackend::record_event(Event event, Stream stream) {
+  PAGEDKV_ASSIGN_OR_RETURN(std::shared_ptr<CpuEvent> e, find_event(event));
+  PAGEDKV_ASSIGN_OR_RETURN(CpuStream * s, find_stream(stream));
+  const uint64_t generation = e->next_generation();
+  s->enqueue([e, generation] { e->complete(generation); });
+  return ok_status();
+}
+
+Status CpuBackend::wait_event(Stream stream, Event event) {
+  PAGEDKV_ASSIGN_OR_RETURN(std::shared_ptr<CpuEvent> e, find_event(event));
+  PAGEDKV_ASSIGN_OR_RETURN(CpuStream * s, find_stream(stream));
+  const uint64_t generation = e->last_generation();
+  if (generation == 0) return ok_status();  // never recorded: nothing to wait for (as CUDA)
+  s->enqueue([e, generation] { e->wait_for(generation); });
+  return ok_status();
+}
+
+StatusOr<bool> CpuBackend::query_event(Event event) {
+  PAGEDKV_ASSIGN_OR_RETURN(std::shared_ptr<CpuEvent> e, find_event(event));
+  return e->is_complete(e->last_generation());
+}
+
+Status CpuBackend::synchronize_event(Event event) {
+  PAGEDKV_ASSIGN_OR_RETURN(std::shared_ptr<CpuEvent> e, find_event(event));
+  e->wait_for(e->last_generation());
+  return ok_status();
+}
+
+Status CpuBackend::synchronize_stream(Stream stream) {
+  PAGEDKV_ASSIGN_OR_RETURN(CpuStream * s, find_stream(stream));
+  s->synchronize();
+  return ok_status();
+}
+
+Status CpuBackend::copy_async(void* dst, const void* src, size_t bytes, CopyKind kind,
+                              Stream stream) {
+  if (bytes == 0) return ok_status();
+  if (dst == nullptr || src == nullptr) {
+    return invalid_argument(std::string(copy_kind_name(kind)) + " copy with a null pointer");
+  }
+  PAGEDKV_ASSIGN_OR_RETURN(CpuStream * s, find_stream(stream));
+  const auto delay = options_.copy_delay;
+  s->enqueue([dst, src, bytes, delay] {
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    std::memmove(dst, src, bytes);
+  });
+  return ok_status();
+}
+
+Status CpuBackend::launch_host_func(Stream stream, std::function<void()> fn) {
+  if (!fn) return invalid_argument("launch_host_func with an empty function");
+  PAGEDKV_ASSIGN_OR_RETURN(CpuStream * s, find_stream(stream));
+  s->enqueue(std::move(fn));
+  return ok_status();
+}
+
+Status CpuBackend::launch(const KernelLaunch& launch, Stream stream) {
+  const size_t expected = kernels::kernel_params_size(launch.kernel);
+  if (expected == 0) return invalid_argument("launch of an unknown kernel id");
+  if (launch.params == nullptr || launch.params_size != expected) {
+    return invalid_argument(std::string("kernel ") + kernels::kernel_name(launch.kernel) +
+                            ": parameter block of " + std::to_string(launch.params_size) +
+                            " bytes, expected " + std::to_string(expected));
+  }
+  if (launch.num_items < 0) {
+    return invalid_argument(std::string("kernel ") + kernels::kernel_name(launch.kernel) +
+                            ": negative index space");
+  }
+  PAGEDKV_ASSIGN_OR_RETURN(CpuStream * s, find_stream(stream));
+  if (launch.num_items == 0) return ok_status();
+  const auto* bytes = static_cast<const unsigned char*>(launch.params);
+  std::vector<unsigned char> params(bytes, bytes + expected);
+  const auto delay = options_.kernel_delay;
+  s->enqueue([id = launch.kernel, params = std::move(params), n = launch.num_items, delay] {
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    run_kernel(id, params.data(), n);
+  });
+  return ok_status();
+}
+
+}  // namespace pagedkv::cpu
+
+namespace pagedkv {
+
+std::unique_ptr<Backend> create_cpu_backend(const CpuBackendOptions& options) {
+  return std::make_unique<cpu::CpuBackend>(options);
+}
+
+}  // namespace pagedkv

@@ -1,0 +1,70 @@
+// The CPU backend: host memory, one worker thread per stream, kernel bodies run in a loop.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "backend/cpu/cpu_stream.hpp"
+#include "pagedkv/backend.hpp"
+#include "pagedkv/cpu_backend.hpp"
+
+namespace pagedkv::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const CpuBackendOptions& options);
+  ~CpuBackend() override;
+
+  BackendKind kind() const override { return BackendKind::kCpu; }
+  std::string description() const override;
+
+  StatusOr<void*> allocate_device(size_t bytes) override;
+  void free_device(void* ptr) override;
+  StatusOr<void*> allocate_pinned(size_t bytes) override;
+  void free_pinned(void* ptr) override;
+
+  StatusOr<Stream> create_stream() override;
+  void destroy_stream(Stream stream) override;
+  StatusOr<Event> create_event() override;
+  void destroy_event(Event event) override;
+
+  Status record_event(Event event, Stream stream) override;
+  Status wait_event(Stream stream, Event event) override;
+  StatusOr<bool> query_event(Event event) override;
+  Status synchronize_event(Event event) override;
+  Status synchronize_stream(Stream stream) override;
+
+  Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind,
+                    Stream stream) override;
+  Status launch_host_func(Stream stream, std::function<void()> fn) override;
+  Status launch(const KernelLaunch& launch, Stream stream) override;
+
+ private:
+  // One pool of tracked allocations (device or pinned) with an optional byte limit.
+  struct Arena {
+    const char* name;
+    size_t limit;
+    size_t in_use = 0;
+    std::unordered_map<void*, size_t> sizes;
+  };
+  StatusOr<void*> allocate(Arena& arena, size_t bytes);
+  void release(Arena& arena, void* ptr);
+  StatusOr<CpuStream*> find_stream(Stream stream);
+  StatusOr<std::shared_ptr<CpuEvent>> find_event(Event event);
+
+  CpuBackendOptions options_;
+  std::mutex arena_mutex_;
+  Arena device_{"device", 0, 0, {}};
+  Arena pinned_{"pinned", 0, 0, {}};
+  std::unordered_map<void*, std::unique_ptr<CpuStream>> streams_;
+  std::unordered_map<void*, std::shared_ptr<CpuEvent>> events_;
+  std::unique_ptr<CpuStream> default_stream_;
+};
+
+/// Runs kernel `id` over [0, num_items) on the calling thread. `params` is the body struct.
+void run_kernel(KernelId id, const void* params, int64_t num_items);
+
+}  // namespace pagedkv::cpu

@@ -1,0 +1,222 @@
+// The CUDA backend: device memory, pinned host memory, streams, events, and kernel bodies
+// launched through the generic trampoline.
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <utility>
+
+#include "backend/cuda/cuda_factory.hpp"
+#include "backend/cuda/cuda_status.hpp"
+#include "kernels/launch.cuh"
+#include "kernels/registry.hpp"
+
+namespace pagedkv::cuda {
+namespace {
+
+cudaMemcpyKind to_cuda(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::kDeviceToDevice: return cudaMemcpyDeviceToDevice;
+    case CopyKind::kDeviceToHost: return cudaMemcpyDeviceToHost;
+    case CopyKind::kHostToDevice: return cudaMemcpyHostToDevice;
+    case CopyKind::kHostToHost: return cudaMemcpyHostToHost;
+  }
+  return cudaMemcpyDefault;
+}
+
+void CUDART_CB run_host_func(void* data) {
+  std::unique_ptr<std::function<void()>> fn(static_cast<std::function<void()>*>(data));
+  (*fn)();
+}
+
+cudaError_t dispatch_kernel(KernelId id, const void* params, int64_t n, cudaStream_t stream,
+                            int max_blocks) {
+  switch (id) {
+#define PAGEDKV_CUDA_LAUNCH_CASE(name, Body) \
+  case KernelId::name:                       \
+    return launch_body<Body>(params, n, stream, max_blocks);
+    PAGEDKV_KERNEL_LIST(PAGEDKV_CUDA_LAUNCH_CASE)
+#undef PAGEDKV_CUDA_LAUNCH_CASE
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, cudaStream_t default_stream, const cudaDeviceProp& props)
+      : device_(device), default_stream_(default_stream), props_(props) {
+    // Enough resident blocks to fill every SM; grid-stride loops cover the rest.
+    max_blocks_ = props.multiProcessorCount * (props.maxThreadsPerMultiProcessor / 256);
+    if (max_blocks_ <= 0) max_blocks_ = 1024;
+  }
+  ~CudaBackend() override {
+    cudaSetDevice(device_);
+    for (void* s : streams_) {
+      cudaStreamSynchronize(static_cast<cudaStream_t>(s));
+      cudaStreamDestroy(static_cast<cudaStream_t>(s));
+    }
+    cudaStreamSynchronize(default_stream_);
+    cudaStreamDestroy(default_stream_);
+    for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  }
+
+  BackendKind kind() const override { return BackendKind::kCuda; }
+
+  std::string description() const override {
+    return std::string("cuda: ") + props_.name + " (" +
+           std::to_string(props_.multiProcessorCount) + " SMs, sm_" +
+           std::to_string(props_.major) + std::to_string(props_.minor) + ", " +
+           std::to_string(props_.totalGlobalMem >> 20) + " MiB)";
+  }
+
+  StatusOr<void*> allocate_device(size_t bytes) override {
+    if (bytes == 0) return invalid_argument("device allocation of zero bytes");
+    void* ptr = nullptr;
+    PAGEDKV_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr, bytes));
+    return ptr;
+  }
+  void free_device(void* ptr) override {
+    if (ptr != nullptr) cudaFree(ptr);
+  }
+  StatusOr<void*> allocate_pinned(size_t bytes) override {
+    if (bytes == 0) return invalid_argument("pinned allocation of zero bytes");
+    void* ptr = nullptr;
+    PAGEDKV_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable));
+    return ptr;
+  }
+  void free_pinned(void* ptr) override {
+    if (ptr != nullptr) cudaFreeHost(ptr);
+  }
+
+  StatusOr<Stream> create_stream() override {
+    cudaStream_t s = nullptr;
+    PAGEDKV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    streams_.insert(s);
+    return Stream{s};
+  }
+  void destroy_stream(Stream stream) override {
+    if (streams_.erase(stream.handle) == 0) return;
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream.handle));
+    cudaStreamDestroy(static_cast<cudaStream_t>(stream.handle));
+  }
+  StatusOr<Event> create_event() override {
+    cudaEvent_t e = nullptr;
+    PAGEDKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    events_.insert(e);
+    return Event{e};
+  }
+  void destroy_event(Event event) override {
+    if (events_.erase(event.handle) != 0) cudaEventDestroy(static_cast<cudaEvent_t>(event.handle));
+  }
+
+  Status record_event(Event event, Stream stream) override {
+    PAGEDKV_ASSIGN_OR_RETURN(cudaEvent_t e, find_event(event));
+    PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
+    PAGEDKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, s));
+    return ok_status();
+  }
+  Status wait_event(Stream stream, Event event) override {
+    PAGEDKV_ASSIGN_OR_RETURN(cudaEvent_t e, find_event(event));
+    PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
+    PAGEDKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, e, 0));
+    return ok_status();
+  }
+  StatusOr<bool> query_event(Event event) override {
+    PAGEDKV_ASSIGN_OR_RETURN(cudaEvent_t e, find_event(event));
+    const cudaError_t err = cudaEventQuery(e);
+    if (err == cudaErrorNotReady) {
+      cudaGetLastError();  // not-ready is not sticky, but keep the error slot clean
+      return false;
+    }
+    PAGEDKV_CUDA_RETURN_IF_ERROR(err);
+    return true;
+  }
+  Status synchronize_event(Event event) override {
+    PAGEDKV_ASSIGN_OR_RETURN(cudaEvent_t e, find_event(event));
+    PAGEDKV_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e));
+    return ok_status();
+  }
+  Status synchronize_stream(Stream stream) override {
+    PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
+    PAGEDKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    return ok_status();
+  }
+
+  Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind,
+                    Stream stream) override {
+    if (bytes == 0) return ok_status();
+    if (dst == nullptr || src == nullptr) return invalid_argument("copy with a null pointer");
+    PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
+    PAGEDKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, to_cuda(kind), s));
+    return ok_status();
+  }
+
+  Status launch_host_func(Stream stream, std::function<void()> fn) override {
+    if (!fn) return invalid_argument("launch_host_func with an empty function");
+    PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
+    auto* boxed = new std::function<void()>(std::move(fn));
+    const cudaError_t err = cudaLaunchHostFunc(s, run_host_func, boxed);
+    if (err != cudaSuccess) delete boxed;
+    PAGEDKV_CUDA_RETURN_IF_ERROR(err);
+    return ok_status();
+  }
+
+  Status launch(const KernelLaunch& launch, Stream stream) override {
+    const size_t expected = kernels::kernel_params_size(launch.kernel);
+    if (expected == 0) return invalid_argument("launch of an unknown kernel id");
+    if (launch.params == nullptr || launch.params_size != expected) {
+      return invalid_argument(std::string("kernel ") + kernels::kernel_name(launch.kernel) +
+                              ": parameter block of " + std::to_string(launch.params_size) +
+                              " bytes, expected " + std::to_string(expected));
+    }
+    if (launch.num_items < 0) return invalid_argument("negative index space");
+    PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
+    PAGEDKV_CUDA_RETURN_IF_ERROR(
+        dispatch_kernel(launch.kernel, launch.params, launch.num_items, s, max_blocks_));
+    return ok_status();
+  }
+
+ private:
+  StatusOr<cudaStream_t> find_stream(Stream stream) const {
+    if (stream.handle == nullptr) return default_stream_;
+    if (streams_.count(stream.handle) == 0) return invalid_argument("unknown stream handle");
+    return static_cast<cudaStream_t>(stream.handle);
+  }
+  StatusOr<cudaEvent_t> find_event(Event event) const {
+    if (events_.count(event.handle) == 0) return invalid_argument("unknown event handle");
+    return static_cast<cudaEvent_t>(event.handle);
+  }
+
+  int device_;
+  cudaStream_t default_stream_;
+  cudaDeviceProp props_;
+  int max_blocks_ = 0;
+  std::unordered_set<void*> streams_;
+  std::unordered_set<void*> events_;
+};
+
+}  // namespace
+
+int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+StatusOr<std::unique_ptr<Backend>> create_cuda_backend() {
+  if (device_count() == 0) return unavailable("no CUDA device is present");
+  int device = 0;
+  PAGEDKV_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  cudaDeviceProp props{};
+  PAGEDKV_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, device));
+  cudaStream_t stream = nullptr;
+  PAGEDKV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return std::unique_ptr<Backend>(new CudaBackend(device, stream, props));
+}
+
+}  // namespace pagedkv::cuda

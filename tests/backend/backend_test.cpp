@@ -1,0 +1,222 @@
+// The executors themselves: memory, copies, kernel bodies over an index space, stream order and
+// events. Typed over backends; the CUDA instantiation skips where no device is present.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "kernels/basic_bodies.hpp"
+#include "support/backend_test.hpp"
+
+namespace pagedkv {
+namespace {
+
+using testing::BackendTest;
+using testing::DeviceBuffer;
+
+template <typename Body>
+KernelLaunch make_launch(KernelId id, const Body& body, int64_t n) {
+  return KernelLaunch{id, &body, sizeof(body), n};
+}
+
+template <typename Tag>
+class BackendExecTest : public BackendTest<Tag> {};
+TYPED_TEST_SUITE(BackendExecTest, testing::AllBackends, testing::BackendName);
+
+TYPED_TEST(BackendExecTest, ReportsItsKind) {
+  EXPECT_EQ(this->backend().kind(), TypeParam::kKind);
+  EXPECT_FALSE(this->backend().description().empty());
+}
+
+TYPED_TEST(BackendExecTest, ZeroByteAllocationIsInvalid) {
+  EXPECT_EQ(this->backend().allocate_device(0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(this->backend().allocate_pinned(0).status().code(), StatusCode::kInvalidArgument);
+}
+
+TYPED_TEST(BackendExecTest, AllocationsAreAligned) {
+  auto d = this->backend().allocate_device(1000);
+  auto p = this->backend().allocate_pinned(1000);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(*d) % 256, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(*p) % 256, 0u);
+  this->backend().free_device(*d);
+  this->backend().free_pinned(*p);
+}
+
+TYPED_TEST(BackendExecTest, CopiesRoundTrip) {
+  std::vector<uint8_t> src(4099);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 7 + 3);
+  DeviceBuffer a(this->backend(), src.size());
+  DeviceBuffer b(this->backend(), src.size());
+  a.upload(src);
+  ASSERT_TRUE(this->backend()
+                  .copy_async(b.data(), a.data(), src.size(), CopyKind::kDeviceToDevice, Stream{})
+                  .ok());
+  EXPECT_EQ(b.download<uint8_t>(), src);
+}
+
+TYPED_TEST(BackendExecTest, RunsABodyOverEveryIndexOfAnOddSpace) {
+  for (int64_t n : {int64_t{1}, int64_t{255}, int64_t{257}, int64_t{100003}}) {
+    DeviceBuffer out(this->backend(), static_cast<size_t>(n) * sizeof(int64_t));
+    const kernels::FillBody poison{static_cast<uint32_t*>(out.data()), 0xdeadbeefu};
+    ASSERT_TRUE(this->backend().launch(make_launch(KernelId::kFill, poison, n * 2), Stream{}).ok());
+    const kernels::IotaBody iota{static_cast<int64_t*>(out.data()), 11, -3};
+    ASSERT_TRUE(this->backend().launch(make_launch(KernelId::kIota, iota, n), Stream{}).ok());
+    const std::vector<int64_t> got = out.download<int64_t>();
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[static_cast<size_t>(i)], 11 - 3 * i) << "n=" << n;
+  }
+}
+
+TYPED_TEST(BackendExecTest, FillWritesEveryWord) {
+  DeviceBuffer out(this->backend(), 37 * sizeof(uint32_t));
+  const kernels::FillBody fill{static_cast<uint32_t*>(out.data()), 0x12345678u};
+  ASSERT_TRUE(this->backend().launch(make_launch(KernelId::kFill, fill, 37), Stream{}).ok());
+  for (uint32_t w : out.download<uint32_t>()) ASSERT_EQ(w, 0x12345678u);
+}
+
+TYPED_TEST(BackendExecTest, RejectsMalformedLaunches) {
+  int64_t dummy = 0;
+  const kernels::IotaBody iota{&dummy, 0, 1};
+  KernelLaunch wrong_size{KernelId::kIota, &iota, sizeof(iota) - 1, 1};
+  EXPECT_EQ(this->backend().launch(wrong_size, Stream{}).code(), StatusCode::kInvalidArgument);
+  KernelLaunch null_params{KernelId::kIota, nullptr, sizeof(iota), 1};
+  EXPECT_EQ(this->backend().launch(null_params, Stream{}).code(), StatusCode::kInvalidArgument);
+  KernelLaunch unknown{KernelId::kCount, &iota, sizeof(iota), 1};
+  EXPECT_EQ(this->backend().launch(unknown, Stream{}).code(), StatusCode::kInvalidArgument);
+  KernelLaunch negative{KernelId::kIota, &iota, sizeof(iota), -1};
+  EXPECT_EQ(this->backend().launch(negative, Stream{}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(dummy, 0);
+}
+
+TYPED_TEST(BackendExecTest, RejectsUnknownHandles) {
+  int marker = 0;
+  const Stream bogus_stream{&marker};
+  const Event bogus_event{&marker};
+  EXPECT_EQ(this->backend().synchronize_stream(bogus_stream).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(this->backend().synchronize_event(bogus_event).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(this->backend().query_event(bogus_event).status().code(),
+            StatusCode::kInvalidArgument);
+  auto e = this->backend().create_event();
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(this->backend().record_event(*e, bogus_stream).code(), StatusCode::kInvalidArgument);
+  this->backend().destroy_event(*e);
+}
+
+TYPED_TEST(BackendExecTest, CopyWithNullPointerIsRejected) {
+  DeviceBuffer a(this->backend(), 64);
+  EXPECT_EQ(this->backend().copy_async(nullptr, a.data(), 64, CopyKind::kDeviceToDevice, Stream{}).code(),
+            StatusCode::kInvalidArgument);
+}
+
+// A stream that waits on an event must not start its later work before the event's work is done,
+// even when that work is slow. A third stream without the wait shows that the slow op really is
+// still running when unordered work executes, so the test can fail.
+TYPED_TEST(BackendExecTest, WorkAfterAnEventWaitDoesNotStartBeforeTheEvent) {
+  Backend& be = this->backend();
+  auto producer = be.create_stream();
+  auto consumer = be.create_stream();
+  auto bystander = be.create_stream();
+  auto event = be.create_event();
+  ASSERT_TRUE(producer.ok() && consumer.ok() && bystander.ok() && event.ok());
+
+  std::atomic<bool> slow_op_done{false};
+  std::atomic<int> observed_by_consumer{-1};
+  std::atomic<int> observed_by_bystander{-1};
+
+  ASSERT_TRUE(be.launch_host_func(*producer, [&] {
+                  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+                  slow_op_done = true;
+                }).ok());
+  ASSERT_TRUE(be.record_event(*event, *producer).ok());
+  EXPECT_FALSE(*be.query_event(*event));  // the slow op is still sleeping
+
+  ASSERT_TRUE(be.wait_event(*consumer, *event).ok());
+  ASSERT_TRUE(be.launch_host_func(*consumer, [&] { observed_by_consumer = slow_op_done ? 1 : 0; }).ok());
+  ASSERT_TRUE(be.launch_host_func(*bystander, [&] { observed_by_bystander = slow_op_done ? 1 : 0; }).ok());
+
+  ASSERT_TRUE(be.synchronize_stream(*bystander).ok());
+  ASSERT_TRUE(be.synchronize_stream(*consumer).ok());
+  EXPECT_EQ(observed_by_bystander.load(), 0) << "unordered work should run during the slow op";
+  EXPECT_EQ(observed_by_consumer.load(), 1) << "ordered work ran before the event completed";
+  EXPECT_TRUE(*be.query_event(*event));
+
+  be.destroy_event(*event);
+  be.destroy_stream(*producer);
+  be.destroy_stream(*consumer);
+  be.destroy_stream(*bystander);
+}
+
+// Data ordering through an event: a kernel on one stream, delayed behind a slow op, produces a
+// buffer that a copy on another stream consumes.
+TYPED_TEST(BackendExecTest, CopyOrderedAfterKernelOnAnotherStream) {
+  Backend& be = this->backend();
+  auto producer = be.create_stream();
+  auto consumer = be.create_stream();
+  auto event = be.create_event();
+  ASSERT_TRUE(producer.ok() && consumer.ok() && event.ok());
+  const int64_t n = 4097;
+  DeviceBuffer x(be, n * sizeof(int64_t));
+  DeviceBuffer y(be, n * sizeof(int64_t));
+  const kernels::FillBody zero_y{static_cast<uint32_t*>(y.data()), 0u};
+  ASSERT_TRUE(be.launch(make_launch(KernelId::kFill, zero_y, n * 2), Stream{}).ok());
+  ASSERT_TRUE(be.synchronize_stream(Stream{}).ok());
+
+  ASSERT_TRUE(be.launch_host_func(*producer, [] {
+                  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                }).ok());
+  const kernels::IotaBody iota{static_cast<int64_t*>(x.data()), 5, 2};
+  ASSERT_TRUE(be.launch(make_launch(KernelId::kIota, iota, n), *producer).ok());
+  ASSERT_TRUE(be.record_event(*event, *producer).ok());
+  ASSERT_TRUE(be.wait_event(*consumer, *event).ok());
+  ASSERT_TRUE(be.copy_async(y.data(), x.data(), n * sizeof(int64_t), CopyKind::kDeviceToDevice,
+                            *consumer).ok());
+  ASSERT_TRUE(be.synchronize_stream(*consumer).ok());
+  const std::vector<int64_t> got = y.download<int64_t>();
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[static_cast<size_t>(i)], 5 + 2 * i);
+  be.destroy_event(*event);
+  be.destroy_stream(*producer);
+  be.destroy_stream(*consumer);
+}
+
+TYPED_TEST(BackendExecTest, SynchronizeEventBlocksUntilItsWorkIsDone) {
+  Backend& be = this->backend();
+  auto stream = be.create_stream();
+  auto event = be.create_event();
+  ASSERT_TRUE(stream.ok() && event.ok());
+  EXPECT_TRUE(*be.query_event(*event));  // never recorded: complete
+  std::atomic<bool> done{false};
+  ASSERT_TRUE(be.launch_host_func(*stream, [&] {
+                  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                  done = true;
+                }).ok());
+  ASSERT_TRUE(be.record_event(*event, *stream).ok());
+  ASSERT_TRUE(be.synchronize_event(*event).ok());
+  EXPECT_TRUE(done.load());
+  EXPECT_TRUE(*be.query_event(*event));
+  be.destroy_event(*event);
+  be.destroy_stream(*stream);
+}
+
+TYPED_TEST(BackendExecTest, WorkOnOneStreamRunsInOrder) {
+  Backend& be = this->backend();
+  auto stream = be.create_stream();
+  ASSERT_TRUE(stream.ok());
+  std::vector<int> order;
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(be.launch_host_func(*stream, [&order, i] {
+                    if (i % 7 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                    order.push_back(i);
+                  }).ok());
+  }
+  ASSERT_TRUE(be.synchronize_stream(*stream).ok());
+  ASSERT_EQ(order.size(), 50u);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(order[static_cast<size_t>(i)], i);
+  be.destroy_stream(*stream);
+}
+
+}  // namespace
+}  // namespace pagedkv

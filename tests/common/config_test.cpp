@@ -1,0 +1,82 @@
+#include "pagedkv/config.hpp"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace pagedkv {
+namespace {
+
+TEST(CacheConfig, DefaultIsValid) { EXPECT_TRUE(CacheConfig{}.validate().ok()); }
+
+TEST(CacheConfig, EachInvalidFieldIsNamed) {
+  struct Case {
+    const char* field;
+    std::function<void(CacheConfig&)> break_it;
+  };
+  const std::vector<Case> cases = {
+      {"num_layers", [](CacheConfig& c) { c.num_layers = 0; }},
+      {"num_layers", [](CacheConfig& c) { c.num_layers = -3; }},
+      {"num_kv_heads", [](CacheConfig& c) { c.num_kv_heads = 0; }},
+      {"head_dim", [](CacheConfig& c) { c.head_dim = 0; }},
+      {"head_dim", [](CacheConfig& c) { c.head_dim = -64; }},
+      {"block_size", [](CacheConfig& c) { c.block_size = 0; }},
+      {"num_device_blocks", [](CacheConfig& c) { c.num_device_blocks = 0; }},
+      {"num_device_blocks", [](CacheConfig& c) { c.num_device_blocks = int64_t{1} << 31; }},
+      {"num_host_blocks", [](CacheConfig& c) { c.num_host_blocks = -1; }},
+      {"num_host_blocks", [](CacheConfig& c) { c.num_host_blocks = int64_t{1} << 32; }},
+      {"dtype", [](CacheConfig& c) { c.dtype = static_cast<DType>(9); }},
+      {"page_layout", [](CacheConfig& c) { c.page_layout = static_cast<PageLayout>(5); }},
+      {"eviction_policy", [](CacheConfig& c) { c.eviction_policy = static_cast<EvictionPolicy>(7); }},
+      {"backend", [](CacheConfig& c) { c.backend = static_cast<BackendKind>(3); }},
+      {"mode", [](CacheConfig& c) { c.mode = static_cast<CacheMode>(2); }},
+      {"max_sequence_length", [](CacheConfig& c) { c.max_sequence_length = 0; }},
+      {"dense_initial_length", [](CacheConfig& c) { c.dense_initial_length = 0; }},
+      {"dense_max_free_buffers", [](CacheConfig& c) { c.dense_max_free_buffers = -1; }},
+      {"num_device_blocks", [](CacheConfig& c) {  // 2^30 blocks of 2^40 elements overflow
+         c.num_device_blocks = int64_t{1} << 30;
+         c.num_layers = 1 << 10;
+         c.head_dim = 1 << 20;
+         c.num_kv_heads = 1 << 10;
+       }},
+  };
+  for (const Case& c : cases) {
+    CacheConfig config;
+    c.break_it(config);
+    const Status s = config.validate();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.field;
+    EXPECT_EQ(s.message().rfind(std::string(c.field) + ":", 0), 0u)
+        << "expected the message to start with '" << c.field << ":', got " << s.message();
+  }
+}
+
+TEST(CacheConfig, ByteSizesFollowTheShape) {
+  CacheConfig c;
+  c.num_layers = 3;
+  c.num_kv_heads = 5;
+  c.head_dim = 80;
+  c.block_size = 16;
+  c.dtype = DType::kBFloat16;
+  EXPECT_EQ(c.page_bytes(), 16 * 5 * 80 * 2);
+  EXPECT_EQ(c.block_bytes(), 3 * 2 * 16 * 5 * 80 * 2);
+  c.dtype = DType::kFloat8E4M3;
+  EXPECT_EQ(c.block_bytes(), 3 * 2 * 16 * 5 * 80);
+  c.dtype = DType::kFloat32;
+  EXPECT_EQ(c.page_bytes(), 16 * 5 * 80 * 4);
+}
+
+TEST(CacheConfig, EnumNames) {
+  EXPECT_STREQ(page_layout_name(PageLayout::kHND), "HND");
+  EXPECT_STREQ(eviction_policy_name(EvictionPolicy::kFifo), "fifo");
+  EXPECT_STREQ(backend_kind_name(BackendKind::kCuda), "cuda");
+  EXPECT_STREQ(dtype_name(DType::kFloat8E4M3), "fp8_e4m3");
+  DType t;
+  ASSERT_TRUE(parse_dtype("bf16", &t));
+  EXPECT_EQ(t, DType::kBFloat16);
+  EXPECT_FALSE(parse_dtype("int4", &t));
+}
+
+}  // namespace
+}  // namespace pagedkv

@@ -1,0 +1,94 @@
+// Typed-test support: the same test body instantiated for each backend. The CUDA instantiation
+// skips with a clear message where no device is present (or the build has no CUDA).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "pagedkv/backend.hpp"
+
+namespace pagedkv::testing {
+
+struct CpuBackendTag {
+  static constexpr BackendKind kKind = BackendKind::kCpu;
+};
+struct CudaBackendTag {
+  static constexpr BackendKind kKind = BackendKind::kCuda;
+};
+
+using AllBackends = ::testing::Types<CpuBackendTag, CudaBackendTag>;
+
+/// Names typed-test instantiations "Cpu" and "Cuda" instead of 0 and 1.
+struct BackendName {
+  template <typename Tag>
+  static std::string GetName(int) {
+    return Tag::kKind == BackendKind::kCpu ? "Cpu" : "Cuda";
+  }
+};
+
+/// Fixture holding one backend of the tag's kind.
+template <typename Tag>
+class BackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (Tag::kKind == BackendKind::kCuda && !cuda_device_available()) {
+      GTEST_SKIP() << (cuda_backend_built() ? "no CUDA device present"
+                                            : "this build has no CUDA backend")
+                   << ": the CUDA instantiation is skipped";
+    }
+    auto backend = create_backend(Tag::kKind);
+    ASSERT_TRUE(backend.ok()) << backend.status().to_string();
+    backend_ = std::move(backend).value();
+  }
+
+  Backend& backend() { return *backend_; }
+
+  std::unique_ptr<Backend> backend_;
+};
+
+/// Device memory owned by a test, with blocking upload and download helpers.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(Backend& backend, size_t bytes) : backend_(&backend), bytes_(bytes) {
+    auto ptr = backend.allocate_device(bytes == 0 ? 1 : bytes);
+    EXPECT_TRUE(ptr.ok()) << ptr.status().to_string();
+    if (ptr.ok()) data_ = *ptr;
+  }
+  ~DeviceBuffer() { backend_->free_device(data_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+  /// Copies `bytes()` bytes from `src` into the buffer and waits.
+  void upload(const void* src) {
+    ASSERT_TRUE(backend_->copy_async(data_, src, bytes_, CopyKind::kHostToDevice, Stream{}).ok());
+    ASSERT_TRUE(backend_->synchronize_stream(Stream{}).ok());
+  }
+  template <typename T>
+  void upload(const std::vector<T>& src) {
+    ASSERT_EQ(src.size() * sizeof(T), bytes_);
+    upload(static_cast<const void*>(src.data()));
+  }
+  /// Waits for the default stream, then copies the buffer out.
+  template <typename T>
+  std::vector<T> download() {
+    std::vector<T> out(bytes_ / sizeof(T));
+    EXPECT_TRUE(backend_->synchronize_stream(Stream{}).ok());
+    EXPECT_TRUE(
+        backend_->copy_async(out.data(), data_, bytes_, CopyKind::kDeviceToHost, Stream{}).ok());
+    EXPECT_TRUE(backend_->synchronize_stream(Stream{}).ok());
+    return out;
+  }
+
+ private:
+  Backend* backend_;
+  size_t bytes_;
+  void* data_ = nullptr;
+};
+
+}  // namespace pagedkv::testing
