@@ -1,0 +1,73 @@
+// Block allocator: logical blocks (identity of a block, what sequences and the prefix index point
+// to) kept apart from physical slots (where the bytes are, per tier). O(1) allocate/free/move.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "pagedkv/control_types.hpp"
+
+namespace pagedkv {
+namespace core {
+
+/// Index of a logical block; stable while the block moves between tiers.
+using LogicalId = int32_t;
+inline constexpr LogicalId kNoBlock = -1;
+
+/// Everything the control plane knows about one logical block.
+struct BlockInfo {
+  Tier tier = Tier::kDevice;
+  int32_t phys = -1;  // physical slot in `tier`; -1 when the logical id is free
+  int32_t ref = 0;    // sequences holding it (a sequence holds each of its blocks once)
+  int32_t node = -1;  // prefix-index node when cached (registered), else -1
+  // Eviction key while unreferenced: retention priority, then last access tick.
+  int32_t retention = kDefaultRetentionPriority;
+  int64_t expiry_ns = 0;     // when `retention` reverts to default; 0: never
+  uint64_t expiry_gen = 0;   // invalidates stale entries of the expiry heap
+  uint64_t last_access = 0;  // monotone tick of the last reference or release
+  bool listed = false;       // in the eviction queue
+};
+
+/// Logical blocks plus one free stack of physical slots per tier.
+class BlockAllocator {
+ public:
+  /// Pools of `device_blocks` and `host_blocks` physical slots (both validated by the caller).
+  BlockAllocator(int64_t device_blocks, int64_t host_blocks);
+
+  /// Physical slots of a tier.
+  int64_t capacity(Tier t) const { return static_cast<int64_t>(owner_[idx(t)].size()); }
+  /// Free physical slots of a tier.
+  int64_t free_count(Tier t) const { return static_cast<int64_t>(free_[idx(t)].size()); }
+
+  /// Takes the next free slot of `t` (lowest id first on a fresh pool, then LIFO) and a logical
+  /// id for it, with ref = 1. Requires free_count(t) > 0.
+  LogicalId allocate(Tier t);
+  /// Returns the block's physical slot and logical id to their free stacks. Requires ref == 0 and
+  /// no prefix-index node.
+  void release(LogicalId id);
+  /// Moves a block to a free slot of `dst`; returns the move (physical ids). Requires a free slot.
+  BlockMove move(LogicalId id, Tier dst);
+
+  BlockInfo& operator[](LogicalId id) { return blocks_[static_cast<size_t>(id)]; }
+  const BlockInfo& operator[](LogicalId id) const { return blocks_[static_cast<size_t>(id)]; }
+  /// Logical ids range over [0, num_logical()).
+  int64_t num_logical() const { return static_cast<int64_t>(blocks_.size()); }
+  /// The logical block in physical slot `phys` of `t`, or kNoBlock when the slot is free.
+  LogicalId owner(Tier t, int32_t phys) const { return owner_[idx(t)][static_cast<size_t>(phys)]; }
+  /// Whether a logical id is in use.
+  bool live(LogicalId id) const { return blocks_[static_cast<size_t>(id)].phys >= 0; }
+
+ private:
+  static size_t idx(Tier t) { return static_cast<size_t>(t); }
+  int32_t take_slot(Tier t);
+
+  std::vector<BlockInfo> blocks_;
+  std::vector<LogicalId> free_logical_;
+  std::vector<int32_t> free_[kNumTiers];
+  std::vector<LogicalId> owner_[kNumTiers];
+};
+
+}  // namespace core
+}  // namespace pagedkv

@@ -1,0 +1,528 @@
+#include "core/control_plane.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+namespace pagedkv {
+namespace core {
+
+namespace {
+
+std::string seq_name(SequenceId id) { return "sequence " + std::to_string(id); }
+
+Status unknown(SequenceId id) { return not_found(seq_name(id) + " does not exist"); }
+
+int64_t default_clock() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ControlPlane>> ControlPlane::create(const CacheConfig& config,
+                                                             ControlOptions options) {
+  PAGEDKV_RETURN_IF_ERROR(config.validate());
+  if (config.mode != CacheMode::kPaged) {
+    return invalid_argument("mode: ControlPlane is the paged control plane; use DenseAllocator");
+  }
+  return std::unique_ptr<ControlPlane>(new ControlPlane(config, std::move(options)));
+}
+
+ControlPlane::ControlPlane(const CacheConfig& config, ControlOptions options)
+    : config_(config),
+      clock_(options.clock ? std::move(options.clock) : Clock(default_clock)),
+      events_enabled_(options.enable_events),
+      block_size_(config.block_size),
+      blocks_(config.num_device_blocks, config.num_host_blocks),
+      index_(config.block_size, config.num_device_blocks + config.num_host_blocks),
+      evictq_(&blocks_),
+      batch_(config.block_size) {}
+
+Status ControlPlane::validate_options(const SequenceOptions& o) const {
+  if (o.retention_priority < kMinRetentionPriority ||
+      o.retention_priority > kMaxRetentionPriority) {
+    return invalid_argument("retention_priority must be in [0, 100], got " +
+                            std::to_string(o.retention_priority));
+  }
+  if (o.retention_duration_ns < 0) return invalid_argument("retention_duration_ns must be >= 0");
+  return ok_status();
+}
+
+// ---------------------------------------------------------------- block bookkeeping
+
+void ControlPlane::unlist(LogicalId id) {
+  if (blocks_[id].listed) evictq_.erase(id);
+}
+
+void ControlPlane::release_block(LogicalId id, const Sequence& owner) {
+  BlockInfo& b = blocks_[id];
+  if (--b.ref > 0) return;
+  b.last_access = ++tick_;
+  if (b.node < 0) {
+    blocks_.release(id);
+    return;
+  }
+  if (b.tier == Tier::kHost) {
+    // The host tier holds offloaded sequences, not a cache: an unreferenced host block leaves
+    // the index at once, unless cached device blocks still hang below it (possible after a
+    // rollback then offload); then it waits, uncounted as evictable, until the last of them is
+    // evicted (remove_node cascades).
+    if (index_.node(b.node).children == 0) {
+      remove_node(b.node);
+      blocks_.release(id);
+    } else {
+      ++cached_unref_[static_cast<int>(Tier::kHost)];
+    }
+    return;
+  }
+  ++cached_unref_[static_cast<int>(Tier::kDevice)];
+  b.retention = owner.options.retention_priority;
+  b.expiry_ns =
+      owner.options.retention_duration_ns > 0 ? now_ns() + owner.options.retention_duration_ns : 0;
+  evictq_.schedule_expiry(id);
+  if (index_.node(b.node).children == 0) evictq_.push(id);
+}
+
+void ControlPlane::release_tail(Sequence* s, size_t keep) {
+  for (size_t i = s->blocks.size(); i > keep; --i) release_block(s->blocks[i - 1], *s);
+  if (s->blocks.size() > keep) {
+    s->blocks.resize(keep);
+    ++s->table_version;
+  }
+}
+
+void ControlPlane::remove_node(NodeId node) {
+  // Removing a node can leave an unreferenced host parent childless; it goes too, and so on up.
+  bool release_too = false;
+  while (true) {
+    const PrefixNode& x = index_.node(node);
+    const LogicalId id = x.block;
+    const NodeId parent = x.parent;
+    emit_block_event(EventKind::kBlockRemoved, node);
+    index_.remove(node);
+    blocks_[id].node = -1;
+    if (release_too) blocks_.release(id);
+    if (parent == kRootNode || index_.node(parent).children != 0) return;
+    const LogicalId pid = index_.node(parent).block;
+    BlockInfo& p = blocks_[pid];
+    if (p.ref != 0) return;
+    if (p.tier == Tier::kDevice) {
+      if (!p.listed) evictq_.push(pid);
+      return;
+    }
+    --cached_unref_[static_cast<int>(Tier::kHost)];
+    node = parent;
+    release_too = true;
+  }
+}
+
+void ControlPlane::register_full_block(Sequence* s, size_t i) {
+  const LogicalId ours = s->blocks[i];
+  if (blocks_[ours].node >= 0) return;
+  NodeId parent = kRootNode;
+  if (i > 0) {
+    parent = blocks_[s->blocks[i - 1]].node;
+    if (parent < 0) return;  // the chain is broken (see dedupe on the host tier below)
+  }
+  const TokenId* tokens = &s->tokens[i * static_cast<size_t>(block_size_)];
+  const NodeId existing = index_.find(parent, s->options.ns, tokens);
+  if (existing < 0) {
+    blocks_[ours].node = index_.insert(parent, s->options.ns, tokens, ours);
+    emit_block_event(EventKind::kBlockStored, blocks_[ours].node);
+    return;
+  }
+  const LogicalId theirs = index_.node(existing).block;
+  // The same prefix was computed elsewhere. On the device: use the cached block and free ours
+  // (same tokens, same keys and values), so the index keeps one block per prefix. On the host:
+  // keep ours unregistered; the offloaded copy stays the registered one.
+  if (blocks_[theirs].tier != Tier::kDevice) return;
+  BlockInfo& t = blocks_[theirs];
+  if (t.ref++ == 0) {
+    --cached_unref_[static_cast<int>(Tier::kDevice)];
+    unlist(theirs);
+  }
+  t.last_access = ++tick_;
+  s->blocks[i] = theirs;
+  ++s->table_version;
+  release_block(ours, *s);
+}
+
+void ControlPlane::emit_block_event(EventKind kind, NodeId node) {
+  if (!events_enabled_) return;
+  const PrefixNode& x = index_.node(node);
+  ControlEvent e;
+  e.kind = kind;
+  e.block_hash = x.hash;
+  e.parent_hash = x.parent_hash;
+  e.ns = x.ns;
+  if (kind == EventKind::kBlockStored) {
+    const TokenId* t = index_.tokens(node);
+    e.tokens.assign(t, t + block_size_);
+  }
+  events_.push_back(std::move(e));
+}
+
+void ControlPlane::emit_sequence_event(EventKind kind, SequenceId id) {
+  if (!events_enabled_) return;
+  ControlEvent e;
+  e.kind = kind;
+  e.sequence = id;
+  events_.push_back(std::move(e));
+}
+
+void ControlPlane::update_victim(Sequence* s) {
+  if (s->active || s->offloaded) {
+    seqs_.clear_victim(s);
+    return;
+  }
+  const uint64_t order =
+      config_.eviction_policy == EvictionPolicy::kFifo ? s->arrival : s->last_used;
+  seqs_.set_victim(s, SequenceTable::VictimKey(s->options.priority, order, s->id));
+}
+
+void ControlPlane::touch(Sequence* s) {
+  s->last_used = ++tick_;
+  if (s->is_victim && config_.eviction_policy != EvictionPolicy::kFifo) update_victim(s);
+}
+
+// ---------------------------------------------------------------- sequences
+
+StatusOr<int64_t> ControlPlane::add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
+                                             const SequenceOptions& options) {
+  if (seqs_.find(id) != nullptr) return already_exists(seq_name(id) + " already exists");
+  PAGEDKV_RETURN_IF_ERROR(validate_options(options));
+  const int64_t len = static_cast<int64_t>(prompt.size());
+  if (len > config_.max_sequence_length) {
+    return out_of_range("prompt of " + std::to_string(len) +
+                        " tokens exceeds max_sequence_length " +
+                        std::to_string(config_.max_sequence_length));
+  }
+  // Longest match over full device-resident blocks. A host-resident node ends the match: its
+  // bytes are not where a kernel can read them.
+  std::vector<LogicalId> matched;
+  if (config_.enable_prefix_caching) {
+    NodeId parent = kRootNode;
+    for (int64_t i = 0; (i + 1) * block_size_ <= len; ++i) {
+      const NodeId n =
+          index_.find(parent, options.ns, &prompt[static_cast<size_t>(i * block_size_)]);
+      if (n < 0 || blocks_[index_.node(n).block].tier != Tier::kDevice) break;
+      matched.push_back(index_.node(n).block);
+      parent = n;
+    }
+  }
+  int64_t cached = static_cast<int64_t>(matched.size()) * block_size_;
+  // At least one token is left to compute; its block (if matched) is copied on write.
+  if (cached == len && len > 0) cached = len - 1;
+  matched.resize(static_cast<size_t>((cached + block_size_ - 1) / block_size_));
+
+  Sequence* s = seqs_.create(id);
+  s->options = options;
+  s->tokens.assign(prompt.begin(), prompt.begin() + cached);
+  s->blocks = matched;
+  for (LogicalId b : matched) {
+    BlockInfo& info = blocks_[b];
+    if (info.ref++ == 0) {
+      --cached_unref_[static_cast<int>(Tier::kDevice)];
+      unlist(b);
+    }
+    info.last_access = ++tick_;
+  }
+  s->arrival = ++tick_;
+  s->last_used = s->arrival;
+  update_victim(s);
+
+  ++counters_.prefix_queries;
+  counters_.prefix_query_tokens += len;
+  counters_.prefix_hit_tokens += cached;
+  const int64_t hit_blocks = cached / block_size_;
+  counters_.prefix_hit_blocks += hit_blocks;
+  counters_.prefix_miss_blocks += len / block_size_ - hit_blocks;
+  return cached;
+}
+
+Status ControlPlane::reserve_into(SequenceId id, int64_t n, ReserveResult* result) {
+  Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  if (n < 0) return invalid_argument("reserve: n must be >= 0, got " + std::to_string(n));
+  const int64_t len = s->length();
+  if (len + n > config_.max_sequence_length) {
+    return out_of_range("reserve: " + seq_name(id) + " would reach " + std::to_string(len + n) +
+                        " tokens, past max_sequence_length " +
+                        std::to_string(config_.max_sequence_length));
+  }
+  const size_t need_total = static_cast<size_t>((len + n + block_size_ - 1) / block_size_);
+  const size_t cur = s->blocks.size();
+  const size_t write_block = static_cast<size_t>(len / block_size_);
+  bool cow = false;
+  if (n > 0 && write_block < cur) {
+    const BlockInfo& b = blocks_[s->blocks[write_block]];
+    cow = b.ref > 1 || b.node >= 0;
+  }
+  const int64_t new_blocks = need_total > cur ? static_cast<int64_t>(need_total - cur) : 0;
+  int64_t host_blocks = 0;
+  if (s->offloaded) {
+    for (LogicalId b : s->blocks) host_blocks += blocks_[b].tier == Tier::kHost ? 1 : 0;
+  }
+  Plan plan;
+  PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(new_blocks + (cow ? 1 : 0) + host_blocks, s, &plan));
+
+  // Apply: nothing below can fail.
+  Transfers& out = result->transfers;
+  apply_plan(plan, &out);
+  if (s->offloaded) do_restore(s, &out);
+  if (cur > need_total) release_tail(s, need_total);
+  if (cow) {
+    const LogicalId src = s->blocks[write_block];
+    const LogicalId dst = take_device_block();
+    out.copies.push_back(BlockCopy{blocks_[src].phys, blocks_[dst].phys});
+    s->blocks[write_block] = dst;
+    ++s->table_version;
+    release_block(src, *s);
+    ++counters_.copy_on_write;
+  }
+  for (int64_t i = 0; i < new_blocks; ++i) s->blocks.push_back(take_device_block());
+  s->pending = n;
+  touch(s);
+  for (int64_t p = len; p < len + n; ++p) {
+    const int64_t phys = blocks_[s->blocks[static_cast<size_t>(p / block_size_)]].phys;
+    result->slots.push_back(phys * block_size_ + p % block_size_);
+  }
+  return ok_status();
+}
+
+StatusOr<ReserveResult> ControlPlane::reserve(SequenceId id, int64_t n) {
+  ReserveResult result;
+  PAGEDKV_RETURN_IF_ERROR(reserve_into(id, n, &result));
+  return result;
+}
+
+Status ControlPlane::commit(SequenceId id, const TokenId* tokens, int64_t n) {
+  Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  if (n < 0) return invalid_argument("commit: n must be >= 0");
+  if (n > 0 && tokens == nullptr) return invalid_argument("commit: tokens is null");
+  if (n > s->pending) {
+    return failed_precondition("commit: " + std::to_string(n) + " tokens but only " +
+                               std::to_string(s->pending) + " reserved for " + seq_name(id));
+  }
+  if (s->offloaded) return failed_precondition("commit: " + seq_name(id) + " is offloaded");
+  const int64_t old_len = s->length();
+  s->tokens.insert(s->tokens.end(), tokens, tokens + n);
+  s->pending -= n;
+  touch(s);
+  if (config_.enable_prefix_caching) {
+    const int64_t new_len = old_len + n;
+    for (int64_t i = old_len / block_size_; (i + 1) * block_size_ <= new_len; ++i) {
+      register_full_block(s, static_cast<size_t>(i));
+    }
+  }
+  return ok_status();
+}
+
+Status ControlPlane::rollback(SequenceId id, int64_t length) {
+  Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  if (length < 0 || length > s->length()) {
+    return out_of_range("rollback: length " + std::to_string(length) + " outside [0, " +
+                        std::to_string(s->length()) + "] for " + seq_name(id));
+  }
+  s->tokens.resize(static_cast<size_t>(length));
+  s->pending = 0;
+  release_tail(s, static_cast<size_t>((length + block_size_ - 1) / block_size_));
+  ++s->table_version;
+  touch(s);
+  return ok_status();
+}
+
+Status ControlPlane::fork(SequenceId parent, SequenceId child) {
+  Sequence* p = seqs_.find(parent);
+  if (p == nullptr) return unknown(parent);
+  if (seqs_.find(child) != nullptr) return already_exists(seq_name(child) + " already exists");
+  if (p->offloaded) return failed_precondition("fork: " + seq_name(parent) + " is offloaded");
+  Sequence* c = seqs_.create(child);
+  c->options = p->options;
+  c->tokens = p->tokens;
+  const size_t keep = static_cast<size_t>((p->length() + block_size_ - 1) / block_size_);
+  c->blocks.assign(p->blocks.begin(), p->blocks.begin() + static_cast<std::ptrdiff_t>(keep));
+  for (LogicalId b : c->blocks) ++blocks_[b].ref;  // held by the parent: never 0 -> 1
+  c->arrival = ++tick_;
+  c->last_used = c->arrival;
+  update_victim(c);
+  return ok_status();
+}
+
+Status ControlPlane::finish(SequenceId id) {
+  Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  if (s->active) {
+    active_.erase(std::find(active_.begin(), active_.end(), id));
+    s->active = false;
+  }
+  if (s->offloaded) --counters_.offloaded_sequences;
+  seqs_.clear_victim(s);
+  release_tail(s, 0);
+  seqs_.destroy(id);
+  return ok_status();
+}
+
+Status ControlPlane::erase(SequenceId id) {
+  Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  std::vector<LogicalId> held = s->blocks;
+  PAGEDKV_RETURN_IF_ERROR(finish(id));
+  // Drop the cached blocks nobody else references, deepest first so each is a leaf in turn.
+  for (size_t i = held.size(); i > 0; --i) {
+    const LogicalId b = held[i - 1];
+    if (!blocks_.live(b)) continue;
+    const BlockInfo& info = blocks_[b];
+    if (info.ref != 0 || info.node < 0 || index_.node(info.node).children != 0) continue;
+    unlist(b);
+    --cached_unref_[static_cast<int>(info.tier)];
+    remove_node(info.node);
+    blocks_.release(b);
+  }
+  return ok_status();
+}
+
+Status ControlPlane::set_active(const std::vector<SequenceId>& ids) {
+  for (SequenceId id : ids) {
+    if (seqs_.find(id) == nullptr) return unknown(id);
+  }
+  std::vector<SequenceId> old;
+  old.swap(active_);
+  for (SequenceId id : old) seqs_.find(id)->active = false;
+  for (SequenceId id : ids) {
+    Sequence* s = seqs_.find(id);
+    if (!s->active) {
+      s->active = true;
+      active_.push_back(id);
+    }
+  }
+  for (SequenceId id : old) update_victim(seqs_.find(id));
+  for (SequenceId id : active_) update_victim(seqs_.find(id));
+  return ok_status();
+}
+
+Status ControlPlane::set_priority(SequenceId id, int32_t priority) {
+  Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  s->options.priority = priority;
+  update_victim(s);
+  return ok_status();
+}
+
+// ---------------------------------------------------------------- tiers
+
+StatusOr<Transfers> ControlPlane::offload(SequenceId id) {
+  Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  if (s->active) return failed_precondition("offload: " + seq_name(id) + " is active");
+  if (s->offloaded) return failed_precondition("offload: " + seq_name(id) + " is offloaded");
+  const int64_t e = exclusive_device_blocks(*s);
+  if (e > blocks_.free_count(Tier::kHost)) {
+    return resource_exhausted("offload: " + seq_name(id) + " needs " + std::to_string(e) +
+                              " host blocks, " + std::to_string(blocks_.free_count(Tier::kHost)) +
+                              " free");
+  }
+  Transfers out;
+  do_offload(s, &out);
+  return out;
+}
+
+StatusOr<Transfers> ControlPlane::restore(SequenceId id) {
+  Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  if (!s->offloaded) return failed_precondition("restore: " + seq_name(id) + " is not offloaded");
+  int64_t host_blocks = 0;
+  for (LogicalId b : s->blocks) host_blocks += blocks_[b].tier == Tier::kHost ? 1 : 0;
+  Plan plan;
+  PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(host_blocks, s, &plan));
+  Transfers out;
+  apply_plan(plan, &out);
+  do_restore(s, &out);
+  return out;
+}
+
+StatusOr<Residency> ControlPlane::residency(SequenceId id) const {
+  const Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  Residency r;
+  for (LogicalId b : s->blocks) {
+    if (blocks_[b].tier == Tier::kDevice) {
+      ++r.device_blocks;
+    } else {
+      ++r.host_blocks;
+    }
+  }
+  r.offloaded = s->offloaded;
+  return r;
+}
+
+// ---------------------------------------------------------------- queries
+
+StatusOr<std::vector<BlockLocation>> ControlPlane::block_locations(SequenceId id) const {
+  const Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  std::vector<BlockLocation> out;
+  out.reserve(s->blocks.size());
+  for (LogicalId b : s->blocks) out.push_back(BlockLocation{blocks_[b].tier, blocks_[b].phys});
+  return out;
+}
+
+StatusOr<int64_t> ControlPlane::length(SequenceId id) const {
+  const Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  return s->length();
+}
+
+StatusOr<int64_t> ControlPlane::pending(SequenceId id) const {
+  const Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  return s->pending;
+}
+
+StatusOr<const BatchMetadata*> ControlPlane::build_batch(const std::vector<SequenceId>& ids,
+                                                         const BatchOptions& options) {
+  rows_scratch_.clear();
+  const uint64_t epoch = ++batch_epoch_;
+  for (SequenceId id : ids) {
+    Sequence* s = seqs_.find(id);
+    if (s == nullptr) return unknown(id);
+    if (s->offloaded) return failed_precondition("batch: " + seq_name(id) + " is offloaded");
+    if (s->batch_mark == epoch) return invalid_argument("batch: " + seq_name(id) + " twice");
+    s->batch_mark = epoch;
+    rows_scratch_.push_back(s);
+  }
+  PAGEDKV_RETURN_IF_ERROR(batch_.build(rows_scratch_, blocks_, options));
+  return &batch_.metadata();
+}
+
+ControlStats ControlPlane::stats() const {
+  ControlStats st = counters_;
+  const int64_t bb = config_.block_bytes();
+  TierStats* tiers[kNumTiers] = {&st.device, &st.host};
+  for (int t = 0; t < kNumTiers; ++t) {
+    TierStats& x = *tiers[t];
+    const Tier tier = static_cast<Tier>(t);
+    x.total_blocks = blocks_.capacity(tier);
+    x.free_blocks = blocks_.free_count(tier);
+    x.cached_blocks = cached_unref_[t];
+    x.used_blocks = x.total_blocks - x.free_blocks - x.cached_blocks;
+    x.total_bytes = x.total_blocks * bb;
+    x.used_bytes = (x.total_blocks - x.free_blocks) * bb;
+  }
+  st.sequences = seqs_.size();
+  st.active_sequences = static_cast<int64_t>(active_.size());
+  return st;
+}
+
+std::vector<ControlEvent> ControlPlane::drain_events() {
+  std::vector<ControlEvent> out;
+  out.swap(events_);
+  return out;
+}
+
+}  // namespace core
+}  // namespace pagedkv

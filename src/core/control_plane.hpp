@@ -1,0 +1,170 @@
+// ControlPlane: the paged control plane behind KvCache. It decides which physical block holds
+// which tokens of which sequence, reuses cached prefixes, and chooses what to evict or offload;
+// it never touches KV bytes. Every call validates first and either succeeds or returns an error,
+// changing nothing. Single owner thread; not internally locked.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/batch_metadata.hpp"
+#include "core/block_allocator.hpp"
+#include "core/eviction_queue.hpp"
+#include "core/prefix_index.hpp"
+#include "core/sequence_table.hpp"
+#include "pagedkv/config.hpp"
+#include "pagedkv/control_types.hpp"
+#include "pagedkv/status.hpp"
+
+namespace pagedkv {
+namespace core {
+
+/// Nanosecond clock used for retention expiry; injectable for tests.
+using Clock = std::function<int64_t()>;
+
+/// Construction options that are not part of CacheConfig.
+struct ControlOptions {
+  /// Defaults to std::chrono::steady_clock.
+  Clock clock;
+  /// Record events for drain_events(); off saves an allocation per stored block.
+  bool enable_events = true;
+};
+
+/// The paged control plane (see the file comment).
+class ControlPlane {
+ public:
+  /// Validates `config` (which must be paged mode) and builds empty pools.
+  static StatusOr<std::unique_ptr<ControlPlane>> create(const CacheConfig& config,
+                                                        ControlOptions options = {});
+
+  // ---- sequences ----
+
+  /// Adds a sequence, sharing the longest cached prefix of `prompt` (full blocks, at least one
+  /// token left to compute). Returns the number of tokens already cached, which become the
+  /// sequence's committed length; the caller then reserves and commits the rest.
+  /// kAlreadyExists, kInvalidArgument (bad retention priority), kOutOfRange (too long).
+  StatusOr<int64_t> add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
+                                 const SequenceOptions& options = {});
+  /// Reserves device slots for the next `n` tokens after the committed length (replacing any
+  /// earlier reservation), allocating blocks, copying-on-write a shared or cached block and
+  /// restoring an offloaded sequence. kNotFound, kInvalidArgument, kOutOfRange (past
+  /// max_sequence_length), kResourceExhausted (nothing changed).
+  StatusOr<ReserveResult> reserve(SequenceId id, int64_t n);
+  /// As reserve(), but appends the transfers and slots to `*out` (caller-owned, reused across
+  /// calls, so a decode step allocates nothing); on error `*out` is left as it was.
+  Status reserve_into(SequenceId id, int64_t n, ReserveResult* out);
+  /// Commits the token ids written into the first `n` reserved slots; completed full blocks
+  /// enter the prefix index. kNotFound, kFailedPrecondition (more than reserved, or offloaded).
+  Status commit(SequenceId id, const TokenId* tokens, int64_t n);
+  /// Vector form of commit().
+  Status commit(SequenceId id, const std::vector<TokenId>& tokens) {
+    return commit(id, tokens.data(), static_cast<int64_t>(tokens.size()));
+  }
+  /// Shortens the committed length to `length` and drops the reservation; blocks past it are
+  /// released. kNotFound, kOutOfRange (negative or longer than the sequence).
+  Status rollback(SequenceId id, int64_t length);
+  /// Creates `child` sharing all committed blocks of `parent` (no reservation, inactive).
+  /// kNotFound, kAlreadyExists, kFailedPrecondition (parent offloaded).
+  Status fork(SequenceId parent, SequenceId child);
+  /// Removes a sequence; its full blocks stay cached (evictable). kNotFound.
+  Status finish(SequenceId id);
+  /// Removes a sequence and the cached blocks only it referenced. kNotFound.
+  Status erase(SequenceId id);
+  /// Replaces the active set (active sequences are never evicted or offloaded). kNotFound.
+  Status set_active(const std::vector<SequenceId>& ids);
+  /// Sets a sequence's scheduling priority. kNotFound.
+  Status set_priority(SequenceId id, int32_t priority);
+
+  // ---- tiers ----
+
+  /// Moves the blocks only this sequence holds to the host tier. kNotFound,
+  /// kFailedPrecondition (active or already offloaded), kResourceExhausted (host full).
+  StatusOr<Transfers> offload(SequenceId id);
+  /// Moves an offloaded sequence's blocks back to the device, evicting/offloading others when
+  /// needed. kNotFound, kFailedPrecondition (not offloaded), kResourceExhausted.
+  StatusOr<Transfers> restore(SequenceId id);
+  /// Where a sequence's blocks are. kNotFound.
+  StatusOr<Residency> residency(SequenceId id) const;
+
+  // ---- queries ----
+
+  /// Tier and physical id of each block of the sequence. kNotFound.
+  StatusOr<std::vector<BlockLocation>> block_locations(SequenceId id) const;
+  /// Committed token count. kNotFound.
+  StatusOr<int64_t> length(SequenceId id) const;
+  /// Reserved, uncommitted token count. kNotFound.
+  StatusOr<int64_t> pending(SequenceId id) const;
+  /// Whether a sequence exists.
+  bool contains(SequenceId id) const { return seqs_.find(id) != nullptr; }
+
+  /// Builds the metadata of a step for `ids` (each device-resident, no duplicates). The result
+  /// stays valid until the next build. kNotFound, kInvalidArgument, kFailedPrecondition
+  /// (offloaded), kOutOfRange (int32 overflow).
+  StatusOr<const BatchMetadata*> build_batch(const std::vector<SequenceId>& ids,
+                                             const BatchOptions& options = {});
+
+  /// Current counters.
+  ControlStats stats() const;
+  /// Returns and clears the recorded events, oldest first.
+  std::vector<ControlEvent> drain_events();
+  /// Recounts every reference and state; names the first broken invariant (kInternal).
+  Status check_invariants() const;
+
+  const CacheConfig& config() const { return config_; }
+
+ private:
+  ControlPlane(const CacheConfig& config, ControlOptions options);
+
+  // A plan for freeing device blocks: sequences to offload or drop, in order.
+  struct Plan {
+    std::vector<Sequence*> offload;
+    std::vector<Sequence*> drop;
+    std::vector<bool> order;  // true: next from offload, false: next from drop
+  };
+
+  // planner.cpp
+  int64_t device_available() const;
+  Status plan_device_blocks(int64_t need, const Sequence* protect, Plan* plan);
+  void apply_plan(const Plan& plan, Transfers* out);
+  LogicalId take_device_block();
+  void evict_one();
+  int64_t exclusive_device_blocks(const Sequence& s) const;
+  void do_offload(Sequence* s, Transfers* out);
+  void do_restore(Sequence* s, Transfers* out);
+  void do_drop(Sequence* s);
+
+  // control_plane.cpp helpers
+  void release_block(LogicalId id, const Sequence& owner);
+  void release_tail(Sequence* s, size_t keep);
+  void unlist(LogicalId id);
+  void touch(Sequence* s);
+  void update_victim(Sequence* s);
+  void register_full_block(Sequence* s, size_t index);
+  void remove_node(NodeId node);
+  void emit_block_event(EventKind kind, NodeId node);
+  void emit_sequence_event(EventKind kind, SequenceId id);
+  int64_t now_ns() const { return clock_(); }
+  Status validate_options(const SequenceOptions& o) const;
+
+  CacheConfig config_;
+  Clock clock_;
+  bool events_enabled_;
+  int64_t block_size_;
+  BlockAllocator blocks_;
+  PrefixIndex index_;
+  EvictionQueue evictq_;
+  SequenceTable seqs_;
+  BatchMetadataBuilder batch_;
+  std::vector<SequenceId> active_;
+  std::vector<ControlEvent> events_;
+  std::vector<const Sequence*> rows_scratch_;
+  uint64_t tick_ = 0;
+  uint64_t batch_epoch_ = 0;
+  int64_t cached_unref_[kNumTiers] = {0, 0};  // indexed blocks with ref == 0, per tier
+  ControlStats counters_;
+};
+
+}  // namespace core
+}  // namespace pagedkv

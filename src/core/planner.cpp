@@ -1,0 +1,155 @@
+// The planner: when device blocks are needed and none are free, (1) evict cached blocks nobody
+// references, (2) offload inactive sequences to the host tier while it has room, (3) drop
+// inactive sequences, (4) fail. It plans first (counting only) and applies after, so a request
+// that cannot be met changes nothing. Victims come from ordered sets, never from scans.
+#include <string>
+#include <unordered_map>
+
+#include "core/control_plane.hpp"
+
+namespace pagedkv {
+namespace core {
+
+int64_t ControlPlane::device_available() const {
+  // Every unreferenced cached block can be evicted: its descendants are unreferenced too
+  // (a sequence holds the whole chain of a registered block), so leaves-first reaches it.
+  return blocks_.free_count(Tier::kDevice) + cached_unref_[static_cast<int>(Tier::kDevice)];
+}
+
+int64_t ControlPlane::exclusive_device_blocks(const Sequence& s) const {
+  int64_t e = 0;
+  for (LogicalId b : s.blocks) {
+    const BlockInfo& info = blocks_[b];
+    e += (info.ref == 1 && info.tier == Tier::kDevice) ? 1 : 0;
+  }
+  return e;
+}
+
+Status ControlPlane::plan_device_blocks(int64_t need, const Sequence* protect, Plan* plan) {
+  int64_t avail = device_available();
+  if (avail >= need) return ok_status();
+  if (config_.eviction_policy == EvictionPolicy::kNone) {
+    return resource_exhausted("out of device blocks: need " + std::to_string(need) + ", " +
+                              std::to_string(avail) + " free or evictable (eviction policy none)");
+  }
+  int64_t host_room = blocks_.free_count(Tier::kHost);
+  // References that planned drops will release, so later victims are counted right.
+  std::unordered_map<LogicalId, int32_t> dropped_refs;
+  for (const auto& key : seqs_.victims()) {
+    Sequence* v = seqs_.find(std::get<2>(key));
+    if (v == protect) continue;
+    if (host_room > 0) {
+      int64_t e = 0;
+      for (LogicalId b : v->blocks) {
+        const BlockInfo& info = blocks_[b];
+        int32_t ref = info.ref;
+        if (!dropped_refs.empty()) {
+          auto it = dropped_refs.find(b);
+          if (it != dropped_refs.end()) ref -= it->second;
+        }
+        e += ref == 1 ? 1 : 0;
+      }
+      if (e > 0 && e <= host_room) {
+        host_room -= e;
+        avail += e;
+        plan->offload.push_back(v);
+        plan->order.push_back(true);
+        if (avail >= need) return ok_status();
+        continue;
+      }
+    }
+    int64_t gain = 0;
+    for (LogicalId b : v->blocks) {
+      const int32_t d = ++dropped_refs[b];
+      gain += blocks_[b].ref - d == 0 ? 1 : 0;
+    }
+    if (gain == 0) {  // everything it holds is shared: dropping it frees nothing
+      for (LogicalId b : v->blocks) --dropped_refs[b];
+      continue;
+    }
+    avail += gain;
+    plan->drop.push_back(v);
+    plan->order.push_back(false);
+    if (avail >= need) return ok_status();
+  }
+  return resource_exhausted("out of device blocks: need " + std::to_string(need) + ", " +
+                            std::to_string(avail) +
+                            " obtainable by evicting, offloading and dropping inactive sequences");
+}
+
+void ControlPlane::apply_plan(const Plan& plan, Transfers* out) {
+  size_t o = 0;
+  size_t d = 0;
+  for (bool is_offload : plan.order) {
+    if (is_offload) {
+      do_offload(plan.offload[o++], out);
+    } else {
+      Sequence* v = plan.drop[d++];
+      out->evicted.push_back(v->id);
+      do_drop(v);
+    }
+  }
+}
+
+void ControlPlane::evict_one() {
+  // Expired retention priorities are applied lazily, only when a victim is chosen.
+  if (evictq_.has_deadlines()) evictq_.expire(now_ns());
+  const LogicalId id = evictq_.front();
+  evictq_.erase(id);
+  --cached_unref_[static_cast<int>(Tier::kDevice)];
+  remove_node(blocks_[id].node);
+  blocks_.release(id);
+  ++counters_.blocks_evicted;
+}
+
+LogicalId ControlPlane::take_device_block() {
+  if (blocks_.free_count(Tier::kDevice) == 0) evict_one();
+  return blocks_.allocate(Tier::kDevice);
+}
+
+void ControlPlane::do_offload(Sequence* s, Transfers* out) {
+  int64_t moved = 0;
+  for (LogicalId b : s->blocks) {
+    const BlockInfo& info = blocks_[b];
+    if (info.ref != 1 || info.tier != Tier::kDevice) continue;
+    out->moves.push_back(blocks_.move(b, Tier::kHost));
+    ++moved;
+  }
+  s->offloaded = true;
+  ++s->table_version;
+  seqs_.clear_victim(s);
+  out->offloaded.push_back(s->id);
+  ++counters_.sequences_offloaded;
+  ++counters_.offloaded_sequences;
+  counters_.blocks_offloaded += moved;
+  emit_sequence_event(EventKind::kSequenceOffloaded, s->id);
+}
+
+void ControlPlane::do_restore(Sequence* s, Transfers* out) {
+  int64_t moved = 0;
+  for (LogicalId b : s->blocks) {
+    if (blocks_[b].tier != Tier::kHost) continue;
+    if (blocks_.free_count(Tier::kDevice) == 0) evict_one();
+    out->moves.push_back(blocks_.move(b, Tier::kDevice));
+    ++moved;
+  }
+  s->offloaded = false;
+  ++s->table_version;
+  update_victim(s);
+  ++counters_.sequences_restored;
+  --counters_.offloaded_sequences;
+  counters_.blocks_restored += moved;
+  emit_sequence_event(EventKind::kSequenceRestored, s->id);
+}
+
+void ControlPlane::do_drop(Sequence* s) {
+  seqs_.clear_victim(s);
+  release_tail(s, 0);
+  const SequenceId id = s->id;
+  seqs_.destroy(id);
+  ++counters_.sequences_evicted;
+  emit_sequence_event(EventKind::kSequenceEvicted, id);
+}
+
+}  // namespace core
+}  // namespace pagedkv

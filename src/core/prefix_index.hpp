@@ -1,0 +1,79 @@
+// Prefix index: a radix tree over full blocks. A node's key is (parent node, namespace, the
+// block's token ids); each node carries a chained 64-bit hash of its whole prefix. Children are
+// found through one hash map keyed by that chained hash (collisions resolved by comparing the
+// key), so lookup, insert and remove are O(block_size) expected.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "core/block_allocator.hpp"
+#include "pagedkv/control_types.hpp"
+
+namespace pagedkv {
+namespace core {
+
+/// Index of a node of the prefix index.
+using NodeId = int32_t;
+/// The parent of first blocks (the root of every namespace).
+inline constexpr NodeId kRootNode = -1;
+
+/// One cached block in the tree.
+struct PrefixNode {
+  NodeId parent = kRootNode;
+  LogicalId block = kNoBlock;
+  uint64_t hash = 0;
+  uint64_t parent_hash = 0;
+  NamespaceId ns = 0;
+  int32_t children = 0;
+  NodeId next_same_hash = -1;  // collision chain in the hash map
+  bool live = false;
+};
+
+/// Radix tree of full blocks with chained hashes.
+class PrefixIndex {
+ public:
+  /// `max_nodes` bounds the number of live nodes (one per logical block).
+  PrefixIndex(int32_t block_size, int64_t max_nodes);
+
+  /// Hash of the empty prefix of a namespace.
+  static uint64_t root_hash(NamespaceId ns);
+  /// Chained hash of a block after a prefix whose hash is `parent_hash`.
+  uint64_t chain_hash(uint64_t parent_hash, const TokenId* tokens) const;
+  /// Hash of the prefix ending at `parent` (root_hash(ns) for kRootNode).
+  uint64_t prefix_hash(NodeId parent, NamespaceId ns) const {
+    return parent == kRootNode ? root_hash(ns) : nodes_[static_cast<size_t>(parent)].hash;
+  }
+
+  /// The child of `parent` holding `tokens` (block_size ids) in namespace `ns`, or -1.
+  NodeId find(NodeId parent, NamespaceId ns, const TokenId* tokens) const;
+  /// Adds a child (which must not exist) for `block`; returns its id.
+  NodeId insert(NodeId parent, NamespaceId ns, const TokenId* tokens, LogicalId block);
+  /// Removes a leaf.
+  void remove(NodeId node);
+
+  const PrefixNode& node(NodeId n) const { return nodes_[static_cast<size_t>(n)]; }
+  /// The block_size token ids of a node.
+  const TokenId* tokens(NodeId n) const {
+    return &tokens_[static_cast<size_t>(n) * static_cast<size_t>(block_size_)];
+  }
+  /// Node ids range over [0, capacity()); check node(n).live.
+  int64_t capacity() const { return static_cast<int64_t>(nodes_.size()); }
+  int64_t size() const { return size_; }
+  /// Whether the hash map reaches `n` (for invariant checks).
+  bool reachable(NodeId n) const;
+
+ private:
+  bool same_key(NodeId n, NodeId parent, NamespaceId ns, const TokenId* tokens) const;
+
+  int32_t block_size_;
+  int64_t size_ = 0;
+  std::vector<PrefixNode> nodes_;
+  std::vector<TokenId> tokens_;
+  std::vector<NodeId> free_nodes_;
+  std::unordered_map<uint64_t, NodeId> heads_;  // chained hash -> first node with it
+};
+
+}  // namespace core
+}  // namespace pagedkv

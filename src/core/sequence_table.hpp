@@ -1,0 +1,73 @@
+// Sequence table: the state of each sequence (committed tokens, block table, reservation,
+// priority, activity, residency) and the ordered set of victim candidates (inactive, resident
+// sequences keyed by (priority, order tick)) that the planner takes from in O(log n).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "core/block_allocator.hpp"
+#include "pagedkv/control_types.hpp"
+
+namespace pagedkv {
+namespace core {
+
+/// One sequence.
+struct Sequence {
+  SequenceId id = 0;
+  std::vector<TokenId> tokens;    // committed tokens
+  std::vector<LogicalId> blocks;  // logical block table, covers committed + pending tokens
+  int64_t pending = 0;            // reserved, not yet committed tokens
+  SequenceOptions options;
+  bool active = false;
+  bool offloaded = false;
+  uint64_t arrival = 0;        // unique, increasing: real arrival order (FIFO)
+  uint64_t last_used = 0;      // tick of the last reserve/commit/add (LRU)
+  uint64_t table_version = 0;  // bumped whenever an existing table entry changes
+  bool is_victim = false;      // in the victim set
+  uint64_t batch_mark = 0;     // duplicate detection in build_batch
+  std::tuple<int32_t, uint64_t, SequenceId> victim_key{};
+
+  int64_t length() const { return static_cast<int64_t>(tokens.size()); }
+};
+
+/// Sequences by id plus the victim set.
+class SequenceTable {
+ public:
+  using VictimKey = std::tuple<int32_t, uint64_t, SequenceId>;
+
+  /// The sequence with this id, or nullptr.
+  Sequence* find(SequenceId id) {
+    auto it = map_.find(id);
+    return it == map_.end() ? nullptr : it->second.get();
+  }
+  const Sequence* find(SequenceId id) const {
+    auto it = map_.find(id);
+    return it == map_.end() ? nullptr : it->second.get();
+  }
+  /// Creates a sequence (the id must be new).
+  Sequence* create(SequenceId id);
+  /// Destroys a sequence (it must not be a victim any more).
+  void destroy(SequenceId id);
+  int64_t size() const { return static_cast<int64_t>(map_.size()); }
+
+  /// Puts the sequence in the victim set under `key`, or re-keys it.
+  void set_victim(Sequence* s, const VictimKey& key);
+  /// Takes the sequence out of the victim set (no-op when absent).
+  void clear_victim(Sequence* s);
+  const std::set<VictimKey>& victims() const { return victims_; }
+
+  /// All sequences (for invariant checks and stats).
+  const std::unordered_map<SequenceId, std::unique_ptr<Sequence>>& all() const { return map_; }
+
+ private:
+  std::unordered_map<SequenceId, std::unique_ptr<Sequence>> map_;
+  std::set<VictimKey> victims_;
+};
+
+}  // namespace core
+}  // namespace pagedkv
