@@ -7,12 +7,19 @@
 #include <type_traits>
 
 #include "kernels/basic_bodies.hpp"
+#include "kernels/decode_attention.hpp"
+#include "kernels/paged_copy.hpp"
+#include "kernels/scan.hpp"
 #include "pagedkv/kernel_id.hpp"
 
 // X(id, body type)
-#define PAGEDKV_KERNEL_LIST(X)                \
-  X(kFill, ::pagedkv::kernels::FillBody)      \
-  X(kIota, ::pagedkv::kernels::IotaBody)
+#define PAGEDKV_KERNEL_LIST(X)                                \
+  X(kFill, ::pagedkv::kernels::FillBody)                      \
+  X(kIota, ::pagedkv::kernels::IotaBody)                      \
+  X(kPagedRows, ::pagedkv::kernels::PagedRowBody)             \
+  X(kCopyBlocks, ::pagedkv::kernels::CopyBlocksBody)          \
+  X(kExclusiveScan, ::pagedkv::kernels::ExclusiveScanBody)    \
+  X(kDecodeAttention, ::pagedkv::kernels::DecodeAttentionBody)
 
 namespace pagedkv::kernels {
 

@@ -11,8 +11,9 @@ namespace pagedkv {
 
 /// Knobs of the CPU backend. The defaults behave like an unlimited, undelayed executor.
 struct CpuBackendOptions {
-  /// Each copy sleeps this long on its worker before moving bytes, so tests can show that
-  /// ordering comes from events and not from copies finishing quickly.
+  /// Each copy queued on a stream made by create_stream() (a transfer engine's copy stream, say)
+  /// sleeps this long on its worker before moving bytes, so tests can show that ordering comes
+  /// from events and not from copies finishing quickly. Default-stream copies are not delayed.
   std::chrono::microseconds copy_delay{0};
   /// Each kernel launch sleeps this long on its worker before running.
   std::chrono::microseconds kernel_delay{0};

@@ -15,15 +15,18 @@ TEST(CpuBackend, EnqueueReturnsBeforeTheWorkRuns) {
   CpuBackendOptions options;
   options.copy_delay = std::chrono::milliseconds(100);
   auto be = create_cpu_backend(options);
+  auto stream = be->create_stream();
+  ASSERT_TRUE(stream.ok());
   std::vector<char> src(1024, 'x');
   std::vector<char> dst(1024, 'o');
   const auto start = std::chrono::steady_clock::now();
-  ASSERT_TRUE(be->copy_async(dst.data(), src.data(), src.size(), CopyKind::kHostToHost, Stream{}).ok());
+  ASSERT_TRUE(be->copy_async(dst.data(), src.data(), src.size(), CopyKind::kHostToHost, *stream).ok());
   const auto queued = std::chrono::steady_clock::now() - start;
   EXPECT_LT(queued, std::chrono::milliseconds(50)) << "copy_async blocked the caller";
   EXPECT_EQ(dst[0], 'o') << "the delayed copy already happened";
-  ASSERT_TRUE(be->synchronize_stream(Stream{}).ok());
+  ASSERT_TRUE(be->synchronize_stream(*stream).ok());
   EXPECT_EQ(dst, src);
+  be->destroy_stream(*stream);
 }
 
 TEST(CpuBackend, MemoryLimitGivesResourceExhausted) {

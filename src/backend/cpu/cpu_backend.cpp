@@ -176,7 +176,7 @@ Status CpuBackend::copy_async(void* dst, const void* src, size_t bytes, CopyKind
     return invalid_argument(std::string(copy_kind_name(kind)) + " copy with a null pointer");
   }
   PAGEDKV_ASSIGN_OR_RETURN(CpuStream * s, find_stream(stream));
-  const auto delay = options_.copy_delay;
+  const auto delay = stream.handle != nullptr ? options_.copy_delay : std::chrono::microseconds(0);
   s->enqueue([dst, src, bytes, delay] {
     if (delay.count() > 0) std::this_thread::sleep_for(delay);
     std::memmove(dst, src, bytes);

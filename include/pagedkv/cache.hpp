@@ -1,0 +1,179 @@
+// KvCache: the class a server embeds. It wires the control plane (which block holds which
+// tokens), the data plane (kernels that move K/V bytes) and the two tiers (device pool, pinned
+// host pool) together, and moves blocks between tiers on a copy stream without stalling the
+// compute stream.
+//
+// One owner thread drives it; it is not internally locked. Every method validates first and
+// either succeeds or returns an error with a message, leaving the cache as it was.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "pagedkv/backend.hpp"
+#include "pagedkv/config.hpp"
+#include "pagedkv/control_types.hpp"
+#include "pagedkv/ops.hpp"
+#include "pagedkv/status.hpp"
+
+namespace pagedkv {
+
+namespace core {
+class ControlPlane;
+}
+namespace runtime {
+class TransferEngine;
+class UploadArena;
+}  // namespace runtime
+
+/// Options of a KvCache that are not part of the configuration.
+struct KvCacheOptions {
+  /// Executor to use; not owned, must outlive the cache. Null: create one from config.backend.
+  Backend* backend = nullptr;
+  /// Stream for the cache's kernels and uploads ({}: the backend's default stream).
+  Stream compute_stream{};
+  /// Nanosecond clock for retention expiry; defaults to steady_clock.
+  std::function<int64_t()> clock;
+};
+
+/// Where a sequence's data is, as far as a reader is concerned.
+enum class SequenceResidency : uint8_t {
+  kDevice = 0,    // readable on the compute stream now
+  kInFlight = 1,  // an offload or restore copy of it has not finished yet
+  kHost = 2,      // offloaded: restore (or reserve) it before use
+};
+
+/// One step's batch metadata on the device. Pointers stay valid for work queued on the compute
+/// stream until the next build_batch (or until the upload ring wraps).
+struct DeviceBatch {
+  const BatchMetadata* host = nullptr;  // the host copy the arrays were uploaded from
+  const int64_t* slot_mapping = nullptr;
+  const int32_t* block_tables = nullptr;
+  const int32_t* seq_lens = nullptr;
+  const int32_t* indptr = nullptr;  // null unless BatchOptions::build_csr
+  const int32_t* indices = nullptr;
+  const int32_t* last_page_len = nullptr;
+};
+
+/// Bytes the pools took and how long they took to allocate.
+struct PoolInfo {
+  int64_t device_bytes = 0;
+  int64_t host_bytes = 0;
+  double device_alloc_ms = 0;
+  double host_alloc_ms = 0;  // pinning a large host pool is slow: it is done once, up front
+};
+
+class KvCache {
+ public:
+  /// Validates the config (paged mode), creates or borrows the backend, allocates the device
+  /// pool and, when num_host_blocks > 0, the pinned host pool, once. kInvalidArgument names the
+  /// field; kResourceExhausted when a pool cannot be had; kUnimplemented for dense mode.
+  static StatusOr<std::unique_ptr<KvCache>> create(const CacheConfig& config,
+                                                   KvCacheOptions options = {});
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  const CacheConfig& config() const { return config_; }
+  Backend& backend() { return *backend_; }
+  Stream compute_stream() const { return compute_; }
+  const PoolInfo& pool_info() const { return pool_info_; }
+  /// The device pool as the data-plane ops see it (for callers that launch ops themselves).
+  PoolRef device_pool() const;
+
+  // ---- sequences (see core::ControlPlane for the full contract of each) ----
+
+  /// Adds a sequence and returns how many prompt tokens are already cached (prefix hit).
+  StatusOr<int64_t> add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
+                                 const SequenceOptions& options = {});
+  /// Reserves device slots for the next `n` tokens: allocates blocks, restores an offloaded
+  /// sequence, queues offloads of others and copy-on-write copies, ordering each on the
+  /// streams. Returns the slots (block * block_size + offset), one per token.
+  StatusOr<std::vector<int64_t>> reserve(SequenceId id, int64_t n);
+  /// Writes the keys and values of the tokens reserved by the last reserve() into one layer.
+  /// `key`/`value` are device pointers to [n, kv_heads, head_dim] with `row_stride` elements
+  /// between tokens (0: packed). kFailedPrecondition when nothing is reserved.
+  Status write_kv(SequenceId id, int32_t layer, const void* key, const void* value,
+                  DType input_dtype, int64_t row_stride = 0);
+  /// Commits the token ids of the first tokens.size() reserved slots.
+  Status commit(SequenceId id, const std::vector<TokenId>& tokens);
+  /// Shortens a sequence to `length` tokens (speculative decoding).
+  Status rollback(SequenceId id, int64_t length);
+  /// Creates `child` sharing every block of `parent`.
+  Status fork(SequenceId parent, SequenceId child);
+  /// Removes a sequence; its full blocks stay cached for later prompts.
+  Status finish(SequenceId id);
+  /// Removes a sequence and the blocks only it held.
+  Status erase(SequenceId id);
+  /// Replaces the active set (never evicted or offloaded).
+  Status set_active(const std::vector<SequenceId>& ids);
+  /// Sets a sequence's scheduling priority (lower is offloaded or dropped first).
+  Status set_priority(SequenceId id, int32_t priority);
+
+  // ---- tiers ----
+
+  /// Queues the offload of an inactive sequence to the host tier on the copy stream.
+  Status offload(SequenceId id);
+  /// Queues the restore of an offloaded sequence; later work on the compute stream waits for it.
+  Status restore(SequenceId id);
+  /// Resident, in flight, or on the host. kNotFound.
+  StatusOr<SequenceResidency> residency(SequenceId id);
+  /// Sequences dropped (not offloaded) to make room since the last call.
+  std::vector<SequenceId> drain_evicted_sequences();
+
+  // ---- reading and batch metadata ----
+
+  /// Builds a step's metadata for device-resident sequences and uploads it asynchronously.
+  StatusOr<DeviceBatch> build_batch(const std::vector<SequenceId>& ids,
+                                    const BatchOptions& options = {});
+  /// Packs positions [position_begin, position_begin + num_tokens) of one layer of a sequence
+  /// into device buffers (`num_tokens` < 0: to the end of the committed tokens).
+  Status gather_layer(SequenceId id, int32_t layer, void* key_out, void* value_out,
+                      DType packed_dtype, PackedLayout packed_layout, int64_t position_begin = 0,
+                      int64_t num_tokens = -1);
+  /// Blocks the host until the cache's queued work (kernels and transfers) is done.
+  Status synchronize();
+
+  // ---- observability ----
+
+  ControlStats stats() const;
+  std::vector<ControlEvent> drain_events();
+  /// The control plane's invariants (kInternal names the first broken one), plus the cache's
+  /// own: every pending reservation belongs to a live sequence.
+  Status check_invariants() const;
+
+ private:
+  KvCache() = default;
+  // Queues a control-plane plan on the streams; `self` is the sequence the call was for.
+  Status run_transfers(const Transfers& transfers, SequenceId self);
+  Status order_block_reuse(const std::vector<int64_t>& slots);
+  StatusOr<const int32_t*> upload_block_table(SequenceId id);
+
+  CacheConfig config_;
+  std::unique_ptr<Backend> owned_backend_;
+  Backend* backend_ = nullptr;
+  Stream compute_{};
+  void* device_pool_ = nullptr;
+  void* host_pool_ = nullptr;
+  PoolInfo pool_info_;
+  std::unique_ptr<core::ControlPlane> control_;
+  std::unique_ptr<runtime::TransferEngine> transfers_;
+  std::unique_ptr<runtime::UploadArena> uploads_;
+  // Per device block: the transfer job that last read it (an offload). A write into the block
+  // must be ordered after that job; 0 when none is pending.
+  std::vector<uint64_t> block_read_by_job_;
+  // Per sequence: the slots of its last reservation (host and device copies) and its last job.
+  struct Pending {
+    std::vector<int64_t> slots;
+    const int64_t* device_slots = nullptr;
+    uint64_t upload_round = 0;  // the upload ring's round when device_slots was uploaded
+  };
+  std::unordered_map<SequenceId, Pending> pending_;
+  std::unordered_map<SequenceId, uint64_t> last_job_;
+  std::vector<SequenceId> evicted_;
+};
+
+}  // namespace pagedkv

@@ -1,0 +1,355 @@
+// Kernel bodies that move K/V rows between the paged pool and contiguous tensors, and whole
+// blocks inside the pool.
+//
+// One body (PagedRowBody) serves write_kv, write_kv_all_layers, scatter_head_range, gather and
+// import: each index moves one segment of one row, a row being the heads [head0, head0 + nh) of
+// one (layer, K/V, token). The host picks the segment length: a whole row per index on the CPU
+// (the divisions of the index decomposition are paid once per row) and one 16-byte vector per
+// index on the GPU (consecutive threads touch consecutive 16 bytes: coalesced). Same code, two
+// launch shapes; the tests run both shapes on the CPU backend.
+//
+// Device-resident indices (slots, block tables, indptr) cannot be checked on the host without a
+// synchronisation, so the body bounds-checks them and skips an out-of-range entry like a -1 slot.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "pagedkv/dtype.hpp"
+#include "pagedkv/kv_scales.hpp"
+#include "pagedkv/layout.hpp"
+#include "pagedkv/macros.hpp"
+
+namespace pagedkv::kernels {
+
+namespace detail {
+
+/// A trivially copyable chunk of N bytes, moved with one load and one store where N <= 16.
+template <int N>
+struct Bytes;
+#if defined(__CUDA_ARCH__)
+template <>
+struct Bytes<16> {
+  using Type = uint4;
+};
+template <>
+struct Bytes<8> {
+  using Type = uint2;
+};
+#else
+struct alignas(16) HostVec16 {
+  uint64_t lo, hi;
+};
+template <>
+struct Bytes<16> {
+  using Type = HostVec16;
+};
+template <>
+struct Bytes<8> {
+  using Type = uint64_t;
+};
+#endif
+template <>
+struct Bytes<4> {
+  using Type = uint32_t;
+};
+template <>
+struct Bytes<2> {
+  using Type = uint16_t;
+};
+template <>
+struct Bytes<1> {
+  using Type = uint8_t;
+};
+
+/// Copies `seg_bytes` bytes of a row in N-byte vectors, starting at (head h, byte d of the head
+/// vector) and walking heads incrementally so that no division happens inside the loop.
+template <int N>
+PAGEDKV_HOST_DEVICE void copy_row_segment(char* PAGEDKV_RESTRICT dst, int64_t dst_head_stride,
+                                          const char* PAGEDKV_RESTRICT src, int64_t src_head_stride,
+                                          int64_t h, int64_t d, int64_t head_bytes,
+                                          int64_t seg_bytes) {
+  using V = typename Bytes<N>::Type;
+  for (int64_t k = 0; k < seg_bytes; k += N) {
+    *reinterpret_cast<V*>(dst + h * dst_head_stride + d) =
+        *reinterpret_cast<const V*>(src + h * src_head_stride + d);
+    d += N;
+    if (d == head_bytes) {
+      d = 0;
+      ++h;
+    }
+  }
+}
+
+/// Same walk, element by element, converting Src to Dst through float with a per-head scale:
+/// x / scale when quantising into the pool, x * scale when reading out of it.
+template <DType Src, DType Dst>
+PAGEDKV_HOST_DEVICE void convert_row_segment(void* dst, int64_t dst_head_stride, const void* src,
+                                             int64_t src_head_stride, int64_t h, int64_t d,
+                                             int64_t head_dim, int64_t seg_elems,
+                                             const KvScales& scales, KvPart part, int32_t layer,
+                                             int32_t head0, int32_t num_kv_heads, bool divide) {
+  float scale = scales.get(part, layer, head0 + static_cast<int32_t>(h), num_kv_heads);
+  for (int64_t k = 0; k < seg_elems; ++k) {
+    const float x = load_as_float(src, Src, h * src_head_stride + d);
+    store_from_float(dst, Dst, h * dst_head_stride + d, divide ? x / scale : x * scale);
+    if (++d == head_dim && k + 1 < seg_elems) {
+      d = 0;
+      ++h;
+      scale = scales.get(part, layer, head0 + static_cast<int32_t>(h), num_kv_heads);
+    }
+  }
+}
+
+template <DType Src>
+PAGEDKV_HOST_DEVICE void convert_row_segment_to(DType dst_type, void* dst, int64_t dhs,
+                                                const void* src, int64_t shs, int64_t h, int64_t d,
+                                                int64_t hd, int64_t n, const KvScales& s,
+                                                KvPart part, int32_t layer, int32_t head0,
+                                                int32_t heads, bool divide) {
+  switch (dst_type) {
+    case DType::kFloat16:
+      return convert_row_segment<Src, DType::kFloat16>(dst, dhs, src, shs, h, d, hd, n, s, part,
+                                                       layer, head0, heads, divide);
+    case DType::kBFloat16:
+      return convert_row_segment<Src, DType::kBFloat16>(dst, dhs, src, shs, h, d, hd, n, s, part,
+                                                        layer, head0, heads, divide);
+    case DType::kFloat32:
+      return convert_row_segment<Src, DType::kFloat32>(dst, dhs, src, shs, h, d, hd, n, s, part,
+                                                       layer, head0, heads, divide);
+    case DType::kFloat8E4M3:
+    default:
+      return convert_row_segment<Src, DType::kFloat8E4M3>(dst, dhs, src, shs, h, d, hd, n, s, part,
+                                                          layer, head0, heads, divide);
+  }
+}
+
+}  // namespace detail
+
+/// How a row index of PagedRowBody finds its place in the pool.
+enum class RowMapping : int32_t {
+  kSlots = 0,  // slot = slots[t] (-1 or out of range: skipped), t = token of the op
+  kTable = 1,  // one sequence: position pos0 + t through block_tables[0 .. max_blocks)
+  kBatch = 2,  // ragged batch: sequence s holds t in [indptr[s], indptr[s+1]), table row s
+};
+
+/// Moves rows between the pool and a contiguous ("linear") tensor, in either direction,
+/// converting dtype and applying fp8 scales when the two element types differ.
+///
+/// Index space: num_layers_op * 2 * num_tokens * segs_per_row, ordered (layer, K/V, token,
+/// segment) so that consecutive indices touch consecutive bytes of a row.
+struct PagedRowBody {
+  // Pool side.
+  void* pool;
+  PoolLayout layout;
+  DType pool_dtype;
+  int64_t num_blocks;
+  // Linear side: element offsets from lin_k / lin_v. Token-major: t * lin_token_stride +
+  // h * lin_head_stride. Head-major ragged (kBatch only): per sequence a [nh, len, head_dim]
+  // block starting at indptr[s] * nh * head_dim.
+  void* lin_k;
+  void* lin_v;
+  DType lin_dtype;
+  int32_t lin_head_major_ragged;
+  int64_t lin_token_stride;
+  int64_t lin_head_stride;
+  int64_t lin_layer_stride;
+  // Mapping.
+  RowMapping mapping;
+  const int64_t* slots;
+  const int32_t* block_tables;
+  int64_t table_stride;
+  int32_t max_blocks;
+  const int32_t* indptr;
+  int32_t batch_size;
+  int64_t pos0;
+  // Extent.
+  int32_t layer0;
+  int32_t num_layers_op;
+  int32_t head0;
+  int32_t num_heads_op;
+  int64_t num_tokens;
+  // Direction and conversion.
+  int32_t to_pool;
+  int32_t convert;  // 0: same dtype, unscaled: raw vector copy
+  KvScales scales;
+  // Launch shape (chosen on the host).
+  int32_t vec_bytes;  // raw path: 16, 8, 4, 2 or 1
+  int64_t seg_elems;  // elements per index; divides num_heads_op * head_dim
+  int64_t segs_per_row;
+
+  /// Index of the sequence holding batch token t: the last s with indptr[s] <= t.
+  PAGEDKV_HOST_DEVICE int32_t find_sequence(int64_t t) const {
+    int32_t lo = 0;
+    int32_t hi = batch_size;  // invariant: indptr[lo] <= t < indptr[hi] (when t is in range)
+    while (hi - lo > 1) {
+      const int32_t mid = lo + (hi - lo) / 2;
+      if (indptr[mid] <= t) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    return lo;
+  }
+
+  PAGEDKV_HOST_DEVICE void operator()(int64_t i) const {
+    const int64_t seg = i % segs_per_row;
+    int64_t r = i / segs_per_row;
+    const int64_t t = r % num_tokens;
+    r /= num_tokens;
+    const KvPart part = static_cast<KvPart>(r & 1);
+    const int32_t layer = layer0 + static_cast<int32_t>(r >> 1);
+    const int32_t bs = layout.block_size;
+    const int32_t head_dim = layout.head_dim;
+
+    int64_t block = 0;
+    int64_t off = 0;
+    int64_t lin = 0;
+    int64_t lin_hs = lin_head_stride;
+    if (mapping == RowMapping::kSlots) {
+      const int64_t slot = slots[t];
+      if (slot < 0 || slot / bs >= num_blocks) return;
+      block = slot / bs;
+      off = slot - block * bs;
+      lin = t * lin_token_stride;
+    } else if (mapping == RowMapping::kTable) {
+      const int64_t pos = pos0 + t;
+      const int64_t bi = pos / bs;
+      if (bi >= max_blocks) return;
+      block = block_tables[bi];
+      off = pos - bi * bs;
+      lin = t * lin_token_stride;
+    } else {
+      const int32_t s = find_sequence(t);
+      const int64_t start = indptr[s];
+      const int64_t len = static_cast<int64_t>(indptr[s + 1]) - start;
+      const int64_t pos = t - start;
+      if (pos < 0 || pos >= len) return;
+      const int64_t bi = pos / bs;
+      if (bi >= max_blocks) return;
+      block = block_tables[s * table_stride + bi];
+      off = pos - bi * bs;
+      if (lin_head_major_ragged) {
+        lin = start * num_heads_op * head_dim + pos * head_dim;
+        lin_hs = len * head_dim;
+      } else {
+        lin = t * lin_token_stride;
+      }
+    }
+    if (block < 0 || block >= num_blocks) return;
+
+    const int64_t pool_off =
+        layout.element_offset(block, layer, part, static_cast<int32_t>(off), head0, 0);
+    const int64_t pool_hs = layout.head_stride();
+    lin += static_cast<int64_t>(layer - layer0) * lin_layer_stride;
+    const void* lin_base = part == KvPart::kKey ? lin_k : lin_v;
+
+    const int64_t e0 = seg * seg_elems;
+    const int64_t h = e0 / head_dim;
+    const int64_t d = e0 - h * head_dim;
+
+    if (!convert) {
+      const int64_t es = static_cast<int64_t>(dtype_size(pool_dtype));
+      char* p = static_cast<char*>(pool) + pool_off * es;
+      char* l = static_cast<char*>(const_cast<void*>(lin_base)) + lin * es;
+      char* dst = to_pool ? p : l;
+      const char* src = to_pool ? l : p;
+      const int64_t dhs = (to_pool ? pool_hs : lin_hs) * es;
+      const int64_t shs = (to_pool ? lin_hs : pool_hs) * es;
+      const int64_t hb = head_dim * es;
+      const int64_t sb = seg_elems * es;
+      switch (vec_bytes) {
+        case 16:
+          return detail::copy_row_segment<16>(dst, dhs, src, shs, h, d * es, hb, sb);
+        case 8:
+          return detail::copy_row_segment<8>(dst, dhs, src, shs, h, d * es, hb, sb);
+        case 4:
+          return detail::copy_row_segment<4>(dst, dhs, src, shs, h, d * es, hb, sb);
+        case 2:
+          return detail::copy_row_segment<2>(dst, dhs, src, shs, h, d * es, hb, sb);
+        default:
+          return detail::copy_row_segment<1>(dst, dhs, src, shs, h, d * es, hb, sb);
+      }
+    }
+
+    const int64_t pes = static_cast<int64_t>(dtype_size(pool_dtype));
+    const int64_t les = static_cast<int64_t>(dtype_size(lin_dtype));
+    char* p = static_cast<char*>(pool) + pool_off * pes;
+    char* l = static_cast<char*>(const_cast<void*>(lin_base)) + lin * les;
+    void* dst = to_pool ? p : l;
+    const void* src = to_pool ? l : p;
+    const DType st = to_pool ? lin_dtype : pool_dtype;
+    const DType dt = to_pool ? pool_dtype : lin_dtype;
+    const int64_t dhs = to_pool ? pool_hs : lin_hs;
+    const int64_t shs = to_pool ? lin_hs : pool_hs;
+    const bool divide = to_pool != 0;
+    const int32_t kvh = layout.num_kv_heads;
+    switch (st) {
+      case DType::kFloat16:
+        return detail::convert_row_segment_to<DType::kFloat16>(dt, dst, dhs, src, shs, h, d,
+                                                               head_dim, seg_elems, scales, part,
+                                                               layer, head0, kvh, divide);
+      case DType::kBFloat16:
+        return detail::convert_row_segment_to<DType::kBFloat16>(dt, dst, dhs, src, shs, h, d,
+                                                                head_dim, seg_elems, scales, part,
+                                                                layer, head0, kvh, divide);
+      case DType::kFloat32:
+        return detail::convert_row_segment_to<DType::kFloat32>(dt, dst, dhs, src, shs, h, d,
+                                                               head_dim, seg_elems, scales, part,
+                                                               layer, head0, kvh, divide);
+      case DType::kFloat8E4M3:
+      default:
+        return detail::convert_row_segment_to<DType::kFloat8E4M3>(dt, dst, dhs, src, shs, h, d,
+                                                                  head_dim, seg_elems, scales, part,
+                                                                  layer, head0, kvh, divide);
+    }
+  }
+};
+
+/// Copies whole blocks (all layers, K and V: one contiguous range each) for a batch of
+/// (src, dst) pairs. Index space: num_pairs * chunks_per_block. A pair whose ids are out of
+/// range, or equal, is skipped.
+struct CopyBlocksBody {
+  char* pool;
+  const void* pairs;  // [num_pairs][2] int32 or int64: (src, dst)
+  int32_t pairs_int64;
+  int64_t num_blocks;
+  int64_t block_bytes;
+  int64_t chunk_bytes;  // bytes per index; divides block_bytes
+  int64_t chunks_per_block;
+  int32_t vec_bytes;
+
+  PAGEDKV_HOST_DEVICE void operator()(int64_t i) const {
+    const int64_t pair = i / chunks_per_block;
+    const int64_t chunk = i - pair * chunks_per_block;
+    int64_t src;
+    int64_t dst;
+    if (pairs_int64) {
+      src = static_cast<const int64_t*>(pairs)[2 * pair];
+      dst = static_cast<const int64_t*>(pairs)[2 * pair + 1];
+    } else {
+      src = static_cast<const int32_t*>(pairs)[2 * pair];
+      dst = static_cast<const int32_t*>(pairs)[2 * pair + 1];
+    }
+    if (src < 0 || dst < 0 || src >= num_blocks || dst >= num_blocks || src == dst) return;
+    const int64_t o = chunk * chunk_bytes;
+    char* d = pool + dst * block_bytes + o;
+    const char* s = pool + src * block_bytes + o;
+    // A contiguous range: the row walk with one "head" as long as the chunk.
+    switch (vec_bytes) {
+      case 16:
+        return detail::copy_row_segment<16>(d, 0, s, 0, 0, 0, chunk_bytes, chunk_bytes);
+      case 8:
+        return detail::copy_row_segment<8>(d, 0, s, 0, 0, 0, chunk_bytes, chunk_bytes);
+      case 4:
+        return detail::copy_row_segment<4>(d, 0, s, 0, 0, 0, chunk_bytes, chunk_bytes);
+      case 2:
+        return detail::copy_row_segment<2>(d, 0, s, 0, 0, 0, chunk_bytes, chunk_bytes);
+      default:
+        return detail::copy_row_segment<1>(d, 0, s, 0, 0, 0, chunk_bytes, chunk_bytes);
+    }
+  }
+};
+
+}  // namespace pagedkv::kernels

@@ -1,0 +1,43 @@
+// copy_blocks: whole blocks for a batch of (src, dst) pairs in one launch.
+#include <cstring>
+#include <string>
+
+#include "common/nvtx.hpp"
+#include "ops/launch_shape.hpp"
+#include "ops/ops_common.hpp"
+
+namespace pagedkv {
+
+Status copy_blocks(Backend& backend, const PoolRef& pool, const CopyBlocksArgs& args,
+                   Stream stream) {
+  PAGEDKV_NVTX_RANGE("pagedkv::copy_blocks");
+  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_pool(pool));
+  if (args.index_type != IndexType::kInt32 && args.index_type != IndexType::kInt64) {
+    return invalid_argument("index_type: unknown value");
+  }
+  if (args.num_pairs < 0) return invalid_argument("num_pairs: negative");
+  if (args.num_pairs == 0) return ok_status();
+  const size_t index_size = args.index_type == IndexType::kInt64 ? 8 : 4;
+  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_pointer(args.pairs, index_size, "pairs"));
+
+  kernels::CopyBlocksBody b;
+  std::memset(static_cast<void*>(&b), 0, sizeof(b));
+  b.pool = static_cast<char*>(pool.data);
+  b.pairs = args.pairs;
+  b.pairs_int64 = args.index_type == IndexType::kInt64 ? 1 : 0;
+  b.num_blocks = pool.num_blocks;
+  b.block_bytes = pool.layout.block_elems() * static_cast<int64_t>(dtype_size(pool.dtype));
+  b.vec_bytes = ops_detail::choose_vec_bytes(
+      {reinterpret_cast<uintptr_t>(pool.data), static_cast<uint64_t>(b.block_bytes)});
+  // Wide: one block per index. Narrow: one vector per index.
+  b.chunk_bytes = ops_detail::wide_launch(backend) ? b.block_bytes : b.vec_bytes;
+  b.chunks_per_block = b.block_bytes / b.chunk_bytes;
+  KernelLaunch launch;
+  launch.kernel = KernelId::kCopyBlocks;
+  launch.params = &b;
+  launch.params_size = sizeof(b);
+  launch.num_items = args.num_pairs * b.chunks_per_block;
+  return backend.launch(launch, stream);
+}
+
+}  // namespace pagedkv

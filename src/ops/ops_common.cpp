@@ -1,0 +1,145 @@
+// Validation and launch helpers shared by the data-plane ops.
+#include "ops/ops_common.hpp"
+
+#include <cstring>
+#include <string>
+
+#include "kernels/registry.hpp"
+#include "ops/launch_shape.hpp"
+
+namespace pagedkv::ops_detail {
+namespace {
+
+LaunchShape g_forced_shape = LaunchShape::kAuto;
+
+}  // namespace
+
+void set_launch_shape_for_testing(LaunchShape shape) { g_forced_shape = shape; }
+
+bool wide_launch(const Backend& backend) {
+  if (g_forced_shape != LaunchShape::kAuto) return g_forced_shape == LaunchShape::kWide;
+  return backend.kind() == BackendKind::kCpu;
+}
+
+Status validate_dtype(DType t, const char* name) {
+  if (static_cast<int>(t) >= kNumDTypes) {
+    return invalid_argument(std::string(name) + ": unknown dtype " +
+                            std::to_string(static_cast<int>(t)));
+  }
+  return ok_status();
+}
+
+Status validate_pointer(const void* p, size_t alignment, const char* name) {
+  if (p == nullptr) return invalid_argument(std::string(name) + ": null pointer");
+  if (reinterpret_cast<uintptr_t>(p) % alignment != 0) {
+    return invalid_argument(std::string(name) + ": pointer not aligned to " +
+                            std::to_string(alignment) + " bytes");
+  }
+  return ok_status();
+}
+
+Status validate_pool(const PoolRef& pool) {
+  PAGEDKV_RETURN_IF_ERROR(validate_dtype(pool.dtype, "pool.dtype"));
+  PAGEDKV_RETURN_IF_ERROR(validate_pointer(pool.data, dtype_size(pool.dtype), "pool.data"));
+  const PoolLayout& l = pool.layout;
+  if (l.num_layers <= 0 || l.num_kv_heads <= 0 || l.head_dim <= 0 || l.block_size <= 0) {
+    return invalid_argument(
+        "pool.layout: num_layers, num_kv_heads, head_dim and block_size "
+        "must be positive");
+  }
+  if (l.page_layout != PageLayout::kNHD && l.page_layout != PageLayout::kHND) {
+    return invalid_argument("pool.layout: unknown page layout");
+  }
+  if (pool.num_blocks <= 0) return invalid_argument("pool.num_blocks: must be positive");
+  // Offsets are int64 elements; a pool whose byte size overflows int64 cannot exist.
+  const int64_t block_elems = l.block_elems();
+  if (pool.num_blocks > INT64_MAX / 8 / block_elems) {
+    return out_of_range("pool.num_blocks: pool size overflows int64");
+  }
+  return ok_status();
+}
+
+Status validate_layer(const PoolRef& pool, int32_t layer, const char* name) {
+  if (layer < 0 || layer >= pool.layout.num_layers) {
+    return out_of_range(std::string(name) + ": layer " + std::to_string(layer) + " outside [0, " +
+                        std::to_string(pool.layout.num_layers) + ")");
+  }
+  return ok_status();
+}
+
+Status validate_scales(const PoolRef& pool, DType other, const KvScales& scales) {
+  if (scales.granularity == ScaleGranularity::kNone) return ok_status();
+  if (scales.granularity != ScaleGranularity::kPerLayer &&
+      scales.granularity != ScaleGranularity::kPerHead) {
+    return invalid_argument("scales.granularity: unknown value");
+  }
+  if (pool.dtype != DType::kFloat8E4M3) {
+    return invalid_argument("scales: only an fp8 pool takes scales (pool is " +
+                            std::string(dtype_name(pool.dtype)) + ")");
+  }
+  if (other == DType::kFloat8E4M3) {
+    return invalid_argument("scales: the tensor side is fp8 too; scales need fp16/bf16/fp32");
+  }
+  PAGEDKV_RETURN_IF_ERROR(validate_pointer(scales.k, alignof(float), "scales.k"));
+  PAGEDKV_RETURN_IF_ERROR(validate_pointer(scales.v, alignof(float), "scales.v"));
+  return ok_status();
+}
+
+int choose_vec_bytes(std::initializer_list<uint64_t> values) {
+  int vec = 16;
+  for (uint64_t v : values) {
+    while (vec > 1 && v % static_cast<uint64_t>(vec) != 0) vec /= 2;
+  }
+  return vec;
+}
+
+kernels::PagedRowBody make_row_body(const PoolRef& pool) {
+  kernels::PagedRowBody b;
+  std::memset(static_cast<void*>(&b), 0, sizeof(b));
+  b.pool = pool.data;
+  b.layout = pool.layout;
+  b.pool_dtype = pool.dtype;
+  b.num_blocks = pool.num_blocks;
+  return b;
+}
+
+Status launch_paged_rows(Backend& backend, kernels::PagedRowBody b, Stream stream) {
+  const int64_t head_dim = b.layout.head_dim;
+  const int64_t row_elems = static_cast<int64_t>(b.num_heads_op) * head_dim;
+  b.convert =
+      (b.lin_dtype != b.pool_dtype || b.scales.granularity != ScaleGranularity::kNone) ? 1 : 0;
+  if (!b.convert) {
+    const uint64_t es = dtype_size(b.pool_dtype);
+    // Every byte offset the body forms is a sum of these: the vector width must divide each.
+    b.vec_bytes =
+        choose_vec_bytes({reinterpret_cast<uintptr_t>(b.pool), reinterpret_cast<uintptr_t>(b.lin_k),
+                          reinterpret_cast<uintptr_t>(b.lin_v), head_dim * es,
+                          static_cast<uint64_t>(b.lin_token_stride) * es,
+                          static_cast<uint64_t>(b.lin_head_stride) * es,
+                          static_cast<uint64_t>(b.lin_layer_stride) * es});
+  } else {
+    b.vec_bytes = 1;
+  }
+  if (wide_launch(backend)) {
+    b.seg_elems = row_elems;
+  } else if (!b.convert) {
+    b.seg_elems = b.vec_bytes / static_cast<int64_t>(dtype_size(b.pool_dtype));
+    if (b.seg_elems == 0) b.seg_elems = 1;
+  } else {
+    // Element-wise conversion: a few elements per thread, never crossing the row's end.
+    int64_t seg = 8;
+    while (head_dim % seg != 0) seg /= 2;
+    b.seg_elems = seg;
+  }
+  b.segs_per_row = row_elems / b.seg_elems;
+  const int64_t items = static_cast<int64_t>(b.num_layers_op) * 2 * b.num_tokens * b.segs_per_row;
+  if (items == 0) return ok_status();
+  KernelLaunch launch;
+  launch.kernel = KernelId::kPagedRows;
+  launch.params = &b;
+  launch.params_size = sizeof(b);
+  launch.num_items = items;
+  return backend.launch(launch, stream);
+}
+
+}  // namespace pagedkv::ops_detail

@@ -1,0 +1,100 @@
+// write_kv and write_kv_all_layers: K/V of new tokens into the pool at their slots.
+#include <string>
+
+#include "common/nvtx.hpp"
+#include "ops/ops_common.hpp"
+
+namespace pagedkv {
+namespace {
+
+struct WriteCommon {
+  const void* key;
+  const void* value;
+  DType input_dtype;
+  int64_t row_stride;
+  int64_t num_tokens;
+  const int64_t* slot_mapping;
+  KvScales scales;
+};
+
+Status validate_write(const PoolRef& pool, const WriteCommon& w, int64_t* row_stride) {
+  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_pool(pool));
+  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_dtype(w.input_dtype, "input_dtype"));
+  if (w.num_tokens < 0) return invalid_argument("num_tokens: negative");
+  if (w.input_dtype == DType::kFloat8E4M3 && pool.dtype != DType::kFloat8E4M3) {
+    return invalid_argument("input_dtype: fp8 input needs an fp8 pool");
+  }
+  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_scales(pool, w.input_dtype, w.scales));
+  const int64_t row = static_cast<int64_t>(pool.layout.num_kv_heads) * pool.layout.head_dim;
+  *row_stride = w.row_stride == 0 ? row : w.row_stride;
+  if (*row_stride < row) {
+    return invalid_argument("row_stride: " + std::to_string(*row_stride) +
+                            " is less than num_kv_heads * head_dim = " + std::to_string(row));
+  }
+  if (w.num_tokens == 0) return ok_status();
+  const size_t es = dtype_size(w.input_dtype);
+  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_pointer(w.key, es, "key"));
+  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_pointer(w.value, es, "value"));
+  PAGEDKV_RETURN_IF_ERROR(
+      ops_detail::validate_pointer(w.slot_mapping, alignof(int64_t), "slot_mapping"));
+  return ok_status();
+}
+
+kernels::PagedRowBody make_write_body(const PoolRef& pool, const WriteCommon& w,
+                                      int64_t row_stride) {
+  kernels::PagedRowBody b = ops_detail::make_row_body(pool);
+  b.lin_k = const_cast<void*>(w.key);
+  b.lin_v = const_cast<void*>(w.value);
+  b.lin_dtype = w.input_dtype;
+  b.lin_token_stride = row_stride;
+  b.lin_head_stride = pool.layout.head_dim;
+  b.mapping = kernels::RowMapping::kSlots;
+  b.slots = w.slot_mapping;
+  b.head0 = 0;
+  b.num_heads_op = pool.layout.num_kv_heads;
+  b.num_tokens = w.num_tokens;
+  b.to_pool = 1;
+  b.scales = w.scales;
+  return b;
+}
+
+}  // namespace
+
+Status write_kv(Backend& backend, const PoolRef& pool, const WriteKvArgs& args, Stream stream) {
+  PAGEDKV_NVTX_RANGE("pagedkv::write_kv");
+  const WriteCommon w{args.key,        args.value,        args.input_dtype, args.row_stride,
+                      args.num_tokens, args.slot_mapping, args.scales};
+  int64_t row_stride = 0;
+  PAGEDKV_RETURN_IF_ERROR(validate_write(pool, w, &row_stride));
+  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_layer(pool, args.layer, "layer"));
+  if (args.num_tokens == 0) return ok_status();
+  kernels::PagedRowBody b = make_write_body(pool, w, row_stride);
+  b.layer0 = args.layer;
+  b.num_layers_op = 1;
+  return ops_detail::launch_paged_rows(backend, b, stream);
+}
+
+Status write_kv_all_layers(Backend& backend, const PoolRef& pool, const WriteKvAllLayersArgs& args,
+                           Stream stream) {
+  PAGEDKV_NVTX_RANGE("pagedkv::write_kv_all_layers");
+  const WriteCommon w{args.key,        args.value,        args.input_dtype, args.row_stride,
+                      args.num_tokens, args.slot_mapping, args.scales};
+  int64_t row_stride = 0;
+  PAGEDKV_RETURN_IF_ERROR(validate_write(pool, w, &row_stride));
+  const int64_t row = static_cast<int64_t>(pool.layout.num_kv_heads) * pool.layout.head_dim;
+  const int64_t layer_stride =
+      args.layer_stride == 0 ? args.num_tokens * row_stride : args.layer_stride;
+  // Rows of one layer span (num_tokens - 1) * row_stride + row elements; layers must not overlap.
+  if (args.num_tokens > 0 && layer_stride < (args.num_tokens - 1) * row_stride + row) {
+    return invalid_argument("layer_stride: " + std::to_string(layer_stride) +
+                            " is shorter than one layer's rows");
+  }
+  if (args.num_tokens == 0) return ok_status();
+  kernels::PagedRowBody b = make_write_body(pool, w, row_stride);
+  b.lin_layer_stride = layer_stride;
+  b.layer0 = 0;
+  b.num_layers_op = pool.layout.num_layers;
+  return ops_detail::launch_paged_rows(backend, b, stream);
+}
+
+}  // namespace pagedkv
