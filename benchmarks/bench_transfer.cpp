@@ -1,0 +1,152 @@
+// Offload (device -> pinned host) and restore (host -> device) throughput of the transfer
+// engine, against a plain copy of the same bytes measured in the same run: memcpy between two
+// host buffers on the CPU backend, one contiguous pinned cudaMemcpyAsync on the GPU.
+//
+// Arguments: tokens per block (16, 64), blocks per job (1 .. 4096), and whether the job's blocks
+// are consecutive (merged into one copy) or scattered (every other block: one copy per block).
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "pagedkv/backend.hpp"
+#include "runtime/transfer_engine.hpp"
+
+namespace pagedkv {
+namespace {
+
+// A small model shape so that 4096-block jobs fit a CPU machine: 2 layers x 4 KV heads x 64
+// dims, fp16: 32 KiB per 16-token block, 128 KiB per 64-token block.
+constexpr int64_t kLayers = 2, kHeads = 4, kHeadDim = 64, kElemBytes = 2;
+
+int64_t block_bytes(int64_t tokens) { return tokens * kLayers * 2 * kHeads * kHeadDim * kElemBytes; }
+
+struct Setup {
+  std::unique_ptr<Backend> backend;
+  void* device = nullptr;
+  void* host = nullptr;
+  void* scratch = nullptr;  // the ceiling copy's other end
+  std::unique_ptr<runtime::TransferEngine> engine;
+  ~Setup() {
+    engine.reset();
+    if (backend) {
+      backend->free_device(device);
+      backend->free_pinned(host);
+      if (backend->kind() == BackendKind::kCuda) backend->free_device(scratch);
+      else backend->free_pinned(scratch);
+    }
+  }
+};
+
+double seconds_of(const std::function<void()>& fn, int reps) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
+
+void BM_Transfer(benchmark::State& state, BackendKind kind, bool restore) {
+  const int64_t tokens = state.range(0), blocks = state.range(1);
+  const bool scattered = state.range(2) != 0;
+  auto created = create_backend(kind);
+  if (!created.ok()) {
+    state.SkipWithError(created.status().to_string().c_str());
+    return;
+  }
+  Setup s;
+  s.backend = std::move(created).value();
+  const int64_t bb = block_bytes(tokens);
+  const int64_t pool_blocks = scattered ? 2 * blocks : blocks;
+  const size_t job_bytes = static_cast<size_t>(blocks * bb);
+  s.device = *s.backend->allocate_device(static_cast<size_t>(pool_blocks * bb));
+  s.host = *s.backend->allocate_pinned(static_cast<size_t>(pool_blocks * bb));
+  const bool cuda = s.backend->kind() == BackendKind::kCuda;
+  s.scratch = cuda ? *s.backend->allocate_device(job_bytes) : *s.backend->allocate_pinned(job_bytes);
+  std::memset(s.host, 1, static_cast<size_t>(pool_blocks * bb));
+  runtime::TierPools pools{s.device, pool_blocks, s.host, pool_blocks, bb};
+  s.engine = std::move(runtime::TransferEngine::create(*s.backend, pools)).value();
+
+  std::vector<BlockMove> moves;
+  for (int64_t i = 0; i < blocks; ++i) {
+    const int32_t b = static_cast<int32_t>(scattered ? 2 * i : i);
+    moves.push_back(restore ? BlockMove{Tier::kHost, b, Tier::kDevice, b}
+                            : BlockMove{Tier::kDevice, b, Tier::kHost, b});
+  }
+  auto run_job = [&] {
+    auto t = s.engine->submit(moves, Stream{});
+    if (!t.ok() || !s.engine->wait(*t).ok()) state.SkipWithError("transfer failed");
+  };
+  // The ceiling: one contiguous copy of the same bytes in the same direction.
+  const CopyKind ceiling_kind = cuda ? (restore ? CopyKind::kHostToDevice : CopyKind::kDeviceToHost)
+                                     : CopyKind::kHostToHost;
+  void* ceiling_dst = restore ? s.scratch : s.host;
+  const void* ceiling_src = restore ? s.host : s.scratch;
+  auto run_ceiling = [&] {
+    if (!s.backend->copy_async(ceiling_dst, ceiling_src, job_bytes, ceiling_kind, Stream{}).ok() ||
+        !s.backend->synchronize_stream(Stream{}).ok())
+      state.SkipWithError("ceiling copy failed");
+  };
+  run_job();
+  run_ceiling();
+  const int reps = job_bytes >= (64u << 20) ? 2 : 20;
+  const double ceiling_s = seconds_of(run_ceiling, reps);
+
+  for (auto _ : state) run_job();
+
+  const double bytes = static_cast<double>(job_bytes) * static_cast<double>(state.iterations());
+  state.SetBytesProcessed(static_cast<int64_t>(bytes));
+  state.counters["job_MiB"] = static_cast<double>(job_bytes) / (1 << 20);
+  state.counters["copies_per_job"] =
+      static_cast<double>(s.engine->copies_issued()) / static_cast<double>(state.iterations() + 1);
+  state.counters["ceiling_GBps"] = static_cast<double>(job_bytes) / ceiling_s / 1e9;
+  state.counters["ceiling_s"] = ceiling_s;
+}
+
+void args(benchmark::internal::Benchmark* b) {
+  for (int64_t tokens : {16, 64})
+    for (int64_t blocks : {1, 16, 256, 4096})
+      for (int64_t scattered : {0, 1}) b->Args({tokens, blocks, scattered});
+  b->ArgNames({"tokens", "blocks", "scattered"})->UseRealTime()->Unit(benchmark::kMicrosecond);
+}
+
+// GBps and ratio (ceiling time / job time) are computed by the reporter, from the measured time.
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    std::vector<Run> copy = runs;
+    for (Run& r : copy) {
+      auto ceiling = r.counters.find("ceiling_s");
+      if (ceiling != r.counters.end() && r.iterations > 0 && r.real_accumulated_time > 0) {
+        const double per_iter = r.real_accumulated_time / static_cast<double>(r.iterations);
+        r.counters["ratio"] = ceiling->second.value / per_iter;
+        r.counters["GBps"] = r.counters["job_MiB"].value * (1 << 20) / per_iter / 1e9;
+        r.counters.erase("ceiling_s");
+      }
+    }
+    ConsoleReporter::ReportRuns(copy);
+  }
+};
+
+}  // namespace
+}  // namespace pagedkv
+
+int main(int argc, char** argv) {
+  using pagedkv::BackendKind;
+  benchmark::RegisterBenchmark("BM_Offload/cpu", pagedkv::BM_Transfer, BackendKind::kCpu, false)
+      ->Apply(pagedkv::args);
+  benchmark::RegisterBenchmark("BM_Restore/cpu", pagedkv::BM_Transfer, BackendKind::kCpu, true)
+      ->Apply(pagedkv::args);
+  if (pagedkv::cuda_device_available()) {
+    benchmark::RegisterBenchmark("BM_Offload/cuda", pagedkv::BM_Transfer, BackendKind::kCuda, false)
+        ->Apply(pagedkv::args);
+    benchmark::RegisterBenchmark("BM_Restore/cuda", pagedkv::BM_Transfer, BackendKind::kCuda, true)
+        ->Apply(pagedkv::args);
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  pagedkv::RatioReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  return 0;
+}

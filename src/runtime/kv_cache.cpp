@@ -1,0 +1,350 @@
+#include "pagedkv/cache.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <utility>
+
+#include "common/logging.hpp"
+#include "common/nvtx.hpp"
+#include "core/control_plane.hpp"
+#include "runtime/transfer_engine.hpp"
+#include "runtime/upload_arena.hpp"
+
+namespace pagedkv {
+namespace {
+
+constexpr size_t kInitialUploadBytes = 1 << 20;
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+template <typename T>
+Status upload_vector(runtime::UploadArena& arena, const std::vector<T>& v, const T** out) {
+  PAGEDKV_ASSIGN_OR_RETURN(void* d, arena.upload(v.data(), v.size() * sizeof(T)));
+  *out = static_cast<const T*>(d);
+  return ok_status();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& config,
+                                                   KvCacheOptions options) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::create");
+  PAGEDKV_RETURN_IF_ERROR(config.validate());
+  if (config.mode != CacheMode::kPaged) {
+    return unimplemented("mode: dense mode is not available through KvCache yet");
+  }
+  std::unique_ptr<KvCache> cache(new KvCache());
+  cache->config_ = config;
+  if (options.backend != nullptr) {
+    cache->backend_ = options.backend;
+  } else {
+    PAGEDKV_ASSIGN_OR_RETURN(cache->owned_backend_, create_backend(config.backend));
+    cache->backend_ = cache->owned_backend_.get();
+  }
+  cache->compute_ = options.compute_stream;
+  Backend& be = *cache->backend_;
+
+  core::ControlOptions control_options;
+  control_options.clock = options.clock;
+  PAGEDKV_ASSIGN_OR_RETURN(cache->control_, core::ControlPlane::create(config, control_options));
+
+  const int64_t block_bytes = config.block_bytes();
+  auto t0 = std::chrono::steady_clock::now();
+  PAGEDKV_ASSIGN_OR_RETURN(cache->device_pool_,
+                           be.allocate_device(static_cast<size_t>(block_bytes * config.num_device_blocks)));
+  cache->pool_info_.device_bytes = block_bytes * config.num_device_blocks;
+  cache->pool_info_.device_alloc_ms = ms_since(t0);
+  if (config.num_host_blocks > 0) {
+    t0 = std::chrono::steady_clock::now();
+    PAGEDKV_ASSIGN_OR_RETURN(cache->host_pool_,
+                             be.allocate_pinned(static_cast<size_t>(block_bytes * config.num_host_blocks)));
+    cache->pool_info_.host_bytes = block_bytes * config.num_host_blocks;
+    cache->pool_info_.host_alloc_ms = ms_since(t0);
+  }
+  runtime::TierPools pools{cache->device_pool_, config.num_device_blocks, cache->host_pool_,
+                           config.num_host_blocks, block_bytes};
+  PAGEDKV_ASSIGN_OR_RETURN(cache->transfers_, runtime::TransferEngine::create(be, pools));
+  PAGEDKV_ASSIGN_OR_RETURN(cache->uploads_,
+                           runtime::UploadArena::create(be, cache->compute_, kInitialUploadBytes));
+  cache->block_read_by_job_.assign(static_cast<size_t>(config.num_device_blocks), 0);
+  detail::logger().info(
+      "KvCache: device pool {} blocks, {:.1f} MiB in {:.2f} ms; host pool {} blocks, {:.1f} MiB "
+      "pinned in {:.2f} ms",
+      config.num_device_blocks, cache->pool_info_.device_bytes / 1048576.0,
+      cache->pool_info_.device_alloc_ms, config.num_host_blocks,
+      cache->pool_info_.host_bytes / 1048576.0, cache->pool_info_.host_alloc_ms);
+  return cache;
+}
+
+KvCache::~KvCache() {
+  if (backend_ == nullptr) return;
+  backend_->synchronize_stream(compute_).ignore_error();  // queued kernels may use the pools
+  uploads_.reset();
+  transfers_.reset();  // drains the copy stream
+  backend_->free_device(device_pool_);
+  backend_->free_pinned(host_pool_);
+}
+
+PoolRef KvCache::device_pool() const {
+  return PoolRef{device_pool_, config_.dtype, PoolLayout::from_config(config_),
+                 config_.num_device_blocks};
+}
+
+StatusOr<int64_t> KvCache::add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
+                                        const SequenceOptions& options) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::add_sequence");
+  return control_->add_sequence(id, prompt, options);
+}
+
+Status KvCache::run_transfers(const Transfers& t, SequenceId self) {
+  if (!t.moves.empty()) {
+    PAGEDKV_ASSIGN_OR_RETURN(runtime::TransferTicket ticket, transfers_->submit(t.moves, compute_));
+    for (const BlockMove& m : t.moves) {
+      if (m.src_tier == Tier::kDevice) block_read_by_job_[static_cast<size_t>(m.src_block)] = ticket;
+    }
+    for (SequenceId id : t.offloaded) last_job_[id] = ticket;
+    // Restored blocks are read on the compute stream: it waits for the copies. Offloaded ones
+    // only constrain later writes into their device blocks (order_block_reuse).
+    const bool restores = std::any_of(t.moves.begin(), t.moves.end(),
+                                      [](const BlockMove& m) { return m.dst_tier == Tier::kDevice; });
+    if (restores) {
+      last_job_[self] = ticket;
+      PAGEDKV_RETURN_IF_ERROR(transfers_->order_after(ticket, compute_));
+    }
+  }
+  for (SequenceId id : t.evicted) {
+    evicted_.push_back(id);
+    pending_.erase(id);
+  }
+  if (!t.copies.empty()) {
+    std::vector<int32_t> pairs;
+    pairs.reserve(t.copies.size() * 2);
+    std::vector<int64_t> written;
+    for (const BlockCopy& c : t.copies) {
+      pairs.push_back(c.src_block);
+      pairs.push_back(c.dst_block);
+      written.push_back(static_cast<int64_t>(c.dst_block) * config_.block_size);
+    }
+    PAGEDKV_RETURN_IF_ERROR(order_block_reuse(written));
+    const int32_t* device_pairs = nullptr;
+    PAGEDKV_RETURN_IF_ERROR(upload_vector(*uploads_, pairs, &device_pairs));
+    CopyBlocksArgs args;
+    args.pairs = device_pairs;
+    args.index_type = IndexType::kInt32;
+    args.num_pairs = static_cast<int64_t>(t.copies.size());
+    PAGEDKV_RETURN_IF_ERROR(copy_blocks(*backend_, device_pool(), args, compute_));
+  }
+  return ok_status();
+}
+
+Status KvCache::order_block_reuse(const std::vector<int64_t>& slots) {
+  runtime::TransferTicket latest = 0;
+  for (int64_t slot : slots) {
+    uint64_t& job = block_read_by_job_[static_cast<size_t>(slot / config_.block_size)];
+    latest = std::max<runtime::TransferTicket>(latest, job);
+    job = 0;  // once ordered, later writes on the compute stream follow it too
+  }
+  if (latest == 0) return ok_status();
+  return transfers_->order_after(latest, compute_);
+}
+
+StatusOr<std::vector<int64_t>> KvCache::reserve(SequenceId id, int64_t n) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::reserve");
+  PAGEDKV_ASSIGN_OR_RETURN(ReserveResult result, control_->reserve(id, n));
+  // The control plane has committed to the plan; the data plane now carries it out.
+  PAGEDKV_RETURN_IF_ERROR(run_transfers(result.transfers, id));
+  PAGEDKV_RETURN_IF_ERROR(order_block_reuse(result.slots));
+  Pending& p = pending_[id];
+  p.slots = result.slots;
+  p.device_slots = nullptr;
+  return std::move(result.slots);
+}
+
+Status KvCache::write_kv(SequenceId id, int32_t layer, const void* key, const void* value,
+                         DType input_dtype, int64_t row_stride) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::write_kv");
+  if (!control_->contains(id)) return not_found("sequence " + std::to_string(id) + " does not exist");
+  auto it = pending_.find(id);
+  if (it == pending_.end() || it->second.slots.empty()) {
+    return failed_precondition("sequence " + std::to_string(id) + ": nothing reserved to write");
+  }
+  Pending& p = it->second;
+  WriteKvArgs args;
+  args.key = key;
+  args.value = value;
+  args.input_dtype = input_dtype;
+  args.row_stride = row_stride;
+  args.num_tokens = static_cast<int64_t>(p.slots.size());
+  args.layer = layer;
+  // An upload that a failing op then ignores changes nothing observable.
+  if (p.device_slots == nullptr || p.upload_round != uploads_->round()) {
+    PAGEDKV_RETURN_IF_ERROR(upload_vector(*uploads_, p.slots, &p.device_slots));
+    p.upload_round = uploads_->round();
+  }
+  args.slot_mapping = p.device_slots;
+  return pagedkv::write_kv(*backend_, device_pool(), args, compute_);
+}
+
+Status KvCache::commit(SequenceId id, const std::vector<TokenId>& tokens) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::commit");
+  PAGEDKV_RETURN_IF_ERROR(control_->commit(id, tokens));
+  auto it = pending_.find(id);
+  if (it != pending_.end()) {
+    Pending& p = it->second;
+    p.slots.erase(p.slots.begin(), p.slots.begin() + static_cast<std::ptrdiff_t>(
+                                                         std::min(tokens.size(), p.slots.size())));
+    p.device_slots = nullptr;
+    if (p.slots.empty()) pending_.erase(it);
+  }
+  return ok_status();
+}
+
+Status KvCache::rollback(SequenceId id, int64_t length) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::rollback");
+  PAGEDKV_RETURN_IF_ERROR(control_->rollback(id, length));
+  pending_.erase(id);
+  return ok_status();
+}
+
+Status KvCache::fork(SequenceId parent, SequenceId child) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::fork");
+  return control_->fork(parent, child);
+}
+
+Status KvCache::finish(SequenceId id) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::finish");
+  PAGEDKV_RETURN_IF_ERROR(control_->finish(id));
+  pending_.erase(id);
+  last_job_.erase(id);
+  return ok_status();
+}
+
+Status KvCache::erase(SequenceId id) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::erase");
+  PAGEDKV_RETURN_IF_ERROR(control_->erase(id));
+  pending_.erase(id);
+  last_job_.erase(id);
+  return ok_status();
+}
+
+Status KvCache::set_active(const std::vector<SequenceId>& ids) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::set_active");
+  return control_->set_active(ids);
+}
+
+Status KvCache::set_priority(SequenceId id, int32_t priority) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::set_priority");
+  return control_->set_priority(id, priority);
+}
+
+Status KvCache::offload(SequenceId id) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::offload");
+  PAGEDKV_ASSIGN_OR_RETURN(Transfers t, control_->offload(id));
+  pending_.erase(id);
+  return run_transfers(t, id);
+}
+
+Status KvCache::restore(SequenceId id) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::restore");
+  PAGEDKV_ASSIGN_OR_RETURN(Transfers t, control_->restore(id));
+  return run_transfers(t, id);
+}
+
+StatusOr<SequenceResidency> KvCache::residency(SequenceId id) {
+  PAGEDKV_ASSIGN_OR_RETURN(Residency r, control_->residency(id));
+  auto job = last_job_.find(id);
+  if (job != last_job_.end()) {
+    PAGEDKV_ASSIGN_OR_RETURN(bool done, transfers_->is_complete(job->second));
+    if (!done) return SequenceResidency::kInFlight;
+    last_job_.erase(job);
+  }
+  return r.offloaded ? SequenceResidency::kHost : SequenceResidency::kDevice;
+}
+
+std::vector<SequenceId> KvCache::drain_evicted_sequences() { return std::exchange(evicted_, {}); }
+
+StatusOr<const int32_t*> KvCache::upload_block_table(SequenceId id) {
+  PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, control_->block_locations(id));
+  std::vector<int32_t> table;
+  table.reserve(blocks.size());
+  for (const BlockLocation& b : blocks) {
+    if (b.tier != Tier::kDevice) {
+      return failed_precondition("sequence " + std::to_string(id) +
+                                 " is offloaded: restore it before reading");
+    }
+    table.push_back(b.block);
+  }
+  const int32_t* device_table = nullptr;
+  PAGEDKV_RETURN_IF_ERROR(upload_vector(*uploads_, table, &device_table));
+  return device_table;
+}
+
+StatusOr<DeviceBatch> KvCache::build_batch(const std::vector<SequenceId>& ids,
+                                           const BatchOptions& options) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::build_batch");
+  PAGEDKV_ASSIGN_OR_RETURN(const BatchMetadata* m, control_->build_batch(ids, options));
+  DeviceBatch out;
+  out.host = m;
+  runtime::UploadArena& a = *uploads_;
+  PAGEDKV_RETURN_IF_ERROR(upload_vector(a, m->slot_mapping, &out.slot_mapping));
+  PAGEDKV_RETURN_IF_ERROR(upload_vector(a, m->block_tables, &out.block_tables));
+  PAGEDKV_RETURN_IF_ERROR(upload_vector(a, m->seq_lens, &out.seq_lens));
+  if (options.build_csr) {
+    PAGEDKV_RETURN_IF_ERROR(upload_vector(a, m->indptr, &out.indptr));
+    PAGEDKV_RETURN_IF_ERROR(upload_vector(a, m->indices, &out.indices));
+    PAGEDKV_RETURN_IF_ERROR(upload_vector(a, m->last_page_len, &out.last_page_len));
+  }
+  return out;
+}
+
+Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* value_out,
+                             DType packed_dtype, PackedLayout packed_layout,
+                             int64_t position_begin, int64_t num_tokens) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::gather_layer");
+  PAGEDKV_ASSIGN_OR_RETURN(int64_t length, control_->length(id));
+  if (num_tokens < 0) num_tokens = length - position_begin;
+  if (position_begin < 0 || num_tokens < 0 || position_begin + num_tokens > length) {
+    return out_of_range("sequence " + std::to_string(id) + ": positions [" +
+                        std::to_string(position_begin) + ", " +
+                        std::to_string(position_begin + num_tokens) + ") outside its " +
+                        std::to_string(length) + " committed tokens");
+  }
+  PackedLayerArgs args;
+  args.key = key_out;
+  args.value = value_out;
+  args.packed_dtype = packed_dtype;
+  args.packed_layout = packed_layout;
+  args.layer = layer;
+  args.position_begin = position_begin;
+  args.num_tokens = num_tokens;
+  PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, control_->block_locations(id));
+  args.block_table_len = static_cast<int32_t>(blocks.size());
+  PAGEDKV_ASSIGN_OR_RETURN(args.block_table, upload_block_table(id));
+  return pagedkv::gather_layer(*backend_, device_pool(), args, compute_);
+}
+
+Status KvCache::synchronize() {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::synchronize");
+  PAGEDKV_RETURN_IF_ERROR(backend_->synchronize_stream(transfers_->copy_stream()));
+  return backend_->synchronize_stream(compute_);
+}
+
+ControlStats KvCache::stats() const { return control_->stats(); }
+
+std::vector<ControlEvent> KvCache::drain_events() { return control_->drain_events(); }
+
+Status KvCache::check_invariants() const {
+  PAGEDKV_RETURN_IF_ERROR(control_->check_invariants());
+  for (const auto& [id, pending] : pending_) {
+    if (!control_->contains(id)) {
+      return internal_error("a reservation is kept for sequence " + std::to_string(id) +
+                            ", which no longer exists");
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace pagedkv

@@ -1,0 +1,256 @@
+// KvCache end to end on real bytes: write, commit, gather; prefix reuse; offload, reuse of the
+// freed device blocks and restore with a slow copy worker; residency; bad calls.
+#include "pagedkv/cache.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "pagedkv/cpu_backend.hpp"
+#include "support/backend_test.hpp"
+
+namespace pagedkv {
+namespace {
+
+using testing::DeviceBuffer;
+
+// A distinct, never-zero fp16 value for (position, token, layer, part, head, dim).
+uint16_t kv_value(int64_t pos, TokenId token, int32_t layer, int32_t part, int32_t head, int32_t d) {
+  const int64_t h = (pos * 1315423911LL + token * 2654435761LL + layer * 97 + part * 7919 +
+                     head * 131 + d * 17) % 4093;
+  return float_to_half_bits(0.25f + static_cast<float>(h) / 1024.0f);
+}
+
+CacheConfig small_config() {
+  CacheConfig c;
+  c.num_layers = 2;
+  c.num_kv_heads = 3;
+  c.head_dim = 64;
+  c.block_size = 4;
+  c.num_device_blocks = 12;
+  c.num_host_blocks = 12;
+  c.dtype = DType::kFloat16;
+  c.backend = BackendKind::kCpu;
+  return c;
+}
+
+class KvCacheTest : public ::testing::Test {
+ protected:
+  void make(const CacheConfig& config, const CpuBackendOptions& options = {}) {
+    config_ = config;
+    backend_ = create_cpu_backend(options);
+    KvCacheOptions o;
+    o.backend = backend_.get();
+    auto c = KvCache::create(config, o);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    cache_ = std::move(c).value();
+  }
+
+  // Reserves, writes every layer and commits `tokens` (at positions start..) for `id`.
+  void append(SequenceId id, const std::vector<TokenId>& tokens, int64_t start) {
+    auto slots = cache_->reserve(id, static_cast<int64_t>(tokens.size()));
+    ASSERT_TRUE(slots.ok()) << slots.status().to_string();
+    ASSERT_EQ(slots->size(), tokens.size());
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    const int64_t row = config_.num_kv_heads * config_.head_dim;
+    for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
+      std::vector<uint16_t> k(static_cast<size_t>(n * row)), v(k.size());
+      for (int64_t t = 0; t < n; ++t)
+        for (int32_t h = 0; h < config_.num_kv_heads; ++h)
+          for (int32_t d = 0; d < config_.head_dim; ++d) {
+            const size_t i = static_cast<size_t>(t * row + h * config_.head_dim + d);
+            k[i] = kv_value(start + t, tokens[static_cast<size_t>(t)], layer, 0, h, d);
+            v[i] = kv_value(start + t, tokens[static_cast<size_t>(t)], layer, 1, h, d);
+          }
+      DeviceBuffer dk(*backend_, k.size() * 2), dv(*backend_, v.size() * 2);
+      dk.upload(k);
+      dv.upload(v);
+      ASSERT_TRUE(cache_->write_kv(id, layer, dk.data(), dv.data(), DType::kFloat16).ok());
+      ASSERT_TRUE(cache_->synchronize().ok());  // the staging buffers go out of scope
+    }
+    ASSERT_TRUE(cache_->commit(id, tokens).ok());
+    ASSERT_TRUE(cache_->check_invariants().ok()) << cache_->check_invariants().to_string();
+  }
+
+  // Gathers every layer of `id` and compares every element with kv_value of `tokens`.
+  void expect_contents(SequenceId id, const std::vector<TokenId>& tokens) {
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
+      const size_t elems = static_cast<size_t>(n * config_.num_kv_heads * config_.head_dim);
+      DeviceBuffer k(*backend_, elems * 2), v(*backend_, elems * 2);
+      const Status s = cache_->gather_layer(id, layer, k.data(), v.data(), DType::kFloat16,
+                                            PackedLayout::kHeadMajor);
+      ASSERT_TRUE(s.ok()) << s.to_string();
+      ASSERT_TRUE(cache_->synchronize().ok());
+      const std::vector<uint16_t> gk = k.download<uint16_t>(), gv = v.download<uint16_t>();
+      for (int32_t h = 0; h < config_.num_kv_heads; ++h)
+        for (int64_t t = 0; t < n; ++t)
+          for (int32_t d = 0; d < config_.head_dim; ++d) {
+            const size_t i = static_cast<size_t>((h * n + t) * config_.head_dim + d);
+            const TokenId tok = tokens[static_cast<size_t>(t)];
+            ASSERT_EQ(gk[i], kv_value(t, tok, layer, 0, h, d))
+                << "seq " << id << " layer " << layer << " head " << h << " pos " << t;
+            ASSERT_EQ(gv[i], kv_value(t, tok, layer, 1, h, d));
+          }
+    }
+  }
+
+  std::set<int32_t> device_blocks(SequenceId id) {
+    std::set<int32_t> out;
+    auto batch = cache_->build_batch({id});
+    EXPECT_TRUE(batch.ok()) << batch.status().to_string();
+    if (!batch.ok()) return out;
+    const BatchMetadata& m = *batch->host;
+    for (int32_t i = 0; i < m.max_blocks; ++i) {
+      const int32_t b = m.block_tables[static_cast<size_t>(i)];
+      if (b >= 0) out.insert(b);
+    }
+    return out;
+  }
+
+  CacheConfig config_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<KvCache> cache_;
+};
+
+std::vector<TokenId> iota_tokens(int n, TokenId first) {
+  std::vector<TokenId> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = first + i;
+  return t;
+}
+
+TEST_F(KvCacheTest, CreateReportsPoolBytes) {
+  make(small_config());
+  EXPECT_EQ(cache_->pool_info().device_bytes, small_config().block_bytes() * 12);
+  EXPECT_EQ(cache_->pool_info().host_bytes, small_config().block_bytes() * 12);
+}
+
+TEST_F(KvCacheTest, CreateRejectsBadConfigAndTooLargePools) {
+  CacheConfig bad = small_config();
+  bad.head_dim = 0;
+  EXPECT_EQ(KvCache::create(bad).status().code(), StatusCode::kInvalidArgument);
+  CpuBackendOptions limited;
+  limited.device_memory_limit = 1 << 16;  // far below 12 blocks
+  auto backend = create_cpu_backend(limited);
+  KvCacheOptions o;
+  o.backend = backend.get();
+  EXPECT_EQ(KvCache::create(small_config(), o).status().code(), StatusCode::kResourceExhausted);
+}
+
+TEST_F(KvCacheTest, WriteCommitGatherRoundTrip) {
+  make(small_config());
+  const std::vector<TokenId> prompt = iota_tokens(10, 100);
+  ASSERT_EQ(*cache_->add_sequence(1, prompt), 0);
+  append(1, prompt, 0);
+  expect_contents(1, prompt);
+  std::vector<TokenId> all = prompt;
+  for (int step = 0; step < 5; ++step) {  // decode: one token at a time
+    const TokenId next = 500 + step;
+    append(1, {next}, static_cast<int64_t>(all.size()));
+    all.push_back(next);
+  }
+  expect_contents(1, all);
+}
+
+TEST_F(KvCacheTest, FinishedPrefixIsReusedWithItsBytes) {
+  make(small_config());
+  const std::vector<TokenId> prompt = iota_tokens(9, 7);
+  ASSERT_TRUE(cache_->add_sequence(1, prompt).ok());
+  append(1, prompt, 0);
+  ASSERT_TRUE(cache_->finish(1).ok());
+
+  std::vector<TokenId> second = prompt;
+  second.push_back(99);
+  auto cached = cache_->add_sequence(2, second);
+  ASSERT_TRUE(cached.ok());
+  EXPECT_EQ(*cached, 8);  // two full blocks of 4; at least one token is left to compute
+  append(2, std::vector<TokenId>(second.begin() + 8, second.end()), 8);
+  expect_contents(2, second);
+}
+
+// The central ordering case, with a copy worker that sleeps 30 ms per copy: the freed device
+// blocks of an offloaded sequence are reused at once by another sequence's writes; both must
+// read back bit-exact after restores that, in turn, offload the other one.
+TEST_F(KvCacheTest, OffloadReuseRestoreWithSlowCopies) {
+  CpuBackendOptions slow;
+  slow.copy_delay = std::chrono::milliseconds(30);
+  CacheConfig c = small_config();
+  c.num_device_blocks = 4;  // room for one 12-token sequence at a time
+  make(c, slow);
+  const std::vector<TokenId> a = iota_tokens(12, 1000), b = iota_tokens(12, 2000);
+  ASSERT_TRUE(cache_->add_sequence(1, a).ok());
+  append(1, a, 0);
+  const std::set<int32_t> a_blocks = device_blocks(1);
+  ASSERT_EQ(a_blocks.size(), 3u);
+
+  ASSERT_TRUE(cache_->offload(1).ok());
+  EXPECT_EQ(*cache_->residency(1), SequenceResidency::kInFlight);  // the copy is sleeping
+  ASSERT_TRUE(cache_->add_sequence(2, b).ok());
+  append(2, b, 0);  // 3 blocks out of 4: at least two were A's
+  int reused = 0;
+  for (int32_t blk : device_blocks(2)) reused += a_blocks.count(blk) ? 1 : 0;
+  EXPECT_GE(reused, 2);
+
+  ASSERT_TRUE(cache_->restore(1).ok());  // offloads B (inactive) to make room
+  ASSERT_TRUE(cache_->check_invariants().ok());
+  expect_contents(1, a);
+  ASSERT_TRUE(cache_->restore(2).ok());  // and back again
+  expect_contents(2, b);
+  const ControlStats stats = cache_->stats();
+  EXPECT_EQ(stats.sequences_offloaded, 3);
+  EXPECT_EQ(stats.sequences_restored, 2);
+  ASSERT_TRUE(cache_->check_invariants().ok());
+}
+
+TEST_F(KvCacheTest, ResidencyFollowsOffloadAndRestore) {
+  CpuBackendOptions slow;
+  slow.copy_delay = std::chrono::milliseconds(20);
+  make(small_config(), slow);
+  const std::vector<TokenId> a = iota_tokens(8, 1);
+  ASSERT_TRUE(cache_->add_sequence(1, a).ok());
+  append(1, a, 0);
+  EXPECT_EQ(*cache_->residency(1), SequenceResidency::kDevice);
+  ASSERT_TRUE(cache_->offload(1).ok());
+  EXPECT_EQ(*cache_->residency(1), SequenceResidency::kInFlight);
+  ASSERT_TRUE(cache_->synchronize().ok());
+  EXPECT_EQ(*cache_->residency(1), SequenceResidency::kHost);
+  EXPECT_EQ(cache_->gather_layer(1, 0, nullptr, nullptr, DType::kFloat16, PackedLayout::kHeadMajor).code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(cache_->restore(1).ok());
+  ASSERT_TRUE(cache_->synchronize().ok());
+  EXPECT_EQ(*cache_->residency(1), SequenceResidency::kDevice);
+  expect_contents(1, a);
+  EXPECT_EQ(cache_->residency(42).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(KvCacheTest, BadCallsAreRejectedAndChangeNothing) {
+  make(small_config());
+  const std::vector<TokenId> a = iota_tokens(6, 1);
+  ASSERT_TRUE(cache_->add_sequence(1, a).ok());
+  append(1, a, 0);
+  const ControlStats before = cache_->stats();
+  DeviceBuffer k(*backend_, 3 * 64 * 2), v(*backend_, 3 * 64 * 2);
+  EXPECT_EQ(cache_->write_kv(1, 0, k.data(), v.data(), DType::kFloat16).code(),
+            StatusCode::kFailedPrecondition);  // nothing reserved
+  EXPECT_EQ(cache_->write_kv(9, 0, k.data(), v.data(), DType::kFloat16).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(cache_->reserve(1, 1).ok());
+  EXPECT_EQ(cache_->write_kv(1, 2, k.data(), v.data(), DType::kFloat16).code(),
+            StatusCode::kOutOfRange);  // layer 2 of 2
+  EXPECT_EQ(cache_->gather_layer(1, 0, k.data(), v.data(), DType::kFloat16,
+                                 PackedLayout::kHeadMajor, 4, 5).code(),
+            StatusCode::kOutOfRange);
+  EXPECT_EQ(cache_->add_sequence(1, a).status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(cache_->restore(1).code(), StatusCode::kFailedPrecondition);
+  const ControlStats after = cache_->stats();
+  EXPECT_EQ(before.device.used_blocks, after.device.used_blocks);
+  EXPECT_EQ(before.sequences, after.sequences);
+  ASSERT_TRUE(cache_->rollback(1, 6).ok());
+  expect_contents(1, a);
+  ASSERT_TRUE(cache_->check_invariants().ok());
+}
+
+}  // namespace
+}  // namespace pagedkv
