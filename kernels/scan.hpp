@@ -1,8 +1,8 @@
 // Building an indptr (exclusive prefix sum of sequence lengths) on the device.
 //
-// The CUDA path is CUB's DeviceScan (kernels/scan.cu); ExclusiveScanBody is the path of the CPU
-// backend, and of the CUDA backend's default stream, whose native handle the Backend interface
-// does not expose. This header compiles with any C++17 compiler (no CUDA types).
+// The CUDA path is CUB's DeviceScan (kernels/scan.cu), on the stream's native handle;
+// ExclusiveScanBody is the CPU backend's path (and is tested on the CPU in both launch shapes).
+// This header compiles with any C++17 compiler (no CUDA types).
 #pragma once
 
 #include <cstddef>

@@ -69,6 +69,10 @@ class Backend {
   virtual void free_pinned(void* ptr) = 0;
 
   virtual StatusOr<Stream> create_stream() = 0;
+  /// The native handle behind `stream` (a cudaStream_t on CUDA, also for the default stream;
+  /// null on the CPU backend), for libraries that take one (CUB, cuBLAS, a server's kernels).
+  /// kInvalidArgument for an unknown stream.
+  virtual StatusOr<void*> native_stream(Stream stream) = 0;
   /// Waits for the stream's work, then releases it. The default stream is not destroyed.
   virtual void destroy_stream(Stream stream) = 0;
   virtual StatusOr<Event> create_event() = 0;

@@ -38,11 +38,10 @@ Status build_indptr(Backend& backend, const BuildIndptrArgs& args, Stream stream
                             std::to_string(needed));
   }
 #if defined(PAGEDKV_WITH_CUDA)
-  // CUB needs the native stream; the Backend interface exposes it for created streams only
-  // (the default Stream{} is private to the backend), which falls back to the scan body.
-  if (backend.kind() == BackendKind::kCuda && stream.handle != nullptr) {
+  if (backend.kind() == BackendKind::kCuda) {
+    PAGEDKV_ASSIGN_OR_RETURN(void* native, backend.native_stream(stream));
     const int err = cuda::cub_exclusive_indptr(args.seq_lens, args.indptr, args.batch_size,
-                                               args.scratch, args.scratch_bytes, stream.handle);
+                                               args.scratch, args.scratch_bytes, native);
     if (err != 0) {
       return internal_error(std::string("build_indptr: CUB DeviceScan failed: ") +
                             cuda::cuda_error_name(err));
@@ -54,7 +53,7 @@ Status build_indptr(Backend& backend, const BuildIndptrArgs& args, Stream stream
   b.in = args.seq_lens;
   b.out = args.indptr;
   b.n = args.batch_size;
-  // One serial scan on the CPU; one output per thread on the GPU's fallback path.
+  // One serial scan on the CPU backend (a GPU shape, one output per index, is kept for tests).
   b.chunk = ops_detail::wide_launch(backend) ? args.batch_size + 1 : 1;
   KernelLaunch launch;
   launch.kernel = KernelId::kExclusiveScan;

@@ -106,6 +106,16 @@ TYPED_TEST(BackendExecTest, RejectsUnknownHandles) {
   this->backend().destroy_event(*e);
 }
 
+TYPED_TEST(BackendExecTest, NativeStreamHandles) {
+  auto native = this->backend().native_stream(Stream{});
+  ASSERT_TRUE(native.ok());
+  // A cudaStream_t on CUDA (the default stream is a created non-blocking stream); none on CPU.
+  EXPECT_EQ(*native != nullptr, TypeParam::kKind == BackendKind::kCuda);
+  int marker = 0;
+  EXPECT_EQ(this->backend().native_stream(Stream{&marker}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 TYPED_TEST(BackendExecTest, CopyWithNullPointerIsRejected) {
   DeviceBuffer a(this->backend(), 64);
   EXPECT_EQ(this->backend().copy_async(nullptr, a.data(), 64, CopyKind::kDeviceToDevice, Stream{}).code(),

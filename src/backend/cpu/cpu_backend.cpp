@@ -107,6 +107,12 @@ StatusOr<Stream> CpuBackend::create_stream() {
   return Stream{handle};
 }
 
+StatusOr<void*> CpuBackend::native_stream(Stream stream) {
+  PAGEDKV_ASSIGN_OR_RETURN(CpuStream * s, find_stream(stream));
+  (void)s;
+  return static_cast<void*>(nullptr);  // there is no native stream object to hand out
+}
+
 void CpuBackend::destroy_stream(Stream stream) {
   streams_.erase(stream.handle);  // the destructor drains the queue
 }

@@ -27,6 +27,7 @@ class CpuBackend final : public Backend {
   void free_pinned(void* ptr) override;
 
   StatusOr<Stream> create_stream() override;
+  StatusOr<void*> native_stream(Stream stream) override;
   void destroy_stream(Stream stream) override;
   StatusOr<Event> create_event() override;
   void destroy_event(Event event) override;

@@ -96,6 +96,10 @@ class CudaBackend final : public Backend {
     streams_.insert(s);
     return Stream{s};
   }
+  StatusOr<void*> native_stream(Stream stream) override {
+    PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
+    return static_cast<void*>(s);
+  }
   void destroy_stream(Stream stream) override {
     if (streams_.erase(stream.handle) == 0) return;
     cudaStreamSynchronize(static_cast<cudaStream_t>(stream.handle));
