@@ -21,7 +21,9 @@ namespace {
 // dims, fp16: 32 KiB per 16-token block, 128 KiB per 64-token block.
 constexpr int64_t kLayers = 2, kHeads = 4, kHeadDim = 64, kElemBytes = 2;
 
-int64_t block_bytes(int64_t tokens) { return tokens * kLayers * 2 * kHeads * kHeadDim * kElemBytes; }
+int64_t block_bytes(int64_t tokens) {
+  return tokens * kLayers * 2 * kHeads * kHeadDim * kElemBytes;
+}
 
 struct Setup {
   std::unique_ptr<Backend> backend;
@@ -34,8 +36,10 @@ struct Setup {
     if (backend) {
       backend->free_device(device);
       backend->free_pinned(host);
-      if (backend->kind() == BackendKind::kCuda) backend->free_device(scratch);
-      else backend->free_pinned(scratch);
+      if (backend->kind() == BackendKind::kCuda)
+        backend->free_device(scratch);
+      else
+        backend->free_pinned(scratch);
     }
   }
 };
@@ -62,7 +66,8 @@ void BM_Transfer(benchmark::State& state, BackendKind kind, bool restore) {
   s.device = *s.backend->allocate_device(static_cast<size_t>(pool_blocks * bb));
   s.host = *s.backend->allocate_pinned(static_cast<size_t>(pool_blocks * bb));
   const bool cuda = s.backend->kind() == BackendKind::kCuda;
-  s.scratch = cuda ? *s.backend->allocate_device(job_bytes) : *s.backend->allocate_pinned(job_bytes);
+  s.scratch =
+      cuda ? *s.backend->allocate_device(job_bytes) : *s.backend->allocate_pinned(job_bytes);
   std::memset(s.host, 1, static_cast<size_t>(pool_blocks * bb));
   runtime::TierPools pools{s.device, pool_blocks, s.host, pool_blocks, bb};
   s.engine = std::move(runtime::TransferEngine::create(*s.backend, pools)).value();
@@ -78,8 +83,8 @@ void BM_Transfer(benchmark::State& state, BackendKind kind, bool restore) {
     if (!t.ok() || !s.engine->wait(*t).ok()) state.SkipWithError("transfer failed");
   };
   // The ceiling: one contiguous copy of the same bytes in the same direction.
-  const CopyKind ceiling_kind = cuda ? (restore ? CopyKind::kHostToDevice : CopyKind::kDeviceToHost)
-                                     : CopyKind::kHostToHost;
+  const CopyKind ceiling_kind =
+      cuda ? (restore ? CopyKind::kHostToDevice : CopyKind::kDeviceToHost) : CopyKind::kHostToHost;
   void* ceiling_dst = restore ? s.scratch : s.host;
   const void* ceiling_src = restore ? s.host : s.scratch;
   auto run_ceiling = [&] {

@@ -12,7 +12,6 @@ namespace pagedkv::cuda {
 /// Launches `Body` (whose bytes are at `params`) over [0, num_items) on `stream` with a
 /// grid-stride loop of at most `max_blocks` blocks; returns cudaPeekAtLastError().
 template <typename Body>
-cudaError_t launch_body(const void* params, int64_t num_items, cudaStream_t stream,
-                        int max_blocks);
+cudaError_t launch_body(const void* params, int64_t num_items, cudaStream_t stream, int max_blocks);
 
 }  // namespace pagedkv::cuda

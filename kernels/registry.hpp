@@ -13,12 +13,12 @@
 #include "pagedkv/kernel_id.hpp"
 
 // X(id, body type)
-#define PAGEDKV_KERNEL_LIST(X)                                \
-  X(kFill, ::pagedkv::kernels::FillBody)                      \
-  X(kIota, ::pagedkv::kernels::IotaBody)                      \
-  X(kPagedRows, ::pagedkv::kernels::PagedRowBody)             \
-  X(kCopyBlocks, ::pagedkv::kernels::CopyBlocksBody)          \
-  X(kExclusiveScan, ::pagedkv::kernels::ExclusiveScanBody)    \
+#define PAGEDKV_KERNEL_LIST(X)                             \
+  X(kFill, ::pagedkv::kernels::FillBody)                   \
+  X(kIota, ::pagedkv::kernels::IotaBody)                   \
+  X(kPagedRows, ::pagedkv::kernels::PagedRowBody)          \
+  X(kCopyBlocks, ::pagedkv::kernels::CopyBlocksBody)       \
+  X(kExclusiveScan, ::pagedkv::kernels::ExclusiveScanBody) \
   X(kDecodeAttention, ::pagedkv::kernels::DecodeAttentionBody)
 
 namespace pagedkv::kernels {
@@ -26,8 +26,8 @@ namespace pagedkv::kernels {
 /// sizeof the params (body) struct of a kernel, or 0 for an unknown id.
 inline size_t kernel_params_size(KernelId id) {
   switch (id) {
-#define PAGEDKV_PARAMS_SIZE_CASE(name, Body) \
-  case KernelId::name:                       \
+#define PAGEDKV_PARAMS_SIZE_CASE(name, Body)                                                     \
+  case KernelId::name:                                                                           \
     static_assert(std::is_trivially_copyable<Body>::value, #Body " must be trivially copyable"); \
     return sizeof(Body);
     PAGEDKV_KERNEL_LIST(PAGEDKV_PARAMS_SIZE_CASE)

@@ -34,6 +34,5 @@ cudaError_t launch_body(const void* params, int64_t num_items, cudaStream_t stre
 }  // namespace pagedkv::cuda
 
 /// Instantiates the launcher of one body type in the including .cu file.
-#define PAGEDKV_INSTANTIATE_CUDA_LAUNCH(Body)                                            \
-  template cudaError_t pagedkv::cuda::launch_body<Body>(const void*, int64_t, cudaStream_t, \
-                                                        int)
+#define PAGEDKV_INSTANTIATE_CUDA_LAUNCH(Body) \
+  template cudaError_t pagedkv::cuda::launch_body<Body>(const void*, int64_t, cudaStream_t, int)

@@ -35,9 +35,9 @@ struct CacheConfig {
   int32_t head_dim = 64;
 
   // Pools.
-  int32_t block_size = 16;       // tokens per block
+  int32_t block_size = 16;  // tokens per block
   int64_t num_device_blocks = 256;
-  int64_t num_host_blocks = 0;   // pinned host tier; 0 disables offload to host
+  int64_t num_host_blocks = 0;  // pinned host tier; 0 disables offload to host
   DType dtype = DType::kFloat16;
   PageLayout page_layout = PageLayout::kNHD;
 

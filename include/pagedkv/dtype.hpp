@@ -93,7 +93,7 @@ PAGEDKV_HOST_DEVICE uint16_t float_to_half_bits(float f) {
     return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
   }
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds past 65504
-  if (abs < 0x38800000u) {  // result is subnormal or zero (|f| < 2^-14)
+  if (abs < 0x38800000u) {               // result is subnormal or zero (|f| < 2^-14)
     if (abs < 0x33000000u) return sign;  // below half the smallest subnormal: zero
     const uint32_t exp = abs >> 23;
     const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
@@ -146,9 +146,9 @@ PAGEDKV_HOST_DEVICE uint8_t float_to_fp8_e4m3_bits(float f) {
   const uint32_t x = detail::float_bits(f);
   const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
   const uint32_t abs = x & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);  // NaN
+  if (abs > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);   // NaN
   if (abs >= 0x43e00000u) return static_cast<uint8_t>(sign | 0x7eu);  // >= 448 (and inf): 448
-  if (abs < 0x3c800000u) {  // |f| < 2^-6: subnormal range, step 2^-9
+  if (abs < 0x3c800000u) {               // |f| < 2^-6: subnormal range, step 2^-9
     if (abs < 0x3a000000u) return sign;  // < 2^-11 (half the smallest subnormal): zero
     const uint32_t exp = abs >> 23;
     const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;

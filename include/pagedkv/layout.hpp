@@ -52,20 +52,20 @@ struct PoolLayout {
   }
   /// Elements between consecutive heads inside a page.
   PAGEDKV_HOST_DEVICE int64_t head_stride() const {
-    return page_layout == PageLayout::kNHD ? head_dim
-                                           : static_cast<int64_t>(block_size) * head_dim;
+    return page_layout == PageLayout::kNHD ? head_dim : static_cast<int64_t>(block_size) * head_dim;
   }
 
   /// Offset of the first element of page (block, layer, part).
   PAGEDKV_HOST_DEVICE int64_t page_offset(int64_t block, int32_t layer, KvPart part) const {
-    return block * block_elems() + layer * layer_stride() + static_cast<int32_t>(part) * kv_stride();
+    return block * block_elems() + layer * layer_stride() +
+           static_cast<int32_t>(part) * kv_stride();
   }
   /// Offset of element `dim` of (block, layer, part, position inside the block, head).
   PAGEDKV_HOST_DEVICE int64_t element_offset(int64_t block, int32_t layer, KvPart part,
                                              int32_t pos_in_block, int32_t head,
                                              int32_t dim) const {
-    return page_offset(block, layer, part) + pos_in_block * token_stride() +
-           head * head_stride() + dim;
+    return page_offset(block, layer, part) + pos_in_block * token_stride() + head * head_stride() +
+           dim;
   }
   /// Offset of the head vector (dim 0) of one token given by its slot.
   PAGEDKV_HOST_DEVICE int64_t slot_offset(int64_t slot, int32_t layer, KvPart part,

@@ -88,7 +88,7 @@ class [[nodiscard]] StatusOr {
   StatusOr(Status status) : status_(std::move(status)) {  // NOLINT(runtime/explicit)
     if (status_.ok()) status_ = internal_error("StatusOr constructed from an ok Status");
   }
-  StatusOr(const T& value) : has_value_(true) { new (&storage_) T(value); }  // NOLINT
+  StatusOr(const T& value) : has_value_(true) { new (&storage_) T(value); }        // NOLINT
   StatusOr(T&& value) : has_value_(true) { new (&storage_) T(std::move(value)); }  // NOLINT
 
   StatusOr(const StatusOr& other) : status_(other.status_), has_value_(other.has_value_) {

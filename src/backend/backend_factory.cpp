@@ -48,7 +48,8 @@ StatusOr<std::unique_ptr<Backend>> create_backend(BackendKind kind) {
 #if defined(PAGEDKV_WITH_CUDA)
       PAGEDKV_ASSIGN_OR_RETURN(backend, cuda::create_cuda_backend());
 #else
-      return unavailable("the CUDA backend is not built in (configured with PAGEDKV_ENABLE_CUDA=OFF)");
+      return unavailable(
+          "the CUDA backend is not built in (configured with PAGEDKV_ENABLE_CUDA=OFF)");
 #endif
       break;
     }

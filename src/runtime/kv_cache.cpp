@@ -1,5 +1,3 @@
-#include "pagedkv/cache.hpp"
-
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -8,6 +6,7 @@
 #include "common/logging.hpp"
 #include "common/nvtx.hpp"
 #include "core/control_plane.hpp"
+#include "pagedkv/cache.hpp"
 #include "runtime/transfer_engine.hpp"
 #include "runtime/upload_arena.hpp"
 
@@ -53,14 +52,16 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& config,
 
   const int64_t block_bytes = config.block_bytes();
   auto t0 = std::chrono::steady_clock::now();
-  PAGEDKV_ASSIGN_OR_RETURN(cache->device_pool_,
-                           be.allocate_device(static_cast<size_t>(block_bytes * config.num_device_blocks)));
+  PAGEDKV_ASSIGN_OR_RETURN(
+      cache->device_pool_,
+      be.allocate_device(static_cast<size_t>(block_bytes * config.num_device_blocks)));
   cache->pool_info_.device_bytes = block_bytes * config.num_device_blocks;
   cache->pool_info_.device_alloc_ms = ms_since(t0);
   if (config.num_host_blocks > 0) {
     t0 = std::chrono::steady_clock::now();
-    PAGEDKV_ASSIGN_OR_RETURN(cache->host_pool_,
-                             be.allocate_pinned(static_cast<size_t>(block_bytes * config.num_host_blocks)));
+    PAGEDKV_ASSIGN_OR_RETURN(
+        cache->host_pool_,
+        be.allocate_pinned(static_cast<size_t>(block_bytes * config.num_host_blocks)));
     cache->pool_info_.host_bytes = block_bytes * config.num_host_blocks;
     cache->pool_info_.host_alloc_ms = ms_since(t0);
   }
@@ -103,13 +104,15 @@ Status KvCache::run_transfers(const Transfers& t, SequenceId self) {
   if (!t.moves.empty()) {
     PAGEDKV_ASSIGN_OR_RETURN(runtime::TransferTicket ticket, transfers_->submit(t.moves, compute_));
     for (const BlockMove& m : t.moves) {
-      if (m.src_tier == Tier::kDevice) block_read_by_job_[static_cast<size_t>(m.src_block)] = ticket;
+      if (m.src_tier == Tier::kDevice)
+        block_read_by_job_[static_cast<size_t>(m.src_block)] = ticket;
     }
     for (SequenceId id : t.offloaded) last_job_[id] = ticket;
     // Restored blocks are read on the compute stream: it waits for the copies. Offloaded ones
     // only constrain later writes into their device blocks (order_block_reuse).
-    const bool restores = std::any_of(t.moves.begin(), t.moves.end(),
-                                      [](const BlockMove& m) { return m.dst_tier == Tier::kDevice; });
+    const bool restores = std::any_of(t.moves.begin(), t.moves.end(), [](const BlockMove& m) {
+      return m.dst_tier == Tier::kDevice;
+    });
     if (restores) {
       last_job_[self] = ticket;
       PAGEDKV_RETURN_IF_ERROR(transfers_->order_after(ticket, compute_));
@@ -166,7 +169,8 @@ StatusOr<std::vector<int64_t>> KvCache::reserve(SequenceId id, int64_t n) {
 Status KvCache::write_kv(SequenceId id, int32_t layer, const void* key, const void* value,
                          DType input_dtype, int64_t row_stride) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::write_kv");
-  if (!control_->contains(id)) return not_found("sequence " + std::to_string(id) + " does not exist");
+  if (!control_->contains(id))
+    return not_found("sequence " + std::to_string(id) + " does not exist");
   auto it = pending_.find(id);
   if (it == pending_.end() || it->second.slots.empty()) {
     return failed_precondition("sequence " + std::to_string(id) + ": nothing reserved to write");
@@ -301,8 +305,8 @@ StatusOr<DeviceBatch> KvCache::build_batch(const std::vector<SequenceId>& ids,
 }
 
 Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* value_out,
-                             DType packed_dtype, PackedLayout packed_layout,
-                             int64_t position_begin, int64_t num_tokens) {
+                             DType packed_dtype, PackedLayout packed_layout, int64_t position_begin,
+                             int64_t num_tokens) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::gather_layer");
   PAGEDKV_ASSIGN_OR_RETURN(int64_t length, control_->length(id));
   if (num_tokens < 0) num_tokens = length - position_begin;

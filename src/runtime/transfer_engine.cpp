@@ -12,7 +12,8 @@ namespace {
 const char* tier_name(Tier t) { return t == Tier::kDevice ? "device" : "host"; }
 
 CopyKind copy_kind(Tier src, Tier dst) {
-  if (src == Tier::kDevice) return dst == Tier::kDevice ? CopyKind::kDeviceToDevice : CopyKind::kDeviceToHost;
+  if (src == Tier::kDevice)
+    return dst == Tier::kDevice ? CopyKind::kDeviceToDevice : CopyKind::kDeviceToHost;
   return dst == Tier::kDevice ? CopyKind::kHostToDevice : CopyKind::kHostToHost;
 }
 
@@ -107,8 +108,7 @@ void TransferEngine::recycle_completed() {
   }
 }
 
-StatusOr<TransferTicket> TransferEngine::submit(const std::vector<BlockMove>& moves,
-                                                Stream after) {
+StatusOr<TransferTicket> TransferEngine::submit(const std::vector<BlockMove>& moves, Stream after) {
   PAGEDKV_NVTX_RANGE("pagedkv::TransferEngine::submit");
   for (const BlockMove& m : moves) PAGEDKV_RETURN_IF_ERROR(validate(m));
   recycle_completed();

@@ -89,7 +89,7 @@ class TransferEngine {
   Backend& backend_;
   TierPools pools_;
   Stream copy_stream_;
-  Event ready_;  // recorded on the caller's stream before each job
+  Event ready_;                // recorded on the caller's stream before each job
   std::deque<Job> in_flight_;  // oldest first
   std::vector<Event> spare_events_;
   TransferTicket next_ticket_ = 1;

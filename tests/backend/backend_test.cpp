@@ -1,5 +1,7 @@
 // The executors themselves: memory, copies, kernel bodies over an index space, stream order and
 // events. Typed over backends; the CUDA instantiation skips where no device is present.
+#include "support/backend_test.hpp"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "kernels/basic_bodies.hpp"
-#include "support/backend_test.hpp"
 
 namespace pagedkv {
 namespace {
@@ -98,8 +99,7 @@ TYPED_TEST(BackendExecTest, RejectsUnknownHandles) {
   const Event bogus_event{&marker};
   EXPECT_EQ(this->backend().synchronize_stream(bogus_stream).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(this->backend().synchronize_event(bogus_event).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(this->backend().query_event(bogus_event).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(this->backend().query_event(bogus_event).status().code(), StatusCode::kInvalidArgument);
   auto e = this->backend().create_event();
   ASSERT_TRUE(e.ok());
   EXPECT_EQ(this->backend().record_event(*e, bogus_stream).code(), StatusCode::kInvalidArgument);
@@ -118,8 +118,9 @@ TYPED_TEST(BackendExecTest, NativeStreamHandles) {
 
 TYPED_TEST(BackendExecTest, CopyWithNullPointerIsRejected) {
   DeviceBuffer a(this->backend(), 64);
-  EXPECT_EQ(this->backend().copy_async(nullptr, a.data(), 64, CopyKind::kDeviceToDevice, Stream{}).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      this->backend().copy_async(nullptr, a.data(), 64, CopyKind::kDeviceToDevice, Stream{}).code(),
+      StatusCode::kInvalidArgument);
 }
 
 // A stream that waits on an event must not start its later work before the event's work is done,
@@ -145,8 +146,10 @@ TYPED_TEST(BackendExecTest, WorkAfterAnEventWaitDoesNotStartBeforeTheEvent) {
   EXPECT_FALSE(*be.query_event(*event));  // the slow op is still sleeping
 
   ASSERT_TRUE(be.wait_event(*consumer, *event).ok());
-  ASSERT_TRUE(be.launch_host_func(*consumer, [&] { observed_by_consumer = slow_op_done ? 1 : 0; }).ok());
-  ASSERT_TRUE(be.launch_host_func(*bystander, [&] { observed_by_bystander = slow_op_done ? 1 : 0; }).ok());
+  ASSERT_TRUE(
+      be.launch_host_func(*consumer, [&] { observed_by_consumer = slow_op_done ? 1 : 0; }).ok());
+  ASSERT_TRUE(
+      be.launch_host_func(*bystander, [&] { observed_by_bystander = slow_op_done ? 1 : 0; }).ok());
 
   ASSERT_TRUE(be.synchronize_stream(*bystander).ok());
   ASSERT_TRUE(be.synchronize_stream(*consumer).ok());
@@ -182,8 +185,9 @@ TYPED_TEST(BackendExecTest, CopyOrderedAfterKernelOnAnotherStream) {
   ASSERT_TRUE(be.launch(make_launch(KernelId::kIota, iota, n), *producer).ok());
   ASSERT_TRUE(be.record_event(*event, *producer).ok());
   ASSERT_TRUE(be.wait_event(*consumer, *event).ok());
-  ASSERT_TRUE(be.copy_async(y.data(), x.data(), n * sizeof(int64_t), CopyKind::kDeviceToDevice,
-                            *consumer).ok());
+  ASSERT_TRUE(
+      be.copy_async(y.data(), x.data(), n * sizeof(int64_t), CopyKind::kDeviceToDevice, *consumer)
+          .ok());
   ASSERT_TRUE(be.synchronize_stream(*consumer).ok());
   const std::vector<int64_t> got = y.download<int64_t>();
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[static_cast<size_t>(i)], 5 + 2 * i);

@@ -1,4 +1,6 @@
 // Behaviour specific to the CPU backend and to backend selection.
+#include "pagedkv/cpu_backend.hpp"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -6,7 +8,6 @@
 #include <vector>
 
 #include "pagedkv/backend.hpp"
-#include "pagedkv/cpu_backend.hpp"
 
 namespace pagedkv {
 namespace {
@@ -20,7 +21,8 @@ TEST(CpuBackend, EnqueueReturnsBeforeTheWorkRuns) {
   std::vector<char> src(1024, 'x');
   std::vector<char> dst(1024, 'o');
   const auto start = std::chrono::steady_clock::now();
-  ASSERT_TRUE(be->copy_async(dst.data(), src.data(), src.size(), CopyKind::kHostToHost, *stream).ok());
+  ASSERT_TRUE(
+      be->copy_async(dst.data(), src.data(), src.size(), CopyKind::kHostToHost, *stream).ok());
   const auto queued = std::chrono::steady_clock::now() - start;
   EXPECT_LT(queued, std::chrono::milliseconds(50)) << "copy_async blocked the caller";
   EXPECT_EQ(dst[0], 'o') << "the delayed copy already happened";

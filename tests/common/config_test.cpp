@@ -29,13 +29,15 @@ TEST(CacheConfig, EachInvalidFieldIsNamed) {
       {"num_host_blocks", [](CacheConfig& c) { c.num_host_blocks = int64_t{1} << 32; }},
       {"dtype", [](CacheConfig& c) { c.dtype = static_cast<DType>(9); }},
       {"page_layout", [](CacheConfig& c) { c.page_layout = static_cast<PageLayout>(5); }},
-      {"eviction_policy", [](CacheConfig& c) { c.eviction_policy = static_cast<EvictionPolicy>(7); }},
+      {"eviction_policy",
+       [](CacheConfig& c) { c.eviction_policy = static_cast<EvictionPolicy>(7); }},
       {"backend", [](CacheConfig& c) { c.backend = static_cast<BackendKind>(3); }},
       {"mode", [](CacheConfig& c) { c.mode = static_cast<CacheMode>(2); }},
       {"max_sequence_length", [](CacheConfig& c) { c.max_sequence_length = 0; }},
       {"dense_initial_length", [](CacheConfig& c) { c.dense_initial_length = 0; }},
       {"dense_max_free_buffers", [](CacheConfig& c) { c.dense_max_free_buffers = -1; }},
-      {"num_device_blocks", [](CacheConfig& c) {  // 2^30 blocks of 2^40 elements overflow
+      {"num_device_blocks",
+       [](CacheConfig& c) {  // 2^30 blocks of 2^40 elements overflow
          c.num_device_blocks = int64_t{1} << 30;
          c.num_layers = 1 << 10;
          c.head_dim = 1 << 20;

@@ -15,8 +15,8 @@ struct Shape {
 };
 
 // The layout written the obvious way: the pool as a nested row-major array.
-int64_t naive_offset(const Shape& s, PageLayout page, int64_t b, int32_t l, int32_t kv,
-                     int32_t p, int32_t h, int32_t d) {
+int64_t naive_offset(const Shape& s, PageLayout page, int64_t b, int32_t l, int32_t kv, int32_t p,
+                     int32_t h, int32_t d) {
   const int64_t page_index = (b * s.layers + l) * 2 + kv;
   if (page == PageLayout::kNHD) {
     return ((page_index * s.block_size + p) * s.heads + h) * s.dim + d;
@@ -60,8 +60,8 @@ TEST_P(LayoutTest, MatchesNaiveFormulaOnRandomShapes) {
                 naive_offset(s, GetParam(), b, l, kv, 0, 0, 0));
     }
     // Strides are the differences of the naive formula.
-    EXPECT_EQ(layout.block_elems(),
-              naive_offset(s, GetParam(), 1, 0, 0, 0, 0, 0) - naive_offset(s, GetParam(), 0, 0, 0, 0, 0, 0));
+    EXPECT_EQ(layout.block_elems(), naive_offset(s, GetParam(), 1, 0, 0, 0, 0, 0) -
+                                        naive_offset(s, GetParam(), 0, 0, 0, 0, 0, 0));
     EXPECT_EQ(layout.layer_stride(), int64_t{2} * s.block_size * s.heads * s.dim);
     EXPECT_EQ(layout.kv_stride(), int64_t{s.block_size} * s.heads * s.dim);
     if (s.block_size > 1) {
@@ -97,8 +97,9 @@ TEST_P(LayoutTest, PositionOffsetFollowsTheBlockTable) {
   const PoolLayout layout = make_layout(s, GetParam());
   const int32_t table[] = {7, 2, 9};  // logical block i lives in physical block table[i]
   for (int64_t pos = 0; pos < 12; ++pos) {
-    EXPECT_EQ(layout.position_offset(table, pos, 1, KvPart::kValue, 2),
-              naive_offset(s, GetParam(), table[pos / 4], 1, 1, static_cast<int32_t>(pos % 4), 2, 0));
+    EXPECT_EQ(
+        layout.position_offset(table, pos, 1, KvPart::kValue, 2),
+        naive_offset(s, GetParam(), table[pos / 4], 1, 1, static_cast<int32_t>(pos % 4), 2, 0));
   }
 }
 
@@ -112,7 +113,9 @@ TEST(Layout, HugePoolOffsetsDoNotOverflow32Bits) {
 
 INSTANTIATE_TEST_SUITE_P(PageLayouts, LayoutTest,
                          ::testing::Values(PageLayout::kNHD, PageLayout::kHND),
-                         [](const auto& info) { return std::string(page_layout_name(info.param)); });
+                         [](const auto& info) {
+                           return std::string(page_layout_name(info.param));
+                         });
 
 }  // namespace
 }  // namespace pagedkv

@@ -24,9 +24,11 @@ using testing::DeviceBuffer;
 
 constexpr int64_t kDefaultSteps = 20000;
 
-uint16_t kv_value(int64_t pos, TokenId token, int32_t layer, int32_t part, int32_t head, int32_t d) {
-  const int64_t h = (pos * 40503LL + token * 2654435761LL + layer * 97 + part * 7919 + head * 131 +
-                     d * 17) % 4093;
+uint16_t kv_value(int64_t pos, TokenId token, int32_t layer, int32_t part, int32_t head,
+                  int32_t d) {
+  const int64_t h =
+      (pos * 40503LL + token * 2654435761LL + layer * 97 + part * 7919 + head * 131 + d * 17) %
+      4093;
   return float_to_half_bits(0.25f + static_cast<float>(h) / 1024.0f);
 }
 
@@ -65,15 +67,24 @@ class RandomWorkload {
     for (int64_t step = 0; step < steps && !::testing::Test::HasFatalFailure(); ++step) {
       step_ = step;
       const int op = static_cast<int>(rng_() % 100);
-      if (op < 15 || model_.empty()) add();
-      else if (op < 55) extend(pick(), 1 + static_cast<int>(rng_() % 3));
-      else if (op < 62) rollback(pick());
-      else if (op < 67) fork(pick());
-      else if (op < 74) finish_or_erase(pick(), rng_() % 2 == 0);
-      else if (op < 82) offload(pick());
-      else if (op < 88) restore(pick());
-      else if (op < 92) set_active();
-      else verify(pick());
+      if (op < 15 || model_.empty())
+        add();
+      else if (op < 55)
+        extend(pick(), 1 + static_cast<int>(rng_() % 3));
+      else if (op < 62)
+        rollback(pick());
+      else if (op < 67)
+        fork(pick());
+      else if (op < 74)
+        finish_or_erase(pick(), rng_() % 2 == 0);
+      else if (op < 82)
+        offload(pick());
+      else if (op < 88)
+        restore(pick());
+      else if (op < 92)
+        set_active();
+      else
+        verify(pick());
       drop_evicted();
       const Status inv = cache_->check_invariants();
       ASSERT_TRUE(inv.ok()) << "step " << step << ": " << inv.to_string();
@@ -124,7 +135,8 @@ class RandomWorkload {
     }
     auto slots = cache_->reserve(id, n);
     if (!slots.ok()) {
-      EXPECT_EQ(slots.status().code(), StatusCode::kResourceExhausted) << slots.status().to_string();
+      EXPECT_EQ(slots.status().code(), StatusCode::kResourceExhausted)
+          << slots.status().to_string();
       ++exhausted_;
       return false;
     }
@@ -143,9 +155,9 @@ class RandomWorkload {
     upload(*input_v_, v);
     for (int32_t l = 0; l < config_.num_layers; ++l) {
       const size_t offset = static_cast<size_t>(l * n * row) * 2;
-      const Status s = cache_->write_kv(id, l, static_cast<char*>(input_k_->data()) + offset,
-                                        static_cast<char*>(input_v_->data()) + offset,
-                                        DType::kFloat16);
+      const Status s =
+          cache_->write_kv(id, l, static_cast<char*>(input_k_->data()) + offset,
+                           static_cast<char*>(input_v_->data()) + offset, DType::kFloat16);
       EXPECT_TRUE(s.ok()) << s.to_string();
     }
     const Status c = cache_->commit(id, tokens);
@@ -157,8 +169,10 @@ class RandomWorkload {
   // Blocking upload of a prefix of a device buffer; earlier kernels reading it are ordered
   // before the copy on the same stream.
   void upload(DeviceBuffer& dst, const std::vector<uint16_t>& src) {
-    ASSERT_TRUE(backend_->copy_async(dst.data(), src.data(), src.size() * 2, CopyKind::kHostToDevice,
-                                     cache_->compute_stream()).ok());
+    ASSERT_TRUE(backend_
+                    ->copy_async(dst.data(), src.data(), src.size() * 2, CopyKind::kHostToDevice,
+                                 cache_->compute_stream())
+                    .ok());
     ASSERT_TRUE(backend_->synchronize_stream(cache_->compute_stream()).ok());
   }
 
@@ -194,7 +208,8 @@ class RandomWorkload {
     const Status s = cache_->offload(id);
     if (!s.ok()) {
       ASSERT_TRUE(s.code() == StatusCode::kFailedPrecondition ||
-                  s.code() == StatusCode::kResourceExhausted) << s.to_string();
+                  s.code() == StatusCode::kResourceExhausted)
+          << s.to_string();
     }
   }
 
@@ -202,7 +217,8 @@ class RandomWorkload {
     const Status s = cache_->restore(id);
     if (!s.ok()) {
       ASSERT_TRUE(s.code() == StatusCode::kFailedPrecondition ||
-                  s.code() == StatusCode::kResourceExhausted) << s.to_string();
+                  s.code() == StatusCode::kResourceExhausted)
+          << s.to_string();
     }
   }
 
@@ -219,7 +235,8 @@ class RandomWorkload {
     auto residency = cache_->residency(id);
     ASSERT_TRUE(residency.ok());
     if (*residency != SequenceResidency::kDevice) {
-      const Status s = cache_->restore(id);  // kFailedPrecondition: not offloaded (a restore in flight)
+      const Status s =
+          cache_->restore(id);  // kFailedPrecondition: not offloaded (a restore in flight)
       if (!s.ok() && s.code() != StatusCode::kFailedPrecondition) return;  // no room now
     }
     const std::vector<TokenId>& model = model_[id];
@@ -233,15 +250,21 @@ class RandomWorkload {
       ASSERT_TRUE(cache_->synchronize().ok());
       std::vector<uint16_t> k(static_cast<size_t>(n * config_.num_kv_heads * config_.head_dim)),
           v(k.size());
-      ASSERT_TRUE(backend_->copy_async(k.data(), out_k_->data(), k.size() * 2, CopyKind::kDeviceToHost, {}).ok());
-      ASSERT_TRUE(backend_->copy_async(v.data(), out_v_->data(), v.size() * 2, CopyKind::kDeviceToHost, {}).ok());
+      ASSERT_TRUE(
+          backend_->copy_async(k.data(), out_k_->data(), k.size() * 2, CopyKind::kDeviceToHost, {})
+              .ok());
+      ASSERT_TRUE(
+          backend_->copy_async(v.data(), out_v_->data(), v.size() * 2, CopyKind::kDeviceToHost, {})
+              .ok());
       ASSERT_TRUE(backend_->synchronize_stream({}).ok());
       for (int64_t t = 0; t < n; ++t)
         for (int32_t h = 0; h < config_.num_kv_heads; ++h)
           for (int32_t d = 0; d < config_.head_dim; ++d) {
-            const size_t i = static_cast<size_t>((t * config_.num_kv_heads + h) * config_.head_dim + d);
+            const size_t i =
+                static_cast<size_t>((t * config_.num_kv_heads + h) * config_.head_dim + d);
             ASSERT_EQ(k[i], kv_value(t, model[static_cast<size_t>(t)], l, 0, h, d))
-                << "step " << step_ << " seq " << id << " layer " << l << " pos " << t << " head " << h;
+                << "step " << step_ << " seq " << id << " layer " << l << " pos " << t << " head "
+                << h;
             ASSERT_EQ(v[i], kv_value(t, model[static_cast<size_t>(t)], l, 1, h, d))
                 << "step " << step_ << " seq " << id << " layer " << l << " pos " << t;
           }
@@ -280,7 +303,8 @@ TEST(KvCacheRandomized, EveryGatheredByteMatchesTheModel) {
     w.run(steps_from_env() / 2);
     if (::testing::Test::HasFatalFailure()) return;
     EXPECT_GT(w.verified(), 100) << "seed " << seed;
-    RecordProperty("verified_sequences_seed" + std::to_string(seed), static_cast<int>(w.verified()));
+    RecordProperty("verified_sequences_seed" + std::to_string(seed),
+                   static_cast<int>(w.verified()));
   }
 }
 

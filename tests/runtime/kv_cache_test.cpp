@@ -1,7 +1,5 @@
 // KvCache end to end on real bytes: write, commit, gather; prefix reuse; offload, reuse of the
 // freed device blocks and restore with a slow copy worker; residency; bad calls.
-#include "pagedkv/cache.hpp"
-
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -9,6 +7,7 @@
 #include <set>
 #include <vector>
 
+#include "pagedkv/cache.hpp"
 #include "pagedkv/cpu_backend.hpp"
 #include "support/backend_test.hpp"
 
@@ -18,9 +17,11 @@ namespace {
 using testing::DeviceBuffer;
 
 // A distinct, never-zero fp16 value for (position, token, layer, part, head, dim).
-uint16_t kv_value(int64_t pos, TokenId token, int32_t layer, int32_t part, int32_t head, int32_t d) {
-  const int64_t h = (pos * 1315423911LL + token * 2654435761LL + layer * 97 + part * 7919 +
-                     head * 131 + d * 17) % 4093;
+uint16_t kv_value(int64_t pos, TokenId token, int32_t layer, int32_t part, int32_t head,
+                  int32_t d) {
+  const int64_t h =
+      (pos * 1315423911LL + token * 2654435761LL + layer * 97 + part * 7919 + head * 131 + d * 17) %
+      4093;
   return float_to_half_bits(0.25f + static_cast<float>(h) / 1024.0f);
 }
 
@@ -217,7 +218,8 @@ TEST_F(KvCacheTest, ResidencyFollowsOffloadAndRestore) {
   EXPECT_EQ(*cache_->residency(1), SequenceResidency::kInFlight);
   ASSERT_TRUE(cache_->synchronize().ok());
   EXPECT_EQ(*cache_->residency(1), SequenceResidency::kHost);
-  EXPECT_EQ(cache_->gather_layer(1, 0, nullptr, nullptr, DType::kFloat16, PackedLayout::kHeadMajor).code(),
+  EXPECT_EQ(cache_->gather_layer(1, 0, nullptr, nullptr, DType::kFloat16, PackedLayout::kHeadMajor)
+                .code(),
             StatusCode::kFailedPrecondition);
   ASSERT_TRUE(cache_->restore(1).ok());
   ASSERT_TRUE(cache_->synchronize().ok());
@@ -235,13 +237,16 @@ TEST_F(KvCacheTest, BadCallsAreRejectedAndChangeNothing) {
   DeviceBuffer k(*backend_, 3 * 64 * 2), v(*backend_, 3 * 64 * 2);
   EXPECT_EQ(cache_->write_kv(1, 0, k.data(), v.data(), DType::kFloat16).code(),
             StatusCode::kFailedPrecondition);  // nothing reserved
-  EXPECT_EQ(cache_->write_kv(9, 0, k.data(), v.data(), DType::kFloat16).code(), StatusCode::kNotFound);
+  EXPECT_EQ(cache_->write_kv(9, 0, k.data(), v.data(), DType::kFloat16).code(),
+            StatusCode::kNotFound);
   ASSERT_TRUE(cache_->reserve(1, 1).ok());
   EXPECT_EQ(cache_->write_kv(1, 2, k.data(), v.data(), DType::kFloat16).code(),
             StatusCode::kOutOfRange);  // layer 2 of 2
-  EXPECT_EQ(cache_->gather_layer(1, 0, k.data(), v.data(), DType::kFloat16,
-                                 PackedLayout::kHeadMajor, 4, 5).code(),
-            StatusCode::kOutOfRange);
+  EXPECT_EQ(
+      cache_
+          ->gather_layer(1, 0, k.data(), v.data(), DType::kFloat16, PackedLayout::kHeadMajor, 4, 5)
+          .code(),
+      StatusCode::kOutOfRange);
   EXPECT_EQ(cache_->add_sequence(1, a).status().code(), StatusCode::kAlreadyExists);
   EXPECT_EQ(cache_->restore(1).code(), StatusCode::kFailedPrecondition);
   const ControlStats after = cache_->stats();

@@ -26,10 +26,10 @@ BlockMove restore(int32_t host_block, int32_t device_block) {
 }
 
 TEST(MergeRuns, MergesOnlyConsecutiveSourceAndDestinationInListOrder) {
-  const std::vector<BlockMove> moves = {offload(0, 5), offload(1, 6), offload(2, 7),
-                                        offload(4, 8),  // source gap
-                                        offload(5, 10), // destination gap
-                                        restore(3, 9),  // direction change
+  const std::vector<BlockMove> moves = {offload(0, 5),  offload(1, 6),
+                                        offload(2, 7),  offload(4, 8),  // source gap
+                                        offload(5, 10),                 // destination gap
+                                        restore(3, 9),                  // direction change
                                         restore(4, 10), offload(6, 11)};
   const std::vector<CopyRun> runs = merge_runs(moves);
   ASSERT_EQ(runs.size(), 5u);
@@ -71,8 +71,10 @@ class Pools {
     std::vector<uint8_t> bytes(static_cast<size_t>(block_bytes_));
     std::mt19937 rng(seed);
     for (auto& x : bytes) x = static_cast<uint8_t>(rng() | 1);  // never zero
-    EXPECT_TRUE(backend_.copy_async(device_block(b), bytes.data(), bytes.size(),
-                                    CopyKind::kHostToDevice, Stream{}).ok());
+    EXPECT_TRUE(backend_
+                    .copy_async(device_block(b), bytes.data(), bytes.size(),
+                                CopyKind::kHostToDevice, Stream{})
+                    .ok());
     EXPECT_TRUE(backend_.synchronize_stream(Stream{}).ok());
     return bytes;
   }
@@ -80,14 +82,18 @@ class Pools {
     std::vector<uint8_t> bytes(static_cast<size_t>(block_bytes_));
     EXPECT_TRUE(backend_.synchronize_stream(Stream{}).ok());
     void* src = tier == Tier::kDevice ? device_block(b) : host_block(b);
-    EXPECT_TRUE(backend_.copy_async(bytes.data(), src, bytes.size(),
-                                    tier == Tier::kDevice ? CopyKind::kDeviceToHost
-                                                          : CopyKind::kHostToHost,
-                                    Stream{}).ok());
+    EXPECT_TRUE(
+        backend_
+            .copy_async(bytes.data(), src, bytes.size(),
+                        tier == Tier::kDevice ? CopyKind::kDeviceToHost : CopyKind::kHostToHost,
+                        Stream{})
+            .ok());
     EXPECT_TRUE(backend_.synchronize_stream(Stream{}).ok());
     return bytes;
   }
-  char* device_block(int64_t b) const { return static_cast<char*>(pools_.device) + b * block_bytes_; }
+  char* device_block(int64_t b) const {
+    return static_cast<char*>(pools_.device) + b * block_bytes_;
+  }
   char* host_block(int64_t b) const { return static_cast<char*>(pools_.host) + b * block_bytes_; }
 
  private:
@@ -108,15 +114,15 @@ TYPED_TEST(TransferEngineTest, RoundTripDeviceHostDeviceIsBitExact) {
   const int32_t sources[] = {2, 3, 4, 9, 11};
   for (int32_t b : sources) original.push_back(p.fill_device(b, 100u + b));
 
-  auto out = (*engine)->submit({offload(2, 0), offload(3, 1), offload(4, 2), offload(9, 5),
-                                offload(11, 7)}, Stream{});
+  auto out = (*engine)->submit(
+      {offload(2, 0), offload(3, 1), offload(4, 2), offload(9, 5), offload(11, 7)}, Stream{});
   ASSERT_TRUE(out.ok()) << out.status().to_string();
   EXPECT_EQ((*engine)->copies_issued(), 3);  // 2..4 merge into one run
   ASSERT_TRUE((*engine)->order_after(*out, Stream{}).ok());
   for (int32_t b : sources) p.fill_device(b, 7u);  // overwrite the originals after the copy
 
-  auto back = (*engine)->submit({restore(0, 12), restore(1, 13), restore(2, 14), restore(5, 1),
-                                 restore(7, 0)}, Stream{});
+  auto back = (*engine)->submit(
+      {restore(0, 12), restore(1, 13), restore(2, 14), restore(5, 1), restore(7, 0)}, Stream{});
   ASSERT_TRUE(back.ok());
   ASSERT_TRUE((*engine)->wait(*back).ok());
   EXPECT_TRUE(*(*engine)->is_complete(*out));
@@ -178,7 +184,8 @@ void offload_then_reuse(bool ordered, bool* offloaded_intact, bool* new_write_in
   }
   // Reuse device block 1 for another sequence's writes, on the compute (default) stream.
   const kernels::FillBody write{reinterpret_cast<uint32_t*>(p.device_block(1)), 0x5a5a5a5au};
-  ASSERT_TRUE(backend->launch({KernelId::kFill, &write, sizeof(write), block_bytes / 4}, Stream{}).ok());
+  ASSERT_TRUE(
+      backend->launch({KernelId::kFill, &write, sizeof(write), block_bytes / 4}, Stream{}).ok());
 
   auto back = (*engine)->submit({restore(0, 3)}, Stream{});
   ASSERT_TRUE(back.ok());

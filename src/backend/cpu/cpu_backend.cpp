@@ -17,10 +17,14 @@ size_t round_up(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * k
 
 const char* copy_kind_name(CopyKind kind) {
   switch (kind) {
-    case CopyKind::kDeviceToDevice: return "device-to-device";
-    case CopyKind::kDeviceToHost: return "device-to-host";
-    case CopyKind::kHostToDevice: return "host-to-device";
-    case CopyKind::kHostToHost: return "host-to-host";
+    case CopyKind::kDeviceToDevice:
+      return "device-to-device";
+    case CopyKind::kDeviceToHost:
+      return "device-to-host";
+    case CopyKind::kHostToDevice:
+      return "host-to-device";
+    case CopyKind::kHostToHost:
+      return "host-to-host";
   }
   return "unknown";
 }
@@ -36,9 +40,9 @@ void run_body(const void* params, int64_t num_items) {
 
 void run_kernel(KernelId id, const void* params, int64_t num_items) {
   switch (id) {
-#define PAGEDKV_CPU_RUN_CASE(name, Body)     \
-  case KernelId::name:                       \
-    run_body<Body>(params, num_items);       \
+#define PAGEDKV_CPU_RUN_CASE(name, Body) \
+  case KernelId::name:                   \
+    run_body<Body>(params, num_items);   \
     return;
     PAGEDKV_KERNEL_LIST(PAGEDKV_CPU_RUN_CASE)
 #undef PAGEDKV_CPU_RUN_CASE
@@ -77,8 +81,8 @@ StatusOr<void*> CpuBackend::allocate(Arena& arena, size_t bytes) {
   }
   void* ptr = std::aligned_alloc(kAlignment, rounded);
   if (ptr == nullptr) {
-    return resource_exhausted(std::string(arena.name) + " allocation of " +
-                              std::to_string(bytes) + " bytes failed");
+    return resource_exhausted(std::string(arena.name) + " allocation of " + std::to_string(bytes) +
+                              " bytes failed");
   }
   arena.sizes.emplace(ptr, rounded);
   arena.in_use += rounded;

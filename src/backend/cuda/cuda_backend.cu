@@ -17,10 +17,14 @@ namespace {
 
 cudaMemcpyKind to_cuda(CopyKind kind) {
   switch (kind) {
-    case CopyKind::kDeviceToDevice: return cudaMemcpyDeviceToDevice;
-    case CopyKind::kDeviceToHost: return cudaMemcpyDeviceToHost;
-    case CopyKind::kHostToDevice: return cudaMemcpyHostToDevice;
-    case CopyKind::kHostToHost: return cudaMemcpyHostToHost;
+    case CopyKind::kDeviceToDevice:
+      return cudaMemcpyDeviceToDevice;
+    case CopyKind::kDeviceToHost:
+      return cudaMemcpyDeviceToHost;
+    case CopyKind::kHostToDevice:
+      return cudaMemcpyHostToDevice;
+    case CopyKind::kHostToHost:
+      return cudaMemcpyHostToHost;
   }
   return cudaMemcpyDefault;
 }
@@ -65,9 +69,8 @@ class CudaBackend final : public Backend {
   BackendKind kind() const override { return BackendKind::kCuda; }
 
   std::string description() const override {
-    return std::string("cuda: ") + props_.name + " (" +
-           std::to_string(props_.multiProcessorCount) + " SMs, sm_" +
-           std::to_string(props_.major) + std::to_string(props_.minor) + ", " +
+    return std::string("cuda: ") + props_.name + " (" + std::to_string(props_.multiProcessorCount) +
+           " SMs, sm_" + std::to_string(props_.major) + std::to_string(props_.minor) + ", " +
            std::to_string(props_.totalGlobalMem >> 20) + " MiB)";
   }
 
