@@ -1,6 +1,7 @@
 #include "core/batch_metadata.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <string>
 
@@ -18,8 +19,8 @@ void BatchMetadataBuilder::relayout(int32_t max_blocks) {
   for (RowState& r : row_state_) r.num_blocks = -1;
 }
 
-Status BatchMetadataBuilder::build(const std::vector<const Sequence*>& rows,
-                                   const BlockAllocator& blocks, const BatchOptions& options) {
+Status BatchMetadataBuilder::build(const std::vector<Sequence*>& rows, const BlockAllocator& blocks,
+                                   const BatchOptions& options) {
   // Pass 1: sizes and overflow checks, so that a failure leaves the last metadata untouched.
   int64_t total_slots = 0;
   int64_t total_blocks = 0;
@@ -62,28 +63,42 @@ Status BatchMetadataBuilder::build(const std::vector<const Sequence*>& rows,
   const size_t stride = static_cast<size_t>(md_.max_blocks);
   const int64_t bs = block_size_;
   for (int32_t r = 0; r < batch; ++r) {
-    const Sequence& s = *rows[static_cast<size_t>(r)];
+    // Rows are scattered sequences: fetch a few ahead.
+    if (static_cast<size_t>(r) + 4 < rows.size())
+      __builtin_prefetch(rows[static_cast<size_t>(r) + 4]);
+    Sequence& s = *rows[static_cast<size_t>(r)];
     int32_t* row = &md_.block_tables[static_cast<size_t>(r) * stride];
     RowState& st = row_state_[static_cast<size_t>(r)];
     const int32_t n = static_cast<int32_t>(s.blocks.size());
     int32_t from = 0;
-    if (st.num_blocks >= 0 && st.arrival == s.arrival && st.version == s.table_version &&
-        st.num_blocks <= n) {
-      from = st.num_blocks;
-    } else if (st.num_blocks > n) {
-      std::fill(row + n, row + st.num_blocks, -1);
-    } else if (st.num_blocks < 0) {
-      std::fill(row + n, row + stride, -1);
+    if (st.num_blocks < 0 || st.arrival != s.arrival) {
+      std::fill(row + n, row + stride, -1);  // unknown content or another sequence
+    } else {
+      // The row holds this sequence at version st.version: keep the entries that did not change
+      // since (all of them at the same version), clear what it no longer has.
+      int64_t keep = st.num_blocks;
+      if (st.version != s.table_version) {
+        keep = st.version >= s.base_version
+                   ? std::min<int64_t>(keep, static_cast<int64_t>(std::min<size_t>(
+                                                 s.changed_from, static_cast<size_t>(kMaxInt32))))
+                   : 0;
+      }
+      from = static_cast<int32_t>(std::min<int64_t>(keep, n));
+      if (st.num_blocks > n) std::fill(row + n, row + st.num_blocks, -1);
     }
     for (int32_t i = from; i < n; ++i) row[i] = blocks[s.blocks[static_cast<size_t>(i)]].phys;
     st.arrival = s.arrival;
     st.version = s.table_version;
     st.num_blocks = n;
+    // This row is now the only one that could hold an older version of s (a sequence appears
+    // once per batch; rows of earlier batches with an older version get rewritten in full).
+    s.base_version = s.table_version;
+    s.changed_from = SIZE_MAX;
 
     const int64_t len = s.length();
     md_.seq_lens[static_cast<size_t>(r)] = static_cast<int32_t>(len + s.pending);
     for (int64_t p = len; p < len + s.pending; ++p) {
-      md_.slot_mapping.push_back(static_cast<int64_t>(row[p / bs]) * bs + p % bs);
+      md_.slot_mapping.push_back(static_cast<int64_t>(row[bdiv_.div(p)]) * bs + bdiv_.mod(p));
     }
   }
   if (options.pad_slots_to > total_slots) {

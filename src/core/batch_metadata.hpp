@@ -18,11 +18,11 @@ namespace core {
 /// Builds and keeps a step's BatchMetadata.
 class BatchMetadataBuilder {
  public:
-  explicit BatchMetadataBuilder(int32_t block_size) : block_size_(block_size) {}
+  explicit BatchMetadataBuilder(int32_t block_size) : block_size_(block_size), bdiv_(block_size) {}
 
   /// Rebuilds the metadata for `rows` (device-resident sequences, in batch order). Fails with
   /// kOutOfRange, changing nothing, when a count would overflow int32.
-  Status build(const std::vector<const Sequence*>& rows, const BlockAllocator& blocks,
+  Status build(const std::vector<Sequence*>& rows, const BlockAllocator& blocks,
                const BatchOptions& options);
   /// The metadata of the last successful build.
   const BatchMetadata& metadata() const { return md_; }
@@ -38,6 +38,7 @@ class BatchMetadataBuilder {
   void relayout(int32_t max_blocks);
 
   int32_t block_size_;
+  BlockDivider bdiv_;
   BatchMetadata md_;
   std::vector<RowState> row_state_;
 };

@@ -16,18 +16,46 @@ namespace core {
 using LogicalId = int32_t;
 inline constexpr LogicalId kNoBlock = -1;
 
+/// Division of non-negative positions by the block size: a shift and a mask when the size is a
+/// power of two (the usual case), because a 64-bit idiv per token costs more than the rest of a
+/// decode step's per-sequence work.
+class BlockDivider {
+ public:
+  explicit BlockDivider(int64_t block_size) : size_(block_size) {
+    if (block_size > 0 && (block_size & (block_size - 1)) == 0) {
+      shift_ = 0;
+      while ((int64_t{1} << shift_) < block_size) ++shift_;
+    }
+  }
+  /// The block holding position `p`.
+  int64_t div(int64_t p) const { return shift_ >= 0 ? p >> shift_ : p / size_; }
+  /// The offset of position `p` in its block.
+  int64_t mod(int64_t p) const { return shift_ >= 0 ? p & (size_ - 1) : p % size_; }
+  /// Blocks covering `p` tokens.
+  int64_t ceil_div(int64_t p) const { return div(p + size_ - 1); }
+
+ private:
+  int64_t size_;
+  int shift_ = -1;
+};
+
 /// Everything the control plane knows about one logical block.
 struct BlockInfo {
   Tier tier = Tier::kDevice;
-  int32_t phys = -1;  // physical slot in `tier`; -1 when the logical id is free
-  int32_t ref = 0;    // sequences holding it (a sequence holds each of its blocks once)
-  int32_t node = -1;  // prefix-index node when cached (registered), else -1
+  bool listed = false;   // in the eviction queue
+  bool in_heap = false;  // listed in the queue's out-of-order heap, not in a priority list
+  int32_t phys = -1;     // physical slot in `tier`; -1 when the logical id is free
+  int32_t ref = 0;       // sequences holding it (a sequence holds each of its blocks once)
+  int32_t node = -1;     // prefix-index node when cached (registered), else -1
   // Eviction key while unreferenced: retention priority, then last access tick.
   int32_t retention = kDefaultRetentionPriority;
+  // Intrusive links of the eviction queue, kept here so that an eviction touches one record:
+  // neighbours in the priority list, or (prev only) the position in the heap.
+  int32_t q_prev = -1;
+  int32_t q_next = -1;
   int64_t expiry_ns = 0;     // when `retention` reverts to default; 0: never
   uint64_t expiry_gen = 0;   // invalidates stale entries of the expiry heap
   uint64_t last_access = 0;  // monotone tick of the last reference or release
-  bool listed = false;       // in the eviction queue
 };
 
 /// Logical blocks plus one free stack of physical slots per tier.

@@ -35,6 +35,7 @@ ControlPlane::ControlPlane(const CacheConfig& config, ControlOptions options)
       clock_(options.clock ? std::move(options.clock) : Clock(default_clock)),
       events_enabled_(options.enable_events),
       block_size_(config.block_size),
+      bdiv_(config.block_size),
       blocks_(config.num_device_blocks, config.num_host_blocks),
       index_(config.block_size, config.num_device_blocks + config.num_host_blocks),
       evictq_(&blocks_),
@@ -89,7 +90,7 @@ void ControlPlane::release_tail(Sequence* s, size_t keep) {
   for (size_t i = s->blocks.size(); i > keep; --i) release_block(s->blocks[i - 1], *s);
   if (s->blocks.size() > keep) {
     s->blocks.resize(keep);
-    ++s->table_version;
+    s->mark_changed(keep);
   }
 }
 
@@ -145,7 +146,7 @@ void ControlPlane::register_full_block(Sequence* s, size_t i) {
   }
   t.last_access = ++tick_;
   s->blocks[i] = theirs;
-  ++s->table_version;
+  s->mark_changed(i);
   release_block(ours, *s);
 }
 
@@ -242,52 +243,124 @@ StatusOr<int64_t> ControlPlane::add_sequence(SequenceId id, const std::vector<To
   return cached;
 }
 
+Status ControlPlane::check_reserve_length(const Sequence& s, int64_t n) const {
+  const int64_t len = s.length();
+  if (len + n > config_.max_sequence_length) {
+    return out_of_range("reserve: " + seq_name(s.id) + " would reach " + std::to_string(len + n) +
+                        " tokens, past max_sequence_length " +
+                        std::to_string(config_.max_sequence_length));
+  }
+  return ok_status();
+}
+
+ControlPlane::ReserveNeed ControlPlane::reserve_need(const Sequence& s, int64_t n) const {
+  ReserveNeed need;
+  const int64_t len = s.length();
+  need.need_total = static_cast<size_t>(bdiv_.ceil_div(len + n));
+  const size_t cur = s.blocks.size();
+  need.write_block = static_cast<size_t>(bdiv_.div(len));
+  if (n > 0 && need.write_block < cur) {
+    const BlockInfo& b = blocks_[s.blocks[need.write_block]];
+    need.cow = b.ref > 1 || b.node >= 0;
+  }
+  need.new_blocks = need.need_total > cur ? static_cast<int64_t>(need.need_total - cur) : 0;
+  if (s.offloaded) {
+    for (LogicalId b : s.blocks) need.host_blocks += blocks_[b].tier == Tier::kHost ? 1 : 0;
+  }
+  return need;
+}
+
+void ControlPlane::apply_reserve(Sequence* s, int64_t n, const ReserveNeed& need,
+                                 ReserveResult* result) {
+  // Nothing here can fail: the caller made room for need.device_blocks().
+  Transfers& out = result->transfers;
+  if (s->offloaded) do_restore(s, &out);
+  if (s->blocks.size() > need.need_total) release_tail(s, need.need_total);
+  if (need.cow) {
+    const LogicalId src = s->blocks[need.write_block];
+    const LogicalId dst = take_device_block();
+    out.copies.push_back(BlockCopy{blocks_[src].phys, blocks_[dst].phys});
+    s->blocks[need.write_block] = dst;
+    s->mark_changed(need.write_block);
+    release_block(src, *s);
+    ++counters_.copy_on_write;
+  }
+  for (int64_t i = 0; i < need.new_blocks; ++i) s->blocks.push_back(take_device_block());
+  s->pending = n;
+  touch(s);
+  const int64_t len = s->length();
+  for (int64_t p = len; p < len + n; ++p) {
+    const int64_t phys = blocks_[s->blocks[static_cast<size_t>(bdiv_.div(p))]].phys;
+    result->slots.push_back(phys * block_size_ + bdiv_.mod(p));
+  }
+}
+
 Status ControlPlane::reserve_into(SequenceId id, int64_t n, ReserveResult* result) {
   Sequence* s = seqs_.find(id);
   if (s == nullptr) return unknown(id);
   if (n < 0) return invalid_argument("reserve: n must be >= 0, got " + std::to_string(n));
-  const int64_t len = s->length();
-  if (len + n > config_.max_sequence_length) {
-    return out_of_range("reserve: " + seq_name(id) + " would reach " + std::to_string(len + n) +
-                        " tokens, past max_sequence_length " +
-                        std::to_string(config_.max_sequence_length));
-  }
-  const size_t need_total = static_cast<size_t>((len + n + block_size_ - 1) / block_size_);
-  const size_t cur = s->blocks.size();
-  const size_t write_block = static_cast<size_t>(len / block_size_);
-  bool cow = false;
-  if (n > 0 && write_block < cur) {
-    const BlockInfo& b = blocks_[s->blocks[write_block]];
-    cow = b.ref > 1 || b.node >= 0;
-  }
-  const int64_t new_blocks = need_total > cur ? static_cast<int64_t>(need_total - cur) : 0;
-  int64_t host_blocks = 0;
-  if (s->offloaded) {
-    for (LogicalId b : s->blocks) host_blocks += blocks_[b].tier == Tier::kHost ? 1 : 0;
-  }
+  PAGEDKV_RETURN_IF_ERROR(check_reserve_length(*s, n));
+  const ReserveNeed need = reserve_need(*s, n);
   Plan plan;
-  PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(new_blocks + (cow ? 1 : 0) + host_blocks, s, &plan));
+  PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(need.device_blocks(), s, &plan));
+  apply_plan(plan, &result->transfers);
+  apply_reserve(s, n, need, result);
+  return ok_status();
+}
 
-  // Apply: nothing below can fail.
-  Transfers& out = result->transfers;
-  apply_plan(plan, &out);
-  if (s->offloaded) do_restore(s, &out);
-  if (cur > need_total) release_tail(s, need_total);
-  if (cow) {
-    const LogicalId src = s->blocks[write_block];
-    const LogicalId dst = take_device_block();
-    out.copies.push_back(BlockCopy{blocks_[src].phys, blocks_[dst].phys});
-    s->blocks[write_block] = dst;
-    ++s->table_version;
-    release_block(src, *s);
-    ++counters_.copy_on_write;
+Status ControlPlane::reserve_batch(const std::vector<SequenceId>& ids, int64_t n_each,
+                                   ReserveResult* result) {
+  PAGEDKV_RETURN_IF_ERROR(resolve(ids, /*check_offloaded=*/false, "reserve_batch"));
+  if (n_each < 0) {
+    return invalid_argument("reserve_batch: n_each must be >= 0, got " + std::to_string(n_each));
   }
-  for (int64_t i = 0; i < new_blocks; ++i) s->blocks.push_back(take_device_block());
-  s->pending = n;
-  touch(s);
-  for (int64_t p = len; p < len + n; ++p) {
-    const int64_t phys = blocks_[s->blocks[static_cast<size_t>(p / block_size_)]].phys;
-    result->slots.push_back(phys * block_size_ + p % block_size_);
+  const size_t rows = resolved_.size();
+  // Pass 1 reads only the sequence records: lengths, and an upper bound of the blocks needed
+  // (a copy-on-write is possible whenever the write lands in an existing block). The exact need,
+  // which reads every written block's record, is computed only when the bound does not fit.
+  int64_t upper = 0;
+  const int64_t max_len = config_.max_sequence_length - n_each;
+  for (size_t i = 0; i < rows; ++i) {
+    if (i + 8 < rows) __builtin_prefetch(resolved_[i + 8]);
+    const Sequence& s = *resolved_[i];
+    const int64_t len = s.length();
+    if (len > max_len) PAGEDKV_RETURN_IF_ERROR(check_reserve_length(s, n_each));
+    if (s.offloaded) {
+      upper += reserve_need(s, n_each).device_blocks();
+      continue;
+    }
+    const int64_t cur = static_cast<int64_t>(s.blocks.size());
+    upper += std::max<int64_t>(bdiv_.ceil_div(len + n_each) - cur, 0) +
+             (n_each > 0 && bdiv_.div(len) < cur ? 1 : 0);
+  }
+  // The need can only overestimate: an earlier member's copy-on-write may unshare a later one's
+  // block. With room for it no member's own plan would take anything (the sum of the needs never
+  // exceeds what is available), so applying in order equals reserve_into() per id.
+  const int64_t avail = device_available();
+  if (upper > avail) {
+    int64_t need = 0;
+    for (const Sequence* s : resolved_) need += reserve_need(*s, n_each).device_blocks();
+    if (need > avail) {
+      Plan plan;
+      PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(need, nullptr, &plan, resolved_epoch_));
+      apply_plan(plan, &result->transfers);
+    }
+  }
+  for (size_t i = 0; i < rows; ++i) {
+    // The tables and the blocks they write are scattered: fetch a few rows ahead, the table
+    // entry first, then (once it has arrived) the block record.
+    if (i + 8 < rows) {
+      const Sequence& a = *resolved_[i + 8];
+      const size_t wb = static_cast<size_t>(bdiv_.div(a.length()));
+      if (wb < a.blocks.size()) __builtin_prefetch(&a.blocks[wb]);
+    }
+    if (i + 4 < rows) {
+      const Sequence& a = *resolved_[i + 4];
+      const size_t wb = static_cast<size_t>(bdiv_.div(a.length()));
+      if (wb < a.blocks.size()) __builtin_prefetch(&blocks_[a.blocks[wb]]);
+    }
+    Sequence* s = resolved_[i];
+    apply_reserve(s, n_each, reserve_need(*s, n_each), result);
   }
   return ok_status();
 }
@@ -331,7 +404,7 @@ Status ControlPlane::rollback(SequenceId id, int64_t length) {
   s->tokens.resize(static_cast<size_t>(length));
   s->pending = 0;
   release_tail(s, static_cast<size_t>((length + block_size_ - 1) / block_size_));
-  ++s->table_version;
+  s->mark_changed(0);
   touch(s);
   return ok_status();
 }
@@ -483,19 +556,42 @@ StatusOr<int64_t> ControlPlane::pending(SequenceId id) const {
   return s->pending;
 }
 
-StatusOr<const BatchMetadata*> ControlPlane::build_batch(const std::vector<SequenceId>& ids,
-                                                         const BatchOptions& options) {
-  rows_scratch_.clear();
+Status ControlPlane::resolve(const std::vector<SequenceId>& ids, bool check_offloaded,
+                             const char* what) {
+  if (resolved_generation_ == seqs_.generation() && ids == resolved_ids_) {
+    if (check_offloaded) {
+      for (const Sequence* s : resolved_) {
+        if (s->offloaded) {
+          return failed_precondition(std::string(what) + ": " + seq_name(s->id) + " is offloaded");
+        }
+      }
+    }
+    return ok_status();
+  }
+  resolved_generation_ = ~uint64_t{0};  // invalid until this lookup succeeds
+  resolved_.clear();
   const uint64_t epoch = ++batch_epoch_;
   for (SequenceId id : ids) {
     Sequence* s = seqs_.find(id);
     if (s == nullptr) return unknown(id);
-    if (s->offloaded) return failed_precondition("batch: " + seq_name(id) + " is offloaded");
-    if (s->batch_mark == epoch) return invalid_argument("batch: " + seq_name(id) + " twice");
+    if (check_offloaded && s->offloaded) {
+      return failed_precondition(std::string(what) + ": " + seq_name(id) + " is offloaded");
+    }
+    if (s->batch_mark == epoch)
+      return invalid_argument(std::string(what) + ": " + seq_name(id) + " twice");
     s->batch_mark = epoch;
-    rows_scratch_.push_back(s);
+    resolved_.push_back(s);
   }
-  PAGEDKV_RETURN_IF_ERROR(batch_.build(rows_scratch_, blocks_, options));
+  resolved_ids_ = ids;
+  resolved_epoch_ = epoch;
+  resolved_generation_ = seqs_.generation();
+  return ok_status();
+}
+
+StatusOr<const BatchMetadata*> ControlPlane::build_batch(const std::vector<SequenceId>& ids,
+                                                         const BatchOptions& options) {
+  PAGEDKV_RETURN_IF_ERROR(resolve(ids, /*check_offloaded=*/true, "batch"));
+  PAGEDKV_RETURN_IF_ERROR(batch_.build(resolved_, blocks_, options));
   return &batch_.metadata();
 }
 

@@ -55,6 +55,14 @@ class ControlPlane {
   /// As reserve(), but appends the transfers and slots to `*out` (caller-owned, reused across
   /// calls, so a decode step allocates nothing); on error `*out` is left as it was.
   Status reserve_into(SequenceId id, int64_t n, ReserveResult* out);
+  /// Batched reserve_into() for a decode step: reserves `n_each` slots for each of `ids`
+  /// (distinct), in order, appending all transfers and slots (grouped by sequence, in `ids`
+  /// order) to `*out`. With room for the whole batch the result equals reserve_into() called per
+  /// id; under pressure the planner frees room for the whole batch at once and never takes a
+  /// member. Ids and lengths are checked before anything changes, so an error (kNotFound,
+  /// kInvalidArgument, kOutOfRange, kResourceExhausted) changes nothing and leaves `*out` as it
+  /// was. Resolving `ids` is memoised: repeating the previous batch skips the id lookups.
+  Status reserve_batch(const std::vector<SequenceId>& ids, int64_t n_each, ReserveResult* out);
   /// Commits the token ids written into the first `n` reserved slots; completed full blocks
   /// enter the prefix index. kNotFound, kFailedPrecondition (more than reserved, or offloaded).
   Status commit(SequenceId id, const TokenId* tokens, int64_t n);
@@ -101,7 +109,8 @@ class ControlPlane {
 
   /// Builds the metadata of a step for `ids` (each device-resident, no duplicates). The result
   /// stays valid until the next build. kNotFound, kInvalidArgument, kFailedPrecondition
-  /// (offloaded), kOutOfRange (int32 overflow).
+  /// (offloaded), kOutOfRange (int32 overflow). Shares reserve_batch()'s memo, so the usual
+  /// step (reserve_batch then build_batch on the same ids) looks every id up once at most.
   StatusOr<const BatchMetadata*> build_batch(const std::vector<SequenceId>& ids,
                                              const BatchOptions& options = {});
 
@@ -124,9 +133,22 @@ class ControlPlane {
     std::vector<bool> order;  // true: next from offload, false: next from drop
   };
 
+  // What reserving n tokens of a sequence takes, computed before anything changes.
+  struct ReserveNeed {
+    size_t need_total = 0;   // blocks covering length + n
+    size_t write_block = 0;  // block where position `length` lands
+    bool cow = false;        // that block must be copied first
+    int64_t new_blocks = 0;
+    int64_t host_blocks = 0;  // to restore
+    int64_t device_blocks() const { return new_blocks + (cow ? 1 : 0) + host_blocks; }
+  };
+
   // planner.cpp
   int64_t device_available() const;
-  Status plan_device_blocks(int64_t need, const Sequence* protect, Plan* plan);
+  // Plans to free device blocks, never choosing `protect` nor, when protect_mark != 0, a
+  // sequence whose batch_mark equals it.
+  Status plan_device_blocks(int64_t need, const Sequence* protect, Plan* plan,
+                            uint64_t protect_mark = 0);
   void apply_plan(const Plan& plan, Transfers* out);
   LogicalId take_device_block();
   void evict_one();
@@ -136,6 +158,13 @@ class ControlPlane {
   void do_drop(Sequence* s);
 
   // control_plane.cpp helpers
+  Status check_reserve_length(const Sequence& s, int64_t n) const;
+  ReserveNeed reserve_need(const Sequence& s, int64_t n) const;
+  void apply_reserve(Sequence* s, int64_t n, const ReserveNeed& need, ReserveResult* result);
+  // Looks `ids` up into resolved_ (kNotFound, kInvalidArgument on a duplicate, and with
+  // check_offloaded kFailedPrecondition, in id order); a repeat of the last successful ids
+  // while no sequence was destroyed reuses the pointers.
+  Status resolve(const std::vector<SequenceId>& ids, bool check_offloaded, const char* what);
   void release_block(LogicalId id, const Sequence& owner);
   void release_tail(Sequence* s, size_t keep);
   void unlist(LogicalId id);
@@ -152,6 +181,7 @@ class ControlPlane {
   Clock clock_;
   bool events_enabled_;
   int64_t block_size_;
+  BlockDivider bdiv_;
   BlockAllocator blocks_;
   PrefixIndex index_;
   EvictionQueue evictq_;
@@ -159,7 +189,12 @@ class ControlPlane {
   BatchMetadataBuilder batch_;
   std::vector<SequenceId> active_;
   std::vector<ControlEvent> events_;
-  std::vector<const Sequence*> rows_scratch_;
+  // Memo of the last resolve(): its ids, their sequences (all marked with resolved_epoch_) and
+  // the sequence-table generation it is valid for.
+  std::vector<SequenceId> resolved_ids_;
+  std::vector<Sequence*> resolved_;
+  uint64_t resolved_epoch_ = 0;
+  uint64_t resolved_generation_ = ~uint64_t{0};
   uint64_t tick_ = 0;
   uint64_t batch_epoch_ = 0;
   int64_t cached_unref_[kNumTiers] = {0, 0};  // indexed blocks with ref == 0, per tier

@@ -25,7 +25,8 @@ int64_t ControlPlane::exclusive_device_blocks(const Sequence& s) const {
   return e;
 }
 
-Status ControlPlane::plan_device_blocks(int64_t need, const Sequence* protect, Plan* plan) {
+Status ControlPlane::plan_device_blocks(int64_t need, const Sequence* protect, Plan* plan,
+                                        uint64_t protect_mark) {
   int64_t avail = device_available();
   if (avail >= need) return ok_status();
   if (config_.eviction_policy == EvictionPolicy::kNone) {
@@ -37,7 +38,7 @@ Status ControlPlane::plan_device_blocks(int64_t need, const Sequence* protect, P
   std::unordered_map<LogicalId, int32_t> dropped_refs;
   for (const auto& key : seqs_.victims()) {
     Sequence* v = seqs_.find(std::get<2>(key));
-    if (v == protect) continue;
+    if (v == protect || (protect_mark != 0 && v->batch_mark == protect_mark)) continue;
     if (host_room > 0) {
       int64_t e = 0;
       for (LogicalId b : v->blocks) {
@@ -116,7 +117,7 @@ void ControlPlane::do_offload(Sequence* s, Transfers* out) {
     ++moved;
   }
   s->offloaded = true;
-  ++s->table_version;
+  s->mark_changed(0);  // every block may have moved
   seqs_.clear_victim(s);
   out->offloaded.push_back(s->id);
   ++counters_.sequences_offloaded;
@@ -134,7 +135,7 @@ void ControlPlane::do_restore(Sequence* s, Transfers* out) {
     ++moved;
   }
   s->offloaded = false;
-  ++s->table_version;
+  s->mark_changed(0);  // every block may have moved
   update_victim(s);
   ++counters_.sequences_restored;
   --counters_.offloaded_sequences;

@@ -24,7 +24,33 @@ PrefixIndex::PrefixIndex(int32_t block_size, int64_t max_nodes) : block_size_(bl
   tokens_.resize(static_cast<size_t>(max_nodes) * static_cast<size_t>(block_size));
   free_nodes_.reserve(static_cast<size_t>(max_nodes));
   for (int64_t i = max_nodes - 1; i >= 0; --i) free_nodes_.push_back(static_cast<NodeId>(i));
-  heads_.reserve(static_cast<size_t>(max_nodes));
+  size_t cap = 16;
+  while (cap < 2 * static_cast<size_t>(max_nodes)) cap *= 2;
+  slots_.resize(cap);
+  mask_ = cap - 1;
+}
+
+size_t PrefixIndex::probe(uint64_t h) const {
+  const uint32_t lo = static_cast<uint32_t>(h);
+  for (size_t i = lo & mask_;; i = (i + 1) & mask_) {
+    const Slot& s = slots_[i];
+    if (s.node < 0) return i;
+    if (s.lo == lo && nodes_[static_cast<size_t>(s.node)].hash == h) return i;
+  }
+}
+
+void PrefixIndex::erase_slot(size_t pos) {
+  // Backward shift: pull later entries of the probe run into the hole unless that would move
+  // one before its home slot, so lookups never need tombstones.
+  size_t hole = pos;
+  for (size_t i = (pos + 1) & mask_; slots_[i].node >= 0; i = (i + 1) & mask_) {
+    const size_t home = slots_[i].lo & mask_;
+    if (((i - home) & mask_) >= ((i - hole) & mask_)) {
+      slots_[hole] = slots_[i];
+      hole = i;
+    }
+  }
+  slots_[hole] = Slot();
 }
 
 uint64_t PrefixIndex::root_hash(NamespaceId ns) { return mix(ns ^ 0x70616765646b7630ull); }
@@ -51,9 +77,8 @@ bool PrefixIndex::same_key(NodeId n, NodeId parent, NamespaceId ns, const TokenI
 
 NodeId PrefixIndex::find(NodeId parent, NamespaceId ns, const TokenId* tokens) const {
   const uint64_t h = chain_hash(prefix_hash(parent, ns), tokens);
-  auto it = heads_.find(h);
-  if (it == heads_.end()) return -1;
-  for (NodeId n = it->second; n >= 0; n = nodes_[static_cast<size_t>(n)].next_same_hash) {
+  for (NodeId n = slots_[probe(h)].node; n >= 0;
+       n = nodes_[static_cast<size_t>(n)].next_same_hash) {
     if (same_key(n, parent, ns, tokens)) return n;
   }
   return -1;
@@ -73,11 +98,10 @@ NodeId PrefixIndex::insert(NodeId parent, NamespaceId ns, const TokenId* tokens,
   x.live = true;
   std::memcpy(&tokens_[static_cast<size_t>(n) * static_cast<size_t>(block_size_)], tokens,
               sizeof(TokenId) * static_cast<size_t>(block_size_));
-  auto ins = heads_.emplace(x.hash, n);
-  if (!ins.second) {
-    x.next_same_hash = ins.first->second;
-    ins.first->second = n;
-  }
+  Slot& slot = slots_[probe(x.hash)];
+  x.next_same_hash = slot.node;  // -1 for a new hash; else n heads the collision chain
+  slot.lo = static_cast<uint32_t>(x.hash);
+  slot.node = n;
   if (parent != kRootNode) ++nodes_[static_cast<size_t>(parent)].children;
   ++size_;
   return n;
@@ -86,16 +110,17 @@ NodeId PrefixIndex::insert(NodeId parent, NamespaceId ns, const TokenId* tokens,
 void PrefixIndex::remove(NodeId n) {
   PrefixNode& x = nodes_[static_cast<size_t>(n)];
   assert(x.live && x.children == 0);
-  auto it = heads_.find(x.hash);
-  assert(it != heads_.end());
-  if (it->second == n) {
+  const size_t pos = probe(x.hash);
+  Slot& slot = slots_[pos];
+  assert(slot.node >= 0);
+  if (slot.node == n) {
     if (x.next_same_hash < 0) {
-      heads_.erase(it);
+      erase_slot(pos);
     } else {
-      it->second = x.next_same_hash;
+      slot.node = x.next_same_hash;
     }
   } else {
-    NodeId p = it->second;
+    NodeId p = slot.node;
     while (nodes_[static_cast<size_t>(p)].next_same_hash != n) {
       p = nodes_[static_cast<size_t>(p)].next_same_hash;
     }
@@ -109,9 +134,8 @@ void PrefixIndex::remove(NodeId n) {
 }
 
 bool PrefixIndex::reachable(NodeId n) const {
-  auto it = heads_.find(nodes_[static_cast<size_t>(n)].hash);
-  if (it == heads_.end()) return false;
-  for (NodeId m = it->second; m >= 0; m = nodes_[static_cast<size_t>(m)].next_same_hash) {
+  const NodeId head = slots_[probe(nodes_[static_cast<size_t>(n)].hash)].node;
+  for (NodeId m = head; m >= 0; m = nodes_[static_cast<size_t>(m)].next_same_hash) {
     if (m == n) return true;
   }
   return false;

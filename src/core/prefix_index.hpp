@@ -1,11 +1,12 @@
 // Prefix index: a radix tree over full blocks. A node's key is (parent node, namespace, the
 // block's token ids); each node carries a chained 64-bit hash of its whole prefix. Children are
 // found through one hash map keyed by that chained hash (collisions resolved by comparing the
-// key), so lookup, insert and remove are O(block_size) expected.
+// key), so lookup, insert and remove are O(block_size) expected. The map is a flat open-addressing
+// table (linear probing, backward-shift deletion, load <= 1/2) sized once for every node, so a
+// lookup at a million cached blocks costs one cache miss and nothing allocates.
 #pragma once
 
 #include <cstdint>
-#include <unordered_map>
 #include <vector>
 
 #include "core/block_allocator.hpp"
@@ -67,12 +68,23 @@ class PrefixIndex {
  private:
   bool same_key(NodeId n, NodeId parent, NamespaceId ns, const TokenId* tokens) const;
 
+  // One slot of the hash map: the low 32 bits of a chained hash (which also give the home slot)
+  // and the first node of that hash's collision chain; node < 0 marks an empty slot.
+  struct Slot {
+    uint32_t lo = 0;
+    NodeId node = -1;
+  };
+  // The slot holding hash `h`, or the empty slot where it would go.
+  size_t probe(uint64_t h) const;
+  void erase_slot(size_t pos);
+
   int32_t block_size_;
   int64_t size_ = 0;
   std::vector<PrefixNode> nodes_;
   std::vector<TokenId> tokens_;
   std::vector<NodeId> free_nodes_;
-  std::unordered_map<uint64_t, NodeId> heads_;  // chained hash -> first node with it
+  std::vector<Slot> slots_;  // chained hash -> first node with it
+  size_t mask_ = 0;
 };
 
 }  // namespace core

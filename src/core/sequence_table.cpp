@@ -19,6 +19,7 @@ void SequenceTable::destroy(SequenceId id) {
   auto it = map_.find(id);
   assert(it != map_.end() && !it->second->is_victim);
   map_.erase(it);
+  ++generation_;
 }
 
 void SequenceTable::set_victim(Sequence* s, const VictimKey& key) {

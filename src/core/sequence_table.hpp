@@ -3,6 +3,7 @@
 // sequences keyed by (priority, order tick)) that the planner takes from in O(log n).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <set>
@@ -16,23 +17,33 @@
 namespace pagedkv {
 namespace core {
 
-/// One sequence.
-struct Sequence {
-  SequenceId id = 0;
+/// One sequence. Cache-line aligned, with what a decode step reads (reserve, build, commit)
+/// in the first two lines.
+struct alignas(64) Sequence {
   std::vector<TokenId> tokens;    // committed tokens
   std::vector<LogicalId> blocks;  // logical block table, covers committed + pending tokens
   int64_t pending = 0;            // reserved, not yet committed tokens
-  SequenceOptions options;
   bool active = false;
   bool offloaded = false;
-  uint64_t arrival = 0;        // unique, increasing: real arrival order (FIFO)
-  uint64_t last_used = 0;      // tick of the last reserve/commit/add (LRU)
-  uint64_t table_version = 0;  // bumped whenever an existing table entry changes
   bool is_victim = false;      // in the victim set
+  uint64_t last_used = 0;      // tick of the last reserve/commit/add (LRU)
+  uint64_t arrival = 0;        // unique, increasing: real arrival order (FIFO)
+  uint64_t table_version = 0;  // bumped whenever an existing table entry changes
   uint64_t batch_mark = 0;     // duplicate detection in build_batch
+  // Entries [0, changed_from) are the same at every table version in [base_version,
+  // table_version], so a batch row built at such a version only rewrites from there.
+  uint64_t base_version = 0;
+  size_t changed_from = SIZE_MAX;
+  SequenceId id = 0;
+  SequenceOptions options;
   std::tuple<int32_t, uint64_t, SequenceId> victim_key{};
 
   int64_t length() const { return static_cast<int64_t>(tokens.size()); }
+  /// Records a change of the table entries from index `from` on (a new table version).
+  void mark_changed(size_t from) {
+    ++table_version;
+    if (from < changed_from) changed_from = from;
+  }
 };
 
 /// Sequences by id plus the victim set.
@@ -54,6 +65,8 @@ class SequenceTable {
   /// Destroys a sequence (it must not be a victim any more).
   void destroy(SequenceId id);
   int64_t size() const { return static_cast<int64_t>(map_.size()); }
+  /// Bumped by every destroy(): a Sequence* resolved while it was unchanged is still valid.
+  uint64_t generation() const { return generation_; }
 
   /// Puts the sequence in the victim set under `key`, or re-keys it.
   void set_victim(Sequence* s, const VictimKey& key);
@@ -67,6 +80,7 @@ class SequenceTable {
  private:
   std::unordered_map<SequenceId, std::unique_ptr<Sequence>> map_;
   std::set<VictimKey> victims_;
+  uint64_t generation_ = 0;
 };
 
 }  // namespace core
