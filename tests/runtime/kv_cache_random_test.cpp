@@ -15,22 +15,17 @@
 
 #include "pagedkv/cache.hpp"
 #include "pagedkv/cpu_backend.hpp"
+#include "runtime/kv_model.hpp"
 #include "support/backend_test.hpp"
 
 namespace pagedkv {
 namespace {
 
 using testing::DeviceBuffer;
+using testing::kv_value;
+using testing::model_rows;
 
 constexpr int64_t kDefaultSteps = 20000;
-
-uint16_t kv_value(int64_t pos, TokenId token, int32_t layer, int32_t part, int32_t head,
-                  int32_t d) {
-  const int64_t h =
-      (pos * 40503LL + token * 2654435761LL + layer * 97 + part * 7919 + head * 131 + d * 17) %
-      4093;
-  return float_to_half_bits(0.25f + static_cast<float>(h) / 1024.0f);
-}
 
 class RandomWorkload {
  public:
@@ -142,15 +137,13 @@ class RandomWorkload {
     }
     const int64_t start = static_cast<int64_t>(model.size());
     const int64_t row = config_.num_kv_heads * config_.head_dim;
-    std::vector<uint16_t> k(static_cast<size_t>(config_.num_layers * n * row)), v(k.size());
-    for (int32_t l = 0; l < config_.num_layers; ++l)
-      for (int64_t t = 0; t < n; ++t)
-        for (int32_t h = 0; h < config_.num_kv_heads; ++h)
-          for (int32_t d = 0; d < config_.head_dim; ++d) {
-            const size_t i = static_cast<size_t>((l * n + t) * row + h * config_.head_dim + d);
-            k[i] = kv_value(start + t, tokens[static_cast<size_t>(t)], l, 0, h, d);
-            v[i] = kv_value(start + t, tokens[static_cast<size_t>(t)], l, 1, h, d);
-          }
+    std::vector<uint16_t> k, v;  // [layers][n, heads, dim]
+    for (int32_t l = 0; l < config_.num_layers; ++l) {
+      const std::vector<uint16_t> lk = model_rows(config_, l, 0, tokens, start);
+      const std::vector<uint16_t> lv = model_rows(config_, l, 1, tokens, start);
+      k.insert(k.end(), lk.begin(), lk.end());
+      v.insert(v.end(), lv.begin(), lv.end());
+    }
     upload(*input_k_, k);
     upload(*input_v_, v);
     for (int32_t l = 0; l < config_.num_layers; ++l) {

@@ -9,21 +9,15 @@
 
 #include "pagedkv/cache.hpp"
 #include "pagedkv/cpu_backend.hpp"
+#include "runtime/kv_model.hpp"
 #include "support/backend_test.hpp"
 
 namespace pagedkv {
 namespace {
 
 using testing::DeviceBuffer;
-
-// A distinct, never-zero fp16 value for (position, token, layer, part, head, dim).
-uint16_t kv_value(int64_t pos, TokenId token, int32_t layer, int32_t part, int32_t head,
-                  int32_t d) {
-  const int64_t h =
-      (pos * 1315423911LL + token * 2654435761LL + layer * 97 + part * 7919 + head * 131 + d * 17) %
-      4093;
-  return float_to_half_bits(0.25f + static_cast<float>(h) / 1024.0f);
-}
+using testing::kv_value;
+using testing::model_rows;
 
 CacheConfig small_config() {
   CacheConfig c;
@@ -55,17 +49,9 @@ class KvCacheTest : public ::testing::Test {
     auto slots = cache_->reserve(id, static_cast<int64_t>(tokens.size()));
     ASSERT_TRUE(slots.ok()) << slots.status().to_string();
     ASSERT_EQ(slots->size(), tokens.size());
-    const int64_t n = static_cast<int64_t>(tokens.size());
-    const int64_t row = config_.num_kv_heads * config_.head_dim;
     for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
-      std::vector<uint16_t> k(static_cast<size_t>(n * row)), v(k.size());
-      for (int64_t t = 0; t < n; ++t)
-        for (int32_t h = 0; h < config_.num_kv_heads; ++h)
-          for (int32_t d = 0; d < config_.head_dim; ++d) {
-            const size_t i = static_cast<size_t>(t * row + h * config_.head_dim + d);
-            k[i] = kv_value(start + t, tokens[static_cast<size_t>(t)], layer, 0, h, d);
-            v[i] = kv_value(start + t, tokens[static_cast<size_t>(t)], layer, 1, h, d);
-          }
+      const std::vector<uint16_t> k = model_rows(config_, layer, 0, tokens, start);
+      const std::vector<uint16_t> v = model_rows(config_, layer, 1, tokens, start);
       DeviceBuffer dk(*backend_, k.size() * 2), dv(*backend_, v.size() * 2);
       dk.upload(k);
       dv.upload(v);

@@ -1,0 +1,39 @@
+// The reference model of the runtime tests: the K/V of a token is a pure function of its
+// position and token id (and layer, part, head, dim), so whatever prefix reuse, copy-on-write
+// and tier moves happened, a sequence's gathered bytes follow from its token list alone.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "pagedkv/config.hpp"
+#include "pagedkv/control_types.hpp"
+#include "pagedkv/dtype.hpp"
+
+namespace pagedkv::testing {
+
+/// A distinct, never-zero fp16 value (bits) for one element.
+inline uint16_t kv_value(int64_t pos, TokenId token, int32_t layer, int32_t part, int32_t head,
+                         int32_t d) {
+  const int64_t h =
+      (pos * 40503LL + token * 2654435761LL + layer * 97 + part * 7919 + head * 131 + d * 17) %
+      4093;
+  return float_to_half_bits(0.25f + static_cast<float>(h) / 1024.0f);
+}
+
+/// Keys (part 0) or values (part 1) of `tokens` at positions start.. for one layer, token-major
+/// [n, kv_heads, head_dim] fp16 bits, as a model would hand them to write_kv.
+inline std::vector<uint16_t> model_rows(const CacheConfig& c, int32_t layer, int32_t part,
+                                        const std::vector<TokenId>& tokens, int64_t start) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t row = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  std::vector<uint16_t> out(static_cast<size_t>(n * row));
+  for (int64_t t = 0; t < n; ++t)
+    for (int32_t h = 0; h < c.num_kv_heads; ++h)
+      for (int32_t d = 0; d < c.head_dim; ++d)
+        out[static_cast<size_t>(t * row + h * c.head_dim + d)] =
+            kv_value(start + t, tokens[static_cast<size_t>(t)], layer, part, h, d);
+  return out;
+}
+
+}  // namespace pagedkv::testing
