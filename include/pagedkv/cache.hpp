@@ -137,6 +137,17 @@ class KvCache {
   /// Blocks the host until the cache's queued work (kernels and transfers) is done.
   Status synchronize();
 
+  // ---- queries (read-only; used by adapters such as SeedKvCache) ----
+
+  /// Whether the sequence exists (offloaded sequences included).
+  bool contains(SequenceId id) const;
+  /// Committed token count. kNotFound.
+  StatusOr<int64_t> length(SequenceId id) const;
+  /// Reserved, uncommitted token count. kNotFound.
+  StatusOr<int64_t> pending(SequenceId id) const;
+  /// Tier and physical id of each block of the sequence (reserved ones included). kNotFound.
+  StatusOr<std::vector<BlockLocation>> block_locations(SequenceId id) const;
+
   // ---- observability ----
 
   ControlStats stats() const;

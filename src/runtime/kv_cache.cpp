@@ -336,6 +336,16 @@ Status KvCache::synchronize() {
   return backend_->synchronize_stream(compute_);
 }
 
+bool KvCache::contains(SequenceId id) const { return control_->contains(id); }
+
+StatusOr<int64_t> KvCache::length(SequenceId id) const { return control_->length(id); }
+
+StatusOr<int64_t> KvCache::pending(SequenceId id) const { return control_->pending(id); }
+
+StatusOr<std::vector<BlockLocation>> KvCache::block_locations(SequenceId id) const {
+  return control_->block_locations(id);
+}
+
 ControlStats KvCache::stats() const { return control_->stats(); }
 
 std::vector<ControlEvent> KvCache::drain_events() { return control_->drain_events(); }

@@ -1,0 +1,97 @@
+// The mode-specific halves of SeedKvCache. The facade (seed_cache.cpp) checks what both modes
+// share (layer and head ranges, input sizes, that the sequence exists); an implementation
+// checks the rest and must leave everything unchanged when it returns an error.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "pagedkv/backend.hpp"
+#include "pagedkv/cache.hpp"
+#include "pagedkv/seed_cache.hpp"
+#include "runtime/upload_arena.hpp"
+
+namespace pagedkv::runtime {
+
+/// Per-sequence device buffers holding packed [heads, len, head_dim] keys and values of every
+/// layer, reused across cache misses (seed defect 10: no allocation per miss). The buffer grows
+/// by doubling, and a layer's packed copy is valid until invalidated.
+class PackedMirror {
+ public:
+  PackedMirror(Backend& backend, Stream stream, const CacheConfig& config)
+      : backend_(backend), stream_(stream), config_(config) {}
+  ~PackedMirror();
+  PackedMirror(const PackedMirror&) = delete;
+  PackedMirror& operator=(const PackedMirror&) = delete;
+
+  /// The cached view of (id, layer) when it is valid for `length`.
+  std::optional<SeedKvView> find(SequenceId id, int32_t layer, int64_t length) const;
+  /// Device pointers where (id, layer) packed at `length` goes; grows the sequence's buffer
+  /// (after waiting for queued reads of the old one) when it is too short.
+  StatusOr<SeedKvView> slot(SequenceId id, int32_t layer, int64_t length);
+  /// Marks (id, layer) as holding the packed data of `length` positions.
+  void mark_valid(SequenceId id, int32_t layer, int64_t length);
+  void invalidate(SequenceId id, int32_t layer);
+  void invalidate_all(SequenceId id);
+  /// Frees the sequence's buffer (after the stream's queued work).
+  void erase(SequenceId id);
+  /// Layers whose packed copy is valid, over all sequences.
+  int64_t valid_layers() const;
+
+ private:
+  struct Entry {
+    void* data = nullptr;
+    int64_t capacity = 0;               // positions per head
+    std::vector<int64_t> valid_length;  // per layer; -1 when invalid
+  };
+  Backend& backend_;
+  Stream stream_;
+  CacheConfig config_;
+  std::unordered_map<SequenceId, Entry> entries_;
+};
+
+/// What a mode implements. Inputs are host fp16 arrays whose sizes the facade has checked.
+class SeedImpl {
+ public:
+  virtual ~SeedImpl() = default;
+  virtual Backend& backend() = 0;
+  virtual Stream stream() const = 0;
+  virtual KvCache* paged() { return nullptr; }
+
+  virtual bool contains(SequenceId id) const = 0;
+  virtual StatusOr<int64_t> length(SequenceId id) const = 0;
+  virtual StatusOr<int64_t> allocate(SequenceId id, const std::vector<TokenId>& tokens) = 0;
+  /// One token, every head, one layer: `key`/`value` are [heads * head_dim].
+  virtual Status write_token(SequenceId id, int32_t layer, int64_t pos, const uint16_t* key,
+                             const uint16_t* value, std::optional<TokenId> token) = 0;
+  /// One head, `n` positions: `key`/`value` are [n, head_dim].
+  virtual Status write_head_range(SequenceId id, int32_t layer, int32_t head, int64_t pos,
+                                  int64_t n, const uint16_t* key, const uint16_t* value) = 0;
+  virtual Status advance(SequenceId id, int64_t delta) = 0;
+  virtual Status rollback(SequenceId id, int64_t length) = 0;
+  virtual StatusOr<SeedKvView> layer_view(SequenceId id, int32_t layer) = 0;
+  virtual StatusOr<SeedKvView> packed_layer(SequenceId id, int32_t layer) = 0;
+  /// Writes packed [heads, length, head_dim] into positions [0, length) of one layer and makes
+  /// `length` the sequence's length.
+  virtual Status import(SequenceId id, int32_t layer, int64_t length, const uint16_t* key,
+                        const uint16_t* value) = 0;
+  virtual Status remove(SequenceId id) = 0;
+  virtual Status set_active(const std::vector<SequenceId>& ids) = 0;
+  virtual Status set_priority(SequenceId id, int32_t priority) = 0;
+  virtual std::vector<SequenceId> drain_evicted() = 0;
+  virtual Status restore(SequenceId id) = 0;
+  virtual SeedKvCacheStats stats() const = 0;
+  virtual Status synchronize() = 0;
+};
+
+/// Paged mode over a KvCache.
+StatusOr<std::unique_ptr<SeedImpl>> make_paged_seed_impl(const CacheConfig& config,
+                                                         const SeedKvCacheOptions& options);
+/// Dense mode over core::DenseAllocator.
+StatusOr<std::unique_ptr<SeedImpl>> make_dense_seed_impl(const CacheConfig& config,
+                                                         const SeedKvCacheOptions& options);
+
+}  // namespace pagedkv::runtime

@@ -1,0 +1,337 @@
+// Paged mode of SeedKvCache over a KvCache. The seed writes K/V at a position and makes it part
+// of the sequence later (advance_sequence); here a write past the written positions extends the
+// KvCache reservation, the bytes go straight to the reserved slots, and advance commits them.
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "runtime/seed_cache_impl.hpp"
+
+namespace pagedkv::runtime {
+namespace {
+
+std::string seq_name(SequenceId id) { return "sequence " + std::to_string(id); }
+
+class PagedSeedImpl final : public SeedImpl {
+ public:
+  PagedSeedImpl(const CacheConfig& config, std::unique_ptr<KvCache> cache,
+                std::unique_ptr<UploadArena> uploads)
+      : config_(config),
+        cache_(std::move(cache)),
+        uploads_(std::move(uploads)),
+        mirror_(cache_->backend(), cache_->compute_stream(), config) {}
+
+  Backend& backend() override { return cache_->backend(); }
+  Stream stream() const override { return cache_->compute_stream(); }
+  KvCache* paged() override { return cache_.get(); }
+
+  bool contains(SequenceId id) const override { return cache_->contains(id); }
+  StatusOr<int64_t> length(SequenceId id) const override { return cache_->length(id); }
+
+  StatusOr<int64_t> allocate(SequenceId id, const std::vector<TokenId>& tokens) override {
+    const int64_t cap = std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - 1);
+    if (cache_->contains(id)) {
+      // The seed restores an offloaded sequence when it is allocated again.
+      PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, cache_->block_locations(id));
+      const bool offloaded = std::any_of(blocks.begin(), blocks.end(), [](const BlockLocation& b) {
+        return b.tier == Tier::kHost;
+      });
+      if (offloaded) PAGEDKV_RETURN_IF_ERROR(restore(id));
+      PAGEDKV_ASSIGN_OR_RETURN(int64_t len, cache_->length(id));
+      return std::min(len, cap);
+    }
+    PAGEDKV_ASSIGN_OR_RETURN(int64_t cached, cache_->add_sequence(id, tokens));
+    state_[id] = State{};
+    return cached;
+  }
+
+  Status write_token(SequenceId id, int32_t layer, int64_t pos, const uint16_t* key,
+                     const uint16_t* value, std::optional<TokenId> token) override {
+    PAGEDKV_ASSIGN_OR_RETURN(int64_t len, written_range(id, pos, 1));
+    PAGEDKV_RETURN_IF_ERROR(extend(id, len, pos + 1));
+    State& s = state_[id];
+    const size_t row = static_cast<size_t>(config_.num_kv_heads) * config_.head_dim * 2;
+    const int64_t slot = s.slots[static_cast<size_t>(pos - len)];
+    PAGEDKV_ASSIGN_OR_RETURN(void* dk, uploads_->upload(key, row));
+    PAGEDKV_ASSIGN_OR_RETURN(void* dv, uploads_->upload(value, row));
+    PAGEDKV_ASSIGN_OR_RETURN(void* ds, uploads_->upload(&slot, sizeof(slot)));
+    WriteKvArgs args;
+    args.key = dk;
+    args.value = dv;
+    args.input_dtype = DType::kFloat16;
+    args.num_tokens = 1;
+    args.slot_mapping = static_cast<const int64_t*>(ds);
+    args.layer = layer;
+    PAGEDKV_RETURN_IF_ERROR(pagedkv::write_kv(backend(), cache_->device_pool(), args, stream()));
+    // The seed records token ids from layer 0 only; so do we.
+    if (layer == 0 && token.has_value()) s.tokens[static_cast<size_t>(pos - len)] = *token;
+    mirror_.invalidate(id, layer);
+    return ok_status();
+  }
+
+  Status write_head_range(SequenceId id, int32_t layer, int32_t head, int64_t pos, int64_t n,
+                          const uint16_t* key, const uint16_t* value) override {
+    PAGEDKV_ASSIGN_OR_RETURN(int64_t len, written_range(id, pos, n));
+    PAGEDKV_RETURN_IF_ERROR(extend(id, len, pos + n));
+    const size_t bytes = static_cast<size_t>(n) * config_.head_dim * 2;
+    ScatterHeadRangeArgs args;
+    PAGEDKV_ASSIGN_OR_RETURN(args.block_table, upload_block_table(id, &args.block_table_len));
+    PAGEDKV_ASSIGN_OR_RETURN(void* dk, uploads_->upload(key, bytes));
+    PAGEDKV_ASSIGN_OR_RETURN(void* dv, uploads_->upload(value, bytes));
+    args.key = dk;
+    args.value = dv;
+    args.input_dtype = DType::kFloat16;
+    args.layer = layer;
+    args.head_begin = head;
+    args.num_heads = 1;
+    args.position_begin = pos;
+    args.num_tokens = n;
+    PAGEDKV_RETURN_IF_ERROR(
+        pagedkv::scatter_head_range(backend(), cache_->device_pool(), args, stream()));
+    mirror_.invalidate(id, layer);
+    return ok_status();
+  }
+
+  Status advance(SequenceId id, int64_t delta) override {
+    PAGEDKV_ASSIGN_OR_RETURN(int64_t len, cache_->length(id));
+    (void)len;
+    State& s = synced(id);
+    if (delta < 0 || delta > static_cast<int64_t>(s.slots.size())) {
+      return failed_precondition(seq_name(id) + ": cannot advance by " + std::to_string(delta) +
+                                 ", only " + std::to_string(s.slots.size()) +
+                                 " written positions are pending");
+    }
+    if (delta == 0) return ok_status();
+    std::vector<TokenId> tokens(s.tokens.begin(), s.tokens.begin() + delta);
+    PAGEDKV_RETURN_IF_ERROR(cache_->commit(id, tokens));
+    s.slots.erase(s.slots.begin(), s.slots.begin() + delta);
+    s.tokens.erase(s.tokens.begin(), s.tokens.begin() + delta);
+    mirror_.invalidate_all(id);
+    return ok_status();
+  }
+
+  Status rollback(SequenceId id, int64_t length) override {
+    PAGEDKV_ASSIGN_OR_RETURN(int64_t len, cache_->length(id));
+    if (length < 0 || length > len) {
+      return out_of_range(seq_name(id) + ": cannot roll back to " + std::to_string(length) +
+                          ", its length is " + std::to_string(len));
+    }
+    if (length == len) return ok_status();  // the seed keeps pending writes in this case
+    PAGEDKV_RETURN_IF_ERROR(cache_->rollback(id, length));
+    state_[id] = State{};
+    mirror_.invalidate_all(id);
+    return ok_status();
+  }
+
+  StatusOr<SeedKvView> layer_view(SequenceId id, int32_t layer) override {
+    return packed_layer(id, layer);
+  }
+
+  StatusOr<SeedKvView> packed_layer(SequenceId id, int32_t layer) override {
+    PAGEDKV_ASSIGN_OR_RETURN(int64_t len, cache_->length(id));
+    if (len == 0) return failed_precondition(seq_name(id) + " is empty: no layer to pack");
+    if (auto hit = mirror_.find(id, layer, len)) return *hit;
+    PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, cache_->block_locations(id));
+    for (const BlockLocation& b : blocks) {
+      if (b.tier != Tier::kDevice) {
+        return failed_precondition(seq_name(id) +
+                                   " is offloaded: restore_offloaded_sequence first");
+      }
+    }
+    PAGEDKV_ASSIGN_OR_RETURN(SeedKvView view, mirror_.slot(id, layer, len));
+    // One gather launch into the reused buffer (seed defect 10: no per-(head, pos) loop).
+    PAGEDKV_RETURN_IF_ERROR(cache_->gather_layer(id, layer, const_cast<void*>(view.key),
+                                                 const_cast<void*>(view.value), DType::kFloat16,
+                                                 PackedLayout::kHeadMajor, 0, len));
+    mirror_.mark_valid(id, layer, len);
+    return view;
+  }
+
+  Status import(SequenceId id, int32_t layer, int64_t length, const uint16_t* key,
+                const uint16_t* value) override {
+    PAGEDKV_ASSIGN_OR_RETURN(int64_t len, cache_->length(id));
+    State& s = synced(id);
+    if (length != len && !s.slots.empty()) {
+      return failed_precondition(seq_name(id) + ": " + std::to_string(s.slots.size()) +
+                                 " written positions are not advanced yet; advance or roll back "
+                                 "before changing the length through overwrite_layer");
+    }
+    if (length > config_.max_sequence_length) {
+      return out_of_range(seq_name(id) + ": length " + std::to_string(length) +
+                          " exceeds max_sequence_length " +
+                          std::to_string(config_.max_sequence_length));
+    }
+    if (length > len) {
+      PAGEDKV_RETURN_IF_ERROR(extend(id, len, length));
+    } else if (length < len) {
+      PAGEDKV_RETURN_IF_ERROR(cache_->rollback(id, length));
+      state_[id] = State{};
+    }
+    if (length > 0) {
+      const size_t bytes =
+          static_cast<size_t>(config_.num_kv_heads) * length * config_.head_dim * 2;
+      PackedLayerArgs args;
+      PAGEDKV_ASSIGN_OR_RETURN(args.block_table, upload_block_table(id, &args.block_table_len));
+      PAGEDKV_ASSIGN_OR_RETURN(void* dk, uploads_->upload(key, bytes));
+      PAGEDKV_ASSIGN_OR_RETURN(void* dv, uploads_->upload(value, bytes));
+      args.key = dk;
+      args.value = dv;
+      args.packed_dtype = DType::kFloat16;
+      args.packed_layout = PackedLayout::kHeadMajor;
+      args.layer = layer;
+      args.num_tokens = length;
+      // Only this layer's pages are written (seed defect 3: no freeing of the other layers).
+      PAGEDKV_RETURN_IF_ERROR(
+          pagedkv::import_layer(backend(), cache_->device_pool(), args, stream()));
+    }
+    if (length > len) PAGEDKV_RETURN_IF_ERROR(advance(id, length - len));
+    if (length != len) {
+      mirror_.invalidate_all(id);
+    } else {
+      mirror_.invalidate(id, layer);
+    }
+    return ok_status();
+  }
+
+  Status remove(SequenceId id) override {
+    PAGEDKV_RETURN_IF_ERROR(cache_->finish(id));
+    state_.erase(id);
+    mirror_.erase(id);
+    return ok_status();
+  }
+
+  Status set_active(const std::vector<SequenceId>& ids) override { return cache_->set_active(ids); }
+  Status set_priority(SequenceId id, int32_t priority) override {
+    return cache_->set_priority(id, priority);
+  }
+
+  std::vector<SequenceId> drain_evicted() override {
+    std::vector<SequenceId> ids = cache_->drain_evicted_sequences();
+    for (SequenceId id : ids) {
+      state_.erase(id);
+      mirror_.erase(id);
+    }
+    return ids;
+  }
+
+  Status restore(SequenceId id) override {
+    PAGEDKV_RETURN_IF_ERROR(cache_->restore(id));
+    state_[id] = State{};  // offload dropped the reservation
+    return ok_status();
+  }
+
+  SeedKvCacheStats stats() const override {
+    const ControlStats c = cache_->stats();
+    SeedKvCacheStats s;
+    s.mode = CacheMode::kPaged;
+    s.bytes_used = c.device.used_bytes;
+    s.bytes_capacity = c.device.total_bytes;
+    s.blocks_total = c.device.total_blocks;
+    s.blocks_free = c.device.free_blocks;
+    s.sequences = c.sequences;
+    s.evicted_blocks = c.blocks_evicted;
+    s.evicted_sequences = c.sequences_evicted;
+    s.packed_layers = mirror_.valid_layers();
+    s.cpu_offloaded_blocks = c.host.used_blocks;
+    return s;
+  }
+
+  Status synchronize() override { return cache_->synchronize(); }
+
+ private:
+  // The reservation as the seed sees it: one slot and one token id per written, not yet
+  // advanced position (positions length .. length + slots.size()).
+  struct State {
+    std::vector<int64_t> slots;
+    std::vector<TokenId> tokens;
+  };
+
+  // The cache drops a reservation on offload, eviction or rollback: follow it.
+  State& synced(SequenceId id) {
+    State& s = state_[id];
+    auto pending = cache_->pending(id);
+    if (!pending.ok() || *pending != static_cast<int64_t>(s.slots.size())) s = State{};
+    return s;
+  }
+
+  // Checks that [pos, pos + n) starts inside or right after the written positions; returns the
+  // committed length.
+  StatusOr<int64_t> written_range(SequenceId id, int64_t pos, int64_t n) {
+    PAGEDKV_ASSIGN_OR_RETURN(int64_t len, cache_->length(id));
+    const int64_t end = len + static_cast<int64_t>(synced(id).slots.size());
+    if (pos < len) {
+      return failed_precondition(seq_name(id) + ": position " + std::to_string(pos) +
+                                 " is already committed (length " + std::to_string(len) +
+                                 "); roll back before rewriting it");
+    }
+    if (pos > end) {
+      return out_of_range(seq_name(id) + ": position " + std::to_string(pos) +
+                          " leaves a gap; the next writable position is " + std::to_string(end));
+    }
+    if (pos + n > config_.max_sequence_length) {
+      return out_of_range(seq_name(id) + ": positions up to " + std::to_string(pos + n) +
+                          " exceed max_sequence_length " +
+                          std::to_string(config_.max_sequence_length));
+    }
+    return len;
+  }
+
+  // Extends the reservation to cover positions [len, end). Slots already handed out do not
+  // move (their blocks are this sequence's own after the first reserve's copy-on-write).
+  Status extend(SequenceId id, int64_t len, int64_t end) {
+    State& s = state_[id];
+    const int64_t have = static_cast<int64_t>(s.slots.size());
+    if (end - len <= have) return ok_status();
+    PAGEDKV_ASSIGN_OR_RETURN(std::vector<int64_t> slots, cache_->reserve(id, end - len));
+    if (!std::equal(s.slots.begin(), s.slots.end(), slots.begin())) {
+      return internal_error(seq_name(id) + ": extending the reservation moved written slots");
+    }
+    s.slots = std::move(slots);
+    while (s.tokens.size() < s.slots.size()) s.tokens.push_back(next_placeholder());
+    return ok_status();
+  }
+
+  // A position written without a token id gets a negative id never used before: with one
+  // shared placeholder, two blocks of different bytes would hash alike and commit would
+  // deduplicate one into the other. Prompts cannot hold negative ids, so none matches them.
+  TokenId next_placeholder() {
+    const TokenId t = placeholder_;
+    placeholder_ = placeholder_ == std::numeric_limits<TokenId>::min() ? kSeedPlaceholderToken
+                                                                       : placeholder_ - 1;
+    return t;
+  }
+
+  StatusOr<const int32_t*> upload_block_table(SequenceId id, int32_t* len) {
+    PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, cache_->block_locations(id));
+    std::vector<int32_t> table;
+    table.reserve(blocks.size());
+    for (const BlockLocation& b : blocks) table.push_back(b.tier == Tier::kDevice ? b.block : -1);
+    *len = static_cast<int32_t>(table.size());
+    if (table.empty()) table.push_back(-1);  // an upload of zero bytes is not needed by anyone
+    PAGEDKV_ASSIGN_OR_RETURN(void* d, uploads_->upload(table.data(), table.size() * 4));
+    return static_cast<const int32_t*>(d);
+  }
+
+  CacheConfig config_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<UploadArena> uploads_;
+  PackedMirror mirror_;
+  std::unordered_map<SequenceId, State> state_;
+  TokenId placeholder_ = kSeedPlaceholderToken;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<SeedImpl>> make_paged_seed_impl(const CacheConfig& config,
+                                                         const SeedKvCacheOptions& options) {
+  KvCacheOptions o;
+  o.backend = options.backend;
+  o.compute_stream = options.compute_stream;
+  PAGEDKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::create(config, o));
+  PAGEDKV_ASSIGN_OR_RETURN(std::unique_ptr<UploadArena> uploads,
+                           UploadArena::create(cache->backend(), cache->compute_stream(), 1 << 20));
+  return std::unique_ptr<SeedImpl>(new PagedSeedImpl(config, std::move(cache), std::move(uploads)));
+}
+
+}  // namespace pagedkv::runtime

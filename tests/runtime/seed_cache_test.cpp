@@ -1,0 +1,449 @@
+// SeedKvCache: each seed method's documented behaviour in dense and paged mode, on real fp16
+// bytes compared with a host model of the sequence, plus regression tests for seed defects 3
+// (overwrite_layer loses other layers), 4 (ONNX export without values), 8 (panics, padding,
+// truncation) and 10 (packed view rebuilt with a fresh allocation on every miss).
+#include "pagedkv/seed_cache.hpp"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "pagedkv/cpu_backend.hpp"
+
+namespace pagedkv {
+namespace {
+
+constexpr int32_t kLayers = 2;
+constexpr int32_t kHeads = 3;
+constexpr int32_t kDim = 8;
+constexpr int64_t kRow = kHeads * kDim;
+
+CacheConfig seed_config(CacheMode mode) {
+  CacheConfig c;
+  c.mode = mode;
+  c.num_layers = kLayers;
+  c.num_kv_heads = kHeads;
+  c.head_dim = kDim;
+  c.block_size = 4;
+  c.num_device_blocks = 32;
+  c.num_host_blocks = 16;
+  c.max_sequence_length = 64;
+  c.dense_initial_length = 4;
+  c.dense_max_free_buffers = 1;
+  c.backend = BackendKind::kCpu;
+  return c;
+}
+
+// The host model of one sequence: per (layer, part) a [pos][heads * dim] table.
+struct RefSeq {
+  std::vector<std::vector<uint16_t>> rows[kLayers][2];
+  int64_t length = 0;
+};
+
+class SeedCacheTest : public ::testing::TestWithParam<CacheMode> {
+ protected:
+  void SetUp() override { make(seed_config(GetParam())); }
+
+  void make(const CacheConfig& config, const CpuBackendOptions& options = {}) {
+    cache_.reset();
+    backend_ = create_cpu_backend(options);
+    SeedKvCacheOptions o;
+    o.backend = backend_.get();
+    auto c = SeedKvCache::create(config, o);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    cache_ = std::move(c).value();
+  }
+
+  bool paged() const { return GetParam() == CacheMode::kPaged; }
+
+  // Random non-zero fp16 values of either sign.
+  std::vector<uint16_t> random_halves(size_t n) {
+    std::uniform_real_distribution<float> mag(0.125f, 4.0f);
+    std::vector<uint16_t> out(n);
+    for (auto& x : out) x = float_to_half_bits(rng_() % 2 ? mag(rng_) : -mag(rng_));
+    return out;
+  }
+
+  // append_token for every layer at `pos`, recorded in `ref`.
+  void append(SequenceId id, RefSeq& ref, int64_t pos, std::optional<TokenId> token = {}) {
+    for (int32_t layer = 0; layer < kLayers; ++layer) {
+      auto k = random_halves(kRow), v = random_halves(kRow);
+      Status st = cache_->append_token(id, layer, pos, k, v, token);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      for (int part = 0; part < 2; ++part) {
+        auto& rows = ref.rows[layer][part];
+        if (rows.size() <= static_cast<size_t>(pos)) rows.resize(static_cast<size_t>(pos) + 1);
+        rows[static_cast<size_t>(pos)] = part == 0 ? k : v;
+      }
+    }
+  }
+
+  void append_advance(SequenceId id, RefSeq& ref, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      append(id, ref, ref.length);
+      ASSERT_TRUE(cache_->advance_sequence(id).ok());
+      ++ref.length;
+    }
+  }
+
+  uint16_t expected(const RefSeq& ref, int32_t layer, int part, int64_t h, int64_t p,
+                    int64_t d) const {
+    return ref.rows[layer][part][static_cast<size_t>(p)][static_cast<size_t>(h * kDim + d)];
+  }
+
+  // Checks the ONNX export (keys and values) of every layer against the model.
+  void expect_onnx(SequenceId id, const RefSeq& ref) {
+    ASSERT_EQ(*cache_->sequence_length(id), ref.length);
+    for (int32_t layer = 0; layer < kLayers; ++layer) {
+      auto onnx = cache_->get_layer_as_onnx(id, layer);
+      ASSERT_TRUE(onnx.ok()) << onnx.status().to_string();
+      ASSERT_EQ(onnx->shape[0], 1);
+      ASSERT_EQ(onnx->shape[1], kHeads);
+      ASSERT_EQ(onnx->shape[2], ref.length);
+      ASSERT_EQ(onnx->shape[3], kDim);
+      for (int64_t h = 0; h < kHeads; ++h)
+        for (int64_t p = 0; p < ref.length; ++p)
+          for (int64_t d = 0; d < kDim; ++d) {
+            const size_t i = static_cast<size_t>((h * ref.length + p) * kDim + d);
+            ASSERT_EQ(onnx->key[i], expected(ref, layer, 0, h, p, d))
+                << "layer " << layer << " head " << h << " pos " << p;
+            ASSERT_EQ(onnx->value[i], expected(ref, layer, 1, h, p, d))
+                << "layer " << layer << " head " << h << " pos " << p;
+          }
+    }
+  }
+
+  // Downloads a [heads, len, dim] view with its head stride.
+  std::vector<uint16_t> download(const void* base, int64_t len, int64_t head_stride) {
+    EXPECT_TRUE(cache_->synchronize().ok());
+    std::vector<uint16_t> out(static_cast<size_t>(kHeads * len * kDim));
+    for (int64_t h = 0; h < kHeads; ++h) {
+      EXPECT_TRUE(backend_
+                      ->copy_async(out.data() + h * len * kDim,
+                                   static_cast<const uint16_t*>(base) + h * head_stride,
+                                   static_cast<size_t>(len * kDim) * 2, CopyKind::kDeviceToHost,
+                                   Stream{})
+                      .ok());
+    }
+    EXPECT_TRUE(backend_->synchronize_stream(Stream{}).ok());
+    return out;
+  }
+
+  void expect_view(const SeedKvView& view, const RefSeq& ref, int32_t layer) {
+    ASSERT_EQ(view.length, ref.length);
+    auto k = download(view.key, view.length, view.head_stride);
+    auto v = download(view.value, view.length, view.head_stride);
+    for (int64_t h = 0; h < kHeads; ++h)
+      for (int64_t p = 0; p < ref.length; ++p)
+        for (int64_t d = 0; d < kDim; ++d) {
+          const size_t i = static_cast<size_t>((h * ref.length + p) * kDim + d);
+          ASSERT_EQ(k[i], expected(ref, layer, 0, h, p, d));
+          ASSERT_EQ(v[i], expected(ref, layer, 1, h, p, d));
+        }
+  }
+
+  std::mt19937 rng_{1234};
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<SeedKvCache> cache_;
+};
+
+TEST_P(SeedCacheTest, AppendTokenThenAdvanceKeepsEveryLayerKeysAndValues) {
+  ASSERT_EQ(*cache_->allocate_sequence(1, {5, 6, 7}), 0);
+  EXPECT_TRUE(cache_->has_sequence(1));
+  EXPECT_EQ(*cache_->sequence_length(1), 0);
+  RefSeq ref;
+  append_advance(1, ref, 11);  // crosses blocks (4) and dense growth (4 -> 8 -> 16)
+  expect_onnx(1, ref);
+  // allocate_sequence on an existing sequence reports min(length, prompt - 1).
+  EXPECT_EQ(*cache_->allocate_sequence(1, {1, 2, 3}), 2);
+  EXPECT_EQ(*cache_->allocate_sequence(1, std::vector<TokenId>(40, 3)), 11);
+}
+
+TEST_P(SeedCacheTest, AppendedButNotAdvancedPositionsAreNotPartOfTheSequence) {
+  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  RefSeq ref;
+  append_advance(1, ref, 3);
+  append(1, ref, 3);
+  append(1, ref, 4);
+  EXPECT_EQ(*cache_->sequence_length(1), 3);
+  expect_onnx(1, ref);
+  ASSERT_TRUE(cache_->advance_sequence_by(1, 2).ok());
+  ref.length = 5;
+  expect_onnx(1, ref);
+}
+
+TEST_P(SeedCacheTest, HeadRangePrefillThenDecode) {
+  ASSERT_TRUE(cache_->allocate_sequence(7, {1, 2, 3, 4, 5, 6, 7}).ok());
+  RefSeq ref;
+  const int64_t n = 7;
+  for (int32_t layer = 0; layer < kLayers; ++layer) {
+    for (int part = 0; part < 2; ++part)
+      ref.rows[layer][part].assign(n, std::vector<uint16_t>(kRow));
+    for (int32_t h = 0; h < kHeads; ++h) {
+      auto k = random_halves(n * kDim), v = random_halves(n * kDim);
+      ASSERT_TRUE(cache_->append_head_range_seq_first(7, layer, h, 0, k, v).ok());
+      for (int64_t p = 0; p < n; ++p)
+        for (int64_t d = 0; d < kDim; ++d) {
+          ref.rows[layer][0][p][h * kDim + d] = k[p * kDim + d];
+          ref.rows[layer][1][p][h * kDim + d] = v[p * kDim + d];
+        }
+    }
+  }
+  ASSERT_TRUE(cache_->advance_sequence_by(7, n).ok());
+  ref.length = n;
+  expect_onnx(7, ref);
+  append_advance(7, ref, 2);
+  expect_onnx(7, ref);
+}
+
+TEST_P(SeedCacheTest, LayerViewReadsTheLayer) {
+  ASSERT_TRUE(cache_->allocate_sequence(2, {}).ok());
+  RefSeq ref;
+  append_advance(2, ref, 6);
+  for (int32_t layer = 0; layer < kLayers; ++layer) {
+    auto view = cache_->get_layer_view(2, layer);
+    ASSERT_TRUE(view.ok()) << view.status().to_string();
+    expect_view(*view, ref, layer);
+    if (!paged()) {
+      // Dense: zero-copy, the head stride is the buffer's capacity (4 doubled to 8).
+      EXPECT_EQ(view->head_stride, 8 * kDim);
+    } else {
+      EXPECT_EQ(view->head_stride, 6 * kDim);
+    }
+  }
+}
+
+TEST_P(SeedCacheTest, PackedLayerIsCachedUntilTheNextWriteAndReusesItsBuffer) {
+  ASSERT_TRUE(cache_->allocate_sequence(3, {}).ok());
+  RefSeq ref;
+  append_advance(3, ref, 5);
+  auto a = cache_->get_packed_layer(3, 1);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(a->head_stride, 5 * kDim);
+  expect_view(*a, ref, 1);
+  EXPECT_EQ(cache_->stats().packed_layers, 1);
+  auto b = cache_->get_packed_layer(3, 1);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(a->key, b->key);
+  // A write to the layer invalidates it; the rebuilt view lands in the same buffer (defect 10:
+  // no fresh allocation per miss).
+  append(3, ref, 5);
+  EXPECT_EQ(cache_->stats().packed_layers, 0);
+  ASSERT_TRUE(cache_->advance_sequence(3).ok());
+  ref.length = 6;
+  auto c = cache_->get_packed_layer(3, 1);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->key, a->key);
+  expect_view(*c, ref, 1);
+  auto d = cache_->get_packed_layer(3, 0);
+  ASSERT_TRUE(d.ok());
+  expect_view(*d, ref, 0);
+  EXPECT_EQ(cache_->stats().packed_layers, 2);
+  // An empty sequence has no packed layer (the seed's None).
+  ASSERT_TRUE(cache_->allocate_sequence(4, {}).ok());
+  EXPECT_EQ(cache_->get_packed_layer(4, 0).status().code(), StatusCode::kFailedPrecondition);
+  auto empty = cache_->get_layer_as_onnx(4, 1);
+  ASSERT_TRUE(empty.ok()) << empty.status().to_string();
+  EXPECT_EQ(empty->shape[1], kHeads);
+  EXPECT_EQ(empty->shape[2], 0);
+  EXPECT_TRUE(empty->key.empty() && empty->value.empty());
+}
+
+TEST_P(SeedCacheTest, PackedLayerMissesReuseOneBuffer) {
+  // Defect 10: every miss of the seed allocated fresh arrays. Here each miss (after a write and
+  // an advance) lands in the same per-sequence buffer and holds the right bytes.
+  ASSERT_TRUE(cache_->allocate_sequence(3, {}).ok());
+  RefSeq ref;
+  append_advance(3, ref, 3);
+  const void* keys[kLayers] = {nullptr, nullptr};
+  for (int i = 0; i < 6; ++i) {
+    const int32_t layer = i % kLayers;
+    auto v = cache_->get_packed_layer(3, layer);
+    ASSERT_TRUE(v.ok()) << v.status().to_string();
+    if (keys[layer] == nullptr) keys[layer] = v->key;
+    EXPECT_EQ(v->key, keys[layer]) << "miss " << i << " moved the packed buffer";
+    expect_view(*v, ref, layer);
+    append(3, ref, ref.length);
+    ASSERT_TRUE(cache_->advance_sequence(3).ok());
+    ++ref.length;
+  }
+}
+
+TEST_P(SeedCacheTest, SetPackedLayerImportsOnlyThatLayer) {
+  ASSERT_TRUE(cache_->allocate_sequence(5, {}).ok());
+  RefSeq ref;
+  append_advance(5, ref, 6);
+  ASSERT_TRUE(cache_->get_packed_layer(5, 0).ok());  // cached, must be replaced
+  auto k = random_halves(kHeads * 6 * kDim), v = random_halves(kHeads * 6 * kDim);
+  ASSERT_TRUE(cache_->set_packed_layer(5, 0, 6, k, v).ok());
+  for (int64_t h = 0; h < kHeads; ++h)
+    for (int64_t p = 0; p < 6; ++p)
+      for (int64_t d = 0; d < kDim; ++d) {
+        ref.rows[0][0][p][h * kDim + d] = k[(h * 6 + p) * kDim + d];
+        ref.rows[0][1][p][h * kDim + d] = v[(h * 6 + p) * kDim + d];
+      }
+  auto view = cache_->get_packed_layer(5, 0);
+  ASSERT_TRUE(view.ok());
+  expect_view(*view, ref, 0);
+  expect_onnx(5, ref);  // layer 1 untouched
+  // A length other than the sequence's is rejected, not padded or truncated.
+  auto k5 = random_halves(kHeads * 5 * kDim);
+  EXPECT_EQ(cache_->set_packed_layer(5, 0, 5, k5, k5).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache_->set_packed_layer(5, 0, 6, k5, k5).code(), StatusCode::kInvalidArgument);
+  expect_onnx(5, ref);
+}
+
+TEST_P(SeedCacheTest, OverwriteLayerKeepsTheOtherLayers) {
+  // Defect 3: the seed's paged overwrite_layer freed every block, losing the other layers.
+  ASSERT_TRUE(cache_->allocate_sequence(6, {}).ok());
+  RefSeq ref;
+  append_advance(6, ref, 7);
+  // A KvTensor with spare capacity (10) holding 7 positions.
+  auto k = random_halves(kHeads * 10 * kDim), v = random_halves(kHeads * 10 * kDim);
+  ASSERT_TRUE(cache_->overwrite_layer(6, 1, k, v, 7, 10).ok());
+  for (int64_t h = 0; h < kHeads; ++h)
+    for (int64_t p = 0; p < 7; ++p)
+      for (int64_t d = 0; d < kDim; ++d) {
+        ref.rows[1][0][p][h * kDim + d] = k[(h * 10 + p) * kDim + d];
+        ref.rows[1][1][p][h * kDim + d] = v[(h * 10 + p) * kDim + d];
+      }
+  expect_onnx(6, ref);
+  // A shorter length shortens the sequence, like the seed's current_len = length.
+  auto k4 = random_halves(kHeads * 4 * kDim), v4 = random_halves(kHeads * 4 * kDim);
+  ASSERT_TRUE(cache_->overwrite_layer(6, 0, k4, v4, 4).ok());
+  ref.length = 4;
+  for (int64_t h = 0; h < kHeads; ++h)
+    for (int64_t p = 0; p < 4; ++p)
+      for (int64_t d = 0; d < kDim; ++d) {
+        ref.rows[0][0][p][h * kDim + d] = k4[(h * 4 + p) * kDim + d];
+        ref.rows[0][1][p][h * kDim + d] = v4[(h * 4 + p) * kDim + d];
+      }
+  expect_onnx(6, ref);
+}
+
+TEST_P(SeedCacheTest, OverwriteLayerFillsAFreshSequenceLayerByLayer) {
+  ASSERT_TRUE(cache_->allocate_sequence(8, {}).ok());
+  RefSeq ref;
+  ref.length = 9;
+  for (int32_t layer = 0; layer < kLayers; ++layer) {
+    auto k = random_halves(kHeads * 9 * kDim), v = random_halves(kHeads * 9 * kDim);
+    ASSERT_TRUE(cache_->overwrite_layer(8, layer, k, v, 9).ok());
+    for (int part = 0; part < 2; ++part)
+      ref.rows[layer][part].assign(9, std::vector<uint16_t>(kRow));
+    for (int64_t h = 0; h < kHeads; ++h)
+      for (int64_t p = 0; p < 9; ++p)
+        for (int64_t d = 0; d < kDim; ++d) {
+          ref.rows[layer][0][p][h * kDim + d] = k[(h * 9 + p) * kDim + d];
+          ref.rows[layer][1][p][h * kDim + d] = v[(h * 9 + p) * kDim + d];
+        }
+  }
+  expect_onnx(8, ref);
+  append_advance(8, ref, 1);
+  expect_onnx(8, ref);
+}
+
+TEST_P(SeedCacheTest, RollbackShortensAndAllowsRewriting) {
+  ASSERT_TRUE(cache_->allocate_sequence(9, {}).ok());
+  RefSeq ref;
+  append_advance(9, ref, 9);
+  ASSERT_TRUE(cache_->get_packed_layer(9, 0).ok());
+  ASSERT_TRUE(cache_->rollback_sequence(9, 5).ok());
+  ref.length = 5;
+  EXPECT_EQ(cache_->stats().packed_layers, 0);
+  expect_onnx(9, ref);
+  EXPECT_TRUE(cache_->rollback_sequence(9, 5).ok());  // same length: no-op
+  EXPECT_EQ(cache_->rollback_sequence(9, 6).code(), StatusCode::kOutOfRange);
+  append_advance(9, ref, 3);
+  expect_onnx(9, ref);
+}
+
+TEST_P(SeedCacheTest, BadInputsReturnErrorsAndChangeNothing) {
+  // Defect 8: the seed panicked on unknown ids and out-of-range positions, zero-padded short
+  // K/V and truncated long ones.
+  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  RefSeq ref;
+  append_advance(1, ref, 3);
+  auto row = random_halves(kRow);
+  auto shorter = random_halves(kRow - 1), longer = random_halves(kRow + 1);
+  EXPECT_EQ(cache_->append_token(99, 0, 0, row, row).code(), StatusCode::kNotFound);
+  EXPECT_EQ(cache_->append_token(1, kLayers, 3, row, row).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(cache_->append_token(1, -1, 3, row, row).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(cache_->append_token(1, 0, 3, shorter, row).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache_->append_token(1, 0, 3, row, longer).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache_->append_token(1, 0, 64, row, row).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(cache_->append_token(1, 0, -1, row, row).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(cache_->append_token(1, 0, 3, row, row, -5).code(), StatusCode::kInvalidArgument);
+  auto odd = random_halves(kDim + 1);
+  EXPECT_EQ(cache_->append_head_range_seq_first(1, 0, 0, 3, odd, odd).code(),
+            StatusCode::kInvalidArgument);
+  auto h2 = random_halves(2 * kDim), h1 = random_halves(kDim);
+  EXPECT_EQ(cache_->append_head_range_seq_first(1, 0, kHeads, 3, h2, h2).code(),
+            StatusCode::kOutOfRange);
+  EXPECT_EQ(cache_->append_head_range_seq_first(1, 0, 0, 3, h2, h1).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache_->advance_sequence(99).code(), StatusCode::kNotFound);
+  EXPECT_EQ(cache_->advance_sequence_by(1, -1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache_->rollback_sequence(99, 0).code(), StatusCode::kNotFound);
+  EXPECT_EQ(cache_->rollback_sequence(1, -1).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(cache_->get_layer_view(99, 0).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(cache_->get_layer_view(1, kLayers).status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(cache_->get_packed_layer(99, 0).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(cache_->get_layer_as_onnx(99, 0).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(cache_->overwrite_layer(1, 0, row, row, 2, 1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache_->overwrite_layer(1, 0, row, row, 65).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(cache_->remove_sequence(99).code(), StatusCode::kNotFound);
+  EXPECT_EQ(cache_->sequence_length(99).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(cache_->set_sequence_priority(99, 1).code(), StatusCode::kNotFound);
+  EXPECT_EQ(cache_->restore_offloaded_sequence(99).code(), StatusCode::kNotFound);
+  EXPECT_EQ(cache_->allocate_sequence(2, {1, -2}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache_->allocate_sequence(2, std::vector<TokenId>(65, 1)).status().code(),
+            StatusCode::kOutOfRange);
+  EXPECT_FALSE(cache_->has_sequence(2));
+  if (paged()) {
+    // Committed positions are immutable (they may be shared or cached); gaps are refused;
+    // advancing past what was written is refused.
+    EXPECT_EQ(cache_->append_token(1, 0, 1, row, row).code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(cache_->append_token(1, 0, 5, row, row).code(), StatusCode::kOutOfRange);
+    EXPECT_EQ(cache_->advance_sequence(1).code(), StatusCode::kFailedPrecondition);
+  }
+  expect_onnx(1, ref);
+  append_advance(1, ref, 1);
+  expect_onnx(1, ref);
+}
+
+TEST_P(SeedCacheTest, RemoveSequenceForgetsIt) {
+  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  RefSeq ref;
+  append_advance(1, ref, 5);
+  ASSERT_TRUE(cache_->get_packed_layer(1, 0).ok());
+  EXPECT_EQ(cache_->stats().sequences, 1);
+  ASSERT_TRUE(cache_->remove_sequence(1).ok());
+  EXPECT_FALSE(cache_->has_sequence(1));
+  EXPECT_EQ(cache_->sequence_length(1).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(cache_->remove_sequence(1).code(), StatusCode::kNotFound);
+  EXPECT_EQ(cache_->stats().sequences, 0);
+  EXPECT_EQ(cache_->stats().packed_layers, 0);
+  // The id can be allocated again, empty.
+  EXPECT_EQ(*cache_->allocate_sequence(1, {4, 5}), 0);
+  EXPECT_EQ(*cache_->sequence_length(1), 0);
+}
+
+TEST_P(SeedCacheTest, ActiveSetAndPriorityAreAccepted) {
+  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  EXPECT_TRUE(cache_->set_active_sequences({1}).ok());
+  EXPECT_TRUE(cache_->set_sequence_priority(1, 3).ok());
+  EXPECT_TRUE(cache_->drain_evicted_sequences().empty());
+  EXPECT_TRUE(cache_->set_active_sequences({}).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SeedCacheTest,
+                         ::testing::Values(CacheMode::kPaged, CacheMode::kDense),
+                         [](const ::testing::TestParamInfo<CacheMode>& info) {
+                           return info.param == CacheMode::kPaged ? "Paged" : "Dense";
+                         });
+
+}  // namespace
+}  // namespace pagedkv

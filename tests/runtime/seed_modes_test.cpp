@@ -1,0 +1,249 @@
+// SeedKvCache behaviour that belongs to one mode: paged prefix reuse after removal, offload and
+// asynchronous restore, eviction reporting and stats; dense growth, zero-copy views and the
+// capped free list.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "pagedkv/cpu_backend.hpp"
+#include "pagedkv/seed_cache.hpp"
+
+namespace pagedkv {
+namespace {
+
+constexpr int32_t kLayers = 2;
+constexpr int32_t kHeads = 2;
+constexpr int32_t kDim = 8;
+constexpr int64_t kRow = kHeads * kDim;
+
+CacheConfig config_for(CacheMode mode) {
+  CacheConfig c;
+  c.mode = mode;
+  c.num_layers = kLayers;
+  c.num_kv_heads = kHeads;
+  c.head_dim = kDim;
+  c.block_size = 4;
+  c.num_device_blocks = 16;
+  c.num_host_blocks = 16;
+  c.max_sequence_length = 64;
+  c.dense_initial_length = 4;
+  c.dense_max_free_buffers = 1;
+  c.backend = BackendKind::kCpu;
+  return c;
+}
+
+class SeedModesTest : public ::testing::Test {
+ protected:
+  void make(const CacheConfig& config, const CpuBackendOptions& options = {}) {
+    cache_.reset();
+    backend_ = create_cpu_backend(options);
+    SeedKvCacheOptions o;
+    o.backend = backend_.get();
+    auto c = SeedKvCache::create(config, o);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    cache_ = std::move(c).value();
+  }
+
+  std::vector<uint16_t> random_halves(size_t n) {
+    std::uniform_real_distribution<float> mag(0.125f, 4.0f);
+    std::vector<uint16_t> out(n);
+    for (auto& x : out) x = float_to_half_bits(rng_() % 2 ? mag(rng_) : -mag(rng_));
+    return out;
+  }
+
+  // Appends `tokens` (every layer, token ids given) and advances; returns the per-layer
+  // [heads, len, dim] keys and values written.
+  struct Layers {
+    std::vector<uint16_t> key[kLayers], value[kLayers];
+  };
+  Layers write(SequenceId id, const std::vector<TokenId>& tokens) {
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    Layers out;
+    for (int32_t l = 0; l < kLayers; ++l) {
+      out.key[l].resize(static_cast<size_t>(n * kRow));
+      out.value[l].resize(out.key[l].size());
+    }
+    for (int64_t p = 0; p < n; ++p) {
+      for (int32_t l = 0; l < kLayers; ++l) {
+        auto k = random_halves(kRow), v = random_halves(kRow);
+        EXPECT_TRUE(cache_->append_token(id, l, p, k, v, tokens[static_cast<size_t>(p)]).ok());
+        for (int64_t h = 0; h < kHeads; ++h)
+          for (int64_t d = 0; d < kDim; ++d) {
+            out.key[l][static_cast<size_t>((h * n + p) * kDim + d)] = k[h * kDim + d];
+            out.value[l][static_cast<size_t>((h * n + p) * kDim + d)] = v[h * kDim + d];
+          }
+      }
+      EXPECT_TRUE(cache_->advance_sequence(id).ok());
+    }
+    return out;
+  }
+
+  // The first `len` positions of `id` equal those of `want` (written with length `n`).
+  void expect_prefix(SequenceId id, const Layers& want, int64_t n, int64_t len) {
+    for (int32_t l = 0; l < kLayers; ++l) {
+      auto onnx = cache_->get_layer_as_onnx(id, l);
+      ASSERT_TRUE(onnx.ok()) << onnx.status().to_string();
+      ASSERT_EQ(onnx->shape[2], len);
+      for (int64_t h = 0; h < kHeads; ++h)
+        for (int64_t p = 0; p < len; ++p)
+          for (int64_t d = 0; d < kDim; ++d) {
+            const size_t got = static_cast<size_t>((h * len + p) * kDim + d);
+            const size_t exp = static_cast<size_t>((h * n + p) * kDim + d);
+            ASSERT_EQ(onnx->key[got], want.key[l][exp]) << "layer " << l << " pos " << p;
+            ASSERT_EQ(onnx->value[got], want.value[l][exp]) << "layer " << l << " pos " << p;
+          }
+    }
+  }
+
+  std::mt19937 rng_{99};
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<SeedKvCache> cache_;
+};
+
+TEST_F(SeedModesTest, PagedPrefixOutlivesTheSequenceThatWroteIt) {
+  // Seed defect 6 is absent through the wrapper too: removal keeps full blocks cached.
+  make(config_for(CacheMode::kPaged));
+  const std::vector<TokenId> prompt = {11, 12, 13, 14, 15, 16, 17, 18, 19};
+  ASSERT_EQ(*cache_->allocate_sequence(1, prompt), 0);
+  Layers written = write(1, prompt);
+  ASSERT_TRUE(cache_->remove_sequence(1).ok());
+  EXPECT_FALSE(cache_->has_sequence(1));
+  auto cached = cache_->allocate_sequence(2, prompt);
+  ASSERT_TRUE(cached.ok());
+  EXPECT_EQ(*cached, 8);  // two full blocks, at least one token left to compute
+  EXPECT_EQ(*cache_->sequence_length(2), 8);
+  expect_prefix(2, written, 9, 8);
+  // Writing the recomputed last token does not touch the cached blocks (copy-on-write).
+  auto k = random_halves(kRow), v = random_halves(kRow);
+  for (int32_t l = 0; l < kLayers; ++l) ASSERT_TRUE(cache_->append_token(2, l, 8, k, v, 19).ok());
+  ASSERT_TRUE(cache_->advance_sequence(2).ok());
+  EXPECT_EQ(*cache_->allocate_sequence(3, prompt), 8);
+  expect_prefix(3, written, 9, 8);
+}
+
+TEST_F(SeedModesTest, PagedOffloadAndAsynchronousRestoreKeepTheBytes) {
+  CpuBackendOptions slow;
+  slow.copy_delay = std::chrono::microseconds(2000);  // restore copies finish late
+  make(config_for(CacheMode::kPaged), slow);
+  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  const std::vector<TokenId> toks = {1, 2, 3, 4, 5, 6};
+  Layers written = write(1, toks);
+  ASSERT_TRUE(cache_->paged_cache()->offload(1).ok());
+  ASSERT_TRUE(cache_->synchronize().ok());
+  EXPECT_TRUE(cache_->has_sequence(1));
+  EXPECT_GT(cache_->stats().cpu_offloaded_blocks, 0);
+  EXPECT_EQ(cache_->get_packed_layer(1, 0).status().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(cache_->restore_offloaded_sequence(1).ok());  // queued, not waited for
+  EXPECT_EQ(cache_->restore_offloaded_sequence(1).code(), StatusCode::kFailedPrecondition);
+  expect_prefix(1, written, 6, 6);  // reads on the compute stream wait for the copies
+  // allocate_sequence restores an offloaded sequence too, like the seed.
+  ASSERT_TRUE(cache_->paged_cache()->offload(1).ok());
+  EXPECT_NE(*cache_->paged_cache()->residency(1), SequenceResidency::kDevice);
+  EXPECT_EQ(*cache_->allocate_sequence(1, {1, 2, 3, 4, 5, 6, 7, 8}), 6);
+  expect_prefix(1, written, 6, 6);
+}
+
+TEST_F(SeedModesTest, PagedEvictionIsReportedAndActiveSequencesAreProtected) {
+  CacheConfig c = config_for(CacheMode::kPaged);
+  c.num_device_blocks = 4;
+  c.num_host_blocks = 0;  // nowhere to offload: inactive sequences are dropped
+  c.enable_prefix_caching = false;
+  make(c);
+  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  ASSERT_TRUE(cache_->allocate_sequence(2, {}).ok());
+  write(1, std::vector<TokenId>(8, 3));  // 2 blocks
+  ASSERT_TRUE(cache_->set_active_sequences({1, 2}).ok());
+  write(2, std::vector<TokenId>(8, 4));  // the other 2 blocks
+  // Sequence 2 needs a fifth block; both are active, so nothing may be taken.
+  auto row = random_halves(kRow);
+  EXPECT_EQ(cache_->append_token(2, 0, 8, row, row).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(*cache_->sequence_length(2), 8);
+  ASSERT_TRUE(cache_->set_active_sequences({2}).ok());
+  ASSERT_TRUE(cache_->set_sequence_priority(1, 0).ok());
+  ASSERT_TRUE(cache_->append_token(2, 0, 8, row, row).ok());
+  EXPECT_EQ(cache_->drain_evicted_sequences(), std::vector<SequenceId>{1});
+  EXPECT_TRUE(cache_->drain_evicted_sequences().empty());
+  EXPECT_FALSE(cache_->has_sequence(1));
+  const SeedKvCacheStats s = cache_->stats();
+  EXPECT_EQ(s.mode, CacheMode::kPaged);
+  EXPECT_EQ(s.evicted_sequences, 1);
+  EXPECT_EQ(s.blocks_total, 4);
+  EXPECT_EQ(s.sequences, 1);
+  EXPECT_EQ(s.bytes_capacity, 4 * c.block_bytes());
+  EXPECT_EQ(s.bytes_used, 3 * c.block_bytes());
+  EXPECT_EQ(s.blocks_free, 1);
+}
+
+TEST_F(SeedModesTest, DenseBufferGrowsByDoublingAndViewsAreZeroCopy) {
+  make(config_for(CacheMode::kDense));
+  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  const int64_t per_pos = int64_t{kLayers} * 2 * kRow * 2;  // bytes per position
+  EXPECT_EQ(cache_->stats().bytes_used, 4 * per_pos);
+  std::vector<TokenId> toks(9, 1);
+  Layers written = write(1, toks);
+  EXPECT_EQ(cache_->stats().bytes_used, 16 * per_pos);  // 4 -> 8 -> 16
+  auto a = cache_->get_layer_view(1, 1);
+  auto b = cache_->get_layer_view(1, 1);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->key, b->key);
+  EXPECT_EQ(a->head_stride, 16 * kDim);
+  EXPECT_EQ(cache_->stats().packed_layers, 0);  // a layer view packs nothing in dense mode
+  expect_prefix(1, written, 9, 9);
+  // Dense mode may rewrite a committed position, like the seed.
+  auto k = random_halves(kRow), v = random_halves(kRow);
+  ASSERT_TRUE(cache_->append_token(1, 0, 2, k, v).ok());
+  auto onnx = cache_->get_layer_as_onnx(1, 0);
+  ASSERT_TRUE(onnx.ok());
+  EXPECT_EQ(onnx->key[static_cast<size_t>(2 * kDim)], k[0]);
+  EXPECT_EQ(onnx->value[static_cast<size_t>((9 + 2) * kDim)], v[kDim]);  // head 1, pos 2
+  EXPECT_EQ(cache_->restore_offloaded_sequence(1).code(), StatusCode::kFailedPrecondition);
+}
+
+TEST_F(SeedModesTest, DenseFreeListIsCappedAndReused) {
+  make(config_for(CacheMode::kDense));                      // dense_max_free_buffers = 1
+  const int64_t buf = int64_t{kLayers} * 2 * kRow * 2 * 4;  // one initial buffer
+  for (SequenceId id = 1; id <= 3; ++id) ASSERT_TRUE(cache_->allocate_sequence(id, {}).ok());
+  EXPECT_EQ(cache_->stats().bytes_capacity, 3 * buf);
+  for (SequenceId id = 1; id <= 3; ++id) ASSERT_TRUE(cache_->remove_sequence(id).ok());
+  SeedKvCacheStats s = cache_->stats();
+  EXPECT_EQ(s.sequences, 0);
+  EXPECT_EQ(s.bytes_used, 0);
+  EXPECT_EQ(s.bytes_capacity, buf);  // one kept, two freed
+  ASSERT_TRUE(cache_->allocate_sequence(4, {}).ok());
+  EXPECT_EQ(cache_->stats().bytes_capacity, buf);  // reused, nothing new
+  EXPECT_EQ(cache_->stats().bytes_used, buf);
+}
+
+TEST_F(SeedModesTest, DenseFailedGrowthKeepsTheData) {
+  CacheConfig c = config_for(CacheMode::kDense);
+  CpuBackendOptions o;
+  // Room for the upload ring (2 x 1 MiB: staging is pinned, the device copy is not) plus the
+  // initial buffer and a little: a growth to 8 positions cannot be had.
+  const size_t buf = static_cast<size_t>(kLayers) * 2 * kRow * 2 * 4;
+  o.device_memory_limit = (1u << 20) + buf + buf / 2;
+  make(c, o);
+  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  Layers written = write(1, {1, 2, 3, 4});
+  auto row = random_halves(kRow);
+  EXPECT_EQ(cache_->append_token(1, 0, 4, row, row).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(cache_->advance_sequence(1).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(*cache_->sequence_length(1), 4);
+  // The packed mirror cannot be had either, but the zero-copy view still reads the data.
+  auto view = cache_->get_layer_view(1, 0);
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->length, 4);
+}
+
+TEST_F(SeedModesTest, CreateRejectsNonFp16AndBadConfigs) {
+  CacheConfig c = config_for(CacheMode::kPaged);
+  c.dtype = DType::kFloat32;
+  EXPECT_EQ(SeedKvCache::create(c).status().code(), StatusCode::kInvalidArgument);
+  c = config_for(CacheMode::kDense);
+  c.dense_initial_length = 0;
+  EXPECT_EQ(SeedKvCache::create(c).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pagedkv
