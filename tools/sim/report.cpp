@@ -1,0 +1,239 @@
+#include "report.hpp"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+#include <fstream>
+#include <ostream>
+#include <vector>
+
+namespace pagedkv {
+namespace sim {
+
+namespace {
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  const size_t k = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return v[k];
+}
+
+double ratio(int64_t a, int64_t b) {
+  return b > 0 ? static_cast<double>(a) / static_cast<double>(b) : 0.0;
+}
+
+std::string bytes_str(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
+  return buf;
+}
+
+std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
+std::string fmt(const char* f, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, f);
+  std::vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return buf;
+}
+
+}  // namespace
+
+Summary summarize(const SimResult& r) {
+  Summary s;
+  std::vector<double> plan, data;
+  double dev_sum = 0, host_sum = 0;
+  for (const StepRecord& t : r.timeline) {
+    plan.push_back(t.plan_us);
+    data.push_back(t.data_us);
+    s.plan_mean_us += t.plan_us;
+    s.data_mean_us += t.data_us;
+    s.device_peak = std::max(s.device_peak, t.device_used + t.device_cached);
+    s.device_peak_used = std::max(s.device_peak_used, t.device_used);
+    s.host_peak = std::max(s.host_peak, t.host_used);
+    dev_sum += static_cast<double>(t.device_used + t.device_cached);
+    host_sum += static_cast<double>(t.host_used);
+  }
+  const double n = static_cast<double>(std::max<size_t>(r.timeline.size(), 1));
+  s.data_total_s = s.data_mean_us / 1e6;
+  s.plan_mean_us /= n;
+  s.data_mean_us /= n;
+  s.plan_p99_us = percentile(plan, 0.99);
+  s.data_p99_us = percentile(data, 0.99);
+  s.device_mean = dev_sum / n;
+  s.host_mean = host_sum / n;
+  return s;
+}
+
+nlohmann::json report_json(const CacheConfig& c, const SchedulerConfig& sc, const RunInfo& info,
+                           const SimResult& r) {
+  const Summary s = summarize(r);
+  const ControlStats& st = r.stats;
+  const int64_t bb = c.block_bytes();
+  nlohmann::json j;
+  j["model"] = {
+      {"name", info.model},     {"layers", c.num_layers},       {"kv_heads", c.num_kv_heads},
+      {"head_dim", c.head_dim}, {"dtype", dtype_name(c.dtype)}, {"block_size", c.block_size},
+      {"block_bytes", bb}};
+  j["pools"] = {
+      {"device_blocks", c.num_device_blocks},    {"device_bytes", c.num_device_blocks * bb},
+      {"host_blocks", c.num_host_blocks},        {"host_bytes", c.num_host_blocks * bb},
+      {"device_alloc_ms", info.device_alloc_ms}, {"host_alloc_ms", info.host_alloc_ms}};
+  j["backend"] = info.backend;
+  j["data"] = info.has_data;
+  j["workload"] = info.workload;
+  j["scheduler"] = {{"token_budget", sc.token_budget}, {"max_batch", sc.max_batch},
+                    {"max_running", sc.max_running},   {"spec_tokens", sc.spec_tokens},
+                    {"spec_accept", sc.spec_accept},   {"step_ms", sc.step_ms},
+                    {"token_ms", sc.token_ms}};
+  j["requests"] = {{"total", r.requests}, {"completed", r.completed}, {"rejected", r.rejected}};
+  j["sequences"] = {{"added", r.sequences},
+                    {"forks", r.forks},
+                    {"preempted", r.preemptions},
+                    {"dropped_by_cache", r.dropped}};
+  j["tokens"] = {{"prompt", r.prompt_tokens},        {"prefill_computed", r.prefill_tokens},
+                 {"prefix_cached", r.cached_tokens}, {"output", r.output_tokens},
+                 {"draft", r.draft_tokens},          {"draft_rejected", r.rejected_tokens},
+                 {"rollbacks", r.rollbacks}};
+  j["prefix"] = {{"lookups", st.prefix_queries},
+                 {"lookup_blocks", r.lookup_blocks},
+                 {"hit_blocks", st.prefix_hit_blocks},
+                 {"miss_blocks", st.prefix_miss_blocks},
+                 {"lookup_tokens", st.prefix_query_tokens},
+                 {"hit_tokens", st.prefix_hit_tokens},
+                 {"device_hit_rate", ratio(st.prefix_hit_tokens, st.prefix_query_tokens)},
+                 {"device_block_hit_rate", ratio(st.prefix_hit_blocks, r.lookup_blocks)},
+                 {"host_hit_rate", nullptr},
+                 {"host_note", "the host tier holds offloaded sequences only, not a prefix cache"}};
+  j["blocks"] = {
+      {"device",
+       {{"capacity", c.num_device_blocks},
+        {"peak", s.device_peak},
+        {"peak_referenced", s.device_peak_used},
+        {"mean", s.device_mean}}},
+      {"host", {{"capacity", c.num_host_blocks}, {"peak", s.host_peak}, {"mean", s.host_mean}}}};
+  j["evictions"] = {{"cached_blocks", st.blocks_evicted},
+                    {"cached_bytes", st.blocks_evicted * bb},
+                    {"sequences_dropped", st.sequences_evicted}};
+  j["offloads"] = {{"sequences", st.sequences_offloaded},
+                   {"blocks", st.blocks_offloaded},
+                   {"bytes", st.blocks_offloaded * bb}};
+  j["restores"] = {{"sequences", st.sequences_restored},
+                   {"blocks", st.blocks_restored},
+                   {"bytes", st.blocks_restored * bb}};
+  j["copy_on_write"] = st.copy_on_write;
+  j["time"] = {{"steps", r.steps},
+               {"simulated_s", r.sim_time_s},
+               {"wall_s", r.wall_s},
+               {"plan_us_mean", s.plan_mean_us},
+               {"plan_us_p99", s.plan_p99_us},
+               {"data_phase_us_mean", s.data_mean_us},
+               {"data_phase_us_p99", s.data_p99_us},
+               {"data_phase_total_s", s.data_total_s}};
+  return j;
+}
+
+void write_text_report(std::ostream& out, const CacheConfig& c, const SchedulerConfig& sc,
+                       const RunInfo& info, const SimResult& r) {
+  const Summary s = summarize(r);
+  const ControlStats& st = r.stats;
+  const int64_t bb = c.block_bytes();
+  const double dev_cap = static_cast<double>(std::max<int64_t>(c.num_device_blocks, 1));
+  const double host_cap = static_cast<double>(std::max<int64_t>(c.num_host_blocks, 1));
+  out << "pagedkv-sim\n";
+  out << fmt("  model      %s: %d layers x %d KV heads x %d dims, %s, %d tokens/block (%s/block)\n",
+             info.model.c_str(), c.num_layers, c.num_kv_heads, c.head_dim, dtype_name(c.dtype),
+             c.block_size, bytes_str(static_cast<double>(bb)).c_str());
+  out << fmt("  pools      device %" PRId64 " blocks (%s, %.1f ms), host %" PRId64
+             " blocks (%s, %.1f ms)\n",
+             c.num_device_blocks, bytes_str(static_cast<double>(c.num_device_blocks * bb)).c_str(),
+             info.device_alloc_ms, c.num_host_blocks,
+             bytes_str(static_cast<double>(c.num_host_blocks * bb)).c_str(), info.host_alloc_ms);
+  out << "  backend    " << info.backend << "\n";
+  out << "  workload   " << info.workload << "\n";
+  out << fmt("  scheduler  %" PRId64 " tokens/step, <= %d sequences/step, <= %d admitted\n",
+             sc.token_budget, sc.max_batch, sc.max_running);
+  out << "\nrequests\n";
+  out << fmt("  completed  %" PRId64 " of %" PRId64 " (%" PRId64
+             " rejected: larger than the device pool)\n",
+             r.completed, r.requests, r.rejected);
+  out << fmt("  sequences  %" PRId64 " added, %" PRId64 " forked (parallel sampling), %" PRId64
+             " preempted and recomputed, %" PRId64 " dropped by the cache and recomputed\n",
+             r.sequences, r.forks, r.preemptions, r.dropped);
+  out << fmt("  tokens     prompt %" PRId64 ", prefill computed %" PRId64
+             ", from prefix cache %" PRId64 ", output %" PRId64 "\n",
+             r.prompt_tokens, r.prefill_tokens, r.cached_tokens, r.output_tokens);
+  out << fmt("  speculative %" PRId64 " draft tokens, %" PRId64 " rejected (%" PRId64
+             " rollbacks)\n",
+             r.draft_tokens, r.rejected_tokens, r.rollbacks);
+  out << "\ncache\n";
+  out << fmt("  prefix hit rate  device %.1f%% of prompt tokens (%" PRId64 " of %" PRId64
+             "), %.1f%% of full blocks; host n/a (the host tier holds offloaded sequences, not a "
+             "prefix cache)\n",
+             100 * ratio(st.prefix_hit_tokens, st.prefix_query_tokens), st.prefix_hit_tokens,
+             st.prefix_query_tokens, 100 * ratio(st.prefix_hit_blocks, r.lookup_blocks));
+  out << fmt("  device blocks    peak %" PRId64 " (%.0f%%), mean %.0f (%.0f%%) of %" PRId64
+             " [referenced + cached]; peak referenced %" PRId64 "\n",
+             s.device_peak, 100 * s.device_peak / dev_cap, s.device_mean,
+             100 * s.device_mean / dev_cap, c.num_device_blocks, s.device_peak_used);
+  if (c.num_host_blocks > 0)
+    out << fmt("  host blocks      peak %" PRId64 " (%.0f%%), mean %.0f (%.0f%%) of %" PRId64 "\n",
+               s.host_peak, 100 * s.host_peak / host_cap, s.host_mean, 100 * s.host_mean / host_cap,
+               c.num_host_blocks);
+  else
+    out << "  host blocks      no host tier\n";
+  out << fmt("  evictions        %" PRId64 " cached blocks (%s), %" PRId64 " sequences dropped\n",
+             st.blocks_evicted, bytes_str(static_cast<double>(st.blocks_evicted * bb)).c_str(),
+             st.sequences_evicted);
+  out << fmt("  offloads         %" PRId64 " sequences, %" PRId64 " blocks (%s)\n",
+             st.sequences_offloaded, st.blocks_offloaded,
+             bytes_str(static_cast<double>(st.blocks_offloaded * bb)).c_str());
+  out << fmt("  restores         %" PRId64 " sequences, %" PRId64 " blocks (%s)\n",
+             st.sequences_restored, st.blocks_restored,
+             bytes_str(static_cast<double>(st.blocks_restored * bb)).c_str());
+  out << fmt("  copy-on-write    %" PRId64 " blocks\n", st.copy_on_write);
+  out << "\ntime\n";
+  out << fmt("  steps            %" PRId64 " (%.1f s simulated, %.2f s wall)\n", r.steps,
+             r.sim_time_s, r.wall_s);
+  out << fmt(
+      "  host per step    mean %.1f us, p99 %.1f us  [scheduler + control plane + "
+      "enqueueing transfers: wall time outside the data phase]\n",
+      s.plan_mean_us, s.plan_p99_us);
+  if (info.has_data)
+    out << fmt(
+        "  data phase       mean %.1f us, p99 %.1f us, total %.2f s  [write_kv of every "
+        "layer + synchronize: kernels and unfinished transfers, wall]\n",
+        s.data_mean_us, s.data_p99_us, s.data_total_s);
+  else
+    out << "  data phase       none (--no-data)\n";
+}
+
+Status write_timeline_csv(const std::string& path, const SimResult& r) {
+  std::ofstream out(path);
+  if (!out) return unavailable("cannot write " + path);
+  out << "step,sim_time_s,batch,prefill_tokens,decode_tokens,running,waiting,device_used,"
+         "device_cached,device_free,host_used,hit_rate,offloaded_blocks,restored_blocks,"
+         "evicted_blocks,preemptions,plan_us,data_us\n";
+  for (const StepRecord& t : r.timeline) {
+    out << fmt("%" PRId64 ",%.6f,%d,%" PRId64 ",%" PRId64 ",%d,%d,%" PRId64 ",%" PRId64 ",%" PRId64
+               ",%" PRId64 ",%.6f,%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%.1f,%.1f\n",
+               t.step, t.sim_time_s, t.batch, t.prefill_tokens, t.decode_tokens, t.running,
+               t.waiting, t.device_used, t.device_cached, t.device_free, t.host_used, t.hit_rate,
+               t.offloaded_blocks, t.restored_blocks, t.evicted_blocks, t.preemptions, t.plan_us,
+               t.data_us);
+  }
+  out.flush();
+  return out ? ok_status() : unavailable("writing " + path + " failed");
+}
+
+}  // namespace sim
+}  // namespace pagedkv

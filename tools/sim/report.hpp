@@ -1,0 +1,48 @@
+// The run's report: a text summary, the same as one JSON object, and the per-step timeline.
+#pragma once
+
+#include <iosfwd>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "pagedkv/config.hpp"
+#include "pagedkv/status.hpp"
+#include "scheduler.hpp"
+
+namespace pagedkv {
+namespace sim {
+
+/// What the report says about the setup (besides the results).
+struct RunInfo {
+  std::string model;     // preset name or "custom"
+  std::string workload;  // "generated (seed 1)" or "trace FILE"
+  std::string backend;   // engine description
+  bool has_data = true;
+  double device_alloc_ms = 0, host_alloc_ms = 0;
+};
+
+/// Aggregates of the timeline that both report forms print.
+struct Summary {
+  double plan_mean_us = 0, plan_p99_us = 0;
+  double data_mean_us = 0, data_p99_us = 0, data_total_s = 0;
+  int64_t device_peak = 0, host_peak = 0;  // blocks referenced or cached (device), used (host)
+  double device_mean = 0, host_mean = 0;
+  int64_t device_peak_used = 0;  // referenced by sequences only
+};
+
+/// Computes the timeline aggregates.
+Summary summarize(const SimResult& r);
+
+/// The report as one JSON object (field meanings in docs/pagedkv-sim.md).
+nlohmann::json report_json(const CacheConfig& cache, const SchedulerConfig& sched,
+                           const RunInfo& info, const SimResult& r);
+
+/// Writes the human-readable report.
+void write_text_report(std::ostream& out, const CacheConfig& cache, const SchedulerConfig& sched,
+                       const RunInfo& info, const SimResult& r);
+
+/// Writes the timeline as CSV, one row per step, with a header.
+Status write_timeline_csv(const std::string& path, const SimResult& r);
+
+}  // namespace sim
+}  // namespace pagedkv
