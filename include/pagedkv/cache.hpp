@@ -161,6 +161,11 @@ class KvCache {
   // Queues a control-plane plan on the streams; `self` is the sequence the call was for.
   Status run_transfers(const Transfers& transfers, SequenceId self);
   Status order_block_reuse(const std::vector<int64_t>& slots);
+  struct Pending;
+  // Flags a sequence's reservation after its blocks moved between tiers (offload, restore).
+  void mark_moved(SequenceId id);
+  // Recomputes a moved reservation's slots; kFailedPrecondition while it is offloaded.
+  Status refresh_moved_slots(SequenceId id, Pending* p);
   StatusOr<const int32_t*> upload_block_table(SequenceId id);
 
   CacheConfig config_;
@@ -181,6 +186,7 @@ class KvCache {
     std::vector<int64_t> slots;
     const int64_t* device_slots = nullptr;
     uint64_t upload_round = 0;  // the upload ring's round when device_slots was uploaded
+    bool moved = false;         // the blocks moved between tiers since `slots` was computed
   };
   std::unordered_map<SequenceId, Pending> pending_;
   std::unordered_map<SequenceId, uint64_t> last_job_;

@@ -245,9 +245,10 @@ StatusOr<int64_t> ControlPlane::add_sequence(SequenceId id, const std::vector<To
 
 Status ControlPlane::check_reserve_length(const Sequence& s, int64_t n) const {
   const int64_t len = s.length();
-  if (len + n > config_.max_sequence_length) {
-    return out_of_range("reserve: " + seq_name(s.id) + " would reach " + std::to_string(len + n) +
-                        " tokens, past max_sequence_length " +
+  // Written as a difference: len + n overflows int64 for a huge caller-supplied n (tests/fuzz).
+  if (n > config_.max_sequence_length - len) {
+    return out_of_range("reserve: " + seq_name(s.id) + " has " + std::to_string(len) + " tokens; " +
+                        std::to_string(n) + " more would pass max_sequence_length " +
                         std::to_string(config_.max_sequence_length));
   }
   return ok_status();

@@ -32,8 +32,10 @@ Status validate_single(const PoolRef& pool, const PackedLayerArgs& a) {
   const int64_t capacity = static_cast<int64_t>(a.block_table_len) * pool.layout.block_size;
   if (a.position_begin > capacity - a.num_tokens) {
     return out_of_range(
-        "position_begin + num_tokens: " + std::to_string(a.position_begin + a.num_tokens) +
-        " exceeds block_table_len * block_size = " + std::to_string(capacity));
+        // The sum is not formatted: it can overflow int64 for the values that land here.
+        "position_begin + num_tokens (" + std::to_string(a.position_begin) + " + " +
+        std::to_string(a.num_tokens) +
+        ") exceeds block_table_len * block_size = " + std::to_string(capacity));
   }
   if (a.num_tokens == 0) return ok_status();
   const size_t es = dtype_size(a.packed_dtype);

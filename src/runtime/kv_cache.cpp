@@ -107,7 +107,10 @@ Status KvCache::run_transfers(const Transfers& t, SequenceId self) {
       if (m.src_tier == Tier::kDevice)
         block_read_by_job_[static_cast<size_t>(m.src_block)] = ticket;
     }
-    for (SequenceId id : t.offloaded) last_job_[id] = ticket;
+    for (SequenceId id : t.offloaded) {
+      last_job_[id] = ticket;
+      mark_moved(id);
+    }
     // Restored blocks are read on the compute stream: it waits for the copies. Offloaded ones
     // only constrain later writes into their device blocks (order_block_reuse).
     const bool restores = std::any_of(t.moves.begin(), t.moves.end(), [](const BlockMove& m) {
@@ -143,6 +146,33 @@ Status KvCache::run_transfers(const Transfers& t, SequenceId self) {
   return ok_status();
 }
 
+void KvCache::mark_moved(SequenceId id) {
+  auto it = pending_.find(id);
+  if (it == pending_.end()) return;
+  it->second.moved = true;
+  it->second.device_slots = nullptr;
+}
+
+Status KvCache::refresh_moved_slots(SequenceId id, Pending* p) {
+  PAGEDKV_ASSIGN_OR_RETURN(Residency r, control_->residency(id));
+  if (r.offloaded) {
+    return failed_precondition("sequence " + std::to_string(id) +
+                               " is offloaded: restore it (or reserve again) before writing");
+  }
+  // The reservation survived the round trip (the control plane keeps it); only the slots moved.
+  PAGEDKV_ASSIGN_OR_RETURN(int64_t length, control_->length(id));
+  PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, control_->block_locations(id));
+  const int64_t bs = config_.block_size;
+  for (size_t i = 0; i < p->slots.size(); ++i) {
+    const int64_t pos = length + static_cast<int64_t>(i);
+    const BlockLocation& b = blocks[static_cast<size_t>(pos / bs)];
+    p->slots[i] = static_cast<int64_t>(b.block) * bs + pos % bs;
+  }
+  PAGEDKV_RETURN_IF_ERROR(order_block_reuse(p->slots));
+  p->moved = false;
+  return ok_status();
+}
+
 Status KvCache::order_block_reuse(const std::vector<int64_t>& slots) {
   runtime::TransferTicket latest = 0;
   for (int64_t slot : slots) {
@@ -163,6 +193,7 @@ StatusOr<std::vector<int64_t>> KvCache::reserve(SequenceId id, int64_t n) {
   Pending& p = pending_[id];
   p.slots = result.slots;
   p.device_slots = nullptr;
+  p.moved = false;
   return std::move(result.slots);
 }
 
@@ -176,6 +207,9 @@ Status KvCache::write_kv(SequenceId id, int32_t layer, const void* key, const vo
     return failed_precondition("sequence " + std::to_string(id) + ": nothing reserved to write");
   }
   Pending& p = it->second;
+  // Another call offloaded (and maybe restored) the sequence since it reserved: its old slots
+  // may belong to another sequence now (found by tests/fuzz).
+  if (p.moved) PAGEDKV_RETURN_IF_ERROR(refresh_moved_slots(id, &p));
   WriteKvArgs args;
   args.key = key;
   args.value = value;
@@ -247,13 +281,13 @@ Status KvCache::set_priority(SequenceId id, int32_t priority) {
 Status KvCache::offload(SequenceId id) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::offload");
   PAGEDKV_ASSIGN_OR_RETURN(Transfers t, control_->offload(id));
-  pending_.erase(id);
   return run_transfers(t, id);
 }
 
 Status KvCache::restore(SequenceId id) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::restore");
   PAGEDKV_ASSIGN_OR_RETURN(Transfers t, control_->restore(id));
+  mark_moved(id);
   return run_transfers(t, id);
 }
 
@@ -309,12 +343,18 @@ Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* 
                              int64_t num_tokens) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::gather_layer");
   PAGEDKV_ASSIGN_OR_RETURN(int64_t length, control_->length(id));
+  // Compared as differences from `length`: position_begin + num_tokens can overflow int64 for
+  // caller-supplied values (found by tests/fuzz).
+  if (position_begin < 0 || position_begin > length) {
+    return out_of_range("sequence " + std::to_string(id) + ": position_begin " +
+                        std::to_string(position_begin) + " outside its " + std::to_string(length) +
+                        " committed tokens");
+  }
   if (num_tokens < 0) num_tokens = length - position_begin;
-  if (position_begin < 0 || num_tokens < 0 || position_begin + num_tokens > length) {
-    return out_of_range("sequence " + std::to_string(id) + ": positions [" +
-                        std::to_string(position_begin) + ", " +
-                        std::to_string(position_begin + num_tokens) + ") outside its " +
-                        std::to_string(length) + " committed tokens");
+  if (num_tokens > length - position_begin) {
+    return out_of_range("sequence " + std::to_string(id) + ": " + std::to_string(num_tokens) +
+                        " tokens from position " + std::to_string(position_begin) +
+                        " run past its " + std::to_string(length) + " committed tokens");
   }
   PackedLayerArgs args;
   args.key = key_out;
