@@ -16,6 +16,7 @@
 #include "pagedkv/backend.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/control_types.hpp"
+#include "pagedkv/device/paged_view.cuh"  // compiles with any C++17 compiler
 #include "pagedkv/ops.hpp"
 #include "pagedkv/status.hpp"
 
@@ -129,6 +130,10 @@ class KvCache {
   /// Builds a step's metadata for device-resident sequences and uploads it asynchronously.
   StatusOr<DeviceBatch> build_batch(const std::vector<SequenceId>& ids,
                                     const BatchOptions& options = {});
+  /// The device view of a built batch, to pass by value to an attention kernel: the CSR form
+  /// when the batch was built with BatchOptions::build_csr, else the block-table form. fp8
+  /// pools take their dequantisation `scales` here. Valid as long as `batch` is.
+  device::PagedKvView device_view(const DeviceBatch& batch, KvScales scales = {}) const;
   /// Packs positions [position_begin, position_begin + num_tokens) of one layer of a sequence
   /// into device buffers (`num_tokens` < 0: to the end of the committed tokens).
   Status gather_layer(SequenceId id, int32_t layer, void* key_out, void* value_out,

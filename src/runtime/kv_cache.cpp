@@ -338,6 +338,18 @@ StatusOr<DeviceBatch> KvCache::build_batch(const std::vector<SequenceId>& ids,
   return out;
 }
 
+device::PagedKvView KvCache::device_view(const DeviceBatch& batch, KvScales scales) const {
+  const PoolRef pool = device_pool();
+  const int32_t batch_size = batch.host != nullptr ? batch.host->batch_size : 0;
+  if (batch.indptr != nullptr) {
+    return device::make_csr_view(pool.data, pool.layout, pool.dtype, pool.num_blocks, batch.indptr,
+                                 batch.indices, batch.last_page_len, batch_size, scales);
+  }
+  return device::make_block_table_view(
+      pool.data, pool.layout, pool.dtype, pool.num_blocks, batch.block_tables,
+      batch.host != nullptr ? batch.host->max_blocks : 0, batch.seq_lens, batch_size, scales);
+}
+
 Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* value_out,
                              DType packed_dtype, PackedLayout packed_layout, int64_t position_begin,
                              int64_t num_tokens) {

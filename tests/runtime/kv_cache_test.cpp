@@ -214,6 +214,43 @@ TEST_F(KvCacheTest, ResidencyFollowsOffloadAndRestore) {
   EXPECT_EQ(cache_->residency(42).status().code(), StatusCode::kNotFound);
 }
 
+// An attention kernel's view of a step: both metadata forms address every committed element of
+// every sequence of the batch (the CPU backend's "device" memory is readable by the host).
+TEST_F(KvCacheTest, DeviceViewOfABatchReadsEverySequence) {
+  make(small_config());
+  const std::vector<TokenId> a = iota_tokens(9, 10), b = iota_tokens(6, 40);
+  ASSERT_TRUE(cache_->add_sequence(1, a).ok());
+  append(1, a, 0);
+  ASSERT_TRUE(cache_->add_sequence(2, b).ok());
+  append(2, b, 0);
+  for (bool csr : {false, true}) {
+    BatchOptions options;
+    options.build_csr = csr;
+    auto batch = cache_->build_batch({2, 1}, options);
+    ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+    ASSERT_TRUE(cache_->synchronize().ok());  // the metadata upload
+    const device::PagedKvView view = cache_->device_view(*batch);
+    EXPECT_EQ(view.is_csr(), csr);
+    ASSERT_EQ(view.batch_size, 2);
+    const std::vector<TokenId>* tokens[] = {&b, &a};
+    for (int32_t s = 0; s < 2; ++s) {
+      ASSERT_EQ(view.seq_len(s), static_cast<int64_t>(tokens[s]->size()));
+      for (int64_t pos = 0; pos < view.seq_len(s); ++pos)
+        for (int32_t layer = 0; layer < config_.num_layers; ++layer)
+          for (int32_t h = 0; h < config_.num_kv_heads; ++h)
+            for (int32_t d = 0; d < config_.head_dim; d += 7) {
+              const TokenId tok = (*tokens[s])[static_cast<size_t>(pos)];
+              const auto* k =
+                  static_cast<const uint16_t*>(view.address(s, layer, KvPart::kKey, h, pos));
+              const auto* v =
+                  static_cast<const uint16_t*>(view.address(s, layer, KvPart::kValue, h, pos));
+              ASSERT_EQ(k[d], kv_value(pos, tok, layer, 0, h, d)) << "csr " << csr << " seq " << s;
+              ASSERT_EQ(v[d], kv_value(pos, tok, layer, 1, h, d));
+            }
+    }
+  }
+}
+
 TEST_F(KvCacheTest, BadCallsAreRejectedAndChangeNothing) {
   make(small_config());
   const std::vector<TokenId> a = iota_tokens(6, 1);
