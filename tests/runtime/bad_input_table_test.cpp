@@ -1,0 +1,841 @@
+// The bad-input table: every public entry point of KvCache, the data-plane ops and the config,
+// fed one bad input per row. Each row must fail with the expected code and a message naming the
+// problem, and leave the cache exactly as it was: stats, each sequence's length, pending count,
+// block locations and residency, the gathered bytes of every device-resident sequence and the
+// raw bytes of the device pool.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pagedkv/cache.hpp"
+#include "pagedkv/cpu_backend.hpp"
+#include "pagedkv/ops.hpp"
+#include "runtime/kv_model.hpp"
+#include "support/backend_test.hpp"
+
+namespace pagedkv {
+namespace {
+
+using testing::DeviceBuffer;
+using testing::model_rows;
+
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+// Sequences of the fixture: 1 and 2 written (2 active), 3 written then offloaded, 4 written with
+// two more tokens reserved (pending), 5 added then erased.
+constexpr SequenceId kSeqA = 1, kSeqActive = 2, kSeqOffloaded = 3, kSeqPending = 4;
+constexpr SequenceId kSeqErased = 5, kSeqUnknown = 99;
+const std::vector<SequenceId> kLiveIds = {kSeqA, kSeqActive, kSeqOffloaded, kSeqPending};
+
+CacheConfig table_config() {
+  CacheConfig c;
+  c.num_layers = 2;
+  c.num_kv_heads = 3;
+  c.head_dim = 32;
+  c.block_size = 4;
+  c.num_device_blocks = 16;
+  c.num_host_blocks = 16;
+  c.dtype = DType::kFloat16;
+  c.max_sequence_length = 64;
+  c.backend = BackendKind::kCpu;
+  return c;
+}
+
+std::vector<TokenId> tokens_from(int n, TokenId first) {
+  std::vector<TokenId> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = first + i;
+  return t;
+}
+
+// Everything a row may not change.
+struct Snapshot {
+  std::vector<int64_t> stats;
+  std::vector<int64_t> lengths, pendings;
+  std::vector<std::vector<BlockLocation>> locations;
+  std::vector<int> residencies;
+  std::vector<std::vector<uint16_t>> gathered;  // per device-resident sequence and layer, K then V
+  std::vector<uint8_t> device_pool;
+  std::vector<SequenceId> contained;
+};
+
+std::vector<int64_t> flatten(const ControlStats& s) {
+  std::vector<int64_t> out;
+  for (const TierStats* t : {&s.device, &s.host}) {
+    out.insert(out.end(), {t->total_blocks, t->free_blocks, t->cached_blocks, t->used_blocks,
+                           t->total_bytes, t->used_bytes});
+  }
+  out.insert(out.end(),
+             {s.sequences, s.active_sequences, s.offloaded_sequences, s.prefix_queries,
+              s.prefix_hit_blocks, s.prefix_miss_blocks, s.prefix_query_tokens, s.prefix_hit_tokens,
+              s.blocks_evicted, s.sequences_evicted, s.sequences_offloaded, s.blocks_offloaded,
+              s.sequences_restored, s.blocks_restored, s.copy_on_write});
+  return out;
+}
+
+// The prepared cache and the buffers rows pass to it. Buffers hold real K/V and slot/block ids of
+// sequence 1, so an op that wrongly accepted a bad row would change the pool.
+struct Ctx {
+  CacheConfig config;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<KvCache> cache;
+  std::unique_ptr<DeviceBuffer> key, value;  // kMaxTokens rows of fp16, model data
+  std::unique_ptr<DeviceBuffer> slots;       // int64 slots of sequence 1's first tokens
+  std::unique_ptr<DeviceBuffer> table;       // int32 block ids of sequence 1
+  std::unique_ptr<DeviceBuffer> indptr;      // int32 {0, 6}
+  std::unique_ptr<DeviceBuffer> pairs;       // int32 {block of seq 1, block of seq 2}
+  static constexpr int64_t kMaxTokens = 16;
+
+  // Drops buffers, then the cache, then the backend they live on.
+  void reset() {
+    pairs.reset();
+    indptr.reset();
+    table.reset();
+    slots.reset();
+    value.reset();
+    key.reset();
+    cache.reset();
+    backend.reset();
+  }
+  ~Ctx() { reset(); }
+
+  PoolRef pool() const { return cache->device_pool(); }
+  Stream stream() const { return cache->compute_stream(); }
+  Backend& be() { return *backend; }
+  // A misaligned (odd) address inside a real buffer.
+  static void* odd(const std::unique_ptr<DeviceBuffer>& b) {
+    return static_cast<char*>(b->data()) + 1;
+  }
+
+  WriteKvArgs write_args() const {
+    WriteKvArgs a;
+    a.key = key->data();
+    a.value = value->data();
+    a.num_tokens = 4;
+    a.slot_mapping = static_cast<const int64_t*>(slots->data());
+    return a;
+  }
+  PackedLayerArgs layer_args() const {
+    PackedLayerArgs a;
+    a.key = key->data();
+    a.value = value->data();
+    a.block_table = static_cast<const int32_t*>(table->data());
+    a.block_table_len = 2;
+    a.num_tokens = 6;
+    return a;
+  }
+  PackedBatchArgs batch_args() const {
+    PackedBatchArgs a;
+    a.key = key->data();
+    a.value = value->data();
+    a.block_tables = static_cast<const int32_t*>(table->data());
+    a.max_blocks_per_seq = 2;
+    a.indptr = static_cast<const int32_t*>(indptr->data());
+    a.batch_size = 1;
+    a.total_tokens = 6;
+    return a;
+  }
+  ScatterHeadRangeArgs scatter_args() const {
+    ScatterHeadRangeArgs a;
+    a.key = key->data();
+    a.value = value->data();
+    a.block_table = static_cast<const int32_t*>(table->data());
+    a.block_table_len = 2;
+    a.num_heads = 3;
+    a.num_tokens = 6;
+    return a;
+  }
+  Status gather(SequenceId id, int32_t layer = 0, void* k = nullptr, void* v = nullptr,
+                DType dtype = DType::kFloat16, PackedLayout layout = PackedLayout::kHeadMajor,
+                int64_t begin = 0, int64_t n = -1) {
+    return cache->gather_layer(id, layer, k == nullptr ? key->data() : k,
+                               v == nullptr ? value->data() : v, dtype, layout, begin, n);
+  }
+};
+
+struct Row {
+  const char* name;
+  std::function<Status(Ctx&)> call;
+  StatusCode code;
+  const char* message;
+};
+
+// A creation that must fail; the cache it would make is destroyed at once.
+Status create_status(const CacheConfig& config, const CpuBackendOptions& options) {
+  auto backend = create_cpu_backend(options);
+  KvCacheOptions o;
+  o.backend = backend.get();
+  return KvCache::create(config, o).status();
+}
+
+class BadInputTableTest : public ::testing::Test {
+ protected:
+  // Reserves, writes every layer and commits `tokens` at positions start.. of `id`.
+  void append(SequenceId id, const std::vector<TokenId>& tokens, int64_t start, bool commit) {
+    auto slots = ctx_.cache->reserve(id, static_cast<int64_t>(tokens.size()));
+    ASSERT_TRUE(slots.ok()) << slots.status().to_string();
+    for (int32_t layer = 0; layer < ctx_.config.num_layers; ++layer) {
+      const std::vector<uint16_t> k = model_rows(ctx_.config, layer, 0, tokens, start);
+      const std::vector<uint16_t> v = model_rows(ctx_.config, layer, 1, tokens, start);
+      DeviceBuffer dk(*ctx_.backend, k.size() * 2), dv(*ctx_.backend, v.size() * 2);
+      dk.upload(k);
+      dv.upload(v);
+      ASSERT_TRUE(ctx_.cache->write_kv(id, layer, dk.data(), dv.data(), DType::kFloat16).ok());
+      ASSERT_TRUE(ctx_.cache->synchronize().ok());
+    }
+    if (commit) {
+      ASSERT_TRUE(ctx_.cache->commit(id, tokens).ok());
+    }
+  }
+
+  void prepare() {
+    ctx_.reset();
+    ctx_.config = table_config();
+    ctx_.backend = create_cpu_backend();
+    KvCacheOptions o;
+    o.backend = ctx_.backend.get();
+    auto c = KvCache::create(ctx_.config, o);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    ctx_.cache = std::move(c).value();
+    KvCache& cache = *ctx_.cache;
+
+    const std::vector<TokenId> a = tokens_from(6, 100), b = tokens_from(5, 200),
+                               c3 = tokens_from(7, 300), d = tokens_from(4, 400),
+                               e = tokens_from(3, 500);
+    ASSERT_TRUE(cache.add_sequence(kSeqA, a).ok());
+    append(kSeqA, a, 0, true);
+    ASSERT_TRUE(cache.add_sequence(kSeqActive, b).ok());
+    append(kSeqActive, b, 0, true);
+    ASSERT_TRUE(cache.add_sequence(kSeqOffloaded, c3).ok());
+    append(kSeqOffloaded, c3, 0, true);
+    ASSERT_TRUE(cache.add_sequence(kSeqPending, d).ok());
+    append(kSeqPending, d, 0, true);
+    append(kSeqPending, {450, 451}, 4, /*commit=*/false);
+    ASSERT_TRUE(cache.add_sequence(kSeqErased, e).ok());
+    append(kSeqErased, e, 0, true);
+    ASSERT_TRUE(cache.erase(kSeqErased).ok());
+    ASSERT_TRUE(cache.set_active({kSeqActive}).ok());
+    ASSERT_TRUE(cache.offload(kSeqOffloaded).ok());
+    ASSERT_TRUE(cache.synchronize().ok());
+    auto r = cache.residency(kSeqOffloaded);
+    ASSERT_TRUE(r.ok() && *r == SequenceResidency::kHost);
+    ASSERT_EQ(*cache.pending(kSeqPending), 2);
+
+    // Row buffers with real data: model K/V, sequence 1's slots and blocks.
+    Backend& be = *ctx_.backend;
+    const size_t row_elems = static_cast<size_t>(ctx_.config.num_kv_heads * ctx_.config.head_dim);
+    const std::vector<uint16_t> kv = model_rows(ctx_.config, 0, 0, tokens_from(16, 900), 0);
+    ctx_.key = std::make_unique<DeviceBuffer>(be, Ctx::kMaxTokens * row_elems * 2);
+    ctx_.value = std::make_unique<DeviceBuffer>(be, Ctx::kMaxTokens * row_elems * 2);
+    ctx_.key->upload(kv);
+    ctx_.value->upload(kv);
+    auto locs = cache.block_locations(kSeqA);
+    ASSERT_TRUE(locs.ok());
+    std::vector<int32_t> table;
+    for (const BlockLocation& l : *locs) table.push_back(l.block);
+    ASSERT_EQ(table.size(), 2u);
+    std::vector<int64_t> slots;
+    for (int64_t t = 0; t < Ctx::kMaxTokens; ++t) {
+      slots.push_back(static_cast<int64_t>(table[static_cast<size_t>(t / 4) % 2]) * 4 + t % 4);
+    }
+    ctx_.slots = std::make_unique<DeviceBuffer>(be, slots.size() * 8);
+    ctx_.slots->upload(slots);
+    ctx_.table = std::make_unique<DeviceBuffer>(be, table.size() * 4);
+    ctx_.table->upload(table);
+    ctx_.indptr = std::make_unique<DeviceBuffer>(be, 2 * 4);
+    ctx_.indptr->upload(std::vector<int32_t>{0, 6});
+    auto locs_b = cache.block_locations(kSeqActive);
+    ASSERT_TRUE(locs_b.ok());
+    ctx_.pairs = std::make_unique<DeviceBuffer>(be, 2 * 4);
+    ctx_.pairs->upload(std::vector<int32_t>{table[0], (*locs_b)[0].block});
+    ASSERT_TRUE(cache.check_invariants().ok()) << cache.check_invariants().to_string();
+  }
+
+  Snapshot snapshot() {
+    Snapshot s;
+    KvCache& cache = *ctx_.cache;
+    EXPECT_TRUE(cache.synchronize().ok());
+    s.stats = flatten(cache.stats());
+    for (SequenceId id : {kSeqA, kSeqActive, kSeqOffloaded, kSeqPending, kSeqErased, kSeqUnknown}) {
+      if (cache.contains(id)) s.contained.push_back(id);
+    }
+    for (SequenceId id : kLiveIds) {
+      auto len = cache.length(id);
+      auto pend = cache.pending(id);
+      auto locs = cache.block_locations(id);
+      auto res = cache.residency(id);
+      EXPECT_TRUE(len.ok() && pend.ok() && locs.ok() && res.ok()) << "sequence " << id;
+      if (!(len.ok() && pend.ok() && locs.ok() && res.ok())) continue;
+      s.lengths.push_back(*len);
+      s.pendings.push_back(*pend);
+      s.locations.push_back(*locs);
+      s.residencies.push_back(static_cast<int>(*res));
+      if (*res != SequenceResidency::kDevice) continue;
+      const size_t elems =
+          static_cast<size_t>(*len * ctx_.config.num_kv_heads * ctx_.config.head_dim);
+      for (int32_t layer = 0; layer < ctx_.config.num_layers; ++layer) {
+        DeviceBuffer k(*ctx_.backend, elems * 2), v(*ctx_.backend, elems * 2);
+        const Status g = cache.gather_layer(id, layer, k.data(), v.data(), DType::kFloat16,
+                                            PackedLayout::kTokenMajor);
+        EXPECT_TRUE(g.ok()) << g.to_string();
+        EXPECT_TRUE(cache.synchronize().ok());
+        s.gathered.push_back(k.download<uint16_t>());
+        s.gathered.push_back(v.download<uint16_t>());
+      }
+    }
+    const PoolRef pool = cache.device_pool();
+    s.device_pool.resize(static_cast<size_t>(cache.pool_info().device_bytes));
+    Backend& be = *ctx_.backend;
+    EXPECT_TRUE(be.copy_async(s.device_pool.data(), pool.data, s.device_pool.size(),
+                              CopyKind::kDeviceToHost, Stream{})
+                    .ok());
+    EXPECT_TRUE(be.synchronize_stream(Stream{}).ok());
+    EXPECT_TRUE(cache.check_invariants().ok()) << cache.check_invariants().to_string();
+    return s;
+  }
+
+  void expect_same(const Snapshot& a, const Snapshot& b) {
+    EXPECT_EQ(a.stats, b.stats) << "stats changed";
+    EXPECT_EQ(a.contained, b.contained) << "set of sequences changed";
+    EXPECT_EQ(a.lengths, b.lengths) << "a length changed";
+    EXPECT_EQ(a.pendings, b.pendings) << "a pending count changed";
+    EXPECT_TRUE(a.locations == b.locations) << "block locations changed";
+    EXPECT_EQ(a.residencies, b.residencies) << "a residency changed";
+    EXPECT_TRUE(a.gathered == b.gathered) << "gathered bytes changed";
+    EXPECT_TRUE(a.device_pool == b.device_pool) << "device pool bytes changed";
+  }
+
+  Ctx ctx_;
+};
+
+std::vector<Row> rows() {
+  using S = StatusCode;
+  const DType kBadDType = static_cast<DType>(97);
+  std::vector<Row> r = {
+      // ---- KvCache: ids ----
+      {"add_sequence duplicate id",
+       [](Ctx& c) {
+         return c.cache->add_sequence(kSeqA, {1, 2}).status();
+       },
+       S::kAlreadyExists, "already exists"},
+      {"add_sequence prompt past max_sequence_length",
+       [](Ctx& c) { return c.cache->add_sequence(50, tokens_from(65, 1)).status(); },
+       S::kOutOfRange, "max_sequence_length"},
+      {"add_sequence retention_priority out of range",
+       [](Ctx& c) {
+         SequenceOptions o;
+         o.retention_priority = 101;
+         return c.cache->add_sequence(50, {1, 2}, o).status();
+       },
+       S::kInvalidArgument, "retention_priority"},
+      {"add_sequence negative retention_duration",
+       [](Ctx& c) {
+         SequenceOptions o;
+         o.retention_duration_ns = -1;
+         return c.cache->add_sequence(50, {1, 2}, o).status();
+       },
+       S::kInvalidArgument, "retention_duration_ns"},
+      {"reserve unknown id", [](Ctx& c) { return c.cache->reserve(kSeqUnknown, 1).status(); },
+       S::kNotFound, "does not exist"},
+      {"reserve erased id", [](Ctx& c) { return c.cache->reserve(kSeqErased, 1).status(); },
+       S::kNotFound, "does not exist"},
+      {"reserve negative n", [](Ctx& c) { return c.cache->reserve(kSeqA, -1).status(); },
+       S::kInvalidArgument, "n must be >= 0"},
+      {"reserve past max_sequence_length",
+       [](Ctx& c) { return c.cache->reserve(kSeqA, 59).status(); }, S::kOutOfRange,
+       "max_sequence_length"},
+      {"reserve int64 max tokens",
+       [](Ctx& c) { return c.cache->reserve(kSeqA, kInt64Max).status(); }, S::kOutOfRange,
+       "max_sequence_length"},
+      // ---- KvCache::write_kv ----
+      {"write_kv unknown id",
+       [](Ctx& c) {
+         return c.cache->write_kv(kSeqUnknown, 0, c.key->data(), c.value->data(), DType::kFloat16);
+       },
+       S::kNotFound, "does not exist"},
+      {"write_kv erased id",
+       [](Ctx& c) {
+         return c.cache->write_kv(kSeqErased, 0, c.key->data(), c.value->data(), DType::kFloat16);
+       },
+       S::kNotFound, "does not exist"},
+      {"write_kv before reserve",
+       [](Ctx& c) {
+         return c.cache->write_kv(kSeqA, 0, c.key->data(), c.value->data(), DType::kFloat16);
+       },
+       S::kFailedPrecondition, "nothing reserved"},
+      {"write_kv of an offloaded sequence",
+       [](Ctx& c) {
+         return c.cache->write_kv(kSeqOffloaded, 0, c.key->data(), c.value->data(),
+                                  DType::kFloat16);
+       },
+       S::kFailedPrecondition, "nothing reserved"},
+      {"write_kv layer past num_layers",
+       [](Ctx& c) {
+         return c.cache->write_kv(kSeqPending, 2, c.key->data(), c.value->data(), DType::kFloat16);
+       },
+       S::kOutOfRange, "layer 2"},
+      {"write_kv negative layer",
+       [](Ctx& c) {
+         return c.cache->write_kv(kSeqPending, -1, c.key->data(), c.value->data(), DType::kFloat16);
+       },
+       S::kOutOfRange, "layer -1"},
+      {"write_kv null key",
+       [](Ctx& c) {
+         return c.cache->write_kv(kSeqPending, 0, nullptr, c.value->data(), DType::kFloat16);
+       },
+       S::kInvalidArgument, "key: null"},
+      {"write_kv null value",
+       [](Ctx& c) {
+         return c.cache->write_kv(kSeqPending, 0, c.key->data(), nullptr, DType::kFloat16);
+       },
+       S::kInvalidArgument, "value: null"},
+      {"write_kv misaligned key",
+       [](Ctx& c) {
+         return c.cache->write_kv(kSeqPending, 0, Ctx::odd(c.key), c.value->data(),
+                                  DType::kFloat16);
+       },
+       S::kInvalidArgument, "key: pointer not aligned"},
+      {"write_kv fp8 input into an fp16 pool",
+       [](Ctx& c) {
+         return c.cache->write_kv(kSeqPending, 0, c.key->data(), c.value->data(),
+                                  DType::kFloat8E4M3);
+       },
+       S::kInvalidArgument, "input_dtype: fp8"},
+      {"write_kv unknown dtype",
+       [kBadDType](Ctx& c) {
+         return c.cache->write_kv(kSeqPending, 0, c.key->data(), c.value->data(), kBadDType);
+       },
+       S::kInvalidArgument, "input_dtype: unknown dtype"},
+      {"write_kv row_stride shorter than a row",
+       [](Ctx& c) {
+         return c.cache->write_kv(kSeqPending, 0, c.key->data(), c.value->data(), DType::kFloat16,
+                                  10);
+       },
+       S::kInvalidArgument, "row_stride"},
+      {"write_kv negative row_stride",
+       [](Ctx& c) {
+         return c.cache->write_kv(kSeqPending, 0, c.key->data(), c.value->data(), DType::kFloat16,
+                                  -96);
+       },
+       S::kInvalidArgument, "row_stride"},
+      // ---- commit / rollback / fork / finish / erase ----
+      {"commit more than reserved",
+       [](Ctx& c) {
+         return c.cache->commit(kSeqPending, {1, 2, 3});
+       },
+       S::kFailedPrecondition, "only"},
+      {"commit with nothing reserved", [](Ctx& c) { return c.cache->commit(kSeqA, {1}); },
+       S::kFailedPrecondition, "only"},
+      {"commit unknown id", [](Ctx& c) { return c.cache->commit(kSeqUnknown, {1}); }, S::kNotFound,
+       "does not exist"},
+      {"rollback past length", [](Ctx& c) { return c.cache->rollback(kSeqA, 7); }, S::kOutOfRange,
+       "rollback: length 7"},
+      {"rollback negative length", [](Ctx& c) { return c.cache->rollback(kSeqA, -1); },
+       S::kOutOfRange, "rollback: length -1"},
+      {"rollback erased id", [](Ctx& c) { return c.cache->rollback(kSeqErased, 0); }, S::kNotFound,
+       "does not exist"},
+      {"fork unknown parent", [](Ctx& c) { return c.cache->fork(kSeqUnknown, 60); }, S::kNotFound,
+       "does not exist"},
+      {"fork into an existing child", [](Ctx& c) { return c.cache->fork(kSeqA, kSeqActive); },
+       S::kAlreadyExists, "already exists"},
+      {"fork of an offloaded parent", [](Ctx& c) { return c.cache->fork(kSeqOffloaded, 60); },
+       S::kFailedPrecondition, "offloaded"},
+      {"finish unknown id", [](Ctx& c) { return c.cache->finish(kSeqUnknown); }, S::kNotFound,
+       "does not exist"},
+      {"erase already erased id", [](Ctx& c) { return c.cache->erase(kSeqErased); }, S::kNotFound,
+       "does not exist"},
+      // ---- scheduling ----
+      {"set_active unknown id",
+       [](Ctx& c) {
+         return c.cache->set_active({kSeqA, kSeqUnknown});
+       },
+       S::kNotFound, "does not exist"},
+      // Duplicates and offloaded ids are accepted by set_active's contract (kNotFound only).
+      {"set_active erased id", [](Ctx& c) { return c.cache->set_active({kSeqErased}); },
+       S::kNotFound, "does not exist"},
+      {"commit of an offloaded sequence",
+       [](Ctx& c) { return c.cache->commit(kSeqOffloaded, {1}); }, S::kFailedPrecondition, "only"},
+      {"build_batch erased id", [](Ctx& c) { return c.cache->build_batch({kSeqErased}).status(); },
+       S::kNotFound, "does not exist"},
+      {"set_priority unknown id", [](Ctx& c) { return c.cache->set_priority(kSeqUnknown, 1); },
+       S::kNotFound, "does not exist"},
+      // ---- tiers ----
+      {"offload unknown id", [](Ctx& c) { return c.cache->offload(kSeqUnknown); }, S::kNotFound,
+       "does not exist"},
+      {"offload twice", [](Ctx& c) { return c.cache->offload(kSeqOffloaded); },
+       S::kFailedPrecondition, "is offloaded"},
+      {"offload an active sequence", [](Ctx& c) { return c.cache->offload(kSeqActive); },
+       S::kFailedPrecondition, "is active"},
+      {"restore a sequence that is not offloaded", [](Ctx& c) { return c.cache->restore(kSeqA); },
+       S::kFailedPrecondition, "is not offloaded"},
+      {"restore erased id", [](Ctx& c) { return c.cache->restore(kSeqErased); }, S::kNotFound,
+       "does not exist"},
+      {"residency unknown id", [](Ctx& c) { return c.cache->residency(kSeqUnknown).status(); },
+       S::kNotFound, "does not exist"},
+      // ---- reading ----
+      {"gather_layer of an offloaded sequence", [](Ctx& c) { return c.gather(kSeqOffloaded); },
+       S::kFailedPrecondition, "offloaded"},
+      {"gather_layer unknown id", [](Ctx& c) { return c.gather(kSeqUnknown); }, S::kNotFound,
+       "does not exist"},
+      {"gather_layer layer past num_layers", [](Ctx& c) { return c.gather(kSeqA, 2); },
+       S::kOutOfRange, "layer 2"},
+      {"gather_layer position past length",
+       [](Ctx& c) {
+         return c.gather(kSeqA, 0, nullptr, nullptr, DType::kFloat16, PackedLayout::kHeadMajor, 7);
+       },
+       S::kOutOfRange, "position_begin 7"},
+      {"gather_layer negative position",
+       [](Ctx& c) {
+         return c.gather(kSeqA, 0, nullptr, nullptr, DType::kFloat16, PackedLayout::kHeadMajor, -1);
+       },
+       S::kOutOfRange, "position_begin -1"},
+      {"gather_layer length past the committed tokens",
+       [](Ctx& c) {
+         return c.gather(kSeqA, 0, nullptr, nullptr, DType::kFloat16, PackedLayout::kHeadMajor, 2,
+                         5);
+       },
+       S::kOutOfRange, "run past"},
+      {"gather_layer int64 max length",
+       [](Ctx& c) {
+         return c.gather(kSeqA, 0, nullptr, nullptr, DType::kFloat16, PackedLayout::kHeadMajor, 1,
+                         kInt64Max);
+       },
+       S::kOutOfRange, "run past"},
+      {"gather_layer null key_out",
+       [](Ctx& c) {
+         return c.cache->gather_layer(kSeqA, 0, nullptr, c.value->data(), DType::kFloat16,
+                                      PackedLayout::kHeadMajor);
+       },
+       S::kInvalidArgument, "key: null"},
+      {"gather_layer misaligned value_out",
+       [](Ctx& c) { return c.gather(kSeqA, 0, nullptr, Ctx::odd(c.value)); }, S::kInvalidArgument,
+       "value: pointer not aligned"},
+      {"gather_layer unknown packed layout",
+       [](Ctx& c) {
+         return c.gather(kSeqA, 0, nullptr, nullptr, DType::kFloat16, static_cast<PackedLayout>(7));
+       },
+       S::kInvalidArgument, "packed_layout"},
+      {"gather_layer fp8 out of an fp16 pool",
+       [](Ctx& c) { return c.gather(kSeqA, 0, nullptr, nullptr, DType::kFloat8E4M3); },
+       S::kInvalidArgument, "packed_dtype: fp8"},
+      {"build_batch unknown id",
+       [](Ctx& c) {
+         return c.cache->build_batch({kSeqA, kSeqUnknown}).status();
+       },
+       S::kNotFound, "does not exist"},
+      {"build_batch offloaded sequence",
+       [](Ctx& c) { return c.cache->build_batch({kSeqOffloaded}).status(); },
+       S::kFailedPrecondition, "offloaded"},
+      {"build_batch duplicate id",
+       [](Ctx& c) {
+         return c.cache->build_batch({kSeqA, kSeqA}).status();
+       },
+       S::kInvalidArgument, "twice"},
+      {"length unknown id", [](Ctx& c) { return c.cache->length(kSeqUnknown).status(); },
+       S::kNotFound, "does not exist"},
+      {"pending erased id", [](Ctx& c) { return c.cache->pending(kSeqErased).status(); },
+       S::kNotFound, "does not exist"},
+      {"block_locations unknown id",
+       [](Ctx& c) { return c.cache->block_locations(kSeqUnknown).status(); }, S::kNotFound,
+       "does not exist"},
+      // ---- data-plane ops on the cache's pool ----
+      {"op write_kv layer past num_layers",
+       [](Ctx& c) {
+         WriteKvArgs a = c.write_args();
+         a.layer = 2;
+         return write_kv(c.be(), c.pool(), a, c.stream());
+       },
+       S::kOutOfRange, "layer 2"},
+      {"op write_kv negative num_tokens",
+       [](Ctx& c) {
+         WriteKvArgs a = c.write_args();
+         a.num_tokens = -1;
+         return write_kv(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "num_tokens: negative"},
+      {"op write_kv null slot_mapping",
+       [](Ctx& c) {
+         WriteKvArgs a = c.write_args();
+         a.slot_mapping = nullptr;
+         return write_kv(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "slot_mapping: null"},
+      {"op write_kv misaligned slot_mapping",
+       [](Ctx& c) {
+         WriteKvArgs a = c.write_args();
+         a.slot_mapping = reinterpret_cast<const int64_t*>(static_cast<char*>(c.slots->data()) + 4);
+         return write_kv(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "slot_mapping: pointer not aligned"},
+      {"op write_kv pool with zero blocks",
+       [](Ctx& c) {
+         PoolRef p = c.pool();
+         p.num_blocks = 0;
+         return write_kv(c.be(), p, c.write_args(), c.stream());
+       },
+       S::kInvalidArgument, "pool.num_blocks"},
+      {"op write_kv null pool",
+       [](Ctx& c) {
+         PoolRef p = c.pool();
+         p.data = nullptr;
+         return write_kv(c.be(), p, c.write_args(), c.stream());
+       },
+       S::kInvalidArgument, "pool.data: null"},
+      {"op write_kv pool layout with zero heads",
+       [](Ctx& c) {
+         PoolRef p = c.pool();
+         p.layout.num_kv_heads = 0;
+         return write_kv(c.be(), p, c.write_args(), c.stream());
+       },
+       S::kInvalidArgument, "pool.layout"},
+      {"op write_kv scales on an fp16 pool",
+       [](Ctx& c) {
+         WriteKvArgs a = c.write_args();
+         a.scales.granularity = ScaleGranularity::kPerLayer;
+         a.scales.k = static_cast<const float*>(c.key->data());
+         a.scales.v = static_cast<const float*>(c.value->data());
+         return write_kv(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "scales: only an fp8 pool"},
+      {"op write_kv_all_layers layer_stride shorter than a layer",
+       [](Ctx& c) {
+         WriteKvAllLayersArgs a;
+         a.key = c.key->data();
+         a.value = c.value->data();
+         a.num_tokens = 4;
+         a.slot_mapping = static_cast<const int64_t*>(c.slots->data());
+         a.layer_stride = 96;
+         return write_kv_all_layers(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "layer_stride"},
+      {"op scatter_head_range heads past num_kv_heads",
+       [](Ctx& c) {
+         ScatterHeadRangeArgs a = c.scatter_args();
+         a.head_begin = 1;
+         return scatter_head_range(c.be(), c.pool(), a, c.stream());
+       },
+       S::kOutOfRange, "head_begin + num_heads"},
+      {"op scatter_head_range negative head_begin",
+       [](Ctx& c) {
+         ScatterHeadRangeArgs a = c.scatter_args();
+         a.head_begin = -1;
+         a.num_heads = 1;
+         return scatter_head_range(c.be(), c.pool(), a, c.stream());
+       },
+       S::kOutOfRange, "head_begin + num_heads"},
+      {"op scatter_head_range positions past the block table",
+       [](Ctx& c) {
+         ScatterHeadRangeArgs a = c.scatter_args();
+         a.position_begin = 3;
+         return scatter_head_range(c.be(), c.pool(), a, c.stream());
+       },
+       S::kOutOfRange, "exceeds block_table_len"},
+      {"op import_layer int64 overflowing positions",
+       [](Ctx& c) {
+         PackedLayerArgs a = c.layer_args();
+         a.position_begin = kInt64Max;
+         a.num_tokens = kInt64Max;
+         return import_layer(c.be(), c.pool(), a, c.stream());
+       },
+       S::kOutOfRange, "exceeds block_table_len"},
+      {"op import_layer negative block_table_len",
+       [](Ctx& c) {
+         PackedLayerArgs a = c.layer_args();
+         a.block_table_len = -1;
+         return import_layer(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "block_table_len: negative"},
+      {"op import_layer null block_table",
+       [](Ctx& c) {
+         PackedLayerArgs a = c.layer_args();
+         a.block_table = nullptr;
+         return import_layer(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "block_table: null"},
+      {"op import_layer misaligned key",
+       [](Ctx& c) {
+         PackedLayerArgs a = c.layer_args();
+         a.key = Ctx::odd(c.key);
+         return import_layer(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "key: pointer not aligned"},
+      {"op import_layer unknown packed dtype",
+       [kBadDType](Ctx& c) {
+         PackedLayerArgs a = c.layer_args();
+         a.packed_dtype = kBadDType;
+         return import_layer(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "packed_dtype: unknown dtype"},
+      {"op import_layer_batch total_tokens overflowing int32 indptr",
+       [](Ctx& c) {
+         PackedBatchArgs a = c.batch_args();
+         a.total_tokens = int64_t{kInt32Max} + 1;
+         return import_layer_batch(c.be(), c.pool(), a, c.stream());
+       },
+       S::kOutOfRange, "does not fit the int32 indptr"},
+      {"op import_layer_batch negative batch_size",
+       [](Ctx& c) {
+         PackedBatchArgs a = c.batch_args();
+         a.batch_size = -1;
+         return import_layer_batch(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "batch_size: negative"},
+      {"op import_layer_batch zero max_blocks_per_seq",
+       [](Ctx& c) {
+         PackedBatchArgs a = c.batch_args();
+         a.max_blocks_per_seq = 0;
+         return import_layer_batch(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "max_blocks_per_seq"},
+      {"op import_layer_batch tokens with an empty batch",
+       [](Ctx& c) {
+         PackedBatchArgs a = c.batch_args();
+         a.batch_size = 0;
+         return import_layer_batch(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "total_tokens: positive with an empty batch"},
+      {"op import_layer_batch null indptr",
+       [](Ctx& c) {
+         PackedBatchArgs a = c.batch_args();
+         a.indptr = nullptr;
+         return import_layer_batch(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "indptr: null"},
+      {"op gather_layer_batch negative total_tokens",
+       [](Ctx& c) {
+         PackedBatchArgs a = c.batch_args();
+         a.total_tokens = -6;
+         return gather_layer_batch(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "total_tokens: negative"},
+      {"op copy_blocks negative num_pairs",
+       [](Ctx& c) {
+         CopyBlocksArgs a;
+         a.pairs = c.pairs->data();
+         a.num_pairs = -1;
+         return copy_blocks(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "num_pairs: negative"},
+      {"op copy_blocks unknown index type",
+       [](Ctx& c) {
+         CopyBlocksArgs a;
+         a.pairs = c.pairs->data();
+         a.num_pairs = 1;
+         a.index_type = static_cast<IndexType>(5);
+         return copy_blocks(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "index_type"},
+      {"op copy_blocks int64 pairs misaligned",
+       [](Ctx& c) {
+         CopyBlocksArgs a;
+         a.pairs = static_cast<char*>(c.pairs->data()) + 4;
+         a.num_pairs = 1;
+         a.index_type = IndexType::kInt64;
+         return copy_blocks(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "pairs: pointer not aligned"},
+      {"op build_indptr_scratch_bytes negative batch",
+       [](Ctx& c) { return build_indptr_scratch_bytes(c.be(), -1).status(); }, S::kInvalidArgument,
+       "batch_size: negative"},
+      {"op build_indptr null seq_lens",
+       [](Ctx& c) {
+         BuildIndptrArgs a;
+         a.indptr = static_cast<int32_t*>(c.indptr->data());
+         a.batch_size = 1;
+         return build_indptr(c.be(), a, c.stream());
+       },
+       S::kInvalidArgument, "seq_lens: null"},
+      // ---- config and creation ----
+      {"config zero head_dim",
+       [](Ctx&) {
+         CacheConfig k = table_config();
+         k.head_dim = 0;
+         return k.validate();
+       },
+       S::kInvalidArgument, "head_dim"},
+      {"config negative block_size",
+       [](Ctx&) {
+         CacheConfig k = table_config();
+         k.block_size = -4;
+         return k.validate();
+       },
+       S::kInvalidArgument, "block_size"},
+      {"config block ids past int32",
+       [](Ctx&) {
+         CacheConfig k = table_config();
+         k.num_device_blocks = int64_t{kInt32Max} + 1;
+         return k.validate();
+       },
+       S::kInvalidArgument, "num_device_blocks"},
+      {"config negative num_host_blocks",
+       [](Ctx&) {
+         CacheConfig k = table_config();
+         k.num_host_blocks = -1;
+         return k.validate();
+       },
+       S::kInvalidArgument, "num_host_blocks"},
+      {"config pool overflowing 64-bit offsets",
+       [](Ctx&) {
+         CacheConfig k = table_config();
+         k.num_device_blocks = kInt32Max;
+         k.head_dim = 1 << 30;
+         return k.validate();
+       },
+       S::kInvalidArgument, "overflows"},
+      {"create with a zero-layer config",
+       [](Ctx&) {
+         CacheConfig k = table_config();
+         k.num_layers = 0;
+         return create_status(k, {});
+       },
+       S::kInvalidArgument, "num_layers"},
+      {"create in dense mode",
+       [](Ctx&) {
+         CacheConfig k = table_config();
+         k.mode = CacheMode::kDense;
+         return create_status(k, {});
+       },
+       S::kUnimplemented, "dense"},
+      {"create with a device pool past device_memory_limit",
+       [](Ctx&) {
+         CpuBackendOptions o;
+         o.device_memory_limit = 4096;
+         return create_status(table_config(), o);
+       },
+       S::kResourceExhausted, "device"},
+      {"create with a host pool past pinned_memory_limit",
+       [](Ctx&) {
+         CpuBackendOptions o;
+         o.pinned_memory_limit = 4096;
+         return create_status(table_config(), o);
+       },
+       S::kResourceExhausted, "pinned"},
+  };
+  return r;
+}
+
+TEST_F(BadInputTableTest, EveryBadInputFailsWithItsCodeAndMessageAndChangesNothing) {
+  const std::vector<Row> table = rows();
+  ASSERT_GE(table.size(), 40u);
+  std::cout << "[ bad-input table: " << table.size() << " rows ]\n";
+  for (const Row& row : table) {
+    SCOPED_TRACE(row.name);
+    prepare();
+    if (::testing::Test::HasFatalFailure()) return;
+    const Snapshot before = snapshot();
+    const Status s = row.call(ctx_);
+    EXPECT_EQ(s.code(), row.code) << s.to_string();
+    EXPECT_NE(s.message().find(row.message), std::string::npos)
+        << "message \"" << s.message() << "\" does not name \"" << row.message << "\"";
+    expect_same(before, snapshot());
+  }
+}
+
+}  // namespace
+}  // namespace pagedkv
