@@ -4,7 +4,12 @@
 // compute stream.
 //
 // One owner thread drives it; it is not internally locked. Every method validates first and
-// either succeeds or returns an error with a message, leaving the cache as it was.
+// either succeeds or returns an error with a message, leaving the cache as it was. When the
+// backend fails part way through a call that moves blocks (a copy or launch error), the call is
+// taken back: the control plane's plan is undone and the bytes already moved are copied back,
+// so every sequence keeps its data where it was and stays usable; only cached blocks nobody
+// referenced that it evicted, and victims it dropped (drain_evicted_sequences), stay gone. If
+// even that repair fails, every later call returns the kInternal error that says so.
 #pragma once
 
 #include <cstdint>
@@ -87,7 +92,9 @@ class KvCache {
 
   // ---- sequences (see core::ControlPlane for the full contract of each) ----
 
-  /// Adds a sequence and returns how many prompt tokens are already cached (prefix hit).
+  /// Adds a sequence and returns how many prompt tokens are already cached (prefix hit). Cached
+  /// blocks found on the host tier count too: the sequence is then kHost until its first
+  /// reserve (or a restore/prefetch) brings them back.
   StatusOr<int64_t> add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
                                  const SequenceOptions& options = {});
   /// Reserves device slots for the next `n` tokens: allocates blocks, restores an offloaded
@@ -120,6 +127,11 @@ class KvCache {
   Status offload(SequenceId id);
   /// Queues the restore of an offloaded sequence; later work on the compute stream waits for it.
   Status restore(SequenceId id);
+  /// Queues, as one transfer job, the restore of those of `ids` that are offloaded (or that hit
+  /// host-resident prefix blocks) while free or evictable device blocks suffice, never
+  /// offloading or dropping another sequence; the rest stay on the host. Call it a step ahead
+  /// so the copies overlap compute. kNotFound (nothing queued) for an unknown id.
+  Status prefetch(const std::vector<SequenceId>& ids);
   /// Resident, in flight, or on the host. kNotFound.
   StatusOr<SequenceResidency> residency(SequenceId id);
   /// Sequences dropped (not offloaded) to make room since the last call.
@@ -163,8 +175,20 @@ class KvCache {
 
  private:
   KvCache() = default;
-  // Queues a control-plane plan on the streams; `self` is the sequence the call was for.
-  Status run_transfers(const Transfers& transfers, SequenceId self);
+  // What run_transfers() got onto the streams.
+  struct Submitted {
+    uint64_t ticket = 0;     // the transfer job, 0 when there were no moves
+    int64_t moves_done = 0;  // moves queued (a prefix of the list when the backend failed)
+  };
+  // Queues a control-plane plan on the streams.
+  Status run_transfers(const Transfers& transfers, Submitted* out);
+  // run_transfers(), then note_transfers() or recover().
+  Status carry_out(const Transfers& transfers);
+  // Bookkeeping after a plan was queued: jobs per sequence, moved reservations.
+  void note_transfers(const Transfers& transfers, uint64_t ticket);
+  // Takes a failed plan back (control plane undone, queued moves copied back) and returns
+  // `failure`; when that fails too, the cache is marked unusable and that error returned.
+  Status recover(const Status& failure, int64_t moves_done);
   Status order_block_reuse(const std::vector<int64_t>& slots);
   struct Pending;
   // Flags a sequence's reservation after its blocks moved between tiers (offload, restore).
@@ -196,6 +220,7 @@ class KvCache {
   std::unordered_map<SequenceId, Pending> pending_;
   std::unordered_map<SequenceId, uint64_t> last_job_;
   std::vector<SequenceId> evicted_;
+  Status broken_;  // set when a failed call could not be taken back
 };
 
 }  // namespace pagedkv

@@ -45,6 +45,10 @@ struct CacheConfig {
   CacheMode mode = CacheMode::kPaged;
   EvictionPolicy eviction_policy = EvictionPolicy::kLru;
   bool enable_prefix_caching = true;
+  /// With a host tier: a cached prefix block evicted from the device moves to the host tier
+  /// (where a later prompt can still hit it) instead of being dropped; host blocks nobody
+  /// references are then dropped least recently used first.
+  bool cache_prefixes_on_host = true;
   int32_t max_sequence_length = 1 << 20;  // tokens; reserve past it is kOutOfRange
 
   // Dense mode knobs (seed compatible).

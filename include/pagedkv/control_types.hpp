@@ -45,16 +45,18 @@ struct BlockMove {
 };
 
 /// What the data plane must do, in this order, before it writes the new tokens of a call:
-/// every move (in list order), then every copy. Also names the sequences the call offloaded
-/// or evicted (dropped) to make room.
+/// every move (in list order), then every copy. Also names the sequences the call offloaded,
+/// restored (or onboarded) and evicted (dropped) to make room.
 struct Transfers {
   std::vector<BlockMove> moves;
   std::vector<BlockCopy> copies;
   std::vector<SequenceId> offloaded;
+  std::vector<SequenceId> restored;
   std::vector<SequenceId> evicted;
 
   bool empty() const {
-    return moves.empty() && copies.empty() && offloaded.empty() && evicted.empty();
+    return moves.empty() && copies.empty() && offloaded.empty() && restored.empty() &&
+           evicted.empty();
   }
 };
 
@@ -92,7 +94,8 @@ struct BlockLocation {
 struct Residency {
   int64_t device_blocks = 0;
   int64_t host_blocks = 0;
-  /// True after offload until restore; blocks shared with others stay on the device.
+  /// True after offload until restore (blocks shared with others stay on the device), and for a
+  /// new sequence whose prefix hit host-resident blocks until its first reserve onboards them.
   bool offloaded = false;
 };
 
@@ -149,6 +152,8 @@ struct ControlStats {
   int64_t prefix_miss_blocks = 0;
   int64_t prefix_query_tokens = 0;
   int64_t prefix_hit_tokens = 0;
+  /// Of prefix_hit_blocks, those found on the host tier (onboarded by the next reserve).
+  int64_t prefix_host_hit_blocks = 0;
   int64_t blocks_evicted = 0;
   int64_t sequences_evicted = 0;
   int64_t sequences_offloaded = 0;
@@ -156,6 +161,10 @@ struct ControlStats {
   int64_t sequences_restored = 0;
   int64_t blocks_restored = 0;
   int64_t copy_on_write = 0;
+  /// Cached blocks moved to the host tier instead of being evicted from the device.
+  int64_t blocks_demoted = 0;
+  /// Cached host blocks dropped (least recently used first) to make host room.
+  int64_t host_blocks_dropped = 0;
 };
 
 /// Kinds of control-plane events.

@@ -1,5 +1,6 @@
 #include "core/block_allocator.hpp"
 
+#include <algorithm>
 #include <cassert>
 
 namespace pagedkv {
@@ -66,6 +67,37 @@ BlockMove BlockAllocator::move(LogicalId id, Tier dst) {
   b.tier = dst;
   b.phys = m.dst_block;
   return m;
+}
+
+void BlockAllocator::move_to(LogicalId id, Tier dst, int32_t phys) {
+  BlockInfo& b = blocks_[static_cast<size_t>(id)];
+  assert(b.phys >= 0 && b.tier != dst);
+  auto& f = free_[idx(dst)];
+  auto it = std::find(f.begin(), f.end(), phys);
+  assert(it != f.end());
+  f.erase(it);
+  owner_[idx(b.tier)][static_cast<size_t>(b.phys)] = kNoBlock;
+  free_[idx(b.tier)].push_back(b.phys);
+  owner_[idx(dst)][static_cast<size_t>(phys)] = id;
+  b.tier = dst;
+  b.phys = phys;
+}
+
+void BlockAllocator::reacquire(LogicalId id, Tier t, int32_t phys) {
+  auto logical = std::find(free_logical_.begin(), free_logical_.end(), id);
+  auto& f = free_[idx(t)];
+  auto slot = std::find(f.begin(), f.end(), phys);
+  assert(logical != free_logical_.end() && slot != f.end());
+  free_logical_.erase(logical);
+  f.erase(slot);
+  BlockInfo& b = blocks_[static_cast<size_t>(id)];
+  const uint64_t expiry_gen = b.expiry_gen;
+  b = BlockInfo();
+  b.expiry_gen = expiry_gen;
+  b.tier = t;
+  b.phys = phys;
+  b.ref = 1;
+  owner_[idx(t)][static_cast<size_t>(phys)] = id;
 }
 
 }  // namespace core

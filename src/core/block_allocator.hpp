@@ -47,6 +47,9 @@ struct BlockInfo {
   int32_t phys = -1;     // physical slot in `tier`; -1 when the logical id is free
   int32_t ref = 0;       // sequences holding it (a sequence holds each of its blocks once)
   int32_t node = -1;     // prefix-index node when cached (registered), else -1
+  // Registered blocks: how many child nodes are device-resident. A cached device block is
+  // evictable once it has none (its host-resident children do not pin it).
+  int32_t device_children = 0;
   // Eviction key while unreferenced: retention priority, then last access tick.
   int32_t retention = kDefaultRetentionPriority;
   // Intrusive links of the eviction queue, kept here so that an eviction touches one record:
@@ -77,6 +80,11 @@ class BlockAllocator {
   void release(LogicalId id);
   /// Moves a block to a free slot of `dst`; returns the move (physical ids). Requires a free slot.
   BlockMove move(LogicalId id, Tier dst);
+  /// Moves a block back to the free physical slot `phys` of `dst` (undoing a move). O(free slots).
+  void move_to(LogicalId id, Tier dst, int32_t phys);
+  /// Takes the free logical id `id` and free slot `phys` of `t` again, with ref = 1 (undoing a
+  /// release). O(free slots).
+  void reacquire(LogicalId id, Tier t, int32_t phys);
 
   BlockInfo& operator[](LogicalId id) { return blocks_[static_cast<size_t>(id)]; }
   const BlockInfo& operator[](LogicalId id) const { return blocks_[static_cast<size_t>(id)]; }

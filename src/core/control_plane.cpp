@@ -38,7 +38,8 @@ ControlPlane::ControlPlane(const CacheConfig& config, ControlOptions options)
       bdiv_(config.block_size),
       blocks_(config.num_device_blocks, config.num_host_blocks),
       index_(config.block_size, config.num_device_blocks + config.num_host_blocks),
-      evictq_(&blocks_),
+      evictq_(&blocks_, Tier::kDevice),
+      host_lru_(&blocks_, Tier::kHost),
       batch_(config.block_size) {}
 
 Status ControlPlane::validate_options(const SequenceOptions& o) const {
@@ -54,7 +55,7 @@ Status ControlPlane::validate_options(const SequenceOptions& o) const {
 // ---------------------------------------------------------------- block bookkeeping
 
 void ControlPlane::unlist(LogicalId id) {
-  if (blocks_[id].listed) evictq_.erase(id);
+  if (blocks_[id].listed) queue_of(blocks_[id].tier).erase(id);
 }
 
 void ControlPlane::release_block(LogicalId id, const Sequence& owner) {
@@ -65,25 +66,13 @@ void ControlPlane::release_block(LogicalId id, const Sequence& owner) {
     blocks_.release(id);
     return;
   }
-  if (b.tier == Tier::kHost) {
-    // The host tier holds offloaded sequences, not a cache: an unreferenced host block leaves
-    // the index at once, unless cached device blocks still hang below it (possible after a
-    // rollback then offload); then it waits, uncounted as evictable, until the last of them is
-    // evicted (remove_node cascades).
-    if (index_.node(b.node).children == 0) {
-      remove_node(b.node);
-      blocks_.release(id);
-    } else {
-      ++cached_unref_[static_cast<int>(Tier::kHost)];
-    }
-    return;
-  }
-  ++cached_unref_[static_cast<int>(Tier::kDevice)];
+  // A registered block stays cached in its tier for later prompts.
+  ++cached_unref_[static_cast<int>(b.tier)];
   b.retention = owner.options.retention_priority;
   b.expiry_ns =
       owner.options.retention_duration_ns > 0 ? now_ns() + owner.options.retention_duration_ns : 0;
-  evictq_.schedule_expiry(id);
-  if (index_.node(b.node).children == 0) evictq_.push(id);
+  queue_of(b.tier).schedule_expiry(id);
+  list_if_evictable(id);
 }
 
 void ControlPlane::release_tail(Sequence* s, size_t keep) {
@@ -95,28 +84,17 @@ void ControlPlane::release_tail(Sequence* s, size_t keep) {
 }
 
 void ControlPlane::remove_node(NodeId node) {
-  // Removing a node can leave an unreferenced host parent childless; it goes too, and so on up.
-  bool release_too = false;
-  while (true) {
-    const PrefixNode& x = index_.node(node);
-    const LogicalId id = x.block;
-    const NodeId parent = x.parent;
-    emit_block_event(EventKind::kBlockRemoved, node);
-    index_.remove(node);
-    blocks_[id].node = -1;
-    if (release_too) blocks_.release(id);
-    if (parent == kRootNode || index_.node(parent).children != 0) return;
-    const LogicalId pid = index_.node(parent).block;
-    BlockInfo& p = blocks_[pid];
-    if (p.ref != 0) return;
-    if (p.tier == Tier::kDevice) {
-      if (!p.listed) evictq_.push(pid);
-      return;
-    }
-    --cached_unref_[static_cast<int>(Tier::kHost)];
-    node = parent;
-    release_too = true;
+  const PrefixNode& x = index_.node(node);
+  const LogicalId id = x.block;
+  const NodeId parent = x.parent;
+  emit_block_event(EventKind::kBlockRemoved, node);
+  if (parent != kRootNode && blocks_[id].tier == Tier::kDevice) {
+    --blocks_[index_.node(parent).block].device_children;
   }
+  index_.remove(node);
+  blocks_[id].node = -1;
+  // The parent may now be a leaf (host) or free of device children (device): evictable.
+  if (parent != kRootNode) list_if_evictable(index_.node(parent).block);
 }
 
 void ControlPlane::register_full_block(Sequence* s, size_t i) {
@@ -131,6 +109,7 @@ void ControlPlane::register_full_block(Sequence* s, size_t i) {
   const NodeId existing = index_.find(parent, s->options.ns, tokens);
   if (existing < 0) {
     blocks_[ours].node = index_.insert(parent, s->options.ns, tokens, ours);
+    if (parent != kRootNode) ++blocks_[index_.node(parent).block].device_children;
     emit_block_event(EventKind::kBlockStored, blocks_[ours].node);
     return;
   }
@@ -200,15 +179,15 @@ StatusOr<int64_t> ControlPlane::add_sequence(SequenceId id, const std::vector<To
                         " tokens exceeds max_sequence_length " +
                         std::to_string(config_.max_sequence_length));
   }
-  // Longest match over full device-resident blocks. A host-resident node ends the match: its
-  // bytes are not where a kernel can read them.
+  // Longest match over full blocks in either tier. Host-resident ones make the sequence
+  // offloaded: its first reserve (or a restore/prefetch) onboards them before any use.
   std::vector<LogicalId> matched;
   if (config_.enable_prefix_caching) {
     NodeId parent = kRootNode;
     for (int64_t i = 0; (i + 1) * block_size_ <= len; ++i) {
       const NodeId n =
           index_.find(parent, options.ns, &prompt[static_cast<size_t>(i * block_size_)]);
-      if (n < 0 || blocks_[index_.node(n).block].tier != Tier::kDevice) break;
+      if (n < 0) break;
       matched.push_back(index_.node(n).block);
       parent = n;
     }
@@ -222,13 +201,20 @@ StatusOr<int64_t> ControlPlane::add_sequence(SequenceId id, const std::vector<To
   s->options = options;
   s->tokens.assign(prompt.begin(), prompt.begin() + cached);
   s->blocks = matched;
+  int64_t host_hits = 0;
   for (LogicalId b : matched) {
     BlockInfo& info = blocks_[b];
     if (info.ref++ == 0) {
-      --cached_unref_[static_cast<int>(Tier::kDevice)];
+      --cached_unref_[static_cast<int>(info.tier)];
       unlist(b);
     }
     info.last_access = ++tick_;
+    host_hits += info.tier == Tier::kHost ? 1 : 0;
+  }
+  if (host_hits > 0) {
+    s->offloaded = true;
+    ++counters_.offloaded_sequences;
+    counters_.prefix_host_hit_blocks += host_hits;
   }
   s->arrival = ++tick_;
   s->last_used = s->arrival;
@@ -276,17 +262,42 @@ void ControlPlane::apply_reserve(Sequence* s, int64_t n, const ReserveNeed& need
   // Nothing here can fail: the caller made room for need.device_blocks().
   Transfers& out = result->transfers;
   if (s->offloaded) do_restore(s, &out);
-  if (s->blocks.size() > need.need_total) release_tail(s, need.need_total);
+  Journal::SavedSequence& saved = journal_sequence(s);
+  // A copy-on-write source that only this sequence holds loses the reference at the end of the
+  // call (flush_deferred_releases), so that no later allocation of the call evicts and reuses
+  // it while the copy is pending.
+  // The blocks of an earlier, longer reservation hold no committed token: free them now.
+  while (s->blocks.size() > need.need_total) {
+    const LogicalId tail = s->blocks.back();
+    saved.tail.push_back(tail);
+    s->blocks.pop_back();
+    s->mark_changed(s->blocks.size());
+    BlockInfo& info = blocks_[tail];
+    if (info.ref == 1 && info.node < 0) {
+      info.ref = 0;
+      journal_release(tail);
+      blocks_.release(tail);
+    } else {
+      deferred_release_.emplace_back(s, tail);
+    }
+  }
   if (need.cow) {
     const LogicalId src = s->blocks[need.write_block];
-    const LogicalId dst = take_device_block();
+    saved.cow_index = static_cast<int64_t>(need.write_block);
+    saved.cow_source = src;
+    const LogicalId dst = take_device_block(&out);
     out.copies.push_back(BlockCopy{blocks_[src].phys, blocks_[dst].phys});
     s->blocks[need.write_block] = dst;
     s->mark_changed(need.write_block);
-    release_block(src, *s);
+    if (blocks_[src].ref > 1) {
+      --blocks_[src].ref;  // still held by others: nothing can evict it
+      journal_unref(src);
+    } else {
+      deferred_release_.emplace_back(s, src);
+    }
     ++counters_.copy_on_write;
   }
-  for (int64_t i = 0; i < need.new_blocks; ++i) s->blocks.push_back(take_device_block());
+  for (int64_t i = 0; i < need.new_blocks; ++i) s->blocks.push_back(take_device_block(&out));
   s->pending = n;
   touch(s);
   const int64_t len = s->length();
@@ -304,8 +315,10 @@ Status ControlPlane::reserve_into(SequenceId id, int64_t n, ReserveResult* resul
   const ReserveNeed need = reserve_need(*s, n);
   Plan plan;
   PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(need.device_blocks(), s, &plan));
+  begin_journal();
   apply_plan(plan, &result->transfers);
   apply_reserve(s, n, need, result);
+  flush_deferred_releases();
   return ok_status();
 }
 
@@ -337,6 +350,7 @@ Status ControlPlane::reserve_batch(const std::vector<SequenceId>& ids, int64_t n
   // The need can only overestimate: an earlier member's copy-on-write may unshare a later one's
   // block. With room for it no member's own plan would take anything (the sum of the needs never
   // exceeds what is available), so applying in order equals reserve_into() per id.
+  begin_journal();
   const int64_t avail = device_available();
   if (upper > avail) {
     int64_t need = 0;
@@ -363,6 +377,7 @@ Status ControlPlane::reserve_batch(const std::vector<SequenceId>& ids, int64_t n
     Sequence* s = resolved_[i];
     apply_reserve(s, n_each, reserve_need(*s, n_each), result);
   }
+  flush_deferred_releases();
   return ok_status();
 }
 
@@ -495,11 +510,12 @@ StatusOr<Transfers> ControlPlane::offload(SequenceId id) {
   if (s->active) return failed_precondition("offload: " + seq_name(id) + " is active");
   if (s->offloaded) return failed_precondition("offload: " + seq_name(id) + " is offloaded");
   const int64_t e = exclusive_device_blocks(*s);
-  if (e > blocks_.free_count(Tier::kHost)) {
+  if (e > host_room()) {
     return resource_exhausted("offload: " + seq_name(id) + " needs " + std::to_string(e) +
-                              " host blocks, " + std::to_string(blocks_.free_count(Tier::kHost)) +
-                              " free");
+                              " host blocks, " + std::to_string(host_room()) +
+                              " free or held by cached blocks");
   }
+  begin_journal();
   Transfers out;
   do_offload(s, &out);
   return out;
@@ -513,6 +529,7 @@ StatusOr<Transfers> ControlPlane::restore(SequenceId id) {
   for (LogicalId b : s->blocks) host_blocks += blocks_[b].tier == Tier::kHost ? 1 : 0;
   Plan plan;
   PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(host_blocks, s, &plan));
+  begin_journal();
   Transfers out;
   apply_plan(plan, &out);
   do_restore(s, &out);

@@ -93,8 +93,22 @@ class ControlPlane {
   /// Moves an offloaded sequence's blocks back to the device, evicting/offloading others when
   /// needed. kNotFound, kFailedPrecondition (not offloaded), kResourceExhausted.
   StatusOr<Transfers> restore(SequenceId id);
+  /// Moves the listed offloaded sequences (or new ones whose prefix hit host-resident blocks)
+  /// back to the device while free or evictable device blocks suffice, in order, never
+  /// offloading or dropping anything; the rest stay on the host. Unknown ids: kNotFound,
+  /// nothing changed.
+  StatusOr<Transfers> prefetch(const std::vector<SequenceId>& ids);
   /// Where a sequence's blocks are. kNotFound.
   StatusOr<Residency> residency(SequenceId id) const;
+
+  /// Undoes the last reserve, reserve_into, reserve_batch, offload, restore or prefetch, whose
+  /// transfers the data plane could not carry out; call it before any other mutating call.
+  /// Blocks move back to the slots they left, allocations and copy-on-write are reverted and the
+  /// sequences get their tables, reservations and residency back. What needs no data stays
+  /// done: unreferenced cached blocks it evicted and victims it dropped (Transfers::evicted).
+  /// Returns the moves that bring the bytes back: the inverse of the first `moves_done` moves
+  /// of the call's Transfers, newest first, for blocks that still exist.
+  std::vector<BlockMove> undo_last(int64_t moves_done);
 
   // ---- queries ----
 
@@ -126,6 +140,41 @@ class ControlPlane {
  private:
   ControlPlane(const CacheConfig& config, ControlOptions options);
 
+  // The journal of the last tier-moving call.
+  struct Journal {
+    enum class OpKind : uint8_t { kAllocate, kMove, kRelease, kUnref };
+    struct Op {
+      OpKind kind = OpKind::kAllocate;
+      LogicalId block = kNoBlock;
+      Tier from_tier = Tier::kDevice;  // kMove: where it came from; kRelease: where it was
+      int32_t from_phys = -1;
+    };
+    // A sequence's state before the call: its table is recovered from the old length, the
+    // copy-on-write source and the dropped tail (in the order it was popped).
+    struct SavedSequence {
+      SequenceId id = 0;
+      size_t blocks = 0;
+      int64_t pending = 0;
+      bool offloaded = false;
+      uint64_t last_used = 0;
+      int64_t cow_index = -1;
+      LogicalId cow_source = kNoBlock;
+      std::vector<LogicalId> tail;
+    };
+    bool open = false;
+    uint64_t epoch = 0;
+    std::vector<Op> ops;
+    std::vector<SavedSequence> sequences;
+    struct Released {
+      LogicalId block = kNoBlock;
+      Tier tier = Tier::kDevice;
+      int32_t phys = -1;
+    };
+    std::vector<Released> released;  // references dropped at the end of the call
+    ControlStats counters;
+    size_t events = 0;
+  };
+
   // A plan for freeing device blocks: sequences to offload or drop, in order.
   struct Plan {
     std::vector<Sequence*> offload;
@@ -150,12 +199,40 @@ class ControlPlane {
   Status plan_device_blocks(int64_t need, const Sequence* protect, Plan* plan,
                             uint64_t protect_mark = 0);
   void apply_plan(const Plan& plan, Transfers* out);
-  LogicalId take_device_block();
-  void evict_one();
+  LogicalId take_device_block(Transfers* out);
   int64_t exclusive_device_blocks(const Sequence& s) const;
   void do_offload(Sequence* s, Transfers* out);
   void do_restore(Sequence* s, Transfers* out);
   void do_drop(Sequence* s);
+
+  // tiers.cpp: the two tiers' cached blocks. Device cached blocks without device-resident
+  // children are listed in evictq_; evicting one demotes it to the host tier when a host slot
+  // can be had, else drops it (or, with host children left, parks it until they are gone).
+  // Host cached leaves are listed in host_lru_ and dropped least recently used first.
+  EvictionQueue& queue_of(Tier t) { return t == Tier::kDevice ? evictq_ : host_lru_; }
+  // Lists an unreferenced cached block in its tier's queue when it qualifies.
+  void list_if_evictable(LogicalId id);
+  // Moves a block between tiers (journaled), keeping the parent's device-children count, the
+  // cached counts and the queues right; appends the move to `out`.
+  void move_block(LogicalId id, Tier dst, Transfers* out);
+  void after_tier_change(LogicalId id, Tier from);
+  // Frees one device slot from the cached blocks (requires one to be evictable).
+  void evict_one(Transfers* out);
+  void relist_parked();
+  // Drops the least recently used host cached leaf; false when there is none.
+  bool drop_host_lru();
+  // Host slots free or obtainable by dropping cached host leaves.
+  int64_t host_room() const { return blocks_.free_count(Tier::kHost) + host_lru_.size(); }
+  // Frees host slots until `n` are free (requires host_room() >= n).
+  void make_host_room(int64_t n);
+
+  // undo_log.cpp: the journal of the current tier-moving call (see undo_last()).
+  void begin_journal();
+  Journal::SavedSequence& journal_sequence(Sequence* s);
+  void journal_allocation(LogicalId id);
+  void journal_release(LogicalId id);
+  void journal_unref(LogicalId id);
+  void journal_move(LogicalId id, const BlockMove& m);
 
   // control_plane.cpp helpers
   Status check_reserve_length(const Sequence& s, int64_t n) const;
@@ -185,6 +262,7 @@ class ControlPlane {
   BlockAllocator blocks_;
   PrefixIndex index_;
   EvictionQueue evictq_;
+  EvictionQueue host_lru_;
   SequenceTable seqs_;
   BatchMetadataBuilder batch_;
   std::vector<SequenceId> active_;
@@ -199,6 +277,14 @@ class ControlPlane {
   uint64_t batch_epoch_ = 0;
   int64_t cached_unref_[kNumTiers] = {0, 0};  // indexed blocks with ref == 0, per tier
   ControlStats counters_;
+  // Copy-on-write sources whose reference a reserve drops once all its blocks are taken, so
+  // that no source is evicted (and overwritten) within the call that copies it.
+  std::vector<std::pair<Sequence*, LogicalId>> deferred_release_;
+  void flush_deferred_releases();
+  // Cached device blocks taken out of evictq_ while they had host children and no host room.
+  std::vector<LogicalId> parked_;
+
+  Journal journal_;
 };
 
 }  // namespace core

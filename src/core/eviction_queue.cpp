@@ -117,7 +117,7 @@ void EvictionQueue::heap_erase(LogicalId id) {
 
 void EvictionQueue::push(LogicalId id) {
   BlockInfo& b = (*blocks_)[id];
-  assert(!b.listed);
+  assert(!b.listed && b.tier == tier_);
   b.listed = true;
   ++size_;
   const List& l = list_of(b);
@@ -192,7 +192,8 @@ void EvictionQueue::expire(int64_t now_ns) {
     const uint64_t gen = std::get<1>(deadlines_.top());
     deadlines_.pop();
     BlockInfo& b = (*blocks_)[id];
-    if (b.phys < 0 || b.expiry_gen != gen) continue;  // freed or re-prioritised since
+    // Freed, re-prioritised, or moved to the other tier (whose queue took its deadline over).
+    if (b.phys < 0 || b.expiry_gen != gen || b.tier != tier_) continue;
     const bool listed = b.listed;
     if (listed) erase(id);
     b.retention = kDefaultRetentionPriority;

@@ -27,7 +27,8 @@ namespace core {
 class EvictionQueue {
  public:
   /// Keys and links are read from (and expiry written to) `blocks`, which must outlive the queue.
-  explicit EvictionQueue(BlockAllocator* blocks) : blocks_(blocks) {}
+  /// The queue holds blocks of one tier; a block's links serve whichever queue lists it.
+  EvictionQueue(BlockAllocator* blocks, Tier tier) : blocks_(blocks), tier_(tier) {}
 
   /// Lists a block under its current (retention, last_access) key.
   void push(LogicalId id);
@@ -72,6 +73,7 @@ class EvictionQueue {
   void sift_down(size_t pos);
 
   BlockAllocator* blocks_;
+  Tier tier_;
   int64_t size_ = 0;
   List lists_[kLevels];
   uint64_t nonempty_[kWords] = {};  // bit r: lists_[r] is not empty

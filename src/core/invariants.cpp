@@ -117,8 +117,9 @@ Status ControlPlane::check_invariants() const {
   // Block states: referenced, cached-evictable, or free; nothing else.
   int64_t cached[kNumTiers] = {0, 0};
   int64_t used[kNumTiers] = {0, 0};
-  int64_t listed = 0;
+  int64_t listed[kNumTiers] = {0, 0};
   std::vector<int32_t> children(static_cast<size_t>(index_.capacity()), 0);
+  std::vector<int32_t> device_children(static_cast<size_t>(index_.capacity()), 0);
   for (LogicalId id = 0; id < nlog; ++id) {
     if (!blocks_.live(id)) continue;
     const BlockInfo& b = blocks_[id];
@@ -141,18 +142,23 @@ Status ControlPlane::check_invariants() const {
         return broken(name + " and its prefix node disagree");
       }
     }
-    const bool should_list =
-        b.ref == 0 && b.node >= 0 && b.tier == Tier::kDevice && index_.node(b.node).children == 0;
-    if (b.listed != should_list) {
+    // Device: listed once no child is device-resident (or parked while its children are all
+    // on the host). Host: listed once it is a leaf.
+    const bool qualifies =
+        b.ref == 0 && b.node >= 0 &&
+        (b.tier == Tier::kDevice ? b.device_children == 0 : index_.node(b.node).children == 0);
+    const bool parked =
+        qualifies && b.tier == Tier::kDevice && !b.listed && index_.node(b.node).children > 0;
+    if (b.listed != qualifies && !parked) {
       return broken(name + (b.listed ? " is evictable but referenced or not a cached leaf"
-                                     : " is a cached unreferenced leaf missing from the queue"));
+                                     : " is a cached unreferenced leaf missing from its queue"));
     }
-    if (b.ref == 0 && b.tier == Tier::kHost && index_.node(b.node).children == 0) {
-      return broken(name + " is an unreferenced host block without cached descendants");
-    }
+    if (b.node < 0 && b.device_children != 0) return broken(name + " uncached with children");
     if (b.listed) {
-      ++listed;
-      if (!evictq_.contains(id)) return broken(name + " listed under a stale key");
+      ++listed[t];
+      if (!(b.tier == Tier::kDevice ? evictq_ : host_lru_).contains(id)) {
+        return broken(name + " listed under a stale key");
+      }
     }
   }
   for (int t = 0; t < kNumTiers; ++t) {
@@ -165,7 +171,8 @@ Status ControlPlane::check_invariants() const {
       return broken("tier " + str(t) + ": free + cached + used != total");
     }
   }
-  if (listed != evictq_.size()) return broken("eviction queue size");
+  if (listed[0] != evictq_.size()) return broken("eviction queue size");
+  if (listed[1] != host_lru_.size()) return broken("host LRU size");
 
   // Prefix index: nodes, hashes, children and the hash map agree with the blocks.
   int64_t nodes = 0;
@@ -181,6 +188,7 @@ Status ControlPlane::check_invariants() const {
       if (!index_.node(x.parent).live) return broken(name + " has a removed parent");
       if (index_.node(x.parent).ns != x.ns) return broken(name + " crosses namespaces");
       ++children[static_cast<size_t>(x.parent)];
+      if (blocks_[x.block].tier == Tier::kDevice) ++device_children[static_cast<size_t>(x.parent)];
       if (blocks_[x.block].ref > 0 && blocks_[index_.node(x.parent).block].ref == 0) {
         return broken(name + " is referenced but its parent is not");
       }
@@ -193,8 +201,12 @@ Status ControlPlane::check_invariants() const {
   }
   if (nodes != index_.size()) return broken("prefix index size");
   for (NodeId n = 0; n < index_.capacity(); ++n) {
-    if (index_.node(n).live && index_.node(n).children != children[static_cast<size_t>(n)]) {
+    if (!index_.node(n).live) continue;
+    if (index_.node(n).children != children[static_cast<size_t>(n)]) {
       return broken("node " + str(n) + " children count");
+    }
+    if (blocks_[index_.node(n).block].device_children != device_children[static_cast<size_t>(n)]) {
+      return broken("node " + str(n) + " device-resident children count");
     }
   }
   return ok_status();

@@ -1,6 +1,7 @@
 // The planner: when device blocks are needed and none are free, (1) evict cached blocks nobody
-// references, (2) offload inactive sequences to the host tier while it has room, (3) drop
-// inactive sequences, (4) fail. It plans first (counting only) and applies after, so a request
+// references (demoting them to the host tier where it has room), (2) offload inactive sequences
+// to the host tier while it has room (free, or held by cached host blocks), (3) drop inactive
+// sequences, (4) fail. It plans first (counting only) and applies after, so a request
 // that cannot be met changes nothing. Victims come from ordered sets, never from scans.
 #include <string>
 #include <unordered_map>
@@ -33,7 +34,7 @@ Status ControlPlane::plan_device_blocks(int64_t need, const Sequence* protect, P
     return resource_exhausted("out of device blocks: need " + std::to_string(need) + ", " +
                               std::to_string(avail) + " free or evictable (eviction policy none)");
   }
-  int64_t host_room = blocks_.free_count(Tier::kHost);
+  int64_t host_room = this->host_room();
   // References that planned drops will release, so later victims are counted right.
   std::unordered_map<LogicalId, int32_t> dropped_refs;
   for (const auto& key : seqs_.victims()) {
@@ -90,57 +91,6 @@ void ControlPlane::apply_plan(const Plan& plan, Transfers* out) {
       do_drop(v);
     }
   }
-}
-
-void ControlPlane::evict_one() {
-  // Expired retention priorities are applied lazily, only when a victim is chosen.
-  if (evictq_.has_deadlines()) evictq_.expire(now_ns());
-  const LogicalId id = evictq_.front();
-  evictq_.erase(id);
-  --cached_unref_[static_cast<int>(Tier::kDevice)];
-  remove_node(blocks_[id].node);
-  blocks_.release(id);
-  ++counters_.blocks_evicted;
-}
-
-LogicalId ControlPlane::take_device_block() {
-  if (blocks_.free_count(Tier::kDevice) == 0) evict_one();
-  return blocks_.allocate(Tier::kDevice);
-}
-
-void ControlPlane::do_offload(Sequence* s, Transfers* out) {
-  int64_t moved = 0;
-  for (LogicalId b : s->blocks) {
-    const BlockInfo& info = blocks_[b];
-    if (info.ref != 1 || info.tier != Tier::kDevice) continue;
-    out->moves.push_back(blocks_.move(b, Tier::kHost));
-    ++moved;
-  }
-  s->offloaded = true;
-  s->mark_changed(0);  // every block may have moved
-  seqs_.clear_victim(s);
-  out->offloaded.push_back(s->id);
-  ++counters_.sequences_offloaded;
-  ++counters_.offloaded_sequences;
-  counters_.blocks_offloaded += moved;
-  emit_sequence_event(EventKind::kSequenceOffloaded, s->id);
-}
-
-void ControlPlane::do_restore(Sequence* s, Transfers* out) {
-  int64_t moved = 0;
-  for (LogicalId b : s->blocks) {
-    if (blocks_[b].tier != Tier::kHost) continue;
-    if (blocks_.free_count(Tier::kDevice) == 0) evict_one();
-    out->moves.push_back(blocks_.move(b, Tier::kDevice));
-    ++moved;
-  }
-  s->offloaded = false;
-  s->mark_changed(0);  // every block may have moved
-  update_victim(s);
-  ++counters_.sequences_restored;
-  --counters_.offloaded_sequences;
-  counters_.blocks_restored += moved;
-  emit_sequence_event(EventKind::kSequenceRestored, s->id);
 }
 
 void ControlPlane::do_drop(Sequence* s) {

@@ -13,7 +13,8 @@
 namespace pagedkv {
 namespace {
 
-constexpr size_t kInitialUploadBytes = 1 << 20;
+// Grows on demand (UploadArena); small, so that creating a cache is cheap.
+constexpr size_t kInitialUploadBytes = 64 << 10;
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -97,33 +98,31 @@ PoolRef KvCache::device_pool() const {
 StatusOr<int64_t> KvCache::add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
                                         const SequenceOptions& options) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::add_sequence");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
   return control_->add_sequence(id, prompt, options);
 }
 
-Status KvCache::run_transfers(const Transfers& t, SequenceId self) {
+Status KvCache::run_transfers(const Transfers& t, Submitted* out) {
+  // Dropped victims need no data and are not undone: record them before anything can fail.
+  for (SequenceId id : t.evicted) {
+    evicted_.push_back(id);
+    pending_.erase(id);
+  }
   if (!t.moves.empty()) {
-    PAGEDKV_ASSIGN_OR_RETURN(runtime::TransferTicket ticket, transfers_->submit(t.moves, compute_));
+    StatusOr<runtime::TransferTicket> ticket =
+        transfers_->submit(t.moves, compute_, &out->moves_done);
+    PAGEDKV_RETURN_IF_ERROR(ticket.status());
+    out->ticket = *ticket;
     for (const BlockMove& m : t.moves) {
       if (m.src_tier == Tier::kDevice)
-        block_read_by_job_[static_cast<size_t>(m.src_block)] = ticket;
-    }
-    for (SequenceId id : t.offloaded) {
-      last_job_[id] = ticket;
-      mark_moved(id);
+        block_read_by_job_[static_cast<size_t>(m.src_block)] = *ticket;
     }
     // Restored blocks are read on the compute stream: it waits for the copies. Offloaded ones
     // only constrain later writes into their device blocks (order_block_reuse).
     const bool restores = std::any_of(t.moves.begin(), t.moves.end(), [](const BlockMove& m) {
       return m.dst_tier == Tier::kDevice;
     });
-    if (restores) {
-      last_job_[self] = ticket;
-      PAGEDKV_RETURN_IF_ERROR(transfers_->order_after(ticket, compute_));
-    }
-  }
-  for (SequenceId id : t.evicted) {
-    evicted_.push_back(id);
-    pending_.erase(id);
+    if (restores) PAGEDKV_RETURN_IF_ERROR(transfers_->order_after(*ticket, compute_));
   }
   if (!t.copies.empty()) {
     std::vector<int32_t> pairs;
@@ -144,6 +143,33 @@ Status KvCache::run_transfers(const Transfers& t, SequenceId self) {
     PAGEDKV_RETURN_IF_ERROR(copy_blocks(*backend_, device_pool(), args, compute_));
   }
   return ok_status();
+}
+
+void KvCache::note_transfers(const Transfers& t, runtime::TransferTicket ticket) {
+  for (const std::vector<SequenceId>* ids : {&t.offloaded, &t.restored}) {
+    for (SequenceId id : *ids) {
+      if (ticket != 0) last_job_[id] = ticket;
+      mark_moved(id);
+    }
+  }
+}
+
+Status KvCache::recover(const Status& failure, int64_t moves_done) {
+  // What was queued runs to completion first: the undo then copies bytes back over it.
+  Status repair = backend_->synchronize_stream(compute_);
+  if (repair.ok()) repair = backend_->synchronize_stream(transfers_->copy_stream());
+  const std::vector<BlockMove> inverse = control_->undo_last(moves_done);
+  if (repair.ok() && !inverse.empty()) {
+    StatusOr<runtime::TransferTicket> ticket = transfers_->submit(inverse, compute_);
+    repair = ticket.ok() ? transfers_->wait(*ticket) : ticket.status();
+  }
+  if (!repair.ok()) {
+    broken_ = internal_error("the cache is unusable: after \"" + failure.message() +
+                             "\" its blocks could not be put back: " + repair.message());
+    detail::logger().error("KvCache: {}", broken_.message());
+    return broken_;
+  }
+  return Status(failure.code(), failure.message() + " (nothing changed)");
 }
 
 void KvCache::mark_moved(SequenceId id) {
@@ -176,20 +202,27 @@ Status KvCache::refresh_moved_slots(SequenceId id, Pending* p) {
 Status KvCache::order_block_reuse(const std::vector<int64_t>& slots) {
   runtime::TransferTicket latest = 0;
   for (int64_t slot : slots) {
-    uint64_t& job = block_read_by_job_[static_cast<size_t>(slot / config_.block_size)];
-    latest = std::max<runtime::TransferTicket>(latest, job);
-    job = 0;  // once ordered, later writes on the compute stream follow it too
+    latest = std::max<runtime::TransferTicket>(
+        latest, block_read_by_job_[static_cast<size_t>(slot / config_.block_size)]);
   }
   if (latest == 0) return ok_status();
-  return transfers_->order_after(latest, compute_);
+  PAGEDKV_RETURN_IF_ERROR(transfers_->order_after(latest, compute_));
+  // Once ordered, later writes on the compute stream follow the job too.
+  for (int64_t slot : slots) block_read_by_job_[static_cast<size_t>(slot / config_.block_size)] = 0;
+  return ok_status();
 }
 
 StatusOr<std::vector<int64_t>> KvCache::reserve(SequenceId id, int64_t n) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::reserve");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_ASSIGN_OR_RETURN(ReserveResult result, control_->reserve(id, n));
-  // The control plane has committed to the plan; the data plane now carries it out.
-  PAGEDKV_RETURN_IF_ERROR(run_transfers(result.transfers, id));
-  PAGEDKV_RETURN_IF_ERROR(order_block_reuse(result.slots));
+  // The control plane has applied its plan; the data plane now carries it out, or the plan is
+  // taken back.
+  Submitted sub;
+  Status s = run_transfers(result.transfers, &sub);
+  if (s.ok()) s = order_block_reuse(result.slots);
+  if (!s.ok()) return recover(s, sub.moves_done);
+  note_transfers(result.transfers, sub.ticket);
   Pending& p = pending_[id];
   p.slots = result.slots;
   p.device_slots = nullptr;
@@ -200,6 +233,7 @@ StatusOr<std::vector<int64_t>> KvCache::reserve(SequenceId id, int64_t n) {
 Status KvCache::write_kv(SequenceId id, int32_t layer, const void* key, const void* value,
                          DType input_dtype, int64_t row_stride) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::write_kv");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
   if (!control_->contains(id))
     return not_found("sequence " + std::to_string(id) + " does not exist");
   auto it = pending_.find(id);
@@ -228,6 +262,7 @@ Status KvCache::write_kv(SequenceId id, int32_t layer, const void* key, const vo
 
 Status KvCache::commit(SequenceId id, const std::vector<TokenId>& tokens) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::commit");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_RETURN_IF_ERROR(control_->commit(id, tokens));
   auto it = pending_.find(id);
   if (it != pending_.end()) {
@@ -242,6 +277,7 @@ Status KvCache::commit(SequenceId id, const std::vector<TokenId>& tokens) {
 
 Status KvCache::rollback(SequenceId id, int64_t length) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::rollback");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_RETURN_IF_ERROR(control_->rollback(id, length));
   pending_.erase(id);
   return ok_status();
@@ -249,11 +285,13 @@ Status KvCache::rollback(SequenceId id, int64_t length) {
 
 Status KvCache::fork(SequenceId parent, SequenceId child) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::fork");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
   return control_->fork(parent, child);
 }
 
 Status KvCache::finish(SequenceId id) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::finish");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_RETURN_IF_ERROR(control_->finish(id));
   pending_.erase(id);
   last_job_.erase(id);
@@ -262,6 +300,7 @@ Status KvCache::finish(SequenceId id) {
 
 Status KvCache::erase(SequenceId id) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::erase");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_RETURN_IF_ERROR(control_->erase(id));
   pending_.erase(id);
   last_job_.erase(id);
@@ -270,25 +309,43 @@ Status KvCache::erase(SequenceId id) {
 
 Status KvCache::set_active(const std::vector<SequenceId>& ids) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::set_active");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
   return control_->set_active(ids);
 }
 
 Status KvCache::set_priority(SequenceId id, int32_t priority) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::set_priority");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
   return control_->set_priority(id, priority);
 }
 
 Status KvCache::offload(SequenceId id) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::offload");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_ASSIGN_OR_RETURN(Transfers t, control_->offload(id));
-  return run_transfers(t, id);
+  return carry_out(t);
+}
+
+Status KvCache::carry_out(const Transfers& t) {
+  Submitted sub;
+  const Status s = run_transfers(t, &sub);
+  if (!s.ok()) return recover(s, sub.moves_done);
+  note_transfers(t, sub.ticket);
+  return ok_status();
 }
 
 Status KvCache::restore(SequenceId id) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::restore");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_ASSIGN_OR_RETURN(Transfers t, control_->restore(id));
-  mark_moved(id);
-  return run_transfers(t, id);
+  return carry_out(t);
+}
+
+Status KvCache::prefetch(const std::vector<SequenceId>& ids) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::prefetch");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_ASSIGN_OR_RETURN(Transfers t, control_->prefetch(ids));
+  return carry_out(t);
 }
 
 StatusOr<SequenceResidency> KvCache::residency(SequenceId id) {
@@ -323,6 +380,7 @@ StatusOr<const int32_t*> KvCache::upload_block_table(SequenceId id) {
 StatusOr<DeviceBatch> KvCache::build_batch(const std::vector<SequenceId>& ids,
                                            const BatchOptions& options) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::build_batch");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_ASSIGN_OR_RETURN(const BatchMetadata* m, control_->build_batch(ids, options));
   DeviceBatch out;
   out.host = m;
@@ -354,6 +412,7 @@ Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* 
                              DType packed_dtype, PackedLayout packed_layout, int64_t position_begin,
                              int64_t num_tokens) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::gather_layer");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_ASSIGN_OR_RETURN(int64_t length, control_->length(id));
   // Compared as differences from `length`: position_begin + num_tokens can overflow int64 for
   // caller-supplied values (found by tests/fuzz).

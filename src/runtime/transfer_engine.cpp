@@ -108,8 +108,10 @@ void TransferEngine::recycle_completed() {
   }
 }
 
-StatusOr<TransferTicket> TransferEngine::submit(const std::vector<BlockMove>& moves, Stream after) {
+StatusOr<TransferTicket> TransferEngine::submit(const std::vector<BlockMove>& moves, Stream after,
+                                                int64_t* moves_queued) {
   PAGEDKV_NVTX_RANGE("pagedkv::TransferEngine::submit");
+  if (moves_queued != nullptr) *moves_queued = 0;
   for (const BlockMove& m : moves) PAGEDKV_RETURN_IF_ERROR(validate(m));
   recycle_completed();
   PAGEDKV_ASSIGN_OR_RETURN(Event done, take_event());
@@ -126,6 +128,7 @@ StatusOr<TransferTicket> TransferEngine::submit(const std::vector<BlockMove>& mo
     if (status.ok()) {
       ++copies_issued_;
       bytes_moved_ += static_cast<int64_t>(bytes);
+      if (moves_queued != nullptr) *moves_queued += run.num_blocks;
     }
   }
   // Record even after a failure, so that ordering against what was queued stays intact.

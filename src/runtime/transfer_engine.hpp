@@ -54,8 +54,11 @@ class TransferEngine {
 
   /// Queues `moves` as one job on the copy stream, after the work queued on `after` so far (the
   /// last writes of the blocks being read). Validates every move first: on error nothing is
-  /// queued. An empty job completes at once.
-  StatusOr<TransferTicket> submit(const std::vector<BlockMove>& moves, Stream after);
+  /// queued. An empty job completes at once. `moves_queued` (optional) receives how many moves,
+  /// from the front of the list, were queued: all of them on success, a prefix when the
+  /// backend failed part way (those still run).
+  StatusOr<TransferTicket> submit(const std::vector<BlockMove>& moves, Stream after,
+                                  int64_t* moves_queued = nullptr);
 
   /// Work queued on `stream` after this call starts only after job `ticket` (and every earlier
   /// job) finished copying: writes into blocks the job read, reads of blocks it wrote.

@@ -382,7 +382,8 @@ TEST(ControlPlane, OffloadsToHostThenRestores) {
 }
 
 // Seed defect 1: offloading keeps the prefix entries but they point at the host copy, so a
-// block handed to another sequence is never matched by the old prefix.
+// block handed to another sequence is never matched by the old prefix; a new prompt matches the
+// host copy and its first reserve brings that copy back.
 TEST(ControlPlane, OffloadedPrefixNeverMatchesReusedBlocks) {
   CacheConfig c = tiny_config(2, 4, 4);
   auto cp = make_cp(c);
@@ -393,20 +394,34 @@ TEST(ControlPlane, OffloadedPrefixNeverMatchesReusedBlocks) {
   PAGEDKV_EXPECT_INV(*cp);
   add_and_fill(*cp, 2, {7, 7, 7, 7, 7, 7, 7});  // reuses device blocks 2, 1, 0, 3 (LIFO)
   EXPECT_EQ(device_blocks(*cp, 2), (std::vector<int32_t>{2, 1, 0, 3}));
+  const std::vector<BlockLocation> host1 = *cp->block_locations(1);
   auto c3 = cp->add_sequence(3, {1, 2, 3, 4, 6});
   ASSERT_TRUE(c3.ok());
-  EXPECT_EQ(*c3, 0);
-  EXPECT_TRUE(device_blocks(*cp, 3).empty());
+  EXPECT_EQ(*c3, 4);  // the host copies of blocks 0 and 1, not device blocks 0 and 1
+  const std::vector<BlockLocation> loc3 = *cp->block_locations(3);
+  ASSERT_EQ(loc3.size(), 2u);
+  EXPECT_EQ(loc3[0], host1[0]);
+  EXPECT_EQ(loc3[1], host1[1]);
+  EXPECT_EQ(loc3[0].tier, Tier::kHost);
+  EXPECT_TRUE(cp->residency(3)->offloaded);
+  EXPECT_EQ(cp->stats().prefix_host_hit_blocks, 2);
   PAGEDKV_EXPECT_INV(*cp);
-  // After restore the prefix is usable again.
+  // The first reserve onboards them (evicting or offloading to make room), then copies the
+  // partly reused block on write.
   PAGEDKV_ASSERT_OK(cp->finish(2));
-  PAGEDKV_ASSERT_OK(cp->erase(3));
-  ASSERT_TRUE(cp->restore(1).ok());
-  auto c4 = cp->add_sequence(4, {1, 2, 3, 4, 6});
-  ASSERT_TRUE(c4.ok());
-  EXPECT_EQ(*c4, 4);
-  auto locs1 = cp->block_locations(1);
-  EXPECT_EQ(device_blocks(*cp, 4), (std::vector<int32_t>{(*locs1)[0].block, (*locs1)[1].block}));
+  auto r3 = cp->reserve(3, 1);
+  ASSERT_TRUE(r3.ok()) << r3.status().to_string();
+  EXPECT_EQ(r3->transfers.restored, (std::vector<SequenceId>{3}));
+  int64_t onboarded = 0;
+  for (const BlockMove& m : r3->transfers.moves) {
+    if (m.dst_tier == Tier::kDevice) {
+      EXPECT_TRUE(m.src_block == host1[0].block || m.src_block == host1[1].block);
+      ++onboarded;
+    }
+  }
+  EXPECT_EQ(onboarded, 2);
+  EXPECT_FALSE(cp->residency(3)->offloaded);
+  EXPECT_EQ(cp->residency(3)->host_blocks, 0);
   PAGEDKV_EXPECT_INV(*cp);
 }
 

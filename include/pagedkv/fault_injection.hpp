@@ -1,0 +1,122 @@
+// FaultInjectionBackend: a Backend that delegates every call to another one and makes the n-th
+// call of a chosen kind fail, so tests can check that a caller (KvCache, the transfer engine, a
+// server) survives a backend error at every point where one can happen.
+//
+// A failed call does nothing on the inner backend and returns kInternal with a message
+// "injected fault: <kind> #<index> (<call>)", e.g. "injected fault: copy #7 (copy_async)", where
+// <index> is the 1-based count of calls of that kind since construction (or reset_counts()).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+
+#include "pagedkv/backend.hpp"
+
+namespace pagedkv {
+
+/// Which backend calls a fault can be injected into. Calls that cannot fail (kind, description,
+/// native_stream, the free_* and destroy_* calls) are neither counted nor failed.
+enum class FaultKind : uint8_t {
+  kAllocation = 0,  // allocate_device, allocate_pinned
+  kCopy = 1,        // copy_async
+  kLaunch = 2,      // launch, launch_host_func
+  kEvent = 3,       // create_stream, create_event, record_event, wait_event
+  kSync = 4,        // synchronize_stream, synchronize_event, query_event (fails without waiting)
+};
+inline constexpr int kNumFaultKinds = 5;
+
+/// "allocation", "copy", "launch", "event" or "sync".
+const char* fault_kind_name(FaultKind kind);
+
+/// Objects made through a FaultInjectionBackend and not yet released through it, for leak
+/// checks (the CPU backend frees what is left when it is destroyed, so ASan cannot see these).
+struct LiveObjects {
+  int64_t device_allocations = 0;  // allocate_device minus free_device of non-null pointers
+  int64_t pinned_allocations = 0;  // allocate_pinned minus free_pinned of non-null pointers
+  int64_t streams = 0;             // create_stream minus destroy_stream of non-default streams
+  int64_t events = 0;              // create_event minus destroy_event of non-null events
+  friend bool operator==(const LiveObjects& a, const LiveObjects& b) {
+    return a.device_allocations == b.device_allocations &&
+           a.pinned_allocations == b.pinned_allocations && a.streams == b.streams &&
+           a.events == b.events;
+  }
+  friend bool operator!=(const LiveObjects& a, const LiveObjects& b) { return !(a == b); }
+};
+
+/// Wraps a backend (not owned, must outlive the wrapper) and fails chosen calls once.
+/// Counters and arming are atomic, so a test thread may arm while the owner thread calls.
+class FaultInjectionBackend final : public Backend {
+ public:
+  explicit FaultInjectionBackend(Backend& inner);
+
+  /// The wrapped backend (calls made on it directly are not counted).
+  Backend& inner() { return inner_; }
+
+  /// Arms `kind`: the n-th call of that kind from now (1-based) fails, once. n <= 0 disarms.
+  /// Replaces an earlier arming of the same kind; other kinds keep theirs.
+  void fail_nth(FaultKind kind, int64_t n);
+  /// Disarms every kind.
+  void disarm_all();
+  /// Whether `kind` is armed (its fault has not fired yet).
+  bool armed(FaultKind kind) const;
+  /// Calls of `kind` seen since construction or reset_counts(), failed ones included.
+  int64_t count(FaultKind kind) const;
+  /// Faults injected since construction or reset_counts().
+  int64_t injected() const;
+  /// The message of the last injected fault ("" when none).
+  std::string last_fault() const;
+  /// Zeroes the counts, the injected count and the last fault; disarms every kind. The live
+  /// objects are real and stay counted.
+  void reset_counts();
+  /// Allocations, streams and events made through the wrapper and not yet released.
+  LiveObjects live() const;
+
+  BackendKind kind() const override;
+  std::string description() const override;
+
+  StatusOr<void*> allocate_device(size_t bytes) override;
+  void free_device(void* ptr) override;
+  StatusOr<void*> allocate_pinned(size_t bytes) override;
+  void free_pinned(void* ptr) override;
+
+  StatusOr<Stream> create_stream() override;
+  StatusOr<void*> native_stream(Stream stream) override;
+  void destroy_stream(Stream stream) override;
+  StatusOr<Event> create_event() override;
+  void destroy_event(Event event) override;
+
+  Status record_event(Event event, Stream stream) override;
+  Status wait_event(Stream stream, Event event) override;
+  StatusOr<bool> query_event(Event event) override;
+  Status synchronize_event(Event event) override;
+  Status synchronize_stream(Stream stream) override;
+
+  Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind,
+                    Stream stream) override;
+  Status launch_host_func(Stream stream, std::function<void()> fn) override;
+  Status launch(const KernelLaunch& launch, Stream stream) override;
+
+ private:
+  struct Counter {
+    std::atomic<int64_t> calls{0};
+    std::atomic<int64_t> target{0};  // the index of the call to fail; 0 when disarmed
+  };
+  // Counts a call of `kind`; an error when it is the armed one.
+  Status tick(FaultKind kind, const char* call);
+
+  Backend& inner_;
+  std::array<Counter, kNumFaultKinds> counters_;
+  std::atomic<int64_t> injected_{0};
+  std::atomic<int64_t> live_device_{0};
+  std::atomic<int64_t> live_pinned_{0};
+  std::atomic<int64_t> live_streams_{0};
+  std::atomic<int64_t> live_events_{0};
+  mutable std::mutex last_mutex_;
+  std::string last_fault_;
+};
+
+}  // namespace pagedkv

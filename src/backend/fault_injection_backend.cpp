@@ -1,0 +1,186 @@
+#include <string>
+#include <utility>
+
+#include "pagedkv/fault_injection.hpp"
+
+namespace pagedkv {
+
+const char* fault_kind_name(FaultKind kind) {
+  switch (kind) {
+    case FaultKind::kAllocation:
+      return "allocation";
+    case FaultKind::kCopy:
+      return "copy";
+    case FaultKind::kLaunch:
+      return "launch";
+    case FaultKind::kEvent:
+      return "event";
+    case FaultKind::kSync:
+      return "sync";
+  }
+  return "unknown";
+}
+
+FaultInjectionBackend::FaultInjectionBackend(Backend& inner) : inner_(inner) {}
+
+void FaultInjectionBackend::fail_nth(FaultKind kind, int64_t n) {
+  Counter& c = counters_[static_cast<size_t>(kind)];
+  c.target.store(n <= 0 ? 0 : c.calls.load() + n);
+}
+
+void FaultInjectionBackend::disarm_all() {
+  for (Counter& c : counters_) c.target.store(0);
+}
+
+bool FaultInjectionBackend::armed(FaultKind kind) const {
+  return counters_[static_cast<size_t>(kind)].target.load() != 0;
+}
+
+int64_t FaultInjectionBackend::count(FaultKind kind) const {
+  return counters_[static_cast<size_t>(kind)].calls.load();
+}
+
+int64_t FaultInjectionBackend::injected() const { return injected_.load(); }
+
+std::string FaultInjectionBackend::last_fault() const {
+  std::lock_guard<std::mutex> lock(last_mutex_);
+  return last_fault_;
+}
+
+void FaultInjectionBackend::reset_counts() {
+  for (Counter& c : counters_) {
+    c.target.store(0);
+    c.calls.store(0);
+  }
+  injected_.store(0);
+  std::lock_guard<std::mutex> lock(last_mutex_);
+  last_fault_.clear();
+}
+
+Status FaultInjectionBackend::tick(FaultKind kind, const char* call) {
+  Counter& c = counters_[static_cast<size_t>(kind)];
+  const int64_t index = c.calls.fetch_add(1) + 1;
+  int64_t expected = index;
+  // The exchange makes the fault one-shot even if two threads reach the same index.
+  if (c.target.load() != index || !c.target.compare_exchange_strong(expected, 0)) {
+    return ok_status();
+  }
+  injected_.fetch_add(1);
+  std::string message = std::string("injected fault: ") + fault_kind_name(kind) + " #" +
+                        std::to_string(index) + " (" + call + ")";
+  {
+    std::lock_guard<std::mutex> lock(last_mutex_);
+    last_fault_ = message;
+  }
+  return internal_error(std::move(message));
+}
+
+LiveObjects FaultInjectionBackend::live() const {
+  LiveObjects out;
+  out.device_allocations = live_device_.load();
+  out.pinned_allocations = live_pinned_.load();
+  out.streams = live_streams_.load();
+  out.events = live_events_.load();
+  return out;
+}
+
+BackendKind FaultInjectionBackend::kind() const { return inner_.kind(); }
+
+std::string FaultInjectionBackend::description() const {
+  return "fault injection over " + inner_.description();
+}
+
+StatusOr<void*> FaultInjectionBackend::allocate_device(size_t bytes) {
+  PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kAllocation, "allocate_device"));
+  StatusOr<void*> ptr = inner_.allocate_device(bytes);
+  if (ptr.ok()) live_device_.fetch_add(1);
+  return ptr;
+}
+
+void FaultInjectionBackend::free_device(void* ptr) {
+  if (ptr != nullptr) live_device_.fetch_sub(1);
+  inner_.free_device(ptr);
+}
+
+StatusOr<void*> FaultInjectionBackend::allocate_pinned(size_t bytes) {
+  PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kAllocation, "allocate_pinned"));
+  StatusOr<void*> ptr = inner_.allocate_pinned(bytes);
+  if (ptr.ok()) live_pinned_.fetch_add(1);
+  return ptr;
+}
+
+void FaultInjectionBackend::free_pinned(void* ptr) {
+  if (ptr != nullptr) live_pinned_.fetch_sub(1);
+  inner_.free_pinned(ptr);
+}
+
+StatusOr<Stream> FaultInjectionBackend::create_stream() {
+  PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kEvent, "create_stream"));
+  StatusOr<Stream> stream = inner_.create_stream();
+  if (stream.ok()) live_streams_.fetch_add(1);
+  return stream;
+}
+
+StatusOr<void*> FaultInjectionBackend::native_stream(Stream stream) {
+  return inner_.native_stream(stream);
+}
+
+void FaultInjectionBackend::destroy_stream(Stream stream) {
+  if (stream != Stream{}) live_streams_.fetch_sub(1);
+  inner_.destroy_stream(stream);
+}
+
+StatusOr<Event> FaultInjectionBackend::create_event() {
+  PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kEvent, "create_event"));
+  StatusOr<Event> event = inner_.create_event();
+  if (event.ok()) live_events_.fetch_add(1);
+  return event;
+}
+
+void FaultInjectionBackend::destroy_event(Event event) {
+  if (event.handle != nullptr) live_events_.fetch_sub(1);
+  inner_.destroy_event(event);
+}
+
+Status FaultInjectionBackend::record_event(Event event, Stream stream) {
+  PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kEvent, "record_event"));
+  return inner_.record_event(event, stream);
+}
+
+Status FaultInjectionBackend::wait_event(Stream stream, Event event) {
+  PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kEvent, "wait_event"));
+  return inner_.wait_event(stream, event);
+}
+
+StatusOr<bool> FaultInjectionBackend::query_event(Event event) {
+  PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kSync, "query_event"));
+  return inner_.query_event(event);
+}
+
+Status FaultInjectionBackend::synchronize_event(Event event) {
+  PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kSync, "synchronize_event"));
+  return inner_.synchronize_event(event);
+}
+
+Status FaultInjectionBackend::synchronize_stream(Stream stream) {
+  PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kSync, "synchronize_stream"));
+  return inner_.synchronize_stream(stream);
+}
+
+Status FaultInjectionBackend::copy_async(void* dst, const void* src, size_t bytes, CopyKind kind,
+                                         Stream stream) {
+  PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kCopy, "copy_async"));
+  return inner_.copy_async(dst, src, bytes, kind, stream);
+}
+
+Status FaultInjectionBackend::launch_host_func(Stream stream, std::function<void()> fn) {
+  PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kLaunch, "launch_host_func"));
+  return inner_.launch_host_func(stream, std::move(fn));
+}
+
+Status FaultInjectionBackend::launch(const KernelLaunch& launch, Stream stream) {
+  PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kLaunch, "launch"));
+  return inner_.launch(launch, stream);
+}
+
+}  // namespace pagedkv

@@ -1,0 +1,180 @@
+// The two tiers' cached blocks and the moves between tiers. A cached (registered, unreferenced)
+// device block is listed for eviction once no child of it is device-resident; evicting it
+// demotes it to the host tier when a host slot is free or can be had by dropping the least
+// recently used cached host leaf, and drops it otherwise. A prefix hit on a host-resident block
+// makes the new sequence "offloaded" until its first reserve (or a restore/prefetch) brings the
+// blocks back, in the same transfer job as the step's other moves.
+#include <cassert>
+#include <string>
+
+#include "core/control_plane.hpp"
+
+namespace pagedkv {
+namespace core {
+
+void ControlPlane::list_if_evictable(LogicalId id) {
+  const BlockInfo& b = blocks_[id];
+  if (b.listed || b.ref != 0 || b.node < 0) return;
+  const bool leaf =
+      b.tier == Tier::kDevice ? b.device_children == 0 : index_.node(b.node).children == 0;
+  if (leaf) queue_of(b.tier).push(id);
+}
+
+void ControlPlane::move_block(LogicalId id, Tier dst, Transfers* out) {
+  if (blocks_[id].listed) queue_of(blocks_[id].tier).erase(id);
+  const BlockMove m = blocks_.move(id, dst);
+  journal_move(id, m);
+  out->moves.push_back(m);
+  after_tier_change(id, m.src_tier);
+}
+
+void ControlPlane::after_tier_change(LogicalId id, Tier from) {
+  const BlockInfo& b = blocks_[id];
+  if (b.node < 0) return;
+  const NodeId parent = index_.node(b.node).parent;
+  if (parent != kRootNode) {
+    const LogicalId pid = index_.node(parent).block;
+    BlockInfo& p = blocks_[pid];
+    if (b.tier == Tier::kDevice) {
+      if (p.device_children++ == 0 && p.listed && p.tier == Tier::kDevice) evictq_.erase(pid);
+    } else if (--p.device_children == 0) {
+      list_if_evictable(pid);
+    }
+  }
+  if (b.ref == 0) {
+    --cached_unref_[static_cast<int>(from)];
+    ++cached_unref_[static_cast<int>(b.tier)];
+    queue_of(b.tier).schedule_expiry(id);
+    list_if_evictable(id);
+  }
+}
+
+bool ControlPlane::drop_host_lru() {
+  if (host_lru_.has_deadlines()) host_lru_.expire(now_ns());
+  const LogicalId id = host_lru_.front();
+  if (id == kNoBlock) return false;
+  host_lru_.erase(id);
+  --cached_unref_[static_cast<int>(Tier::kHost)];
+  remove_node(blocks_[id].node);
+  blocks_.release(id);
+  ++counters_.host_blocks_dropped;
+  return true;
+}
+
+void ControlPlane::make_host_room(int64_t n) {
+  while (blocks_.free_count(Tier::kHost) < n && drop_host_lru()) {
+  }
+}
+
+void ControlPlane::relist_parked() {
+  for (LogicalId id : parked_) {
+    if (blocks_.live(id) && blocks_[id].tier == Tier::kDevice) list_if_evictable(id);
+  }
+  parked_.clear();
+}
+
+void ControlPlane::evict_one(Transfers* out) {
+  // Expired retention priorities are applied lazily, only when a victim is chosen.
+  if (evictq_.has_deadlines()) evictq_.expire(now_ns());
+  const bool can_demote = config_.cache_prefixes_on_host && config_.num_host_blocks > 0;
+  if (can_demote && !parked_.empty() && host_room() > 0) relist_parked();
+  while (true) {
+    const LogicalId id = evictq_.front();
+    if (id == kNoBlock) {
+      // Only parked blocks are left (the planner counts them): dropping cached host leaves
+      // either makes room to demote them or, leaf by leaf, frees them of their children.
+      const bool room = can_demote && host_room() > 0;
+      if (parked_.empty() || (!room && !drop_host_lru())) {
+        assert(false && "evict_one: nothing evictable; the planner promised too much");
+        return;
+      }
+      relist_parked();
+      continue;
+    }
+    evictq_.erase(id);
+    if (can_demote && host_room() > 0) {
+      make_host_room(1);
+      move_block(id, Tier::kHost, out);
+      ++counters_.blocks_demoted;
+      return;
+    }
+    if (index_.node(blocks_[id].node).children != 0) {
+      // Its children are all on the host and there is no host room to join them: it waits
+      // until they are gone (remove_node lists it again) or host room appears.
+      parked_.push_back(id);
+      continue;
+    }
+    --cached_unref_[static_cast<int>(Tier::kDevice)];
+    remove_node(blocks_[id].node);
+    blocks_.release(id);
+    ++counters_.blocks_evicted;
+    return;
+  }
+}
+
+LogicalId ControlPlane::take_device_block(Transfers* out) {
+  if (blocks_.free_count(Tier::kDevice) == 0) evict_one(out);
+  const LogicalId id = blocks_.allocate(Tier::kDevice);
+  journal_allocation(id);
+  return id;
+}
+
+void ControlPlane::do_offload(Sequence* s, Transfers* out) {
+  journal_sequence(s);
+  make_host_room(exclusive_device_blocks(*s));
+  int64_t moved = 0;
+  for (LogicalId b : s->blocks) {
+    const BlockInfo& info = blocks_[b];
+    if (info.ref != 1 || info.tier != Tier::kDevice) continue;
+    move_block(b, Tier::kHost, out);
+    ++moved;
+  }
+  s->offloaded = true;
+  s->mark_changed(0);  // every block may have moved
+  seqs_.clear_victim(s);
+  out->offloaded.push_back(s->id);
+  ++counters_.sequences_offloaded;
+  ++counters_.offloaded_sequences;
+  counters_.blocks_offloaded += moved;
+  emit_sequence_event(EventKind::kSequenceOffloaded, s->id);
+}
+
+void ControlPlane::do_restore(Sequence* s, Transfers* out) {
+  journal_sequence(s);
+  int64_t moved = 0;
+  for (LogicalId b : s->blocks) {
+    if (blocks_[b].tier != Tier::kHost) continue;
+    if (blocks_.free_count(Tier::kDevice) == 0) evict_one(out);
+    move_block(b, Tier::kDevice, out);
+    ++moved;
+  }
+  s->offloaded = false;
+  s->mark_changed(0);  // every block may have moved
+  update_victim(s);
+  out->restored.push_back(s->id);
+  ++counters_.sequences_restored;
+  --counters_.offloaded_sequences;
+  counters_.blocks_restored += moved;
+  emit_sequence_event(EventKind::kSequenceRestored, s->id);
+}
+
+StatusOr<Transfers> ControlPlane::prefetch(const std::vector<SequenceId>& ids) {
+  for (SequenceId id : ids) {
+    if (seqs_.find(id) == nullptr)
+      return not_found("sequence " + std::to_string(id) + " does not exist");
+  }
+  begin_journal();
+  Transfers out;
+  for (SequenceId id : ids) {
+    Sequence* s = seqs_.find(id);
+    if (!s->offloaded) continue;
+    int64_t host_blocks = 0;
+    for (LogicalId b : s->blocks) host_blocks += blocks_[b].tier == Tier::kHost ? 1 : 0;
+    if (host_blocks > device_available()) continue;
+    do_restore(s, &out);
+  }
+  return out;
+}
+
+}  // namespace core
+}  // namespace pagedkv

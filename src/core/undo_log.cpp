@@ -1,0 +1,148 @@
+// The journal that lets KvCache take back a tier-moving call (reserve, reserve_batch, offload,
+// restore, prefetch) whose transfers the data plane failed to carry out. The call's revocable
+// effects are recorded as they happen: allocations, releases and moves between tiers, each
+// touched sequence's table, reservation and residency, and the references it dropped at its
+// end. Undoing them in reverse order puts every block back into the slot it left: a slot
+// vacated by a move or release can only have been taken by a later allocation or move of the
+// same call, which is undone first.
+// Evicting unreferenced cached blocks and dropping victims need no data and are not undone.
+#include <algorithm>
+#include <cassert>
+
+#include "core/control_plane.hpp"
+
+namespace pagedkv {
+namespace core {
+
+void ControlPlane::begin_journal() {
+  journal_.open = true;
+  ++journal_.epoch;
+  journal_.ops.clear();
+  journal_.sequences.clear();
+  journal_.released.clear();
+  journal_.counters = counters_;
+  journal_.events = events_.size();
+}
+
+ControlPlane::Journal::SavedSequence& ControlPlane::journal_sequence(Sequence* s) {
+  if (s->journal_mark != journal_.epoch) {
+    s->journal_mark = journal_.epoch;
+    s->journal_slot = journal_.sequences.size();
+    Journal::SavedSequence& saved = journal_.sequences.emplace_back();
+    saved.id = s->id;
+    saved.blocks = s->blocks.size();
+    saved.pending = s->pending;
+    saved.offloaded = s->offloaded;
+    saved.last_used = s->last_used;
+  }
+  return journal_.sequences[s->journal_slot];
+}
+
+void ControlPlane::journal_allocation(LogicalId id) {
+  journal_.ops.push_back(Journal::Op{Journal::OpKind::kAllocate, id, Tier::kDevice, -1});
+}
+
+void ControlPlane::journal_release(LogicalId id) {
+  const BlockInfo& b = blocks_[id];
+  journal_.ops.push_back(Journal::Op{Journal::OpKind::kRelease, id, b.tier, b.phys});
+}
+
+void ControlPlane::journal_unref(LogicalId id) {
+  journal_.ops.push_back(Journal::Op{Journal::OpKind::kUnref, id, Tier::kDevice, -1});
+}
+
+void ControlPlane::journal_move(LogicalId id, const BlockMove& m) {
+  journal_.ops.push_back(Journal::Op{Journal::OpKind::kMove, id, m.src_tier, m.src_block});
+}
+
+void ControlPlane::flush_deferred_releases() {
+  for (const auto& [owner, id] : deferred_release_) {
+    const BlockInfo& b = blocks_[id];
+    journal_.released.push_back(Journal::Released{id, b.tier, b.phys});
+    release_block(id, *owner);
+  }
+  deferred_release_.clear();
+}
+
+std::vector<BlockMove> ControlPlane::undo_last(int64_t moves_done) {
+  std::vector<BlockMove> inverse;
+  if (!journal_.open) return inverse;
+  journal_.open = false;
+
+  // References dropped at the end of the call come back first (nothing reused their slots).
+  for (auto it = journal_.released.rbegin(); it != journal_.released.rend(); ++it) {
+    if (blocks_.live(it->block)) {
+      BlockInfo& b = blocks_[it->block];
+      if (b.ref++ == 0) {  // it had become a cached block
+        unlist(it->block);
+        --cached_unref_[static_cast<int>(b.tier)];
+      }
+    } else {
+      blocks_.reacquire(it->block, it->tier, it->phys);
+    }
+  }
+
+  int64_t move_index = 0;
+  for (const Journal::Op& op : journal_.ops) move_index += op.kind == Journal::OpKind::kMove;
+  for (auto it = journal_.ops.rbegin(); it != journal_.ops.rend(); ++it) {
+    const LogicalId id = it->block;
+    if (it->kind == Journal::OpKind::kAllocate) {
+      BlockInfo& b = blocks_[id];
+      assert(b.ref == 1 && b.node < 0);
+      b.ref = 0;
+      blocks_.release(id);
+      continue;
+    }
+    if (it->kind == Journal::OpKind::kRelease) {
+      blocks_.reacquire(id, it->from_tier, it->from_phys);
+      continue;
+    }
+    if (it->kind == Journal::OpKind::kUnref) {
+      ++blocks_[id].ref;
+      continue;
+    }
+    --move_index;
+    // A demoted cached block may have been dropped from the host tier later in the call.
+    if (!blocks_.live(id)) continue;
+    const BlockInfo& b = blocks_[id];
+    const Tier now_tier = b.tier;
+    const int32_t now_phys = b.phys;
+    if (move_index < moves_done) {
+      inverse.push_back(BlockMove{now_tier, now_phys, it->from_tier, it->from_phys});
+    }
+    unlist(id);
+    blocks_.move_to(id, it->from_tier, it->from_phys);
+    after_tier_change(id, now_tier);
+  }
+
+  for (const Journal::SavedSequence& saved : journal_.sequences) {
+    Sequence* s = seqs_.find(saved.id);
+    assert(s != nullptr);
+    s->blocks.resize(saved.blocks - saved.tail.size());
+    if (saved.cow_index >= 0) s->blocks[static_cast<size_t>(saved.cow_index)] = saved.cow_source;
+    s->blocks.insert(s->blocks.end(), saved.tail.rbegin(), saved.tail.rend());
+    s->pending = saved.pending;
+    s->offloaded = saved.offloaded;
+    s->last_used = saved.last_used;
+    s->mark_changed(0);
+    update_victim(s);
+  }
+
+  // Counters and events of what was undone go; evictions and drops stay.
+  const ControlStats now = counters_;
+  counters_ = journal_.counters;
+  counters_.blocks_evicted = now.blocks_evicted;
+  counters_.sequences_evicted = now.sequences_evicted;
+  counters_.host_blocks_dropped = now.host_blocks_dropped;
+  auto first = events_.begin() + static_cast<std::ptrdiff_t>(journal_.events);
+  events_.erase(std::remove_if(first, events_.end(),
+                               [](const ControlEvent& e) {
+                                 return e.kind == EventKind::kSequenceOffloaded ||
+                                        e.kind == EventKind::kSequenceRestored;
+                               }),
+                events_.end());
+  return inverse;
+}
+
+}  // namespace core
+}  // namespace pagedkv

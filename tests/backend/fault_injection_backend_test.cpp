@@ -1,0 +1,433 @@
+// FaultInjectionBackend: every call delegates to the wrapped backend, and exactly the armed n-th
+// call of a kind fails, once, without touching the wrapped backend.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "kernels/basic_bodies.hpp"
+#include "pagedkv/cpu_backend.hpp"
+#include "pagedkv/fault_injection.hpp"
+#include "support/backend_test.hpp"
+
+namespace pagedkv {
+namespace {
+
+using testing::DeviceBuffer;
+
+constexpr FaultKind kAllKinds[] = {FaultKind::kAllocation, FaultKind::kCopy, FaultKind::kLaunch,
+                                   FaultKind::kEvent, FaultKind::kSync};
+
+template <typename Body>
+KernelLaunch make_launch(KernelId id, const Body& body, int64_t n) {
+  return KernelLaunch{id, &body, sizeof(body), n};
+}
+
+std::vector<uint32_t> pattern(size_t n, uint32_t seed) {
+  std::vector<uint32_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint32_t>(i * 2654435761u + seed) | 1u;
+  return v;
+}
+
+// Blocks a stream until release() so a test can see whether work was queued behind it.
+class StreamGate {
+ public:
+  Status close(Backend& backend, Stream stream) {
+    return backend.launch_host_func(stream, [this] {
+      while (!open_.load()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    });
+  }
+  void release() { open_.store(true); }
+
+ private:
+  std::atomic<bool> open_{false};
+};
+
+class FaultInjectionBackendTest : public ::testing::Test {
+ protected:
+  FaultInjectionBackendTest() : inner_(create_cpu_backend()), fi_(*inner_) {}
+
+  // One call of `kind` through the wrapper; its status. Resources it makes are released.
+  Status call(FaultKind kind) {
+    switch (kind) {
+      case FaultKind::kAllocation: {
+        StatusOr<void*> p = fi_.allocate_device(64);
+        if (p.ok()) fi_.free_device(*p);
+        return p.status();
+      }
+      case FaultKind::kCopy:
+        return fi_.copy_async(scratch_b_.data(), scratch_a_.data(), scratch_a_.size(),
+                              CopyKind::kHostToHost, Stream{});
+      case FaultKind::kLaunch:
+        return fi_.launch_host_func(Stream{}, [] {});
+      case FaultKind::kEvent: {
+        StatusOr<Event> e = fi_.create_event();
+        if (e.ok()) fi_.destroy_event(*e);
+        return e.status();
+      }
+      case FaultKind::kSync:
+        return fi_.synchronize_stream(Stream{});
+    }
+    return internal_error("unknown kind");
+  }
+
+  // Declared first so they outlive the backend's streams (copies into them may be queued).
+  std::vector<uint8_t> scratch_a_ = std::vector<uint8_t>(64, 1);
+  std::vector<uint8_t> scratch_b_ = std::vector<uint8_t>(64, 2);
+  std::unique_ptr<Backend> inner_;
+  FaultInjectionBackend fi_;
+};
+
+TEST_F(FaultInjectionBackendTest, ReportsTheInnerKindAndDescription) {
+  EXPECT_EQ(fi_.kind(), inner_->kind());
+  EXPECT_NE(fi_.description().find(inner_->description()), std::string::npos);
+  EXPECT_STREQ(fault_kind_name(FaultKind::kAllocation), "allocation");
+  EXPECT_STREQ(fault_kind_name(FaultKind::kCopy), "copy");
+  EXPECT_STREQ(fault_kind_name(FaultKind::kLaunch), "launch");
+  EXPECT_STREQ(fault_kind_name(FaultKind::kEvent), "event");
+  EXPECT_STREQ(fault_kind_name(FaultKind::kSync), "sync");
+}
+
+TEST_F(FaultInjectionBackendTest, PassthroughGivesTheInnerBackendsResults) {
+  const size_t n = 1000;
+  const std::vector<uint32_t> src = pattern(n, 7);
+  // The same program on the inner backend and through the wrapper (on its own buffers).
+  auto run = [&](Backend& be) {
+    auto a = be.allocate_device(n * 4);
+    auto b = be.allocate_device(n * 4);
+    auto staging = be.allocate_pinned(n * 4);
+    EXPECT_TRUE(a.ok() && b.ok() && staging.ok());
+    std::memcpy(*staging, src.data(), n * 4);
+    auto copy_stream = be.create_stream();
+    auto ev = be.create_event();
+    EXPECT_TRUE(copy_stream.ok() && ev.ok());
+    EXPECT_TRUE(be.copy_async(*a, *staging, n * 4, CopyKind::kHostToDevice, *copy_stream).ok());
+    EXPECT_TRUE(be.record_event(*ev, *copy_stream).ok());
+    EXPECT_TRUE(be.wait_event(Stream{}, *ev).ok());
+    const kernels::FillBody fill{static_cast<uint32_t*>(*b), 0xabcd1234u};
+    EXPECT_TRUE(be.launch(make_launch(KernelId::kFill, fill, n / 2), Stream{}).ok());
+    // The second half of b from a, after the fill, in stream order.
+    EXPECT_TRUE(be.copy_async(static_cast<uint32_t*>(*b) + n / 2,
+                              static_cast<uint32_t*>(*a) + n / 2, n / 2 * 4,
+                              CopyKind::kDeviceToDevice, Stream{})
+                    .ok());
+    bool host_func_ran = false;
+    EXPECT_TRUE(be.launch_host_func(Stream{}, [&] { host_func_ran = true; }).ok());
+    EXPECT_TRUE(be.synchronize_event(*ev).ok());
+    EXPECT_TRUE(be.synchronize_stream(Stream{}).ok());
+    auto done = be.query_event(*ev);
+    EXPECT_TRUE(done.ok() && *done);
+    EXPECT_TRUE(host_func_ran);
+    std::vector<uint32_t> out(n);
+    EXPECT_TRUE(be.copy_async(out.data(), *b, n * 4, CopyKind::kDeviceToHost, Stream{}).ok());
+    EXPECT_TRUE(be.synchronize_stream(Stream{}).ok());
+    EXPECT_TRUE(be.native_stream(*copy_stream).ok());
+    be.destroy_event(*ev);
+    be.destroy_stream(*copy_stream);
+    be.free_device(*a);
+    be.free_device(*b);
+    be.free_pinned(*staging);
+    return out;
+  };
+  const std::vector<uint32_t> expected = run(*inner_);
+  const std::vector<uint32_t> got = run(fi_);
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(got[0], 0xabcd1234u);
+  EXPECT_EQ(got[n - 1], src[n - 1]);
+  EXPECT_EQ(fi_.injected(), 0);
+  EXPECT_EQ(fi_.count(FaultKind::kAllocation), 3);
+  EXPECT_EQ(fi_.count(FaultKind::kCopy), 3);
+  EXPECT_EQ(fi_.count(FaultKind::kLaunch), 2);
+  EXPECT_EQ(fi_.count(FaultKind::kEvent), 4);  // create_stream, create_event, record, wait
+  EXPECT_EQ(fi_.count(FaultKind::kSync), 4);   // synchronize_event, 2 synchronize_stream, query
+  EXPECT_EQ(fi_.live(), LiveObjects{});
+}
+
+TEST_F(FaultInjectionBackendTest, ExactlyTheNthCallOfTheArmedKindFailsOnce) {
+  for (FaultKind kind : kAllKinds) {
+    fi_.reset_counts();
+    fi_.fail_nth(kind, 3);
+    EXPECT_TRUE(fi_.armed(kind));
+    for (int i = 1; i <= 6; ++i) {
+      const Status s = call(kind);
+      if (i == 3) {
+        EXPECT_EQ(s.code(), StatusCode::kInternal) << fault_kind_name(kind);
+        EXPECT_NE(s.message().find(std::string("injected fault: ") + fault_kind_name(kind) + " #3"),
+                  std::string::npos)
+            << s.message();
+        EXPECT_EQ(fi_.last_fault(), s.message());
+      } else {
+        EXPECT_TRUE(s.ok()) << fault_kind_name(kind) << " call " << i << ": " << s.to_string();
+      }
+    }
+    EXPECT_FALSE(fi_.armed(kind));
+    EXPECT_EQ(fi_.count(kind), 6) << fault_kind_name(kind);
+    EXPECT_EQ(fi_.injected(), 1) << fault_kind_name(kind);
+  }
+}
+
+TEST_F(FaultInjectionBackendTest, MessageNamesTheCall) {
+  fi_.fail_nth(FaultKind::kAllocation, 1);
+  EXPECT_EQ(fi_.allocate_pinned(64).status().message(),
+            "injected fault: allocation #1 (allocate_pinned)");
+  fi_.fail_nth(FaultKind::kLaunch, 1);
+  const kernels::FillBody fill{static_cast<uint32_t*>(nullptr), 0u};
+  EXPECT_EQ(fi_.launch(make_launch(KernelId::kFill, fill, 0), Stream{}).message(),
+            "injected fault: launch #1 (launch)");
+  fi_.fail_nth(FaultKind::kEvent, 1);
+  EXPECT_EQ(fi_.create_stream().status().message(), "injected fault: event #1 (create_stream)");
+  fi_.fail_nth(FaultKind::kSync, 1);
+  EXPECT_EQ(fi_.query_event(Event{}).status().message(), "injected fault: sync #1 (query_event)");
+}
+
+TEST_F(FaultInjectionBackendTest, OtherKindsAreUnaffected) {
+  for (FaultKind armed : kAllKinds) {
+    fi_.reset_counts();
+    fi_.fail_nth(armed, 1);
+    for (FaultKind other : kAllKinds) {
+      if (other == armed) continue;
+      for (int i = 0; i < 3; ++i) {
+        const Status s = call(other);
+        EXPECT_TRUE(s.ok()) << fault_kind_name(other) << " with " << fault_kind_name(armed)
+                            << " armed: " << s.to_string();
+      }
+      EXPECT_EQ(fi_.count(other), 3);
+    }
+    EXPECT_EQ(fi_.injected(), 0);
+    EXPECT_TRUE(fi_.armed(armed));
+    EXPECT_FALSE(call(armed).ok());
+    EXPECT_EQ(fi_.injected(), 1);
+  }
+}
+
+TEST_F(FaultInjectionBackendTest, ArmingCountsFromNowAndZeroDisarms) {
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(call(FaultKind::kCopy).ok());
+  fi_.fail_nth(FaultKind::kCopy, 2);  // call #6 overall
+  EXPECT_TRUE(call(FaultKind::kCopy).ok());
+  EXPECT_NE(call(FaultKind::kCopy).message().find("copy #6"), std::string::npos);
+
+  fi_.fail_nth(FaultKind::kCopy, 1);
+  fi_.fail_nth(FaultKind::kCopy, 0);
+  EXPECT_FALSE(fi_.armed(FaultKind::kCopy));
+  EXPECT_TRUE(call(FaultKind::kCopy).ok());
+
+  fi_.fail_nth(FaultKind::kCopy, 1);
+  fi_.fail_nth(FaultKind::kCopy, 2);  // replaces the first arming
+  EXPECT_TRUE(call(FaultKind::kCopy).ok());
+  EXPECT_FALSE(call(FaultKind::kCopy).ok());
+
+  fi_.fail_nth(FaultKind::kCopy, 1);
+  fi_.fail_nth(FaultKind::kLaunch, 1);
+  fi_.disarm_all();
+  EXPECT_TRUE(call(FaultKind::kCopy).ok());
+  EXPECT_TRUE(call(FaultKind::kLaunch).ok());
+  EXPECT_EQ(fi_.injected(), 2);
+
+  fi_.fail_nth(FaultKind::kCopy, 1);
+  fi_.reset_counts();
+  EXPECT_EQ(fi_.count(FaultKind::kCopy), 0);
+  EXPECT_EQ(fi_.injected(), 0);
+  EXPECT_EQ(fi_.last_fault(), "");
+  EXPECT_FALSE(fi_.armed(FaultKind::kCopy));
+  EXPECT_TRUE(call(FaultKind::kCopy).ok());
+}
+
+TEST_F(FaultInjectionBackendTest, CallsThatCannotFailAreNotCounted) {
+  auto s = fi_.create_stream();
+  auto e = fi_.create_event();
+  auto d = fi_.allocate_device(64);
+  auto p = fi_.allocate_pinned(64);
+  ASSERT_TRUE(s.ok() && e.ok() && d.ok() && p.ok());
+  fi_.reset_counts();
+  (void)fi_.kind();
+  (void)fi_.description();
+  EXPECT_TRUE(fi_.native_stream(*s).ok());
+  fi_.destroy_event(*e);
+  fi_.destroy_stream(*s);
+  fi_.free_device(*d);
+  fi_.free_pinned(*p);
+  for (FaultKind kind : kAllKinds) EXPECT_EQ(fi_.count(kind), 0) << fault_kind_name(kind);
+  EXPECT_EQ(fi_.live(), LiveObjects{});
+}
+
+TEST_F(FaultInjectionBackendTest, LiveObjectsTrackWhatIsNotReleased) {
+  auto d = fi_.allocate_device(64);
+  auto s = fi_.create_stream();
+  ASSERT_TRUE(d.ok() && s.ok());
+  LiveObjects expected;
+  expected.device_allocations = 1;
+  expected.streams = 1;
+  EXPECT_EQ(fi_.live(), expected);
+  fi_.free_device(nullptr);      // no-op, not counted
+  fi_.destroy_stream(Stream{});  // the default stream is never destroyed
+  EXPECT_EQ(fi_.live(), expected);
+  fi_.free_device(*d);
+  fi_.destroy_stream(*s);
+  EXPECT_EQ(fi_.live(), LiveObjects{});
+}
+
+TEST(FaultInjectionBackend, AFailedAllocationTakesNothing) {
+  CpuBackendOptions options;
+  options.device_memory_limit = 4096;
+  options.pinned_memory_limit = 4096;
+  auto inner = create_cpu_backend(options);
+  FaultInjectionBackend fi(*inner);
+  fi.fail_nth(FaultKind::kAllocation, 1);
+  EXPECT_EQ(fi.allocate_device(4096).status().code(), StatusCode::kInternal);
+  fi.fail_nth(FaultKind::kAllocation, 1);
+  EXPECT_EQ(fi.allocate_pinned(4096).status().code(), StatusCode::kInternal);
+  EXPECT_EQ(fi.live(), LiveObjects{});
+  // The whole limit is still available: the failed calls took nothing from the inner backend.
+  auto d = inner->allocate_device(4096);
+  auto p = inner->allocate_pinned(4096);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  inner->free_device(*d);
+  inner->free_pinned(*p);
+}
+
+TEST(FaultInjectionBackend, AFailedCopyLeavesTheDestinationUnchanged) {
+  CpuBackendOptions options;
+  options.copy_delay = std::chrono::microseconds(200);
+  auto inner = create_cpu_backend(options);
+  FaultInjectionBackend fi(*inner);
+  const size_t n = 512;
+  const std::vector<uint32_t> before = pattern(n, 1);
+  const std::vector<uint32_t> src = pattern(n, 2);
+  DeviceBuffer dst(*inner, n * 4);
+  DeviceBuffer from(*inner, n * 4);
+  dst.upload(before);
+  from.upload(src);
+  auto copy_stream = fi.create_stream();
+  ASSERT_TRUE(copy_stream.ok());
+  for (CopyKind kind : {CopyKind::kDeviceToDevice, CopyKind::kHostToDevice}) {
+    const void* source =
+        kind == CopyKind::kHostToDevice ? static_cast<const void*>(src.data()) : from.data();
+    for (Stream stream : {Stream{}, *copy_stream}) {
+      fi.fail_nth(FaultKind::kCopy, 1);
+      const Status s = fi.copy_async(dst.data(), source, n * 4, kind, stream);
+      EXPECT_EQ(s.code(), StatusCode::kInternal);
+      ASSERT_TRUE(fi.synchronize_stream(stream).ok());
+      EXPECT_EQ(dst.download<uint32_t>(), before);
+    }
+  }
+  // The fault was one-shot: the same copy now goes through.
+  ASSERT_TRUE(
+      fi.copy_async(dst.data(), from.data(), n * 4, CopyKind::kDeviceToDevice, *copy_stream).ok());
+  ASSERT_TRUE(fi.synchronize_stream(*copy_stream).ok());
+  EXPECT_EQ(dst.download<uint32_t>(), src);
+  fi.destroy_stream(*copy_stream);
+}
+
+TEST(FaultInjectionBackend, AFailedLaunchRunsNothing) {
+  auto inner = create_cpu_backend();
+  FaultInjectionBackend fi(*inner);
+  const size_t n = 300;
+  const std::vector<uint32_t> before = pattern(n, 3);
+  DeviceBuffer out(*inner, n * 4);
+  out.upload(before);
+  const kernels::FillBody fill{static_cast<uint32_t*>(out.data()), 0x5a5a5a5au};
+  fi.fail_nth(FaultKind::kLaunch, 1);
+  EXPECT_EQ(fi.launch(make_launch(KernelId::kFill, fill, n), Stream{}).code(),
+            StatusCode::kInternal);
+  std::atomic<bool> ran{false};
+  fi.fail_nth(FaultKind::kLaunch, 1);
+  EXPECT_EQ(fi.launch_host_func(Stream{}, [&] { ran = true; }).code(), StatusCode::kInternal);
+  ASSERT_TRUE(fi.synchronize_stream(Stream{}).ok());
+  EXPECT_FALSE(ran.load());
+  EXPECT_EQ(out.download<uint32_t>(), before);
+  ASSERT_TRUE(fi.launch(make_launch(KernelId::kFill, fill, n), Stream{}).ok());
+  EXPECT_EQ(out.download<uint32_t>(), std::vector<uint32_t>(n, 0x5a5a5a5au));
+}
+
+TEST(FaultInjectionBackend, FailedEventAndSyncCallsDoNothing) {
+  auto inner = create_cpu_backend();
+  FaultInjectionBackend fi(*inner);
+  auto ev = fi.create_event();
+  auto other = fi.create_stream();
+  ASSERT_TRUE(ev.ok() && other.ok());
+
+  // A failed record leaves the event as it was (never recorded: complete), even though the
+  // stream is blocked; the real record that follows captures the blocked work.
+  StreamGate gate;
+  ASSERT_TRUE(gate.close(*inner, Stream{}).ok());
+  fi.fail_nth(FaultKind::kEvent, 1);
+  EXPECT_EQ(fi.record_event(*ev, Stream{}).code(), StatusCode::kInternal);
+  auto done = fi.query_event(*ev);
+  ASSERT_TRUE(done.ok());
+  EXPECT_TRUE(*done);
+  ASSERT_TRUE(fi.record_event(*ev, Stream{}).ok());
+  done = fi.query_event(*ev);
+  ASSERT_TRUE(done.ok());
+  EXPECT_FALSE(*done);
+
+  // A failed wait orders nothing: work on `other` runs while the default stream is blocked.
+  fi.fail_nth(FaultKind::kEvent, 1);
+  EXPECT_EQ(fi.wait_event(*other, *ev).code(), StatusCode::kInternal);
+  std::atomic<bool> ran{false};
+  ASSERT_TRUE(fi.launch_host_func(*other, [&] { ran = true; }).ok());
+  ASSERT_TRUE(inner->synchronize_stream(*other).ok());
+  EXPECT_TRUE(ran.load());
+
+  // A failed synchronize returns at once, without waiting.
+  fi.fail_nth(FaultKind::kSync, 1);
+  EXPECT_EQ(fi.synchronize_stream(Stream{}).code(), StatusCode::kInternal);
+  fi.fail_nth(FaultKind::kSync, 1);
+  EXPECT_EQ(fi.synchronize_event(*ev).code(), StatusCode::kInternal);
+  fi.fail_nth(FaultKind::kSync, 1);
+  EXPECT_EQ(fi.query_event(*ev).status().code(), StatusCode::kInternal);
+  done = inner->query_event(*ev);
+  ASSERT_TRUE(done.ok());
+  EXPECT_FALSE(*done);
+
+  gate.release();
+  EXPECT_TRUE(fi.synchronize_event(*ev).ok());
+
+  // Failed creations make nothing.
+  fi.fail_nth(FaultKind::kEvent, 1);
+  EXPECT_EQ(fi.create_event().status().code(), StatusCode::kInternal);
+  fi.fail_nth(FaultKind::kEvent, 1);
+  EXPECT_EQ(fi.create_stream().status().code(), StatusCode::kInternal);
+  LiveObjects expected;
+  expected.streams = 1;
+  expected.events = 1;
+  EXPECT_EQ(fi.live(), expected);
+  EXPECT_EQ(fi.injected(), 7);
+  fi.destroy_event(*ev);
+  fi.destroy_stream(*other);
+  EXPECT_EQ(fi.live(), LiveObjects{});
+}
+
+TEST(FaultInjectionBackend, CountersAreExactUnderConcurrentCalls) {
+  auto inner = create_cpu_backend();  // allocations are internally locked
+  FaultInjectionBackend fi(*inner);
+  constexpr int kThreads = 4;
+  constexpr int kCalls = 500;
+  fi.fail_nth(FaultKind::kAllocation, kThreads * kCalls / 2);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < kCalls; ++i) {
+        StatusOr<void*> p = fi.allocate_device(256);
+        if (p.ok()) {
+          fi.free_device(*p);
+        } else {
+          failures.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 1);
+  EXPECT_EQ(fi.injected(), 1);
+  EXPECT_EQ(fi.count(FaultKind::kAllocation), kThreads * kCalls);
+  EXPECT_EQ(fi.live(), LiveObjects{});
+}
+
+}  // namespace
+}  // namespace pagedkv
