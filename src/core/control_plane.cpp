@@ -201,20 +201,23 @@ StatusOr<int64_t> ControlPlane::add_sequence(SequenceId id, const std::vector<To
   s->options = options;
   s->tokens.assign(prompt.begin(), prompt.begin() + cached);
   s->blocks = matched;
-  int64_t host_hits = 0;
-  for (LogicalId b : matched) {
-    BlockInfo& info = blocks_[b];
+  bool on_host = false;
+  for (size_t i = 0; i < matched.size(); ++i) {
+    BlockInfo& info = blocks_[matched[i]];
     if (info.ref++ == 0) {
       --cached_unref_[static_cast<int>(info.tier)];
-      unlist(b);
+      unlist(matched[i]);
     }
     info.last_access = ++tick_;
-    host_hits += info.tier == Tier::kHost ? 1 : 0;
+    if (info.tier == Tier::kHost) {
+      on_host = true;
+      // Counted like prefix_hit_blocks: whole blocks of the hit (not a last, partly used one).
+      if (static_cast<int64_t>(i + 1) * block_size_ <= cached) ++counters_.prefix_host_hit_blocks;
+    }
   }
-  if (host_hits > 0) {
+  if (on_host) {
     s->offloaded = true;
     ++counters_.offloaded_sequences;
-    counters_.prefix_host_hit_blocks += host_hits;
   }
   s->arrival = ++tick_;
   s->last_used = s->arrival;
@@ -269,7 +272,8 @@ void ControlPlane::apply_reserve(Sequence* s, int64_t n, const ReserveNeed& need
   // The blocks of an earlier, longer reservation hold no committed token: free them now.
   while (s->blocks.size() > need.need_total) {
     const LogicalId tail = s->blocks.back();
-    saved.tail.push_back(tail);
+    if (saved.tail_size++ == 0) saved.tail_begin = static_cast<uint32_t>(journal_.tails.size());
+    journal_.tails.push_back(tail);
     s->blocks.pop_back();
     s->mark_changed(s->blocks.size());
     BlockInfo& info = blocks_[tail];
@@ -283,7 +287,7 @@ void ControlPlane::apply_reserve(Sequence* s, int64_t n, const ReserveNeed& need
   }
   if (need.cow) {
     const LogicalId src = s->blocks[need.write_block];
-    saved.cow_index = static_cast<int64_t>(need.write_block);
+    saved.cow_index = static_cast<int32_t>(need.write_block);
     saved.cow_source = src;
     const LogicalId dst = take_device_block(&out);
     out.copies.push_back(BlockCopy{blocks_[src].phys, blocks_[dst].phys});

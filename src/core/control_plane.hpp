@@ -149,22 +149,24 @@ class ControlPlane {
       Tier from_tier = Tier::kDevice;  // kMove: where it came from; kRelease: where it was
       int32_t from_phys = -1;
     };
-    // A sequence's state before the call: its table is recovered from the old length, the
-    // copy-on-write source and the dropped tail (in the order it was popped).
+    // A sequence's state before the call (plain data: a decode step saves one per member). Its
+    // table is recovered from the old length, the copy-on-write source and the dropped tail
+    // (tails[tail_begin, tail_begin + tail_size), in the order it was popped).
     struct SavedSequence {
       SequenceId id = 0;
-      size_t blocks = 0;
-      int64_t pending = 0;
-      bool offloaded = false;
       uint64_t last_used = 0;
-      int64_t cow_index = -1;
+      int32_t pending = 0;  // <= max_sequence_length, an int32
+      uint32_t blocks = 0;
+      int32_t cow_index = -1;
       LogicalId cow_source = kNoBlock;
-      std::vector<LogicalId> tail;
+      uint32_t tail_begin = 0;
+      uint16_t tail_size = 0;
+      bool offloaded = false;
     };
     bool open = false;
-    uint64_t epoch = 0;
     std::vector<Op> ops;
     std::vector<SavedSequence> sequences;
+    std::vector<LogicalId> tails;
     struct Released {
       LogicalId block = kNoBlock;
       Tier tier = Tier::kDevice;
@@ -221,14 +223,32 @@ class ControlPlane {
   void relist_parked();
   // Drops the least recently used host cached leaf; false when there is none.
   bool drop_host_lru();
-  // Host slots free or obtainable by dropping cached host leaves.
-  int64_t host_room() const { return blocks_.free_count(Tier::kHost) + host_lru_.size(); }
+  // Host slots free or held by cached host blocks (all of which can be dropped, leaves first).
+  int64_t host_room() const {
+    return blocks_.free_count(Tier::kHost) + cached_unref_[static_cast<int>(Tier::kHost)];
+  }
+  // Whether a host slot is free or a cached host leaf can be dropped for one at once.
+  bool host_slot_at_hand() const {
+    return blocks_.free_count(Tier::kHost) > 0 || host_lru_.size() > 0;
+  }
   // Frees host slots until `n` are free (requires host_room() >= n).
   void make_host_room(int64_t n);
+  // Drops the first droppable device cached block (no children); false when there is none.
+  bool drop_device_cached();
 
   // undo_log.cpp: the journal of the current tier-moving call (see undo_last()).
   void begin_journal();
-  Journal::SavedSequence& journal_sequence(Sequence* s);
+  // Saves a sequence's state the first time the call touches it. A call touches each sequence
+  // in one stretch (a reserve restores, then reserves), so a repeat is the latest entry. Inline:
+  // a decode step saves one per member.
+  Journal::SavedSequence& journal_sequence(Sequence* s) {
+    std::vector<Journal::SavedSequence>& saved = journal_.sequences;
+    if (!saved.empty() && saved.back().id == s->id) return saved.back();
+    saved.push_back(Journal::SavedSequence{s->id, s->last_used, static_cast<int32_t>(s->pending),
+                                           static_cast<uint32_t>(s->blocks.size()), -1, kNoBlock, 0,
+                                           0, s->offloaded});
+    return saved.back();
+  }
   void journal_allocation(LogicalId id);
   void journal_release(LogicalId id);
   void journal_unref(LogicalId id);

@@ -35,8 +35,6 @@ struct alignas(64) Sequence {
   uint64_t base_version = 0;
   size_t changed_from = SIZE_MAX;
   SequenceId id = 0;
-  uint64_t journal_mark = 0;  // the control plane's journal epoch when this was last saved
-  size_t journal_slot = 0;    // its entry in that journal
   SequenceOptions options;
   std::tuple<int32_t, uint64_t, SequenceId> victim_key{};
 

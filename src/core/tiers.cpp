@@ -62,8 +62,33 @@ bool ControlPlane::drop_host_lru() {
 }
 
 void ControlPlane::make_host_room(int64_t n) {
-  while (blocks_.free_count(Tier::kHost) < n && drop_host_lru()) {
+  while (blocks_.free_count(Tier::kHost) < n) {
+    if (drop_host_lru()) continue;
+    // Every cached host block left has a device-resident descendant (a chain whose head was
+    // offloaded after a rollback left its tail cached on the device): drop device cached
+    // blocks until one of those becomes a host leaf.
+    if (!drop_device_cached()) {
+      assert(false && "make_host_room: the host room was overcounted");
+      return;
+    }
   }
+}
+
+bool ControlPlane::drop_device_cached() {
+  if (evictq_.has_deadlines()) evictq_.expire(now_ns());
+  for (LogicalId id = evictq_.front(); id != kNoBlock; id = evictq_.front()) {
+    evictq_.erase(id);
+    if (index_.node(blocks_[id].node).children != 0) {
+      parked_.push_back(id);  // its children are on the host: they go first
+      continue;
+    }
+    --cached_unref_[static_cast<int>(Tier::kDevice)];
+    remove_node(blocks_[id].node);
+    blocks_.release(id);
+    ++counters_.blocks_evicted;
+    return true;
+  }
+  return false;
 }
 
 void ControlPlane::relist_parked() {
@@ -77,13 +102,13 @@ void ControlPlane::evict_one(Transfers* out) {
   // Expired retention priorities are applied lazily, only when a victim is chosen.
   if (evictq_.has_deadlines()) evictq_.expire(now_ns());
   const bool can_demote = config_.cache_prefixes_on_host && config_.num_host_blocks > 0;
-  if (can_demote && !parked_.empty() && host_room() > 0) relist_parked();
+  if (can_demote && !parked_.empty() && host_slot_at_hand()) relist_parked();
   while (true) {
     const LogicalId id = evictq_.front();
     if (id == kNoBlock) {
       // Only parked blocks are left (the planner counts them): dropping cached host leaves
       // either makes room to demote them or, leaf by leaf, frees them of their children.
-      const bool room = can_demote && host_room() > 0;
+      const bool room = can_demote && host_slot_at_hand();
       if (parked_.empty() || (!room && !drop_host_lru())) {
         assert(false && "evict_one: nothing evictable; the planner promised too much");
         return;
@@ -92,7 +117,7 @@ void ControlPlane::evict_one(Transfers* out) {
       continue;
     }
     evictq_.erase(id);
-    if (can_demote && host_room() > 0) {
+    if (can_demote && host_slot_at_hand()) {
       make_host_room(1);
       move_block(id, Tier::kHost, out);
       ++counters_.blocks_demoted;

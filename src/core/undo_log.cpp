@@ -16,26 +16,12 @@ namespace core {
 
 void ControlPlane::begin_journal() {
   journal_.open = true;
-  ++journal_.epoch;
   journal_.ops.clear();
   journal_.sequences.clear();
+  journal_.tails.clear();
   journal_.released.clear();
   journal_.counters = counters_;
   journal_.events = events_.size();
-}
-
-ControlPlane::Journal::SavedSequence& ControlPlane::journal_sequence(Sequence* s) {
-  if (s->journal_mark != journal_.epoch) {
-    s->journal_mark = journal_.epoch;
-    s->journal_slot = journal_.sequences.size();
-    Journal::SavedSequence& saved = journal_.sequences.emplace_back();
-    saved.id = s->id;
-    saved.blocks = s->blocks.size();
-    saved.pending = s->pending;
-    saved.offloaded = s->offloaded;
-    saved.last_used = s->last_used;
-  }
-  return journal_.sequences[s->journal_slot];
 }
 
 void ControlPlane::journal_allocation(LogicalId id) {
@@ -118,9 +104,11 @@ std::vector<BlockMove> ControlPlane::undo_last(int64_t moves_done) {
   for (const Journal::SavedSequence& saved : journal_.sequences) {
     Sequence* s = seqs_.find(saved.id);
     assert(s != nullptr);
-    s->blocks.resize(saved.blocks - saved.tail.size());
+    s->blocks.resize(saved.blocks - saved.tail_size);
     if (saved.cow_index >= 0) s->blocks[static_cast<size_t>(saved.cow_index)] = saved.cow_source;
-    s->blocks.insert(s->blocks.end(), saved.tail.rbegin(), saved.tail.rend());
+    for (uint32_t i = saved.tail_size; i > 0; --i) {
+      s->blocks.push_back(journal_.tails[saved.tail_begin + i - 1]);
+    }
     s->pending = saved.pending;
     s->offloaded = saved.offloaded;
     s->last_used = saved.last_used;

@@ -1,40 +1,82 @@
 // libFuzzer target for the KvCache API. The input picks a tiny cache configuration, then a bounded
-// sequence of API calls with fuzzed arguments, valid and invalid alike. After every call:
+// sequence of API calls with fuzzed arguments, valid and invalid alike, and now and then arms a
+// one-shot backend fault (FaultInjectionBackend) for one of the next calls. After every call:
 //   * check_invariants() must pass;
-//   * a call that failed must have left observable state (stats, each tracked sequence's
-//     existence, length, pending count and block locations) exactly as it was (DESIGN.md: every
-//     call either succeeds or changes nothing);
+//   * a call that failed on its own must have left observable state (stats, each tracked
+//     sequence's existence, length, pending count and block locations) exactly as it was
+//     (every call either succeeds or changes nothing) and must not be kInternal;
+//   * a call that failed because of the injected fault must return it (kInternal, "injected
+//     fault"); a plain call must have changed nothing, a tier-moving one (reserve, offload,
+//     restore, prefetch) is taken back except for evictions and dropped victims
+//     (fuzz_snapshot.hpp, diff_taken_back);
 //   * sequences reported evicted leave the reference model.
 // The reference model is each live sequence's committed token list (tests/runtime/kv_model.hpp):
 // K/V bytes are a pure function of (position, token, layer, part, head, dim), so a "verify"
 // opcode gathers a device-resident sequence and compares every element.
 //
 // Any violation aborts with a message, so libFuzzer records the input as a crash.
+// PAGEDKV_FUZZ_TRACE=1 prints every decoded call and its status (docs/fuzzing.md).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "fuzz_snapshot.hpp"
 #include "pagedkv/cache.hpp"
 #include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/dtype.hpp"
+#include "pagedkv/fault_injection.hpp"
 #include "runtime/kv_model.hpp"
 
 namespace pagedkv {
 namespace {
 
+using fuzz::id_name;
+using fuzz::Snapshot;
+
 constexpr int kMaxCalls = 64;
 constexpr int32_t kMaxSeqLen = 40;
-constexpr int kMaxTrackedIds = 10;  // ids 1..9 are the fuzzer's names, plus 0
+constexpr int kMaxTrackedIds = 10;  // ids 1..9 are the fuzzer's names, plus 0 (and UINT64_MAX)
+// Opcode bytes: below kPrefetchOp, byte % 16 picks one of the original 16 calls; the two ranges
+// above were added later (corpus inputs with such bytes changed meaning).
+constexpr uint8_t kPrefetchOp = 224;  // 224-239
+constexpr uint8_t kFaultOp = 240;     // 240-255
 
 [[noreturn]] void fail(const std::string& what) {
   std::fprintf(stderr, "kv_cache_fuzz: %s\n", what.c_str());
   std::fflush(stderr);
   std::abort();
+}
+
+bool tracing() {
+  static const bool on = [] {
+    const char* e = std::getenv("PAGEDKV_FUZZ_TRACE");
+    return e != nullptr && *e != '\0' && *e != '0';
+  }();
+  return on;
+}
+
+// The process-wide backends: a CPU backend, and the fault injector wrapped around it that the
+// caches use. One for the whole process: the CPU backend's worker threads would otherwise be
+// created and joined for every input, which dominated the cost of a small input. The harness's
+// own buffers (and their memsets) go to the inner backend, so only the cache's calls are
+// counted and failed.
+struct Backends {
+  Backend* inner;
+  FaultInjectionBackend* faults;
+};
+
+Backends& backends() {
+  static Backends b = [] {
+    Backend* inner = create_cpu_backend().release();
+    return Backends{inner, new FaultInjectionBackend(*inner)};
+  }();
+  return b;
 }
 
 // Reads the input front to back; past the end every read is 0, so every input is a valid program.
@@ -51,65 +93,18 @@ class Reader {
   size_t pos_ = 0;
 };
 
-// What a snapshot of the cache's observable state holds, for the failed-call-changes-nothing rule.
-struct Snapshot {
-  ControlStats stats;
-  struct Seq {
-    bool exists = false;
-    int64_t length = -1;
-    int64_t pending = -1;
-    std::vector<BlockLocation> blocks;
-  };
-  std::vector<Seq> seqs;
-};
-
-bool same_tier(const TierStats& a, const TierStats& b) {
-  return a.total_blocks == b.total_blocks && a.free_blocks == b.free_blocks &&
-         a.cached_blocks == b.cached_blocks && a.used_blocks == b.used_blocks &&
-         a.total_bytes == b.total_bytes && a.used_bytes == b.used_bytes;
-}
-
-// Returns the first difference, or an empty string.
-std::string diff(const Snapshot& a, const Snapshot& b) {
-  const ControlStats& x = a.stats;
-  const ControlStats& y = b.stats;
-  if (!same_tier(x.device, y.device)) return "device tier stats";
-  if (!same_tier(x.host, y.host)) return "host tier stats";
-#define PAGEDKV_FUZZ_FIELD(f) \
-  if (x.f != y.f) return "stats." #f " " + std::to_string(x.f) + " -> " + std::to_string(y.f);
-  PAGEDKV_FUZZ_FIELD(sequences)
-  PAGEDKV_FUZZ_FIELD(active_sequences)
-  PAGEDKV_FUZZ_FIELD(offloaded_sequences)
-  PAGEDKV_FUZZ_FIELD(prefix_queries)
-  PAGEDKV_FUZZ_FIELD(prefix_hit_blocks)
-  PAGEDKV_FUZZ_FIELD(prefix_miss_blocks)
-  PAGEDKV_FUZZ_FIELD(prefix_query_tokens)
-  PAGEDKV_FUZZ_FIELD(prefix_hit_tokens)
-  PAGEDKV_FUZZ_FIELD(blocks_evicted)
-  PAGEDKV_FUZZ_FIELD(sequences_evicted)
-  PAGEDKV_FUZZ_FIELD(sequences_offloaded)
-  PAGEDKV_FUZZ_FIELD(blocks_offloaded)
-  PAGEDKV_FUZZ_FIELD(sequences_restored)
-  PAGEDKV_FUZZ_FIELD(blocks_restored)
-  PAGEDKV_FUZZ_FIELD(copy_on_write)
-#undef PAGEDKV_FUZZ_FIELD
-  for (size_t i = 0; i < a.seqs.size(); ++i) {
-    const Snapshot::Seq& s = a.seqs[i];
-    const Snapshot::Seq& t = b.seqs[i];
-    if (s.exists != t.exists || s.length != t.length || s.pending != t.pending ||
-        !(s.blocks == t.blocks)) {
-      return "sequence " + std::to_string(i) + " (exists/length/pending/blocks)";
-    }
-  }
-  return {};
-}
-
 // One tracked sequence of the reference model.
 struct ModelSeq {
   std::vector<TokenId> tokens;   // committed
   std::vector<TokenId> planned;  // token ids of the reserved, uncommitted slots
   uint32_t written_layers = 0;   // layers whose K/V of `planned` were written
 };
+
+std::string ids_string(const std::vector<SequenceId>& ids) {
+  std::string out = "{";
+  for (size_t i = 0; i < ids.size(); ++i) out += (i == 0 ? "" : ", ") + id_name(ids[i]);
+  return out + "}";
+}
 
 class Harness {
  public:
@@ -121,6 +116,10 @@ class Harness {
       call_ = call;
       step();
     }
+    // The injector is process-wide: what this input armed must not fire in the next one (or in
+    // this cache's destructor).
+    faults_->disarm_all();
+    call_ = -1;
     // Every surviving, trustworthy sequence must still read back as the model says.
     for (auto& [id, m] : model_) verify(id, /*layout_major=*/0);
   }
@@ -132,6 +131,9 @@ class Harness {
     config_.num_layers = 1 + a % 3;
     config_.num_kv_heads = 1 + (a / 3) % 3;
     config_.head_dim = kHeadDims[(a / 9) % 4];
+    // a % 36 fixes the shape; a / 36 was spare. Odd: cached prefix blocks evicted from the
+    // device are dropped instead of demoted to the host tier.
+    config_.cache_prefixes_on_host = (a / 36) % 2 == 0;
     config_.block_size = 1 + b % 8;
     config_.num_device_blocks = 2 + (b / 8) % 23;
     config_.num_host_blocks = c % 17;
@@ -141,17 +143,28 @@ class Harness {
     config_.enable_prefix_caching = (d & 8) == 0;
     config_.max_sequence_length = kMaxSeqLen;
     config_.backend = BackendKind::kCpu;
-    // One backend for the whole process: its worker threads would otherwise be created and
-    // joined for every input, which dominated the cost of a small input. Each cache still
-    // creates (and destroys) its own copy stream and synchronizes before it goes.
-    static Backend* const backend = create_cpu_backend().release();
-    backend_ = backend;
+    inner_ = backends().inner;
+    faults_ = backends().faults;
+    faults_->reset_counts();  // disarms too
     KvCacheOptions o;
-    o.backend = backend_;
+    o.backend = faults_;
     o.clock = [this] { return now_ns_; };
     auto cache = KvCache::create(config_, o);
     if (!cache.ok()) fail("create: " + cache.status().to_string());
     cache_ = std::move(cache).value();
+    if (tracing()) {
+      std::fprintf(stderr,
+                   "config: layers %d, kv_heads %d, head_dim %d, block_size %d, device blocks "
+                   "%lld, host blocks %lld, dtype %s, %s, eviction %s, prefix caching %s, "
+                   "prefixes on host %s\n",
+                   config_.num_layers, config_.num_kv_heads, config_.head_dim, config_.block_size,
+                   static_cast<long long>(config_.num_device_blocks),
+                   static_cast<long long>(config_.num_host_blocks), dtype_name(config_.dtype),
+                   page_layout_name(config_.page_layout),
+                   eviction_policy_name(config_.eviction_policy),
+                   config_.enable_prefix_caching ? "on" : "off",
+                   config_.cache_prefixes_on_host ? "on" : "off");
+    }
     row_ = static_cast<int64_t>(config_.num_kv_heads) * config_.head_dim;
     // Inputs: room for kMaxSeqLen rows of fp32 with a row stride of up to two rows.
     const size_t bytes = static_cast<size_t>(kMaxSeqLen * row_ * 2 * 4 + 64);
@@ -163,9 +176,9 @@ class Harness {
   }
 
   void* alloc(size_t bytes) {
-    auto p = backend_->allocate_device(bytes);
+    auto p = inner_->allocate_device(bytes);
     if (!p.ok()) fail("allocate_device: " + p.status().to_string());
-    buffers_.emplace_back(*p, [be = backend_](void* q) { be->free_device(q); });
+    buffers_.emplace_back(*p, [be = inner_](void* q) { be->free_device(q); });
     return *p;
   }
 
@@ -201,60 +214,111 @@ class Harness {
 
   TokenId pick_token() { return static_cast<TokenId>(in_.u8() % 6); }
 
-  Snapshot snapshot() const {
-    Snapshot s;
-    s.stats = cache_->stats();
-    s.seqs.resize(kMaxTrackedIds);
-    for (SequenceId id = 0; id < kMaxTrackedIds; ++id) {
-      Snapshot::Seq& q = s.seqs[id];
-      q.exists = cache_->contains(id);
-      if (!q.exists) continue;
-      q.length = cache_->length(id).value();
-      q.pending = cache_->pending(id).value();
-      q.blocks = cache_->block_locations(id).value();
-    }
-    return s;
+  Snapshot snapshot() const { return fuzz::take_snapshot(*cache_, faults_->injected()); }
+
+  // Names the call about to be made, for PAGEDKV_FUZZ_TRACE and failure messages.
+  template <typename... Args>
+  void note(const char* format, Args... args) {
+    char buf[256];
+    std::snprintf(buf, sizeof(buf), format, args...);
+    what_ = buf;
   }
 
-  // Checks the rules that hold after any call; `st` is the call's status.
-  void after(const char* name, const Status& st, const Snapshot& before) {
+  std::string where(const char* name) const {
+    return "call " + std::to_string(call_) + " " + name + (what_.empty() ? "" : " " + what_);
+  }
+
+  // An injected fault must come back as itself: kInternal "injected fault: ...". A cache that
+  // could not take the call back says "the cache is unusable" (also kInternal, quoting the
+  // fault): with one one-shot fault that repair cannot fail, so that is a bug too.
+  void check_injected_status(const char* name, const Status& st) {
+    if (st.code() != StatusCode::kInternal ||
+        st.message().find("injected fault") == std::string::npos ||
+        st.message().find("unusable") != std::string::npos) {
+      fail(where(name) + ": the injected fault \"" + faults_->last_fault() + "\" came back as " +
+           st.to_string());
+    }
+  }
+
+  // Checks the rules that hold after any call; `st` is the call's status, `before` the state
+  // just before it. A tier-moving call (reserve, offload, restore, prefetch) that an injected
+  // fault made fail is held to diff_taken_back, any other failed call to diff. Returns true
+  // when the call failed because of an injected fault (the caller may retry it).
+  bool after(const char* name, const Status& st, const Snapshot& before, bool moves_tiers = false) {
+    const bool fired = faults_->injected() != before.injected;
+    if (tracing()) {
+      // The call, its status and everything it changed.
+      std::fprintf(stderr, "[%d] %s %s -> %s%s\n     changed:%s\n", call_, name, what_.c_str(),
+                   st.to_string().c_str(), fired && st.ok() ? " (fault absorbed)" : "",
+                   fuzz::diff(before, snapshot()).c_str());
+    }
     const Status inv = cache_->check_invariants();
     if (!inv.ok()) {
-      fail(std::string("call ") + std::to_string(call_) + " " + name + " (" + st.to_string() +
-           ") broke an invariant: " + inv.to_string());
+      fail(where(name) + " (" + st.to_string() + ") broke an invariant: " + inv.to_string());
     }
+    const std::vector<SequenceId> dropped = cache_->drain_evicted_sequences();
+    const bool injected = !st.ok() && fired;
     if (!st.ok()) {
-      const std::string d = diff(before, snapshot());
-      if (!d.empty()) {
-        fail(std::string("call ") + std::to_string(call_) + " " + name + " failed (" +
-             st.to_string() + ") but changed " + d);
+      if (injected) check_injected_status(name, st);
+      if (st.code() == StatusCode::kInternal && !injected) {
+        fail(where(name) + ": kInternal without an injected fault: " + st.to_string());
       }
-      if (st.code() == StatusCode::kInternal) fail(std::string(name) + ": " + st.to_string());
+      const Snapshot now = snapshot();
+      const std::string d = injected && moves_tiers ? fuzz::diff_taken_back(before, now, dropped)
+                                                    : fuzz::diff(before, now);
+      if (!d.empty()) {
+        fail(where(name) + " failed (" + st.to_string() + ") but changed:" + d);
+      }
     }
-    for (SequenceId id : cache_->drain_evicted_sequences()) {
-      if (model_.erase(id) != 1) fail("evicted unknown sequence " + std::to_string(id));
+    for (SequenceId id : dropped) {
+      if (model_.erase(id) != 1) fail(where(name) + ": evicted unknown sequence " + id_name(id));
     }
     // Keep the model's view of each sequence in step with the cache.
     for (auto it = model_.begin(); it != model_.end();) {
-      if (!cache_->contains(it->first)) fail("sequence vanished: " + std::to_string(it->first));
+      if (!cache_->contains(it->first)) {
+        fail(where(name) + ": sequence vanished: " + id_name(it->first));
+      }
       ModelSeq& m = it->second;
       const int64_t len = cache_->length(it->first).value();
       const int64_t pend = cache_->pending(it->first).value();
       if (len != static_cast<int64_t>(m.tokens.size())) {
-        fail("sequence " + std::to_string(it->first) + " length " + std::to_string(len) +
+        fail(where(name) + ": sequence " + id_name(it->first) + " length " + std::to_string(len) +
              ", model " + std::to_string(m.tokens.size()));
       }
       if (pend != static_cast<int64_t>(m.planned.size())) {
-        fail("sequence " + std::to_string(it->first) + " pending " + std::to_string(pend) +
+        fail(where(name) + ": sequence " + id_name(it->first) + " pending " + std::to_string(pend) +
              ", model " + std::to_string(m.planned.size()));
       }
       ++it;
     }
+    what_.clear();
+    return injected;
+  }
+
+  // One of the harness's own cache calls (synchronize, verify's gather): an injected fault is
+  // retried once; it is one-shot and nothing else is armed, so the retry must succeed.
+  Status own_call(const char* name, const std::function<Status()>& f) {
+    const int64_t injected = faults_->injected();
+    Status s = f();
+    if (!s.ok() && faults_->injected() != injected) {
+      check_injected_status(name, s);
+      if (tracing()) std::fprintf(stderr, "    %s: %s, retried\n", name, s.to_string().c_str());
+      s = f();
+    }
+    return s;
+  }
+
+  void sync() {
+    const Status s = own_call("synchronize", [this] { return cache_->synchronize(); });
+    if (!s.ok()) fail("synchronize: " + s.to_string());
   }
 
   void step() {
-    const uint8_t op = in_.u8() % 16;
+    const uint8_t byte = in_.u8();
     const Snapshot before = snapshot();
+    if (byte >= kFaultOp) return arm_fault();
+    if (byte >= kPrefetchOp) return prefetch(before);
+    const uint8_t op = byte % 16;
     switch (op) {
       case 0:
         add(before);
@@ -290,9 +354,11 @@ class Harness {
       case 11:
         restore(before);
         break;
-      case 12:
-        verify(pick_id(), in_.u8());
+      case 12: {
+        const SequenceId id = pick_id();
+        verify(id, in_.u8());
         break;
+      }
       case 13:
         bad_gather(before);
         break;
@@ -302,6 +368,21 @@ class Harness {
       default:
         extend(before);
         break;
+    }
+  }
+
+  // Arms one backend fault, replacing any armed one (one at a time: a second fault could hit
+  // the repair of the first, which the cache reports as unusable by design): the n-th call of
+  // that kind from now fails, once.
+  void arm_fault() {
+    const uint8_t k = in_.u8();
+    const FaultKind kind = static_cast<FaultKind>(k % kNumFaultKinds);
+    const int64_t n = 1 + (k / kNumFaultKinds) % 4;
+    faults_->disarm_all();
+    faults_->fail_nth(kind, n);
+    if (tracing()) {
+      std::fprintf(stderr, "[%d] arm fault: %s call #%lld from now\n", call_, fault_kind_name(kind),
+                   static_cast<long long>(n));
     }
   }
 
@@ -320,9 +401,17 @@ class Harness {
     opts.ns = (o >> 2) % 2;
     opts.retention_priority = (o & 0x80) ? 120 : static_cast<int32_t>(o % 101);
     opts.retention_duration_ns = (o & 0x40) ? 1000 : 0;
+    if (tracing()) {
+      std::string p;
+      for (TokenId t : prompt) p += std::to_string(t);
+      note("(%s, prompt[%zu] %s, priority %d, ns %llu, retention %d/%lld)", id_name(id).c_str(),
+           prompt.size(), p.c_str(), opts.priority, static_cast<unsigned long long>(opts.ns),
+           opts.retention_priority, static_cast<long long>(opts.retention_duration_ns));
+    }
     auto r = cache_->add_sequence(id, prompt, opts);
     if (r.ok()) {
       if (*r < 0 || *r > static_cast<int64_t>(prompt.size())) fail("add_sequence: bad hit length");
+      if (tracing()) note("%s = %lld cached", what_.c_str(), static_cast<long long>(*r));
       ModelSeq m;
       m.tokens.assign(prompt.begin(), prompt.begin() + *r);
       // Bytes of a prefix hit are only as good as what the cached blocks were written with.
@@ -334,6 +423,7 @@ class Harness {
   void reserve(const Snapshot& before) {
     const SequenceId id = pick_id();
     const int64_t n = pick_count();
+    note("(%s, %lld)", id_name(id).c_str(), static_cast<long long>(n));
     auto r = cache_->reserve(id, n);
     if (r.ok()) {
       if (static_cast<int64_t>(r->size()) != n) fail("reserve: slot count differs from n");
@@ -342,14 +432,14 @@ class Harness {
       for (int64_t i = 0; i < n; ++i) m.planned.push_back(pick_token());
       m.written_layers = 0;
     }
-    after("reserve", r.status(), before);
+    after("reserve", r.status(), before, /*moves_tiers=*/true);
   }
 
   // Fills the input buffers with the model's rows of `m.planned` for one layer, in `dtype`
   // with `stride` elements between rows.
   void fill_inputs(const ModelSeq& m, int32_t layer, DType dtype, int64_t stride) {
     // Kernels read inputs asynchronously: earlier ones must be done before we overwrite them.
-    if (!cache_->synchronize().ok()) fail("synchronize");
+    sync();
     const int64_t start = static_cast<int64_t>(m.tokens.size());
     for (int part = 0; part < 2; ++part) {
       const std::vector<uint16_t> rows =
@@ -362,7 +452,7 @@ class Harness {
     }
   }
 
-  void write(const Snapshot& before) {
+  void write(const Snapshot& step_before) {
     const SequenceId id = pick_id();
     const uint8_t a = in_.u8();
     int32_t layer = a % 4;  // 3 is out of range for every config with fewer layers
@@ -381,8 +471,14 @@ class Harness {
       fill_inputs(mit->second, layer >= 0 && layer < 4 ? layer : 0, dtype,
                   stride == 0 ? row_ : stride);
     }
+    // fill_inputs' synchronize may have used up an armed fault: count from here.
+    Snapshot before = step_before;
+    before.injected = faults_->injected();
     const void* k = null_key ? nullptr : static_cast<char*>(in_k_) + (misaligned ? 1 : 0);
     const void* v = null_value ? nullptr : in_v_;
+    note("(%s, layer %d, dtype %d, stride %lld%s%s%s)", id_name(id).c_str(), layer,
+         static_cast<int>(dtype), static_cast<long long>(stride), null_key ? ", null key" : "",
+         null_value ? ", null value" : "", misaligned ? ", misaligned key" : "");
     const Status s = cache_->write_kv(id, layer, k, v, dtype, stride);
     if (s.ok() && mit != model_.end()) {
       ModelSeq& m = mit->second;
@@ -410,6 +506,8 @@ class Harness {
       }
       if (wrong == 7 && !tokens.empty()) tokens[0] += 1;  // ids that differ from what was written
     }
+    note("(%s, %zu tokens%s)", id_name(id).c_str(), tokens.size(),
+         wrong == 7 && !tokens.empty() ? ", first one wrong" : "");
     const Status s = cache_->commit(id, tokens);
     if (s.ok() && mit != model_.end()) {
       ModelSeq& m = mit->second;
@@ -425,6 +523,7 @@ class Harness {
   void rollback(const Snapshot& before) {
     const SequenceId id = pick_id();
     const int64_t len = pick_count();
+    note("(%s, %lld)", id_name(id).c_str(), static_cast<long long>(len));
     const Status s = cache_->rollback(id, len);
     if (s.ok()) {
       ModelSeq& m = model_.at(id);
@@ -440,6 +539,7 @@ class Harness {
   void fork(const Snapshot& before) {
     const SequenceId parent = pick_id();
     const SequenceId child = pick_id();
+    note("(%s -> %s)", id_name(parent).c_str(), id_name(child).c_str());
     const Status s = cache_->fork(parent, child);
     if (s.ok()) {
       ModelSeq m;
@@ -451,44 +551,68 @@ class Harness {
 
   void remove(const Snapshot& before, bool finish) {
     const SequenceId id = pick_id();
+    note("(%s)", id_name(id).c_str());
     const Status s = finish ? cache_->finish(id) : cache_->erase(id);
     if (s.ok()) model_.erase(id);
     after(finish ? "finish" : "erase", s, before);
   }
 
-  void set_active(const Snapshot& before) {
+  std::vector<SequenceId> pick_ids() {
     const uint8_t n = in_.u8() % 4;
     std::vector<SequenceId> ids;
     for (int i = 0; i < n; ++i) ids.push_back(pick_id());
+    return ids;
+  }
+
+  void set_active(const Snapshot& before) {
+    const std::vector<SequenceId> ids = pick_ids();
+    note("(%s)", ids_string(ids).c_str());
     after("set_active", cache_->set_active(ids), before);
   }
 
   void set_priority(const Snapshot& before) {
     const SequenceId id = pick_id();
     const uint8_t p = in_.u8();
+    const int32_t priority = p == 255 ? INT32_MIN : p % 5 - 2;
     now_ns_ += 600;  // let retention deadlines pass now and then
-    after("set_priority", cache_->set_priority(id, p == 255 ? INT32_MIN : p % 5 - 2), before);
+    note("(%s, %d)", id_name(id).c_str(), priority);
+    after("set_priority", cache_->set_priority(id, priority), before);
   }
 
   void offload(const Snapshot& before) {
     const SequenceId id = pick_id();
-    after("offload", cache_->offload(id), before);
+    note("(%s)", id_name(id).c_str());
+    after("offload", cache_->offload(id), before, /*moves_tiers=*/true);
   }
 
   void restore(const Snapshot& before) {
     const SequenceId id = pick_id();
-    after("restore", cache_->restore(id), before);
+    note("(%s)", id_name(id).c_str());
+    after("restore", cache_->restore(id), before, /*moves_tiers=*/true);
+  }
+
+  // prefetch(ids): restores, in order, each offloaded sequence whose host blocks fit into the
+  // free and evictable device blocks (KvCache::prefetch), never offloading or dropping anyone.
+  void prefetch(const Snapshot& before) {
+    const std::vector<SequenceId> ids = pick_ids();
+    note("(%s)", ids_string(ids).c_str());
+    const Status s = cache_->prefetch(ids);
+    if (s.ok()) {
+      const std::string wrong = fuzz::check_prefetch(ids, before, snapshot());
+      if (!wrong.empty()) fail(where("prefetch") + ":" + wrong);
+    }
+    after("prefetch", s, before, /*moves_tiers=*/true);
   }
 
   void build_batch(const Snapshot& before) {
-    const uint8_t n = in_.u8() % 4;
-    std::vector<SequenceId> ids;
-    for (int i = 0; i < n; ++i) ids.push_back(pick_id());
+    const std::vector<SequenceId> ids = pick_ids();
     BatchOptions o;
     const uint8_t b = in_.u8();
     o.build_csr = b & 1;
     o.pad_slots_to = (b & 2) ? (b >> 2) % 20 : 0;
     if (b == 255) o.pad_slots_to = -1;
+    note("(%s, csr %d, pad %lld)", ids_string(ids).c_str(), static_cast<int>(o.build_csr),
+         static_cast<long long>(o.pad_slots_to));
     auto r = cache_->build_batch(ids, o);
     after("build_batch", r.status(), before);
   }
@@ -497,31 +621,41 @@ class Harness {
   void extend(const Snapshot& before) {
     const SequenceId id = pick_id();
     const int64_t n = 1 + in_.u8() % 8;
+    note("(%s, %lld): reserve", id_name(id).c_str(), static_cast<long long>(n));
     auto r = cache_->reserve(id, n);
-    if (!r.ok()) return after("extend.reserve", r.status(), before);
+    if (!r.ok()) {
+      after("extend", r.status(), before, /*moves_tiers=*/true);
+      return;
+    }
     ModelSeq& m = model_.at(id);
     m.planned.clear();
     for (int64_t i = 0; i < n; ++i) m.planned.push_back(pick_token());
     m.written_layers = 0;
-    after("extend.reserve", r.status(), before);
+    after("extend", r.status(), before, /*moves_tiers=*/true);
     if (model_.count(id) == 0) return;  // cannot happen: a reserve never drops its own sequence
     for (int32_t l = 0; l < config_.num_layers; ++l) {
       fill_inputs(model_.at(id), l, DType::kFloat16, row_);
-      const Snapshot b = snapshot();
-      const Status s = cache_->write_kv(id, l, in_k_, in_v_, DType::kFloat16, 0);
-      if (s.ok()) model_.at(id).written_layers |= 1u << l;
-      after("extend.write_kv", s, b);
-      if (!s.ok()) fail("extend.write_kv: " + s.to_string());
+      Status s;
+      // An injected fault fails the write and changes nothing; it is one-shot: retry once.
+      for (int attempt = 0; attempt < 2; ++attempt) {
+        const Snapshot b = snapshot();
+        note("(%s): write_kv layer %d", id_name(id).c_str(), l);
+        s = cache_->write_kv(id, l, in_k_, in_v_, DType::kFloat16, 0);
+        if (!after("extend", s, b)) break;
+      }
+      if (!s.ok()) fail(where("extend") + ": write_kv: " + s.to_string());
+      model_.at(id).written_layers |= 1u << l;
     }
     const Snapshot b = snapshot();
     ModelSeq& m2 = model_.at(id);
     const std::vector<TokenId> tokens = m2.planned;
+    note("(%s): commit", id_name(id).c_str());
     const Status s = cache_->commit(id, tokens);
     if (s.ok()) {
       m2.tokens.insert(m2.tokens.end(), tokens.begin(), tokens.end());
       m2.planned.clear();
     }
-    after("extend.commit", s, b);
+    after("extend", s, b);
   }
 
   void bad_gather(const Snapshot& before) {
@@ -537,6 +671,10 @@ class Harness {
         (b & 0x80) ? static_cast<PackedLayout>(5) : PackedLayout::kHeadMajor;
     void* k = (a & 0x20) ? nullptr : out_k_;
     void* v = (a & 0x10) ? nullptr : out_v_;
+    note("(%s, layer %d, begin %lld, num %lld, dtype %d, layout %d%s%s)", id_name(id).c_str(),
+         layer, static_cast<long long>(begin), static_cast<long long>(num), static_cast<int>(dtype),
+         static_cast<int>(layout), k == nullptr ? ", null key" : "",
+         v == nullptr ? ", null value" : "");
     const Status s = cache_->gather_layer(id, layer, k, v, dtype, layout, begin, num);
     after("gather_layer", s, before);
   }
@@ -544,6 +682,7 @@ class Harness {
   // Gathers every layer of a device-resident sequence and compares it with the model.
   void verify(SequenceId id, uint8_t how) {
     auto mit = model_.find(id);
+    if (tracing()) std::fprintf(stderr, "[%d] verify %s\n", call_, id_name(id).c_str());
     if (mit == model_.end() || !trusted_) return;
     auto blocks = cache_->block_locations(id);
     if (!blocks.ok()) fail("block_locations of a live sequence: " + blocks.status().to_string());
@@ -557,10 +696,11 @@ class Harness {
     for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
       std::memset(out_k_, 0xff, static_cast<size_t>(n * row_ * 4));  // poison
       std::memset(out_v_, 0xff, static_cast<size_t>(n * row_ * 4));
-      const Status s =
-          cache_->gather_layer(id, layer, out_k_, out_v_, DType::kFloat32, layout, 0, -1);
+      const Status s = own_call("verify.gather_layer", [&] {
+        return cache_->gather_layer(id, layer, out_k_, out_v_, DType::kFloat32, layout, 0, -1);
+      });
       if (!s.ok()) fail("verify: gather_layer: " + s.to_string());
-      if (!cache_->synchronize().ok()) fail("synchronize");
+      sync();
       for (int64_t t = 0; t < n; ++t)
         for (int32_t h = 0; h < H; ++h)
           for (int32_t d = 0; d < D; ++d) {
@@ -576,10 +716,11 @@ class Harness {
               const float want = load_as_float(cell, config_.dtype, 0);
               const float got = static_cast<const float*>(part == 0 ? out_k_ : out_v_)[i];
               if (std::memcmp(&want, &got, 4) != 0) {
-                fail("verify: sequence " + std::to_string(id) + " layer " + std::to_string(layer) +
-                     " part " + std::to_string(part) + " pos " + std::to_string(t) + " head " +
-                     std::to_string(h) + " dim " + std::to_string(d) + ": got " +
-                     std::to_string(got) + ", model " + std::to_string(want));
+                fail("verify (call " + std::to_string(call_) + "): sequence " + id_name(id) +
+                     " layer " + std::to_string(layer) + " part " + std::to_string(part) + " pos " +
+                     std::to_string(t) + " head " + std::to_string(h) + " dim " +
+                     std::to_string(d) + ": got " + std::to_string(got) + ", model " +
+                     std::to_string(want));
               }
             }
           }
@@ -588,7 +729,8 @@ class Harness {
 
   Reader& in_;
   CacheConfig config_;
-  Backend* backend_ = nullptr;  // process-wide, see create()
+  Backend* inner_ = nullptr;                 // process-wide, see backends()
+  FaultInjectionBackend* faults_ = nullptr;  // process-wide, wraps inner_; the cache's backend
   std::vector<std::unique_ptr<void, std::function<void(void*)>>> buffers_;
   std::unique_ptr<KvCache> cache_;  // declared after the buffers: destroyed first
   void* in_k_ = nullptr;
@@ -598,6 +740,7 @@ class Harness {
   int64_t row_ = 0;
   int64_t now_ns_ = 0;
   int call_ = 0;
+  std::string what_;     // the call being made, with its arguments (note())
   bool trusted_ = true;  // false once bytes were written that the model cannot describe
   std::map<SequenceId, ModelSeq> model_;
 };
