@@ -11,6 +11,7 @@
 
 #include "cli.hpp"
 #include "engine.hpp"
+#include "report.hpp"
 #include "scheduler.hpp"
 #include "workload.hpp"
 
@@ -96,6 +97,65 @@ TEST(Simulation, HostTierAbsorbsADevicePoolOverflow) {
   }
 }
 
+// Six system prompts of 16 blocks each take more than the 64-block device pool: their cached
+// blocks are pushed out between uses. With a host tier they are demoted there and later prompts
+// hit them on the host (the report's host hit rate is > 0); without one, or with demotion off,
+// they are dropped and recomputed.
+TEST(Simulation, HostTierServesPrefixHitsUnderDevicePressure) {
+  WorkloadConfig w;
+  w.num_requests = 80;
+  w.arrival_rate = 20;
+  w.system_prompts = 6;
+  w.system_prompt_len = 256;
+  w.system_prompt_share = 1;
+  w.prompt_mean = 40;
+  w.output_mean = 16;
+  w.multi_turn_share = 0;
+  w.parallel_share = 0;
+  w.speculative_share = 0;
+  auto reqs = generate_workload(w);
+  ASSERT_TRUE(reqs.ok());
+  SchedulerConfig s;
+  s.max_batch = 2;
+  s.max_running = 2;
+  auto host_rate = [](const CacheConfig& c, const SimResult& r) {
+    const nlohmann::json j = report_json(c, SchedulerConfig{}, RunInfo{}, r);
+    const auto& p = j["prefix"];
+    EXPECT_EQ(p["host_hit_blocks"].get<int64_t>(), r.stats.prefix_host_hit_blocks);
+    EXPECT_EQ(j["host_prefix_cache"]["demoted_blocks"].get<int64_t>(), r.stats.blocks_demoted);
+    EXPECT_EQ(j["host_prefix_cache"]["dropped_blocks"].get<int64_t>(), r.stats.host_blocks_dropped);
+    EXPECT_NEAR(
+        p["host_hit_rate"].get<double>(),
+        static_cast<double>(r.stats.prefix_host_hit_blocks) / static_cast<double>(r.lookup_blocks),
+        1e-12);
+    return p["host_hit_rate"].get<double>();
+  };
+  for (bool data : {true, false}) {
+    const CacheConfig with_host = small_config(64, 256);
+    const SimResult r = run_or_die(reqs.value(), with_host, s, data);
+    EXPECT_EQ(r.completed, w.num_requests);
+    EXPECT_GT(r.stats.blocks_demoted, 0) << "data " << data;
+    EXPECT_GT(host_rate(with_host, r), 0.0) << "data " << data;
+
+    const CacheConfig no_host = small_config(64, 0);
+    const SimResult n = run_or_die(reqs.value(), no_host, s, data);
+    EXPECT_EQ(n.completed, w.num_requests);
+    EXPECT_EQ(n.stats.blocks_demoted, 0);
+    EXPECT_EQ(host_rate(no_host, n), 0.0) << "data " << data;
+    EXPECT_GT(n.stats.blocks_evicted, 0) << "the prefixes were dropped instead";
+    EXPECT_GT(r.stats.prefix_hit_tokens, n.stats.prefix_hit_tokens)
+        << "the host tier's hits are hits the device alone misses";
+
+    CacheConfig off = with_host;
+    off.cache_prefixes_on_host = false;
+    const SimResult o = run_or_die(reqs.value(), off, s, data);
+    EXPECT_EQ(o.completed, w.num_requests);
+    EXPECT_EQ(o.stats.blocks_demoted, 0);
+    EXPECT_GT(o.stats.blocks_evicted, 0);
+    EXPECT_LT(host_rate(off, o), host_rate(with_host, r)) << "data " << data;
+  }
+}
+
 // Speculative decoding rolls back rejected drafts; parallel sampling forks; both complete.
 TEST(Simulation, SpeculativeAndParallelRequestsComplete) {
   WorkloadConfig w;
@@ -147,11 +207,27 @@ TEST(Cli, JsonReportParsesAndIsConsistent) {
   EXPECT_EQ(p["hit_blocks"].get<int64_t>() + p["miss_blocks"].get<int64_t>(),
             p["lookup_blocks"].get<int64_t>());
   EXPECT_LE(p["hit_tokens"].get<int64_t>(), p["lookup_tokens"].get<int64_t>());
-  EXPECT_TRUE(p["host_hit_rate"].is_null());
+  // The host tier is a prefix cache: its share of the hits is reported (docs/pagedkv-sim.md).
+  EXPECT_GE(p["host_hit_blocks"].get<int64_t>(), 0);
+  EXPECT_NEAR(p["host_hit_rate"].get<double>(),
+              static_cast<double>(p["host_hit_blocks"].get<int64_t>()) /
+                  static_cast<double>(p["lookup_blocks"].get<int64_t>()),
+              1e-12);
+  EXPECT_NEAR(p["block_hit_rate"].get<double>(),
+              static_cast<double>(p["hit_blocks"].get<int64_t>()) /
+                  static_cast<double>(p["lookup_blocks"].get<int64_t>()),
+              1e-12);
+  EXPECT_LE(p["device_hit_blocks"].get<int64_t>(), p["hit_blocks"].get<int64_t>());
+  const auto& hc = j["host_prefix_cache"];
+  EXPECT_TRUE(hc["demotion"].get<bool>());
+  EXPECT_EQ(hc["hit_blocks"], p["host_hit_blocks"]);
+  EXPECT_EQ(hc["demoted_bytes"].get<int64_t>(),
+            hc["demoted_blocks"].get<int64_t>() * j["model"]["block_bytes"].get<int64_t>());
   for (const char* tier : {"device", "host"}) {
     const auto& b = j["blocks"][tier];
     EXPECT_LE(b["peak"].get<int64_t>(), b["capacity"].get<int64_t>()) << tier;
     EXPECT_LE(b["mean"].get<double>(), b["peak"].get<double>()) << tier;
+    EXPECT_LE(b["peak_referenced"].get<int64_t>(), b["peak"].get<int64_t>()) << tier;
   }
   const int64_t bb = j["model"]["block_bytes"].get<int64_t>();
   EXPECT_EQ(j["offloads"]["bytes"].get<int64_t>(), j["offloads"]["blocks"].get<int64_t>() * bb);
@@ -186,6 +262,34 @@ TEST(Cli, NoDataPlansAFullSizeModel) {
   EXPECT_EQ(j["model"]["block_bytes"].get<int64_t>(), 5 * 1048576);
   EXPECT_EQ(j["pools"]["device_blocks"].get<int64_t>(), 40 * 1024 / 5);
   EXPECT_EQ(j["requests"]["completed"].get<int64_t>(), 100);
+}
+
+// The text report gives the host tier's share of the prefix hits and its demoted and dropped
+// blocks; without a host tier the share is 0, and --no-host-prefix-cache turns demotion off.
+// The run without a host tier also covers a scheduler fix: a sequence the cache dropped during
+// a step's reserves was once chosen as a preemption victim (erase: "sequence N does not exist").
+TEST(Cli, TextReportShowsTheHostTierHitRate) {
+  std::string out, err;
+  const std::vector<std::string> common = {"--no-data", "--requests", "150", "--device-blocks",
+                                           "96"};
+  std::vector<std::string> a = common;
+  ASSERT_EQ(cli(a, &out, &err), 0) << err;
+  EXPECT_EQ(out.find("n/a"), std::string::npos) << out;
+  EXPECT_NE(out.find("of full blocks: device "), std::string::npos) << out;
+  EXPECT_NE(out.find("cached blocks demoted from the device"), std::string::npos) << out;
+  EXPECT_EQ(out.find("host 0.0% (0 blocks)"), std::string::npos) << "pressure gives host hits";
+
+  a.insert(a.end(), {"--host-blocks", "0"});
+  ASSERT_EQ(cli(a, &out, &err), 0) << err;
+  EXPECT_NE(out.find("host 0.0% (0 blocks)"), std::string::npos) << out;
+  EXPECT_NE(out.find("host cache       no host tier"), std::string::npos) << out;
+
+  std::vector<std::string> b = common;
+  b.insert(b.end(), {"--no-host-prefix-cache", "--json"});
+  ASSERT_EQ(cli(b, &out, &err), 0) << err;
+  const nlohmann::json j = nlohmann::json::parse(out);
+  EXPECT_FALSE(j["host_prefix_cache"]["demotion"].get<bool>());
+  EXPECT_EQ(j["host_prefix_cache"]["demoted_blocks"].get<int64_t>(), 0);
 }
 
 TEST(Cli, MalformedTraceStopsWithTheLineAndNoReport) {

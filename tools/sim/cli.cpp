@@ -31,6 +31,7 @@ struct Options {
   std::string backend = "auto";
   std::string eviction = "lru";
   bool no_data = false;
+  bool no_host_prefix_cache = false;
   std::string trace, write_trace, timeline, plot;
   bool json = false;
   WorkloadConfig workload;
@@ -66,6 +67,10 @@ void add_flags(CLI::App& app, Options& o) {
       ->group(g1);
   app.add_option("--backend", o.backend, "auto, cpu or cuda")->group(g1)->capture_default_str();
   app.add_option("--eviction", o.eviction, "lru, fifo or none")->group(g1)->capture_default_str();
+  app.add_flag("--no-host-prefix-cache", o.no_host_prefix_cache,
+               "drop cached prefix blocks evicted from the device instead of moving them to the "
+               "host tier (CacheConfig::cache_prefixes_on_host = false)")
+      ->group(g1);
   app.add_flag("--no-data", o.no_data,
                "drive the control plane alone (no KV bytes): plan full-size models on a laptop")
       ->group(g1);
@@ -185,6 +190,7 @@ Status build_config(const Options& o, CacheConfig* c, std::string* model_name) {
   auto p = kPolicies.find(o.eviction);
   if (p == kPolicies.end()) return invalid_argument("eviction: must be lru, fifo or none");
   c->eviction_policy = p->second;
+  c->cache_prefixes_on_host = !o.no_host_prefix_cache;
   c->num_device_blocks = o.device_blocks;
   c->num_host_blocks = o.host_blocks;
   // The block size depends on the shape, so GiB turn into blocks only now.
@@ -218,7 +224,7 @@ class Progress {
                   static_cast<long long>(t.step), t.sim_time_s,
                   static_cast<long long>(r.completed + r.rejected), static_cast<long long>(total_),
                   t.running, t.waiting, static_cast<long long>(t.device_used + t.device_cached),
-                  static_cast<long long>(t.host_used), 100 * t.hit_rate);
+                  static_cast<long long>(t.host_used + t.host_cached), 100 * t.hit_rate);
     out_ << buf << std::flush;
     drawn_ = true;
   }

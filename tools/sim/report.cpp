@@ -59,9 +59,10 @@ Summary summarize(const SimResult& r) {
     s.data_mean_us += t.data_us;
     s.device_peak = std::max(s.device_peak, t.device_used + t.device_cached);
     s.device_peak_used = std::max(s.device_peak_used, t.device_used);
-    s.host_peak = std::max(s.host_peak, t.host_used);
+    s.host_peak = std::max(s.host_peak, t.host_used + t.host_cached);
+    s.host_peak_used = std::max(s.host_peak_used, t.host_used);
     dev_sum += static_cast<double>(t.device_used + t.device_cached);
-    host_sum += static_cast<double>(t.host_used);
+    host_sum += static_cast<double>(t.host_used + t.host_cached);
   }
   const double n = static_cast<double>(std::max<size_t>(r.timeline.size(), 1));
   s.data_total_s = s.data_mean_us / 1e6;
@@ -74,9 +75,23 @@ Summary summarize(const SimResult& r) {
   return s;
 }
 
+PrefixSplit split_prefix_hits(const SimResult& r) {
+  const ControlStats& st = r.stats;
+  PrefixSplit p;
+  p.host_hit_blocks = st.prefix_host_hit_blocks;
+  // Host hit blocks are whole hit blocks found on the host (a subset of prefix_hit_blocks).
+  p.device_hit_blocks = std::max<int64_t>(0, st.prefix_hit_blocks - st.prefix_host_hit_blocks);
+  p.token_hit_rate = ratio(st.prefix_hit_tokens, st.prefix_query_tokens);
+  p.block_hit_rate = ratio(st.prefix_hit_blocks, r.lookup_blocks);
+  p.device_block_hit_rate = ratio(p.device_hit_blocks, r.lookup_blocks);
+  p.host_block_hit_rate = ratio(p.host_hit_blocks, r.lookup_blocks);
+  return p;
+}
+
 nlohmann::json report_json(const CacheConfig& c, const SchedulerConfig& sc, const RunInfo& info,
                            const SimResult& r) {
   const Summary s = summarize(r);
+  const PrefixSplit split = split_prefix_hits(r);
   const ControlStats& st = r.stats;
   const int64_t bb = c.block_bytes();
   nlohmann::json j;
@@ -110,17 +125,27 @@ nlohmann::json report_json(const CacheConfig& c, const SchedulerConfig& sc, cons
                  {"miss_blocks", st.prefix_miss_blocks},
                  {"lookup_tokens", st.prefix_query_tokens},
                  {"hit_tokens", st.prefix_hit_tokens},
-                 {"device_hit_rate", ratio(st.prefix_hit_tokens, st.prefix_query_tokens)},
-                 {"device_block_hit_rate", ratio(st.prefix_hit_blocks, r.lookup_blocks)},
-                 {"host_hit_rate", nullptr},
-                 {"host_note", "the host tier holds offloaded sequences only, not a prefix cache"}};
-  j["blocks"] = {
-      {"device",
-       {{"capacity", c.num_device_blocks},
-        {"peak", s.device_peak},
-        {"peak_referenced", s.device_peak_used},
-        {"mean", s.device_mean}}},
-      {"host", {{"capacity", c.num_host_blocks}, {"peak", s.host_peak}, {"mean", s.host_mean}}}};
+                 {"device_hit_blocks", split.device_hit_blocks},
+                 {"host_hit_blocks", split.host_hit_blocks},
+                 {"hit_rate", split.token_hit_rate},
+                 {"block_hit_rate", split.block_hit_rate},
+                 {"device_block_hit_rate", split.device_block_hit_rate},
+                 {"host_hit_rate", split.host_block_hit_rate}};
+  j["host_prefix_cache"] = {{"demotion", c.num_host_blocks > 0 && c.cache_prefixes_on_host},
+                            {"demoted_blocks", st.blocks_demoted},
+                            {"demoted_bytes", st.blocks_demoted * bb},
+                            {"dropped_blocks", st.host_blocks_dropped},
+                            {"hit_blocks", st.prefix_host_hit_blocks}};
+  j["blocks"] = {{"device",
+                  {{"capacity", c.num_device_blocks},
+                   {"peak", s.device_peak},
+                   {"peak_referenced", s.device_peak_used},
+                   {"mean", s.device_mean}}},
+                 {"host",
+                  {{"capacity", c.num_host_blocks},
+                   {"peak", s.host_peak},
+                   {"peak_referenced", s.host_peak_used},
+                   {"mean", s.host_mean}}}};
   j["evictions"] = {{"cached_blocks", st.blocks_evicted},
                     {"cached_bytes", st.blocks_evicted * bb},
                     {"sequences_dropped", st.sequences_evicted}};
@@ -145,6 +170,7 @@ nlohmann::json report_json(const CacheConfig& c, const SchedulerConfig& sc, cons
 void write_text_report(std::ostream& out, const CacheConfig& c, const SchedulerConfig& sc,
                        const RunInfo& info, const SimResult& r) {
   const Summary s = summarize(r);
+  const PrefixSplit split = split_prefix_hits(r);
   const ControlStats& st = r.stats;
   const int64_t bb = c.block_bytes();
   const double dev_cap = static_cast<double>(std::max<int64_t>(c.num_device_blocks, 1));
@@ -176,22 +202,32 @@ void write_text_report(std::ostream& out, const CacheConfig& c, const SchedulerC
              " rollbacks)\n",
              r.draft_tokens, r.rejected_tokens, r.rollbacks);
   out << "\ncache\n";
-  out << fmt("  prefix hit rate  device %.1f%% of prompt tokens (%" PRId64 " of %" PRId64
-             "), %.1f%% of full blocks; host n/a (the host tier holds offloaded sequences, not a "
-             "prefix cache)\n",
-             100 * ratio(st.prefix_hit_tokens, st.prefix_query_tokens), st.prefix_hit_tokens,
-             st.prefix_query_tokens, 100 * ratio(st.prefix_hit_blocks, r.lookup_blocks));
+  out << fmt("  prefix hit rate  %.1f%% of prompt tokens (%" PRId64 " of %" PRId64
+             "), %.1f%% of full blocks: device %.1f%%, host %.1f%% (%" PRId64 " blocks)\n",
+             100 * split.token_hit_rate, st.prefix_hit_tokens, st.prefix_query_tokens,
+             100 * split.block_hit_rate, 100 * split.device_block_hit_rate,
+             100 * split.host_block_hit_rate, split.host_hit_blocks);
+  if (c.num_host_blocks == 0)
+    out << "  host cache       no host tier\n";
+  else
+    out << fmt("  host cache       %" PRId64 " cached blocks demoted from the device (%s), %" PRId64
+               " dropped from the host (least recently used)%s\n",
+               st.blocks_demoted, bytes_str(static_cast<double>(st.blocks_demoted * bb)).c_str(),
+               st.host_blocks_dropped,
+               c.cache_prefixes_on_host ? "" : "; demotion off (--no-host-prefix-cache)");
   out << fmt("  device blocks    peak %" PRId64 " (%.0f%%), mean %.0f (%.0f%%) of %" PRId64
              " [referenced + cached]; peak referenced %" PRId64 "\n",
              s.device_peak, 100 * s.device_peak / dev_cap, s.device_mean,
              100 * s.device_mean / dev_cap, c.num_device_blocks, s.device_peak_used);
   if (c.num_host_blocks > 0)
-    out << fmt("  host blocks      peak %" PRId64 " (%.0f%%), mean %.0f (%.0f%%) of %" PRId64 "\n",
+    out << fmt("  host blocks      peak %" PRId64 " (%.0f%%), mean %.0f (%.0f%%) of %" PRId64
+               " [referenced + cached]; peak referenced %" PRId64 "\n",
                s.host_peak, 100 * s.host_peak / host_cap, s.host_mean, 100 * s.host_mean / host_cap,
-               c.num_host_blocks);
+               c.num_host_blocks, s.host_peak_used);
   else
     out << "  host blocks      no host tier\n";
-  out << fmt("  evictions        %" PRId64 " cached blocks (%s), %" PRId64 " sequences dropped\n",
+  out << fmt("  evictions        %" PRId64 " cached device blocks dropped (%s), %" PRId64
+             " sequences dropped\n",
              st.blocks_evicted, bytes_str(static_cast<double>(st.blocks_evicted * bb)).c_str(),
              st.sequences_evicted);
   out << fmt("  offloads         %" PRId64 " sequences, %" PRId64 " blocks (%s)\n",
@@ -221,15 +257,17 @@ Status write_timeline_csv(const std::string& path, const SimResult& r) {
   std::ofstream out(path);
   if (!out) return unavailable("cannot write " + path);
   out << "step,sim_time_s,batch,prefill_tokens,decode_tokens,running,waiting,device_used,"
-         "device_cached,device_free,host_used,hit_rate,offloaded_blocks,restored_blocks,"
+         "device_cached,device_free,host_used,host_cached,hit_rate,offloaded_blocks,"
+         "restored_blocks,"
          "evicted_blocks,preemptions,plan_us,data_us\n";
   for (const StepRecord& t : r.timeline) {
     out << fmt("%" PRId64 ",%.6f,%d,%" PRId64 ",%" PRId64 ",%d,%d,%" PRId64 ",%" PRId64 ",%" PRId64
-               ",%" PRId64 ",%.6f,%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%.1f,%.1f\n",
+               ",%" PRId64 ",%" PRId64 ",%.6f,%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64
+               ",%.1f,%.1f\n",
                t.step, t.sim_time_s, t.batch, t.prefill_tokens, t.decode_tokens, t.running,
-               t.waiting, t.device_used, t.device_cached, t.device_free, t.host_used, t.hit_rate,
-               t.offloaded_blocks, t.restored_blocks, t.evicted_blocks, t.preemptions, t.plan_us,
-               t.data_us);
+               t.waiting, t.device_used, t.device_cached, t.device_free, t.host_used, t.host_cached,
+               t.hit_rate, t.offloaded_blocks, t.restored_blocks, t.evicted_blocks, t.preemptions,
+               t.plan_us, t.data_us);
   }
   out.flush();
   return out ? ok_status() : unavailable("writing " + path + " failed");

@@ -25,10 +25,25 @@ struct RunInfo {
 struct Summary {
   double plan_mean_us = 0, plan_p99_us = 0;
   double data_mean_us = 0, data_p99_us = 0, data_total_s = 0;
-  int64_t device_peak = 0, host_peak = 0;  // blocks referenced or cached (device), used (host)
+  int64_t device_peak = 0, host_peak = 0;  // blocks referenced or cached, per tier
   double device_mean = 0, host_mean = 0;
-  int64_t device_peak_used = 0;  // referenced by sequences only
+  int64_t device_peak_used = 0, host_peak_used = 0;  // referenced by sequences only
 };
+
+/// The prefix cache's outcome split by tier. Block rates are shares of the full prompt blocks
+/// looked up (SimResult::lookup_blocks): `host_hit_blocks` is what the cache counted as found on
+/// the host tier (ControlStats::prefix_host_hit_blocks), the device share is the rest of the hit
+/// blocks. Without a host tier (or with cache_prefixes_on_host off) the host share is 0.
+struct PrefixSplit {
+  double token_hit_rate = 0;  // prompt tokens served from the cache, either tier
+  double block_hit_rate = 0;  // full prompt blocks hit, either tier
+  double device_block_hit_rate = 0;
+  double host_block_hit_rate = 0;
+  int64_t device_hit_blocks = 0, host_hit_blocks = 0;
+};
+
+/// Computes the split from the cache's counters and the simulator's lookup count.
+PrefixSplit split_prefix_hits(const SimResult& r);
 
 /// Computes the timeline aggregates.
 Summary summarize(const SimResult& r);

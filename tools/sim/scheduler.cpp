@@ -151,7 +151,10 @@ class Simulation {
       }
       if (!running_.empty()) {
         const ControlStats st = engine_.stats();
-        const int64_t room = st.device.free_blocks + st.device.cached_blocks + st.host.free_blocks;
+        // Cached host blocks count as room: the cache drops them (least recently used first)
+        // when an offload needs their slots.
+        const int64_t room = st.device.free_blocks + st.device.cached_blocks + st.host.free_blocks +
+                             st.host.cached_blocks;
         const int64_t watermark = std::max<int64_t>(1, cache_.num_device_blocks / 50);
         if (room < blocks_for(len) + watermark) break;
       }
@@ -190,6 +193,17 @@ class Simulation {
     running_.erase(
         std::remove_if(running_.begin(), running_.end(), [id](const Seq& s) { return s.id == id; }),
         running_.end());
+  }
+
+  // Requeues the sequences the cache dropped (not offloaded) to make room, for recompute.
+  void absorb_drops() {
+    for (SequenceId id : engine_.drain_evicted()) {
+      if (const Seq* s = find(id)) {
+        ++result_.dropped;
+        requeue(*s);
+        remove(id);
+      }
+    }
   }
 
   struct Item {
@@ -240,6 +254,9 @@ class Simulation {
     // them. Inside the batch the victim may be the sequence being reserved.
     for (size_t i = 0; i < batch.size();) {
       const Status s = engine_.reserve(batch[i].id, batch[i].n);
+      // Sequences the cache dropped for this reserve are gone now: they must not be chosen as
+      // victims below (erasing one would be kNotFound).
+      absorb_drops();
       if (s.ok()) {
         ++i;
         continue;
@@ -273,13 +290,6 @@ class Simulation {
       ids.erase(ids.begin() + static_cast<std::ptrdiff_t>(victim));
       PAGEDKV_RETURN_IF_ERROR(engine_.set_active(ids));
       if (victim < i) --i;
-    }
-    for (SequenceId id : engine_.drain_evicted()) {
-      if (const Seq* s = find(id)) {
-        ++result_.dropped;
-        requeue(*s);
-        remove(id);
-      }
     }
     if (!ids.empty()) PAGEDKV_RETURN_IF_ERROR(engine_.build_batch(ids));
 
@@ -338,6 +348,7 @@ class Simulation {
     rec->device_cached = st.device.cached_blocks;
     rec->device_free = st.device.free_blocks;
     rec->host_used = st.host.used_blocks;
+    rec->host_cached = st.host.cached_blocks;
     rec->hit_rate = st.prefix_query_tokens > 0 ? static_cast<double>(st.prefix_hit_tokens) /
                                                      static_cast<double>(st.prefix_query_tokens)
                                                : 0.0;

@@ -38,8 +38,9 @@ struct StepRecord {
   int32_t running = 0;        // admitted sequences after the step
   int32_t waiting = 0;        // arrived, not admitted
   int64_t device_used = 0, device_cached = 0, device_free = 0;
-  int64_t host_used = 0;
-  double hit_rate = 0;  // cumulative prefix hit rate (tokens)
+  int64_t host_used = 0;    // host blocks referenced by (offloaded) sequences
+  int64_t host_cached = 0;  // host blocks of the prefix cache that nobody references
+  double hit_rate = 0;      // cumulative prefix hit rate (tokens, both tiers)
   int64_t offloaded_blocks = 0, restored_blocks = 0, evicted_blocks = 0;  // cumulative
   int64_t preemptions = 0;                                                // cumulative
   double plan_us = 0;  // host time of the step outside the data phase

@@ -106,8 +106,9 @@ std::string render_svg(const CacheConfig& cache, const SimResult& r, const std::
            y)},
       {"device: referenced", "#9ecae1",
        line([](const StepRecord& t) { return static_cast<double>(t.device_used); }, y)},
-      {"host: used", "#ff7f0e",
-       line([](const StepRecord& t) { return static_cast<double>(t.host_used); }, y)},
+      {"host: referenced + cached", "#ff7f0e",
+       line([](const StepRecord& t) { return static_cast<double>(t.host_used + t.host_cached); },
+            y)},
       {"prefix hit rate", "#2ca02c", line([](const StepRecord& t) { return t.hit_rate; }, y_rate)},
   };
   int k = 0;
