@@ -43,6 +43,9 @@ struct KvCacheOptions {
   Stream compute_stream{};
   /// Nanosecond clock for retention expiry; defaults to steady_clock.
   std::function<int64_t()> clock;
+  /// Record control events for drain_events(). They accumulate until drained: a server that
+  /// does not read them should turn this off.
+  bool enable_events = true;
 };
 
 /// Where a sequence's data is, as far as a reader is concerned.

@@ -56,51 +56,52 @@ Status ControlPlane::check_invariants() const {
   int64_t active = 0;
   for (const auto& kv : seqs_.all()) {
     const Sequence& s = *kv.second;
-    const std::string name = "sequence " + std::to_string(s.id);
-    if (s.pending < 0) return broken(name + " has negative pending");
+    // Names are built only for a failure: this runs after every call in the tests.
+    const auto name = [&s] { return "sequence " + std::to_string(s.id); };
+    if (s.pending < 0) return broken(name() + " has negative pending");
     const int64_t total = s.length() + s.pending;
-    if (total > config_.max_sequence_length) return broken(name + " past max_sequence_length");
+    if (total > config_.max_sequence_length) return broken(name() + " past max_sequence_length");
     if (static_cast<int64_t>(s.blocks.size()) != (total + block_size_ - 1) / block_size_) {
-      return broken(name + " holds " + str(static_cast<int64_t>(s.blocks.size())) + " blocks for " +
-                    str(total) + " tokens");
+      return broken(name() + " holds " + str(static_cast<int64_t>(s.blocks.size())) +
+                    " blocks for " + str(total) + " tokens");
     }
     for (size_t i = 0; i < s.blocks.size(); ++i) {
       const LogicalId b = s.blocks[i];
-      if (b < 0 || b >= nlog || !blocks_.live(b)) return broken(name + " holds a free block");
+      if (b < 0 || b >= nlog || !blocks_.live(b)) return broken(name() + " holds a free block");
       if (++refs[static_cast<size_t>(b)] > 1 &&
           std::count(s.blocks.begin(), s.blocks.end(), b) > 1) {
-        return broken(name + " holds a block twice");
+        return broken(name() + " holds a block twice");
       }
       const BlockInfo& info = blocks_[b];
       if (!s.offloaded && info.tier != Tier::kDevice) {
-        return broken(name + " is not offloaded but holds a host block");
+        return broken(name() + " is not offloaded but holds a host block");
       }
       if (info.node >= 0) {
         const PrefixNode& node = index_.node(info.node);
         // A registered block's whole prefix is registered and held by the same sequence.
         const NodeId want_parent = i == 0 ? kRootNode : blocks_[s.blocks[i - 1]].node;
         if (node.parent != want_parent || (i > 0 && want_parent < 0)) {
-          return broken(name + " block " + str(static_cast<int64_t>(i)) +
+          return broken(name() + " block " + str(static_cast<int64_t>(i)) +
                         " is registered under a different parent than its predecessor");
         }
-        if (node.ns != s.options.ns) return broken(name + " shares a block of another namespace");
+        if (node.ns != s.options.ns) return broken(name() + " shares a block of another namespace");
         const int64_t start = static_cast<int64_t>(i) * block_size_;
         const int64_t upto = std::min<int64_t>(s.length(), start + block_size_);
         for (int64_t p = start; p < upto; ++p) {
           if (index_.tokens(info.node)[p - start] != s.tokens[static_cast<size_t>(p)]) {
-            return broken(name + " token " + str(p) + " differs from its cached block");
+            return broken(name() + " token " + str(p) + " differs from its cached block");
           }
         }
       }
     }
-    if (s.is_victim != (!s.active && !s.offloaded)) return broken(name + " victim membership");
+    if (s.is_victim != (!s.active && !s.offloaded)) return broken(name() + " victim membership");
     if (s.is_victim) {
       ++victims;
       const uint64_t order =
           config_.eviction_policy == EvictionPolicy::kFifo ? s.arrival : s.last_used;
       if (s.victim_key != SequenceTable::VictimKey(s.options.priority, order, s.id) ||
           seqs_.victims().count(s.victim_key) != 1) {
-        return broken(name + " victim key is stale");
+        return broken(name() + " victim key is stale");
       }
     }
     offloaded += s.offloaded ? 1 : 0;
@@ -123,9 +124,9 @@ Status ControlPlane::check_invariants() const {
   for (LogicalId id = 0; id < nlog; ++id) {
     if (!blocks_.live(id)) continue;
     const BlockInfo& b = blocks_[id];
-    const std::string name = "block " + str(id);
+    const auto name = [id] { return "block " + str(id); };
     if (b.ref != refs[static_cast<size_t>(id)]) {
-      return broken(name + " ref " + str(b.ref) + " but " + str(refs[static_cast<size_t>(id)]) +
+      return broken(name() + " ref " + str(b.ref) + " but " + str(refs[static_cast<size_t>(id)]) +
                     " holders");
     }
     const int t = static_cast<int>(b.tier);
@@ -134,12 +135,12 @@ Status ControlPlane::check_invariants() const {
     } else if (b.node >= 0) {
       ++cached[t];
     } else {
-      return broken(name + " is unreferenced, uncached and not free (leaked)");
+      return broken(name() + " is unreferenced, uncached and not free (leaked)");
     }
     if (b.node >= 0) {
       if (b.node >= index_.capacity() || !index_.node(b.node).live ||
           index_.node(b.node).block != id) {
-        return broken(name + " and its prefix node disagree");
+        return broken(name() + " and its prefix node disagree");
       }
     }
     // Device: listed once no child is device-resident (or parked while its children are all
@@ -150,14 +151,14 @@ Status ControlPlane::check_invariants() const {
     const bool parked =
         qualifies && b.tier == Tier::kDevice && !b.listed && index_.node(b.node).children > 0;
     if (b.listed != qualifies && !parked) {
-      return broken(name + (b.listed ? " is evictable but referenced or not a cached leaf"
-                                     : " is a cached unreferenced leaf missing from its queue"));
+      return broken(name() + (b.listed ? " is evictable but referenced or not a cached leaf"
+                                       : " is a cached unreferenced leaf missing from its queue"));
     }
-    if (b.node < 0 && b.device_children != 0) return broken(name + " uncached with children");
+    if (b.node < 0 && b.device_children != 0) return broken(name() + " uncached with children");
     if (b.listed) {
       ++listed[t];
       if (!(b.tier == Tier::kDevice ? evictq_ : host_lru_).contains(id)) {
-        return broken(name + " listed under a stale key");
+        return broken(name() + " listed under a stale key");
       }
     }
   }
@@ -180,24 +181,24 @@ Status ControlPlane::check_invariants() const {
     const PrefixNode& x = index_.node(n);
     if (!x.live) continue;
     ++nodes;
-    const std::string name = "node " + str(n);
+    const auto name = [n] { return "node " + str(n); };
     if (x.block < 0 || x.block >= nlog || !blocks_.live(x.block) || blocks_[x.block].node != n) {
-      return broken(name + " points to a block that does not point back");
+      return broken(name() + " points to a block that does not point back");
     }
     if (x.parent != kRootNode) {
-      if (!index_.node(x.parent).live) return broken(name + " has a removed parent");
-      if (index_.node(x.parent).ns != x.ns) return broken(name + " crosses namespaces");
+      if (!index_.node(x.parent).live) return broken(name() + " has a removed parent");
+      if (index_.node(x.parent).ns != x.ns) return broken(name() + " crosses namespaces");
       ++children[static_cast<size_t>(x.parent)];
       if (blocks_[x.block].tier == Tier::kDevice) ++device_children[static_cast<size_t>(x.parent)];
       if (blocks_[x.block].ref > 0 && blocks_[index_.node(x.parent).block].ref == 0) {
-        return broken(name + " is referenced but its parent is not");
+        return broken(name() + " is referenced but its parent is not");
       }
     }
     if (x.parent_hash != index_.prefix_hash(x.parent, x.ns) ||
         x.hash != index_.chain_hash(x.parent_hash, index_.tokens(n))) {
-      return broken(name + " chained hash is wrong");
+      return broken(name() + " chained hash is wrong");
     }
-    if (!index_.reachable(n)) return broken(name + " is not reachable through the hash map");
+    if (!index_.reachable(n)) return broken(name() + " is not reachable through the hash map");
   }
   if (nodes != index_.size()) return broken("prefix index size");
   for (NodeId n = 0; n < index_.capacity(); ++n) {

@@ -49,6 +49,7 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& config,
 
   core::ControlOptions control_options;
   control_options.clock = options.clock;
+  control_options.enable_events = options.enable_events;
   PAGEDKV_ASSIGN_OR_RETURN(cache->control_, core::ControlPlane::create(config, control_options));
 
   const int64_t block_bytes = config.block_bytes();
@@ -155,13 +156,31 @@ void KvCache::note_transfers(const Transfers& t, runtime::TransferTicket ticket)
 }
 
 Status KvCache::recover(const Status& failure, int64_t moves_done) {
-  // What was queued runs to completion first: the undo then copies bytes back over it.
-  Status repair = backend_->synchronize_stream(compute_);
-  if (repair.ok()) repair = backend_->synchronize_stream(transfers_->copy_stream());
+  // What was queued runs to completion first: the undo then copies bytes back over it. Each
+  // step is tried twice: a transient error (or a second injected fault) gets one more chance
+  // before the cache gives up on its blocks.
+  auto twice = [](const auto& step) {
+    Status st = step();
+    return st.ok() ? st : step();
+  };
+  Status repair = twice([&] { return backend_->synchronize_stream(compute_); });
+  if (repair.ok()) {
+    repair = twice([&] { return backend_->synchronize_stream(transfers_->copy_stream()); });
+  }
   const std::vector<BlockMove> inverse = control_->undo_last(moves_done);
+  size_t copied_back = 0;  // a failed attempt still runs the moves it queued: resume after them
   if (repair.ok() && !inverse.empty()) {
-    StatusOr<runtime::TransferTicket> ticket = transfers_->submit(inverse, compute_);
-    repair = ticket.ok() ? transfers_->wait(*ticket) : ticket.status();
+    repair = twice([&]() -> Status {
+      const std::vector<BlockMove> rest(inverse.begin() + static_cast<std::ptrdiff_t>(copied_back),
+                                        inverse.end());
+      int64_t queued = 0;
+      const Status st = transfers_->submit(rest, compute_, &queued).status();
+      copied_back += static_cast<size_t>(queued);
+      return st;
+    });
+    if (repair.ok()) {
+      repair = twice([&] { return backend_->synchronize_stream(transfers_->copy_stream()); });
+    }
   }
   if (!repair.ok()) {
     broken_ = internal_error("the cache is unusable: after \"" + failure.message() +
