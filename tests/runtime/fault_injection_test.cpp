@@ -32,6 +32,7 @@
 #include "pagedkv/cpu_backend.hpp"
 #include "runtime/kv_model.hpp"
 #include "support/backend_test.hpp"
+#include "support/named_stats.hpp"
 
 namespace pagedkv {
 namespace {
@@ -86,32 +87,13 @@ struct RunReport {
 // The control plane's view of the cache, read without any backend call (so taking it does not
 // change the counts): what a failed call must leave as it was.
 struct ControlSnapshot {
-  std::vector<std::pair<const char*, int64_t>> stats;
+  testing::NamedStats stats;
   std::map<SequenceId, std::string> sequences;  // length, pending and block locations
 };
 
-std::vector<std::pair<const char*, int64_t>> named_stats(const ControlStats& s) {
-  return {{"device.free_blocks", s.device.free_blocks},
-          {"device.cached_blocks", s.device.cached_blocks},
-          {"device.used_blocks", s.device.used_blocks},
-          {"host.free_blocks", s.host.free_blocks},
-          {"host.cached_blocks", s.host.cached_blocks},
-          {"host.used_blocks", s.host.used_blocks},
-          {"sequences", s.sequences},
-          {"offloaded_sequences", s.offloaded_sequences},
-          {"prefix_queries", s.prefix_queries},
-          {"blocks_evicted", s.blocks_evicted},
-          {"sequences_evicted", s.sequences_evicted},
-          {"sequences_offloaded", s.sequences_offloaded},
-          {"blocks_offloaded", s.blocks_offloaded},
-          {"sequences_restored", s.sequences_restored},
-          {"blocks_restored", s.blocks_restored},
-          {"copy_on_write", s.copy_on_write}};
-}
-
 ControlSnapshot snapshot(const KvCache& cache, SequenceId max_id) {
   ControlSnapshot out;
-  out.stats = named_stats(cache.stats());
+  out.stats = testing::named_stats(cache.stats());
   for (SequenceId id = 1; id <= max_id; ++id) {
     if (!cache.contains(id)) continue;
     std::ostringstream os;
@@ -129,11 +111,7 @@ ControlSnapshot snapshot(const KvCache& cache, SequenceId max_id) {
 // "" when equal, else what changed.
 std::string diff(const ControlSnapshot& a, const ControlSnapshot& b) {
   std::ostringstream os;
-  for (size_t i = 0; i < a.stats.size(); ++i) {
-    if (a.stats[i].second != b.stats[i].second) {
-      os << " " << a.stats[i].first << " " << a.stats[i].second << "->" << b.stats[i].second << ";";
-    }
-  }
+  os << testing::stats_diff(a.stats, b.stats);
   for (const auto& [id, was] : a.sequences) {
     auto it = b.sequences.find(id);
     if (it == b.sequences.end()) {

@@ -23,6 +23,7 @@
 #include "pagedkv/fault_injection.hpp"
 #include "runtime/kv_model.hpp"
 #include "support/backend_test.hpp"
+#include "support/named_stats.hpp"
 
 namespace pagedkv {
 namespace {
@@ -57,44 +58,9 @@ std::vector<TokenId> concat(std::vector<TokenId> a, const std::vector<TokenId>& 
   return a;
 }
 
-// Every counter and tier count, named, so that two snapshots can be compared field by field.
-using NamedStats = std::map<std::string, int64_t>;
-
-NamedStats named(const ControlStats& s) {
-  return {{"device.free_blocks", s.device.free_blocks},
-          {"device.cached_blocks", s.device.cached_blocks},
-          {"device.used_blocks", s.device.used_blocks},
-          {"host.free_blocks", s.host.free_blocks},
-          {"host.cached_blocks", s.host.cached_blocks},
-          {"host.used_blocks", s.host.used_blocks},
-          {"sequences", s.sequences},
-          {"active_sequences", s.active_sequences},
-          {"offloaded_sequences", s.offloaded_sequences},
-          {"prefix_queries", s.prefix_queries},
-          {"prefix_hit_blocks", s.prefix_hit_blocks},
-          {"prefix_miss_blocks", s.prefix_miss_blocks},
-          {"prefix_query_tokens", s.prefix_query_tokens},
-          {"prefix_hit_tokens", s.prefix_hit_tokens},
-          {"prefix_host_hit_blocks", s.prefix_host_hit_blocks},
-          {"blocks_evicted", s.blocks_evicted},
-          {"sequences_evicted", s.sequences_evicted},
-          {"sequences_offloaded", s.sequences_offloaded},
-          {"blocks_offloaded", s.blocks_offloaded},
-          {"sequences_restored", s.sequences_restored},
-          {"blocks_restored", s.blocks_restored},
-          {"copy_on_write", s.copy_on_write},
-          {"blocks_demoted", s.blocks_demoted},
-          {"host_blocks_dropped", s.host_blocks_dropped}};
-}
-
-// The fields that differ between two snapshots, "name a->b; ..." ("" when equal).
-std::string stats_diff(const NamedStats& a, const NamedStats& b) {
-  std::ostringstream os;
-  for (const auto& [name, value] : a) {
-    if (b.at(name) != value) os << name << " " << value << "->" << b.at(name) << "; ";
-  }
-  return os.str();
-}
+using testing::named_stats;
+using testing::NamedStats;
+using testing::stats_diff;
 
 std::string where(const std::vector<BlockLocation>& blocks) {
   std::ostringstream os;
@@ -278,12 +244,12 @@ TEST_P(HostPrefixHitDtypeTest, DemotedPrefixIsHitOnTheHostAndOnboardedBitExact) 
   add_written(kX, px);
   ASSERT_TRUE(cache_->finish(kX).ok());
   expect_invariants();
-  const NamedStats s0 = named(cache_->stats());
+  const NamedStats s0 = named_stats(cache_->stats());
   EXPECT_EQ(s0.at("device.cached_blocks"), 3);
 
   const std::vector<TokenId> pf = fresh(16);  // the whole device pool
   add_written(kF, pf);
-  const NamedStats s1 = named(cache_->stats());
+  const NamedStats s1 = named_stats(cache_->stats());
   EXPECT_EQ(s1.at("blocks_demoted") - s0.at("blocks_demoted"), 3);
   EXPECT_EQ(s1.at("blocks_evicted"), s0.at("blocks_evicted")) << "demoted, not dropped";
   EXPECT_EQ(s1.at("host.cached_blocks"), 3);
@@ -296,7 +262,7 @@ TEST_P(HostPrefixHitDtypeTest, DemotedPrefixIsHitOnTheHostAndOnboardedBitExact) 
   const std::vector<BlockLocation> z_blocks = locations(kZ);
   ASSERT_EQ(z_blocks.size(), 3u);
   for (const BlockLocation& b : z_blocks) EXPECT_EQ(b.tier, Tier::kHost) << where(z_blocks);
-  const NamedStats s2 = named(cache_->stats());
+  const NamedStats s2 = named_stats(cache_->stats());
   EXPECT_EQ(s2.at("prefix_host_hit_blocks") - s1.at("prefix_host_hit_blocks"), 3);
   EXPECT_EQ(s2.at("prefix_hit_blocks") - s1.at("prefix_hit_blocks"), 3);
   EXPECT_EQ(s2.at("offloaded_sequences"), 1);
@@ -448,7 +414,7 @@ TEST_F(HostTierTest, PrefetchRestoresWhatFitsInListOrderAndNothingElse) {
   offload_both();
 
   // Room for both.
-  NamedStats before = named(cache_->stats());
+  NamedStats before = named_stats(cache_->stats());
   ASSERT_TRUE(cache_->prefetch({k1, k2}).ok());
   expect_invariants();
   for (SequenceId id : {k1, k2}) {
@@ -458,7 +424,7 @@ TEST_F(HostTierTest, PrefetchRestoresWhatFitsInListOrderAndNothingElse) {
   ASSERT_TRUE(cache_->synchronize().ok());
   EXPECT_EQ(residency(k1), SequenceResidency::kDevice);
   EXPECT_EQ(residency(k2), SequenceResidency::kDevice);
-  NamedStats after = named(cache_->stats());
+  NamedStats after = named_stats(cache_->stats());
   EXPECT_EQ(after.at("sequences_restored") - before.at("sequences_restored"), 2);
   EXPECT_EQ(after.at("blocks_restored") - before.at("blocks_restored"), 4);
   expect_contents(k1, p1);
@@ -468,7 +434,7 @@ TEST_F(HostTierTest, PrefetchRestoresWhatFitsInListOrderAndNothingElse) {
   offload_both();
   add_written(k3, p3);
   const std::vector<BlockLocation> k3_blocks = locations(k3);
-  before = named(cache_->stats());
+  before = named_stats(cache_->stats());
   ASSERT_EQ(before.at("device.free_blocks"), 2);
   ASSERT_TRUE(cache_->prefetch({k2, k1}).ok());
   expect_invariants();
@@ -478,7 +444,7 @@ TEST_F(HostTierTest, PrefetchRestoresWhatFitsInListOrderAndNothingElse) {
   EXPECT_EQ(locations(k3), k3_blocks) << "prefetch never offloads another sequence";
   EXPECT_EQ(residency(k3), SequenceResidency::kDevice);
   EXPECT_TRUE(cache_->drain_evicted_sequences().empty()) << "nor drops one";
-  after = named(cache_->stats());
+  after = named_stats(cache_->stats());
   NamedStats expected = before;
   expected["sequences_restored"] += 1;
   expected["blocks_restored"] += 2;
@@ -492,11 +458,11 @@ TEST_F(HostTierTest, PrefetchRestoresWhatFitsInListOrderAndNothingElse) {
   expect_contents(k3, p3);
 
   // An unknown id: kNotFound and nothing queued, k1 included.
-  before = named(cache_->stats());
+  before = named_stats(cache_->stats());
   const Status s = cache_->prefetch({k1, 999});
   EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.to_string();
   expect_invariants();
-  EXPECT_EQ(stats_diff(before, named(cache_->stats())), "");
+  EXPECT_EQ(stats_diff(before, named_stats(cache_->stats())), "");
   EXPECT_EQ(residency(k1), SequenceResidency::kHost);
 
   // k1 still comes back whole once there is room.
@@ -557,12 +523,12 @@ TEST_F(HostTierTest, SeedDefect7HostTierIsBoundedAndAFailedOffloadChangesNothing
   add_written(k2, p2);
   ASSERT_TRUE(cache_->offload(k1).ok());  // 3 of the 4 host blocks
   expect_invariants();
-  const NamedStats before = named(cache_->stats());
+  const NamedStats before = named_stats(cache_->stats());
   const std::vector<BlockLocation> b1 = locations(k1), b2 = locations(k2);
   const Status s = cache_->offload(k2);  // needs 2
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.to_string();
   expect_invariants();
-  EXPECT_EQ(stats_diff(before, named(cache_->stats())), "");
+  EXPECT_EQ(stats_diff(before, named_stats(cache_->stats())), "");
   EXPECT_EQ(locations(k1), b1);
   EXPECT_EQ(locations(k2), b2);
   EXPECT_EQ(residency(k2), SequenceResidency::kDevice);
@@ -673,7 +639,7 @@ TEST_F(HostTierTest, FailedDemotionIsTakenBack) {
   for (SequenceId id : {kV, kR}) {
     was[id] = {locations(id), {*cache_->length(id), *cache_->pending(id)}};
   }
-  const NamedStats before = named(cache_->stats());
+  const NamedStats before = named_stats(cache_->stats());
   faults_->reset_counts();
   faults_->fail_nth(FaultKind::kCopy, copies);
   auto failed = cache_->reserve(kR, 16);
@@ -688,7 +654,7 @@ TEST_F(HostTierTest, FailedDemotionIsTakenBack) {
     EXPECT_EQ(*cache_->length(id), was[id].second.first);
     EXPECT_EQ(*cache_->pending(id), was[id].second.second);
   }
-  EXPECT_EQ(stats_diff(before, named(cache_->stats())), "");
+  EXPECT_EQ(stats_diff(before, named_stats(cache_->stats())), "");
   ASSERT_TRUE(cache_->synchronize().ok());
   EXPECT_EQ(residency(kV), SequenceResidency::kDevice);
   expect_contents(kV, pv);
