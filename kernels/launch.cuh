@@ -10,7 +10,8 @@
 namespace pagedkv::cuda {
 
 /// Launches `Body` (whose bytes are at `params`) over [0, num_items) on `stream` with a
-/// grid-stride loop of at most `max_blocks` blocks; returns cudaPeekAtLastError().
+/// grid-stride loop of at most `max_blocks` blocks; returns the launch's own error
+/// (cudaLaunchKernel's result), never one left over from an earlier call.
 template <typename Body>
 cudaError_t launch_body(const void* params, int64_t num_items, cudaStream_t stream, int max_blocks);
 

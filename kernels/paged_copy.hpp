@@ -62,6 +62,9 @@ struct Bytes<1> {
   using Type = uint8_t;
 };
 
+/// Segments at least this long are copied with memcpy on the host (see copy_row_segment).
+inline constexpr int64_t kMemcpySegmentBytes = 64;
+
 /// Copies `seg_bytes` bytes of a row in N-byte vectors, starting at (head h, byte d of the head
 /// vector) and walking heads incrementally so that no division happens inside the loop.
 template <int N>
@@ -69,6 +72,28 @@ PAGEDKV_HOST_DEVICE void copy_row_segment(char* PAGEDKV_RESTRICT dst, int64_t ds
                                           const char* PAGEDKV_RESTRICT src, int64_t src_head_stride,
                                           int64_t h, int64_t d, int64_t head_bytes,
                                           int64_t seg_bytes) {
+#if !defined(__CUDA_ARCH__)
+  // The CPU launch shape hands a body whole rows: copy them one head run at a time (the whole
+  // row at once when both sides are contiguous), which the C library does at full speed. Same
+  // bytes as the loop below; short segments (the GPU shape, also run on the CPU in tests) keep
+  // the loop, so it stays tested.
+  if (seg_bytes >= kMemcpySegmentBytes) {
+    if (dst_head_stride == head_bytes && src_head_stride == head_bytes) {
+      std::memcpy(dst + h * head_bytes + d, src + h * head_bytes + d,
+                  static_cast<size_t>(seg_bytes));
+      return;
+    }
+    for (int64_t k = 0; k < seg_bytes;) {
+      const int64_t run = seg_bytes - k < head_bytes - d ? seg_bytes - k : head_bytes - d;
+      std::memcpy(dst + h * dst_head_stride + d, src + h * src_head_stride + d,
+                  static_cast<size_t>(run));
+      k += run;
+      d = 0;
+      ++h;
+    }
+    return;
+  }
+#endif
   using V = typename Bytes<N>::Type;
   for (int64_t k = 0; k < seg_bytes; k += N) {
     *reinterpret_cast<V*>(dst + h * dst_head_stride + d) =

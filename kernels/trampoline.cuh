@@ -27,8 +27,13 @@ cudaError_t launch_body(const void* params, int64_t num_items, cudaStream_t stre
   std::memcpy(static_cast<void*>(&body), params, sizeof(Body));
   const int64_t wanted = (num_items + kThreadsPerBlock - 1) / kThreadsPerBlock;
   const int blocks = static_cast<int>(wanted < max_blocks ? wanted : max_blocks);
-  body_trampoline<Body><<<blocks, kThreadsPerBlock, 0, stream>>>(body, num_items);
-  return cudaPeekAtLastError();
+  // cudaLaunchKernel reports this launch's own error. After <<<>>>, cudaPeekAtLastError would also
+  // report any earlier failed call on the thread (a failed allocation, say) as this launch's.
+  int64_t n = num_items;
+  void* args[] = {static_cast<void*>(&body), static_cast<void*>(&n)};
+  return cudaLaunchKernel(reinterpret_cast<const void*>(&body_trampoline<Body>),
+                          dim3(static_cast<unsigned>(blocks)), dim3(kThreadsPerBlock), args, 0,
+                          stream);
 }
 
 }  // namespace pagedkv::cuda

@@ -103,9 +103,9 @@ Status prefill(pagedkv::KvCache& kv, StepInput& input, Request& r, int64_t* cach
   return kv.commit(r.id, todo);
 }
 
-// One decode step for every running request: reserve a slot each, build the batch metadata,
-// write the step's K/V of every layer with one write_kv launch per layer over the batch slot
-// mapping, commit.
+// One decode step for every running request: one reserve_batch, the batch metadata, the step's
+// K/V of every layer with one launch per layer through the batch's slot mapping, one
+// commit_batch.
 Status decode_step(pagedkv::KvCache& kv, StepInput& input, std::vector<Request*>& running,
                    TokenId next_token) {
   std::vector<SequenceId> ids;
@@ -115,25 +115,19 @@ Status decode_step(pagedkv::KvCache& kv, StepInput& input, std::vector<Request*>
     ids.push_back(r->id);
     tokens.push_back(next_token + static_cast<TokenId>(r->id));
     positions.push_back(static_cast<int64_t>(r->tokens.size()));
-    PAGEDKV_RETURN_IF_ERROR(kv.reserve(r->id, 1).status());
   }
+  PAGEDKV_RETURN_IF_ERROR(kv.reserve_batch(ids, 1).status());
   PAGEDKV_RETURN_IF_ERROR(kv.set_active(ids));
   PAGEDKV_ASSIGN_OR_RETURN(pagedkv::DeviceBatch batch, kv.build_batch(ids));
   PAGEDKV_RETURN_IF_ERROR(input.fill(tokens, positions));
   for (int32_t l = 0; l < kv.config().num_layers; ++l) {
-    pagedkv::WriteKvArgs args;
-    args.key = input.key(l, tokens.size());
-    args.value = input.value(l, tokens.size());
-    args.input_dtype = DType::kFloat16;
-    args.num_tokens = static_cast<int64_t>(tokens.size());
-    args.slot_mapping = batch.slot_mapping;  // one slot per reserved token, row order
-    args.layer = l;
-    PAGEDKV_RETURN_IF_ERROR(
-        pagedkv::write_kv(kv.backend(), kv.device_pool(), args, kv.compute_stream()));
+    // One slot per reserved token, in row order: row i of the input is running[i]'s token.
+    PAGEDKV_RETURN_IF_ERROR(kv.write_kv_batch(batch, l, input.key(l, tokens.size()),
+                                              input.value(l, tokens.size()), DType::kFloat16));
   }
   // (Attention would run here, reading batch.block_tables / seq_lens through the device view.)
+  PAGEDKV_RETURN_IF_ERROR(kv.commit_batch(ids, tokens));
   for (size_t i = 0; i < running.size(); ++i) {
-    PAGEDKV_RETURN_IF_ERROR(kv.commit(running[i]->id, {tokens[i]}));
     running[i]->tokens.push_back(tokens[i]);
     --running[i]->to_generate;
   }

@@ -1,7 +1,8 @@
 // The executor interface: memory, streams, events, copies and kernel-body launches.
 //
 // Two implementations: the CPU backend (host memory; each stream is a worker thread running its
-// work in order, so asynchrony and event ordering are real) and the CUDA backend (cudaMalloc,
+// work in order, so asynchrony and event ordering are real; work that cannot block may run on
+// the caller's thread while the stream is idle) and the CUDA backend (cudaMalloc,
 // pinned cudaHostAlloc, CUDA streams and events, a generic __global__ trampoline). Kernel bodies
 // are written once (kernels/*.hpp) and named by a KernelId; each backend runs them.
 #pragma once
@@ -19,6 +20,15 @@
 namespace pagedkv {
 
 /// An ordered queue of work. The default-constructed Stream is the backend's default stream.
+///
+/// Which CUDA streams lie behind them: the default stream is a blocking stream the backend
+/// creates (cudaStreamCreate), so it is ordered with work on CUDA's legacy stream 0 (a caller
+/// that uses stream 0 gets implicit order); streams from create_stream() are non-blocking
+/// (cudaStreamNonBlocking) and are ordered only by events; a wrap_stream() stream is the
+/// caller's own, with the caller's flags. `Stream{}` is never CUDA's stream 0 itself: wrap
+/// `cudaStreamLegacy` (or `cudaStreamPerThread`) to queue on it. Wrapping the same native handle
+/// again gives the same Stream until destroy_stream() forgets it; the native handle of one of
+/// the backend's own streams gives that stream back.
 struct Stream {
   void* handle = nullptr;
   friend bool operator==(Stream a, Stream b) { return a.handle == b.handle; }
@@ -68,12 +78,20 @@ class Backend {
   virtual StatusOr<void*> allocate_pinned(size_t bytes) = 0;
   virtual void free_pinned(void* ptr) = 0;
 
+  /// A new stream owned by the backend (non-blocking on CUDA).
   virtual StatusOr<Stream> create_stream() = 0;
+  /// Wraps a native stream the caller owns (a cudaStream_t on CUDA; on the CPU backend any non-null
+  /// handle names a stream of the backend's own, created on first use) so the cache can order its
+  /// work with the caller's. Not owned: destroy_stream() forgets it without destroying it.
+  /// kInvalidArgument for null.
+  virtual StatusOr<Stream> wrap_stream(void* native) = 0;
   /// The native handle behind `stream` (a cudaStream_t on CUDA, also for the default stream;
-  /// null on the CPU backend), for libraries that take one (CUB, cuBLAS, a server's kernels).
-  /// kInvalidArgument for an unknown stream.
+  /// null on the CPU backend except for a wrapped stream, whose handle comes back), for
+  /// libraries that take one (CUB, cuBLAS, a server's kernels). kInvalidArgument for an unknown
+  /// stream.
   virtual StatusOr<void*> native_stream(Stream stream) = 0;
-  /// Waits for the stream's work, then releases it. The default stream is not destroyed.
+  /// Waits for the stream's work, then releases it. The default stream is not destroyed; a
+  /// wrapped stream is forgotten (on CUDA without waiting and without destroying it).
   virtual void destroy_stream(Stream stream) = 0;
   virtual StatusOr<Event> create_event() = 0;
   virtual void destroy_event(Event event) = 0;

@@ -33,19 +33,30 @@ class ControlPlane;
 namespace runtime {
 class TransferEngine;
 class UploadArena;
+class UploadLease;
 }  // namespace runtime
 
 /// Options of a KvCache that are not part of the configuration.
 struct KvCacheOptions {
   /// Executor to use; not owned, must outlive the cache. Null: create one from config.backend.
   Backend* backend = nullptr;
-  /// Stream for the cache's kernels and uploads ({}: the backend's default stream).
+  /// Stream for the cache's kernels and uploads ({}: the backend's default stream, which on
+  /// CUDA is a blocking stream, so work on the legacy stream 0 is ordered with it).
   Stream compute_stream{};
+  /// The caller's own stream (a cudaStream_t; on the CPU backend any non-null handle), used
+  /// instead of compute_stream when set: every cache operation is queued on it, so it sees what
+  /// the model queued there before the call, and the model's later work sees its results
+  /// (transfers on the copy stream are ordered with it by events). Not owned.
+  void* native_compute_stream = nullptr;
   /// Nanosecond clock for retention expiry; defaults to steady_clock.
   std::function<int64_t()> clock;
-  /// Record control events for drain_events(). They accumulate until drained: a server that
-  /// does not read them should turn this off.
+  /// Record control events for drain_events(), up to event_capacity between drains; a server
+  /// that does not read them can turn this off.
   bool enable_events = true;
+  /// The most control events held between drains (>= 1, else kInvalidArgument from create()).
+  /// When full, the oldest are dropped and the next drain begins with one kEventsDropped event
+  /// (resync), so an undrained cache stays bounded.
+  size_t event_capacity = 65536;
 };
 
 /// Where a sequence's data is, as far as a reader is concerned.
@@ -55,10 +66,13 @@ enum class SequenceResidency : uint8_t {
   kHost = 2,      // offloaded: restore (or reserve) it before use
 };
 
-/// One step's batch metadata on the device. Pointers stay valid for work queued on the compute
-/// stream until the next build_batch (or until the upload ring wraps).
+/// One step's batch metadata on the device, uploaded on the compute stream. The arrays (and
+/// `host`) stay valid until the next build_batch: work that reads them must be queued on the
+/// compute stream (or on a stream ordered after it) before that call. The cache's own
+/// write_kv_batch refuses a batch once a later call has changed what it describes.
 struct DeviceBatch {
   const BatchMetadata* host = nullptr;  // the host copy the arrays were uploaded from
+  uint64_t generation = 0;              // which build_batch made it
   const int64_t* slot_mapping = nullptr;
   const int32_t* block_tables = nullptr;
   const int32_t* seq_lens = nullptr;
@@ -104,13 +118,34 @@ class KvCache {
   /// sequence, queues offloads of others and copy-on-write copies, ordering each on the
   /// streams. Returns the slots (block * block_size + offset), one per token.
   StatusOr<std::vector<int64_t>> reserve(SequenceId id, int64_t n);
+  /// Reserves `n_each` slots for each of `ids` (distinct) in one call: a decode step is one
+  /// call, not one per sequence. Under pressure the planner frees room for the whole batch at
+  /// once and never takes a member. Returns every slot, grouped by sequence in `ids` order. An
+  /// error (kNotFound, kInvalidArgument, kOutOfRange, kResourceExhausted) changes nothing.
+  StatusOr<std::vector<int64_t>> reserve_batch(const std::vector<SequenceId>& ids, int64_t n_each);
   /// Writes the keys and values of the tokens reserved by the last reserve() into one layer.
   /// `key`/`value` are device pointers to [n, kv_heads, head_dim] with `row_stride` elements
   /// between tokens (0: packed). kFailedPrecondition when nothing is reserved.
   Status write_kv(SequenceId id, int32_t layer, const void* key, const void* value,
                   DType input_dtype, int64_t row_stride = 0);
+  /// Writes one layer's K/V of every token of a built batch through its slot mapping, in one
+  /// launch: `key`/`value` are [batch.host->slot_mapping.size(), kv_heads, head_dim] (padding
+  /// rows are skipped). kFailedPrecondition for a batch that a later call made stale.
+  Status write_kv_batch(const DeviceBatch& batch, int32_t layer, const void* key, const void* value,
+                        DType input_dtype, int64_t row_stride = 0);
+  /// As write_kv_batch, for every layer in one launch: `key`/`value` are
+  /// [num_layers][tokens, kv_heads, head_dim] with `layer_stride` elements between layers
+  /// (0: tokens * row_stride).
+  Status write_kv_batch_all_layers(const DeviceBatch& batch, const void* key, const void* value,
+                                   DType input_dtype, int64_t row_stride = 0,
+                                   int64_t layer_stride = 0);
   /// Commits the token ids of the first tokens.size() reserved slots.
   Status commit(SequenceId id, const std::vector<TokenId>& tokens);
+  /// Commits `n_each` token ids for each of `ids` (distinct): `tokens` holds them sequence after
+  /// sequence, in `ids` order. Everything is checked first (kInvalidArgument, kNotFound,
+  /// kFailedPrecondition), so an error commits nothing.
+  Status commit_batch(const std::vector<SequenceId>& ids, const std::vector<TokenId>& tokens,
+                      int64_t n_each = 1);
   /// Shortens a sequence to `length` tokens (speculative decoding).
   Status rollback(SequenceId id, int64_t length);
   /// Creates `child` sharing every block of `parent`.
@@ -173,7 +208,8 @@ class KvCache {
   ControlStats stats() const;
   std::vector<ControlEvent> drain_events();
   /// The control plane's invariants (kInternal names the first broken one), plus the cache's
-  /// own: every pending reservation belongs to a live sequence.
+  /// own: every pending reservation belongs to a live sequence, and every upload region still
+  /// held belongs to the last batch or to a reservation.
   Status check_invariants() const;
 
  private:
@@ -198,7 +234,14 @@ class KvCache {
   void mark_moved(SequenceId id);
   // Recomputes a moved reservation's slots; kFailedPrecondition while it is offloaded.
   Status refresh_moved_slots(SequenceId id, Pending* p);
-  StatusOr<const int32_t*> upload_block_table(SequenceId id);
+  // kFailedPrecondition unless `batch` is the last one built and nothing changed since.
+  Status check_batch_current(const DeviceBatch& batch) const;
+  // Records a new reservation's slots.
+  void set_pending(SequenceId id, const int64_t* slots, int64_t n);
+  // commit() without the NVTX range and the broken check.
+  Status commit_tokens(SequenceId id, const TokenId* tokens, int64_t n);
+  // Forgets the first `n` slots of a reservation after they were committed.
+  void drop_committed_slots(SequenceId id, int64_t n);
 
   CacheConfig config_;
   std::unique_ptr<Backend> owned_backend_;
@@ -216,11 +259,16 @@ class KvCache {
   // Per sequence: the slots of its last reservation (host and device copies) and its last job.
   struct Pending {
     std::vector<int64_t> slots;
-    const int64_t* device_slots = nullptr;
-    uint64_t upload_round = 0;  // the upload ring's round when device_slots was uploaded
-    bool moved = false;         // the blocks moved between tiers since `slots` was computed
+    // `slots` on the device, once a write_kv needed them.
+    std::unique_ptr<runtime::UploadLease> device_slots;
+    bool moved = false;  // the blocks moved between tiers since `slots` was computed
   };
   std::unordered_map<SequenceId, Pending> pending_;
+  // The last build_batch's arrays. `generation_` moves on with build_batch and every call that
+  // can change a reservation or a block; write_kv_batch refuses a batch of another generation.
+  std::unique_ptr<runtime::UploadLease> batch_upload_;
+  uint64_t generation_ = 0;
+  ReserveResult batch_scratch_;  // reserve_batch's output, reused across steps
   std::unordered_map<SequenceId, uint64_t> last_job_;
   std::vector<SequenceId> evicted_;
   Status broken_;  // set when a failed call could not be taken back

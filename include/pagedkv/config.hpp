@@ -57,12 +57,14 @@ struct CacheConfig {
 
   BackendKind backend = BackendKind::kAuto;
 
-  /// Ok, or kInvalidArgument whose message starts with the field name ("head_dim: ...").
+  /// Ok, or kInvalidArgument whose message starts with the field name ("head_dim: ..."). A shape
+  /// whose block, device pool, host pool (or dense buffer) byte size overflows int64 names the
+  /// field whose factor overflowed.
   Status validate() const;
 
-  /// Bytes of one block (all layers, keys and values).
+  /// Bytes of one block (all layers, keys and values); -1 when that overflows int64.
   int64_t block_bytes() const;
-  /// Bytes of one page (one layer's keys or values of one block).
+  /// Bytes of one page (one layer's keys or values of one block); -1 when that overflows int64.
   int64_t page_bytes() const;
 };
 

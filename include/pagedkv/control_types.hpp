@@ -165,6 +165,9 @@ struct ControlStats {
   int64_t blocks_demoted = 0;
   /// Cached host blocks dropped (least recently used first) to make host room.
   int64_t host_blocks_dropped = 0;
+  /// Control events dropped, oldest first, because the event ring was full (nobody drained);
+  /// each run of drops is announced by one EventKind::kEventsDropped event.
+  int64_t events_dropped = 0;
 };
 
 /// Kinds of control-plane events.
@@ -174,10 +177,13 @@ enum class EventKind : uint8_t {
   kSequenceEvicted,    // a sequence was dropped to make room
   kSequenceOffloaded,  // a sequence's blocks moved to the host tier
   kSequenceRestored,   // an offloaded sequence's blocks moved back to the device
+  kEventsDropped,      // the event ring overflowed and `dropped_events` events were lost:
+                       // resync (treat every block as cleared); always first in its drain
 };
 
 /// One event for routers and schedulers. Block events fill the hash fields; stored events
-/// also carry the block's tokens; sequence events fill `sequence`.
+/// also carry the block's tokens; sequence events fill `sequence`; kEventsDropped fills
+/// `dropped_events`.
 struct ControlEvent {
   EventKind kind = EventKind::kBlockStored;
   SequenceId sequence = 0;
@@ -186,6 +192,8 @@ struct ControlEvent {
   uint64_t parent_hash = 0;
   NamespaceId ns = 0;
   std::vector<TokenId> tokens;
+  /// kEventsDropped: how many events were lost just before the ones that follow it.
+  int64_t dropped_events = 0;
 };
 
 }  // namespace pagedkv

@@ -21,6 +21,12 @@ struct CpuBackendOptions {
   size_t device_memory_limit = 0;
   /// Total bytes allocate_pinned may hand out; 0 means no limit beyond the host's.
   size_t pinned_memory_limit = 0;
+  /// When a stream is idle (nothing queued, nothing running), copies, kernel launches, event
+  /// records and waits on completed events run at once on the caller's thread instead of being
+  /// handed to the stream's worker; stream order is unchanged. Host functions, waits on events
+  /// not yet complete, and copies or launches delayed by the options above always go through the
+  /// worker (and so does everything queued behind them). False hands everything to the worker.
+  bool run_inline_when_idle = true;
 };
 
 /// A CPU backend with the given options (create_backend(kCpu) uses the defaults).

@@ -13,13 +13,15 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 
 #include "pagedkv/backend.hpp"
 
 namespace pagedkv {
 
 /// Which backend calls a fault can be injected into. Calls that cannot fail (kind, description,
-/// native_stream, the free_* and destroy_* calls) are neither counted nor failed.
+/// native_stream, the free_* and destroy_* calls) and wrap_stream (a lookup of the caller's
+/// stream, failing only on bad input) are neither counted nor failed.
 enum class FaultKind : uint8_t {
   kAllocation = 0,  // allocate_device, allocate_pinned
   kCopy = 1,        // copy_async
@@ -37,7 +39,7 @@ const char* fault_kind_name(FaultKind kind);
 struct LiveObjects {
   int64_t device_allocations = 0;  // allocate_device minus free_device of non-null pointers
   int64_t pinned_allocations = 0;  // allocate_pinned minus free_pinned of non-null pointers
-  int64_t streams = 0;             // create_stream minus destroy_stream of non-default streams
+  int64_t streams = 0;             // create_stream minus destroy_stream of those streams
   int64_t events = 0;              // create_event minus destroy_event of non-null events
   friend bool operator==(const LiveObjects& a, const LiveObjects& b) {
     return a.device_allocations == b.device_allocations &&
@@ -84,6 +86,7 @@ class FaultInjectionBackend final : public Backend {
   void free_pinned(void* ptr) override;
 
   StatusOr<Stream> create_stream() override;
+  StatusOr<Stream> wrap_stream(void* native) override;
   StatusOr<void*> native_stream(Stream stream) override;
   void destroy_stream(Stream stream) override;
   StatusOr<Event> create_event() override;
@@ -113,7 +116,8 @@ class FaultInjectionBackend final : public Backend {
   std::atomic<int64_t> injected_{0};
   std::atomic<int64_t> live_device_{0};
   std::atomic<int64_t> live_pinned_{0};
-  std::atomic<int64_t> live_streams_{0};
+  mutable std::mutex streams_mutex_;
+  std::unordered_set<void*> live_streams_;  // created here, not yet destroyed (not wrapped ones)
   std::atomic<int64_t> live_events_{0};
   mutable std::mutex last_mutex_;
   std::string last_fault_;

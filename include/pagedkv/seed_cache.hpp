@@ -123,7 +123,8 @@ class SeedKvCache {
   /// Makes the next written position part of the sequence (length + 1).
   Status advance_sequence(SequenceId id);
   /// Makes the next `delta` written positions part of the sequence. Paged: kFailedPrecondition
-  /// when fewer than `delta` positions were written since the last advance.
+  /// when fewer than `delta` positions were written since the last advance. kInvalidArgument
+  /// (both modes) when the length would pass max_sequence_length.
   Status advance_sequence_by(SequenceId id, int64_t delta);
   /// Shortens the sequence to `length` (== length: no-op; > length: kOutOfRange). Drops
   /// written-but-not-advanced positions in paged mode.

@@ -1,3 +1,4 @@
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -79,7 +80,10 @@ LiveObjects FaultInjectionBackend::live() const {
   LiveObjects out;
   out.device_allocations = live_device_.load();
   out.pinned_allocations = live_pinned_.load();
-  out.streams = live_streams_.load();
+  {
+    std::lock_guard<std::mutex> lock(streams_mutex_);
+    out.streams = static_cast<int64_t>(live_streams_.size());
+  }
   out.events = live_events_.load();
   return out;
 }
@@ -117,8 +121,18 @@ void FaultInjectionBackend::free_pinned(void* ptr) {
 StatusOr<Stream> FaultInjectionBackend::create_stream() {
   PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kEvent, "create_stream"));
   StatusOr<Stream> stream = inner_.create_stream();
-  if (stream.ok()) live_streams_.fetch_add(1);
+  if (stream.ok()) {
+    std::lock_guard<std::mutex> lock(streams_mutex_);
+    live_streams_.insert(stream->handle);
+  }
   return stream;
+}
+
+// Not a fault point: wrapping only looks up (or names) a stream, and fails only on bad input.
+// Not a live object either: a wrapped handle is a shared name that needs no release (a cache
+// that wraps the server's stream leaves it wrapped), so destroy_stream of it counts nothing.
+StatusOr<Stream> FaultInjectionBackend::wrap_stream(void* native) {
+  return inner_.wrap_stream(native);
 }
 
 StatusOr<void*> FaultInjectionBackend::native_stream(Stream stream) {
@@ -126,7 +140,10 @@ StatusOr<void*> FaultInjectionBackend::native_stream(Stream stream) {
 }
 
 void FaultInjectionBackend::destroy_stream(Stream stream) {
-  if (stream != Stream{}) live_streams_.fetch_sub(1);
+  {
+    std::lock_guard<std::mutex> lock(streams_mutex_);
+    live_streams_.erase(stream.handle);
+  }
   inner_.destroy_stream(stream);
 }
 

@@ -39,14 +39,39 @@ Status field_error(const char* field, const std::string& why) {
 
 bool is_known(DType t) { return static_cast<int>(t) < kNumDTypes; }
 
+// Offsets and sizes are int64 and become size_t allocation sizes.
+static_assert(sizeof(size_t) >= sizeof(int64_t), "pool byte sizes must fit size_t");
+
+// Bytes of one page and of one block, every product checked so that nothing overflows. Returns
+// the field whose factor made a size overflow int64, or nullptr.
+const char* checked_sizes(const CacheConfig& c, int64_t* page_bytes, int64_t* block_bytes) {
+  const int64_t es = is_known(c.dtype) ? static_cast<int64_t>(dtype_size(c.dtype)) : 1;
+  int64_t page = 0;
+  if (__builtin_mul_overflow(int64_t{c.block_size}, int64_t{c.num_kv_heads}, &page)) {
+    return "num_kv_heads";
+  }
+  if (__builtin_mul_overflow(page, int64_t{c.head_dim}, &page) ||
+      __builtin_mul_overflow(page, es, &page)) {
+    return "head_dim";
+  }
+  int64_t block = 0;
+  if (__builtin_mul_overflow(page, int64_t{2} * c.num_layers, &block)) return "num_layers";
+  *page_bytes = page;
+  *block_bytes = block;
+  return nullptr;
+}
+
 }  // namespace
 
 int64_t CacheConfig::page_bytes() const {
-  return static_cast<int64_t>(block_size) * num_kv_heads * head_dim *
-         static_cast<int64_t>(dtype_size(dtype));
+  int64_t page = -1, block = -1;
+  return checked_sizes(*this, &page, &block) == nullptr ? page : -1;
 }
 
-int64_t CacheConfig::block_bytes() const { return page_bytes() * 2 * num_layers; }
+int64_t CacheConfig::block_bytes() const {
+  int64_t page = -1, block = -1;
+  return checked_sizes(*this, &page, &block) == nullptr ? block : -1;
+}
 
 Status CacheConfig::validate() const {
   constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
@@ -96,12 +121,34 @@ Status CacheConfig::validate() const {
   if (dense_max_free_buffers < 0) {
     return field_error("dense_max_free_buffers", "must be zero or positive");
   }
-  // A slot (block * block_size + offset) is int64; a page's element offsets must fit comfortably
-  // in int64 and a single block in the address space.
-  const long double pool_elems = static_cast<long double>(num_device_blocks) * num_layers * 2 *
-                                 block_size * num_kv_heads * head_dim;
-  if (pool_elems > static_cast<long double>(std::numeric_limits<int64_t>::max() / 8)) {
-    return field_error("num_device_blocks", "pool size overflows 64-bit offsets");
+  // The kernels form int64 element and byte offsets into a pool, and its byte size is allocated
+  // as a size_t: each pool's bytes, and every product on the way, must fit int64.
+  int64_t page = 0, block = 0;
+  if (const char* field = checked_sizes(*this, &page, &block)) {
+    return field_error(
+        field, "one block (num_layers * 2 * block_size * num_kv_heads * head_dim * " +
+                   std::to_string(dtype_size(dtype)) + " bytes) overflows 64-bit byte offsets");
+  }
+  int64_t pool = 0;
+  if (__builtin_mul_overflow(block, num_device_blocks, &pool)) {
+    return field_error("num_device_blocks", std::to_string(num_device_blocks) + " blocks of " +
+                                                std::to_string(block) +
+                                                " bytes: the pool size overflows int64");
+  }
+  if (__builtin_mul_overflow(block, num_host_blocks, &pool)) {
+    return field_error("num_host_blocks", std::to_string(num_host_blocks) + " blocks of " +
+                                              std::to_string(block) +
+                                              " bytes: the pool size overflows int64");
+  }
+  if (mode == CacheMode::kDense) {
+    // A dense buffer grows to max_sequence_length positions of every layer, K and V.
+    const int64_t position_bytes = block / block_size;
+    if (__builtin_mul_overflow(position_bytes, int64_t{max_sequence_length}, &pool)) {
+      return field_error("max_sequence_length",
+                         "a dense buffer of " + std::to_string(max_sequence_length) +
+                             " positions of " + std::to_string(position_bytes) +
+                             " bytes overflows int64");
+    }
   }
   return ok_status();
 }

@@ -27,6 +27,9 @@ StatusOr<std::unique_ptr<ControlPlane>> ControlPlane::create(const CacheConfig& 
   if (config.mode != CacheMode::kPaged) {
     return invalid_argument("mode: ControlPlane is the paged control plane; use DenseAllocator");
   }
+  if (options.event_capacity == 0) {
+    return invalid_argument("event_capacity must be >= 1 (set enable_events = false for none)");
+  }
   return std::unique_ptr<ControlPlane>(new ControlPlane(config, std::move(options)));
 }
 
@@ -40,7 +43,8 @@ ControlPlane::ControlPlane(const CacheConfig& config, ControlOptions options)
       index_(config.block_size, config.num_device_blocks + config.num_host_blocks),
       evictq_(&blocks_, Tier::kDevice),
       host_lru_(&blocks_, Tier::kHost),
-      batch_(config.block_size) {}
+      batch_(config.block_size),
+      events_(options.event_capacity) {}
 
 Status ControlPlane::validate_options(const SequenceOptions& o) const {
   if (o.retention_priority < kMinRetentionPriority ||
@@ -141,7 +145,7 @@ void ControlPlane::emit_block_event(EventKind kind, NodeId node) {
     const TokenId* t = index_.tokens(node);
     e.tokens.assign(t, t + block_size_);
   }
-  events_.push_back(std::move(e));
+  events_.push(std::move(e));
 }
 
 void ControlPlane::emit_sequence_event(EventKind kind, SequenceId id) {
@@ -149,7 +153,7 @@ void ControlPlane::emit_sequence_event(EventKind kind, SequenceId id) {
   ControlEvent e;
   e.kind = kind;
   e.sequence = id;
-  events_.push_back(std::move(e));
+  events_.push(std::move(e));
 }
 
 void ControlPlane::update_victim(Sequence* s) {
@@ -414,6 +418,34 @@ Status ControlPlane::commit(SequenceId id, const TokenId* tokens, int64_t n) {
   return ok_status();
 }
 
+Status ControlPlane::commit_batch(const std::vector<SequenceId>& ids, const TokenId* tokens,
+                                  int64_t n_each) {
+  if (n_each < 0) return invalid_argument("commit_batch: n_each must be >= 0");
+  if (n_each > 0 && !ids.empty() && tokens == nullptr) {
+    return invalid_argument("commit_batch: tokens is null");
+  }
+  std::vector<SequenceId> sorted(ids);
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    return invalid_argument("commit_batch: ids are not distinct");
+  }
+  for (SequenceId id : ids) {
+    const Sequence* s = seqs_.find(id);
+    if (s == nullptr) return unknown(id);
+    if (n_each > s->pending) {
+      return failed_precondition("commit_batch: " + std::to_string(n_each) + " tokens but only " +
+                                 std::to_string(s->pending) + " reserved for " + seq_name(id));
+    }
+    if (s->offloaded) return failed_precondition("commit_batch: " + seq_name(id) + " is offloaded");
+  }
+  // Nothing below can fail: commit() checks only what was checked above.
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const Status st = commit(ids[i], tokens + static_cast<int64_t>(i) * n_each, n_each);
+    if (!st.ok()) return internal_error("commit_batch failed after its checks: " + st.message());
+  }
+  return ok_status();
+}
+
 Status ControlPlane::rollback(SequenceId id, int64_t length) {
   Sequence* s = seqs_.find(id);
   if (s == nullptr) return unknown(id);
@@ -511,6 +543,12 @@ Status ControlPlane::set_priority(SequenceId id, int32_t priority) {
 StatusOr<Transfers> ControlPlane::offload(SequenceId id) {
   Sequence* s = seqs_.find(id);
   if (s == nullptr) return unknown(id);
+  // Without a host tier nothing can move: an "offloaded" sequence whose blocks all stayed on the
+  // device (empty, or every block shared) would be refused by build_batch yet read by gathers.
+  if (config_.num_host_blocks == 0) {
+    return failed_precondition("offload: " + seq_name(id) +
+                               ": there is no host tier: num_host_blocks is 0");
+  }
   if (s->active) return failed_precondition("offload: " + seq_name(id) + " is active");
   if (s->offloaded) return failed_precondition("offload: " + seq_name(id) + " is offloaded");
   const int64_t e = exclusive_device_blocks(*s);
@@ -619,6 +657,7 @@ StatusOr<const BatchMetadata*> ControlPlane::build_batch(const std::vector<Seque
 
 ControlStats ControlPlane::stats() const {
   ControlStats st = counters_;
+  st.events_dropped = events_.dropped_total();
   const int64_t bb = config_.block_bytes();
   TierStats* tiers[kNumTiers] = {&st.device, &st.host};
   for (int t = 0; t < kNumTiers; ++t) {
@@ -636,11 +675,7 @@ ControlStats ControlPlane::stats() const {
   return st;
 }
 
-std::vector<ControlEvent> ControlPlane::drain_events() {
-  std::vector<ControlEvent> out;
-  out.swap(events_);
-  return out;
-}
+std::vector<ControlEvent> ControlPlane::drain_events() { return events_.drain(); }
 
 }  // namespace core
 }  // namespace pagedkv

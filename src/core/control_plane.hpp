@@ -11,6 +11,7 @@
 
 #include "core/batch_metadata.hpp"
 #include "core/block_allocator.hpp"
+#include "core/event_ring.hpp"
 #include "core/eviction_queue.hpp"
 #include "core/prefix_index.hpp"
 #include "core/sequence_table.hpp"
@@ -30,12 +31,17 @@ struct ControlOptions {
   Clock clock;
   /// Record events for drain_events(); off saves an allocation per stored block.
   bool enable_events = true;
+  /// The most events held between drains; on overflow the oldest are dropped and the next
+  /// drain begins with one EventKind::kEventsDropped event. Must be >= 1, even with events off
+  /// (0 is kInvalidArgument from create()); slots are allocated as events arrive.
+  size_t event_capacity = 65536;
 };
 
 /// The paged control plane (see the file comment).
 class ControlPlane {
  public:
-  /// Validates `config` (which must be paged mode) and builds empty pools.
+  /// Validates `config` (which must be paged mode) and `options` (kInvalidArgument) and builds
+  /// empty pools.
   static StatusOr<std::unique_ptr<ControlPlane>> create(const CacheConfig& config,
                                                         ControlOptions options = {});
 
@@ -70,6 +76,10 @@ class ControlPlane {
   Status commit(SequenceId id, const std::vector<TokenId>& tokens) {
     return commit(id, tokens.data(), static_cast<int64_t>(tokens.size()));
   }
+  /// commit() of `n_each` tokens for each of `ids` (distinct); `tokens` holds them sequence
+  /// after sequence. Everything is checked first (kInvalidArgument, kNotFound,
+  /// kFailedPrecondition), so an error commits nothing.
+  Status commit_batch(const std::vector<SequenceId>& ids, const TokenId* tokens, int64_t n_each);
   /// Shortens the committed length to `length` and drops the reservation; blocks past it are
   /// released. kNotFound, kOutOfRange (negative or longer than the sequence).
   Status rollback(SequenceId id, int64_t length);
@@ -130,7 +140,8 @@ class ControlPlane {
 
   /// Current counters.
   ControlStats stats() const;
-  /// Returns and clears the recorded events, oldest first.
+  /// Returns and clears the recorded events, oldest first; if the ring overflowed since the
+  /// last drain, the first is one kEventsDropped event with the count lost (resync).
   std::vector<ControlEvent> drain_events();
   /// Recounts every reference and state; names the first broken invariant (kInternal).
   Status check_invariants() const;
@@ -174,7 +185,7 @@ class ControlPlane {
     };
     std::vector<Released> released;  // references dropped at the end of the call
     ControlStats counters;
-    size_t events = 0;
+    uint64_t first_event = 0;  // sequence number of the call's first event in events_
   };
 
   // A plan for freeing device blocks: sequences to offload or drop, in order.
@@ -286,7 +297,7 @@ class ControlPlane {
   SequenceTable seqs_;
   BatchMetadataBuilder batch_;
   std::vector<SequenceId> active_;
-  std::vector<ControlEvent> events_;
+  EventRing events_;
   // Memo of the last resolve(): its ids, their sequences (all marked with resolved_epoch_) and
   // the sequence-table generation it is valid for.
   std::vector<SequenceId> resolved_ids_;

@@ -6,7 +6,6 @@
 // vacated by a move or release can only have been taken by a later allocation or move of the
 // same call, which is undone first.
 // Evicting unreferenced cached blocks and dropping victims need no data and are not undone.
-#include <algorithm>
 #include <cassert>
 
 #include "core/control_plane.hpp"
@@ -21,7 +20,7 @@ void ControlPlane::begin_journal() {
   journal_.tails.clear();
   journal_.released.clear();
   journal_.counters = counters_;
-  journal_.events = events_.size();
+  journal_.first_event = events_.next_sequence();
 }
 
 void ControlPlane::journal_allocation(LogicalId id) {
@@ -116,19 +115,17 @@ std::vector<BlockMove> ControlPlane::undo_last(int64_t moves_done) {
     update_victim(s);
   }
 
-  // Counters and events of what was undone go; evictions and drops stay.
+  // Counters and events of what was undone go; evictions and drops stay. The call's events are
+  // named by sequence number, which stays right when the ring dropped older ones (or some of the
+  // call's own) on overflow; a drop marker stays, as the dropped events cannot come back.
   const ControlStats now = counters_;
   counters_ = journal_.counters;
   counters_.blocks_evicted = now.blocks_evicted;
   counters_.sequences_evicted = now.sequences_evicted;
   counters_.host_blocks_dropped = now.host_blocks_dropped;
-  auto first = events_.begin() + static_cast<std::ptrdiff_t>(journal_.events);
-  events_.erase(std::remove_if(first, events_.end(),
-                               [](const ControlEvent& e) {
-                                 return e.kind == EventKind::kSequenceOffloaded ||
-                                        e.kind == EventKind::kSequenceRestored;
-                               }),
-                events_.end());
+  events_.erase_since(journal_.first_event, [](const ControlEvent& e) {
+    return e.kind == EventKind::kSequenceOffloaded || e.kind == EventKind::kSequenceRestored;
+  });
   return inverse;
 }
 

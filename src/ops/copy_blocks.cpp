@@ -19,6 +19,14 @@ Status copy_blocks(Backend& backend, const PoolRef& pool, const CopyBlocksArgs& 
   if (args.num_pairs == 0) return ok_status();
   const size_t index_size = args.index_type == IndexType::kInt64 ? 8 : 4;
   PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_pointer(args.pairs, index_size, "pairs"));
+  int64_t pairs_reach = 0;  // the last index of [num_pairs][2]
+  if (!ops_detail::add_reach(args.num_pairs, 2, &pairs_reach) ||
+      !ops_detail::add_reach(2, 1, &pairs_reach)) {
+    return invalid_argument("num_pairs: " + std::to_string(args.num_pairs) +
+                            " pairs overflow 64-bit offsets");
+  }
+  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_reach(args.pairs, args.pairs, index_size,
+                                                     pairs_reach, "num_pairs", "pairs"));
 
   kernels::CopyBlocksBody b;
   std::memset(static_cast<void*>(&b), 0, sizeof(b));
@@ -36,7 +44,10 @@ Status copy_blocks(Backend& backend, const PoolRef& pool, const CopyBlocksArgs& 
   launch.kernel = KernelId::kCopyBlocks;
   launch.params = &b;
   launch.params_size = sizeof(b);
-  launch.num_items = args.num_pairs * b.chunks_per_block;
+  if (__builtin_mul_overflow(args.num_pairs, b.chunks_per_block, &launch.num_items)) {
+    return invalid_argument("num_pairs: " + std::to_string(args.num_pairs) +
+                            " pairs make an index space past int64");
+  }
   return backend.launch(launch, stream);
 }
 

@@ -23,6 +23,19 @@ Status validate_packed_side(const PoolRef& pool, DType packed_dtype, PackedLayou
   return ops_detail::validate_layer(pool, layer, "layer");
 }
 
+// A packed layer of `num_tokens` positions is num_tokens * num_kv_heads * head_dim elements in
+// either order; every offset into it (and the head-major head stride) must fit int64, in bytes.
+Status validate_packed_reach(const PoolRef& pool, const void* key, const void* value,
+                             DType packed_dtype, int64_t num_tokens, const char* name) {
+  const int64_t row = static_cast<int64_t>(pool.layout.num_kv_heads) * pool.layout.head_dim;
+  int64_t reach = 0;
+  if (!ops_detail::add_reach(num_tokens, row, &reach) || !ops_detail::add_reach(row, 1, &reach)) {
+    return invalid_argument(std::string(name) + ": " + std::to_string(num_tokens) + " tokens of " +
+                            std::to_string(row) + " elements overflow 64-bit element offsets");
+  }
+  return ops_detail::validate_reach(key, value, dtype_size(packed_dtype), reach, name);
+}
+
 Status validate_single(const PoolRef& pool, const PackedLayerArgs& a) {
   PAGEDKV_RETURN_IF_ERROR(
       validate_packed_side(pool, a.packed_dtype, a.packed_layout, a.scales, a.layer));
@@ -41,7 +54,9 @@ Status validate_single(const PoolRef& pool, const PackedLayerArgs& a) {
   const size_t es = dtype_size(a.packed_dtype);
   PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_pointer(a.key, es, "key"));
   PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_pointer(a.value, es, "value"));
-  return ops_detail::validate_pointer(a.block_table, alignof(int32_t), "block_table");
+  PAGEDKV_RETURN_IF_ERROR(
+      ops_detail::validate_pointer(a.block_table, alignof(int32_t), "block_table"));
+  return validate_packed_reach(pool, a.key, a.value, a.packed_dtype, a.num_tokens, "num_tokens");
 }
 
 Status run_single(Backend& backend, const PoolRef& pool, const PackedLayerArgs& a, bool to_pool,
@@ -92,7 +107,18 @@ Status validate_batch(const PoolRef& pool, const PackedBatchArgs& a) {
   PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_pointer(a.value, es, "value"));
   PAGEDKV_RETURN_IF_ERROR(
       ops_detail::validate_pointer(a.block_tables, alignof(int32_t), "block_tables"));
-  return ops_detail::validate_pointer(a.indptr, alignof(int32_t), "indptr");
+  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_pointer(a.indptr, alignof(int32_t), "indptr"));
+  // Table row s starts at s * max_blocks_per_seq.
+  int64_t table_reach = 0;
+  if (!ops_detail::add_reach(a.batch_size, a.max_blocks_per_seq, &table_reach) ||
+      !ops_detail::add_reach(a.max_blocks_per_seq, 1, &table_reach)) {
+    return invalid_argument("max_blocks_per_seq: block_tables overflow 64-bit offsets");
+  }
+  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_reach(a.block_tables, a.block_tables,
+                                                     sizeof(int32_t), table_reach,
+                                                     "max_blocks_per_seq", "block_tables"));
+  return validate_packed_reach(pool, a.key, a.value, a.packed_dtype, a.total_tokens,
+                               "total_tokens");
 }
 
 Status run_batch(Backend& backend, const PoolRef& pool, const PackedBatchArgs& a, bool to_pool,

@@ -1,6 +1,7 @@
 // Validation and launch helpers shared by the data-plane ops.
 #include "ops/ops_common.hpp"
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -51,10 +52,49 @@ Status validate_pool(const PoolRef& pool) {
     return invalid_argument("pool.layout: unknown page layout");
   }
   if (pool.num_blocks <= 0) return invalid_argument("pool.num_blocks: must be positive");
-  // Offsets are int64 elements; a pool whose byte size overflows int64 cannot exist.
-  const int64_t block_elems = l.block_elems();
-  if (pool.num_blocks > INT64_MAX / 8 / block_elems) {
-    return out_of_range("pool.num_blocks: pool size overflows int64");
+  // The kernels form int64 element and byte offsets into the pool: its byte size must fit int64.
+  // Each product is checked, so a huge layout fails here instead of overflowing in block_elems().
+  int64_t block_bytes = 0;
+  if (__builtin_mul_overflow(int64_t{l.block_size}, int64_t{l.num_kv_heads}, &block_bytes) ||
+      __builtin_mul_overflow(block_bytes, int64_t{l.head_dim}, &block_bytes) ||
+      __builtin_mul_overflow(block_bytes, int64_t{2} * l.num_layers, &block_bytes) ||
+      __builtin_mul_overflow(block_bytes, static_cast<int64_t>(dtype_size(pool.dtype)),
+                             &block_bytes)) {
+    return invalid_argument(
+        "pool.layout: one block (num_layers * 2 * block_size * num_kv_heads * head_dim elements) "
+        "overflows 64-bit byte offsets");
+  }
+  int64_t pool_bytes = 0;
+  if (__builtin_mul_overflow(block_bytes, pool.num_blocks, &pool_bytes) ||
+      reinterpret_cast<uintptr_t>(pool.data) > UINTPTR_MAX - static_cast<uint64_t>(pool_bytes)) {
+    return invalid_argument("pool.num_blocks: " + std::to_string(pool.num_blocks) + " blocks of " +
+                            std::to_string(block_bytes) + " bytes overflow 64-bit byte offsets");
+  }
+  return ok_status();
+}
+
+bool add_reach(int64_t count, int64_t stride, int64_t* reach) {
+  if (count <= 1) return true;
+  int64_t span = 0;
+  return !__builtin_mul_overflow(count - 1, stride, &span) &&
+         !__builtin_add_overflow(*reach, span, reach);
+}
+
+Status validate_reach(const void* a, const void* b, size_t elem_size, int64_t reach,
+                      const std::string& name, const char* tensors) {
+  // Bytes [0, end) from each pointer: end = (reach + 1) * elem_size.
+  int64_t end = 0;
+  if (__builtin_add_overflow(reach, int64_t{1}, &end) ||
+      __builtin_mul_overflow(end, static_cast<int64_t>(elem_size), &end)) {
+    return invalid_argument(name + ": the last element of " + tensors + " (element offset " +
+                            std::to_string(reach) + ") is past 64-bit byte offsets");
+  }
+  for (const void* p : {a, b}) {
+    if (reinterpret_cast<uintptr_t>(p) > UINTPTR_MAX - static_cast<uint64_t>(end)) {
+      return invalid_argument(name + ": " + tensors +
+                              " would run past the end of the address space (" +
+                              std::to_string(end) + " bytes from the pointer)");
+    }
   }
   return ok_status();
 }
@@ -132,7 +172,14 @@ Status launch_paged_rows(Backend& backend, kernels::PagedRowBody b, Stream strea
     b.seg_elems = seg;
   }
   b.segs_per_row = row_elems / b.seg_elems;
-  const int64_t items = static_cast<int64_t>(b.num_layers_op) * 2 * b.num_tokens * b.segs_per_row;
+  // The ops bound num_tokens * row_elems by the linear tensor's reach; the index space adds the
+  // layer and K/V factors, so it is checked too.
+  int64_t items = 0;
+  if (__builtin_mul_overflow(static_cast<int64_t>(b.num_layers_op) * 2, b.num_tokens, &items) ||
+      __builtin_mul_overflow(items, b.segs_per_row, &items)) {
+    return invalid_argument("num_tokens: " + std::to_string(b.num_tokens) +
+                            " tokens make an index space past int64");
+  }
   if (items == 0) return ok_status();
   KernelLaunch launch;
   launch.kernel = KernelId::kPagedRows;

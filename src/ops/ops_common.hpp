@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 
 #include "kernels/paged_copy.hpp"
 #include "pagedkv/ops.hpp"
@@ -19,6 +20,17 @@ Status validate_layer(const PoolRef& pool, int32_t layer, const char* name);
 Status validate_scales(const PoolRef& pool, DType other, const KvScales& scales);
 /// A dtype value that names one of the four element types.
 Status validate_dtype(DType t, const char* name);
+
+/// Adds (count - 1) * stride to `*reach`, the largest element offset a walk over a linear tensor
+/// forms (count >= 1, stride >= 0; a count of 0 adds nothing). False, with `*reach` unspecified,
+/// when a product or the sum overflows int64; nothing that can overflow is computed.
+bool add_reach(int64_t count, int64_t stride, int64_t* reach);
+/// The tensors at `a` and `b` (elements of `elem_size` bytes; `tensors` names them in the
+/// message) are touched up to element offset `reach`: its byte offset must fit int64 and neither
+/// pointer may run past the end of the address space. kInvalidArgument starting with `name`, the
+/// argument that sets the extent.
+Status validate_reach(const void* a, const void* b, size_t elem_size, int64_t reach,
+                      const std::string& name, const char* tensors = "key/value");
 
 /// The largest power of two <= 16 that divides every value (byte addresses and byte strides).
 int choose_vec_bytes(std::initializer_list<uint64_t> values);

@@ -39,13 +39,27 @@ Status scatter_head_range(Backend& backend, const PoolRef& pool, const ScatterHe
   PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_pointer(a.value, es, "value"));
   PAGEDKV_RETURN_IF_ERROR(
       ops_detail::validate_pointer(a.block_table, alignof(int32_t), "block_table"));
+  // The input is [num_heads, num_tokens, head_dim]: its head stride and last element must be
+  // formed without overflow.
+  int64_t head_stride = 0;
+  int64_t reach = 0;
+  if (__builtin_mul_overflow(a.num_tokens, int64_t{l.head_dim}, &head_stride) ||
+      !ops_detail::add_reach(a.num_heads, head_stride, &reach) ||
+      !ops_detail::add_reach(a.num_tokens, l.head_dim, &reach) ||
+      !ops_detail::add_reach(l.head_dim, 1, &reach)) {
+    return invalid_argument("num_tokens: num_heads * num_tokens * head_dim (" +
+                            std::to_string(a.num_heads) + " * " + std::to_string(a.num_tokens) +
+                            " * " + std::to_string(l.head_dim) +
+                            ") overflows 64-bit element offsets");
+  }
+  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_reach(a.key, a.value, es, reach, "num_tokens"));
 
   kernels::PagedRowBody b = ops_detail::make_row_body(pool);
   b.lin_k = const_cast<void*>(a.key);
   b.lin_v = const_cast<void*>(a.value);
   b.lin_dtype = a.input_dtype;
   b.lin_token_stride = l.head_dim;
-  b.lin_head_stride = a.num_tokens * l.head_dim;
+  b.lin_head_stride = head_stride;
   b.mapping = kernels::RowMapping::kTable;
   b.block_tables = a.block_table;
   b.max_blocks = a.block_table_len;

@@ -21,10 +21,8 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }
 
 template <typename T>
-Status upload_vector(runtime::UploadArena& arena, const std::vector<T>& v, const T** out) {
-  PAGEDKV_ASSIGN_OR_RETURN(void* d, arena.upload(v.data(), v.size() * sizeof(T)));
-  *out = static_cast<const T*>(d);
-  return ok_status();
+runtime::UploadPart part(const std::vector<T>& v) {
+  return {v.data(), v.size() * sizeof(T)};
 }
 
 }  // namespace
@@ -44,12 +42,19 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& config,
     PAGEDKV_ASSIGN_OR_RETURN(cache->owned_backend_, create_backend(config.backend));
     cache->backend_ = cache->owned_backend_.get();
   }
-  cache->compute_ = options.compute_stream;
   Backend& be = *cache->backend_;
+  cache->compute_ = options.compute_stream;
+  if (options.native_compute_stream != nullptr) {
+    if (options.compute_stream != Stream{}) {
+      return invalid_argument("native_compute_stream: set either it or compute_stream, not both");
+    }
+    PAGEDKV_ASSIGN_OR_RETURN(cache->compute_, be.wrap_stream(options.native_compute_stream));
+  }
 
   core::ControlOptions control_options;
   control_options.clock = options.clock;
   control_options.enable_events = options.enable_events;
+  control_options.event_capacity = options.event_capacity;
   PAGEDKV_ASSIGN_OR_RETURN(cache->control_, core::ControlPlane::create(config, control_options));
 
   const int64_t block_bytes = config.block_bytes();
@@ -85,6 +90,8 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& config,
 KvCache::~KvCache() {
   if (backend_ == nullptr) return;
   backend_->synchronize_stream(compute_).ignore_error();  // queued kernels may use the pools
+  pending_.clear();  // their leases go back to the arena before it goes
+  batch_upload_.reset();
   uploads_.reset();
   transfers_.reset();  // drains the copy stream
   backend_->free_device(device_pool_);
@@ -100,6 +107,7 @@ StatusOr<int64_t> KvCache::add_sequence(SequenceId id, const std::vector<TokenId
                                         const SequenceOptions& options) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::add_sequence");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  ++generation_;
   return control_->add_sequence(id, prompt, options);
 }
 
@@ -135,10 +143,9 @@ Status KvCache::run_transfers(const Transfers& t, Submitted* out) {
       written.push_back(static_cast<int64_t>(c.dst_block) * config_.block_size);
     }
     PAGEDKV_RETURN_IF_ERROR(order_block_reuse(written));
-    const int32_t* device_pairs = nullptr;
-    PAGEDKV_RETURN_IF_ERROR(upload_vector(*uploads_, pairs, &device_pairs));
+    PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease up, uploads_->upload({part(pairs)}));
     CopyBlocksArgs args;
-    args.pairs = device_pairs;
+    args.pairs = up.device<int32_t>(0);
     args.index_type = IndexType::kInt32;
     args.num_pairs = static_cast<int64_t>(t.copies.size());
     PAGEDKV_RETURN_IF_ERROR(copy_blocks(*backend_, device_pool(), args, compute_));
@@ -195,7 +202,7 @@ void KvCache::mark_moved(SequenceId id) {
   auto it = pending_.find(id);
   if (it == pending_.end()) return;
   it->second.moved = true;
-  it->second.device_slots = nullptr;
+  it->second.device_slots.reset();
 }
 
 Status KvCache::refresh_moved_slots(SequenceId id, Pending* p) {
@@ -235,6 +242,7 @@ StatusOr<std::vector<int64_t>> KvCache::reserve(SequenceId id, int64_t n) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::reserve");
   PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_ASSIGN_OR_RETURN(ReserveResult result, control_->reserve(id, n));
+  ++generation_;
   // The control plane has applied its plan; the data plane now carries it out, or the plan is
   // taken back.
   Submitted sub;
@@ -242,11 +250,35 @@ StatusOr<std::vector<int64_t>> KvCache::reserve(SequenceId id, int64_t n) {
   if (s.ok()) s = order_block_reuse(result.slots);
   if (!s.ok()) return recover(s, sub.moves_done);
   note_transfers(result.transfers, sub.ticket);
-  Pending& p = pending_[id];
-  p.slots = result.slots;
-  p.device_slots = nullptr;
-  p.moved = false;
+  set_pending(id, result.slots.data(), static_cast<int64_t>(result.slots.size()));
   return std::move(result.slots);
+}
+
+StatusOr<std::vector<int64_t>> KvCache::reserve_batch(const std::vector<SequenceId>& ids,
+                                                      int64_t n_each) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::reserve_batch");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
+  ReserveResult& r = batch_scratch_;
+  r.transfers = Transfers{};
+  r.slots.clear();
+  PAGEDKV_RETURN_IF_ERROR(control_->reserve_batch(ids, n_each, &r));
+  ++generation_;
+  Submitted sub;
+  Status s = run_transfers(r.transfers, &sub);
+  if (s.ok()) s = order_block_reuse(r.slots);
+  if (!s.ok()) return recover(s, sub.moves_done);
+  note_transfers(r.transfers, sub.ticket);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    set_pending(ids[i], r.slots.data() + static_cast<int64_t>(i) * n_each, n_each);
+  }
+  return r.slots;
+}
+
+void KvCache::set_pending(SequenceId id, const int64_t* slots, int64_t n) {
+  Pending& p = pending_[id];
+  p.slots.assign(slots, slots + n);
+  p.device_slots.reset();
+  p.moved = false;
 }
 
 Status KvCache::write_kv(SequenceId id, int32_t layer, const void* key, const void* value,
@@ -270,27 +302,98 @@ Status KvCache::write_kv(SequenceId id, int32_t layer, const void* key, const vo
   args.row_stride = row_stride;
   args.num_tokens = static_cast<int64_t>(p.slots.size());
   args.layer = layer;
-  // An upload that a failing op then ignores changes nothing observable.
-  if (p.device_slots == nullptr || p.upload_round != uploads_->round()) {
-    PAGEDKV_RETURN_IF_ERROR(upload_vector(*uploads_, p.slots, &p.device_slots));
-    p.upload_round = uploads_->round();
+  // Uploaded once per reservation, kept (leased) until the reservation changes. An upload that
+  // a failing op then ignores changes nothing observable.
+  if (p.device_slots == nullptr) {
+    PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease up, uploads_->upload({part(p.slots)}));
+    p.device_slots = std::make_unique<runtime::UploadLease>(std::move(up));
   }
-  args.slot_mapping = p.device_slots;
+  args.slot_mapping = p.device_slots->device<int64_t>(0);
   return pagedkv::write_kv(*backend_, device_pool(), args, compute_);
+}
+
+Status KvCache::check_batch_current(const DeviceBatch& batch) const {
+  if (batch.host == nullptr || batch.generation != generation_) {
+    return failed_precondition(
+        "the DeviceBatch is stale: build_batch again after reserving, committing or moving "
+        "sequences");
+  }
+  return ok_status();
+}
+
+Status KvCache::write_kv_batch(const DeviceBatch& batch, int32_t layer, const void* key,
+                               const void* value, DType input_dtype, int64_t row_stride) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::write_kv_batch");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(check_batch_current(batch));
+  WriteKvArgs args;
+  args.key = key;
+  args.value = value;
+  args.input_dtype = input_dtype;
+  args.row_stride = row_stride;
+  args.num_tokens = static_cast<int64_t>(batch.host->slot_mapping.size());
+  args.slot_mapping = batch.slot_mapping;
+  args.layer = layer;
+  return pagedkv::write_kv(*backend_, device_pool(), args, compute_);
+}
+
+Status KvCache::write_kv_batch_all_layers(const DeviceBatch& batch, const void* key,
+                                          const void* value, DType input_dtype, int64_t row_stride,
+                                          int64_t layer_stride) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::write_kv_batch_all_layers");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(check_batch_current(batch));
+  WriteKvAllLayersArgs args;
+  args.key = key;
+  args.value = value;
+  args.input_dtype = input_dtype;
+  args.row_stride = row_stride;
+  args.layer_stride = layer_stride;
+  args.num_tokens = static_cast<int64_t>(batch.host->slot_mapping.size());
+  args.slot_mapping = batch.slot_mapping;
+  return pagedkv::write_kv_all_layers(*backend_, device_pool(), args, compute_);
 }
 
 Status KvCache::commit(SequenceId id, const std::vector<TokenId>& tokens) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::commit");
   PAGEDKV_RETURN_IF_ERROR(broken_);
-  PAGEDKV_RETURN_IF_ERROR(control_->commit(id, tokens));
+  return commit_tokens(id, tokens.data(), static_cast<int64_t>(tokens.size()));
+}
+
+Status KvCache::commit_tokens(SequenceId id, const TokenId* tokens, int64_t n) {
+  PAGEDKV_RETURN_IF_ERROR(control_->commit(id, tokens, n));
+  ++generation_;
+  drop_committed_slots(id, n);
+  return ok_status();
+}
+
+void KvCache::drop_committed_slots(SequenceId id, int64_t n) {
   auto it = pending_.find(id);
   if (it != pending_.end()) {
     Pending& p = it->second;
-    p.slots.erase(p.slots.begin(), p.slots.begin() + static_cast<std::ptrdiff_t>(
-                                                         std::min(tokens.size(), p.slots.size())));
-    p.device_slots = nullptr;
+    p.slots.erase(p.slots.begin(), p.slots.begin() + static_cast<std::ptrdiff_t>(std::min(
+                                                         static_cast<size_t>(n), p.slots.size())));
+    p.device_slots.reset();
     if (p.slots.empty()) pending_.erase(it);
   }
+}
+
+Status KvCache::commit_batch(const std::vector<SequenceId>& ids, const std::vector<TokenId>& tokens,
+                             int64_t n_each) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::commit_batch");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
+  if (n_each < 0) return invalid_argument("commit_batch: n_each must be >= 0");
+  const bool sized = n_each == 0 ? tokens.empty()
+                                 : tokens.size() % static_cast<size_t>(n_each) == 0 &&
+                                       tokens.size() / static_cast<size_t>(n_each) == ids.size();
+  if (!sized) {
+    return invalid_argument("commit_batch: " + std::to_string(tokens.size()) + " tokens for " +
+                            std::to_string(ids.size()) + " sequences of " + std::to_string(n_each) +
+                            " each");
+  }
+  PAGEDKV_RETURN_IF_ERROR(control_->commit_batch(ids, tokens.data(), n_each));
+  ++generation_;
+  for (SequenceId id : ids) drop_committed_slots(id, n_each);
   return ok_status();
 }
 
@@ -298,6 +401,7 @@ Status KvCache::rollback(SequenceId id, int64_t length) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::rollback");
   PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_RETURN_IF_ERROR(control_->rollback(id, length));
+  ++generation_;
   pending_.erase(id);
   return ok_status();
 }
@@ -305,6 +409,7 @@ Status KvCache::rollback(SequenceId id, int64_t length) {
 Status KvCache::fork(SequenceId parent, SequenceId child) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::fork");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  ++generation_;
   return control_->fork(parent, child);
 }
 
@@ -312,6 +417,7 @@ Status KvCache::finish(SequenceId id) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::finish");
   PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_RETURN_IF_ERROR(control_->finish(id));
+  ++generation_;
   pending_.erase(id);
   last_job_.erase(id);
   return ok_status();
@@ -321,6 +427,7 @@ Status KvCache::erase(SequenceId id) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::erase");
   PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_RETURN_IF_ERROR(control_->erase(id));
+  ++generation_;
   pending_.erase(id);
   last_job_.erase(id);
   return ok_status();
@@ -346,6 +453,7 @@ Status KvCache::offload(SequenceId id) {
 }
 
 Status KvCache::carry_out(const Transfers& t) {
+  ++generation_;
   Submitted sub;
   const Status s = run_transfers(t, &sub);
   if (!s.ok()) return recover(s, sub.moves_done);
@@ -380,38 +488,28 @@ StatusOr<SequenceResidency> KvCache::residency(SequenceId id) {
 
 std::vector<SequenceId> KvCache::drain_evicted_sequences() { return std::exchange(evicted_, {}); }
 
-StatusOr<const int32_t*> KvCache::upload_block_table(SequenceId id) {
-  PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, control_->block_locations(id));
-  std::vector<int32_t> table;
-  table.reserve(blocks.size());
-  for (const BlockLocation& b : blocks) {
-    if (b.tier != Tier::kDevice) {
-      return failed_precondition("sequence " + std::to_string(id) +
-                                 " is offloaded: restore it before reading");
-    }
-    table.push_back(b.block);
-  }
-  const int32_t* device_table = nullptr;
-  PAGEDKV_RETURN_IF_ERROR(upload_vector(*uploads_, table, &device_table));
-  return device_table;
-}
-
 StatusOr<DeviceBatch> KvCache::build_batch(const std::vector<SequenceId>& ids,
                                            const BatchOptions& options) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::build_batch");
   PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_ASSIGN_OR_RETURN(const BatchMetadata* m, control_->build_batch(ids, options));
+  // One packed upload: every array lives until the next build_batch (DeviceBatch's contract).
+  PAGEDKV_ASSIGN_OR_RETURN(
+      runtime::UploadLease up,
+      uploads_->upload({part(m->slot_mapping), part(m->block_tables), part(m->seq_lens),
+                        part(m->indptr), part(m->indices), part(m->last_page_len)}));
   DeviceBatch out;
   out.host = m;
-  runtime::UploadArena& a = *uploads_;
-  PAGEDKV_RETURN_IF_ERROR(upload_vector(a, m->slot_mapping, &out.slot_mapping));
-  PAGEDKV_RETURN_IF_ERROR(upload_vector(a, m->block_tables, &out.block_tables));
-  PAGEDKV_RETURN_IF_ERROR(upload_vector(a, m->seq_lens, &out.seq_lens));
+  out.generation = ++generation_;
+  out.slot_mapping = up.device<int64_t>(0);
+  out.block_tables = up.device<int32_t>(1);
+  out.seq_lens = up.device<int32_t>(2);
   if (options.build_csr) {
-    PAGEDKV_RETURN_IF_ERROR(upload_vector(a, m->indptr, &out.indptr));
-    PAGEDKV_RETURN_IF_ERROR(upload_vector(a, m->indices, &out.indices));
-    PAGEDKV_RETURN_IF_ERROR(upload_vector(a, m->last_page_len, &out.last_page_len));
+    out.indptr = up.device<int32_t>(3);
+    out.indices = up.device<int32_t>(4);
+    out.last_page_len = up.device<int32_t>(5);
   }
+  batch_upload_ = std::make_unique<runtime::UploadLease>(std::move(up));
   return out;
 }
 
@@ -454,9 +552,22 @@ Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* 
   args.layer = layer;
   args.position_begin = position_begin;
   args.num_tokens = num_tokens;
+  // An offloaded sequence is read only after a restore, as build_batch does, also when every
+  // block it holds happens to be on the device (a fork that shares them all, say).
+  PAGEDKV_ASSIGN_OR_RETURN(Residency residency, control_->residency(id));
   PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, control_->block_locations(id));
-  args.block_table_len = static_cast<int32_t>(blocks.size());
-  PAGEDKV_ASSIGN_OR_RETURN(args.block_table, upload_block_table(id));
+  const bool on_device = std::all_of(
+      blocks.begin(), blocks.end(), [](const BlockLocation& b) { return b.tier == Tier::kDevice; });
+  if (residency.offloaded || !on_device) {
+    return failed_precondition("sequence " + std::to_string(id) +
+                               " is offloaded: restore it before reading");
+  }
+  std::vector<int32_t> table;
+  table.reserve(blocks.size());
+  for (const BlockLocation& b : blocks) table.push_back(b.block);
+  PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease up, uploads_->upload({part(table)}));
+  args.block_table = up.device<int32_t>(0);
+  args.block_table_len = static_cast<int32_t>(table.size());
   return pagedkv::gather_layer(*backend_, device_pool(), args, compute_);
 }
 
@@ -482,11 +593,19 @@ std::vector<ControlEvent> KvCache::drain_events() { return control_->drain_event
 
 Status KvCache::check_invariants() const {
   PAGEDKV_RETURN_IF_ERROR(control_->check_invariants());
+  int64_t leases = batch_upload_ != nullptr ? 1 : 0;
   for (const auto& [id, pending] : pending_) {
     if (!control_->contains(id)) {
       return internal_error("a reservation is kept for sequence " + std::to_string(id) +
                             ", which no longer exists");
     }
+    leases += pending.device_slots != nullptr ? 1 : 0;
+  }
+  // Every upload region still held belongs to the last batch or to a reservation's slots: a
+  // call that leaked one would keep the arena from ever reusing its chunk.
+  if (uploads_->live_leases() != leases) {
+    return internal_error("the upload arena holds " + std::to_string(uploads_->live_leases()) +
+                          " regions; the cache accounts for " + std::to_string(leases));
   }
   return ok_status();
 }

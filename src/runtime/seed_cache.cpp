@@ -1,6 +1,7 @@
 // SeedKvCache facade: validation shared by both modes, NVTX ranges, dispatch to the mode.
 #include "pagedkv/seed_cache.hpp"
 
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -22,6 +23,17 @@ Status check_size(const char* what, const HalfSpan& s, int64_t expected) {
   return ok_status();
 }
 
+// heads * positions * head_dim fp16 values in *out; kInvalidArgument naming `what` (the argument
+// that sets `positions`) when that count overflows int64.
+Status count_values(const char* what, int64_t heads, int64_t positions, int64_t dim, int64_t* out) {
+  if (__builtin_mul_overflow(heads, positions, out) || __builtin_mul_overflow(*out, dim, out)) {
+    return invalid_argument(std::string(what) + ": " + std::to_string(positions) +
+                            " positions of " + std::to_string(heads) + " heads * " +
+                            std::to_string(dim) + " values overflow int64");
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<SeedKvCache>> SeedKvCache::create(const CacheConfig& config,
@@ -35,6 +47,8 @@ StatusOr<std::unique_ptr<SeedKvCache>> SeedKvCache::create(const CacheConfig& co
   std::unique_ptr<SeedKvCache> cache(new SeedKvCache());
   cache->config_ = config;
   if (config.mode == CacheMode::kPaged) {
+    // Control events stay on, as paged_cache() offers them; a user who never drains them costs
+    // at most the KvCache's bounded event ring (KvCacheOptions::event_capacity), not a leak.
     PAGEDKV_ASSIGN_OR_RETURN(cache->impl_, runtime::make_paged_seed_impl(config, options));
   } else {
     PAGEDKV_ASSIGN_OR_RETURN(cache->impl_, runtime::make_dense_seed_impl(config, options));
@@ -99,7 +113,8 @@ Status SeedKvCache::append_head_range_seq_first(SequenceId id, int32_t layer, in
     return out_of_range("head: " + std::to_string(head) + " outside [0, " +
                         std::to_string(config_.num_kv_heads) + ")");
   }
-  if (key.size == 0 || key.size % static_cast<size_t>(config_.head_dim) != 0) {
+  if (key.size == 0 || key.size % static_cast<size_t>(config_.head_dim) != 0 ||
+      key.size > static_cast<size_t>(std::numeric_limits<int64_t>::max())) {
     return invalid_argument("key: " + std::to_string(key.size) +
                             " fp16 values, expected a positive multiple of head_dim " +
                             std::to_string(config_.head_dim));
@@ -107,9 +122,11 @@ Status SeedKvCache::append_head_range_seq_first(SequenceId id, int32_t layer, in
   const int64_t n = static_cast<int64_t>(key.size) / config_.head_dim;
   PAGEDKV_RETURN_IF_ERROR(check_size("key", key, n * config_.head_dim));
   PAGEDKV_RETURN_IF_ERROR(check_size("value", value, n * config_.head_dim));
-  if (pos_start < 0 || pos_start + n > config_.max_sequence_length) {
+  // Compared as a difference: pos_start + n can overflow int64 for caller-supplied values.
+  if (pos_start < 0 || pos_start > config_.max_sequence_length - n) {
     return out_of_range("pos_start: positions [" + std::to_string(pos_start) + ", " +
-                        std::to_string(pos_start + n) + ") outside [0, max_sequence_length " +
+                        std::to_string(pos_start) + " + " + std::to_string(n) +
+                        ") outside [0, max_sequence_length " +
                         std::to_string(config_.max_sequence_length) + ")");
   }
   return impl_->write_head_range(id, layer, head, pos_start, n, key.data, value.data);
@@ -125,6 +142,13 @@ Status SeedKvCache::advance_sequence_by(SequenceId id, int64_t delta) {
   PAGEDKV_NVTX_RANGE("pagedkv::SeedKvCache::advance_sequence_by");
   if (!impl_->contains(id)) return not_found(seq_name(id) + " does not exist");
   if (delta < 0) return invalid_argument("delta: must not be negative");
+  // Checked here for both modes: dense mode would form length + delta, which can overflow.
+  PAGEDKV_ASSIGN_OR_RETURN(int64_t len, impl_->length(id));
+  if (delta > config_.max_sequence_length - len) {
+    return invalid_argument("delta: " + std::to_string(delta) + " would take " + seq_name(id) +
+                            " from length " + std::to_string(len) + " past max_sequence_length " +
+                            std::to_string(config_.max_sequence_length));
+  }
   return impl_->advance(id, delta);
 }
 
@@ -156,7 +180,9 @@ Status SeedKvCache::set_packed_layer(SequenceId id, int32_t layer, int64_t lengt
                             "'s length " + std::to_string(len) +
                             " (use overwrite_layer to change the length)");
   }
-  const int64_t elems = int64_t{config_.num_kv_heads} * length * config_.head_dim;
+  int64_t elems = 0;
+  PAGEDKV_RETURN_IF_ERROR(
+      count_values("length", config_.num_kv_heads, length, config_.head_dim, &elems));
   PAGEDKV_RETURN_IF_ERROR(check_size("key", key, elems));
   PAGEDKV_RETURN_IF_ERROR(check_size("value", value, elems));
   return impl_->import(id, layer, length, key.data, value.data);
@@ -177,8 +203,11 @@ Status SeedKvCache::overwrite_layer(SequenceId id, int32_t layer, HalfSpan key, 
   }
   const int64_t heads = config_.num_kv_heads;
   const int64_t dim = config_.head_dim;
-  PAGEDKV_RETURN_IF_ERROR(check_size("key", key, heads * src_capacity * dim));
-  PAGEDKV_RETURN_IF_ERROR(check_size("value", value, heads * src_capacity * dim));
+  // The size check bounds every offset of the copy below by key.size.
+  int64_t src_values = 0;
+  PAGEDKV_RETURN_IF_ERROR(count_values("src_capacity", heads, src_capacity, dim, &src_values));
+  PAGEDKV_RETURN_IF_ERROR(check_size("key", key, src_values));
+  PAGEDKV_RETURN_IF_ERROR(check_size("value", value, src_values));
   if (src_capacity == length) return impl_->import(id, layer, length, key.data, value.data);
   // A KvTensor with spare capacity: pack its first `length` positions per head on the host.
   std::vector<uint16_t> k(static_cast<size_t>(heads * length * dim));

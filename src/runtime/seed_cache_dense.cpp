@@ -60,15 +60,14 @@ class DenseSeedImpl final : public SeedImpl {
                      const uint16_t* value, std::optional<TokenId>) override {
     PAGEDKV_RETURN_IF_ERROR(ensure(id, pos + 1));
     const size_t row = static_cast<size_t>(config_.num_kv_heads) * config_.head_dim;
-    PAGEDKV_ASSIGN_OR_RETURN(void* dk, uploads_->upload(key, row * 2));
-    PAGEDKV_ASSIGN_OR_RETURN(void* dv, uploads_->upload(value, row * 2));
+    PAGEDKV_ASSIGN_OR_RETURN(UploadLease up, uploads_->upload({{key, row * 2}, {value, row * 2}}));
+    const uint16_t* dk = up.device<uint16_t>(0);
+    const uint16_t* dv = up.device<uint16_t>(1);
     const Buf& b = buffers_.at(seq_buffer_.at(id));
     for (int32_t h = 0; h < config_.num_kv_heads; ++h) {
       const size_t off = static_cast<size_t>(h) * config_.head_dim;
-      PAGEDKV_RETURN_IF_ERROR(
-          copy(at(b, layer, 0, h, pos), static_cast<uint16_t*>(dk) + off, config_.head_dim));
-      PAGEDKV_RETURN_IF_ERROR(
-          copy(at(b, layer, 1, h, pos), static_cast<uint16_t*>(dv) + off, config_.head_dim));
+      PAGEDKV_RETURN_IF_ERROR(copy(at(b, layer, 0, h, pos), dk + off, config_.head_dim));
+      PAGEDKV_RETURN_IF_ERROR(copy(at(b, layer, 1, h, pos), dv + off, config_.head_dim));
     }
     mirror_.invalidate(id, layer);
     return ok_status();
@@ -78,8 +77,10 @@ class DenseSeedImpl final : public SeedImpl {
                           const uint16_t* key, const uint16_t* value) override {
     PAGEDKV_RETURN_IF_ERROR(ensure(id, pos + n));
     const size_t elems = static_cast<size_t>(n) * config_.head_dim;
-    PAGEDKV_ASSIGN_OR_RETURN(void* dk, uploads_->upload(key, elems * 2));
-    PAGEDKV_ASSIGN_OR_RETURN(void* dv, uploads_->upload(value, elems * 2));
+    PAGEDKV_ASSIGN_OR_RETURN(UploadLease up,
+                             uploads_->upload({{key, elems * 2}, {value, elems * 2}}));
+    const uint16_t* dk = up.device<uint16_t>(0);
+    const uint16_t* dv = up.device<uint16_t>(1);
     const Buf& b = buffers_.at(seq_buffer_.at(id));
     // A head's positions are contiguous in the dense layout: one copy per part.
     PAGEDKV_RETURN_IF_ERROR(copy(at(b, layer, 0, head, pos), dk, static_cast<int64_t>(elems)));
@@ -142,14 +143,13 @@ class DenseSeedImpl final : public SeedImpl {
     if (length > 0) {
       const int64_t run = length * config_.head_dim;
       const size_t bytes = static_cast<size_t>(config_.num_kv_heads * run) * 2;
-      PAGEDKV_ASSIGN_OR_RETURN(void* dk, uploads_->upload(key, bytes));
-      PAGEDKV_ASSIGN_OR_RETURN(void* dv, uploads_->upload(value, bytes));
+      PAGEDKV_ASSIGN_OR_RETURN(UploadLease up, uploads_->upload({{key, bytes}, {value, bytes}}));
+      const uint16_t* dk = up.device<uint16_t>(0);
+      const uint16_t* dv = up.device<uint16_t>(1);
       const Buf& b = buffers_.at(seq_buffer_.at(id));
       for (int32_t h = 0; h < config_.num_kv_heads; ++h) {
-        PAGEDKV_RETURN_IF_ERROR(
-            copy(at(b, layer, 0, h, 0), static_cast<uint16_t*>(dk) + h * run, run));
-        PAGEDKV_RETURN_IF_ERROR(
-            copy(at(b, layer, 1, h, 0), static_cast<uint16_t*>(dv) + h * run, run));
+        PAGEDKV_RETURN_IF_ERROR(copy(at(b, layer, 0, h, 0), dk + h * run, run));
+        PAGEDKV_RETURN_IF_ERROR(copy(at(b, layer, 1, h, 0), dv + h * run, run));
       }
     }
     if (length > len) {

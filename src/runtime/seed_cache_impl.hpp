@@ -16,9 +16,11 @@
 
 namespace pagedkv::runtime {
 
-/// Per-sequence device buffers holding packed [heads, len, head_dim] keys and values of every
-/// layer, reused across cache misses (seed defect 10: no allocation per miss). The buffer grows
-/// by doubling, and a layer's packed copy is valid until invalidated.
+/// Per-(sequence, layer) device buffers holding the packed [heads, len, head_dim] keys and
+/// values of the layers read, reused across cache misses (seed defect 10: no allocation per
+/// miss). A buffer is allocated on the first read of its layer, sized to that read in
+/// 16-position steps; a longer read regrows it by at least a quarter. A layer's packed copy is
+/// valid until invalidated.
 class PackedMirror {
  public:
   PackedMirror(Backend& backend, Stream stream, const CacheConfig& config)
@@ -29,28 +31,33 @@ class PackedMirror {
 
   /// The cached view of (id, layer) when it is valid for `length`.
   std::optional<SeedKvView> find(SequenceId id, int32_t layer, int64_t length) const;
-  /// Device pointers where (id, layer) packed at `length` goes; grows the sequence's buffer
-  /// (after waiting for queued reads of the old one) when it is too short.
+  /// Device pointers where (id, layer) packed at `length` goes; (re)allocates that layer's
+  /// buffer when it is too short, after waiting for queued reads of the old one, which is freed
+  /// first. kResourceExhausted (the layer then has no buffer) when it cannot be had.
   StatusOr<SeedKvView> slot(SequenceId id, int32_t layer, int64_t length);
   /// Marks (id, layer) as holding the packed data of `length` positions.
   void mark_valid(SequenceId id, int32_t layer, int64_t length);
   void invalidate(SequenceId id, int32_t layer);
   void invalidate_all(SequenceId id);
-  /// Frees the sequence's buffer (after the stream's queued work).
+  /// Frees the sequence's buffers (after the stream's queued work).
   void erase(SequenceId id);
   /// Layers whose packed copy is valid, over all sequences.
   int64_t valid_layers() const;
 
  private:
-  struct Entry {
+  // One layer's buffer: keys [heads, capacity, head_dim], then values alike.
+  struct Layer {
     void* data = nullptr;
-    int64_t capacity = 0;               // positions per head
-    std::vector<int64_t> valid_length;  // per layer; -1 when invalid
+    int64_t capacity = 0;       // positions per head
+    int64_t valid_length = -1;  // -1 when invalid
   };
+  SeedKvView view(const Layer& l, int64_t length) const;
+  void free_layers(std::vector<Layer>& layers);
+
   Backend& backend_;
   Stream stream_;
   CacheConfig config_;
-  std::unordered_map<SequenceId, Entry> entries_;
+  std::unordered_map<SequenceId, std::vector<Layer>> entries_;  // num_layers each
 };
 
 /// What a mode implements. Inputs are host fp16 arrays whose sizes the facade has checked.

@@ -1,4 +1,4 @@
-// PackedMirror: the reused per-sequence buffers behind get_packed_layer.
+// PackedMirror: the reused per-(sequence, layer) buffers behind get_packed_layer.
 #include <algorithm>
 
 #include "runtime/seed_cache_impl.hpp"
@@ -6,86 +6,102 @@
 namespace pagedkv::runtime {
 namespace {
 
-int64_t next_pow2(int64_t n) {
-  int64_t p = 16;  // small sequences share one size class instead of regrowing per token
-  while (p < n) p *= 2;
-  return p;
-}
+// Small sequences share one size class instead of regrowing per token; longer ones grow in
+// these steps.
+constexpr int64_t kStep = 16;
 
 }  // namespace
 
 PackedMirror::~PackedMirror() {
   if (entries_.empty()) return;
   backend_.synchronize_stream(stream_).ignore_error();  // queued gathers may still write them
-  for (auto& [id, e] : entries_) backend_.free_device(e.data);
+  for (auto& [id, layers] : entries_) free_layers(layers);
+}
+
+SeedKvView PackedMirror::view(const Layer& l, int64_t length) const {
+  const int64_t head_elems = int64_t{config_.num_kv_heads} * l.capacity * config_.head_dim;
+  auto* base = static_cast<uint16_t*>(l.data);
+  return SeedKvView{base, base + head_elems, length, length * config_.head_dim};
+}
+
+void PackedMirror::free_layers(std::vector<Layer>& layers) {
+  for (Layer& l : layers) {
+    if (l.data != nullptr) backend_.free_device(l.data);
+    l = Layer{};
+  }
 }
 
 std::optional<SeedKvView> PackedMirror::find(SequenceId id, int32_t layer, int64_t length) const {
   auto it = entries_.find(id);
-  if (it == entries_.end() || it->second.valid_length[static_cast<size_t>(layer)] != length) {
-    return std::nullopt;
-  }
-  const Entry& e = it->second;
-  const int64_t head_elems = int64_t{config_.num_kv_heads} * e.capacity * config_.head_dim;
-  auto* base = static_cast<uint16_t*>(e.data) + int64_t{layer} * 2 * head_elems;
-  return SeedKvView{base, base + head_elems, length, length * config_.head_dim};
+  if (it == entries_.end()) return std::nullopt;
+  const Layer& l = it->second[static_cast<size_t>(layer)];
+  if (l.valid_length != length) return std::nullopt;
+  return view(l, length);
 }
 
 StatusOr<SeedKvView> PackedMirror::slot(SequenceId id, int32_t layer, int64_t length) {
-  Entry& e = entries_[id];
-  if (e.valid_length.empty()) e.valid_length.assign(static_cast<size_t>(config_.num_layers), -1);
-  if (e.capacity < length) {
-    const int64_t capacity = next_pow2(length);
-    const size_t bytes = static_cast<size_t>(int64_t{config_.num_layers} * 2 *
-                                             config_.num_kv_heads * capacity * config_.head_dim) *
-                         sizeof(uint16_t);
+  std::vector<Layer>& layers = entries_[id];
+  if (layers.empty()) layers.resize(static_cast<size_t>(config_.num_layers));
+  Layer& l = layers[static_cast<size_t>(layer)];
+  l.valid_length = -1;  // about to be rewritten
+  if (l.capacity < length) {
+    // Sized to this read; a regrowth adds at least a quarter so that a sequence read after
+    // every step regrows O(log n) times.
+    const int64_t want = std::max(length, l.capacity + l.capacity / 4);
+    const int64_t capacity = (want + kStep - 1) / kStep * kStep;
+    // What the buffer holds is stale (a longer length means a new gather): free it before
+    // allocating, once queued reads of it are done, so the peak is the new buffer alone.
+    if (l.data != nullptr) {
+      PAGEDKV_RETURN_IF_ERROR(backend_.synchronize_stream(stream_));
+      backend_.free_device(l.data);
+      l = Layer{};
+    }
+    const size_t bytes =
+        static_cast<size_t>(int64_t{2} * config_.num_kv_heads * capacity * config_.head_dim) *
+        sizeof(uint16_t);
     auto fresh = backend_.allocate_device(bytes);
     if (!fresh.ok()) {
-      if (e.data == nullptr) entries_.erase(id);
+      if (std::all_of(layers.begin(), layers.end(),
+                      [](const Layer& x) { return x.data == nullptr; })) {
+        entries_.erase(id);
+      }
       return fresh.status();
     }
-    if (e.data != nullptr) {
-      PAGEDKV_RETURN_IF_ERROR(backend_.synchronize_stream(stream_));
-      backend_.free_device(e.data);
-    }
-    e.data = *fresh;
-    e.capacity = capacity;
-    std::fill(e.valid_length.begin(), e.valid_length.end(), -1);
+    l.data = *fresh;
+    l.capacity = capacity;
   }
-  const int64_t head_elems = int64_t{config_.num_kv_heads} * e.capacity * config_.head_dim;
-  auto* base = static_cast<uint16_t*>(e.data) + int64_t{layer} * 2 * head_elems;
-  return SeedKvView{base, base + head_elems, length, length * config_.head_dim};
+  return view(l, length);
 }
 
 void PackedMirror::mark_valid(SequenceId id, int32_t layer, int64_t length) {
   auto it = entries_.find(id);
-  if (it != entries_.end()) it->second.valid_length[static_cast<size_t>(layer)] = length;
+  if (it != entries_.end()) it->second[static_cast<size_t>(layer)].valid_length = length;
 }
 
 void PackedMirror::invalidate(SequenceId id, int32_t layer) {
   auto it = entries_.find(id);
-  if (it != entries_.end()) it->second.valid_length[static_cast<size_t>(layer)] = -1;
+  if (it != entries_.end()) it->second[static_cast<size_t>(layer)].valid_length = -1;
 }
 
 void PackedMirror::invalidate_all(SequenceId id) {
   auto it = entries_.find(id);
   if (it == entries_.end()) return;
-  std::fill(it->second.valid_length.begin(), it->second.valid_length.end(), -1);
+  for (Layer& l : it->second) l.valid_length = -1;
 }
 
 void PackedMirror::erase(SequenceId id) {
   auto it = entries_.find(id);
   if (it == entries_.end()) return;
   backend_.synchronize_stream(stream_).ignore_error();
-  backend_.free_device(it->second.data);
+  free_layers(it->second);
   entries_.erase(it);
 }
 
 int64_t PackedMirror::valid_layers() const {
   int64_t n = 0;
-  for (const auto& [id, e] : entries_) {
-    n += std::count_if(e.valid_length.begin(), e.valid_length.end(),
-                       [](int64_t l) { return l >= 0; });
+  for (const auto& [id, layers] : entries_) {
+    n += std::count_if(layers.begin(), layers.end(),
+                       [](const Layer& l) { return l.valid_length >= 0; });
   }
   return n;
 }

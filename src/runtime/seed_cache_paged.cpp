@@ -1,6 +1,10 @@
 // Paged mode of SeedKvCache over a KvCache. The seed writes K/V at a position and makes it part
 // of the sequence later (advance_sequence); here a write past the written positions extends the
 // KvCache reservation, the bytes go straight to the reserved slots, and advance commits them.
+// The reservation grows geometrically (KvCache::reserve hands out every pending slot again, so
+// growing it one position at a time made an n-token append_token prefill O(n^2)); the slots
+// reserved ahead are not written positions and are given back once everything written is
+// advanced.
 #include <algorithm>
 #include <limits>
 #include <string>
@@ -53,15 +57,14 @@ class PagedSeedImpl final : public SeedImpl {
     State& s = state_[id];
     const size_t row = static_cast<size_t>(config_.num_kv_heads) * config_.head_dim * 2;
     const int64_t slot = s.slots[static_cast<size_t>(pos - len)];
-    PAGEDKV_ASSIGN_OR_RETURN(void* dk, uploads_->upload(key, row));
-    PAGEDKV_ASSIGN_OR_RETURN(void* dv, uploads_->upload(value, row));
-    PAGEDKV_ASSIGN_OR_RETURN(void* ds, uploads_->upload(&slot, sizeof(slot)));
+    PAGEDKV_ASSIGN_OR_RETURN(UploadLease up,
+                             uploads_->upload({{key, row}, {value, row}, {&slot, sizeof(slot)}}));
     WriteKvArgs args;
-    args.key = dk;
-    args.value = dv;
+    args.key = up.device(0);
+    args.value = up.device(1);
     args.input_dtype = DType::kFloat16;
     args.num_tokens = 1;
-    args.slot_mapping = static_cast<const int64_t*>(ds);
+    args.slot_mapping = up.device<int64_t>(2);
     args.layer = layer;
     PAGEDKV_RETURN_IF_ERROR(pagedkv::write_kv(backend(), cache_->device_pool(), args, stream()));
     // The seed records token ids from layer 0 only; so do we.
@@ -76,11 +79,14 @@ class PagedSeedImpl final : public SeedImpl {
     PAGEDKV_RETURN_IF_ERROR(extend(id, len, pos + n));
     const size_t bytes = static_cast<size_t>(n) * config_.head_dim * 2;
     ScatterHeadRangeArgs args;
-    PAGEDKV_ASSIGN_OR_RETURN(args.block_table, upload_block_table(id, &args.block_table_len));
-    PAGEDKV_ASSIGN_OR_RETURN(void* dk, uploads_->upload(key, bytes));
-    PAGEDKV_ASSIGN_OR_RETURN(void* dv, uploads_->upload(value, bytes));
-    args.key = dk;
-    args.value = dv;
+    PAGEDKV_ASSIGN_OR_RETURN(std::vector<int32_t> table, device_table(id));
+    PAGEDKV_ASSIGN_OR_RETURN(
+        UploadLease up,
+        uploads_->upload({{key, bytes}, {value, bytes}, {table.data(), table.size() * 4}}));
+    args.key = up.device(0);
+    args.value = up.device(1);
+    args.block_table = up.device<int32_t>(2);
+    args.block_table_len = static_cast<int32_t>(table.size());
     args.input_dtype = DType::kFloat16;
     args.layer = layer;
     args.head_begin = head;
@@ -97,9 +103,9 @@ class PagedSeedImpl final : public SeedImpl {
     PAGEDKV_ASSIGN_OR_RETURN(int64_t len, cache_->length(id));
     (void)len;
     State& s = synced(id);
-    if (delta < 0 || delta > static_cast<int64_t>(s.slots.size())) {
+    if (delta < 0 || delta > static_cast<int64_t>(s.tokens.size())) {
       return failed_precondition(seq_name(id) + ": cannot advance by " + std::to_string(delta) +
-                                 ", only " + std::to_string(s.slots.size()) +
+                                 ", only " + std::to_string(s.tokens.size()) +
                                  " written positions are pending");
     }
     if (delta == 0) return ok_status();
@@ -108,6 +114,12 @@ class PagedSeedImpl final : public SeedImpl {
     s.slots.erase(s.slots.begin(), s.slots.begin() + delta);
     s.tokens.erase(s.tokens.begin(), s.tokens.begin() + delta);
     mirror_.invalidate_all(id);
+    if (s.tokens.empty() && !s.slots.empty()) {
+      // Nothing written is pending: give the slots reserved ahead back (a reserve of none hands
+      // out no slot). Best effort: the advance is done; on failure the spare stays reserved and
+      // `synced` still matches it.
+      if (cache_->reserve(id, 0).ok()) s.slots.clear();
+    }
     return ok_status();
   }
 
@@ -152,8 +164,8 @@ class PagedSeedImpl final : public SeedImpl {
                 const uint16_t* value) override {
     PAGEDKV_ASSIGN_OR_RETURN(int64_t len, cache_->length(id));
     State& s = synced(id);
-    if (length != len && !s.slots.empty()) {
-      return failed_precondition(seq_name(id) + ": " + std::to_string(s.slots.size()) +
+    if (length != len && !s.tokens.empty()) {
+      return failed_precondition(seq_name(id) + ": " + std::to_string(s.tokens.size()) +
                                  " written positions are not advanced yet; advance or roll back "
                                  "before changing the length through overwrite_layer");
     }
@@ -172,11 +184,15 @@ class PagedSeedImpl final : public SeedImpl {
       const size_t bytes =
           static_cast<size_t>(config_.num_kv_heads) * length * config_.head_dim * 2;
       PackedLayerArgs args;
-      PAGEDKV_ASSIGN_OR_RETURN(args.block_table, upload_block_table(id, &args.block_table_len));
-      PAGEDKV_ASSIGN_OR_RETURN(void* dk, uploads_->upload(key, bytes));
-      PAGEDKV_ASSIGN_OR_RETURN(void* dv, uploads_->upload(value, bytes));
-      args.key = dk;
-      args.value = dv;
+      PAGEDKV_ASSIGN_OR_RETURN(std::vector<int32_t> table, device_table(id));
+      PAGEDKV_ASSIGN_OR_RETURN(
+          UploadLease up,
+          uploads_->upload({{key, bytes}, {value, bytes}, {table.data(), table.size() * 4}}));
+      // PackedLayerArgs serves gather (writes) and import (reads): import only reads these.
+      args.key = const_cast<void*>(up.device(0));
+      args.value = const_cast<void*>(up.device(1));
+      args.block_table = up.device<int32_t>(2);
+      args.block_table_len = static_cast<int32_t>(table.size());
       args.packed_dtype = DType::kFloat16;
       args.packed_layout = PackedLayout::kHeadMajor;
       args.layer = layer;
@@ -240,8 +256,9 @@ class PagedSeedImpl final : public SeedImpl {
   Status synchronize() override { return cache_->synchronize(); }
 
  private:
-  // The reservation as the seed sees it: one slot and one token id per written, not yet
-  // advanced position (positions length .. length + slots.size()).
+  // The reservation as the seed sees it. `slots` are the reserved slots of positions length ..
+  // length + slots.size(); the first tokens.size() of them are written, not yet advanced
+  // positions (one token id each), the rest are reserved ahead and count for nothing.
   struct State {
     std::vector<int64_t> slots;
     std::vector<TokenId> tokens;
@@ -259,7 +276,7 @@ class PagedSeedImpl final : public SeedImpl {
   // committed length.
   StatusOr<int64_t> written_range(SequenceId id, int64_t pos, int64_t n) {
     PAGEDKV_ASSIGN_OR_RETURN(int64_t len, cache_->length(id));
-    const int64_t end = len + static_cast<int64_t>(synced(id).slots.size());
+    const int64_t end = len + static_cast<int64_t>(synced(id).tokens.size());
     if (pos < len) {
       return failed_precondition(seq_name(id) + ": position " + std::to_string(pos) +
                                  " is already committed (length " + std::to_string(len) +
@@ -277,19 +294,41 @@ class PagedSeedImpl final : public SeedImpl {
     return len;
   }
 
-  // Extends the reservation to cover positions [len, end). Slots already handed out do not
-  // move (their blocks are this sequence's own after the first reserve's copy-on-write).
+  // Makes positions [len, end) written ones, extending the reservation when it is shorter.
+  // Slots already handed out do not move (their blocks are this sequence's own after the first
+  // reserve's copy-on-write).
   Status extend(SequenceId id, int64_t len, int64_t end) {
     State& s = state_[id];
     const int64_t have = static_cast<int64_t>(s.slots.size());
-    if (end - len <= have) return ok_status();
-    PAGEDKV_ASSIGN_OR_RETURN(std::vector<int64_t> slots, cache_->reserve(id, end - len));
-    if (!std::equal(s.slots.begin(), s.slots.end(), slots.begin())) {
-      return internal_error(seq_name(id) + ": extending the reservation moved written slots");
+    if (end - len > have) {
+      PAGEDKV_ASSIGN_OR_RETURN(std::vector<int64_t> slots,
+                               cache_->reserve(id, reserve_target(len, have, end - len)));
+      if (!std::equal(s.slots.begin(), s.slots.end(), slots.begin())) {
+        return internal_error(seq_name(id) + ": extending the reservation moved written slots");
+      }
+      s.slots = std::move(slots);
     }
-    s.slots = std::move(slots);
-    while (s.tokens.size() < s.slots.size()) s.tokens.push_back(next_placeholder());
+    while (static_cast<int64_t>(s.tokens.size()) < end - len) {
+      s.tokens.push_back(next_placeholder());
+    }
     return ok_status();
+  }
+
+  // How many slots to reserve after `len` when `have` are reserved and `need` are needed: twice
+  // `have` (so n appended positions cost O(n) slots over O(log n) reserves), but no more than
+  // max_sequence_length allows, and the blocks beyond those `need` takes anyway only from the
+  // free list, so reserving ahead never evicts a cached block or offloads a sequence. A first
+  // reservation (have == 0: a decode step, or the first token of a prefill) is exact.
+  int64_t reserve_target(int64_t len, int64_t have, int64_t need) const {
+    int64_t n = std::min(2 * have, config_.max_sequence_length - len);
+    if (n <= need) return need;
+    const int64_t bs = config_.block_size;
+    // With `have` > 0 the sequence holds exactly the blocks of positions [0, len + have).
+    const int64_t held = (len + have + bs - 1) / bs;
+    const int64_t taken = (len + need + bs - 1) / bs - held;
+    const int64_t room = std::max(taken, cache_->stats().device.free_blocks);
+    n = std::min(n, (held + room) * bs - len);
+    return std::max(n, need);
   }
 
   // A position written without a token id gets a negative id never used before: with one
@@ -302,15 +341,13 @@ class PagedSeedImpl final : public SeedImpl {
     return t;
   }
 
-  StatusOr<const int32_t*> upload_block_table(SequenceId id, int32_t* len) {
+  // The sequence's block table as the kernels read it (-1 for a block not on the device).
+  StatusOr<std::vector<int32_t>> device_table(SequenceId id) const {
     PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, cache_->block_locations(id));
     std::vector<int32_t> table;
     table.reserve(blocks.size());
     for (const BlockLocation& b : blocks) table.push_back(b.tier == Tier::kDevice ? b.block : -1);
-    *len = static_cast<int32_t>(table.size());
-    if (table.empty()) table.push_back(-1);  // an upload of zero bytes is not needed by anyone
-    PAGEDKV_ASSIGN_OR_RETURN(void* d, uploads_->upload(table.data(), table.size() * 4));
-    return static_cast<const int32_t*>(d);
+    return table;
   }
 
   CacheConfig config_;

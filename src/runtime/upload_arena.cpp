@@ -1,67 +1,193 @@
 #include "runtime/upload_arena.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 
 namespace pagedkv::runtime {
 namespace {
 constexpr size_t kAlign = 256;
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+size_t pow2_at_least(size_t n) {
+  size_t p = kAlign;
+  while (p < n) p *= 2;
+  return p;
+}
 }  // namespace
+
+UploadLease& UploadLease::operator=(UploadLease&& other) noexcept {
+  if (this != &other) {
+    reset();
+    arena_ = std::exchange(other.arena_, nullptr);
+    chunk_ = std::exchange(other.chunk_, nullptr);
+    base_ = other.base_;
+    offsets_ = other.offsets_;
+  }
+  return *this;
+}
+
+void UploadLease::reset() {
+  if (arena_ == nullptr) return;
+  std::exchange(arena_, nullptr)->release(std::exchange(chunk_, nullptr));
+}
 
 StatusOr<std::unique_ptr<UploadArena>> UploadArena::create(Backend& backend, Stream stream,
                                                            size_t capacity) {
   std::unique_ptr<UploadArena> arena(new UploadArena(backend, stream));
-  PAGEDKV_RETURN_IF_ERROR(arena->reallocate(align_up(capacity == 0 ? kAlign : capacity)));
+  PAGEDKV_ASSIGN_OR_RETURN(arena->current_, arena->new_chunk(pow2_at_least(capacity)));
   return arena;
 }
 
 UploadArena::~UploadArena() {
-  backend_.synchronize_stream(stream_).ignore_error();  // copies may still read the staging ring
-  release();
-}
-
-void UploadArena::release() {
-  backend_.free_pinned(staging_);
-  backend_.free_device(device_);
-  staging_ = device_ = nullptr;
-  capacity_ = offset_ = 0;
-}
-
-Status UploadArena::reallocate(size_t capacity) {
-  PAGEDKV_ASSIGN_OR_RETURN(void* staging, backend_.allocate_pinned(capacity));
-  StatusOr<void*> device = backend_.allocate_device(capacity);
-  if (!device.ok()) {
-    backend_.free_pinned(staging);
-    return device.status();
+  backend_.synchronize_stream(stream_).ignore_error();  // copies may still read the staging
+  for (const std::unique_ptr<Chunk>& c : chunks_) {
+    backend_.free_pinned(c->staging);
+    backend_.free_device(c->device);
+    backend_.destroy_event(c->fence);
   }
-  release();
-  staging_ = staging;
-  device_ = *device;
-  capacity_ = capacity;
-  return ok_status();
 }
 
-StatusOr<void*> UploadArena::upload(const void* src, size_t bytes) {
-  if (bytes == 0) return device_;  // nothing to copy; any valid pointer does
-  const size_t need = align_up(bytes);
-  if (offset_ + need > capacity_) {
-    // Wrap: everything queued that reads the ring must be done before it is overwritten.
+size_t UploadArena::capacity_bytes() const {
+  size_t total = 0;
+  for (const std::unique_ptr<Chunk>& c : chunks_) total += c->capacity;
+  return total;
+}
+
+int64_t UploadArena::live_leases() const {
+  int64_t total = 0;
+  for (const std::unique_ptr<Chunk>& c : chunks_) total += c->live;
+  return total;
+}
+
+StatusOr<UploadArena::Chunk*> UploadArena::new_chunk(size_t capacity) {
+  auto c = std::make_unique<Chunk>();
+  PAGEDKV_ASSIGN_OR_RETURN(c->staging, backend_.allocate_pinned(capacity));
+  StatusOr<void*> device = backend_.allocate_device(capacity);
+  StatusOr<Event> event = device.ok() ? backend_.create_event() : StatusOr<Event>(device.status());
+  if (!device.ok() || !event.ok()) {
+    backend_.free_pinned(c->staging);
+    if (device.ok()) backend_.free_device(*device);
+    return event.status();
+  }
+  c->device = *device;
+  c->fence = *event;
+  c->capacity = capacity;
+  chunks_.push_back(std::move(c));
+  return chunks_.back().get();
+}
+
+void UploadArena::free_chunk(Chunk* c) {
+  backend_.free_pinned(c->staging);
+  backend_.free_device(c->device);
+  backend_.destroy_event(c->fence);
+  chunks_.erase(std::find_if(chunks_.begin(), chunks_.end(),
+                             [c](const std::unique_ptr<Chunk>& p) { return p.get() == c; }));
+}
+
+void UploadArena::fence(Chunk* c) {
+  // Every consumer of the chunk's regions was queued before its lease was released, so an event
+  // recorded now completes after all of them.
+  c->fenced = backend_.record_event(c->fence, stream_).ok();
+  c->unfenced = !c->fenced;
+}
+
+void UploadArena::retire(Chunk* c) {
+  if (c == nullptr) return;
+  current_ = nullptr;
+  if (c->live == 0) fence(c);
+}
+
+void UploadArena::release(void* chunk) {
+  Chunk* c = static_cast<Chunk*>(chunk);
+  if (--c->live == 0 && c != current_) fence(c);
+}
+
+StatusOr<bool> UploadArena::reusable(Chunk* c, bool wait) {
+  if (c == current_ || c->live > 0) return false;
+  if (c->unfenced) {
+    if (!wait) return false;
     PAGEDKV_RETURN_IF_ERROR(backend_.synchronize_stream(stream_));
-    offset_ = 0;
-    ++round_;
-    if (need > capacity_) {
-      size_t grown = capacity_ * 2;
-      while (grown < need) grown *= 2;
-      PAGEDKV_RETURN_IF_ERROR(reallocate(grown));
+  } else if (wait) {
+    PAGEDKV_RETURN_IF_ERROR(backend_.synchronize_event(c->fence));
+  } else {
+    PAGEDKV_ASSIGN_OR_RETURN(bool done, backend_.query_event(c->fence));
+    if (!done) return false;
+  }
+  c->fenced = c->unfenced = false;
+  return true;
+}
+
+StatusOr<UploadArena::Chunk*> UploadArena::chunk_for(size_t need) {
+  if (current_ != nullptr && current_->offset + need <= current_->capacity) return current_;
+  retire(current_);
+  size_t largest = 0;
+  for (const std::unique_ptr<Chunk>& c : chunks_) largest = std::max(largest, c->capacity);
+  // 1. A chunk the device is done with.
+  for (const std::unique_ptr<Chunk>& c : chunks_) {
+    if (c->capacity < need) continue;
+    PAGEDKV_ASSIGN_OR_RETURN(bool free, reusable(c.get(), /*wait=*/false));
+    if (free) return c.get();
+  }
+  // 2. Too many in flight: wait for the oldest released one that is large enough.
+  if (chunks_.size() >= kMaxChunks) {
+    for (const std::unique_ptr<Chunk>& c : chunks_) {
+      if (c->capacity < need || c->live > 0) continue;
+      PAGEDKV_ASSIGN_OR_RETURN(bool free, reusable(c.get(), /*wait=*/true));
+      if (free) return c.get();
     }
   }
-  char* staging = static_cast<char*>(staging_) + offset_;
-  char* device = static_cast<char*>(device_) + offset_;
-  std::memcpy(staging, src, bytes);
-  PAGEDKV_RETURN_IF_ERROR(
-      backend_.copy_async(device, staging, bytes, CopyKind::kHostToDevice, stream_));
-  offset_ += need;
-  return static_cast<void*>(device);
+  // 3. A new chunk, at least as large as any before; smaller idle ones go, so a grown arena
+  //    does not keep its old chunks forever. (Chunks still held by leases, or still read by
+  //    the device, are kept until a later call finds them idle.)
+  PAGEDKV_ASSIGN_OR_RETURN(Chunk * fresh, new_chunk(pow2_at_least(std::max(need, largest))));
+  for (size_t i = 0; i < chunks_.size();) {
+    Chunk* c = chunks_[i].get();
+    if (c != fresh && c->capacity < fresh->capacity) {
+      StatusOr<bool> idle = reusable(c, /*wait=*/false);
+      if (idle.ok() && *idle) {
+        free_chunk(c);
+        continue;
+      }
+    }
+    ++i;
+  }
+  return fresh;
+}
+
+StatusOr<UploadLease> UploadArena::upload(std::initializer_list<UploadPart> parts) {
+  if (parts.size() > UploadLease::kMaxParts) {
+    return invalid_argument("upload of " + std::to_string(parts.size()) + " arrays; at most " +
+                            std::to_string(UploadLease::kMaxParts));
+  }
+  size_t need = 0;
+  for (const UploadPart& p : parts) {
+    if (p.bytes > SIZE_MAX / 2 - need) return invalid_argument("upload larger than memory");
+    need += align_up(p.bytes);
+  }
+  PAGEDKV_ASSIGN_OR_RETURN(Chunk * c, chunk_for(need));
+  if (c != current_) {  // a fresh or reused chunk: fill it from the front
+    c->offset = 0;
+    current_ = c;
+  }
+  UploadLease lease;
+  size_t at = c->offset;
+  size_t i = 0;
+  for (const UploadPart& p : parts) {
+    if (p.bytes > 0) std::memcpy(static_cast<char*>(c->staging) + at, p.src, p.bytes);
+    lease.offsets_[i++] = at;
+    at += align_up(p.bytes);
+  }
+  if (need > 0) {
+    PAGEDKV_RETURN_IF_ERROR(backend_.copy_async(static_cast<char*>(c->device) + c->offset,
+                                                static_cast<char*>(c->staging) + c->offset, need,
+                                                CopyKind::kHostToDevice, stream_));
+  }
+  lease.base_ = static_cast<const char*>(c->device);
+  lease.chunk_ = c;
+  lease.arena_ = this;
+  c->offset = at;
+  ++c->live;
+  return lease;
 }
 
 }  // namespace pagedkv::runtime

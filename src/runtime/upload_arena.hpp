@@ -1,47 +1,116 @@
-// Uploads small host arrays (slot mappings, block tables, block pairs) to the device without
-// synchronising the host on every call: each upload is staged in a pinned ring and copied
-// asynchronously on the cache's stream. The host waits only when the ring wraps, for the copies
-// and kernels that still use the previous round.
+// Uploads small host arrays (slot mappings, block tables, block pairs, a seed call's K/V) to the
+// device without synchronising the host: each call packs its arrays into one region of a pinned
+// staging chunk and copies the region with one asynchronous copy on the arena's stream.
+//
+// Lifetimes. upload() returns an UploadLease; the region stays untouched while the lease lives.
+// Destroying the lease releases the region: by then the caller has queued every consumer of it
+// on the stream (or on a stream ordered after it). A chunk is refilled only after an event
+// recorded once its last lease was released has completed, and a chunk is freed (when a larger
+// one replaces it) only after that event too. So no upload can overwrite or free an array that
+// queued work has still to read, however many uploads a call makes or however large they are.
+// The host blocks only when more than kMaxChunks chunks are all still in use by the device.
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
+#include <initializer_list>
 #include <memory>
+#include <vector>
 
 #include "pagedkv/backend.hpp"
 #include "pagedkv/status.hpp"
 
 namespace pagedkv::runtime {
 
+class UploadArena;
+
+/// One host array of an upload.
+struct UploadPart {
+  const void* src = nullptr;
+  size_t bytes = 0;
+};
+
+/// A region of the arena holding one upload's arrays on the device. Move-only; releases the
+/// region when destroyed or reset.
+class UploadLease {
+ public:
+  static constexpr size_t kMaxParts = 8;
+
+  UploadLease() = default;
+  ~UploadLease() { reset(); }
+  UploadLease(UploadLease&& other) noexcept { *this = std::move(other); }
+  UploadLease& operator=(UploadLease&& other) noexcept;
+  UploadLease(const UploadLease&) = delete;
+  UploadLease& operator=(const UploadLease&) = delete;
+
+  /// Device address of part `i` (as given to upload()); an empty part gets a valid address.
+  template <typename T = void>
+  const T* device(size_t i) const {
+    return static_cast<const T*>(static_cast<const void*>(base_ + offsets_[i]));
+  }
+  bool held() const { return arena_ != nullptr; }
+  /// Releases the region now (see the file comment).
+  void reset();
+
+ private:
+  friend class UploadArena;
+  UploadArena* arena_ = nullptr;
+  void* chunk_ = nullptr;
+  const char* base_ = nullptr;
+  std::array<size_t, kMaxParts> offsets_{};
+};
+
 class UploadArena {
  public:
-  /// A ring of `capacity` bytes in pinned and device memory, used on `stream`.
+  /// Chunks in flight before an upload waits on the host for the oldest one.
+  static constexpr size_t kMaxChunks = 4;
+
+  /// An arena whose first chunk holds `capacity` bytes, used on `stream`.
   static StatusOr<std::unique_ptr<UploadArena>> create(Backend& backend, Stream stream,
                                                        size_t capacity);
+  /// Waits for the stream, then frees every chunk. Leases must have been released.
   ~UploadArena();
   UploadArena(const UploadArena&) = delete;
   UploadArena& operator=(const UploadArena&) = delete;
 
-  /// Copies `bytes` bytes from host memory `src` to the device; the returned device pointer is
-  /// valid for work queued on the stream until the ring wraps again. Grows the ring (after a
-  /// synchronisation) when one upload is larger than it.
-  StatusOr<void*> upload(const void* src, size_t bytes);
+  /// Packs `parts` (at most UploadLease::kMaxParts) into one region and queues one copy of it to
+  /// the device on the stream. On error nothing is queued and no region is held.
+  StatusOr<UploadLease> upload(std::initializer_list<UploadPart> parts);
 
-  size_t capacity() const { return capacity_; }
-  /// Incremented each time the ring wraps: pointers from an earlier round are stale.
-  uint64_t round() const { return round_; }
+  /// Bytes of pinned (and of device) memory the arena holds now.
+  size_t capacity_bytes() const;
+  /// Chunks held now.
+  size_t num_chunks() const { return chunks_.size(); }
+  /// Leases not yet released.
+  int64_t live_leases() const;
 
  private:
+  // A pinned staging buffer and its device twin, filled front to back.
+  struct Chunk {
+    void* staging = nullptr;
+    void* device = nullptr;
+    size_t capacity = 0;
+    size_t offset = 0;
+    int64_t live = 0;       // leases not yet released
+    Event fence{};          // recorded once the chunk is retired and its last lease released
+    bool fenced = false;    // `fence` holds that recording
+    bool unfenced = false;  // recording it failed: reuse only after a stream synchronisation
+  };
   UploadArena(Backend& backend, Stream stream) : backend_(backend), stream_(stream) {}
-  Status reallocate(size_t capacity);
-  void release();
+  StatusOr<Chunk*> chunk_for(size_t bytes);
+  StatusOr<Chunk*> new_chunk(size_t capacity);
+  void free_chunk(Chunk* c);
+  void retire(Chunk* c);
+  void fence(Chunk* c);
+  StatusOr<bool> reusable(Chunk* c, bool wait);
+  void release(void* chunk);
+  friend class UploadLease;
 
   Backend& backend_;
   Stream stream_;
-  void* staging_ = nullptr;  // pinned
-  void* device_ = nullptr;
-  size_t capacity_ = 0;
-  size_t offset_ = 0;
-  uint64_t round_ = 1;
+  std::vector<std::unique_ptr<Chunk>> chunks_;
+  Chunk* current_ = nullptr;
 };
 
 }  // namespace pagedkv::runtime

@@ -4,9 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -22,6 +24,17 @@ template <typename Body>
 KernelLaunch make_launch(KernelId id, const Body& body, int64_t n) {
   return KernelLaunch{id, &body, sizeof(body), n};
 }
+
+std::vector<uint32_t> pattern(size_t n, uint32_t seed) {
+  std::vector<uint32_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint32_t>(i * 2654435761u + seed) | 1u;
+  return v;
+}
+
+// The values of cudaStreamLegacy (CUDA's legacy stream 0) and cudaStreamPerThread; on the CPU
+// backend any non-null value names a stream, so the same handles serve both backends.
+void* const kLegacyStream = reinterpret_cast<void*>(uintptr_t{1});
+void* const kPerThreadStream = reinterpret_cast<void*>(uintptr_t{2});
 
 template <typename Tag>
 class BackendExecTest : public BackendTest<Tag> {};
@@ -109,7 +122,7 @@ TYPED_TEST(BackendExecTest, RejectsUnknownHandles) {
 TYPED_TEST(BackendExecTest, NativeStreamHandles) {
   auto native = this->backend().native_stream(Stream{});
   ASSERT_TRUE(native.ok());
-  // A cudaStream_t on CUDA (the default stream is a created non-blocking stream); none on CPU.
+  // A cudaStream_t on CUDA (the default stream is a created blocking stream); none on CPU.
   EXPECT_EQ(*native != nullptr, TypeParam::kKind == BackendKind::kCuda);
   int marker = 0;
   EXPECT_EQ(this->backend().native_stream(Stream{&marker}).status().code(),
@@ -124,8 +137,10 @@ TYPED_TEST(BackendExecTest, CopyWithNullPointerIsRejected) {
 }
 
 // A stream that waits on an event must not start its later work before the event's work is done,
-// even when that work is slow. A third stream without the wait shows that the slow op really is
-// still running when unordered work executes, so the test can fail.
+// even when that work is slow. A kernel on a third stream, without the wait, finishes while the
+// slow op still runs, which shows that the slow op really is in progress when unordered work
+// executes, so the test can fail. The bystander is a kernel watched from the test thread, not a
+// host function: CUDA may serialize host functions of different streams on one thread.
 TYPED_TEST(BackendExecTest, WorkAfterAnEventWaitDoesNotStartBeforeTheEvent) {
   Backend& be = this->backend();
   auto producer = be.create_stream();
@@ -133,10 +148,15 @@ TYPED_TEST(BackendExecTest, WorkAfterAnEventWaitDoesNotStartBeforeTheEvent) {
   auto bystander = be.create_stream();
   auto event = be.create_event();
   ASSERT_TRUE(producer.ok() && consumer.ok() && bystander.ok() && event.ok());
+  const int64_t n = 1000;
+  const std::vector<uint32_t> poison = pattern(static_cast<size_t>(n), 17);
+  DeviceBuffer consumer_out(be, n * sizeof(uint32_t));
+  DeviceBuffer bystander_out(be, n * sizeof(uint32_t));
+  consumer_out.upload(poison);
+  bystander_out.upload(poison);
 
   std::atomic<bool> slow_op_done{false};
   std::atomic<int> observed_by_consumer{-1};
-  std::atomic<int> observed_by_bystander{-1};
 
   ASSERT_TRUE(be.launch_host_func(*producer, [&] {
                   std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -148,13 +168,20 @@ TYPED_TEST(BackendExecTest, WorkAfterAnEventWaitDoesNotStartBeforeTheEvent) {
   ASSERT_TRUE(be.wait_event(*consumer, *event).ok());
   ASSERT_TRUE(
       be.launch_host_func(*consumer, [&] { observed_by_consumer = slow_op_done ? 1 : 0; }).ok());
-  ASSERT_TRUE(
-      be.launch_host_func(*bystander, [&] { observed_by_bystander = slow_op_done ? 1 : 0; }).ok());
+  const kernels::FillBody consumer_fill{static_cast<uint32_t*>(consumer_out.data()), 0xc0ffee11u};
+  ASSERT_TRUE(be.launch(make_launch(KernelId::kFill, consumer_fill, n), *consumer).ok());
+  const kernels::FillBody bystander_fill{static_cast<uint32_t*>(bystander_out.data()), 0xb1u};
+  ASSERT_TRUE(be.launch(make_launch(KernelId::kFill, bystander_fill, n), *bystander).ok());
 
   ASSERT_TRUE(be.synchronize_stream(*bystander).ok());
+  EXPECT_FALSE(slow_op_done.load()) << "unordered work should finish during the slow op";
+  EXPECT_EQ(bystander_out.download<uint32_t>(), std::vector<uint32_t>(n, 0xb1u));
+  EXPECT_EQ(consumer_out.download<uint32_t>(), poison) << "ordered work ran before the event";
+  EXPECT_FALSE(slow_op_done.load()) << "the checks above took longer than the slow op";
+
   ASSERT_TRUE(be.synchronize_stream(*consumer).ok());
-  EXPECT_EQ(observed_by_bystander.load(), 0) << "unordered work should run during the slow op";
   EXPECT_EQ(observed_by_consumer.load(), 1) << "ordered work ran before the event completed";
+  EXPECT_EQ(consumer_out.download<uint32_t>(), std::vector<uint32_t>(n, 0xc0ffee11u));
   EXPECT_TRUE(*be.query_event(*event));
 
   be.destroy_event(*event);
@@ -230,6 +257,126 @@ TYPED_TEST(BackendExecTest, WorkOnOneStreamRunsInOrder) {
   ASSERT_EQ(order.size(), 50u);
   for (int i = 0; i < 50; ++i) EXPECT_EQ(order[static_cast<size_t>(i)], i);
   be.destroy_stream(*stream);
+}
+
+// The caller's stream (CUDA's legacy stream here) orders copies, kernels and host functions like a
+// stream of the backend's own, and an event recorded on it orders another stream's work.
+TYPED_TEST(BackendExecTest, AWrappedStreamOrdersWorkLikeAnyStream) {
+  Backend& be = this->backend();
+  auto wrapped = be.wrap_stream(kLegacyStream);
+  auto consumer = be.create_stream();
+  auto event = be.create_event();
+  auto staging = be.allocate_pinned(4096 * sizeof(uint32_t));
+  ASSERT_TRUE(wrapped.ok() && consumer.ok() && event.ok() && staging.ok());
+  const size_t n = 4096;
+  const std::vector<uint32_t> src = pattern(n, 5);
+  std::memcpy(*staging, src.data(), n * sizeof(uint32_t));
+  DeviceBuffer a(be, n * sizeof(uint32_t));
+  DeviceBuffer b(be, n * sizeof(uint32_t));
+  a.upload(pattern(n, 6));
+  b.upload(pattern(n, 7));
+
+  std::atomic<int> step{0};
+  // A slow head keeps the rest of the wrapped stream's work queued, so the consumer really waits.
+  ASSERT_TRUE(be.launch_host_func(*wrapped, [&] {
+                  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                  step = 1;
+                }).ok());
+  ASSERT_TRUE(
+      be.copy_async(a.data(), *staging, n * sizeof(uint32_t), CopyKind::kHostToDevice, *wrapped)
+          .ok());
+  // After the copy, or the copy would overwrite it.
+  const kernels::FillBody fill{static_cast<uint32_t*>(a.data()), 0x600dcafeu};
+  ASSERT_TRUE(be.launch(make_launch(KernelId::kFill, fill, n / 2), *wrapped).ok());
+  ASSERT_TRUE(be.launch_host_func(*wrapped, [&] {
+                  int expected = 1;
+                  step.compare_exchange_strong(expected, 2);
+                }).ok());
+  ASSERT_TRUE(be.record_event(*event, *wrapped).ok());
+  ASSERT_TRUE(be.wait_event(*consumer, *event).ok());
+  ASSERT_TRUE(
+      be.copy_async(b.data(), a.data(), n * sizeof(uint32_t), CopyKind::kDeviceToDevice, *consumer)
+          .ok());
+  ASSERT_TRUE(be.synchronize_stream(*consumer).ok());
+  EXPECT_EQ(step.load(), 2) << "the host functions ran out of order or not before the event";
+  std::vector<uint32_t> expected = src;
+  std::fill(expected.begin(), expected.begin() + n / 2, 0x600dcafeu);
+  EXPECT_EQ(b.download<uint32_t>(), expected);
+
+  be.destroy_event(*event);
+  be.destroy_stream(*consumer);
+  be.destroy_stream(*wrapped);
+  be.free_pinned(*staging);
+}
+
+TYPED_TEST(BackendExecTest, WrappingTheSameHandleTwiceGivesTheSameStream) {
+  Backend& be = this->backend();
+  auto first = be.wrap_stream(kLegacyStream);
+  auto again = be.wrap_stream(kLegacyStream);
+  auto other = be.wrap_stream(kPerThreadStream);
+  ASSERT_TRUE(first.ok() && again.ok() && other.ok()) << first.status().to_string();
+  EXPECT_EQ(*first, *again);
+  EXPECT_NE(*first, *other);
+  EXPECT_NE(*first, Stream{});
+  EXPECT_NE(*other, Stream{});
+  auto native = be.native_stream(*first);
+  ASSERT_TRUE(native.ok());
+  EXPECT_EQ(*native, kLegacyStream);
+  EXPECT_TRUE(be.synchronize_stream(*first).ok());
+
+  // Forgotten, not destroyed: the handle is unknown until wrapped again, and then usable.
+  be.destroy_stream(*first);
+  EXPECT_EQ(be.synchronize_stream(*first).code(), StatusCode::kInvalidArgument);
+  auto rewrapped = be.wrap_stream(kLegacyStream);
+  ASSERT_TRUE(rewrapped.ok());
+  DeviceBuffer out(be, 64 * sizeof(uint32_t));
+  const kernels::FillBody fill{static_cast<uint32_t*>(out.data()), 0x7u};
+  ASSERT_TRUE(be.launch(make_launch(KernelId::kFill, fill, 64), *rewrapped).ok());
+  ASSERT_TRUE(be.synchronize_stream(*rewrapped).ok());
+  EXPECT_EQ(out.download<uint32_t>(), std::vector<uint32_t>(64, 0x7u));
+  be.destroy_stream(*rewrapped);
+  be.destroy_stream(*other);
+}
+
+TYPED_TEST(BackendExecTest, WrappingANullStreamIsInvalid) {
+  EXPECT_EQ(this->backend().wrap_stream(nullptr).status().code(), StatusCode::kInvalidArgument);
+}
+
+// On CUDA the native handle of one of the backend's own streams names that stream (the CPU
+// backend has no native handles of its own to give out).
+TYPED_TEST(BackendExecTest, WrappingTheNativeHandleOfAnOwnStreamGivesThatStream) {
+  if (TypeParam::kKind == BackendKind::kCpu) GTEST_SKIP() << "CPU streams have no native handle";
+  Backend& be = this->backend();
+  auto created = be.create_stream();
+  ASSERT_TRUE(created.ok());
+  auto native = be.native_stream(*created);
+  auto default_native = be.native_stream(Stream{});
+  ASSERT_TRUE(native.ok() && default_native.ok());
+  auto wrapped = be.wrap_stream(*native);
+  auto wrapped_default = be.wrap_stream(*default_native);
+  ASSERT_TRUE(wrapped.ok() && wrapped_default.ok());
+  EXPECT_EQ(*wrapped, *created);
+  EXPECT_EQ(*wrapped_default, Stream{});
+  be.destroy_stream(*created);
+}
+
+// A failed call (here an allocation CUDA refuses) must not fail later, unrelated calls: the
+// runtime's last-error slot is cleared, and launches report only their own error.
+TYPED_TEST(BackendExecTest, AFailedAllocationDoesNotFailLaterLaunches) {
+  if (TypeParam::kKind == BackendKind::kCpu) {
+    GTEST_SKIP() << "a 1 PiB aligned_alloc aborts under AddressSanitizer";
+  }
+  Backend& be = this->backend();
+  auto huge = be.allocate_device(size_t(1) << 50);
+  EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted) << huge.status().to_string();
+  if (huge.ok()) be.free_device(*huge);
+  const int64_t n = 3001;
+  DeviceBuffer out(be, n * sizeof(uint32_t));
+  out.upload(pattern(static_cast<size_t>(n), 9));
+  const kernels::FillBody fill{static_cast<uint32_t*>(out.data()), 0x31415926u};
+  const Status launched = be.launch(make_launch(KernelId::kFill, fill, n), Stream{});
+  ASSERT_TRUE(launched.ok()) << launched.to_string();
+  EXPECT_EQ(out.download<uint32_t>(), std::vector<uint32_t>(n, 0x31415926u));
 }
 
 }  // namespace

@@ -254,6 +254,44 @@ TEST_F(FaultInjectionBackendTest, CallsThatCannotFailAreNotCounted) {
   EXPECT_EQ(fi_.live(), LiveObjects{});
 }
 
+// wrap_stream is no fault point: forwarded, never counted or failed. A wrapped handle is a shared
+// name that needs no release, so it is no live object, and forgetting it releases nothing.
+TEST_F(FaultInjectionBackendTest, WrapStreamIsForwardedAndNeitherCountedNorLive) {
+  for (FaultKind kind : kAllKinds) fi_.fail_nth(kind, 1);
+  int token = 0;
+  auto wrapped = fi_.wrap_stream(&token);
+  ASSERT_TRUE(wrapped.ok()) << wrapped.status().to_string();
+  auto again = fi_.wrap_stream(&token);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *wrapped);
+  EXPECT_EQ(fi_.wrap_stream(nullptr).status().code(), StatusCode::kInvalidArgument);
+  for (FaultKind kind : kAllKinds) {
+    EXPECT_EQ(fi_.count(kind), 0) << fault_kind_name(kind);
+    EXPECT_TRUE(fi_.armed(kind)) << fault_kind_name(kind);
+  }
+  EXPECT_EQ(fi_.injected(), 0);
+  auto native = fi_.native_stream(*wrapped);
+  ASSERT_TRUE(native.ok());
+  EXPECT_EQ(*native, static_cast<void*>(&token));
+  // The inner backend knows the same stream.
+  auto inner_again = inner_->wrap_stream(&token);
+  ASSERT_TRUE(inner_again.ok());
+  EXPECT_EQ(*inner_again, *wrapped);
+  EXPECT_EQ(fi_.live(), LiveObjects{});
+  auto created = fi_.create_stream();  // the armed kEvent fault
+  EXPECT_EQ(created.status().code(), StatusCode::kInternal);
+  fi_.disarm_all();
+  created = fi_.create_stream();
+  ASSERT_TRUE(created.ok());
+  fi_.destroy_stream(*wrapped);  // forgotten; the created stream is still live
+  LiveObjects expected;
+  expected.streams = 1;
+  EXPECT_EQ(fi_.live(), expected);
+  EXPECT_EQ(inner_->synchronize_stream(*wrapped).code(), StatusCode::kInvalidArgument);
+  fi_.destroy_stream(*created);
+  EXPECT_EQ(fi_.live(), LiveObjects{});
+}
+
 TEST_F(FaultInjectionBackendTest, LiveObjectsTrackWhatIsNotReleased) {
   auto d = fi_.allocate_device(64);
   auto s = fi_.create_stream();

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,42 @@ TEST(CacheConfig, EachInvalidFieldIsNamed) {
          c.head_dim = 1 << 20;
          c.num_kv_heads = 1 << 10;
        }},
+      // Each product on the way to a pool's byte size is checked, naming the overflowing factor.
+      {"head_dim",
+       [](CacheConfig& c) {  // one page: 2^30 * 2^10 * 2^30 elements
+         c.block_size = 1 << 30;
+         c.num_kv_heads = 1 << 10;
+         c.head_dim = 1 << 30;
+       }},
+      {"num_layers",
+       [](CacheConfig& c) {  // one page of 2^62 bytes fits, the block of 4 layers does not
+         c.block_size = 1 << 30;
+         c.num_kv_heads = 1;
+         c.head_dim = 1 << 30;
+         c.dtype = DType::kFloat32;
+         c.num_layers = 4;
+       }},
+      {"num_host_blocks",
+       [](CacheConfig& c) {  // the device pool fits, 2^31 - 1 host blocks of 2^40 bytes do not
+         c.num_device_blocks = 1;
+         c.num_host_blocks = (int64_t{1} << 31) - 1;
+         c.block_size = 1 << 20;
+         c.num_kv_heads = 1 << 4;
+         c.head_dim = 1 << 10;
+         c.num_layers = 1 << 3;
+         c.dtype = DType::kFloat32;
+       }},
+      {"max_sequence_length",
+       [](CacheConfig& c) {  // dense: 2^31 - 1 positions of 2^40 bytes
+         c.mode = CacheMode::kDense;
+         c.num_device_blocks = 1;
+         c.block_size = 1;
+         c.num_kv_heads = 1 << 10;
+         c.head_dim = 1 << 20;
+         c.num_layers = 1 << 8;
+         c.dtype = DType::kFloat16;
+         c.max_sequence_length = std::numeric_limits<int32_t>::max();
+       }},
   };
   for (const Case& c : cases) {
     CacheConfig config;
@@ -67,6 +105,28 @@ TEST(CacheConfig, ByteSizesFollowTheShape) {
   EXPECT_EQ(c.block_bytes(), 3 * 2 * 16 * 5 * 80);
   c.dtype = DType::kFloat32;
   EXPECT_EQ(c.page_bytes(), 16 * 5 * 80 * 4);
+}
+
+TEST(CacheConfig, ByteSizesThatOverflowAreMinusOneAndThePoolLimitIsExact) {
+  CacheConfig c;
+  c.block_size = 1 << 30;
+  c.num_kv_heads = 1 << 10;
+  c.head_dim = 1 << 30;
+  EXPECT_EQ(c.page_bytes(), -1);
+  EXPECT_EQ(c.block_bytes(), -1);
+  // A 2^62-byte pool (the largest power of two int64 holds) is accepted, 2^63 bytes are not.
+  c = CacheConfig{};
+  c.num_layers = 1;
+  c.num_kv_heads = 1;
+  c.block_size = 1 << 30;
+  c.head_dim = 1 << 29;
+  c.dtype = DType::kFloat8E4M3;
+  c.num_device_blocks = 4;  // blocks of 2^60 bytes
+  EXPECT_EQ(c.block_bytes(), int64_t{1} << 60);
+  EXPECT_TRUE(c.validate().ok()) << c.validate().to_string();
+  c.num_device_blocks = 8;  // 2^63 bytes
+  EXPECT_EQ(c.validate().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.validate().message().rfind("num_device_blocks:", 0), 0u) << c.validate().message();
 }
 
 TEST(CacheConfig, EnumNames) {

@@ -2,7 +2,9 @@
 // pool bytes unchanged.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <functional>
+#include <limits>
 
 #include "kernel_test_util.hpp"
 
@@ -156,6 +158,107 @@ TYPED_TEST(ValidationTest, GatherImportScatterRejectBadArgumentsByName) {
   cb.index_type = IndexType::kInt64;
   this->expect_rejected(copy_blocks(be, this->pool_, cb), StatusCode::kInvalidArgument,
                         "pairs: pointer not aligned");
+}
+
+// Strides and counts whose last element cannot be addressed: each op computes the largest
+// offset it would form without overflowing and rejects the call by the argument's name.
+TYPED_TEST(ValidationTest, ExtentsPastSixtyFourBitOffsetsAreRejectedByName) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  Backend& be = this->backend();
+  auto w = this->good_write();
+  w.row_stride = kMax;
+  this->expect_rejected(write_kv(be, this->pool_, w), StatusCode::kInvalidArgument, "row_stride");
+  w.row_stride = kMax / 4;  // the element offset fits, its byte offset does not
+  this->expect_rejected(write_kv(be, this->pool_, w), StatusCode::kInvalidArgument, "row_stride");
+  // A one-token write never steps by row_stride: any stride is fine.
+  this->meta_->upload(std::vector<int64_t>(32, 3));  // slot 3
+  w.num_tokens = 1;
+  EXPECT_TRUE(write_kv(be, this->pool_, w).ok());
+  ASSERT_TRUE(be.synchronize_stream(Stream{}).ok());
+  this->pool_buf_->upload(this->pool0_);
+  w = this->good_write();
+  w.num_tokens = kMax / 4;  // the slot mapping's last entry is past 64-bit byte offsets
+  this->expect_rejected(write_kv(be, this->pool_, w), StatusCode::kInvalidArgument, "num_tokens");
+  // A tensor that would run past the end of the address space.
+  w = this->good_write();
+  w.key = reinterpret_cast<const void*>((~uintptr_t{0} - 511) & ~uintptr_t{15});
+  this->expect_rejected(write_kv(be, this->pool_, w), StatusCode::kInvalidArgument,
+                        "past the end of the address space");
+
+  WriteKvAllLayersArgs all;
+  all.key = all.value = this->in_->data();
+  all.num_tokens = 4;
+  all.slot_mapping = static_cast<const int64_t*>(this->meta_->data());
+  all.layer_stride = kMax;
+  this->expect_rejected(write_kv_all_layers(be, this->pool_, all), StatusCode::kInvalidArgument,
+                        "layer_stride");
+  all.layer_stride = 0;
+  all.row_stride = kMax;
+  this->expect_rejected(write_kv_all_layers(be, this->pool_, all), StatusCode::kInvalidArgument,
+                        "row_stride");
+  // fp8 (one byte per element): two rows fit, the default layer stride of 2 * 2^62 does not.
+  PoolRef fp8 = this->pool_;
+  fp8.dtype = DType::kFloat8E4M3;
+  all.input_dtype = DType::kFloat8E4M3;
+  all.num_tokens = 2;
+  all.row_stride = int64_t{1} << 62;
+  this->expect_rejected(write_kv_all_layers(be, fp8, all), StatusCode::kInvalidArgument,
+                        "layer_stride: the default");
+
+  // A pool view whose layout is huge (one block of 2^42 bytes) over the real buffer: the packed
+  // side of one sequence can then hold more elements than int64 offsets reach.
+  PoolRef huge = this->pool_;
+  huge.layout.num_layers = 1;
+  huge.layout.num_kv_heads = 1;
+  huge.layout.head_dim = 1 << 20;
+  huge.layout.block_size = 1 << 20;
+  huge.num_blocks = 1;
+  auto pk = this->good_packed();
+  pk.block_table_len = std::numeric_limits<int32_t>::max();
+  pk.num_tokens = int64_t{1} << 50;
+  this->expect_rejected(import_layer(be, huge, pk), StatusCode::kInvalidArgument, "num_tokens");
+  pk.packed_layout = PackedLayout::kTokenMajor;
+  this->expect_rejected(gather_layer(be, huge, pk), StatusCode::kInvalidArgument, "num_tokens");
+  ScatterHeadRangeArgs sc;
+  sc.key = sc.value = this->in_->data();
+  sc.block_table = static_cast<const int32_t*>(this->meta_->data());
+  sc.block_table_len = std::numeric_limits<int32_t>::max();
+  sc.num_heads = 1;
+  sc.num_tokens = int64_t{1} << 50;
+  this->expect_rejected(scatter_head_range(be, huge, sc), StatusCode::kInvalidArgument,
+                        "num_tokens");
+  PackedBatchArgs b;
+  b.key = b.value = this->in_->data();
+  b.block_tables = static_cast<const int32_t*>(this->meta_->data());
+  b.indptr = static_cast<const int32_t*>(this->meta_->data());
+  b.batch_size = 1;
+  b.max_blocks_per_seq = 2;
+  b.total_tokens = std::numeric_limits<int32_t>::max();
+  huge.layout.num_kv_heads = 1 << 13;
+  huge.layout.block_size = 1;
+  this->expect_rejected(gather_layer_batch(be, huge, b), StatusCode::kInvalidArgument,
+                        "total_tokens");
+  b.total_tokens = 4;
+  b.batch_size = std::numeric_limits<int32_t>::max();
+  b.max_blocks_per_seq = std::numeric_limits<int32_t>::max();
+  this->expect_rejected(import_layer_batch(be, this->pool_, b), StatusCode::kInvalidArgument,
+                        "max_blocks_per_seq");
+
+  // The pool's own size: a layout whose block overflows, and too many blocks.
+  PoolRef bad = this->pool_;
+  bad.layout.head_dim = 1 << 30;
+  bad.layout.block_size = 1 << 30;
+  this->expect_rejected(write_kv(be, bad, this->good_write()), StatusCode::kInvalidArgument,
+                        "pool.layout");
+  bad = this->pool_;
+  bad.num_blocks = kMax / 1024;
+  this->expect_rejected(copy_blocks(be, bad, CopyBlocksArgs{}), StatusCode::kInvalidArgument,
+                        "pool.num_blocks");
+  CopyBlocksArgs cb;
+  cb.pairs = this->meta_->data();
+  cb.num_pairs = kMax / 2;
+  this->expect_rejected(copy_blocks(be, this->pool_, cb), StatusCode::kInvalidArgument,
+                        "num_pairs");
 }
 
 }  // namespace

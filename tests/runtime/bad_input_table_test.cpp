@@ -16,6 +16,7 @@
 #include "pagedkv/cache.hpp"
 #include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/ops.hpp"
+#include "pagedkv/seed_cache.hpp"
 #include "runtime/kv_model.hpp"
 #include "support/backend_test.hpp"
 
@@ -174,6 +175,76 @@ Status create_status(const CacheConfig& config, const CpuBackendOptions& options
   return KvCache::create(config, o).status();
 }
 
+// A pool view of the cache's own bytes with a huge layout (one block of up to 2^42 bytes), for
+// rows whose linear-side extent only overflows with such a shape. Validation must reject the row
+// before any launch: an op that accepted it would write past the real pool.
+PoolRef huge_pool(const Ctx& c, int32_t num_kv_heads, int32_t head_dim, int32_t block_size) {
+  PoolRef p = c.pool();
+  p.layout.num_layers = 1;
+  p.layout.num_kv_heads = num_kv_heads;
+  p.layout.head_dim = head_dim;
+  p.layout.block_size = block_size;
+  p.num_blocks = 1;
+  return p;
+}
+
+// Everything a SeedKvCache row may not change: each sequence's length, both parts of every
+// layer as ONNX arrays, and the figures of stats().
+std::vector<int64_t> seed_snapshot(SeedKvCache& cache, const std::vector<SequenceId>& ids,
+                                   std::vector<std::vector<uint16_t>>* bytes) {
+  const SeedKvCacheStats st = cache.stats();
+  std::vector<int64_t> out = {st.bytes_used,        st.bytes_capacity,      st.blocks_total,
+                              st.blocks_free,       st.sequences,           st.evicted_blocks,
+                              st.evicted_sequences, st.cpu_offloaded_blocks};
+  for (SequenceId id : ids) {
+    auto len = cache.sequence_length(id);
+    out.push_back(len.ok() ? *len : -1);
+    for (int32_t layer = 0; layer < cache.config().num_layers; ++layer) {
+      auto onnx = cache.get_layer_as_onnx(id, layer);
+      if (!onnx.ok()) {
+        out.push_back(-2);
+        continue;
+      }
+      bytes->push_back(onnx->key);
+      bytes->push_back(onnx->value);
+    }
+  }
+  return out;
+}
+
+// A SeedKvCache row: a cache of `mode` whose sequence 1 holds 5 advanced positions (and, paged,
+// 2 more written, not advanced), fed `call`. Returns the call's status, or kInternal when the
+// call changed the cache: the table then reports a wrong code.
+Status seed_row(CacheMode mode, const std::function<Status(SeedKvCache&)>& call) {
+  CacheConfig config = table_config();
+  config.mode = mode;
+  config.dense_initial_length = 8;
+  auto created = SeedKvCache::create(config);
+  if (!created.ok()) return created.status();
+  SeedKvCache& cache = **created;
+  const int64_t row = int64_t{config.num_kv_heads} * config.head_dim;
+  PAGEDKV_RETURN_IF_ERROR(cache.allocate_sequence(1, tokens_from(5, 10)).status());
+  for (int64_t pos = 0; pos < 7; ++pos) {
+    for (int32_t layer = 0; layer < config.num_layers; ++layer) {
+      std::vector<uint16_t> k(static_cast<size_t>(row)), v(k.size());
+      for (size_t i = 0; i < k.size(); ++i) {
+        k[i] = static_cast<uint16_t>(0x3000 + (pos * 131 + layer * 17 + i) % 2048);
+        v[i] = static_cast<uint16_t>(0x3400 + (pos * 71 + layer * 29 + i) % 2048);
+      }
+      PAGEDKV_RETURN_IF_ERROR(cache.append_token(1, layer, pos, k, v, TokenId{10} + pos));
+    }
+    if (pos < 5) PAGEDKV_RETURN_IF_ERROR(cache.advance_sequence(1));
+  }
+  std::vector<std::vector<uint16_t>> bytes_before, bytes_after;
+  const std::vector<int64_t> before = seed_snapshot(cache, {1}, &bytes_before);
+  const Status s = call(cache);
+  const std::vector<int64_t> after = seed_snapshot(cache, {1}, &bytes_after);
+  if (before != after || bytes_before != bytes_after) {
+    return internal_error("the failed call changed the SeedKvCache (" + s.to_string() + ")");
+  }
+  return s;
+}
+
 class BadInputTableTest : public ::testing::Test {
  protected:
   // Reserves, writes every layer and commits `tokens` at positions start.. of `id`.
@@ -254,6 +325,36 @@ class BadInputTableTest : public ::testing::Test {
     ASSERT_TRUE(locs_b.ok());
     ctx_.pairs = std::make_unique<DeviceBuffer>(be, 2 * 4);
     ctx_.pairs->upload(std::vector<int32_t>{table[0], (*locs_b)[0].block});
+    ASSERT_TRUE(cache.check_invariants().ok()) << cache.check_invariants().to_string();
+  }
+
+  // A cache with no host tier holding the live ids in the states offload must refuse without a
+  // host tier: 1 with blocks of its own, 2 a fork of 1 (every block shared), 3 empty (no blocks
+  // at all), 4 with two reserved tokens pending.
+  void prepare_without_host_tier() {
+    ctx_.reset();
+    ctx_.config = table_config();
+    ctx_.config.num_host_blocks = 0;
+    ctx_.backend = create_cpu_backend();
+    KvCacheOptions o;
+    o.backend = ctx_.backend.get();
+    auto c = KvCache::create(ctx_.config, o);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    ctx_.cache = std::move(c).value();
+    KvCache& cache = *ctx_.cache;
+    const std::vector<TokenId> a = tokens_from(6, 100), d = tokens_from(4, 400);
+    ASSERT_TRUE(cache.add_sequence(kSeqA, a).ok());
+    append(kSeqA, a, 0, true);
+    ASSERT_TRUE(cache.fork(kSeqA, kSeqActive).ok());
+    ASSERT_TRUE(cache.add_sequence(kSeqOffloaded, {}).ok());
+    ASSERT_TRUE(cache.add_sequence(kSeqPending, d).ok());
+    append(kSeqPending, d, 0, true);
+    append(kSeqPending, {450, 451}, 4, /*commit=*/false);
+    ASSERT_TRUE(cache.synchronize().ok());
+    const size_t row_bytes =
+        static_cast<size_t>(ctx_.config.num_kv_heads * ctx_.config.head_dim) * 2;
+    ctx_.key = std::make_unique<DeviceBuffer>(*ctx_.backend, Ctx::kMaxTokens * row_bytes);
+    ctx_.value = std::make_unique<DeviceBuffer>(*ctx_.backend, Ctx::kMaxTokens * row_bytes);
     ASSERT_TRUE(cache.check_invariants().ok()) << cache.check_invariants().to_string();
   }
 
@@ -422,6 +523,18 @@ std::vector<Row> rows() {
        [](Ctx& c) {
          return c.cache->write_kv(kSeqPending, 0, c.key->data(), c.value->data(), DType::kFloat16,
                                   -96);
+       },
+       S::kInvalidArgument, "row_stride"},
+      {"write_kv int64 max row_stride",
+       [](Ctx& c) {
+         return c.cache->write_kv(kSeqPending, 0, c.key->data(), c.value->data(), DType::kFloat16,
+                                  kInt64Max);
+       },
+       S::kInvalidArgument, "row_stride"},
+      {"write_kv row_stride past 64-bit byte offsets",
+       [](Ctx& c) {
+         return c.cache->write_kv(kSeqPending, 0, c.key->data(), c.value->data(), DType::kFloat16,
+                                  kInt64Max / 2);
        },
        S::kInvalidArgument, "row_stride"},
       // ---- commit / rollback / fork / finish / erase ----
@@ -603,6 +716,35 @@ std::vector<Row> rows() {
          return write_kv(c.be(), c.pool(), a, c.stream());
        },
        S::kInvalidArgument, "scales: only an fp8 pool"},
+      {"op write_kv int64 max row_stride",
+       [](Ctx& c) {
+         WriteKvArgs a = c.write_args();
+         a.row_stride = kInt64Max;
+         return write_kv(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "row_stride"},
+      {"op write_kv num_tokens past the slot_mapping's 64-bit offsets",
+       [](Ctx& c) {
+         WriteKvArgs a = c.write_args();
+         a.num_tokens = kInt64Max / 4;
+         return write_kv(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "num_tokens"},
+      {"op write_kv pool layout overflowing 64-bit offsets",
+       [](Ctx& c) {
+         PoolRef p = c.pool();
+         p.layout.head_dim = 1 << 30;
+         p.layout.block_size = 1 << 30;
+         return write_kv(c.be(), p, c.write_args(), c.stream());
+       },
+       S::kInvalidArgument, "pool.layout"},
+      {"op write_kv pool num_blocks overflowing 64-bit offsets",
+       [](Ctx& c) {
+         PoolRef p = c.pool();
+         p.num_blocks = kInt64Max;
+         return write_kv(c.be(), p, c.write_args(), c.stream());
+       },
+       S::kInvalidArgument, "pool.num_blocks"},
       {"op write_kv_all_layers layer_stride shorter than a layer",
        [](Ctx& c) {
          WriteKvAllLayersArgs a;
@@ -611,6 +753,39 @@ std::vector<Row> rows() {
          a.num_tokens = 4;
          a.slot_mapping = static_cast<const int64_t*>(c.slots->data());
          a.layer_stride = 96;
+         return write_kv_all_layers(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "layer_stride"},
+      {"op write_kv_all_layers int64 max row_stride",
+       [](Ctx& c) {
+         WriteKvAllLayersArgs a;
+         a.key = c.key->data();
+         a.value = c.value->data();
+         a.num_tokens = 4;
+         a.slot_mapping = static_cast<const int64_t*>(c.slots->data());
+         a.row_stride = kInt64Max;
+         return write_kv_all_layers(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "row_stride"},
+      {"op write_kv_all_layers int64 max layer_stride",
+       [](Ctx& c) {
+         WriteKvAllLayersArgs a;
+         a.key = c.key->data();
+         a.value = c.value->data();
+         a.num_tokens = 4;
+         a.slot_mapping = static_cast<const int64_t*>(c.slots->data());
+         a.layer_stride = kInt64Max;
+         return write_kv_all_layers(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "layer_stride"},
+      {"op write_kv_all_layers layer_stride past 64-bit byte offsets",
+       [](Ctx& c) {
+         WriteKvAllLayersArgs a;
+         a.key = c.key->data();
+         a.value = c.value->data();
+         a.num_tokens = 4;
+         a.slot_mapping = static_cast<const int64_t*>(c.slots->data());
+         a.layer_stride = kInt64Max / 2;
          return write_kv_all_layers(c.be(), c.pool(), a, c.stream());
        },
        S::kInvalidArgument, "layer_stride"},
@@ -636,6 +811,32 @@ std::vector<Row> rows() {
          return scatter_head_range(c.be(), c.pool(), a, c.stream());
        },
        S::kOutOfRange, "exceeds block_table_len"},
+      {"op scatter_head_range num_tokens overflowing 64-bit offsets",
+       [](Ctx& c) {
+         ScatterHeadRangeArgs a = c.scatter_args();
+         a.num_heads = 1;
+         a.block_table_len = kInt32Max;
+         a.num_tokens = int64_t{1} << 50;
+         return scatter_head_range(c.be(), huge_pool(c, 1, 1 << 20, 1 << 20), a, c.stream());
+       },
+       S::kInvalidArgument, "num_tokens"},
+      {"op import_layer num_tokens overflowing 64-bit offsets",
+       [](Ctx& c) {
+         PackedLayerArgs a = c.layer_args();
+         a.block_table_len = kInt32Max;
+         a.num_tokens = int64_t{1} << 50;
+         return import_layer(c.be(), huge_pool(c, 1, 1 << 20, 1 << 20), a, c.stream());
+       },
+       S::kInvalidArgument, "num_tokens"},
+      {"op gather_layer token-major num_tokens past 64-bit byte offsets",
+       [](Ctx& c) {
+         PackedLayerArgs a = c.layer_args();
+         a.packed_layout = PackedLayout::kTokenMajor;
+         a.block_table_len = kInt32Max;
+         a.num_tokens = int64_t{1} << 42;  // 2^62 elements: the offset fits, the byte one not
+         return gather_layer(c.be(), huge_pool(c, 1, 1 << 20, 1 << 20), a, c.stream());
+       },
+       S::kInvalidArgument, "num_tokens"},
       {"op import_layer int64 overflowing positions",
        [](Ctx& c) {
          PackedLayerArgs a = c.layer_args();
@@ -707,6 +908,13 @@ std::vector<Row> rows() {
          return import_layer_batch(c.be(), c.pool(), a, c.stream());
        },
        S::kInvalidArgument, "indptr: null"},
+      {"op gather_layer_batch total_tokens overflowing 64-bit offsets",
+       [](Ctx& c) {
+         PackedBatchArgs a = c.batch_args();
+         a.total_tokens = kInt32Max;
+         return gather_layer_batch(c.be(), huge_pool(c, 1 << 13, 1 << 20, 1), a, c.stream());
+       },
+       S::kInvalidArgument, "total_tokens"},
       {"op gather_layer_batch negative total_tokens",
        [](Ctx& c) {
          PackedBatchArgs a = c.batch_args();
@@ -740,6 +948,14 @@ std::vector<Row> rows() {
          return copy_blocks(c.be(), c.pool(), a, c.stream());
        },
        S::kInvalidArgument, "pairs: pointer not aligned"},
+      {"op copy_blocks num_pairs past 64-bit offsets",
+       [](Ctx& c) {
+         CopyBlocksArgs a;
+         a.pairs = c.pairs->data();
+         a.num_pairs = kInt64Max / 2;
+         return copy_blocks(c.be(), c.pool(), a, c.stream());
+       },
+       S::kInvalidArgument, "num_pairs"},
       {"op build_indptr_scratch_bytes negative batch",
        [](Ctx& c) { return build_indptr_scratch_bytes(c.be(), -1).status(); }, S::kInvalidArgument,
        "batch_size: negative"},
@@ -751,6 +967,43 @@ std::vector<Row> rows() {
          return build_indptr(c.be(), a, c.stream());
        },
        S::kInvalidArgument, "seq_lens: null"},
+      // ---- SeedKvCache (a cache of its own per row; seed_row checks it is unchanged) ----
+      {"seed overwrite_layer int64 max src_capacity (dense)",
+       [](Ctx&) {
+         return seed_row(CacheMode::kDense, [](SeedKvCache& s) {
+           const std::vector<uint16_t> kv(5 * 3 * 32, 0x3c00);
+           return s.overwrite_layer(1, 0, kv, kv, 5, kInt64Max);
+         });
+       },
+       S::kInvalidArgument, "src_capacity"},
+      {"seed overwrite_layer int64 max src_capacity (paged)",
+       [](Ctx&) {
+         return seed_row(CacheMode::kPaged, [](SeedKvCache& s) {
+           const std::vector<uint16_t> kv(5 * 3 * 32, 0x3c00);
+           return s.overwrite_layer(1, 0, kv, kv, 5, kInt64Max);
+         });
+       },
+       S::kInvalidArgument, "src_capacity"},
+      {"seed advance_sequence_by int64 max (dense)",
+       [](Ctx&) {
+         return seed_row(CacheMode::kDense,
+                         [](SeedKvCache& s) { return s.advance_sequence_by(1, kInt64Max); });
+       },
+       S::kInvalidArgument, "delta"},
+      {"seed advance_sequence_by int64 max (paged)",
+       [](Ctx&) {
+         return seed_row(CacheMode::kPaged,
+                         [](SeedKvCache& s) { return s.advance_sequence_by(1, kInt64Max); });
+       },
+       S::kInvalidArgument, "delta"},
+      {"seed append_head_range_seq_first int64 max pos_start",
+       [](Ctx&) {
+         return seed_row(CacheMode::kDense, [](SeedKvCache& s) {
+           const std::vector<uint16_t> kv(2 * 32, 0x3c00);
+           return s.append_head_range_seq_first(1, 0, 0, kInt64Max, kv, kv);
+         });
+       },
+       S::kOutOfRange, "pos_start"},
       // ---- config and creation ----
       {"config zero head_dim",
        [](Ctx&) {
@@ -788,6 +1041,40 @@ std::vector<Row> rows() {
          return k.validate();
        },
        S::kInvalidArgument, "overflows"},
+      {"config page overflowing int64",
+       [](Ctx&) {
+         CacheConfig k = table_config();
+         k.block_size = 1 << 30;
+         k.num_kv_heads = 1 << 10;
+         k.head_dim = 1 << 30;
+         return k.validate();
+       },
+       S::kInvalidArgument, "head_dim: one block"},
+      {"config block overflowing int64",
+       [](Ctx&) {
+         CacheConfig k = table_config();
+         k.block_size = 1 << 30;
+         k.head_dim = 1 << 30;
+         return k.validate();
+       },
+       S::kInvalidArgument, "num_layers: one block"},
+      {"config host pool overflowing int64",
+       [](Ctx&) {
+         CacheConfig k = table_config();
+         k.head_dim = 1 << 26;
+         k.num_host_blocks = kInt32Max;
+         return k.validate();
+       },
+       S::kInvalidArgument, "num_host_blocks"},
+      {"config dense buffer overflowing int64",
+       [](Ctx&) {
+         CacheConfig k = table_config();
+         k.mode = CacheMode::kDense;
+         k.head_dim = 1 << 30;
+         k.max_sequence_length = kInt32Max;
+         return k.validate();
+       },
+       S::kInvalidArgument, "max_sequence_length"},
       {"create with a zero-layer config",
        [](Ctx&) {
          CacheConfig k = table_config();
@@ -802,6 +1089,14 @@ std::vector<Row> rows() {
          return create_status(k, {});
        },
        S::kUnimplemented, "dense"},
+      {"create with a host pool overflowing int64",
+       [](Ctx&) {
+         CacheConfig k = table_config();
+         k.head_dim = 1 << 26;
+         k.num_host_blocks = kInt32Max;
+         return create_status(k, {});
+       },
+       S::kInvalidArgument, "num_host_blocks"},
       {"create with a device pool past device_memory_limit",
        [](Ctx&) {
          CpuBackendOptions o;
@@ -834,6 +1129,31 @@ TEST_F(BadInputTableTest, EveryBadInputFailsWithItsCodeAndMessageAndChangesNothi
     EXPECT_NE(s.message().find(row.message), std::string::npos)
         << "message \"" << s.message() << "\" does not name \"" << row.message << "\"";
     expect_same(before, snapshot());
+  }
+}
+
+// Without a host tier (num_host_blocks = 0) offload is refused for every sequence, whatever
+// blocks it holds. Before, a sequence with nothing of its own to move (a fork, an empty one) was
+// "offloaded" in place: gather_layer still read it while build_batch refused it.
+TEST_F(BadInputTableTest, OffloadWithoutAHostTierIsRefusedAndChangesNothing) {
+  for (SequenceId id : kLiveIds) {
+    SCOPED_TRACE("sequence " + std::to_string(id));
+    prepare_without_host_tier();
+    if (::testing::Test::HasFatalFailure()) return;
+    const Snapshot before = snapshot();
+    const Status s = ctx_.cache->offload(id);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.to_string();
+    EXPECT_NE(s.message().find("there is no host tier: num_host_blocks is 0"), std::string::npos)
+        << s.message();
+    expect_same(before, snapshot());
+    // Every reader agrees that the sequence is still on the device.
+    auto residency = ctx_.cache->residency(id);
+    ASSERT_TRUE(residency.ok()) << residency.status().to_string();
+    EXPECT_EQ(*residency, SequenceResidency::kDevice);
+    EXPECT_TRUE(ctx_.cache->build_batch({id}).ok());
+    const Status g = ctx_.gather(id);
+    EXPECT_TRUE(g.ok()) << g.to_string();
+    EXPECT_TRUE(ctx_.cache->synchronize().ok());
   }
 }
 

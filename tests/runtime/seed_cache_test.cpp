@@ -175,6 +175,35 @@ TEST_P(SeedCacheTest, AppendedButNotAdvancedPositionsAreNotPartOfTheSequence) {
   expect_onnx(1, ref);
 }
 
+TEST_P(SeedCacheTest, AppendTokenPrefillAdvancedInPartsKeepsEveryPosition) {
+  // Paged mode reserves ahead of the written positions while they grow (1, 2, 4, 8, 16 slots
+  // here); only written positions advance, and the rest of the reservation is never visible.
+  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  RefSeq ref;
+  for (int64_t p = 0; p < 13; ++p) append(1, ref, p);
+  EXPECT_EQ(*cache_->sequence_length(1), 0);
+  if (paged()) {
+    EXPECT_EQ(cache_->advance_sequence_by(1, 14).code(), StatusCode::kFailedPrecondition);
+    auto row = random_halves(kRow);
+    EXPECT_EQ(cache_->append_token(1, 0, 14, row, row).code(), StatusCode::kOutOfRange);
+  }
+  ASSERT_TRUE(cache_->advance_sequence_by(1, 5).ok());
+  ref.length = 5;
+  expect_onnx(1, ref);
+  for (int64_t p = 13; p < 17; ++p) append(1, ref, p);
+  EXPECT_TRUE(cache_->rollback_sequence(1, 5).ok());  // same length: pending writes are kept
+  ASSERT_TRUE(cache_->advance_sequence_by(1, 12).ok());
+  ref.length = 17;
+  expect_onnx(1, ref);
+  if (paged()) {
+    EXPECT_EQ(*cache_->paged_cache()->pending(1), 0);  // nothing is reserved past the length
+  }
+  ASSERT_TRUE(cache_->rollback_sequence(1, 9).ok());
+  ref.length = 9;
+  append_advance(1, ref, 3);
+  expect_onnx(1, ref);
+}
+
 TEST_P(SeedCacheTest, HeadRangePrefillThenDecode) {
   ASSERT_TRUE(cache_->allocate_sequence(7, {1, 2, 3, 4, 5, 6, 7}).ok());
   RefSeq ref;

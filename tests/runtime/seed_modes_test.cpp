@@ -1,10 +1,15 @@
 // SeedKvCache behaviour that belongs to one mode: paged prefix reuse after removal, offload and
-// asynchronous restore, eviction reporting and stats; dense growth, zero-copy views and the
-// capped free list.
+// asynchronous restore, eviction reporting and stats, the cost of an append_token prefill and
+// the packed buffers' size; dense growth, zero-copy views and the capped free list.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
 #include <memory>
 #include <random>
+#include <unordered_map>
 #include <vector>
 
 #include "pagedkv/cpu_backend.hpp"
@@ -34,6 +39,69 @@ CacheConfig config_for(CacheMode mode) {
   return c;
 }
 
+// Forwards every call to another backend and keeps the bytes of the live device allocations
+// made through it and their peak, so a test can see what a call allocated.
+class DeviceBytesBackend final : public Backend {
+ public:
+  explicit DeviceBytesBackend(Backend& inner) : inner_(inner) {}
+  int64_t live() const { return live_; }
+  int64_t peak() const { return peak_; }
+  void reset_peak() { peak_ = live_; }
+
+  BackendKind kind() const override { return inner_.kind(); }
+  std::string description() const override { return inner_.description(); }
+  StatusOr<void*> allocate_device(size_t bytes) override {
+    auto p = inner_.allocate_device(bytes);
+    if (p.ok()) {
+      sizes_[*p] = bytes;
+      live_ += static_cast<int64_t>(bytes);
+      peak_ = std::max(peak_, live_);
+    }
+    return p;
+  }
+  void free_device(void* ptr) override {
+    auto it = sizes_.find(ptr);
+    if (it != sizes_.end()) {
+      live_ -= static_cast<int64_t>(it->second);
+      sizes_.erase(it);
+    }
+    inner_.free_device(ptr);
+  }
+  StatusOr<void*> allocate_pinned(size_t bytes) override { return inner_.allocate_pinned(bytes); }
+  void free_pinned(void* ptr) override { inner_.free_pinned(ptr); }
+  StatusOr<Stream> create_stream() override { return inner_.create_stream(); }
+  StatusOr<Stream> wrap_stream(void* native) override { return inner_.wrap_stream(native); }
+  StatusOr<void*> native_stream(Stream stream) override { return inner_.native_stream(stream); }
+  void destroy_stream(Stream stream) override { inner_.destroy_stream(stream); }
+  StatusOr<Event> create_event() override { return inner_.create_event(); }
+  void destroy_event(Event event) override { inner_.destroy_event(event); }
+  Status record_event(Event event, Stream stream) override {
+    return inner_.record_event(event, stream);
+  }
+  Status wait_event(Stream stream, Event event) override {
+    return inner_.wait_event(stream, event);
+  }
+  StatusOr<bool> query_event(Event event) override { return inner_.query_event(event); }
+  Status synchronize_event(Event event) override { return inner_.synchronize_event(event); }
+  Status synchronize_stream(Stream stream) override { return inner_.synchronize_stream(stream); }
+  Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind,
+                    Stream stream) override {
+    return inner_.copy_async(dst, src, bytes, kind, stream);
+  }
+  Status launch_host_func(Stream stream, std::function<void()> fn) override {
+    return inner_.launch_host_func(stream, std::move(fn));
+  }
+  Status launch(const KernelLaunch& launch, Stream stream) override {
+    return inner_.launch(launch, stream);
+  }
+
+ private:
+  Backend& inner_;
+  std::unordered_map<void*, size_t> sizes_;
+  int64_t live_ = 0;
+  int64_t peak_ = 0;
+};
+
 class SeedModesTest : public ::testing::Test {
  protected:
   void make(const CacheConfig& config, const CpuBackendOptions& options = {}) {
@@ -53,12 +121,14 @@ class SeedModesTest : public ::testing::Test {
     return out;
   }
 
-  // Appends `tokens` (every layer, token ids given) and advances; returns the per-layer
-  // [heads, len, dim] keys and values written.
+  // Appends `tokens` (every layer, token ids given) at positions 0, 1, ... and advances after
+  // each (without `advance`: never, a prefill through append_token); calls `after(pos)` once a
+  // position is written. Returns the per-layer [heads, len, dim] keys and values written.
   struct Layers {
     std::vector<uint16_t> key[kLayers], value[kLayers];
   };
-  Layers write(SequenceId id, const std::vector<TokenId>& tokens) {
+  Layers write(SequenceId id, const std::vector<TokenId>& tokens, bool advance = true,
+               const std::function<void(int64_t)>& after = nullptr) {
     const int64_t n = static_cast<int64_t>(tokens.size());
     Layers out;
     for (int32_t l = 0; l < kLayers; ++l) {
@@ -75,7 +145,8 @@ class SeedModesTest : public ::testing::Test {
             out.value[l][static_cast<size_t>((h * n + p) * kDim + d)] = v[h * kDim + d];
           }
       }
-      EXPECT_TRUE(cache_->advance_sequence(id).ok());
+      if (advance) EXPECT_TRUE(cache_->advance_sequence(id).ok());
+      if (after) after(p);
     }
     return out;
   }
@@ -174,6 +245,151 @@ TEST_F(SeedModesTest, PagedEvictionIsReportedAndActiveSequencesAreProtected) {
   EXPECT_EQ(s.bytes_capacity, 4 * c.block_bytes());
   EXPECT_EQ(s.bytes_used, 3 * c.block_bytes());
   EXPECT_EQ(s.blocks_free, 1);
+}
+
+TEST_F(SeedModesTest, PagedAppendTokenPrefillReservesLinearly) {
+  // Issue "Step path", item 5: each append_token one past the written positions re-reserved
+  // every pending position, so an n-token prefill handed out n^2 / 2 slots. The reservation
+  // now grows geometrically; what is reserved ahead stays unwritten and invisible.
+  CacheConfig c = config_for(CacheMode::kPaged);
+  c.block_size = 16;
+  c.max_sequence_length = 8192;
+  c.num_device_blocks = 1024;
+  make(c);
+  constexpr int64_t n = 4096;
+  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  KvCache& kv = *cache_->paged_cache();
+  std::vector<TokenId> tokens(n);
+  for (int64_t p = 0; p < n; ++p) tokens[static_cast<size_t>(p)] = static_cast<TokenId>(p % 997);
+  // Nothing is committed during the prefill, so the reservation changes only through a
+  // reserve, which hands out `pending` slots.
+  int64_t reserves = 0, reserved_slots = 0, pending = 0;
+  const auto start = std::chrono::steady_clock::now();
+  Layers written = write(1, tokens, /*advance=*/false, [&](int64_t p) {
+    const int64_t now = *kv.pending(1);
+    EXPECT_GE(now, p + 1);
+    if (now != pending) {
+      ++reserves;
+      reserved_slots += now;
+      pending = now;
+    }
+  });
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  std::printf("append_token prefill of %lld tokens: %lld reserves, %lld slots, %.1f ms\n",
+              static_cast<long long>(n), static_cast<long long>(reserves),
+              static_cast<long long>(reserved_slots), ms);
+  EXPECT_LE(reserved_slots, 4 * n);
+  EXPECT_LE(reserves, 2 * 12 + 4);  // log2(4096) doublings, with room to spare
+  EXPECT_EQ(*cache_->sequence_length(1), 0);
+  // Positions reserved ahead are not written: advancing over them or writing past the written
+  // ones is refused as before.
+  EXPECT_EQ(cache_->advance_sequence_by(1, n + 1).code(), StatusCode::kFailedPrecondition);
+  auto row = random_halves(kRow);
+  EXPECT_EQ(cache_->append_token(1, 0, n + 1, row, row).code(), StatusCode::kOutOfRange);
+  ASSERT_TRUE(cache_->advance_sequence_by(1, n).ok());
+  EXPECT_EQ(*kv.pending(1), 0);  // nothing stays reserved past the length
+  EXPECT_EQ(cache_->stats().blocks_free, c.num_device_blocks - n / c.block_size);
+  expect_prefix(1, written, n, n);
+  ASSERT_TRUE(kv.check_invariants().ok());
+}
+
+TEST_F(SeedModesTest, PagedPrefillReservesAheadOnlyFromFreeBlocks) {
+  // Reserving ahead never evicts a cached prefix or offloads another sequence: a prefill that
+  // fills the pool to the last block behaves as if it reserved one position at a time.
+  make(config_for(CacheMode::kPaged));  // 16 device blocks of 4
+  const std::vector<TokenId> prompt = {11, 12, 13, 14, 15, 16, 17, 18};
+  ASSERT_TRUE(cache_->allocate_sequence(1, prompt).ok());
+  Layers cached = write(1, prompt);
+  ASSERT_TRUE(cache_->remove_sequence(1).ok());  // 2 cached blocks
+  ASSERT_TRUE(cache_->allocate_sequence(3, {}).ok());
+  Layers other = write(3, std::vector<TokenId>(8, 21));  // 2 blocks
+  ASSERT_TRUE(cache_->allocate_sequence(2, {}).ok());
+  std::vector<TokenId> tokens(48);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<TokenId>(100 + i);
+  Layers prefill = write(2, tokens, /*advance=*/false);  // 12 blocks: the pool is full
+  SeedKvCacheStats s = cache_->stats();
+  EXPECT_EQ(s.blocks_free, 0);
+  EXPECT_EQ(s.evicted_blocks, 0);
+  EXPECT_EQ(s.evicted_sequences, 0);
+  EXPECT_EQ(s.cpu_offloaded_blocks, 0);
+  EXPECT_EQ(*cache_->paged_cache()->residency(3), SequenceResidency::kDevice);
+  ASSERT_TRUE(cache_->advance_sequence_by(2, 48).ok());
+  expect_prefix(2, prefill, 48, 48);
+  expect_prefix(3, other, 8, 8);
+  std::vector<TokenId> again = prompt;
+  again.push_back(19);
+  EXPECT_EQ(*cache_->allocate_sequence(4, again), 8);
+  expect_prefix(4, cached, 8, 8);
+}
+
+TEST_F(SeedModesTest, PagedPackedLayerHoldsOnlyTheLayerRead) {
+  // Issue "Step path", item 5: the packed buffers held every layer, rounded up to a power of
+  // two positions, whichever layer was read. A read now allocates that layer, in 16-position
+  // steps.
+  CacheConfig c = config_for(CacheMode::kPaged);
+  c.num_layers = 8;
+  c.num_kv_heads = 4;
+  c.head_dim = 128;
+  c.block_size = 16;
+  c.max_sequence_length = 4096;
+  constexpr int64_t n = 3000;
+  c.num_device_blocks = n / 16 + 4;
+  auto cpu = create_cpu_backend();
+  DeviceBytesBackend counted(*cpu);
+  SeedKvCacheOptions o;
+  o.backend = &counted;
+  auto created = SeedKvCache::create(c, o);
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  std::unique_ptr<SeedKvCache> seed = std::move(created).value();
+  ASSERT_TRUE(seed->allocate_sequence(1, {}).ok());
+  const size_t elems = static_cast<size_t>(c.num_kv_heads) * n * c.head_dim;
+  std::vector<std::vector<uint16_t>> keys, values;
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    keys.emplace_back(elems);
+    values.emplace_back(elems);
+    for (size_t i = 0; i < elems; ++i) {
+      keys.back()[i] = static_cast<uint16_t>(0x3c00 | (rng_() & 0x3ff));
+      values.back()[i] = static_cast<uint16_t>(0xbc00 | (rng_() & 0x3ff));
+    }
+    ASSERT_TRUE(seed->overwrite_layer(1, l, keys.back(), values.back(), n).ok());
+  }
+  ASSERT_TRUE(seed->synchronize().ok());
+  const int64_t layer_bytes = int64_t{2} * static_cast<int64_t>(elems) * 2;  // K and V
+  const int64_t step_bytes = int64_t{2} * c.num_kv_heads * 16 * c.head_dim * 2;
+  const int64_t before = counted.live();
+  counted.reset_peak();
+  for (int32_t l : {5, 2}) {
+    auto view = seed->get_packed_layer(1, l);
+    ASSERT_TRUE(view.ok()) << view.status().to_string();
+    ASSERT_TRUE(seed->synchronize().ok());
+    // The CPU backend's device memory is host memory.
+    ASSERT_EQ(view->head_stride, n * c.head_dim);
+    const auto* k = static_cast<const uint16_t*>(view->key);
+    const auto* v = static_cast<const uint16_t*>(view->value);
+    EXPECT_TRUE(std::equal(k, k + elems, keys[static_cast<size_t>(l)].begin())) << "layer " << l;
+    EXPECT_TRUE(std::equal(v, v + elems, values[static_cast<size_t>(l)].begin())) << "layer " << l;
+  }
+  std::printf("packed: read %lld bytes per layer, peak %lld bytes for two layers\n",
+              static_cast<long long>(layer_bytes), static_cast<long long>(counted.peak() - before));
+  EXPECT_LE(counted.peak() - before, 2 * (layer_bytes + step_bytes));
+  EXPECT_EQ(seed->stats().packed_layers, 2);
+  // Past the buffer's capacity a read regrows that layer only, freeing the old buffer first.
+  for (int64_t p = n; p < n + 16; ++p) {
+    for (int32_t l = 0; l < c.num_layers; ++l) {
+      std::vector<uint16_t> row(static_cast<size_t>(c.num_kv_heads) * c.head_dim, 0x3c01);
+      ASSERT_TRUE(seed->append_token(1, l, p, row, row).ok());
+    }
+  }
+  ASSERT_TRUE(seed->advance_sequence_by(1, 16).ok());
+  ASSERT_TRUE(seed->synchronize().ok());
+  const int64_t held = counted.live();
+  counted.reset_peak();
+  ASSERT_TRUE(seed->get_packed_layer(1, 5).ok());
+  EXPECT_EQ(counted.peak(), counted.live());
+  EXPECT_LE(counted.live() - held, layer_bytes / 2);
+  ASSERT_TRUE(seed->remove_sequence(1).ok());
+  EXPECT_LE(counted.live(), before);
 }
 
 TEST_F(SeedModesTest, DenseBufferGrowsByDoublingAndViewsAreZeroCopy) {

@@ -37,7 +37,8 @@ inline NamedStats named_stats(const ControlStats& s) {
           {"blocks_restored", s.blocks_restored},
           {"copy_on_write", s.copy_on_write},
           {"blocks_demoted", s.blocks_demoted},
-          {"host_blocks_dropped", s.host_blocks_dropped}};
+          {"host_blocks_dropped", s.host_blocks_dropped},
+          {"events_dropped", s.events_dropped}};
 }
 
 /// The fields that differ, "name a->b; ..." ("" when equal).

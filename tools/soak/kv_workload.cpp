@@ -221,8 +221,8 @@ void KvWorkload::run(int64_t ops) {
 }
 
 void KvWorkload::step() {
-  // The old suite's mix (out of 100): add 15, extend 40, rollback 7, fork 5, finish or erase
-  // 7, offload 8, restore 6 (a third of them prefetch instead), set_active 4, verify 8;
+  // The mix (out of 100): add 15, extend 30, a batched decode step 10, rollback 7, fork 5, finish
+  // or erase 7, offload 8, restore 6 (a third of them prefetch instead), set_active 4, verify 8;
   // verify_percent rescales the rest.
   const int verify_percent = options_.verify_percent;
   const int r = static_cast<int>(rng_() % 100);
@@ -232,8 +232,10 @@ void KvWorkload::step() {
     const int o = r * 92 / (100 - verify_percent);
     if (o < 15 || live_.empty())
       op_ = Op::kAdd;
-    else if (o < 55)
+    else if (o < 45)
       op_ = Op::kExtend;
+    else if (o < 55)
+      op_ = Op::kDecodeBatch;
     else if (o < 62)
       op_ = Op::kRollback;
     else if (o < 67)
@@ -254,6 +256,9 @@ void KvWorkload::step() {
       break;
     case Op::kExtend:
       extend(pick());
+      break;
+    case Op::kDecodeBatch:
+      decode_batch();
       break;
     case Op::kRollback:
       rollback(pick());
@@ -426,68 +431,17 @@ bool KvWorkload::write_tokens(size_t index, const std::vector<TokenId>& tokens) 
     return false;
   }
 
-  // [layer][K, V][n][heads][dim] in one slice of the upload ring.
-  const int64_t row = static_cast<int64_t>(config_.num_kv_heads) * config_.head_dim;
-  const size_t part_bytes = static_cast<size_t>(n * row) * 2;
-  const size_t bytes = part_bytes * 2 * static_cast<size_t>(config_.num_layers);
-  const size_t slice = align_up(bytes);
-  Ring& ring = upload_ring_;
-  if (slice > ring.bytes) {  // larger than the ring: grow it (after the stream is idle)
-    Status s = sync_io();
-    if (s.ok()) {
-      io_->free_device(ring.device);
-      io_->free_pinned(ring.host);
-      ring.device = ring.host = nullptr;
-      ring.bytes = 4 * slice;
-      s = retry([&]() -> Status {
-        PAGEDKV_ASSIGN_OR_RETURN(ring.device, io_->allocate_device(ring.bytes));
-        return ok_status();
-      });
-    }
-    if (s.ok()) {
-      s = retry([&]() -> Status {
-        PAGEDKV_ASSIGN_OR_RETURN(ring.host, io_->allocate_pinned(ring.bytes));
-        return ok_status();
-      });
-    }
-    if (!s.ok()) {
-      record_error(id, "growing the upload ring", s);
-      drop_reservation();
-      return false;
-    }
-    ring.used = 0;
-  }
-  if (ring.used + slice > ring.bytes) {  // wrap: earlier slices may still be read
-    const Status s = sync_io();
-    if (!s.ok()) {
-      record_error(id, "synchronize (upload ring)", s);
-      drop_reservation();
-      return false;
-    }
-    ring.used = 0;
-  }
-  const size_t offset = ring.used;
-  ring.used += slice;
-  auto* host = reinterpret_cast<uint16_t*>(static_cast<char*>(ring.host) + offset);
-  for (int32_t l = 0; l < config_.num_layers; ++l) {
-    for (int32_t part = 0; part < 2; ++part) {
-      for (int64_t t = 0; t < n; ++t, host += row) {
-        values_.row(start + t, tokens[static_cast<size_t>(t)], l, part, config_.num_kv_heads,
-                    config_.head_dim, host);
-      }
-    }
-  }
-  char* device = static_cast<char*>(ring.device) + offset;
-  const Status up = retry([&] {
-    return io_->copy_async(device, static_cast<char*>(ring.host) + offset, bytes,
-                           CopyKind::kHostToDevice, cache_->compute_stream());
-  });
-  if (!up.ok()) {
-    record_error(id, "upload of K/V", up);
+  positions_scratch_.resize(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) positions_scratch_[static_cast<size_t>(t)] = start + t;
+  const StatusOr<char*> staged = stage_kv(positions_scratch_, tokens);
+  if (!staged.ok()) {
+    record_error(id, "staging K/V", staged.status());
     drop_reservation();
     return false;
   }
-
+  char* device = *staged;
+  const size_t part_bytes =
+      static_cast<size_t>(n) * static_cast<size_t>(config_.num_kv_heads) * config_.head_dim * 2;
   for (int32_t l = 0; l < config_.num_layers; ++l) {
     const char* k = device + static_cast<size_t>(2 * l) * part_bytes;
     const char* v = k + part_bytes;
@@ -516,6 +470,56 @@ bool KvWorkload::write_tokens(size_t index, const std::vector<TokenId>& tokens) 
   std::vector<TokenId>& model = live_[index].tokens;
   model.insert(model.end(), tokens.begin(), tokens.end());
   return true;
+}
+
+StatusOr<char*> KvWorkload::stage_kv(const std::vector<int64_t>& positions,
+                                     const std::vector<TokenId>& tokens) {
+  // [layer][K, V][n][heads][dim] in one slice of the upload ring.
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t row = static_cast<int64_t>(config_.num_kv_heads) * config_.head_dim;
+  const size_t part_bytes = static_cast<size_t>(n * row) * 2;
+  const size_t bytes = part_bytes * 2 * static_cast<size_t>(config_.num_layers);
+  const size_t slice = align_up(bytes);
+  Ring& ring = upload_ring_;
+  if (slice > ring.bytes) {  // larger than the ring: grow it (after the stream is idle)
+    PAGEDKV_RETURN_IF_ERROR(sync_io());
+    io_->free_device(ring.device);
+    io_->free_pinned(ring.host);
+    ring.device = ring.host = nullptr;
+    ring.bytes = 0;  // until both allocations succeed
+    const size_t grown = 4 * slice;
+    PAGEDKV_RETURN_IF_ERROR(retry([&]() -> Status {
+      PAGEDKV_ASSIGN_OR_RETURN(ring.device, io_->allocate_device(grown));
+      return ok_status();
+    }));
+    PAGEDKV_RETURN_IF_ERROR(retry([&]() -> Status {
+      PAGEDKV_ASSIGN_OR_RETURN(ring.host, io_->allocate_pinned(grown));
+      return ok_status();
+    }));
+    ring.bytes = grown;
+    ring.used = 0;
+  }
+  if (ring.used + slice > ring.bytes) {  // wrap: earlier slices may still be read
+    PAGEDKV_RETURN_IF_ERROR(sync_io());
+    ring.used = 0;
+  }
+  const size_t offset = ring.used;
+  ring.used += slice;
+  auto* host = reinterpret_cast<uint16_t*>(static_cast<char*>(ring.host) + offset);
+  for (int32_t l = 0; l < config_.num_layers; ++l) {
+    for (int32_t part = 0; part < 2; ++part) {
+      for (int64_t t = 0; t < n; ++t, host += row) {
+        values_.row(positions[static_cast<size_t>(t)], tokens[static_cast<size_t>(t)], l, part,
+                    config_.num_kv_heads, config_.head_dim, host);
+      }
+    }
+  }
+  char* device = static_cast<char*>(ring.device) + offset;
+  PAGEDKV_RETURN_IF_ERROR(retry([&] {
+    return io_->copy_async(device, static_cast<char*>(ring.host) + offset, bytes,
+                           CopyKind::kHostToDevice, cache_->compute_stream());
+  }));
+  return device;
 }
 
 void KvWorkload::rollback(size_t index) {

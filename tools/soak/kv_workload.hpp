@@ -4,8 +4,8 @@
 //
 // One op is one API-level action on a randomly chosen sequence: add (a prompt that often starts
 // with one of a few shared prefixes; reserve + write_kv every layer + commit of the uncached
-// part), extend by 1-3 tokens, rollback, fork, finish, erase, offload, restore, prefetch,
-// set_active, or verify. After every op the cache's invariants are checked, the sequences it
+// part), extend by 1-3 tokens, a batched decode step of a few sequences, rollback, fork,
+// finish, erase, offload, restore, prefetch, set_active, or verify. After every op the cache's invariants are checked, the sequences it
 // dropped (drain_evicted_sequences) leave the model, and the control events are drained (their
 // kSequenceEvicted entries must name the same sequences).
 //
@@ -144,6 +144,7 @@ class KvWorkload {
     kVerify,
     kVerifyAll,
     kPrefetch,
+    kDecodeBatch,
   };
   struct Entry {
     SequenceId id = 0;
@@ -174,6 +175,13 @@ class KvWorkload {
   // Reserves, writes and commits `tokens` after the committed ones. False when nothing was
   // committed (out of blocks, a fault, an error); the cache and the model are then unchanged.
   bool write_tokens(size_t index, const std::vector<TokenId>& tokens);
+  // One decode step of a few sequences through the batched calls: reserve_batch, build_batch,
+  // write_kv_batch (every layer, or all layers in one launch), commit_batch.
+  void decode_batch();
+  // Uploads the model's K/V of `tokens` at `positions` as [layer][K, V][n][heads][dim] fp16 on
+  // the compute stream (one slice of the upload ring) and returns the device address.
+  StatusOr<char*> stage_kv(const std::vector<int64_t>& positions,
+                           const std::vector<TokenId>& tokens);
   bool verify_index(size_t index);
   // verify_sequence() without setting the op named in first_problem.
   bool verify_one(SequenceId id);
@@ -223,6 +231,7 @@ class KvWorkload {
   std::vector<TokenId> prompt_scratch_;
   std::vector<TokenId> tokens_scratch_;
   std::vector<SequenceId> ids_scratch_;
+  std::vector<int64_t> positions_scratch_;
   std::vector<uint16_t> row_scratch_;  // one token's expected row
   KvValues values_;
 };

@@ -26,6 +26,7 @@ struct Flags {
   int32_t verify_percent = 8;
   int64_t fault_every = 0;
   bool keep_going = false;
+  bool cpu_worker_only = false;
 };
 
 void print_counters(std::FILE* out, const pagedkv::soak::WorkloadCounters& c) {
@@ -57,9 +58,10 @@ int run(const Flags& f) {
     }
     backend = std::move(created).value();
     options.config.backend = pagedkv::BackendKind::kAuto;
-  } else if (f.fault_every > 0) {
+  } else if (f.fault_every > 0 || f.cpu_worker_only) {
     pagedkv::CpuBackendOptions cpu;
     cpu.copy_delay = options.copy_delay;
+    cpu.run_inline_when_idle = !f.cpu_worker_only;
     backend = pagedkv::create_cpu_backend(cpu);
   }
   // With --fault-every the cache runs on a FaultInjectionBackend; the workload's own uploads and
@@ -165,6 +167,9 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--keep-going", f.keep_going,
                "do not stop at the first problem (later counts may follow from it)");
+  app.add_flag("--cpu-worker-only", f.cpu_worker_only,
+               "CPU backend: hand every copy and launch to the stream's worker thread, also when "
+               "the stream is idle (the behaviour before inline execution, for comparison)");
   CLI11_PARSE(app, argc, argv);
   return run(f);
 }

@@ -67,7 +67,8 @@ CpuBackend::~CpuBackend() {
 
 std::string CpuBackend::description() const {
   return "cpu: " + std::to_string(std::thread::hardware_concurrency()) +
-         " hardware threads, one worker thread per stream";
+         " hardware threads, one worker thread per stream" +
+         (options_.run_inline_when_idle ? " (idle streams run work inline)" : "");
 }
 
 StatusOr<void*> CpuBackend::allocate(Arena& arena, size_t bytes) {
@@ -107,18 +108,35 @@ void CpuBackend::free_pinned(void* ptr) { release(pinned_, ptr); }
 StatusOr<Stream> CpuBackend::create_stream() {
   auto stream = std::make_unique<CpuStream>();
   void* handle = stream.get();
-  streams_.emplace(handle, std::move(stream));
+  streams_.emplace(handle, StreamEntry{std::move(stream), nullptr});
+  return Stream{handle};
+}
+
+StatusOr<Stream> CpuBackend::wrap_stream(void* native) {
+  if (native == nullptr) return invalid_argument("wrap_stream: null native stream");
+  auto it = wrapped_.find(native);
+  if (it != wrapped_.end()) return Stream{it->second};
+  // The handle only names the stream; the stream itself (a worker) is the backend's own.
+  auto stream = std::make_unique<CpuStream>();
+  void* handle = stream.get();
+  streams_.emplace(handle, StreamEntry{std::move(stream), native});
+  wrapped_.emplace(native, handle);
   return Stream{handle};
 }
 
 StatusOr<void*> CpuBackend::native_stream(Stream stream) {
   PAGEDKV_ASSIGN_OR_RETURN(CpuStream * s, find_stream(stream));
   (void)s;
-  return static_cast<void*>(nullptr);  // there is no native stream object to hand out
+  if (stream.handle == nullptr) return static_cast<void*>(nullptr);
+  // A wrapped stream gives back the caller's handle; a created one has no native object.
+  return streams_.at(stream.handle).native;
 }
 
 void CpuBackend::destroy_stream(Stream stream) {
-  streams_.erase(stream.handle);  // the destructor drains the queue
+  auto it = streams_.find(stream.handle);
+  if (it == streams_.end()) return;
+  if (it->second.native != nullptr) wrapped_.erase(it->second.native);
+  streams_.erase(it);  // the destructor drains the queue
 }
 
 StatusOr<Event> CpuBackend::create_event() {
@@ -136,7 +154,7 @@ StatusOr<CpuStream*> CpuBackend::find_stream(Stream stream) {
   if (stream.handle == nullptr) return default_stream_.get();
   auto it = streams_.find(stream.handle);
   if (it == streams_.end()) return invalid_argument("unknown stream handle");
-  return it->second.get();
+  return it->second.stream.get();
 }
 
 StatusOr<std::shared_ptr<CpuEvent>> CpuBackend::find_event(Event event) {
@@ -149,7 +167,7 @@ Status CpuBackend::record_event(Event event, Stream stream) {
   PAGEDKV_ASSIGN_OR_RETURN(std::shared_ptr<CpuEvent> e, find_event(event));
   PAGEDKV_ASSIGN_OR_RETURN(CpuStream * s, find_stream(stream));
   const uint64_t generation = e->next_generation();
-  s->enqueue([e, generation] { e->complete(generation); });
+  s->enqueue([e, generation] { e->complete(generation); }, options_.run_inline_when_idle);
   return ok_status();
 }
 
@@ -158,7 +176,10 @@ Status CpuBackend::wait_event(Stream stream, Event event) {
   PAGEDKV_ASSIGN_OR_RETURN(CpuStream * s, find_stream(stream));
   const uint64_t generation = e->last_generation();
   if (generation == 0) return ok_status();  // never recorded: nothing to wait for (as CUDA)
-  s->enqueue([e, generation] { e->wait_for(generation); });
+  // Only a wait that cannot block may run inline; completion is monotonic, so a wait found
+  // complete here stays a no-op. An incomplete one is queued, and the stream's later work with it.
+  const bool may_run_inline = options_.run_inline_when_idle && e->is_complete(generation);
+  s->enqueue([e, generation] { e->wait_for(generation); }, may_run_inline);
   return ok_status();
 }
 
@@ -187,17 +208,20 @@ Status CpuBackend::copy_async(void* dst, const void* src, size_t bytes, CopyKind
   }
   PAGEDKV_ASSIGN_OR_RETURN(CpuStream * s, find_stream(stream));
   const auto delay = stream.handle != nullptr ? options_.copy_delay : std::chrono::microseconds(0);
-  s->enqueue([dst, src, bytes, delay] {
-    if (delay.count() > 0) std::this_thread::sleep_for(delay);
-    std::memmove(dst, src, bytes);
-  });
+  // A delayed copy stays on the worker: it must not block the caller.
+  s->enqueue(
+      [dst, src, bytes, delay] {
+        if (delay.count() > 0) std::this_thread::sleep_for(delay);
+        std::memmove(dst, src, bytes);
+      },
+      options_.run_inline_when_idle && delay.count() == 0);
   return ok_status();
 }
 
 Status CpuBackend::launch_host_func(Stream stream, std::function<void()> fn) {
   if (!fn) return invalid_argument("launch_host_func with an empty function");
   PAGEDKV_ASSIGN_OR_RETURN(CpuStream * s, find_stream(stream));
-  s->enqueue(std::move(fn));
+  s->enqueue(std::move(fn));  // user code may block or sleep: always on the worker, as on CUDA
   return ok_status();
 }
 
@@ -218,10 +242,12 @@ Status CpuBackend::launch(const KernelLaunch& launch, Stream stream) {
   const auto* bytes = static_cast<const unsigned char*>(launch.params);
   std::vector<unsigned char> params(bytes, bytes + expected);
   const auto delay = options_.kernel_delay;
-  s->enqueue([id = launch.kernel, params = std::move(params), n = launch.num_items, delay] {
-    if (delay.count() > 0) std::this_thread::sleep_for(delay);
-    run_kernel(id, params.data(), n);
-  });
+  s->enqueue(
+      [id = launch.kernel, params = std::move(params), n = launch.num_items, delay] {
+        if (delay.count() > 0) std::this_thread::sleep_for(delay);
+        run_kernel(id, params.data(), n);
+      },
+      options_.run_inline_when_idle && delay.count() == 0);
   return ok_status();
 }
 

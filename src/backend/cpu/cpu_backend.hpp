@@ -1,4 +1,5 @@
-// The CPU backend: host memory, one worker thread per stream, kernel bodies run in a loop.
+// The CPU backend: host memory, one worker thread per stream (work that cannot block runs on the
+// caller's thread while its stream is idle), kernel bodies run in a loop.
 #pragma once
 
 #include <cstddef>
@@ -27,6 +28,7 @@ class CpuBackend final : public Backend {
   void free_pinned(void* ptr) override;
 
   StatusOr<Stream> create_stream() override;
+  StatusOr<Stream> wrap_stream(void* native) override;
   StatusOr<void*> native_stream(Stream stream) override;
   void destroy_stream(Stream stream) override;
   StatusOr<Event> create_event() override;
@@ -53,6 +55,12 @@ class CpuBackend final : public Backend {
   };
   StatusOr<void*> allocate(Arena& arena, size_t bytes);
   void release(Arena& arena, void* ptr);
+  // A stream made by create_stream() or wrap_stream(); `native` is the wrapped handle (null for
+  // a created stream).
+  struct StreamEntry {
+    std::unique_ptr<CpuStream> stream;
+    void* native = nullptr;
+  };
   StatusOr<CpuStream*> find_stream(Stream stream);
   StatusOr<std::shared_ptr<CpuEvent>> find_event(Event event);
 
@@ -60,7 +68,8 @@ class CpuBackend final : public Backend {
   std::mutex arena_mutex_;
   Arena device_{"device", 0, 0, {}};
   Arena pinned_{"pinned", 0, 0, {}};
-  std::unordered_map<void*, std::unique_ptr<CpuStream>> streams_;
+  std::unordered_map<void*, StreamEntry> streams_;  // by Stream::handle, the CpuStream*
+  std::unordered_map<void*, void*> wrapped_;        // native handle -> Stream::handle
   std::unordered_map<void*, std::shared_ptr<CpuEvent>> events_;
   std::unique_ptr<CpuStream> default_stream_;
 };

@@ -44,13 +44,27 @@ CpuStream::~CpuStream() {
   worker_.join();
 }
 
-void CpuStream::enqueue(std::function<void()> task) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
+void CpuStream::enqueue(std::function<void()> task, bool may_run_inline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  ++enqueued_;
+  if (!may_run_inline || busy_ || !queue_.empty()) {
     queue_.push_back(std::move(task));
-    ++enqueued_;
+    lock.unlock();
+    work_cv_.notify_one();
+    return;
   }
-  work_cv_.notify_one();
+  // Idle: everything queued before has finished (under this mutex, so its effects are visible
+  // here), and busy_ keeps the worker from starting anything queued after this task meanwhile.
+  busy_ = true;
+  lock.unlock();
+  task();
+  lock.lock();
+  busy_ = false;
+  ++finished_;
+  const bool queued_meanwhile = !queue_.empty();
+  lock.unlock();
+  if (queued_meanwhile) work_cv_.notify_one();
+  idle_cv_.notify_all();
 }
 
 void CpuStream::synchronize() {
@@ -62,13 +76,15 @@ void CpuStream::synchronize() {
 void CpuStream::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    work_cv_.wait(lock, [&] { return !busy_ && (stopping_ || !queue_.empty()); });
     if (queue_.empty()) return;  // stopping and drained
     std::function<void()> task = std::move(queue_.front());
     queue_.pop_front();
+    busy_ = true;
     lock.unlock();
     task();
     lock.lock();
+    busy_ = false;
     ++finished_;
     idle_cv_.notify_all();
   }

@@ -1,5 +1,7 @@
 // A CPU "stream": one worker thread that runs queued work in order, and events that mark
-// positions in such a queue. Asynchrony is real: enqueue returns before the work runs.
+// positions in such a queue. Asynchrony is real: enqueue returns before queued work runs. Work
+// that cannot block may instead run on the caller's thread when the stream is idle, which saves
+// the hand-off to the worker and back; the order of the stream is the same either way.
 #pragma once
 
 #include <condition_variable>
@@ -40,8 +42,11 @@ class CpuStream {
   CpuStream(const CpuStream&) = delete;
   CpuStream& operator=(const CpuStream&) = delete;
 
-  /// Queues `task`; it runs after everything queued before it.
-  void enqueue(std::function<void()> task);
+  /// Queues `task`; it runs after everything queued before it. With `may_run_inline` and an idle
+  /// stream (nothing queued, nothing running) it runs on the calling thread before enqueue
+  /// returns instead; pass it only for tasks that never block on other work (no event waits on
+  /// incomplete events, no sleeps, no user code).
+  void enqueue(std::function<void()> task, bool may_run_inline = false);
   /// Blocks until every task queued so far has run.
   void synchronize();
 
@@ -54,6 +59,9 @@ class CpuStream {
   std::deque<std::function<void()>> queue_;
   uint64_t enqueued_ = 0;
   uint64_t finished_ = 0;
+  // A task is running (on the worker, or inline on a caller); the worker takes nothing from the
+  // queue meanwhile, so a task queued behind an inline one cannot overtake it.
+  bool busy_ = false;
   bool stopping_ = false;
   std::thread worker_;  // last: starts after the state above is constructed
 };

@@ -2,7 +2,10 @@
 // launched through the generic trampoline.
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -11,6 +14,11 @@
 #include "backend/cuda/cuda_status.hpp"
 #include "kernels/launch.cuh"
 #include "kernels/registry.hpp"
+
+// Returns the Status of a failed CUDA call from a CudaBackend method; a sticky error also marks
+// the backend's context lost (CudaBackend::check).
+#define PAGEDKV_CUDA_CHECK(call) \
+  PAGEDKV_RETURN_IF_ERROR(this->check((call), #call, __FILE__, __LINE__))
 
 namespace pagedkv::cuda {
 namespace {
@@ -56,6 +64,7 @@ class CudaBackend final : public Backend {
     if (max_blocks_ <= 0) max_blocks_ = 1024;
   }
   ~CudaBackend() override {
+    // Wrapped streams are the caller's: neither synchronized nor destroyed here.
     cudaSetDevice(device_);
     for (void* s : streams_) {
       cudaStreamSynchronize(static_cast<cudaStream_t>(s));
@@ -64,6 +73,7 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(default_stream_);
     cudaStreamDestroy(default_stream_);
     for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+    cudaGetLastError();  // leave no error of ours behind for the application
   }
 
   BackendKind kind() const override { return BackendKind::kCuda; }
@@ -75,102 +85,135 @@ class CudaBackend final : public Backend {
   }
 
   StatusOr<void*> allocate_device(size_t bytes) override {
+    PAGEDKV_RETURN_IF_ERROR(alive());
     if (bytes == 0) return invalid_argument("device allocation of zero bytes");
     void* ptr = nullptr;
-    PAGEDKV_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr, bytes));
+    PAGEDKV_CUDA_CHECK(cudaMalloc(&ptr, bytes));
     return ptr;
   }
   void free_device(void* ptr) override {
-    if (ptr != nullptr) cudaFree(ptr);
+    if (ptr != nullptr) note(cudaFree(ptr), "cudaFree", __FILE__, __LINE__);
   }
   StatusOr<void*> allocate_pinned(size_t bytes) override {
+    PAGEDKV_RETURN_IF_ERROR(alive());
     if (bytes == 0) return invalid_argument("pinned allocation of zero bytes");
     void* ptr = nullptr;
-    PAGEDKV_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable));
+    PAGEDKV_CUDA_CHECK(cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable));
     return ptr;
   }
   void free_pinned(void* ptr) override {
-    if (ptr != nullptr) cudaFreeHost(ptr);
+    if (ptr != nullptr) note(cudaFreeHost(ptr), "cudaFreeHost", __FILE__, __LINE__);
   }
 
   StatusOr<Stream> create_stream() override {
+    PAGEDKV_RETURN_IF_ERROR(alive());
     cudaStream_t s = nullptr;
-    PAGEDKV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    PAGEDKV_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     streams_.insert(s);
     return Stream{s};
   }
+  StatusOr<Stream> wrap_stream(void* native) override {
+    PAGEDKV_RETURN_IF_ERROR(alive());
+    if (native == nullptr) {
+      return invalid_argument(
+          "wrap_stream: null native stream (wrap cudaStreamLegacy for CUDA's legacy stream 0)");
+    }
+    if (native == static_cast<void*>(default_stream_)) return Stream{};
+    if (streams_.count(native) != 0 || wrapped_.count(native) != 0) return Stream{native};
+    // Taken as it is, with no query: a stream query can fail (and invalidate the capture) while
+    // the caller captures the stream into a CUDA graph. The handle must be a stream of this
+    // backend's device, or cudaStreamLegacy / cudaStreamPerThread.
+    wrapped_.insert(native);
+    return Stream{native};
+  }
   StatusOr<void*> native_stream(Stream stream) override {
+    PAGEDKV_RETURN_IF_ERROR(alive());
     PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
     return static_cast<void*>(s);
   }
   void destroy_stream(Stream stream) override {
+    if (wrapped_.erase(stream.handle) != 0) return;  // the caller's: forget it, nothing more
     if (streams_.erase(stream.handle) == 0) return;
-    cudaStreamSynchronize(static_cast<cudaStream_t>(stream.handle));
-    cudaStreamDestroy(static_cast<cudaStream_t>(stream.handle));
+    const auto s = static_cast<cudaStream_t>(stream.handle);
+    note(cudaStreamSynchronize(s), "cudaStreamSynchronize", __FILE__, __LINE__);
+    note(cudaStreamDestroy(s), "cudaStreamDestroy", __FILE__, __LINE__);
   }
   StatusOr<Event> create_event() override {
+    PAGEDKV_RETURN_IF_ERROR(alive());
     cudaEvent_t e = nullptr;
-    PAGEDKV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    PAGEDKV_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     events_.insert(e);
     return Event{e};
   }
   void destroy_event(Event event) override {
-    if (events_.erase(event.handle) != 0) cudaEventDestroy(static_cast<cudaEvent_t>(event.handle));
+    if (events_.erase(event.handle) != 0) {
+      note(cudaEventDestroy(static_cast<cudaEvent_t>(event.handle)), "cudaEventDestroy", __FILE__,
+           __LINE__);
+    }
   }
 
   Status record_event(Event event, Stream stream) override {
+    PAGEDKV_RETURN_IF_ERROR(alive());
     PAGEDKV_ASSIGN_OR_RETURN(cudaEvent_t e, find_event(event));
     PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
-    PAGEDKV_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, s));
+    PAGEDKV_CUDA_CHECK(cudaEventRecord(e, s));
     return ok_status();
   }
   Status wait_event(Stream stream, Event event) override {
+    PAGEDKV_RETURN_IF_ERROR(alive());
     PAGEDKV_ASSIGN_OR_RETURN(cudaEvent_t e, find_event(event));
     PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
-    PAGEDKV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, e, 0));
+    PAGEDKV_CUDA_CHECK(cudaStreamWaitEvent(s, e, 0));
     return ok_status();
   }
   StatusOr<bool> query_event(Event event) override {
+    PAGEDKV_RETURN_IF_ERROR(alive());
     PAGEDKV_ASSIGN_OR_RETURN(cudaEvent_t e, find_event(event));
     const cudaError_t err = cudaEventQuery(e);
     if (err == cudaErrorNotReady) {
       cudaGetLastError();  // not-ready is not sticky, but keep the error slot clean
       return false;
     }
-    PAGEDKV_CUDA_RETURN_IF_ERROR(err);
+    PAGEDKV_RETURN_IF_ERROR(check(err, "cudaEventQuery(e)", __FILE__, __LINE__));
     return true;
   }
   Status synchronize_event(Event event) override {
+    PAGEDKV_RETURN_IF_ERROR(alive());
     PAGEDKV_ASSIGN_OR_RETURN(cudaEvent_t e, find_event(event));
-    PAGEDKV_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e));
+    PAGEDKV_CUDA_CHECK(cudaEventSynchronize(e));
     return ok_status();
   }
   Status synchronize_stream(Stream stream) override {
+    PAGEDKV_RETURN_IF_ERROR(alive());
     PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
-    PAGEDKV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(s));
     return ok_status();
   }
 
   Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind,
                     Stream stream) override {
+    PAGEDKV_RETURN_IF_ERROR(alive());
     if (bytes == 0) return ok_status();
     if (dst == nullptr || src == nullptr) return invalid_argument("copy with a null pointer");
     PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
-    PAGEDKV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, to_cuda(kind), s));
+    PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, to_cuda(kind), s));
     return ok_status();
   }
 
   Status launch_host_func(Stream stream, std::function<void()> fn) override {
+    PAGEDKV_RETURN_IF_ERROR(alive());
     if (!fn) return invalid_argument("launch_host_func with an empty function");
     PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
     auto* boxed = new std::function<void()>(std::move(fn));
     const cudaError_t err = cudaLaunchHostFunc(s, run_host_func, boxed);
     if (err != cudaSuccess) delete boxed;
-    PAGEDKV_CUDA_RETURN_IF_ERROR(err);
+    PAGEDKV_RETURN_IF_ERROR(
+        check(err, "cudaLaunchHostFunc(s, run_host_func, boxed)", __FILE__, __LINE__));
     return ok_status();
   }
 
   Status launch(const KernelLaunch& launch, Stream stream) override {
+    PAGEDKV_RETURN_IF_ERROR(alive());
     const size_t expected = kernels::kernel_params_size(launch.kernel);
     if (expected == 0) return invalid_argument("launch of an unknown kernel id");
     if (launch.params == nullptr || launch.params_size != expected) {
@@ -180,7 +223,7 @@ class CudaBackend final : public Backend {
     }
     if (launch.num_items < 0) return invalid_argument("negative index space");
     PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
-    PAGEDKV_CUDA_RETURN_IF_ERROR(
+    PAGEDKV_CUDA_CHECK(
         dispatch_kernel(launch.kernel, launch.params, launch.num_items, s, max_blocks_));
     return ok_status();
   }
@@ -188,7 +231,9 @@ class CudaBackend final : public Backend {
  private:
   StatusOr<cudaStream_t> find_stream(Stream stream) const {
     if (stream.handle == nullptr) return default_stream_;
-    if (streams_.count(stream.handle) == 0) return invalid_argument("unknown stream handle");
+    if (streams_.count(stream.handle) == 0 && wrapped_.count(stream.handle) == 0) {
+      return invalid_argument("unknown stream handle");
+    }
     return static_cast<cudaStream_t>(stream.handle);
   }
   StatusOr<cudaEvent_t> find_event(Event event) const {
@@ -196,12 +241,39 @@ class CudaBackend final : public Backend {
     return static_cast<cudaEvent_t>(event.handle);
   }
 
+  // The error every call returns once the context is lost; ok before.
+  Status alive() const {
+    if (!lost_.load(std::memory_order_acquire)) return ok_status();
+    std::lock_guard<std::mutex> lock(lost_mutex_);
+    return lost_status_;
+  }
+  // The Status of a CUDA call (cuda_status clears a non-sticky error from the last-error slot).
+  // A sticky error loses the context: remembered, and returned from then on.
+  Status check(cudaError_t err, const char* what, const char* file, int line) {
+    if (err == cudaSuccess) return ok_status();
+    Status status = cuda_status(err, what, file, line);
+    if (!is_sticky_error(err)) return status;
+    std::lock_guard<std::mutex> lock(lost_mutex_);
+    if (!lost_.load(std::memory_order_relaxed)) {
+      lost_status_ = internal_error("the CUDA context is lost: " + status.message());
+      lost_.store(true, std::memory_order_release);
+    }
+    return lost_status_;
+  }
+  // check() for calls whose result has nowhere to go (frees, destroys).
+  void note(cudaError_t err, const char* what, const char* file, int line) {
+    (void)check(err, what, file, line);
+  }
   int device_;
   cudaStream_t default_stream_;
   cudaDeviceProp props_;
   int max_blocks_ = 0;
-  std::unordered_set<void*> streams_;
+  std::unordered_set<void*> streams_;  // created here: synchronized and destroyed here
+  std::unordered_set<void*> wrapped_;  // the caller's: never destroyed here
   std::unordered_set<void*> events_;
+  std::atomic<bool> lost_{false};
+  mutable std::mutex lost_mutex_;
+  Status lost_status_;
 };
 
 }  // namespace
@@ -221,8 +293,10 @@ StatusOr<std::unique_ptr<Backend>> create_cuda_backend() {
   PAGEDKV_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   cudaDeviceProp props{};
   PAGEDKV_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, device));
+  // A blocking stream: it is ordered with CUDA's legacy stream 0, so an application that runs
+  // its kernels on stream 0 gets implicit order with the default stream's work.
   cudaStream_t stream = nullptr;
-  PAGEDKV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  PAGEDKV_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
   return std::unique_ptr<Backend>(new CudaBackend(device, stream, props));
 }
 
