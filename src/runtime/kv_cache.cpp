@@ -107,8 +107,9 @@ StatusOr<int64_t> KvCache::add_sequence(SequenceId id, const std::vector<TokenId
                                         const SequenceOptions& options) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::add_sequence");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_ASSIGN_OR_RETURN(int64_t cached, control_->add_sequence(id, prompt, options));
   ++generation_;
-  return control_->add_sequence(id, prompt, options);
+  return cached;
 }
 
 Status KvCache::run_transfers(const Transfers& t, Submitted* out) {
@@ -409,8 +410,9 @@ Status KvCache::rollback(SequenceId id, int64_t length) {
 Status KvCache::fork(SequenceId parent, SequenceId child) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::fork");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(control_->fork(parent, child));
   ++generation_;
-  return control_->fork(parent, child);
+  return ok_status();
 }
 
 Status KvCache::finish(SequenceId id) {
@@ -493,6 +495,9 @@ StatusOr<DeviceBatch> KvCache::build_batch(const std::vector<SequenceId>& ids,
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::build_batch");
   PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_ASSIGN_OR_RETURN(const BatchMetadata* m, control_->build_batch(ids, options));
+  // The host metadata every DeviceBatch points to has just been rewritten: an earlier batch is
+  // stale from here on, even if the upload below fails (found by tests/fuzz).
+  ++generation_;
   // One packed upload: every array lives until the next build_batch (DeviceBatch's contract).
   PAGEDKV_ASSIGN_OR_RETURN(
       runtime::UploadLease up,
@@ -500,7 +505,7 @@ StatusOr<DeviceBatch> KvCache::build_batch(const std::vector<SequenceId>& ids,
                         part(m->indptr), part(m->indices), part(m->last_page_len)}));
   DeviceBatch out;
   out.host = m;
-  out.generation = ++generation_;
+  out.generation = generation_;
   out.slot_mapping = up.device<int64_t>(0);
   out.block_tables = up.device<int32_t>(1);
   out.seq_lens = up.device<int32_t>(2);

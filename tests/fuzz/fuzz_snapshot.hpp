@@ -94,12 +94,14 @@ inline bool same_seq(const Snapshot::Seq& s, const Snapshot::Seq& t) {
   X(copy_on_write)                    \
   X(blocks_demoted)
 
-// Counters of what needs no data and so stays done when a call is taken back.
+// Counters of what needs no data and so stays done when a call is taken back (events_dropped:
+// control events lost to a full event ring stay lost).
 #define PAGEDKV_FUZZ_EVICTION_COUNTERS(X) \
   X(sequences)                            \
   X(blocks_evicted)                       \
   X(sequences_evicted)                    \
-  X(host_blocks_dropped)
+  X(host_blocks_dropped)                  \
+  X(events_dropped)
 
 inline std::string tier_diff(const char* name, const TierStats& x, const TierStats& y) {
   std::string out;

@@ -445,14 +445,42 @@ TEST(OffloadedReadTest, AnOffloadedForkIsReadByNeitherGatherNorBuildBatchUntilRe
   ASSERT_EQ(*kv->residency(2), SequenceResidency::kHost);
   const size_t bytes = tokens.size() * size_t(c.num_kv_heads) * size_t(c.head_dim) * 2;
   DeviceBuffer k(*backend, bytes), v(*backend, bytes);
-  EXPECT_EQ(kv->gather_layer(2, 0, k.data(), v.data(), DType::kFloat16, PackedLayout::kTokenMajor)
-                .code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      kv->gather_layer(2, 0, k.data(), v.data(), DType::kFloat16, PackedLayout::kTokenMajor).code(),
+      StatusCode::kFailedPrecondition);
   EXPECT_EQ(kv->build_batch({2}).status().code(), StatusCode::kFailedPrecondition);
   ASSERT_TRUE(kv->restore(2).ok());
   EXPECT_TRUE(
       kv->gather_layer(2, 0, k.data(), v.data(), DType::kFloat16, PackedLayout::kTokenMajor).ok());
   EXPECT_TRUE(kv->build_batch({2}).ok());
+  EXPECT_TRUE(kv->check_invariants().ok());
+}
+
+// Found by tests/fuzz: build_batch rewrites the host metadata every DeviceBatch points to before
+// it uploads; when the upload then failed, the earlier batch still counted as current and
+// write_kv_batch wrote the failed build's row count through the earlier batch's slot array.
+TEST(StaleBatchTest, AFailedBuildBatchMakesTheEarlierBatchStale) {
+  auto cpu = create_cpu_backend();
+  FaultInjectionBackend faults(*cpu);
+  KvCacheOptions o;
+  o.backend = &faults;
+  auto kv = std::move(KvCache::create(step_config(), o)).value();
+  for (SequenceId id : {1, 2}) ASSERT_TRUE(kv->add_sequence(id, {}).ok());
+  ASSERT_TRUE(kv->reserve_batch({1, 2}, 1).ok());
+  auto first = kv->build_batch({1, 2});
+  ASSERT_TRUE(first.ok());
+  faults.fail_nth(FaultKind::kCopy, 1);
+  EXPECT_FALSE(kv->build_batch({1}).ok());
+  const size_t bytes = 2 * size_t(2 * 24) * 2;
+  DeviceBuffer k(*cpu, bytes), v(*cpu, bytes);
+  EXPECT_EQ(kv->write_kv_batch(*first, 0, k.data(), v.data(), DType::kFloat16).code(),
+            StatusCode::kFailedPrecondition);
+  // A refused call changes nothing, the batch's currency included.
+  auto second = kv->build_batch({1, 2});
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(kv->add_sequence(1, {}).status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(kv->fork(77, 78).code(), StatusCode::kNotFound);
+  EXPECT_TRUE(kv->write_kv_batch(*second, 0, k.data(), v.data(), DType::kFloat16).ok());
   EXPECT_TRUE(kv->check_invariants().ok());
 }
 
