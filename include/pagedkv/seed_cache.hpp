@@ -76,6 +76,9 @@ struct SeedKvCacheOptions {
   Backend* backend = nullptr;
   /// Stream for all device work ({}: the backend's default stream).
   Stream compute_stream{};
+  /// The caller's own stream (a cudaStream_t), used instead of compute_stream when set, as
+  /// KvCacheOptions::native_compute_stream. Not owned.
+  void* native_compute_stream = nullptr;
 };
 
 namespace runtime {

@@ -296,11 +296,17 @@ StatusOr<std::unique_ptr<SeedImpl>> make_dense_seed_impl(const CacheConfig& conf
     PAGEDKV_ASSIGN_OR_RETURN(owned, create_backend(config.backend));
     backend = owned.get();
   }
+  Stream stream = options.compute_stream;
+  if (options.native_compute_stream != nullptr) {
+    if (stream != Stream{}) {
+      return invalid_argument("native_compute_stream: set either it or compute_stream, not both");
+    }
+    PAGEDKV_ASSIGN_OR_RETURN(stream, backend->wrap_stream(options.native_compute_stream));
+  }
   PAGEDKV_ASSIGN_OR_RETURN(std::unique_ptr<UploadArena> uploads,
-                           UploadArena::create(*backend, options.compute_stream, 1 << 20));
-  return std::unique_ptr<SeedImpl>(new DenseSeedImpl(config, std::move(owned), backend,
-                                                     options.compute_stream, std::move(alloc),
-                                                     std::move(uploads)));
+                           UploadArena::create(*backend, stream, 1 << 20));
+  return std::unique_ptr<SeedImpl>(new DenseSeedImpl(config, std::move(owned), backend, stream,
+                                                     std::move(alloc), std::move(uploads)));
 }
 
 }  // namespace pagedkv::runtime

@@ -484,6 +484,23 @@ TEST(StaleBatchTest, AFailedBuildBatchMakesTheEarlierBatchStale) {
   EXPECT_TRUE(kv->check_invariants().ok());
 }
 
+TEST(CallerStreamTest, SeedKvCacheQueuesOnTheCallersStreamInBothModes) {
+  for (CacheMode mode : {CacheMode::kPaged, CacheMode::kDense}) {
+    auto backend = create_cpu_backend();
+    int token = 0;
+    SeedKvCacheOptions o;
+    o.backend = backend.get();
+    o.native_compute_stream = &token;
+    CacheConfig c;
+    c.mode = mode;
+    c.num_device_blocks = 64;
+    c.backend = BackendKind::kCpu;
+    auto seed = SeedKvCache::create(c, o);
+    ASSERT_TRUE(seed.ok()) << seed.status().to_string();
+    EXPECT_EQ((*seed)->compute_stream(), *backend->wrap_stream(&token));
+  }
+}
+
 TEST(CallerStreamTest, NativeAndBackendStreamTogetherAreRefused) {
   auto backend = create_cpu_backend();
   auto s = backend->create_stream();
