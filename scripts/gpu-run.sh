@@ -1,0 +1,307 @@
+#!/usr/bin/env bash
+# scripts/gpu-run.sh DIR: the device phase of the GPU check, sized for one 600 s device call.
+#
+# DIR is a bundle made by `scripts/gpu-check --prepare DIR` on a machine with the toolchain (the
+# device has nvcc but not spdlog, gtest or benchmark, and no network). From the repository root:
+#   here:    scripts/gpu-check --prepare build/gpu-prep
+#   device:  run(command="bash scripts/gpu-run.sh build/gpu-prep", carry=["build/gpu-prep"],
+#                timeout_s=600)
+#
+# One global deadline (PAGEDKV_GPU_BUDGET seconds, default 540) caps every step: a step gets
+# min(its own budget, time left) and is skipped when under 10 s are left. A row is appended to
+# $OUT/summary.txt (and printed) as each step ends, so a kill at the tool's limit still leaves a
+# readable summary. At most three files land in $OUT: summary.txt, bench.txt (the cuda rows of
+# the benchmarks, ANSI colours stripped, refreshed after each benchmark) and logs.tgz (every
+# step's full log, written at the end). Without $OUT they go to DIR/gpu-run-out.
+#
+# The preflight requires examples/paged_decode_attention to report `backend: cuda`; otherwise
+# the run stops there and fails (an all-skipped run must not pass). PAGEDKV_GPU_DRYRUN=1 lifts
+# that requirement, so the whole sequence can be exercised on a machine without a GPU.
+# Exit status: 0 when no row says FAIL, 1 otherwise, 2 for bad usage.
+set -uo pipefail
+
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# source_hash: a short hash of the files a bundle is built from. --prepare records it in
+# DIR/MANIFEST; a run whose tree differs says so (the bundle may be stale).
+source_hash() {
+  (cd "$repo_root" &&
+    find CMakeLists.txt cmake include src tests examples tools benchmarks -type f -print0 2>/dev/null |
+    LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+}
+if [[ ${1:-} == --source-hash ]]; then source_hash; exit 0; fi
+
+if [[ $# -ne 1 || $1 == -* ]]; then
+  echo "usage: scripts/gpu-run.sh DIR   (DIR made by scripts/gpu-check --prepare DIR)" >&2
+  exit 2
+fi
+B=$(realpath -m "$1")
+if [[ ! -d $B/lib || ! -x $B/examples/paged_decode_attention ]]; then
+  echo "gpu-run: $B is not a bundle; run scripts/gpu-check --prepare $1 first" >&2
+  exit 2
+fi
+budget=${PAGEDKV_GPU_BUDGET:-540}
+[[ $budget =~ ^[0-9]+$ ]] || { echo "gpu-run: PAGEDKV_GPU_BUDGET must be whole seconds" >&2; exit 2; }
+dry=0
+[[ ${PAGEDKV_GPU_DRYRUN:-0} == 1 ]] && dry=1
+
+out=${OUT:-$B/gpu-run-out}
+mkdir -p "$out" || exit 2
+summary=$out/summary.txt
+: >"$summary"
+work=$(mktemp -d "${TMPDIR:-/tmp}/pagedkv-gpu-run.XXXXXX") || exit 2
+deadline=$((SECONDS + budget))
+status=0
+out_of_time=0  # steps skipped because the deadline was near
+
+export PAGEDKV_LOG_LEVEL=warn
+export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# The binaries of the bundle, by role.
+t_backend=$B/tests/pagedkv_tests_backend
+t_kernels=$B/tests/pagedkv_tests_kernels
+t_runtime=$B/tests/pagedkv_tests_runtime
+x_attention=$B/examples/paged_decode_attention
+x_step_loop=$B/examples/server_step_loop
+x_soak=$B/tools/soak/pagedkv_soak
+b_kernels=$B/benchmarks/pagedkv_bench_kernels
+b_transfer=$B/benchmarks/pagedkv_bench_transfer
+b_step=$B/benchmarks/pagedkv_bench_step
+binaries=("$t_backend" "$t_kernels" "$t_runtime" "$x_attention" "$x_step_loop" "$x_soak"
+          "$b_kernels" "$b_transfer" "$b_step")
+
+# row NAME STATUS DETAIL: one summary line, appended at once.
+row() { printf '%-18s %-5s %s\n' "$1" "$2" "$3" | tee -a "$summary"; }
+
+strip_ansi() { sed 's/\x1b\[[0-9;]*[A-Za-z]//g' "$@"; }
+
+# The cuda rows of every benchmark log so far (and bench_step's verdict lines), into bench.txt.
+write_bench() {
+  local name log
+  : >"$out/bench.txt"
+  for name in bench_kernels bench_transfer bench_step; do
+    log=$work/$name.log
+    [[ -f $log ]] || continue
+    {
+      echo "== pagedkv_$name"
+      strip_ansi "$log" | grep -E '^(Benchmark|-{10,}|cuda/|BM_[A-Za-z]+/cuda/|  cuda/)' ||
+        echo "(no cuda rows)"
+      echo
+    } >>"$out/bench.txt"
+  done
+}
+
+finished=0
+finish() {
+  ((finished)) && exit "$status"
+  finished=1
+  trap - TERM INT
+  write_bench
+  local note="$SECONDS s of a $budget s budget"
+  ((out_of_time)) && note+="; $out_of_time steps not run for lack of time"
+  if ((status == 0)); then row result PASS "$note"
+  else row result FAIL "$note; full logs in logs.tgz"; fi
+  tar -C "$work" -czf "$out/logs.tgz" . 2>/dev/null
+  rm -rf "$work"
+  exit "$status"
+}
+trap 'row killed FAIL "signal after $SECONDS s"; status=1; finish' TERM INT
+
+# detail KIND LOG: what a row says about a finished step, from its log.
+detail() {
+  local kind=$1 log=$2 s
+  case $kind in
+    gtest)
+      local ran skipped failed
+      ran=$(grep -Eo '[0-9]+ tests? from [0-9]+ test suites? ran' "$log" | tail -1)
+      skipped=$(grep -Eo '^\[  SKIPPED \] [0-9]+' "$log" | grep -Eo '[0-9]+$' | tail -1)
+      failed=$(grep -E '^\[  FAILED  \] [A-Za-z]' "$log" | sed 's/^\[  FAILED  \] //; s/ (.*//' |
+               sort -u | head -3 | paste -sd, -)
+      s=${ran:-no gtest summary}
+      [[ -n $skipped ]] && s+="; $skipped skipped"
+      [[ -n $failed ]] && s+="; failed: $failed"
+      echo "$s" ;;
+    sanitizer)
+      s=$(grep -Eo 'ERROR SUMMARY: [0-9]+ errors?' "$log" | tail -1)
+      echo "${s:-no ERROR SUMMARY line}" ;;
+    soak)
+      s=$(grep -Eo 'mismatches=[0-9]+ invariant_failures=[0-9]+ errors=[0-9]+' "$log" | tail -1)
+      echo "${s:-no counters}; $(grep -Eo 'ops_per_s=[0-9]+' "$log" | tail -1)" ;;
+    bench)
+      echo "$(strip_ansi "$log" | grep -cE '^(cuda/|BM_[A-Za-z]+/cuda/)') cuda rows" ;;
+    *) strip_ansi "$log" | grep -v '^\s*$' | tail -1 | cut -c1-100 ;;
+  esac
+}
+
+# step NAME BUDGET KIND CMD...: runs CMD for at most min(BUDGET, time left) seconds, its output
+# in $work/NAME.log, then appends its row. Returns CMD's exit status (or 125 when skipped).
+step() {
+  local name=$1 want=$2 kind=$3 left=$((deadline - SECONDS))
+  shift 3
+  ((left < want)) && want=$left
+  if ((want < 10)); then
+    row "$name" skip "out of time (${left} s left of the $budget s budget)"
+    out_of_time=$((out_of_time + 1))
+    return 125
+  fi
+  local t0=$SECONDS rc
+  timeout -k 5 "$want" "$@" >"$work/$name.log" 2>&1
+  rc=$?
+  local took=$((SECONDS - t0)) info
+  info=$(detail "$kind" "$work/$name.log")
+  if ((rc == 0)); then
+    row "$name" pass "$took s; $info"
+  elif ((rc == 124 || rc == 137)) && [[ $kind == bench ]]; then
+    # A benchmark cut short is no correctness failure: keep the rows it printed.
+    row "$name" part "stopped at its $want s limit; $info"
+  elif ((rc == 124 || rc == 137)); then
+    row "$name" FAIL "timed out at $want s; $info (log: $name.log)"
+    status=1
+  else
+    row "$name" FAIL "rc=$rc after $took s; $info (log: $name.log)"
+    status=1
+  fi
+  return "$rc"
+}
+
+# ---- 0. What runs where, and the preflight ----------------------------------------------------
+row budget "" "$budget s$( ((dry)) && echo '; PAGEDKV_GPU_DRYRUN=1: backend: cuda not required')"
+if [[ -f $B/MANIFEST ]]; then
+  row bundle "" "$(grep -m1 '^built' "$B/MANIFEST" | cut -c1-110)"
+  want_hash=$(sed -n 's/^sources //p' "$B/MANIFEST")
+  have_hash=$(source_hash)
+  if [[ -n $want_hash && -n $have_hash && $want_hash != "$have_hash" ]]; then
+    row bundle note "sources differ from the ones the bundle was built from (stale bundle?)"
+  fi
+fi
+if command -v nvidia-smi >/dev/null 2>&1; then
+  row device "" "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
+else
+  row device "" "no nvidia-smi on this machine"
+fi
+
+# Every bundled binary must find its libraries. If only libstdc++/libgcc are too old here, use the
+# copies the bundle carries in lib/compat (not used by default: they would also be loaded by
+# compute-sanitizer and nvidia tools, which may need newer ones).
+missing_libs() {
+  local b
+  command -v ldd >/dev/null 2>&1 || return 0
+  for b in "${binaries[@]}"; do
+    [[ -x $b ]] || { echo "$(basename "$b"): missing from the bundle"; continue; }
+    ldd "$b" 2>&1 | grep 'not found' | sed "s|^|$(basename "$b"): |"
+  done | sort -u
+}
+miss=$(missing_libs)
+if [[ -n $miss && -d $B/lib/compat ]] && grep -qE 'GLIBCXX|CXXABI|GCC_|libstdc|libgcc' <<<"$miss"; then
+  export LD_LIBRARY_PATH="$B/lib:$B/lib/compat${LD_LIBRARY_PATH#"$B/lib"}"
+  row libs note "system libstdc++/libgcc too old; using the bundle's lib/compat"
+  miss=$(missing_libs)
+fi
+if [[ -n $miss ]]; then
+  printf '%s\n' "$miss" >"$work/libs.log"
+  row libs FAIL "$(head -1 <<<"$miss" | tr -s '\t ' ' ' | cut -c1-110) (log: libs.log)"
+  status=1
+  finish
+fi
+row libs pass "all ${#binaries[@]} binaries resolve their libraries"
+
+# The CUDA backend must be the one in use: never an all-skipped pass.
+t0=$SECONDS
+timeout -k 5 60 "$x_attention" >"$work/preflight.log" 2>&1
+rc=$?
+backend=$(grep -m1 '^backend:' "$work/preflight.log" | cut -c1-90)
+if [[ $backend == "backend: cuda"* ]]; then
+  row preflight pass "$backend"
+elif ((dry)); then
+  row preflight dry "${backend:-no backend line} (rc=$rc)"
+else
+  got=$(grep -m1 -E 'backend|error|cannot|CUDA' "$work/preflight.log" | cut -c1-80)
+  row preflight FAIL "need 'backend: cuda', got '${got:-nothing}' (rc=$rc; log: preflight.log)"
+  status=1
+  finish
+fi
+err=$(grep -Eo 'max \|err\| = [^ ,]+' "$work/preflight.log" | head -1)
+if ((rc == 0)); then
+  row decode_attention pass "$((SECONDS - t0)) s; ${err:-no max |err| line}"
+else
+  row decode_attention FAIL "rc=$rc; ${err:-no max |err| line} (log: preflight.log)"
+  status=1
+fi
+
+# ---- 1. The device instantiations of the typed tests, the bit-for-bit cross-check ------------
+step tests_backend 90 gtest "$t_backend" --gtest_filter='*Cuda*' --gtest_brief=1
+step tests_kernels 90 gtest "$t_kernels" --gtest_filter='*Cuda*' --gtest_brief=1
+step tests_runtime 90 gtest "$t_runtime" --gtest_filter='*Cuda*' --gtest_brief=1
+
+# ---- 2. The runtime end to end on the device (upload ring, CoW, offload/restore, events) ------
+step step_loop 60 plain "$x_step_loop"
+step soak_cuda 90 soak "$x_soak" --backend auto --ops 20000 --seed 1
+
+# ---- 3. Benchmarks: the cuda rows only ---------------------------------------------------------
+step bench_kernels 100 bench "$b_kernels" --benchmark_filter='^cuda/' \
+  --benchmark_min_time=0.05 --benchmark_color=false
+write_bench
+step bench_transfer 80 bench "$b_transfer" --benchmark_filter='/cuda/' \
+  --benchmark_min_time=0.05 --benchmark_color=false
+write_bench
+step bench_step 60 bench "$b_step" --quick --benchmark_filter='^cuda/' --benchmark_color=false
+write_bench
+if ((!dry)); then
+  for name in bench_kernels bench_transfer bench_step; do
+    [[ -f $work/$name.log ]] || continue
+    if ! strip_ansi "$work/$name.log" | grep -qE '^(cuda/|BM_[A-Za-z]+/cuda/)'; then
+      row "$name" FAIL "no cuda rows although the backend is cuda"
+      status=1
+    fi
+  done
+fi
+
+# ---- 4. compute-sanitizer: memcheck where the kernels run; synccheck on CUB's scan alone ------
+# (the kernel bodies use no shared memory or barriers, so racecheck/synccheck only see CUB).
+# --report-api-errors no: the tests provoke failing CUDA calls and query unfinished events on
+# purpose; memory errors are what these rows are for.
+san=""
+for c in "$(command -v compute-sanitizer 2>/dev/null)" "${CUDA_HOME:-/nonexistent}/bin/compute-sanitizer" \
+         /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer \
+         /opt/nvidia/compute-sanitizer/compute-sanitizer; do
+  [[ -n $c && -x $c ]] && { san=$c; break; }
+done
+san_args=(--error-exitcode 3 --report-api-errors no --print-limit 50)
+if [[ -z $san ]]; then
+  row compute-sanitizer skip "not found (PATH, \$CUDA_HOME/bin, /usr/local/cuda*/bin)"
+else
+  # A probe first, memcheck of the example: under gVisor compute-sanitizer refuses the device
+  # ("Device not supported", then error 999); then the sanitizer rows are skipped, not failed.
+  probe=go
+  if ((deadline - SECONDS < 60)); then
+    row compute-sanitizer skip "out of time ($((deadline - SECONDS)) s left)"
+    out_of_time=$((out_of_time + 1))
+    probe=no
+  else
+    t0=$SECONDS
+    timeout -k 5 45 "$san" --tool memcheck "${san_args[@]}" "$x_attention" \
+      >"$work/memcheck_probe.log" 2>&1
+    rc=$?
+    refused=$(grep -m1 -E 'Device not supported|not supported on|Internal Sanitizer Error|failed to initiali[sz]e|Unable to (find|load)' \
+              "$work/memcheck_probe.log" | sed 's/^=* *//' | cut -c1-90)
+    if [[ -n $refused ]]; then
+      row compute-sanitizer skip "refused here: $refused (log: memcheck_probe.log)"
+      probe=no
+    elif ((rc == 0)); then
+      row memcheck_attn pass "$((SECONDS - t0)) s; $(detail sanitizer "$work/memcheck_probe.log")"
+    else
+      row memcheck_attn FAIL "rc=$rc after $((SECONDS - t0)) s; $(detail sanitizer "$work/memcheck_probe.log") (log: memcheck_probe.log)"
+      status=1
+    fi
+  fi
+  if [[ $probe == go ]]; then
+    step memcheck_kernels 150 sanitizer "$san" --tool memcheck "${san_args[@]}" \
+      "$t_kernels" --gtest_filter='*Cuda*' --gtest_brief=1
+    step memcheck_soak 90 sanitizer "$san" --tool memcheck "${san_args[@]}" \
+      "$x_soak" --backend auto --ops 2000 --seed 3
+    step synccheck_scan 40 sanitizer "$san" --tool synccheck "${san_args[@]}" \
+      "$t_kernels" --gtest_filter='IndptrViewTest/Cuda.*' --gtest_brief=1
+  fi
+fi
+
+finish
