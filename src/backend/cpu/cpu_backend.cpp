@@ -1,5 +1,7 @@
 #include "backend/cpu/cpu_backend.hpp"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -14,6 +16,22 @@ namespace {
 constexpr size_t kAlignment = 256;
 
 size_t round_up(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+
+// Pools are large and written at scattered rows: with 4 KiB pages nearly every row written is a
+// TLB miss. Large allocations are 2 MiB aligned and asked to be backed by transparent huge pages
+// where the kernel allows it (a hint: without them nothing changes but speed).
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kHugeFrom = size_t{8} << 20;
+
+void* allocate_host(size_t bytes) {
+  if (bytes < kHugeFrom) return std::aligned_alloc(kAlignment, bytes);
+  const size_t huge = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  void* ptr = std::aligned_alloc(kHugePage, huge);
+#if defined(MADV_HUGEPAGE)
+  if (ptr != nullptr) (void)madvise(ptr, huge, MADV_HUGEPAGE);
+#endif
+  return ptr;
+}
 
 const char* copy_kind_name(CopyKind kind) {
   switch (kind) {
@@ -80,7 +98,7 @@ StatusOr<void*> CpuBackend::allocate(Arena& arena, size_t bytes) {
                               std::to_string(bytes) + " bytes, " + std::to_string(arena.in_use) +
                               " of " + std::to_string(arena.limit) + " in use");
   }
-  void* ptr = std::aligned_alloc(kAlignment, rounded);
+  void* ptr = allocate_host(rounded);
   if (ptr == nullptr) {
     return resource_exhausted(std::string(arena.name) + " allocation of " + std::to_string(bytes) +
                               " bytes failed");
