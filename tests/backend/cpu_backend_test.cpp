@@ -13,6 +13,7 @@
 
 #include "kernels/basic_bodies.hpp"
 #include "pagedkv/backend.hpp"
+#include "support/stream_gate.hpp"
 
 namespace pagedkv {
 namespace {
@@ -38,19 +39,7 @@ Status copy(Backend& be, std::vector<uint32_t>& dst, const std::vector<uint32_t>
                        stream);
 }
 
-// Holds a stream's worker in a host function until release(), so work queued behind it waits.
-class StreamGate {
- public:
-  Status close(Backend& backend, Stream stream) {
-    return backend.launch_host_func(stream, [this] {
-      while (!open_.load()) std::this_thread::sleep_for(std::chrono::microseconds(50));
-    });
-  }
-  void release() { open_.store(true); }
-
- private:
-  std::atomic<bool> open_{false};
-};
+using testing::StreamGate;
 
 TEST(CpuBackend, EnqueueReturnsBeforeTheWorkRuns) {
   CpuBackendOptions options;

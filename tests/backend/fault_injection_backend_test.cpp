@@ -13,6 +13,7 @@
 #include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/fault_injection.hpp"
 #include "support/backend_test.hpp"
+#include "support/stream_gate.hpp"
 
 namespace pagedkv {
 namespace {
@@ -33,19 +34,7 @@ std::vector<uint32_t> pattern(size_t n, uint32_t seed) {
   return v;
 }
 
-// Blocks a stream until release() so a test can see whether work was queued behind it.
-class StreamGate {
- public:
-  Status close(Backend& backend, Stream stream) {
-    return backend.launch_host_func(stream, [this] {
-      while (!open_.load()) std::this_thread::sleep_for(std::chrono::microseconds(50));
-    });
-  }
-  void release() { open_.store(true); }
-
- private:
-  std::atomic<bool> open_{false};
-};
+using testing::StreamGate;
 
 class FaultInjectionBackendTest : public ::testing::Test {
  protected:
