@@ -47,12 +47,14 @@ class PagedSeedImpl final : public SeedImpl {
     }
     PAGEDKV_ASSIGN_OR_RETURN(int64_t cached, cache_->add_sequence(id, tokens));
     state_[id] = State{};
+    matchable_[id] = cached;
     return cached;
   }
 
   Status write_token(SequenceId id, int32_t layer, int64_t pos, const uint16_t* key,
                      const uint16_t* value, std::optional<TokenId> token) override {
     PAGEDKV_ASSIGN_OR_RETURN(int64_t len, written_range(id, pos, 1));
+    PAGEDKV_RETURN_IF_ERROR(resident(id));
     PAGEDKV_RETURN_IF_ERROR(extend(id, len, pos + 1));
     State& s = state_[id];
     const size_t row = static_cast<size_t>(config_.num_kv_heads) * config_.head_dim * 2;
@@ -76,6 +78,7 @@ class PagedSeedImpl final : public SeedImpl {
   Status write_head_range(SequenceId id, int32_t layer, int32_t head, int64_t pos, int64_t n,
                           const uint16_t* key, const uint16_t* value) override {
     PAGEDKV_ASSIGN_OR_RETURN(int64_t len, written_range(id, pos, n));
+    PAGEDKV_RETURN_IF_ERROR(resident(id));
     PAGEDKV_RETURN_IF_ERROR(extend(id, len, pos + n));
     const size_t bytes = static_cast<size_t>(n) * config_.head_dim * 2;
     ScatterHeadRangeArgs args;
@@ -101,7 +104,6 @@ class PagedSeedImpl final : public SeedImpl {
 
   Status advance(SequenceId id, int64_t delta) override {
     PAGEDKV_ASSIGN_OR_RETURN(int64_t len, cache_->length(id));
-    (void)len;
     State& s = synced(id);
     if (delta < 0 || delta > static_cast<int64_t>(s.tokens.size())) {
       return failed_precondition(seq_name(id) + ": cannot advance by " + std::to_string(delta) +
@@ -111,6 +113,10 @@ class PagedSeedImpl final : public SeedImpl {
     if (delta == 0) return ok_status();
     std::vector<TokenId> tokens(s.tokens.begin(), s.tokens.begin() + delta);
     PAGEDKV_RETURN_IF_ERROR(cache_->commit(id, tokens));
+    if (matchable(id, len) == len &&
+        std::all_of(tokens.begin(), tokens.end(), [](TokenId t) { return t >= 0; })) {
+      matchable_[id] = len + delta;
+    }
     s.slots.erase(s.slots.begin(), s.slots.begin() + delta);
     s.tokens.erase(s.tokens.begin(), s.tokens.begin() + delta);
     mirror_.invalidate_all(id);
@@ -132,6 +138,7 @@ class PagedSeedImpl final : public SeedImpl {
     if (length == len) return ok_status();  // the seed keeps pending writes in this case
     PAGEDKV_RETURN_IF_ERROR(cache_->rollback(id, length));
     state_[id] = State{};
+    matchable_[id] = std::min(matchable(id, len), length);
     mirror_.invalidate_all(id);
     return ok_status();
   }
@@ -169,40 +176,42 @@ class PagedSeedImpl final : public SeedImpl {
                                  " written positions are not advanced yet; advance or roll back "
                                  "before changing the length through overwrite_layer");
     }
+    // Committed positions rewritten, and those of them in full blocks that other sequences may
+    // read (shared through a prefix hit, or cached under real token ids).
+    const int64_t keep = std::min(length, len);
+    const int64_t bs = config_.block_size;
+    const int64_t shared = std::min(keep, matchable(id, len)) / bs * bs;
+    if (shared > 0 && !s.tokens.empty()) {
+      return failed_precondition(seq_name(id) + ": " + std::to_string(s.tokens.size()) +
+                                 " written positions are not advanced yet; advance or roll back "
+                                 "before rewriting committed positions");
+    }
     if (length > config_.max_sequence_length) {
       return out_of_range(seq_name(id) + ": length " + std::to_string(length) +
                           " exceeds max_sequence_length " +
                           std::to_string(config_.max_sequence_length));
     }
-    if (length > len) {
+    PAGEDKV_RETURN_IF_ERROR(resident(id));
+    int64_t base = len;  // committed positions left in place
+    if (shared > 0) {
+      PAGEDKV_RETURN_IF_ERROR(rebuild_private(id, layer, keep, length));
+      base = 0;
+    } else if (length > len) {
       PAGEDKV_RETURN_IF_ERROR(extend(id, len, length));
     } else if (length < len) {
       PAGEDKV_RETURN_IF_ERROR(cache_->rollback(id, length));
       state_[id] = State{};
+      matchable_[id] = std::min(matchable(id, len), length);
     }
     if (length > 0) {
       const size_t bytes =
           static_cast<size_t>(config_.num_kv_heads) * length * config_.head_dim * 2;
-      PackedLayerArgs args;
-      PAGEDKV_ASSIGN_OR_RETURN(std::vector<int32_t> table, device_table(id));
-      PAGEDKV_ASSIGN_OR_RETURN(
-          UploadLease up,
-          uploads_->upload({{key, bytes}, {value, bytes}, {table.data(), table.size() * 4}}));
-      // PackedLayerArgs serves gather (writes) and import (reads): import only reads these.
-      args.key = const_cast<void*>(up.device(0));
-      args.value = const_cast<void*>(up.device(1));
-      args.block_table = up.device<int32_t>(2);
-      args.block_table_len = static_cast<int32_t>(table.size());
-      args.packed_dtype = DType::kFloat16;
-      args.packed_layout = PackedLayout::kHeadMajor;
-      args.layer = layer;
-      args.num_tokens = length;
+      PAGEDKV_ASSIGN_OR_RETURN(UploadLease up, uploads_->upload({{key, bytes}, {value, bytes}}));
       // Only this layer's pages are written (seed defect 3: no freeing of the other layers).
-      PAGEDKV_RETURN_IF_ERROR(
-          pagedkv::import_layer(backend(), cache_->device_pool(), args, stream()));
+      PAGEDKV_RETURN_IF_ERROR(import_packed(id, layer, length, up.device(0), up.device(1)));
     }
-    if (length > len) PAGEDKV_RETURN_IF_ERROR(advance(id, length - len));
-    if (length != len) {
+    if (length > base) PAGEDKV_RETURN_IF_ERROR(advance(id, length - base));
+    if (length != len || shared > 0) {
       mirror_.invalidate_all(id);
     } else {
       mirror_.invalidate(id, layer);
@@ -213,6 +222,7 @@ class PagedSeedImpl final : public SeedImpl {
   Status remove(SequenceId id) override {
     PAGEDKV_RETURN_IF_ERROR(cache_->finish(id));
     state_.erase(id);
+    matchable_.erase(id);
     mirror_.erase(id);
     return ok_status();
   }
@@ -226,15 +236,16 @@ class PagedSeedImpl final : public SeedImpl {
     std::vector<SequenceId> ids = cache_->drain_evicted_sequences();
     for (SequenceId id : ids) {
       state_.erase(id);
+      matchable_.erase(id);
       mirror_.erase(id);
     }
     return ids;
   }
 
   Status restore(SequenceId id) override {
-    PAGEDKV_RETURN_IF_ERROR(cache_->restore(id));
-    state_[id] = State{};  // offload dropped the reservation
-    return ok_status();
+    // The reservation (and the written positions in it) survives the round trip; only its slots
+    // moved, and `resident` recomputes them before the next write.
+    return cache_->restore(id);
   }
 
   SeedKvCacheStats stats() const override {
@@ -259,10 +270,54 @@ class PagedSeedImpl final : public SeedImpl {
   // The reservation as the seed sees it. `slots` are the reserved slots of positions length ..
   // length + slots.size(); the first tokens.size() of them are written, not yet advanced
   // positions (one token id each), the rest are reserved ahead and count for nothing.
+  // `moves` is the cache's move count (moves()) when `slots` were last known to be current.
   struct State {
     std::vector<int64_t> slots;
     std::vector<TokenId> tokens;
+    int64_t moves = -1;
   };
+
+  // The sequence's matchable positions (see matchable_) at committed length `len`. A sequence
+  // the seed layer did not see allocated (say, forked through paged_cache()) counts as shared.
+  int64_t matchable(SequenceId id, int64_t len) const {
+    auto it = matchable_.find(id);
+    return it == matchable_.end() ? len : std::min(it->second, len);
+  }
+
+  // Offloads and restores so far, of any sequence: a sequence's slots can only have moved when
+  // this changed since they were computed.
+  int64_t moves() const {
+    const ControlStats c = cache_->stats();
+    return c.sequences_offloaded + c.sequences_restored + c.blocks_offloaded + c.blocks_restored;
+  }
+
+  // Makes the sequence writable: restores it when it is offloaded (a write through a slot it held
+  // before the offload would land in a block that may now belong to another sequence, and a
+  // write to the host copy would be lost), then recomputes the slots of its reservation from
+  // where its blocks are now. Only after an offload or restore somewhere does this look at the
+  // blocks.
+  Status resident(SequenceId id) {
+    State& s = synced(id);
+    if (s.moves == moves()) return ok_status();
+    PAGEDKV_ASSIGN_OR_RETURN(SequenceResidency r, cache_->residency(id));
+    PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, cache_->block_locations(id));
+    bool offloaded = r == SequenceResidency::kHost;
+    for (const BlockLocation& b : blocks) offloaded = offloaded || b.tier != Tier::kDevice;
+    if (offloaded) {
+      PAGEDKV_RETURN_IF_ERROR(cache_->restore(id));
+      PAGEDKV_ASSIGN_OR_RETURN(blocks, cache_->block_locations(id));
+    }
+    PAGEDKV_ASSIGN_OR_RETURN(int64_t len, cache_->length(id));
+    State& now = synced(id);
+    const int64_t bs = config_.block_size;
+    for (size_t i = 0; i < now.slots.size(); ++i) {
+      const int64_t pos = len + static_cast<int64_t>(i);
+      now.slots[i] =
+          static_cast<int64_t>(blocks[static_cast<size_t>(pos / bs)].block) * bs + pos % bs;
+    }
+    now.moves = moves();
+    return ok_status();
+  }
 
   // The cache drops a reservation on offload, eviction or rollback: follow it.
   State& synced(SequenceId id) {
@@ -307,6 +362,7 @@ class PagedSeedImpl final : public SeedImpl {
         return internal_error(seq_name(id) + ": extending the reservation moved written slots");
       }
       s.slots = std::move(slots);
+      s.moves = moves();
     }
     while (static_cast<int64_t>(s.tokens.size()) < end - len) {
       s.tokens.push_back(next_placeholder());
@@ -341,6 +397,72 @@ class PagedSeedImpl final : public SeedImpl {
     return t;
   }
 
+  // Writes packed [heads, n, head_dim] fp16 device arrays into positions [0, n) of one layer.
+  Status import_packed(SequenceId id, int32_t layer, int64_t n, const void* key,
+                       const void* value) {
+    PAGEDKV_ASSIGN_OR_RETURN(std::vector<int32_t> table, device_table(id));
+    PAGEDKV_ASSIGN_OR_RETURN(UploadLease up, uploads_->upload({{table.data(), table.size() * 4}}));
+    PackedLayerArgs args;
+    // PackedLayerArgs serves gather (writes) and import (reads): import only reads these.
+    args.key = const_cast<void*>(key);
+    args.value = const_cast<void*>(value);
+    args.block_table = up.device<int32_t>(0);
+    args.block_table_len = static_cast<int32_t>(table.size());
+    args.packed_dtype = DType::kFloat16;
+    args.packed_layout = PackedLayout::kHeadMajor;
+    args.layer = layer;
+    args.num_tokens = n;
+    return pagedkv::import_layer(backend(), cache_->device_pool(), args, stream());
+  }
+
+  // Before committed positions [0, keep) are rewritten: their blocks may be shared through a
+  // prefix hit or fork, and full ones are cached for later prompts, so writing in place would
+  // change what other sequences read. Moves the sequence onto blocks of its own: the layers
+  // other than `layer` are gathered, the sequence rolled back to empty, `length` fresh slots
+  // reserved (pending, with fresh placeholder ids, so commit never matches a cached block) and
+  // those layers imported back. The caller writes `layer` and advances. Needs no pending writes.
+  Status rebuild_private(SequenceId id, int32_t layer, int64_t keep, int64_t length) {
+    const int64_t bs = config_.block_size;
+    const int64_t need = (length + bs - 1) / bs;
+    const int64_t free_blocks = cache_->stats().device.free_blocks;
+    if (free_blocks < need) {
+      return resource_exhausted(seq_name(id) + ": rewriting its committed positions copies them " +
+                                "to " + std::to_string(need) + " blocks of its own; only " +
+                                std::to_string(free_blocks) + " device blocks are free");
+    }
+    const size_t part = static_cast<size_t>(config_.num_kv_heads) * keep * config_.head_dim * 2;
+    const int32_t others = config_.num_layers - 1;
+    void* saved = nullptr;
+    if (others > 0) {
+      PAGEDKV_ASSIGN_OR_RETURN(saved, backend().allocate_device(2 * part * others));
+    }
+    auto at = [&](int32_t l, int kv) {
+      const int32_t i = l < layer ? l : l - 1;
+      return static_cast<char*>(saved) + (static_cast<size_t>(i) * 2 + kv) * part;
+    };
+    auto done = [&](Status st) {
+      const Status sync = backend().synchronize_stream(stream());
+      if (saved != nullptr) backend().free_device(saved);
+      return st.ok() ? sync : st;
+    };
+    for (int32_t l = 0; l < config_.num_layers; ++l) {
+      if (l == layer) continue;
+      const Status st = cache_->gather_layer(id, l, at(l, 0), at(l, 1), DType::kFloat16,
+                                             PackedLayout::kHeadMajor, 0, keep);
+      if (!st.ok()) return done(st);
+    }
+    // Past this point a failure loses the sequence's bytes: the checks above make it unlikely.
+    Status st = cache_->rollback(id, 0);
+    state_[id] = State{};
+    matchable_[id] = 0;
+    mirror_.invalidate_all(id);
+    if (st.ok()) st = extend(id, 0, length);
+    for (int32_t l = 0; st.ok() && l < config_.num_layers; ++l) {
+      if (l != layer) st = import_packed(id, l, keep, at(l, 0), at(l, 1));
+    }
+    return done(st);
+  }
+
   // The sequence's block table as the kernels read it (-1 for a block not on the device).
   StatusOr<std::vector<int32_t>> device_table(SequenceId id) const {
     PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, cache_->block_locations(id));
@@ -355,6 +477,10 @@ class PagedSeedImpl final : public SeedImpl {
   std::unique_ptr<UploadArena> uploads_;
   PackedMirror mirror_;
   std::unordered_map<SequenceId, State> state_;
+  // Per sequence: its first positions that other sequences may read, those shared through the
+  // prefix hit of allocate plus those committed after them with real token ids (cached blocks a
+  // later prompt can match). A rewrite of committed positions copies their full blocks first.
+  std::unordered_map<SequenceId, int64_t> matchable_;
   TokenId placeholder_ = kSeedPlaceholderToken;
 };
 
