@@ -65,7 +65,10 @@ CrossRun run_all_ops(Backend& be, const Shape& s, DType in_dtype) {
 }
 
 TEST(CudaCrossCheckTest, CudaMatchesCpuBitForBit) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device: cross-check skipped";
+  if (!cuda_device_available()) {
+    if (cuda_required()) FAIL() << kCudaRequiredMessage;
+    GTEST_SKIP() << "no CUDA device: cross-check skipped";
+  }
   auto cpu = create_backend(BackendKind::kCpu);
   auto gpu = create_backend(BackendKind::kCuda);
   ASSERT_TRUE(cpu.ok() && gpu.ok());

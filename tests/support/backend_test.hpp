@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -11,6 +12,15 @@
 #include "pagedkv/backend.hpp"
 
 namespace pagedkv::testing {
+
+/// True when PAGEDKV_REQUIRE_CUDA=1: a GPU run (scripts/gpu-run.sh) sets it, so a CUDA test that
+/// finds no device fails instead of skipping, and a run that skips everything cannot pass.
+inline bool cuda_required() {
+  const char* v = std::getenv("PAGEDKV_REQUIRE_CUDA");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+inline constexpr const char* kCudaRequiredMessage =
+    "PAGEDKV_REQUIRE_CUDA=1 but no CUDA device is usable (or this build has no CUDA backend)";
 
 struct CpuBackendTag {
   static constexpr BackendKind kKind = BackendKind::kCpu;
@@ -35,6 +45,7 @@ class BackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (Tag::kKind == BackendKind::kCuda && !cuda_device_available()) {
+      if (cuda_required()) FAIL() << kCudaRequiredMessage;
       GTEST_SKIP() << (cuda_backend_built() ? "no CUDA device present"
                                             : "this build has no CUDA backend")
                    << ": the CUDA instantiation is skipped";
