@@ -120,7 +120,9 @@ class Backend {
 
 /// Creates a backend. kAuto picks CUDA when this build has it and a device is present, else the
 /// CPU backend; the choice is logged once. kCuda without a device (or without CUDA in this build)
-/// is kUnavailable.
+/// is kUnavailable. A CUDA backend belongs to the device current when it is created: each of its
+/// calls makes that device current and gives the caller's back afterwards, so a process can hold
+/// one cache per GPU (cudaSetDevice(i), then create).
 StatusOr<std::unique_ptr<Backend>> create_backend(BackendKind kind = BackendKind::kAuto);
 
 /// True when this build includes the CUDA backend.

@@ -55,6 +55,29 @@ cudaError_t dispatch_kernel(KernelId id, const void* params, int64_t n, cudaStre
   }
 }
 
+// Makes the backend's device current for one call and gives the caller's back afterwards, so a
+// server can hold one cache per GPU in one process and keep its own current device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      cudaGetLastError();
+      previous_ = -1;
+    }
+    if (previous_ != device) switched_ = cudaSetDevice(device) == cudaSuccess;
+    if (!switched_ && previous_ != device) cudaGetLastError();  // the call itself will report
+  }
+  ~DeviceGuard() {
+    if (switched_ && previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool switched_ = false;
+};
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, cudaStream_t default_stream, const cudaDeviceProp& props)
@@ -86,16 +109,19 @@ class CudaBackend final : public Backend {
 
   StatusOr<void*> allocate_device(size_t bytes) override {
     PAGEDKV_RETURN_IF_ERROR(alive());
+    const DeviceGuard guard(device_);
     if (bytes == 0) return invalid_argument("device allocation of zero bytes");
     void* ptr = nullptr;
     PAGEDKV_CUDA_CHECK(cudaMalloc(&ptr, bytes));
     return ptr;
   }
   void free_device(void* ptr) override {
+    const DeviceGuard guard(device_);
     if (ptr != nullptr) note(cudaFree(ptr), "cudaFree", __FILE__, __LINE__);
   }
   StatusOr<void*> allocate_pinned(size_t bytes) override {
     PAGEDKV_RETURN_IF_ERROR(alive());
+    const DeviceGuard guard(device_);
     if (bytes == 0) return invalid_argument("pinned allocation of zero bytes");
     void* ptr = nullptr;
     PAGEDKV_CUDA_CHECK(cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable));
@@ -107,6 +133,7 @@ class CudaBackend final : public Backend {
 
   StatusOr<Stream> create_stream() override {
     PAGEDKV_RETURN_IF_ERROR(alive());
+    const DeviceGuard guard(device_);
     cudaStream_t s = nullptr;
     PAGEDKV_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     streams_.insert(s);
@@ -114,6 +141,7 @@ class CudaBackend final : public Backend {
   }
   StatusOr<Stream> wrap_stream(void* native) override {
     PAGEDKV_RETURN_IF_ERROR(alive());
+    const DeviceGuard guard(device_);
     if (native == nullptr) {
       return invalid_argument(
           "wrap_stream: null native stream (wrap cudaStreamLegacy for CUDA's legacy stream 0)");
@@ -128,24 +156,28 @@ class CudaBackend final : public Backend {
   }
   StatusOr<void*> native_stream(Stream stream) override {
     PAGEDKV_RETURN_IF_ERROR(alive());
+    const DeviceGuard guard(device_);
     PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
     return static_cast<void*>(s);
   }
   void destroy_stream(Stream stream) override {
     if (wrapped_.erase(stream.handle) != 0) return;  // the caller's: forget it, nothing more
     if (streams_.erase(stream.handle) == 0) return;
+    const DeviceGuard guard(device_);
     const auto s = static_cast<cudaStream_t>(stream.handle);
     note(cudaStreamSynchronize(s), "cudaStreamSynchronize", __FILE__, __LINE__);
     note(cudaStreamDestroy(s), "cudaStreamDestroy", __FILE__, __LINE__);
   }
   StatusOr<Event> create_event() override {
     PAGEDKV_RETURN_IF_ERROR(alive());
+    const DeviceGuard guard(device_);
     cudaEvent_t e = nullptr;
     PAGEDKV_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     events_.insert(e);
     return Event{e};
   }
   void destroy_event(Event event) override {
+    const DeviceGuard guard(device_);
     if (events_.erase(event.handle) != 0) {
       note(cudaEventDestroy(static_cast<cudaEvent_t>(event.handle)), "cudaEventDestroy", __FILE__,
            __LINE__);
@@ -154,6 +186,7 @@ class CudaBackend final : public Backend {
 
   Status record_event(Event event, Stream stream) override {
     PAGEDKV_RETURN_IF_ERROR(alive());
+    const DeviceGuard guard(device_);
     PAGEDKV_ASSIGN_OR_RETURN(cudaEvent_t e, find_event(event));
     PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
     PAGEDKV_CUDA_CHECK(cudaEventRecord(e, s));
@@ -161,6 +194,7 @@ class CudaBackend final : public Backend {
   }
   Status wait_event(Stream stream, Event event) override {
     PAGEDKV_RETURN_IF_ERROR(alive());
+    const DeviceGuard guard(device_);
     PAGEDKV_ASSIGN_OR_RETURN(cudaEvent_t e, find_event(event));
     PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
     PAGEDKV_CUDA_CHECK(cudaStreamWaitEvent(s, e, 0));
@@ -168,6 +202,7 @@ class CudaBackend final : public Backend {
   }
   StatusOr<bool> query_event(Event event) override {
     PAGEDKV_RETURN_IF_ERROR(alive());
+    const DeviceGuard guard(device_);
     PAGEDKV_ASSIGN_OR_RETURN(cudaEvent_t e, find_event(event));
     const cudaError_t err = cudaEventQuery(e);
     if (err == cudaErrorNotReady) {
@@ -179,12 +214,14 @@ class CudaBackend final : public Backend {
   }
   Status synchronize_event(Event event) override {
     PAGEDKV_RETURN_IF_ERROR(alive());
+    const DeviceGuard guard(device_);
     PAGEDKV_ASSIGN_OR_RETURN(cudaEvent_t e, find_event(event));
     PAGEDKV_CUDA_CHECK(cudaEventSynchronize(e));
     return ok_status();
   }
   Status synchronize_stream(Stream stream) override {
     PAGEDKV_RETURN_IF_ERROR(alive());
+    const DeviceGuard guard(device_);
     PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
     PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(s));
     return ok_status();
@@ -193,6 +230,7 @@ class CudaBackend final : public Backend {
   Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind,
                     Stream stream) override {
     PAGEDKV_RETURN_IF_ERROR(alive());
+    const DeviceGuard guard(device_);
     if (bytes == 0) return ok_status();
     if (dst == nullptr || src == nullptr) return invalid_argument("copy with a null pointer");
     PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
@@ -202,6 +240,7 @@ class CudaBackend final : public Backend {
 
   Status launch_host_func(Stream stream, std::function<void()> fn) override {
     PAGEDKV_RETURN_IF_ERROR(alive());
+    const DeviceGuard guard(device_);
     if (!fn) return invalid_argument("launch_host_func with an empty function");
     PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
     auto* boxed = new std::function<void()>(std::move(fn));
@@ -214,6 +253,7 @@ class CudaBackend final : public Backend {
 
   Status launch(const KernelLaunch& launch, Stream stream) override {
     PAGEDKV_RETURN_IF_ERROR(alive());
+    const DeviceGuard guard(device_);
     const size_t expected = kernels::kernel_params_size(launch.kernel);
     if (expected == 0) return invalid_argument("launch of an unknown kernel id");
     if (launch.params == nullptr || launch.params_size != expected) {
