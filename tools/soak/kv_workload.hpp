@@ -5,9 +5,9 @@
 // One op is one API-level action on a randomly chosen sequence: add (a prompt that often starts
 // with one of a few shared prefixes; reserve + write_kv every layer + commit of the uncached
 // part), extend by 1-3 tokens, a batched decode step of a few sequences, rollback, fork,
-// finish, erase, offload, restore, prefetch, set_active, or verify. After every op the cache's invariants are checked, the sequences it
-// dropped (drain_evicted_sequences) leave the model, and the control events are drained (their
-// kSequenceEvicted entries must name the same sequences).
+// finish, erase, offload, restore, prefetch, set_active, or verify. After every op the cache's
+// invariants are checked, the sequences it dropped (drain_evicted_sequences) leave the model, and
+// the control events are drained (their kSequenceEvicted entries must name the same sequences).
 //
 // The model is each live sequence's committed token list. The K/V of a position is a pure
 // function of (position, token, layer, part, head, dim), so after any mix of prefix reuse,
