@@ -122,6 +122,14 @@ struct Ctx {
     a.slot_mapping = static_cast<const int64_t*>(slots->data());
     return a;
   }
+  WriteKvAllLayersArgs all_layers_args() const {
+    WriteKvAllLayersArgs a;
+    a.key = key->data();
+    a.value = value->data();
+    a.num_tokens = 4;
+    a.slot_mapping = static_cast<const int64_t*>(slots->data());
+    return a;
+  }
   PackedLayerArgs layer_args() const {
     PackedLayerArgs a;
     a.key = key->data();
@@ -747,44 +755,28 @@ std::vector<Row> rows() {
        S::kInvalidArgument, "pool.num_blocks"},
       {"op write_kv_all_layers layer_stride shorter than a layer",
        [](Ctx& c) {
-         WriteKvAllLayersArgs a;
-         a.key = c.key->data();
-         a.value = c.value->data();
-         a.num_tokens = 4;
-         a.slot_mapping = static_cast<const int64_t*>(c.slots->data());
+         WriteKvAllLayersArgs a = c.all_layers_args();
          a.layer_stride = 96;
          return write_kv_all_layers(c.be(), c.pool(), a, c.stream());
        },
        S::kInvalidArgument, "layer_stride"},
       {"op write_kv_all_layers int64 max row_stride",
        [](Ctx& c) {
-         WriteKvAllLayersArgs a;
-         a.key = c.key->data();
-         a.value = c.value->data();
-         a.num_tokens = 4;
-         a.slot_mapping = static_cast<const int64_t*>(c.slots->data());
+         WriteKvAllLayersArgs a = c.all_layers_args();
          a.row_stride = kInt64Max;
          return write_kv_all_layers(c.be(), c.pool(), a, c.stream());
        },
        S::kInvalidArgument, "row_stride"},
       {"op write_kv_all_layers int64 max layer_stride",
        [](Ctx& c) {
-         WriteKvAllLayersArgs a;
-         a.key = c.key->data();
-         a.value = c.value->data();
-         a.num_tokens = 4;
-         a.slot_mapping = static_cast<const int64_t*>(c.slots->data());
+         WriteKvAllLayersArgs a = c.all_layers_args();
          a.layer_stride = kInt64Max;
          return write_kv_all_layers(c.be(), c.pool(), a, c.stream());
        },
        S::kInvalidArgument, "layer_stride"},
       {"op write_kv_all_layers layer_stride past 64-bit byte offsets",
        [](Ctx& c) {
-         WriteKvAllLayersArgs a;
-         a.key = c.key->data();
-         a.value = c.value->data();
-         a.num_tokens = 4;
-         a.slot_mapping = static_cast<const int64_t*>(c.slots->data());
+         WriteKvAllLayersArgs a = c.all_layers_args();
          a.layer_stride = kInt64Max / 2;
          return write_kv_all_layers(c.be(), c.pool(), a, c.stream());
        },
