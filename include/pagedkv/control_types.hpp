@@ -181,11 +181,15 @@ enum class EventKind : uint8_t {
                        // resync (treat every block as cleared); always first in its drain
 };
 
-/// One event for routers and schedulers. Block events fill the hash fields; stored events
-/// also carry the block's tokens; sequence events fill `sequence`; kEventsDropped fills
-/// `dropped_events`.
+/// One event for routers and schedulers. Block events fill the hash fields and `tier`; stored
+/// events also carry the block's tokens; sequence events fill `sequence`; kEventsDropped fills
+/// `dropped_events`. A cached block that changes tier (demoted to the host, offloaded with its
+/// sequence, brought back to the device) is announced as stored on its new tier, then removed
+/// from its old one; a block leaving the index is removed from the tier it was on.
 struct ControlEvent {
   EventKind kind = EventKind::kBlockStored;
+  /// Block events: the tier the block was stored on or removed from.
+  Tier tier = Tier::kDevice;
   SequenceId sequence = 0;
   uint64_t block_hash = 0;
   /// Hash of the prefix before this block (the namespace root hash for a first block).

@@ -133,11 +133,12 @@ void ControlPlane::register_full_block(Sequence* s, size_t i) {
   release_block(ours, *s);
 }
 
-void ControlPlane::emit_block_event(EventKind kind, NodeId node) {
+void ControlPlane::emit_block_event(EventKind kind, NodeId node, Tier tier, bool revocable) {
   if (!events_enabled_) return;
   const PrefixNode& x = index_.node(node);
   ControlEvent e;
   e.kind = kind;
+  e.tier = tier;
   e.block_hash = x.hash;
   e.parent_hash = x.parent_hash;
   e.ns = x.ns;
@@ -145,15 +146,15 @@ void ControlPlane::emit_block_event(EventKind kind, NodeId node) {
     const TokenId* t = index_.tokens(node);
     e.tokens.assign(t, t + block_size_);
   }
-  events_.push(std::move(e));
+  events_.push(std::move(e), revocable);
 }
 
-void ControlPlane::emit_sequence_event(EventKind kind, SequenceId id) {
+void ControlPlane::emit_sequence_event(EventKind kind, SequenceId id, bool revocable) {
   if (!events_enabled_) return;
   ControlEvent e;
   e.kind = kind;
   e.sequence = id;
-  events_.push(std::move(e));
+  events_.push(std::move(e), revocable);
 }
 
 void ControlPlane::update_victim(Sequence* s) {

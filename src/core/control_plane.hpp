@@ -228,7 +228,8 @@ class ControlPlane {
   // Moves a block between tiers (journaled), keeping the parent's device-children count, the
   // cached counts and the queues right; appends the move to `out`.
   void move_block(LogicalId id, Tier dst, Transfers* out);
-  void after_tier_change(LogicalId id, Tier from);
+  // `announce`: emit the block's tier-change events (not when an undo moves it back).
+  void after_tier_change(LogicalId id, Tier from, bool announce = true);
   // Frees one device slot from the cached blocks (requires one to be evictable).
   void evict_one(Transfers* out);
   void relist_parked();
@@ -280,8 +281,13 @@ class ControlPlane {
   void update_victim(Sequence* s);
   void register_full_block(Sequence* s, size_t index);
   void remove_node(NodeId node);
-  void emit_block_event(EventKind kind, NodeId node);
-  void emit_sequence_event(EventKind kind, SequenceId id);
+  // A block event on `tier` (default: the tier the block is on now). A revocable event goes
+  // with its call when the call is undone (EventRing::erase_revocable_since).
+  void emit_block_event(EventKind kind, NodeId node, Tier tier, bool revocable);
+  void emit_block_event(EventKind kind, NodeId node) {
+    emit_block_event(kind, node, blocks_[index_.node(node).block].tier, false);
+  }
+  void emit_sequence_event(EventKind kind, SequenceId id, bool revocable = false);
   int64_t now_ns() const { return clock_(); }
   Status validate_options(const SequenceOptions& o) const;
 

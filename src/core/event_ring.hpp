@@ -36,7 +36,8 @@ class EventRing {
 
   /// Appends an event; when the ring is full the oldest held event is dropped first and counted
   /// for the next drain's marker.
-  void push(ControlEvent event);
+  /// A `revocable` event belongs to a call that may still be undone (erase_revocable_since).
+  void push(ControlEvent event, bool revocable = false);
   /// Returns and clears the held events, oldest first, preceded by one kEventsDropped event
   /// (ControlEvent::dropped_events = events lost) when any were dropped since the last drain.
   std::vector<ControlEvent> drain();
@@ -44,12 +45,18 @@ class EventRing {
   /// keeping the order of the rest. Events already drained or dropped are out of reach; a pending
   /// drop marker stays, since what was dropped stays lost.
   void erase_since(uint64_t first, bool (*pred)(const ControlEvent&));
+  /// Removes the held events pushed as revocable whose sequence number is >= `first`, as
+  /// erase_since() does.
+  void erase_revocable_since(uint64_t first);
 
  private:
   struct Slot {
     uint64_t seq = 0;
     ControlEvent event;
+    bool revocable = false;
   };
+  template <typename Pred>
+  void erase_if_since(uint64_t first, Pred pred);
   // The i-th held event, oldest first (i < count_).
   Slot& at(size_t i) {
     const size_t p = head_ + i;

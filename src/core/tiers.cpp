@@ -28,9 +28,15 @@ void ControlPlane::move_block(LogicalId id, Tier dst, Transfers* out) {
   after_tier_change(id, m.src_tier);
 }
 
-void ControlPlane::after_tier_change(LogicalId id, Tier from) {
+void ControlPlane::after_tier_change(LogicalId id, Tier from, bool announce) {
   const BlockInfo& b = blocks_[id];
   if (b.node < 0) return;
+  // Routers track a cached block per tier: stored where it is now, then gone from where it was.
+  // Both are taken back with the call if it is undone.
+  if (announce) {
+    emit_block_event(EventKind::kBlockStored, b.node, b.tier, /*revocable=*/true);
+    emit_block_event(EventKind::kBlockRemoved, b.node, from, /*revocable=*/true);
+  }
   const NodeId parent = index_.node(b.node).parent;
   if (parent != kRootNode) {
     const LogicalId pid = index_.node(parent).block;
@@ -161,7 +167,7 @@ void ControlPlane::do_offload(Sequence* s, Transfers* out) {
   ++counters_.sequences_offloaded;
   ++counters_.offloaded_sequences;
   counters_.blocks_offloaded += moved;
-  emit_sequence_event(EventKind::kSequenceOffloaded, s->id);
+  emit_sequence_event(EventKind::kSequenceOffloaded, s->id, /*revocable=*/true);
 }
 
 void ControlPlane::do_restore(Sequence* s, Transfers* out) {
@@ -180,7 +186,7 @@ void ControlPlane::do_restore(Sequence* s, Transfers* out) {
   ++counters_.sequences_restored;
   --counters_.offloaded_sequences;
   counters_.blocks_restored += moved;
-  emit_sequence_event(EventKind::kSequenceRestored, s->id);
+  emit_sequence_event(EventKind::kSequenceRestored, s->id, /*revocable=*/true);
 }
 
 StatusOr<Transfers> ControlPlane::prefetch(const std::vector<SequenceId>& ids) {

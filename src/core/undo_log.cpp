@@ -97,7 +97,7 @@ std::vector<BlockMove> ControlPlane::undo_last(int64_t moves_done) {
     }
     unlist(id);
     blocks_.move_to(id, it->from_tier, it->from_phys);
-    after_tier_change(id, now_tier);
+    after_tier_change(id, now_tier, /*announce=*/false);
   }
 
   for (const Journal::SavedSequence& saved : journal_.sequences) {
@@ -123,9 +123,7 @@ std::vector<BlockMove> ControlPlane::undo_last(int64_t moves_done) {
   counters_.blocks_evicted = now.blocks_evicted;
   counters_.sequences_evicted = now.sequences_evicted;
   counters_.host_blocks_dropped = now.host_blocks_dropped;
-  events_.erase_since(journal_.first_event, [](const ControlEvent& e) {
-    return e.kind == EventKind::kSequenceOffloaded || e.kind == EventKind::kSequenceRestored;
-  });
+  events_.erase_revocable_since(journal_.first_event);
   return inverse;
 }
 

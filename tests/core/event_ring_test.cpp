@@ -107,6 +107,22 @@ TEST(EventRing, EraseSinceRemovesOnlyMatchingEventsFromThatPointOn) {
   EXPECT_EQ(ids_of(ring.drain()), (std::vector<int64_t>{1, 2, 4}));
 }
 
+TEST(EventRing, EraseRevocableSinceRemovesOnlyRevocableEventsFromThatPointOn) {
+  EventRing ring(16);
+  ring.push(ev(1), /*revocable=*/true);  // before the call: stays
+  const uint64_t first = ring.next_sequence();
+  ring.push(ev(2), /*revocable=*/true);
+  ring.push(ev(3));  // not revocable (an eviction): stays
+  ring.push(ev(4, EventKind::kSequenceOffloaded), /*revocable=*/true);
+  ring.push(ev(5, EventKind::kSequenceOffloaded));
+  ring.erase_revocable_since(first);
+  EXPECT_EQ(ids_of(ring.drain()), (std::vector<int64_t>{1, 3, 5}));
+  // A slot reused after the erase forgets its old flag.
+  ring.push(ev(6));
+  ring.erase_revocable_since(0);
+  EXPECT_EQ(ids_of(ring.drain()), (std::vector<int64_t>{6}));
+}
+
 TEST(EventRing, EraseSinceAcrossOverflowKeepsTheMarker) {
   EventRing ring(3);
   ring.push(ev(1));
@@ -228,32 +244,44 @@ TEST(ControlPlaneEvents, UndoRemovesTheFailedCallsEventsOnly) {
   PAGEDKV_EXPECT_INV(*cp);
   EXPECT_FALSE(cp->residency(1)->offloaded);
   const std::vector<ControlEvent> out = cp->drain_events();
-  std::vector<EventKind> kinds;
-  for (const ControlEvent& e : out) kinds.push_back(e.kind);
-  EXPECT_EQ(kinds,
-            (std::vector<EventKind>{EventKind::kBlockStored, EventKind::kBlockStored,
-                                    EventKind::kSequenceOffloaded, EventKind::kSequenceRestored}));
+  // (kind, tier) of each event: a registered block that changes tier is stored on the new tier,
+  // then removed from the old one.
+  using K = EventKind;
+  const Tier D = Tier::kDevice;
+  const Tier H = Tier::kHost;
+  const std::vector<std::pair<K, Tier>> expected = {
+      {K::kBlockStored, D},  {K::kBlockStored, D},                              // committed
+      {K::kBlockStored, H},  {K::kBlockRemoved, D},      {K::kBlockStored, H},  // offload
+      {K::kBlockRemoved, D}, {K::kSequenceOffloaded, D},                        //
+      {K::kBlockStored, D},  {K::kBlockRemoved, H},      {K::kBlockStored, D},  // restore
+      {K::kBlockRemoved, H}, {K::kSequenceRestored, D}};  // (undone call: none)
+  std::vector<std::pair<K, Tier>> got;
+  for (const ControlEvent& e : out) got.emplace_back(e.kind, e.tier);
+  EXPECT_EQ(got, expected);
+  // The pairs name the same block, first block first.
+  ASSERT_EQ(out.size(), expected.size());
+  EXPECT_EQ(out[2].block_hash, out[0].block_hash);
+  EXPECT_EQ(out[3].block_hash, out[0].block_hash);
+  EXPECT_EQ(out[4].block_hash, out[1].block_hash);
+  EXPECT_EQ(out[2].tokens, out[0].tokens);
   EXPECT_EQ(cp->stats().events_dropped, 0);
 }
 
 TEST(ControlPlaneEvents, UndoAcrossOverflowRemovesTheCallsEventsAndKeepsTheMarker) {
   auto cp = make_cp_with_capacity(tiny_config(4, 8, 8), 3);
   ASSERT_NE(cp, nullptr);
-  add_and_fill(*cp, 1, iota_tokens(8, 100));  // stored, stored
-  ASSERT_TRUE(cp->offload(1).ok());           // ring full: stored, stored, offloaded
-  ASSERT_TRUE(cp->restore(1).ok());           // drops the first stored
-  ASSERT_TRUE(cp->offload(1).ok());           // the failed call; drops the second stored
-  EXPECT_EQ(cp->stats().events_dropped, 2);
+  add_and_fill(*cp, 1, iota_tokens(8, 100));  // 2 events: stored, stored
+  ASSERT_TRUE(cp->offload(1).ok());           // 5 more: two stored/removed pairs, offloaded
+  ASSERT_TRUE(cp->restore(1).ok());           // 5 more; the ring holds the last 3
+  ASSERT_TRUE(cp->offload(1).ok());           // the failed call: 5 more
+  EXPECT_EQ(cp->stats().events_dropped, 14);
   cp->undo_last(0);
   PAGEDKV_EXPECT_INV(*cp);
-  EXPECT_EQ(cp->stats().events_dropped, 2) << "undo does not bring dropped events back";
+  EXPECT_EQ(cp->stats().events_dropped, 14) << "undo neither emits events nor brings any back";
   const std::vector<ControlEvent> out = cp->drain_events();
-  ASSERT_EQ(out.size(), 3u);
+  ASSERT_EQ(out.size(), 1u) << "the failed call's events are all gone";
   EXPECT_EQ(out[0].kind, EventKind::kEventsDropped);
-  EXPECT_EQ(out[0].dropped_events, 2);
-  EXPECT_EQ(out[1].kind, EventKind::kSequenceOffloaded);
-  EXPECT_EQ(out[2].kind, EventKind::kSequenceRestored);
-  EXPECT_EQ(out[1].sequence, 1u);
+  EXPECT_EQ(out[0].dropped_events, 14);
   EXPECT_TRUE(cp->drain_events().empty());
 }
 
