@@ -29,7 +29,8 @@ namespace pagedkv {
 
 namespace core {
 class ControlPlane;
-}
+class TierPlan;
+}  // namespace core
 namespace runtime {
 class TransferEngine;
 class UploadArena;
@@ -202,6 +203,11 @@ class KvCache {
   StatusOr<int64_t> pending(SequenceId id) const;
   /// Tier and physical id of each block of the sequence (reserved ones included). kNotFound.
   StatusOr<std::vector<BlockLocation>> block_locations(SequenceId id) const;
+  /// The device slot (`block * block_size + offset`) of a committed or reserved position. The
+  /// control plane owns every reservation and its slots; ask here rather than keep the slots
+  /// reserve() returned, which an offload or restore moves. kNotFound, kOutOfRange (past the
+  /// reserved positions), kFailedPrecondition (offloaded: restore it first).
+  StatusOr<int64_t> slot(SequenceId id, int64_t position) const;
 
   // ---- observability ----
 
@@ -219,29 +225,22 @@ class KvCache {
     uint64_t ticket = 0;     // the transfer job, 0 when there were no moves
     int64_t moves_done = 0;  // moves queued (a prefix of the list when the backend failed)
   };
-  // Queues a control-plane plan on the streams.
+  // Queues a control-plane plan's transfers on the streams.
   Status run_transfers(const Transfers& transfers, Submitted* out);
-  // run_transfers(), then note_transfers() or recover().
-  Status carry_out(const Transfers& transfers);
-  // Bookkeeping after a plan was queued: jobs per sequence, moved reservations.
+  // Carries a plan out: run_transfers(), then note_transfers() and commit, or recover().
+  Status carry_out(core::TierPlan& plan);
+  // Bookkeeping after a plan was queued: the last transfer job of each moved sequence.
   void note_transfers(const Transfers& transfers, uint64_t ticket);
   // Takes a failed plan back (control plane undone, queued moves copied back) and returns
   // `failure`; when that fails too, the cache is marked unusable and that error returned.
-  Status recover(const Status& failure, int64_t moves_done);
+  Status recover(const Status& failure, core::TierPlan& plan, int64_t moves_done);
   Status order_block_reuse(const std::vector<int64_t>& slots);
-  struct Pending;
-  // Flags a sequence's reservation after its blocks moved between tiers (offload, restore).
-  void mark_moved(SequenceId id);
-  // Recomputes a moved reservation's slots; kFailedPrecondition while it is offloaded.
-  Status refresh_moved_slots(SequenceId id, Pending* p);
   // kFailedPrecondition unless `batch` is the last one built and nothing changed since.
   Status check_batch_current(const DeviceBatch& batch) const;
-  // Records a new reservation's slots.
-  void set_pending(SequenceId id, const int64_t* slots, int64_t n);
   // commit() without the NVTX range and the broken check.
   Status commit_tokens(SequenceId id, const TokenId* tokens, int64_t n);
-  // Forgets the first `n` slots of a reservation after they were committed.
-  void drop_committed_slots(SequenceId id, int64_t n);
+  // The device copy of the slots of a sequence's reservation, for write_kv.
+  StatusOr<const int64_t*> device_slots(SequenceId id, int64_t* count);
 
   CacheConfig config_;
   std::unique_ptr<Backend> owned_backend_;
@@ -256,19 +255,20 @@ class KvCache {
   // Per device block: the transfer job that last read it (an offload). A write into the block
   // must be ordered after that job; 0 when none is pending.
   std::vector<uint64_t> block_read_by_job_;
-  // Per sequence: the slots of its last reservation (host and device copies) and its last job.
-  struct Pending {
+  // Per sequence: the slots its last write_kv uploaded, and the region holding them. A cache of
+  // an upload, not a copy of the reservation: the control plane's sequence table owns the slots,
+  // write_kv asks it for them every time and uploads again when they differ (after a commit, a
+  // new reservation, an offload or a restore).
+  struct SlotUpload {
     std::vector<int64_t> slots;
-    // `slots` on the device, once a write_kv needed them.
-    std::unique_ptr<runtime::UploadLease> device_slots;
-    bool moved = false;  // the blocks moved between tiers since `slots` was computed
+    std::unique_ptr<runtime::UploadLease> lease;
   };
-  std::unordered_map<SequenceId, Pending> pending_;
+  std::unordered_map<SequenceId, SlotUpload> slot_uploads_;
+  std::vector<int64_t> slot_scratch_;
   // The last build_batch's arrays. `generation_` moves on with build_batch and every call that
   // can change a reservation or a block; write_kv_batch refuses a batch of another generation.
   std::unique_ptr<runtime::UploadLease> batch_upload_;
   uint64_t generation_ = 0;
-  ReserveResult batch_scratch_;  // reserve_batch's output, reused across steps
   std::unordered_map<SequenceId, uint64_t> last_job_;
   std::vector<SequenceId> evicted_;
   Status broken_;  // set when a failed call could not be taken back

@@ -176,6 +176,7 @@ void ControlPlane::touch(Sequence* s) {
 
 StatusOr<int64_t> ControlPlane::add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
                                              const SequenceOptions& options) {
+  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("add_sequence"));
   if (seqs_.find(id) != nullptr) return already_exists(seq_name(id) + " already exists");
   PAGEDKV_RETURN_IF_ERROR(validate_options(options));
   const int64_t len = static_cast<int64_t>(prompt.size());
@@ -316,7 +317,7 @@ void ControlPlane::apply_reserve(Sequence* s, int64_t n, const ReserveNeed& need
   }
 }
 
-Status ControlPlane::reserve_into(SequenceId id, int64_t n, ReserveResult* result) {
+Status ControlPlane::run_reserve(SequenceId id, int64_t n, ReserveResult* result) {
   Sequence* s = seqs_.find(id);
   if (s == nullptr) return unknown(id);
   if (n < 0) return invalid_argument("reserve: n must be >= 0, got " + std::to_string(n));
@@ -331,8 +332,8 @@ Status ControlPlane::reserve_into(SequenceId id, int64_t n, ReserveResult* resul
   return ok_status();
 }
 
-Status ControlPlane::reserve_batch(const std::vector<SequenceId>& ids, int64_t n_each,
-                                   ReserveResult* result) {
+Status ControlPlane::run_reserve_batch(const std::vector<SequenceId>& ids, int64_t n_each,
+                                       ReserveResult* result) {
   PAGEDKV_RETURN_IF_ERROR(resolve(ids, /*check_offloaded=*/false, "reserve_batch"));
   if (n_each < 0) {
     return invalid_argument("reserve_batch: n_each must be >= 0, got " + std::to_string(n_each));
@@ -397,6 +398,7 @@ StatusOr<ReserveResult> ControlPlane::reserve(SequenceId id, int64_t n) {
 }
 
 Status ControlPlane::commit(SequenceId id, const TokenId* tokens, int64_t n) {
+  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("commit"));
   Sequence* s = seqs_.find(id);
   if (s == nullptr) return unknown(id);
   if (n < 0) return invalid_argument("commit: n must be >= 0");
@@ -421,6 +423,7 @@ Status ControlPlane::commit(SequenceId id, const TokenId* tokens, int64_t n) {
 
 Status ControlPlane::commit_batch(const std::vector<SequenceId>& ids, const TokenId* tokens,
                                   int64_t n_each) {
+  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("commit_batch"));
   if (n_each < 0) return invalid_argument("commit_batch: n_each must be >= 0");
   if (n_each > 0 && !ids.empty() && tokens == nullptr) {
     return invalid_argument("commit_batch: tokens is null");
@@ -448,6 +451,7 @@ Status ControlPlane::commit_batch(const std::vector<SequenceId>& ids, const Toke
 }
 
 Status ControlPlane::rollback(SequenceId id, int64_t length) {
+  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("rollback"));
   Sequence* s = seqs_.find(id);
   if (s == nullptr) return unknown(id);
   if (length < 0 || length > s->length()) {
@@ -463,6 +467,7 @@ Status ControlPlane::rollback(SequenceId id, int64_t length) {
 }
 
 Status ControlPlane::fork(SequenceId parent, SequenceId child) {
+  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("fork"));
   Sequence* p = seqs_.find(parent);
   if (p == nullptr) return unknown(parent);
   if (seqs_.find(child) != nullptr) return already_exists(seq_name(child) + " already exists");
@@ -480,6 +485,7 @@ Status ControlPlane::fork(SequenceId parent, SequenceId child) {
 }
 
 Status ControlPlane::finish(SequenceId id) {
+  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("finish"));
   Sequence* s = seqs_.find(id);
   if (s == nullptr) return unknown(id);
   if (s->active) {
@@ -494,6 +500,7 @@ Status ControlPlane::finish(SequenceId id) {
 }
 
 Status ControlPlane::erase(SequenceId id) {
+  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("erase"));
   Sequence* s = seqs_.find(id);
   if (s == nullptr) return unknown(id);
   std::vector<LogicalId> held = s->blocks;
@@ -513,6 +520,7 @@ Status ControlPlane::erase(SequenceId id) {
 }
 
 Status ControlPlane::set_active(const std::vector<SequenceId>& ids) {
+  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("set_active"));
   for (SequenceId id : ids) {
     if (seqs_.find(id) == nullptr) return unknown(id);
   }
@@ -532,6 +540,7 @@ Status ControlPlane::set_active(const std::vector<SequenceId>& ids) {
 }
 
 Status ControlPlane::set_priority(SequenceId id, int32_t priority) {
+  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("set_priority"));
   Sequence* s = seqs_.find(id);
   if (s == nullptr) return unknown(id);
   s->options.priority = priority;
@@ -541,7 +550,7 @@ Status ControlPlane::set_priority(SequenceId id, int32_t priority) {
 
 // ---------------------------------------------------------------- tiers
 
-StatusOr<Transfers> ControlPlane::offload(SequenceId id) {
+Status ControlPlane::run_offload(SequenceId id, Transfers* out) {
   Sequence* s = seqs_.find(id);
   if (s == nullptr) return unknown(id);
   // Without a host tier nothing can move: an "offloaded" sequence whose blocks all stayed on the
@@ -559,12 +568,11 @@ StatusOr<Transfers> ControlPlane::offload(SequenceId id) {
                               " free or held by cached blocks");
   }
   begin_journal();
-  Transfers out;
-  do_offload(s, &out);
-  return out;
+  do_offload(s, out);
+  return ok_status();
 }
 
-StatusOr<Transfers> ControlPlane::restore(SequenceId id) {
+Status ControlPlane::run_restore(SequenceId id, Transfers* out) {
   Sequence* s = seqs_.find(id);
   if (s == nullptr) return unknown(id);
   if (!s->offloaded) return failed_precondition("restore: " + seq_name(id) + " is not offloaded");
@@ -573,10 +581,9 @@ StatusOr<Transfers> ControlPlane::restore(SequenceId id) {
   Plan plan;
   PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(host_blocks, s, &plan));
   begin_journal();
-  Transfers out;
-  apply_plan(plan, &out);
-  do_restore(s, &out);
-  return out;
+  apply_plan(plan, out);
+  do_restore(s, out);
+  return ok_status();
 }
 
 StatusOr<Residency> ControlPlane::residency(SequenceId id) const {
@@ -651,6 +658,7 @@ Status ControlPlane::resolve(const std::vector<SequenceId>& ids, bool check_offl
 
 StatusOr<const BatchMetadata*> ControlPlane::build_batch(const std::vector<SequenceId>& ids,
                                                          const BatchOptions& options) {
+  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("build_batch"));
   PAGEDKV_RETURN_IF_ERROR(resolve(ids, /*check_offloaded=*/true, "batch"));
   PAGEDKV_RETURN_IF_ERROR(batch_.build(resolved_, blocks_, options));
   return &batch_.metadata();

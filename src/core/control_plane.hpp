@@ -2,6 +2,10 @@
 // which tokens of which sequence, reuses cached prefixes, and chooses what to evict or offload;
 // it never touches KV bytes. Every call validates first and either succeeds or returns an error,
 // changing nothing. Single owner thread; not internally locked.
+//
+// The tier-moving calls (reserve, reserve_batch, offload, restore, prefetch) come in two forms:
+// plan_*() returns an open TierPlan that the runtime carries out and then commits or undoes
+// (tier_plan.hpp); the plain form keeps its decision at once (tests, sizing runs without data).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +19,7 @@
 #include "core/eviction_queue.hpp"
 #include "core/prefix_index.hpp"
 #include "core/sequence_table.hpp"
+#include "core/tier_plan.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/control_types.hpp"
 #include "pagedkv/status.hpp"
@@ -111,14 +116,18 @@ class ControlPlane {
   /// Where a sequence's blocks are. kNotFound.
   StatusOr<Residency> residency(SequenceId id) const;
 
-  /// Undoes the last reserve, reserve_into, reserve_batch, offload, restore or prefetch, whose
-  /// transfers the data plane could not carry out; call it before any other mutating call.
-  /// Blocks move back to the slots they left, allocations and copy-on-write are reverted and the
-  /// sequences get their tables, reservations and residency back. What needs no data stays
-  /// done: unreferenced cached blocks it evicted and victims it dropped (Transfers::evicted).
-  /// Returns the moves that bring the bytes back: the inverse of the first `moves_done` moves
-  /// of the call's Transfers, newest first, for blocks that still exist.
-  std::vector<BlockMove> undo_last(int64_t moves_done);
+  // ---- tier plans (the runtime's form of the calls above) ----
+
+  /// As reserve(), returned as an open plan whose slots() are the reservation's.
+  StatusOr<TierPlan> plan_reserve(SequenceId id, int64_t n);
+  /// As reserve_batch(), returned as an open plan.
+  StatusOr<TierPlan> plan_reserve_batch(const std::vector<SequenceId>& ids, int64_t n_each);
+  /// As offload(), restore() and prefetch(), returned as open plans (no slots).
+  StatusOr<TierPlan> plan_offload(SequenceId id);
+  StatusOr<TierPlan> plan_restore(SequenceId id);
+  StatusOr<TierPlan> plan_prefetch(const std::vector<SequenceId>& ids);
+  /// Whether a plan is open; every mutating call is kFailedPrecondition until it is closed.
+  bool plan_open() const { return journal_.open; }
 
   // ---- queries ----
 
@@ -130,6 +139,15 @@ class ControlPlane {
   StatusOr<int64_t> pending(SequenceId id) const;
   /// Whether a sequence exists.
   bool contains(SequenceId id) const { return seqs_.find(id) != nullptr; }
+  /// The device slot (`block * block_size + offset`) of `position`, a committed or reserved
+  /// position of the sequence. The sequence table is the only owner of slots: callers ask here
+  /// instead of keeping copies that a later offload or restore would make stale. kNotFound,
+  /// kOutOfRange (not below length + pending), kFailedPrecondition (offloaded, or the block is
+  /// on the host).
+  StatusOr<int64_t> slot(SequenceId id, int64_t position) const;
+  /// Appends the slots of the sequence's reserved positions, in position order, to `*out`
+  /// (nothing on error). kNotFound, kFailedPrecondition (offloaded).
+  Status reserved_slots(SequenceId id, std::vector<int64_t>* out) const;
 
   /// Builds the metadata of a step for `ids` (each device-resident, no duplicates). The result
   /// stays valid until the next build. kNotFound, kInvalidArgument, kFailedPrecondition
@@ -149,7 +167,25 @@ class ControlPlane {
   const CacheConfig& config() const { return config_; }
 
  private:
+  friend class TierPlan;
   ControlPlane(const CacheConfig& config, ControlOptions options);
+
+  // kFailedPrecondition naming `what` while a plan is open.
+  Status check_no_open_plan(const char* what) const;
+  // The tier-moving calls, writing into `out`; the journal is open afterwards, also after an
+  // error (with nothing changed), so callers close it or hand it to a plan.
+  Status run_reserve(SequenceId id, int64_t n, ReserveResult* out);
+  Status run_reserve_batch(const std::vector<SequenceId>& ids, int64_t n_each, ReserveResult* out);
+  Status run_offload(SequenceId id, Transfers* out);
+  Status run_restore(SequenceId id, Transfers* out);
+  Status run_prefetch(const std::vector<SequenceId>& ids, Transfers* out);
+  // Empties plan_result_ (keeping its storage) for a new plan.
+  void reset_plan_result();
+  // Opens a plan over plan_result_ when `st` is ok; else closes the journal and returns `st`.
+  StatusOr<TierPlan> open_plan(const Status& st);
+  void close_journal() { journal_.open = false; }
+  // undo_log.cpp: takes the open plan back (see TierPlan::undo).
+  std::vector<BlockMove> undo_plan(int64_t moves_done);
 
   // The journal of the last tier-moving call.
   struct Journal {
@@ -248,7 +284,7 @@ class ControlPlane {
   // Drops the first droppable device cached block (no children); false when there is none.
   bool drop_device_cached();
 
-  // undo_log.cpp: the journal of the current tier-moving call (see undo_last()).
+  // undo_log.cpp: the journal of the open plan's call (see TierPlan::undo()).
   void begin_journal();
   // Saves a sequence's state the first time the call touches it. A call touches each sequence
   // in one stretch (a reserve restores, then reserves), so a repeat is the latest entry. Inline:
@@ -322,6 +358,8 @@ class ControlPlane {
   std::vector<LogicalId> parked_;
 
   Journal journal_;
+  // The transfers and slots of the open plan (reused: a decode step allocates nothing).
+  ReserveResult plan_result_;
 };
 
 }  // namespace core

@@ -189,22 +189,21 @@ void ControlPlane::do_restore(Sequence* s, Transfers* out) {
   emit_sequence_event(EventKind::kSequenceRestored, s->id, /*revocable=*/true);
 }
 
-StatusOr<Transfers> ControlPlane::prefetch(const std::vector<SequenceId>& ids) {
+Status ControlPlane::run_prefetch(const std::vector<SequenceId>& ids, Transfers* out) {
   for (SequenceId id : ids) {
     if (seqs_.find(id) == nullptr)
       return not_found("sequence " + std::to_string(id) + " does not exist");
   }
   begin_journal();
-  Transfers out;
   for (SequenceId id : ids) {
     Sequence* s = seqs_.find(id);
     if (!s->offloaded) continue;
     int64_t host_blocks = 0;
     for (LogicalId b : s->blocks) host_blocks += blocks_[b].tier == Tier::kHost ? 1 : 0;
     if (host_blocks > device_available()) continue;
-    do_restore(s, &out);
+    do_restore(s, out);
   }
-  return out;
+  return ok_status();
 }
 
 }  // namespace core

@@ -1,7 +1,7 @@
-// The journal that lets KvCache take back a tier-moving call (reserve, reserve_batch, offload,
-// restore, prefetch) whose transfers the data plane failed to carry out. The call's revocable
-// effects are recorded as they happen: allocations, releases and moves between tiers, each
-// touched sequence's table, reservation and residency, and the references it dropped at its
+// The journal that lets a TierPlan be taken back: a tier-moving call (reserve, reserve_batch,
+// offload, restore, prefetch) whose transfers the data plane failed to carry out. The call's
+// revocable effects are recorded as they happen: allocations, releases and moves between tiers,
+// each touched sequence's table, reservation and residency, and the references it dropped at its
 // end. Undoing them in reverse order puts every block back into the slot it left: a slot
 // vacated by a move or release can only have been taken by a later allocation or move of the
 // same call, which is undone first.
@@ -49,7 +49,7 @@ void ControlPlane::flush_deferred_releases() {
   deferred_release_.clear();
 }
 
-std::vector<BlockMove> ControlPlane::undo_last(int64_t moves_done) {
+std::vector<BlockMove> ControlPlane::undo_plan(int64_t moves_done) {
   std::vector<BlockMove> inverse;
   if (!journal_.open) return inverse;
   journal_.open = false;

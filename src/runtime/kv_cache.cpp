@@ -90,7 +90,7 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& config,
 KvCache::~KvCache() {
   if (backend_ == nullptr) return;
   backend_->synchronize_stream(compute_).ignore_error();  // queued kernels may use the pools
-  pending_.clear();  // their leases go back to the arena before it goes
+  slot_uploads_.clear();  // their leases go back to the arena before it goes
   batch_upload_.reset();
   uploads_.reset();
   transfers_.reset();  // drains the copy stream
@@ -116,7 +116,7 @@ Status KvCache::run_transfers(const Transfers& t, Submitted* out) {
   // Dropped victims need no data and are not undone: record them before anything can fail.
   for (SequenceId id : t.evicted) {
     evicted_.push_back(id);
-    pending_.erase(id);
+    slot_uploads_.erase(id);
   }
   if (!t.moves.empty()) {
     StatusOr<runtime::TransferTicket> ticket =
@@ -155,15 +155,13 @@ Status KvCache::run_transfers(const Transfers& t, Submitted* out) {
 }
 
 void KvCache::note_transfers(const Transfers& t, runtime::TransferTicket ticket) {
+  if (ticket == 0) return;
   for (const std::vector<SequenceId>* ids : {&t.offloaded, &t.restored}) {
-    for (SequenceId id : *ids) {
-      if (ticket != 0) last_job_[id] = ticket;
-      mark_moved(id);
-    }
+    for (SequenceId id : *ids) last_job_[id] = ticket;
   }
 }
 
-Status KvCache::recover(const Status& failure, int64_t moves_done) {
+Status KvCache::recover(const Status& failure, core::TierPlan& plan, int64_t moves_done) {
   // What was queued runs to completion first: the undo then copies bytes back over it. Each
   // step is tried twice: a transient error (or a second injected fault) gets one more chance
   // before the cache gives up on its blocks.
@@ -175,7 +173,7 @@ Status KvCache::recover(const Status& failure, int64_t moves_done) {
   if (repair.ok()) {
     repair = twice([&] { return backend_->synchronize_stream(transfers_->copy_stream()); });
   }
-  const std::vector<BlockMove> inverse = control_->undo_last(moves_done);
+  const std::vector<BlockMove> inverse = plan.undo(moves_done);
   size_t copied_back = 0;  // a failed attempt still runs the moves it queued: resume after them
   if (repair.ok() && !inverse.empty()) {
     repair = twice([&]() -> Status {
@@ -199,33 +197,6 @@ Status KvCache::recover(const Status& failure, int64_t moves_done) {
   return Status(failure.code(), failure.message() + " (nothing changed)");
 }
 
-void KvCache::mark_moved(SequenceId id) {
-  auto it = pending_.find(id);
-  if (it == pending_.end()) return;
-  it->second.moved = true;
-  it->second.device_slots.reset();
-}
-
-Status KvCache::refresh_moved_slots(SequenceId id, Pending* p) {
-  PAGEDKV_ASSIGN_OR_RETURN(Residency r, control_->residency(id));
-  if (r.offloaded) {
-    return failed_precondition("sequence " + std::to_string(id) +
-                               " is offloaded: restore it (or reserve again) before writing");
-  }
-  // The reservation survived the round trip (the control plane keeps it); only the slots moved.
-  PAGEDKV_ASSIGN_OR_RETURN(int64_t length, control_->length(id));
-  PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, control_->block_locations(id));
-  const int64_t bs = config_.block_size;
-  for (size_t i = 0; i < p->slots.size(); ++i) {
-    const int64_t pos = length + static_cast<int64_t>(i);
-    const BlockLocation& b = blocks[static_cast<size_t>(pos / bs)];
-    p->slots[i] = static_cast<int64_t>(b.block) * bs + pos % bs;
-  }
-  PAGEDKV_RETURN_IF_ERROR(order_block_reuse(p->slots));
-  p->moved = false;
-  return ok_status();
-}
-
 Status KvCache::order_block_reuse(const std::vector<int64_t>& slots) {
   runtime::TransferTicket latest = 0;
   for (int64_t slot : slots) {
@@ -242,74 +213,54 @@ Status KvCache::order_block_reuse(const std::vector<int64_t>& slots) {
 StatusOr<std::vector<int64_t>> KvCache::reserve(SequenceId id, int64_t n) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::reserve");
   PAGEDKV_RETURN_IF_ERROR(broken_);
-  PAGEDKV_ASSIGN_OR_RETURN(ReserveResult result, control_->reserve(id, n));
-  ++generation_;
-  // The control plane has applied its plan; the data plane now carries it out, or the plan is
-  // taken back.
-  Submitted sub;
-  Status s = run_transfers(result.transfers, &sub);
-  if (s.ok()) s = order_block_reuse(result.slots);
-  if (!s.ok()) return recover(s, sub.moves_done);
-  note_transfers(result.transfers, sub.ticket);
-  set_pending(id, result.slots.data(), static_cast<int64_t>(result.slots.size()));
-  return std::move(result.slots);
+  PAGEDKV_ASSIGN_OR_RETURN(core::TierPlan plan, control_->plan_reserve(id, n));
+  std::vector<int64_t> slots = plan.slots();
+  PAGEDKV_RETURN_IF_ERROR(carry_out(plan));
+  return slots;
 }
 
 StatusOr<std::vector<int64_t>> KvCache::reserve_batch(const std::vector<SequenceId>& ids,
                                                       int64_t n_each) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::reserve_batch");
   PAGEDKV_RETURN_IF_ERROR(broken_);
-  ReserveResult& r = batch_scratch_;
-  r.transfers = Transfers{};
-  r.slots.clear();
-  PAGEDKV_RETURN_IF_ERROR(control_->reserve_batch(ids, n_each, &r));
-  ++generation_;
-  Submitted sub;
-  Status s = run_transfers(r.transfers, &sub);
-  if (s.ok()) s = order_block_reuse(r.slots);
-  if (!s.ok()) return recover(s, sub.moves_done);
-  note_transfers(r.transfers, sub.ticket);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    set_pending(ids[i], r.slots.data() + static_cast<int64_t>(i) * n_each, n_each);
-  }
-  return r.slots;
+  PAGEDKV_ASSIGN_OR_RETURN(core::TierPlan plan, control_->plan_reserve_batch(ids, n_each));
+  std::vector<int64_t> slots = plan.slots();
+  PAGEDKV_RETURN_IF_ERROR(carry_out(plan));
+  return slots;
 }
 
-void KvCache::set_pending(SequenceId id, const int64_t* slots, int64_t n) {
-  Pending& p = pending_[id];
-  p.slots.assign(slots, slots + n);
-  p.device_slots.reset();
-  p.moved = false;
+StatusOr<const int64_t*> KvCache::device_slots(SequenceId id, int64_t* count) {
+  slot_scratch_.clear();
+  PAGEDKV_RETURN_IF_ERROR(control_->reserved_slots(id, &slot_scratch_));
+  if (slot_scratch_.empty()) {
+    return failed_precondition("sequence " + std::to_string(id) + ": nothing reserved to write");
+  }
+  // A block of the reservation may have been read by an offload that is still running.
+  PAGEDKV_RETURN_IF_ERROR(order_block_reuse(slot_scratch_));
+  SlotUpload& up = slot_uploads_[id];
+  // Uploaded once per reservation, kept (leased) while the slots stay the same. An upload that
+  // a failing op then ignores changes nothing observable.
+  if (up.lease == nullptr || up.slots != slot_scratch_) {
+    up.lease.reset();
+    PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease lease, uploads_->upload({part(slot_scratch_)}));
+    up.lease = std::make_unique<runtime::UploadLease>(std::move(lease));
+    up.slots = slot_scratch_;
+  }
+  *count = static_cast<int64_t>(up.slots.size());
+  return up.lease->device<int64_t>(0);
 }
 
 Status KvCache::write_kv(SequenceId id, int32_t layer, const void* key, const void* value,
                          DType input_dtype, int64_t row_stride) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::write_kv");
   PAGEDKV_RETURN_IF_ERROR(broken_);
-  if (!control_->contains(id))
-    return not_found("sequence " + std::to_string(id) + " does not exist");
-  auto it = pending_.find(id);
-  if (it == pending_.end() || it->second.slots.empty()) {
-    return failed_precondition("sequence " + std::to_string(id) + ": nothing reserved to write");
-  }
-  Pending& p = it->second;
-  // Another call offloaded (and maybe restored) the sequence since it reserved: its old slots
-  // may belong to another sequence now (found by tests/fuzz).
-  if (p.moved) PAGEDKV_RETURN_IF_ERROR(refresh_moved_slots(id, &p));
   WriteKvArgs args;
+  PAGEDKV_ASSIGN_OR_RETURN(args.slot_mapping, device_slots(id, &args.num_tokens));
   args.key = key;
   args.value = value;
   args.input_dtype = input_dtype;
   args.row_stride = row_stride;
-  args.num_tokens = static_cast<int64_t>(p.slots.size());
   args.layer = layer;
-  // Uploaded once per reservation, kept (leased) until the reservation changes. An upload that
-  // a failing op then ignores changes nothing observable.
-  if (p.device_slots == nullptr) {
-    PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease up, uploads_->upload({part(p.slots)}));
-    p.device_slots = std::make_unique<runtime::UploadLease>(std::move(up));
-  }
-  args.slot_mapping = p.device_slots->device<int64_t>(0);
   return pagedkv::write_kv(*backend_, device_pool(), args, compute_);
 }
 
@@ -364,19 +315,8 @@ Status KvCache::commit(SequenceId id, const std::vector<TokenId>& tokens) {
 Status KvCache::commit_tokens(SequenceId id, const TokenId* tokens, int64_t n) {
   PAGEDKV_RETURN_IF_ERROR(control_->commit(id, tokens, n));
   ++generation_;
-  drop_committed_slots(id, n);
+  slot_uploads_.erase(id);  // the reservation shrank: its upload no longer matches
   return ok_status();
-}
-
-void KvCache::drop_committed_slots(SequenceId id, int64_t n) {
-  auto it = pending_.find(id);
-  if (it != pending_.end()) {
-    Pending& p = it->second;
-    p.slots.erase(p.slots.begin(), p.slots.begin() + static_cast<std::ptrdiff_t>(std::min(
-                                                         static_cast<size_t>(n), p.slots.size())));
-    p.device_slots.reset();
-    if (p.slots.empty()) pending_.erase(it);
-  }
 }
 
 Status KvCache::commit_batch(const std::vector<SequenceId>& ids, const std::vector<TokenId>& tokens,
@@ -394,7 +334,9 @@ Status KvCache::commit_batch(const std::vector<SequenceId>& ids, const std::vect
   }
   PAGEDKV_RETURN_IF_ERROR(control_->commit_batch(ids, tokens.data(), n_each));
   ++generation_;
-  for (SequenceId id : ids) drop_committed_slots(id, n_each);
+  if (!slot_uploads_.empty()) {
+    for (SequenceId id : ids) slot_uploads_.erase(id);
+  }
   return ok_status();
 }
 
@@ -403,7 +345,7 @@ Status KvCache::rollback(SequenceId id, int64_t length) {
   PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_RETURN_IF_ERROR(control_->rollback(id, length));
   ++generation_;
-  pending_.erase(id);
+  slot_uploads_.erase(id);
   return ok_status();
 }
 
@@ -420,7 +362,7 @@ Status KvCache::finish(SequenceId id) {
   PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_RETURN_IF_ERROR(control_->finish(id));
   ++generation_;
-  pending_.erase(id);
+  slot_uploads_.erase(id);
   last_job_.erase(id);
   return ok_status();
 }
@@ -430,7 +372,7 @@ Status KvCache::erase(SequenceId id) {
   PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_RETURN_IF_ERROR(control_->erase(id));
   ++generation_;
-  pending_.erase(id);
+  slot_uploads_.erase(id);
   last_job_.erase(id);
   return ok_status();
 }
@@ -450,31 +392,35 @@ Status KvCache::set_priority(SequenceId id, int32_t priority) {
 Status KvCache::offload(SequenceId id) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::offload");
   PAGEDKV_RETURN_IF_ERROR(broken_);
-  PAGEDKV_ASSIGN_OR_RETURN(Transfers t, control_->offload(id));
-  return carry_out(t);
+  PAGEDKV_ASSIGN_OR_RETURN(core::TierPlan plan, control_->plan_offload(id));
+  return carry_out(plan);
 }
 
-Status KvCache::carry_out(const Transfers& t) {
+Status KvCache::carry_out(core::TierPlan& plan) {
   ++generation_;
+  // The control plane has applied its plan; the data plane now carries it out, or the plan is
+  // taken back.
   Submitted sub;
-  const Status s = run_transfers(t, &sub);
-  if (!s.ok()) return recover(s, sub.moves_done);
-  note_transfers(t, sub.ticket);
+  Status s = run_transfers(plan.transfers(), &sub);
+  if (s.ok()) s = order_block_reuse(plan.slots());
+  if (!s.ok()) return recover(s, plan, sub.moves_done);
+  note_transfers(plan.transfers(), sub.ticket);
+  plan.commit();
   return ok_status();
 }
 
 Status KvCache::restore(SequenceId id) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::restore");
   PAGEDKV_RETURN_IF_ERROR(broken_);
-  PAGEDKV_ASSIGN_OR_RETURN(Transfers t, control_->restore(id));
-  return carry_out(t);
+  PAGEDKV_ASSIGN_OR_RETURN(core::TierPlan plan, control_->plan_restore(id));
+  return carry_out(plan);
 }
 
 Status KvCache::prefetch(const std::vector<SequenceId>& ids) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::prefetch");
   PAGEDKV_RETURN_IF_ERROR(broken_);
-  PAGEDKV_ASSIGN_OR_RETURN(Transfers t, control_->prefetch(ids));
-  return carry_out(t);
+  PAGEDKV_ASSIGN_OR_RETURN(core::TierPlan plan, control_->plan_prefetch(ids));
+  return carry_out(plan);
 }
 
 StatusOr<SequenceResidency> KvCache::residency(SequenceId id) {
@@ -588,6 +534,10 @@ StatusOr<int64_t> KvCache::length(SequenceId id) const { return control_->length
 
 StatusOr<int64_t> KvCache::pending(SequenceId id) const { return control_->pending(id); }
 
+StatusOr<int64_t> KvCache::slot(SequenceId id, int64_t position) const {
+  return control_->slot(id, position);
+}
+
 StatusOr<std::vector<BlockLocation>> KvCache::block_locations(SequenceId id) const {
   return control_->block_locations(id);
 }
@@ -599,12 +549,13 @@ std::vector<ControlEvent> KvCache::drain_events() { return control_->drain_event
 Status KvCache::check_invariants() const {
   PAGEDKV_RETURN_IF_ERROR(control_->check_invariants());
   int64_t leases = batch_upload_ != nullptr ? 1 : 0;
-  for (const auto& [id, pending] : pending_) {
+  if (control_->plan_open()) return internal_error("a tier plan was left open");
+  for (const auto& [id, upload] : slot_uploads_) {
     if (!control_->contains(id)) {
-      return internal_error("a reservation is kept for sequence " + std::to_string(id) +
+      return internal_error("an upload of slots is kept for sequence " + std::to_string(id) +
                             ", which no longer exists");
     }
-    leases += pending.device_slots != nullptr ? 1 : 0;
+    leases += upload.lease != nullptr ? 1 : 0;
   }
   // Every upload region still held belongs to the last batch or to a reservation's slots: a
   // call that leaked one would keep the arena from ever reusing its chunk.

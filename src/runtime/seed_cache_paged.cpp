@@ -58,7 +58,7 @@ class PagedSeedImpl final : public SeedImpl {
     PAGEDKV_RETURN_IF_ERROR(extend(id, len, pos + 1));
     State& s = state_[id];
     const size_t row = static_cast<size_t>(config_.num_kv_heads) * config_.head_dim * 2;
-    const int64_t slot = s.slots[static_cast<size_t>(pos - len)];
+    PAGEDKV_ASSIGN_OR_RETURN(const int64_t slot, cache_->slot(id, pos));
     PAGEDKV_ASSIGN_OR_RETURN(UploadLease up,
                              uploads_->upload({{key, row}, {value, row}, {&slot, sizeof(slot)}}));
     WriteKvArgs args;
@@ -117,14 +117,12 @@ class PagedSeedImpl final : public SeedImpl {
         std::all_of(tokens.begin(), tokens.end(), [](TokenId t) { return t >= 0; })) {
       matchable_[id] = len + delta;
     }
-    s.slots.erase(s.slots.begin(), s.slots.begin() + delta);
     s.tokens.erase(s.tokens.begin(), s.tokens.begin() + delta);
     mirror_.invalidate_all(id);
-    if (s.tokens.empty() && !s.slots.empty()) {
+    if (s.tokens.empty() && cache_->pending(id).value_or(0) > 0) {
       // Nothing written is pending: give the slots reserved ahead back (a reserve of none hands
-      // out no slot). Best effort: the advance is done; on failure the spare stays reserved and
-      // `synced` still matches it.
-      if (cache_->reserve(id, 0).ok()) s.slots.clear();
+      // out no slot). Best effort: the advance is done; on failure the spare stays reserved.
+      (void)cache_->reserve(id, 0);
     }
     return ok_status();
   }
@@ -244,7 +242,7 @@ class PagedSeedImpl final : public SeedImpl {
 
   Status restore(SequenceId id) override {
     // The reservation (and the written positions in it) survives the round trip; only its slots
-    // moved, and `resident` recomputes them before the next write.
+    // moved, and the next write asks the cache for them.
     return cache_->restore(id);
   }
 
@@ -267,12 +265,11 @@ class PagedSeedImpl final : public SeedImpl {
   Status synchronize() override { return cache_->synchronize(); }
 
  private:
-  // The reservation as the seed sees it. `slots` are the reserved slots of positions length ..
-  // length + slots.size(); the first tokens.size() of them are written, not yet advanced
-  // positions (one token id each), the rest are reserved ahead and count for nothing.
-  // `moves` is the cache's move count (moves()) when `slots` were last known to be current.
+  // The written, not yet advanced positions length .. length + tokens.size() (one token id
+  // each) of the cache's reservation; the rest of the reservation is reserved ahead and counts
+  // for nothing. The slots are not kept here: the cache owns them and write_token asks for them.
+  // `moves` is the cache's move count (moves()) when the sequence was last seen resident.
   struct State {
-    std::vector<int64_t> slots;
     std::vector<TokenId> tokens;
     int64_t moves = -1;
   };
@@ -284,18 +281,15 @@ class PagedSeedImpl final : public SeedImpl {
     return it == matchable_.end() ? len : std::min(it->second, len);
   }
 
-  // Offloads and restores so far, of any sequence: a sequence's slots can only have moved when
-  // this changed since they were computed.
+  // Offloads and restores so far, of any sequence: a sequence can only have left the device when
+  // this changed since it was last seen there.
   int64_t moves() const {
     const ControlStats c = cache_->stats();
     return c.sequences_offloaded + c.sequences_restored + c.blocks_offloaded + c.blocks_restored;
   }
 
-  // Makes the sequence writable: restores it when it is offloaded (a write through a slot it held
-  // before the offload would land in a block that may now belong to another sequence, and a
-  // write to the host copy would be lost), then recomputes the slots of its reservation from
-  // where its blocks are now. Only after an offload or restore somewhere does this look at the
-  // blocks.
+  // Makes the sequence writable: restores it when it is offloaded (a write to the host copy
+  // would be lost). Only after an offload or restore somewhere does this look at the blocks.
   Status resident(SequenceId id) {
     State& s = synced(id);
     if (s.moves == moves()) return ok_status();
@@ -303,27 +297,16 @@ class PagedSeedImpl final : public SeedImpl {
     PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, cache_->block_locations(id));
     bool offloaded = r == SequenceResidency::kHost;
     for (const BlockLocation& b : blocks) offloaded = offloaded || b.tier != Tier::kDevice;
-    if (offloaded) {
-      PAGEDKV_RETURN_IF_ERROR(cache_->restore(id));
-      PAGEDKV_ASSIGN_OR_RETURN(blocks, cache_->block_locations(id));
-    }
-    PAGEDKV_ASSIGN_OR_RETURN(int64_t len, cache_->length(id));
-    State& now = synced(id);
-    const int64_t bs = config_.block_size;
-    for (size_t i = 0; i < now.slots.size(); ++i) {
-      const int64_t pos = len + static_cast<int64_t>(i);
-      now.slots[i] =
-          static_cast<int64_t>(blocks[static_cast<size_t>(pos / bs)].block) * bs + pos % bs;
-    }
-    now.moves = moves();
+    if (offloaded) PAGEDKV_RETURN_IF_ERROR(cache_->restore(id));
+    synced(id).moves = moves();
     return ok_status();
   }
 
-  // The cache drops a reservation on offload, eviction or rollback: follow it.
+  // The cache drops a reservation on eviction or rollback: follow it.
   State& synced(SequenceId id) {
     State& s = state_[id];
     auto pending = cache_->pending(id);
-    if (!pending.ok() || *pending != static_cast<int64_t>(s.slots.size())) s = State{};
+    if (!pending.ok() || *pending < static_cast<int64_t>(s.tokens.size())) s = State{};
     return s;
   }
 
@@ -350,18 +333,13 @@ class PagedSeedImpl final : public SeedImpl {
   }
 
   // Makes positions [len, end) written ones, extending the reservation when it is shorter.
-  // Slots already handed out do not move (their blocks are this sequence's own after the first
-  // reserve's copy-on-write).
+  // The written positions keep their blocks (this sequence's own after the first reserve's
+  // copy-on-write; a reserve of an offloaded sequence brings them back first).
   Status extend(SequenceId id, int64_t len, int64_t end) {
-    State& s = state_[id];
-    const int64_t have = static_cast<int64_t>(s.slots.size());
+    State& s = synced(id);
+    PAGEDKV_ASSIGN_OR_RETURN(const int64_t have, cache_->pending(id));
     if (end - len > have) {
-      PAGEDKV_ASSIGN_OR_RETURN(std::vector<int64_t> slots,
-                               cache_->reserve(id, reserve_target(len, have, end - len)));
-      if (!std::equal(s.slots.begin(), s.slots.end(), slots.begin())) {
-        return internal_error(seq_name(id) + ": extending the reservation moved written slots");
-      }
-      s.slots = std::move(slots);
+      PAGEDKV_RETURN_IF_ERROR(cache_->reserve(id, reserve_target(len, have, end - len)).status());
       s.moves = moves();
     }
     while (static_cast<int64_t>(s.tokens.size()) < end - len) {

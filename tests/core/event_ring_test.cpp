@@ -1,6 +1,6 @@
 // The bounded control-event ring: capacity, oldest-first drops, the kEventsDropped marker that
 // opens the next drain, erasing a taken-back call's events by sequence number across overflow,
-// and the control plane that uses it (bounded under a long undrained workload, undo_last).
+// and the control plane that uses it (bounded under a long undrained workload, undone plans).
 #include "core/event_ring.hpp"
 
 #include <gtest/gtest.h>
@@ -239,8 +239,11 @@ TEST(ControlPlaneEvents, UndoRemovesTheFailedCallsEventsOnly) {
   add_and_fill(*cp, 1, iota_tokens(8, 100));  // two stored blocks
   ASSERT_TRUE(cp->offload(1).ok());
   ASSERT_TRUE(cp->restore(1).ok());
-  ASSERT_TRUE(cp->offload(1).ok());  // the call the data plane "fails"
-  cp->undo_last(0);
+  {
+    auto plan = cp->plan_offload(1);  // the call the data plane "fails"
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    plan->undo(0);
+  }
   PAGEDKV_EXPECT_INV(*cp);
   EXPECT_FALSE(cp->residency(1)->offloaded);
   const std::vector<ControlEvent> out = cp->drain_events();
@@ -273,9 +276,10 @@ TEST(ControlPlaneEvents, UndoAcrossOverflowRemovesTheCallsEventsAndKeepsTheMarke
   add_and_fill(*cp, 1, iota_tokens(8, 100));  // 2 events: stored, stored
   ASSERT_TRUE(cp->offload(1).ok());           // 5 more: two stored/removed pairs, offloaded
   ASSERT_TRUE(cp->restore(1).ok());           // 5 more; the ring holds the last 3
-  ASSERT_TRUE(cp->offload(1).ok());           // the failed call: 5 more
+  auto plan = cp->plan_offload(1);            // the failed call: 5 more
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   EXPECT_EQ(cp->stats().events_dropped, 14);
-  cp->undo_last(0);
+  plan->undo(0);
   PAGEDKV_EXPECT_INV(*cp);
   EXPECT_EQ(cp->stats().events_dropped, 14) << "undo neither emits events nor brings any back";
   const std::vector<ControlEvent> out = cp->drain_events();
