@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include "core/sequence_errors.hpp"
+
 namespace pagedkv {
 namespace core {
 
@@ -29,7 +31,7 @@ StatusOr<DenseBuffer> DenseAllocator::add(SequenceId id) {
 
 StatusOr<DenseGrowth> DenseAllocator::ensure(SequenceId id, int64_t length) {
   auto it = seqs_.find(id);
-  if (it == seqs_.end()) return not_found("sequence " + std::to_string(id) + " does not exist");
+  if (it == seqs_.end()) return unknown(id);
   if (length < 0 || length > max_len_) {
     return out_of_range("length " + std::to_string(length) + " outside [0, " +
                         std::to_string(max_len_) + "]");
@@ -48,7 +50,7 @@ StatusOr<DenseGrowth> DenseAllocator::ensure(SequenceId id, int64_t length) {
 
 StatusOr<DenseGrowth> DenseAllocator::append(SequenceId id, int64_t n) {
   auto it = seqs_.find(id);
-  if (it == seqs_.end()) return not_found("sequence " + std::to_string(id) + " does not exist");
+  if (it == seqs_.end()) return unknown(id);
   if (n < 0) return invalid_argument("append: n must be >= 0");
   PAGEDKV_ASSIGN_OR_RETURN(DenseGrowth g, ensure(id, it->second.length + n));
   it->second.length += n;
@@ -57,7 +59,7 @@ StatusOr<DenseGrowth> DenseAllocator::append(SequenceId id, int64_t n) {
 
 Status DenseAllocator::rollback(SequenceId id, int64_t length) {
   auto it = seqs_.find(id);
-  if (it == seqs_.end()) return not_found("sequence " + std::to_string(id) + " does not exist");
+  if (it == seqs_.end()) return unknown(id);
   if (length < 0 || length > it->second.length) {
     return out_of_range("rollback: length " + std::to_string(length) + " outside [0, " +
                         std::to_string(it->second.length) + "]");
@@ -68,7 +70,7 @@ Status DenseAllocator::rollback(SequenceId id, int64_t length) {
 
 Status DenseAllocator::finish(SequenceId id) {
   auto it = seqs_.find(id);
-  if (it == seqs_.end()) return not_found("sequence " + std::to_string(id) + " does not exist");
+  if (it == seqs_.end()) return unknown(id);
   const DenseBuffer b = it->second.buffer;
   seqs_.erase(it);
   if (static_cast<int64_t>(free_.size()) < max_free_) {
@@ -84,13 +86,13 @@ Status DenseAllocator::finish(SequenceId id) {
 
 StatusOr<DenseBuffer> DenseAllocator::buffer(SequenceId id) const {
   auto it = seqs_.find(id);
-  if (it == seqs_.end()) return not_found("sequence " + std::to_string(id) + " does not exist");
+  if (it == seqs_.end()) return unknown(id);
   return it->second.buffer;
 }
 
 StatusOr<int64_t> DenseAllocator::length(SequenceId id) const {
   auto it = seqs_.find(id);
-  if (it == seqs_.end()) return not_found("sequence " + std::to_string(id) + " does not exist");
+  if (it == seqs_.end()) return unknown(id);
   return it->second.length;
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/control_plane.hpp"
+#include "core/sequence_errors.hpp"
 
 namespace pagedkv {
 namespace core {
@@ -120,7 +121,7 @@ StatusOr<TierPlan> ControlPlane::plan_prefetch(const std::vector<SequenceId>& id
 
 StatusOr<int64_t> ControlPlane::slot(SequenceId id, int64_t position) const {
   const Sequence* s = seqs_.find(id);
-  if (s == nullptr) return not_found("sequence " + std::to_string(id) + " does not exist");
+  if (s == nullptr) return unknown(id);
   const int64_t end = s->length() + s->pending;
   if (position < 0 || position >= end) {
     return out_of_range("slot: position " + std::to_string(position) + " of sequence " +
@@ -137,7 +138,7 @@ StatusOr<int64_t> ControlPlane::slot(SequenceId id, int64_t position) const {
 
 Status ControlPlane::reserved_slots(SequenceId id, std::vector<int64_t>* out) const {
   const Sequence* s = seqs_.find(id);
-  if (s == nullptr) return not_found("sequence " + std::to_string(id) + " does not exist");
+  if (s == nullptr) return unknown(id);
   if (s->pending > 0 && s->offloaded) {
     return failed_precondition("sequence " + std::to_string(id) +
                                " is offloaded: restore it (or reserve again) before writing");

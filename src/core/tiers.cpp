@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/control_plane.hpp"
+#include "core/sequence_errors.hpp"
 
 namespace pagedkv {
 namespace core {
@@ -189,10 +190,45 @@ void ControlPlane::do_restore(Sequence* s, Transfers* out) {
   emit_sequence_event(EventKind::kSequenceRestored, s->id, /*revocable=*/true);
 }
 
+Status ControlPlane::run_offload(SequenceId id, Transfers* out) {
+  Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  // Without a host tier nothing can move: an "offloaded" sequence whose blocks all stayed on the
+  // device (empty, or every block shared) would be refused by build_batch yet read by gathers.
+  if (config_.num_host_blocks == 0) {
+    return failed_precondition("offload: " + seq_name(id) +
+                               ": there is no host tier: num_host_blocks is 0");
+  }
+  if (s->active) return failed_precondition("offload: " + seq_name(id) + " is active");
+  if (s->offloaded) return failed_precondition("offload: " + seq_name(id) + " is offloaded");
+  const int64_t e = exclusive_device_blocks(*s);
+  if (e > host_room()) {
+    return resource_exhausted("offload: " + seq_name(id) + " needs " + std::to_string(e) +
+                              " host blocks, " + std::to_string(host_room()) +
+                              " free or held by cached blocks");
+  }
+  begin_journal();
+  do_offload(s, out);
+  return ok_status();
+}
+
+Status ControlPlane::run_restore(SequenceId id, Transfers* out) {
+  Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  if (!s->offloaded) return failed_precondition("restore: " + seq_name(id) + " is not offloaded");
+  int64_t host_blocks = 0;
+  for (LogicalId b : s->blocks) host_blocks += blocks_[b].tier == Tier::kHost ? 1 : 0;
+  Plan plan;
+  PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(host_blocks, s, &plan));
+  begin_journal();
+  apply_plan(plan, out);
+  do_restore(s, out);
+  return ok_status();
+}
+
 Status ControlPlane::run_prefetch(const std::vector<SequenceId>& ids, Transfers* out) {
   for (SequenceId id : ids) {
-    if (seqs_.find(id) == nullptr)
-      return not_found("sequence " + std::to_string(id) + " does not exist");
+    if (seqs_.find(id) == nullptr) return unknown(id);
   }
   begin_journal();
   for (SequenceId id : ids) {

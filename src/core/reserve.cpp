@@ -1,0 +1,173 @@
+// Reserving slots: what a reserve needs (new blocks, a copy-on-write, a restore), checked and
+// planned before anything changes, then applied. reserve_batch is the decode step's form: one
+// bound for the whole batch, and the planner frees room for all members at once.
+#include <algorithm>
+#include <string>
+
+#include "core/control_plane.hpp"
+#include "core/sequence_errors.hpp"
+
+namespace pagedkv {
+namespace core {
+
+Status ControlPlane::check_reserve_length(const Sequence& s, int64_t n) const {
+  const int64_t len = s.length();
+  // Written as a difference: len + n overflows int64 for a huge caller-supplied n (tests/fuzz).
+  if (n > config_.max_sequence_length - len) {
+    return out_of_range("reserve: " + seq_name(s.id) + " has " + std::to_string(len) + " tokens; " +
+                        std::to_string(n) + " more would pass max_sequence_length " +
+                        std::to_string(config_.max_sequence_length));
+  }
+  return ok_status();
+}
+
+ControlPlane::ReserveNeed ControlPlane::reserve_need(const Sequence& s, int64_t n) const {
+  ReserveNeed need;
+  const int64_t len = s.length();
+  need.need_total = static_cast<size_t>(bdiv_.ceil_div(len + n));
+  const size_t cur = s.blocks.size();
+  need.write_block = static_cast<size_t>(bdiv_.div(len));
+  if (n > 0 && need.write_block < cur) {
+    const BlockInfo& b = blocks_[s.blocks[need.write_block]];
+    need.cow = b.ref > 1 || b.node >= 0;
+  }
+  need.new_blocks = need.need_total > cur ? static_cast<int64_t>(need.need_total - cur) : 0;
+  if (s.offloaded) {
+    for (LogicalId b : s.blocks) need.host_blocks += blocks_[b].tier == Tier::kHost ? 1 : 0;
+  }
+  return need;
+}
+
+void ControlPlane::apply_reserve(Sequence* s, int64_t n, const ReserveNeed& need,
+                                 ReserveResult* result) {
+  // Nothing here can fail: the caller made room for need.device_blocks().
+  Transfers& out = result->transfers;
+  if (s->offloaded) do_restore(s, &out);
+  Journal::SavedSequence& saved = journal_sequence(s);
+  // A copy-on-write source that only this sequence holds loses the reference at the end of the
+  // call (flush_deferred_releases), so that no later allocation of the call evicts and reuses
+  // it while the copy is pending.
+  // The blocks of an earlier, longer reservation hold no committed token: free them now.
+  while (s->blocks.size() > need.need_total) {
+    const LogicalId tail = s->blocks.back();
+    if (saved.tail_size++ == 0) saved.tail_begin = static_cast<uint32_t>(journal_.tails.size());
+    journal_.tails.push_back(tail);
+    s->blocks.pop_back();
+    s->mark_changed(s->blocks.size());
+    BlockInfo& info = blocks_[tail];
+    if (info.ref == 1 && info.node < 0) {
+      info.ref = 0;
+      journal_release(tail);
+      blocks_.release(tail);
+    } else {
+      deferred_release_.emplace_back(s, tail);
+    }
+  }
+  if (need.cow) {
+    const LogicalId src = s->blocks[need.write_block];
+    saved.cow_index = static_cast<int32_t>(need.write_block);
+    saved.cow_source = src;
+    const LogicalId dst = take_device_block(&out);
+    out.copies.push_back(BlockCopy{blocks_[src].phys, blocks_[dst].phys});
+    s->blocks[need.write_block] = dst;
+    s->mark_changed(need.write_block);
+    if (blocks_[src].ref > 1) {
+      --blocks_[src].ref;  // still held by others: nothing can evict it
+      journal_unref(src);
+    } else {
+      deferred_release_.emplace_back(s, src);
+    }
+    ++counters_.copy_on_write;
+  }
+  for (int64_t i = 0; i < need.new_blocks; ++i) s->blocks.push_back(take_device_block(&out));
+  s->pending = n;
+  touch(s);
+  const int64_t len = s->length();
+  for (int64_t p = len; p < len + n; ++p) {
+    const int64_t phys = blocks_[s->blocks[static_cast<size_t>(bdiv_.div(p))]].phys;
+    result->slots.push_back(phys * block_size_ + bdiv_.mod(p));
+  }
+}
+
+Status ControlPlane::run_reserve(SequenceId id, int64_t n, ReserveResult* result) {
+  Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  if (n < 0) return invalid_argument("reserve: n must be >= 0, got " + std::to_string(n));
+  PAGEDKV_RETURN_IF_ERROR(check_reserve_length(*s, n));
+  const ReserveNeed need = reserve_need(*s, n);
+  Plan plan;
+  PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(need.device_blocks(), s, &plan));
+  begin_journal();
+  apply_plan(plan, &result->transfers);
+  apply_reserve(s, n, need, result);
+  flush_deferred_releases();
+  return ok_status();
+}
+
+Status ControlPlane::run_reserve_batch(const std::vector<SequenceId>& ids, int64_t n_each,
+                                       ReserveResult* result) {
+  PAGEDKV_RETURN_IF_ERROR(resolve(ids, /*check_offloaded=*/false, "reserve_batch"));
+  if (n_each < 0) {
+    return invalid_argument("reserve_batch: n_each must be >= 0, got " + std::to_string(n_each));
+  }
+  const size_t rows = resolved_.size();
+  // Pass 1 reads only the sequence records: lengths, and an upper bound of the blocks needed
+  // (a copy-on-write is possible whenever the write lands in an existing block). The exact need,
+  // which reads every written block's record, is computed only when the bound does not fit.
+  int64_t upper = 0;
+  const int64_t max_len = config_.max_sequence_length - n_each;
+  for (size_t i = 0; i < rows; ++i) {
+    if (i + 8 < rows) __builtin_prefetch(resolved_[i + 8]);
+    const Sequence& s = *resolved_[i];
+    const int64_t len = s.length();
+    if (len > max_len) PAGEDKV_RETURN_IF_ERROR(check_reserve_length(s, n_each));
+    if (s.offloaded) {
+      upper += reserve_need(s, n_each).device_blocks();
+      continue;
+    }
+    const int64_t cur = static_cast<int64_t>(s.blocks.size());
+    upper += std::max<int64_t>(bdiv_.ceil_div(len + n_each) - cur, 0) +
+             (n_each > 0 && bdiv_.div(len) < cur ? 1 : 0);
+  }
+  // The need can only overestimate: an earlier member's copy-on-write may unshare a later one's
+  // block. With room for it no member's own plan would take anything (the sum of the needs never
+  // exceeds what is available), so applying in order equals reserve_into() per id.
+  begin_journal();
+  const int64_t avail = device_available();
+  if (upper > avail) {
+    int64_t need = 0;
+    for (const Sequence* s : resolved_) need += reserve_need(*s, n_each).device_blocks();
+    if (need > avail) {
+      Plan plan;
+      PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(need, nullptr, &plan, resolved_epoch_));
+      apply_plan(plan, &result->transfers);
+    }
+  }
+  for (size_t i = 0; i < rows; ++i) {
+    // The tables and the blocks they write are scattered: fetch a few rows ahead, the table
+    // entry first, then (once it has arrived) the block record.
+    if (i + 8 < rows) {
+      const Sequence& a = *resolved_[i + 8];
+      const size_t wb = static_cast<size_t>(bdiv_.div(a.length()));
+      if (wb < a.blocks.size()) __builtin_prefetch(&a.blocks[wb]);
+    }
+    if (i + 4 < rows) {
+      const Sequence& a = *resolved_[i + 4];
+      const size_t wb = static_cast<size_t>(bdiv_.div(a.length()));
+      if (wb < a.blocks.size()) __builtin_prefetch(&blocks_[a.blocks[wb]]);
+    }
+    Sequence* s = resolved_[i];
+    apply_reserve(s, n_each, reserve_need(*s, n_each), result);
+  }
+  flush_deferred_releases();
+  return ok_status();
+}
+
+StatusOr<ReserveResult> ControlPlane::reserve(SequenceId id, int64_t n) {
+  ReserveResult result;
+  PAGEDKV_RETURN_IF_ERROR(reserve_into(id, n, &result));
+  return result;
+}
+
+}  // namespace core
+}  // namespace pagedkv

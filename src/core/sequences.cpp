@@ -1,0 +1,229 @@
+// The sequence calls that move no block between tiers: adding a sequence (with its prefix
+// hit), committing reserved tokens (which registers full blocks in the prefix index), rollback,
+// fork, finish, erase, the active set and priorities.
+#include <algorithm>
+#include <string>
+
+#include "core/control_plane.hpp"
+#include "core/sequence_errors.hpp"
+
+namespace pagedkv {
+namespace core {
+
+StatusOr<int64_t> ControlPlane::add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
+                                             const SequenceOptions& options) {
+  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("add_sequence"));
+  if (seqs_.find(id) != nullptr) return already_exists(seq_name(id) + " already exists");
+  PAGEDKV_RETURN_IF_ERROR(validate_options(options));
+  const int64_t len = static_cast<int64_t>(prompt.size());
+  if (len > config_.max_sequence_length) {
+    return out_of_range("prompt of " + std::to_string(len) +
+                        " tokens exceeds max_sequence_length " +
+                        std::to_string(config_.max_sequence_length));
+  }
+  // Longest match over full blocks in either tier. Host-resident ones make the sequence
+  // offloaded: its first reserve (or a restore/prefetch) onboards them before any use.
+  std::vector<LogicalId> matched;
+  if (config_.enable_prefix_caching) {
+    NodeId parent = kRootNode;
+    for (int64_t i = 0; (i + 1) * block_size_ <= len; ++i) {
+      const NodeId n =
+          index_.find(parent, options.ns, &prompt[static_cast<size_t>(i * block_size_)]);
+      if (n < 0) break;
+      matched.push_back(index_.node(n).block);
+      parent = n;
+    }
+  }
+  int64_t cached = static_cast<int64_t>(matched.size()) * block_size_;
+  // At least one token is left to compute; its block (if matched) is copied on write.
+  if (cached == len && len > 0) cached = len - 1;
+  matched.resize(static_cast<size_t>((cached + block_size_ - 1) / block_size_));
+
+  Sequence* s = seqs_.create(id);
+  s->options = options;
+  s->tokens.assign(prompt.begin(), prompt.begin() + cached);
+  s->blocks = matched;
+  bool on_host = false;
+  for (size_t i = 0; i < matched.size(); ++i) {
+    BlockInfo& info = blocks_[matched[i]];
+    if (info.ref++ == 0) {
+      --cached_unref_[static_cast<int>(info.tier)];
+      unlist(matched[i]);
+    }
+    info.last_access = ++tick_;
+    if (info.tier == Tier::kHost) {
+      on_host = true;
+      // Counted like prefix_hit_blocks: whole blocks of the hit (not a last, partly used one).
+      if (static_cast<int64_t>(i + 1) * block_size_ <= cached) ++counters_.prefix_host_hit_blocks;
+    }
+  }
+  if (on_host) {
+    s->offloaded = true;
+    ++counters_.offloaded_sequences;
+  }
+  s->arrival = ++tick_;
+  s->last_used = s->arrival;
+  update_victim(s);
+
+  ++counters_.prefix_queries;
+  counters_.prefix_query_tokens += len;
+  counters_.prefix_hit_tokens += cached;
+  const int64_t hit_blocks = cached / block_size_;
+  counters_.prefix_hit_blocks += hit_blocks;
+  counters_.prefix_miss_blocks += len / block_size_ - hit_blocks;
+  return cached;
+}
+
+Status ControlPlane::commit(SequenceId id, const TokenId* tokens, int64_t n) {
+  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("commit"));
+  Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  if (n < 0) return invalid_argument("commit: n must be >= 0");
+  if (n > 0 && tokens == nullptr) return invalid_argument("commit: tokens is null");
+  if (n > s->pending) {
+    return failed_precondition("commit: " + std::to_string(n) + " tokens but only " +
+                               std::to_string(s->pending) + " reserved for " + seq_name(id));
+  }
+  if (s->offloaded) return failed_precondition("commit: " + seq_name(id) + " is offloaded");
+  const int64_t old_len = s->length();
+  s->tokens.insert(s->tokens.end(), tokens, tokens + n);
+  s->pending -= n;
+  touch(s);
+  if (config_.enable_prefix_caching) {
+    const int64_t new_len = old_len + n;
+    for (int64_t i = old_len / block_size_; (i + 1) * block_size_ <= new_len; ++i) {
+      register_full_block(s, static_cast<size_t>(i));
+    }
+  }
+  return ok_status();
+}
+
+Status ControlPlane::commit_batch(const std::vector<SequenceId>& ids, const TokenId* tokens,
+                                  int64_t n_each) {
+  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("commit_batch"));
+  if (n_each < 0) return invalid_argument("commit_batch: n_each must be >= 0");
+  if (n_each > 0 && !ids.empty() && tokens == nullptr) {
+    return invalid_argument("commit_batch: tokens is null");
+  }
+  std::vector<SequenceId> sorted(ids);
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    return invalid_argument("commit_batch: ids are not distinct");
+  }
+  for (SequenceId id : ids) {
+    const Sequence* s = seqs_.find(id);
+    if (s == nullptr) return unknown(id);
+    if (n_each > s->pending) {
+      return failed_precondition("commit_batch: " + std::to_string(n_each) + " tokens but only " +
+                                 std::to_string(s->pending) + " reserved for " + seq_name(id));
+    }
+    if (s->offloaded) return failed_precondition("commit_batch: " + seq_name(id) + " is offloaded");
+  }
+  // Nothing below can fail: commit() checks only what was checked above.
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const Status st = commit(ids[i], tokens + static_cast<int64_t>(i) * n_each, n_each);
+    if (!st.ok()) return internal_error("commit_batch failed after its checks: " + st.message());
+  }
+  return ok_status();
+}
+
+Status ControlPlane::rollback(SequenceId id, int64_t length) {
+  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("rollback"));
+  Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  if (length < 0 || length > s->length()) {
+    return out_of_range("rollback: length " + std::to_string(length) + " outside [0, " +
+                        std::to_string(s->length()) + "] for " + seq_name(id));
+  }
+  s->tokens.resize(static_cast<size_t>(length));
+  s->pending = 0;
+  release_tail(s, static_cast<size_t>((length + block_size_ - 1) / block_size_));
+  s->mark_changed(0);
+  touch(s);
+  return ok_status();
+}
+
+Status ControlPlane::fork(SequenceId parent, SequenceId child) {
+  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("fork"));
+  Sequence* p = seqs_.find(parent);
+  if (p == nullptr) return unknown(parent);
+  if (seqs_.find(child) != nullptr) return already_exists(seq_name(child) + " already exists");
+  if (p->offloaded) return failed_precondition("fork: " + seq_name(parent) + " is offloaded");
+  Sequence* c = seqs_.create(child);
+  c->options = p->options;
+  c->tokens = p->tokens;
+  const size_t keep = static_cast<size_t>((p->length() + block_size_ - 1) / block_size_);
+  c->blocks.assign(p->blocks.begin(), p->blocks.begin() + static_cast<std::ptrdiff_t>(keep));
+  for (LogicalId b : c->blocks) ++blocks_[b].ref;  // held by the parent: never 0 -> 1
+  c->arrival = ++tick_;
+  c->last_used = c->arrival;
+  update_victim(c);
+  return ok_status();
+}
+
+Status ControlPlane::finish(SequenceId id) {
+  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("finish"));
+  Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  if (s->active) {
+    active_.erase(std::find(active_.begin(), active_.end(), id));
+    s->active = false;
+  }
+  if (s->offloaded) --counters_.offloaded_sequences;
+  seqs_.clear_victim(s);
+  release_tail(s, 0);
+  seqs_.destroy(id);
+  return ok_status();
+}
+
+Status ControlPlane::erase(SequenceId id) {
+  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("erase"));
+  Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  std::vector<LogicalId> held = s->blocks;
+  PAGEDKV_RETURN_IF_ERROR(finish(id));
+  // Drop the cached blocks nobody else references, deepest first so each is a leaf in turn.
+  for (size_t i = held.size(); i > 0; --i) {
+    const LogicalId b = held[i - 1];
+    if (!blocks_.live(b)) continue;
+    const BlockInfo& info = blocks_[b];
+    if (info.ref != 0 || info.node < 0 || index_.node(info.node).children != 0) continue;
+    unlist(b);
+    --cached_unref_[static_cast<int>(info.tier)];
+    remove_node(info.node);
+    blocks_.release(b);
+  }
+  return ok_status();
+}
+
+Status ControlPlane::set_active(const std::vector<SequenceId>& ids) {
+  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("set_active"));
+  for (SequenceId id : ids) {
+    if (seqs_.find(id) == nullptr) return unknown(id);
+  }
+  std::vector<SequenceId> old;
+  old.swap(active_);
+  for (SequenceId id : old) seqs_.find(id)->active = false;
+  for (SequenceId id : ids) {
+    Sequence* s = seqs_.find(id);
+    if (!s->active) {
+      s->active = true;
+      active_.push_back(id);
+    }
+  }
+  for (SequenceId id : old) update_victim(seqs_.find(id));
+  for (SequenceId id : active_) update_victim(seqs_.find(id));
+  return ok_status();
+}
+
+Status ControlPlane::set_priority(SequenceId id, int32_t priority) {
+  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("set_priority"));
+  Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  s->options.priority = priority;
+  update_victim(s);
+  return ok_status();
+}
+
+}  // namespace core
+}  // namespace pagedkv
