@@ -42,10 +42,12 @@ ControlPlane::ControlPlane(const CacheConfig& config, ControlOptions options)
       bdiv_(config.block_size),
       blocks_(config.num_device_blocks, config.num_host_blocks),
       index_(config.block_size, config.num_device_blocks + config.num_host_blocks),
-      evictq_(&blocks_, Tier::kDevice),
-      host_lru_(&blocks_, Tier::kHost),
       batch_(config.block_size),
-      events_(options.event_capacity) {}
+      events_(options.event_capacity) {
+  const std::vector<TierSpec> specs = tier_specs(config);
+  tiers_.reserve(specs.size());
+  for (const TierSpec& spec : specs) tiers_.emplace_back(&blocks_, spec);
+}
 
 Status ControlPlane::validate_options(const SequenceOptions& o) const {
   if (o.retention_priority < kMinRetentionPriority ||
@@ -60,7 +62,7 @@ Status ControlPlane::validate_options(const SequenceOptions& o) const {
 // ---------------------------------------------------------------- block bookkeeping
 
 void ControlPlane::unlist(LogicalId id) {
-  if (blocks_[id].listed) queue_of(blocks_[id].tier).erase(id);
+  if (blocks_[id].listed) tier(blocks_[id].tier).queue().erase(id);
 }
 
 void ControlPlane::release_block(LogicalId id, const Sequence& owner) {
@@ -72,11 +74,11 @@ void ControlPlane::release_block(LogicalId id, const Sequence& owner) {
     return;
   }
   // A registered block stays cached in its tier for later prompts.
-  ++cached_unref_[static_cast<int>(b.tier)];
+  tier(b.tier).add_cached();
   b.retention = owner.options.retention_priority;
   b.expiry_ns =
       owner.options.retention_duration_ns > 0 ? now_ns() + owner.options.retention_duration_ns : 0;
-  queue_of(b.tier).schedule_expiry(id);
+  tier(b.tier).queue().schedule_expiry(id);
   list_if_evictable(id);
 }
 
@@ -125,7 +127,7 @@ void ControlPlane::register_full_block(Sequence* s, size_t i) {
   if (blocks_[theirs].tier != Tier::kDevice) return;
   BlockInfo& t = blocks_[theirs];
   if (t.ref++ == 0) {
-    --cached_unref_[static_cast<int>(Tier::kDevice)];
+    tier(Tier::kDevice).remove_cached();
     unlist(theirs);
   }
   t.last_access = ++tick_;
@@ -255,17 +257,8 @@ ControlStats ControlPlane::stats() const {
   ControlStats st = counters_;
   st.events_dropped = events_.dropped_total();
   const int64_t bb = config_.block_bytes();
-  TierStats* tiers[kNumTiers] = {&st.device, &st.host};
-  for (int t = 0; t < kNumTiers; ++t) {
-    TierStats& x = *tiers[t];
-    const Tier tier = static_cast<Tier>(t);
-    x.total_blocks = blocks_.capacity(tier);
-    x.free_blocks = blocks_.free_count(tier);
-    x.cached_blocks = cached_unref_[t];
-    x.used_blocks = x.total_blocks - x.free_blocks - x.cached_blocks;
-    x.total_bytes = x.total_blocks * bb;
-    x.used_bytes = (x.total_blocks - x.free_blocks) * bb;
-  }
+  st.device = tier(Tier::kDevice).stats(bb);
+  st.host = tier(Tier::kHost).stats(bb);
   st.sequences = seqs_.size();
   st.active_sequences = static_cast<int64_t>(active_.size());
   return st;

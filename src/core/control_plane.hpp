@@ -17,9 +17,11 @@
 #include "core/block_allocator.hpp"
 #include "core/event_ring.hpp"
 #include "core/eviction_queue.hpp"
+#include "core/journal.hpp"
 #include "core/prefix_index.hpp"
 #include "core/sequence_table.hpp"
 #include "core/tier_plan.hpp"
+#include "core/tier_store.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/control_types.hpp"
 #include "pagedkv/status.hpp"
@@ -187,45 +189,8 @@ class ControlPlane {
   // undo_log.cpp: takes the open plan back (see TierPlan::undo).
   std::vector<BlockMove> undo_plan(int64_t moves_done);
 
-  // The journal of the last tier-moving call.
-  struct Journal {
-    enum class OpKind : uint8_t { kAllocate, kMove, kRelease, kUnref };
-    struct Op {
-      OpKind kind = OpKind::kAllocate;
-      LogicalId block = kNoBlock;
-      Tier from_tier = Tier::kDevice;  // kMove: where it came from; kRelease: where it was
-      int32_t from_phys = -1;
-    };
-    // A sequence's state before the call (plain data: a decode step saves one per member). Its
-    // table is recovered from the old length, the copy-on-write source and the dropped tail
-    // (tails[tail_begin, tail_begin + tail_size), in the order it was popped).
-    struct SavedSequence {
-      SequenceId id = 0;
-      uint64_t last_used = 0;
-      int32_t pending = 0;  // <= max_sequence_length, an int32
-      uint32_t blocks = 0;
-      int32_t cow_index = -1;
-      LogicalId cow_source = kNoBlock;
-      uint32_t tail_begin = 0;
-      uint16_t tail_size = 0;
-      bool offloaded = false;
-    };
-    bool open = false;
-    std::vector<Op> ops;
-    std::vector<SavedSequence> sequences;
-    std::vector<LogicalId> tails;
-    struct Released {
-      LogicalId block = kNoBlock;
-      Tier tier = Tier::kDevice;
-      int32_t phys = -1;
-    };
-    std::vector<Released> released;  // references dropped at the end of the call
-    ControlStats counters;
-    uint64_t first_event = 0;  // sequence number of the call's first event in events_
-  };
-
   // A plan for freeing device blocks: sequences to offload or drop, in order.
-  struct Plan {
+  struct VictimPlan {
     std::vector<Sequence*> offload;
     std::vector<Sequence*> drop;
     std::vector<bool> order;  // true: next from offload, false: next from drop
@@ -245,20 +210,22 @@ class ControlPlane {
   int64_t device_available() const;
   // Plans to free device blocks, never choosing `protect` nor, when protect_mark != 0, a
   // sequence whose batch_mark equals it.
-  Status plan_device_blocks(int64_t need, const Sequence* protect, Plan* plan,
+  Status plan_device_blocks(int64_t need, const Sequence* protect, VictimPlan* plan,
                             uint64_t protect_mark = 0);
-  void apply_plan(const Plan& plan, Transfers* out);
+  void apply_plan(const VictimPlan& plan, Transfers* out);
   LogicalId take_device_block(Transfers* out);
   int64_t exclusive_device_blocks(const Sequence& s) const;
   void do_offload(Sequence* s, Transfers* out);
   void do_restore(Sequence* s, Transfers* out);
   void do_drop(Sequence* s);
 
-  // tiers.cpp: the two tiers' cached blocks. Device cached blocks without device-resident
-  // children are listed in evictq_; evicting one demotes it to the host tier when a host slot
-  // can be had, else drops it (or, with host children left, parks it until they are gone).
-  // Host cached leaves are listed in host_lru_ and dropped least recently used first.
-  EvictionQueue& queue_of(Tier t) { return t == Tier::kDevice ? evictq_ : host_lru_; }
+  // tiers.cpp: the tiers' cached blocks and the moves between tiers. Device cached blocks
+  // without device-resident children are listed in the device tier's queue; evicting one demotes
+  // it to the tier its spec names when a slot there can be had, else drops it (or, with children
+  // left in the tier below, parks it until they are gone). Cached leaves of the last tier are
+  // dropped least recently used first.
+  TierStore& tier(Tier t) { return tiers_[static_cast<size_t>(t)]; }
+  const TierStore& tier(Tier t) const { return tiers_[static_cast<size_t>(t)]; }
   // Lists an unreferenced cached block in its tier's queue when it qualifies.
   void list_if_evictable(LogicalId id);
   // Moves a block between tiers (journaled), keeping the parent's device-children count, the
@@ -269,38 +236,15 @@ class ControlPlane {
   // Frees one device slot from the cached blocks (requires one to be evictable).
   void evict_one(Transfers* out);
   void relist_parked();
-  // Drops the least recently used host cached leaf; false when there is none.
-  bool drop_host_lru();
-  // Host slots free or held by cached host blocks (all of which can be dropped, leaves first).
-  int64_t host_room() const {
-    return blocks_.free_count(Tier::kHost) + cached_unref_[static_cast<int>(Tier::kHost)];
-  }
-  // Whether a host slot is free or a cached host leaf can be dropped for one at once.
-  bool host_slot_at_hand() const {
-    return blocks_.free_count(Tier::kHost) > 0 || host_lru_.size() > 0;
-  }
-  // Frees host slots until `n` are free (requires host_room() >= n).
-  void make_host_room(int64_t n);
+  // Drops the first cached leaf of tier `t`'s queue; false when there is none.
+  bool drop_lru(Tier t);
+  // Frees slots of tier `t` until `n` are free (requires tier(t).room() >= n).
+  void make_room(Tier t, int64_t n);
   // Drops the first droppable device cached block (no children); false when there is none.
   bool drop_device_cached();
 
-  // undo_log.cpp: the journal of the open plan's call (see TierPlan::undo()).
+  // undo_log.cpp: opens the journal of a tier-moving call (see TierPlan::undo()).
   void begin_journal();
-  // Saves a sequence's state the first time the call touches it. A call touches each sequence
-  // in one stretch (a reserve restores, then reserves), so a repeat is the latest entry. Inline:
-  // a decode step saves one per member.
-  Journal::SavedSequence& journal_sequence(Sequence* s) {
-    std::vector<Journal::SavedSequence>& saved = journal_.sequences;
-    if (!saved.empty() && saved.back().id == s->id) return saved.back();
-    saved.push_back(Journal::SavedSequence{s->id, s->last_used, static_cast<int32_t>(s->pending),
-                                           static_cast<uint32_t>(s->blocks.size()), -1, kNoBlock, 0,
-                                           0, s->offloaded});
-    return saved.back();
-  }
-  void journal_allocation(LogicalId id);
-  void journal_release(LogicalId id);
-  void journal_unref(LogicalId id);
-  void journal_move(LogicalId id, const BlockMove& m);
 
   // control_plane.cpp helpers
   Status check_reserve_length(const Sequence& s, int64_t n) const;
@@ -334,8 +278,7 @@ class ControlPlane {
   BlockDivider bdiv_;
   BlockAllocator blocks_;
   PrefixIndex index_;
-  EvictionQueue evictq_;
-  EvictionQueue host_lru_;
+  std::vector<TierStore> tiers_;  // one per tier, from tier_specs(config), indexed by Tier
   SequenceTable seqs_;
   BatchMetadataBuilder batch_;
   std::vector<SequenceId> active_;
@@ -348,13 +291,13 @@ class ControlPlane {
   uint64_t resolved_generation_ = ~uint64_t{0};
   uint64_t tick_ = 0;
   uint64_t batch_epoch_ = 0;
-  int64_t cached_unref_[kNumTiers] = {0, 0};  // indexed blocks with ref == 0, per tier
   ControlStats counters_;
   // Copy-on-write sources whose reference a reserve drops once all its blocks are taken, so
   // that no source is evicted (and overwritten) within the call that copies it.
   std::vector<std::pair<Sequence*, LogicalId>> deferred_release_;
   void flush_deferred_releases();
-  // Cached device blocks taken out of evictq_ while they had host children and no host room.
+  // Cached device blocks taken out of the device queue while they had host children and no
+  // host room.
   std::vector<LogicalId> parked_;
 
   Journal journal_;

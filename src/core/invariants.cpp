@@ -143,11 +143,11 @@ Status ControlPlane::check_invariants() const {
         return broken(name() + " and its prefix node disagree");
       }
     }
-    // Device: listed once no child is device-resident (or parked while its children are all
-    // on the host). Host: listed once it is a leaf.
+    // A tier that demotes: listed once no child is in the tier (or parked while its children are
+    // all below). The last tier: listed once it is a leaf.
     const bool qualifies =
         b.ref == 0 && b.node >= 0 &&
-        (b.tier == Tier::kDevice ? b.device_children == 0 : index_.node(b.node).children == 0);
+        (tier(b.tier).spec().last ? index_.node(b.node).children == 0 : b.device_children == 0);
     const bool parked =
         qualifies && b.tier == Tier::kDevice && !b.listed && index_.node(b.node).children > 0;
     if (b.listed != qualifies && !parked) {
@@ -157,23 +157,17 @@ Status ControlPlane::check_invariants() const {
     if (b.node < 0 && b.device_children != 0) return broken(name() + " uncached with children");
     if (b.listed) {
       ++listed[t];
-      if (!(b.tier == Tier::kDevice ? evictq_ : host_lru_).contains(id)) {
+      if (!tier(b.tier).queue().contains(id)) {
         return broken(name() + " listed under a stale key");
       }
     }
   }
+  // Each tier store's own invariants against the recount (available + evictable + referenced
+  // == total among them).
   for (int t = 0; t < kNumTiers; ++t) {
-    if (cached[t] != cached_unref_[t]) {
-      return broken("tier " + str(t) + " cached count " + str(cached_unref_[t]) + " but " +
-                    str(cached[t]) + " recounted");
-    }
-    const Tier tier = static_cast<Tier>(t);
-    if (blocks_.free_count(tier) + cached[t] + used[t] != blocks_.capacity(tier)) {
-      return broken("tier " + str(t) + ": free + cached + used != total");
-    }
+    const Status st = tier(static_cast<Tier>(t)).check(cached[t], listed[t], used[t]);
+    if (!st.ok()) return broken(st.message());
   }
-  if (listed[0] != evictq_.size()) return broken("eviction queue size");
-  if (listed[1] != host_lru_.size()) return broken("host LRU size");
 
   // Prefix index: nodes, hashes, children and the hash map agree with the blocks.
   int64_t nodes = 0;

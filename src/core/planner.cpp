@@ -14,7 +14,7 @@ namespace core {
 int64_t ControlPlane::device_available() const {
   // Every unreferenced cached block can be evicted: its descendants are unreferenced too
   // (a sequence holds the whole chain of a registered block), so leaves-first reaches it.
-  return blocks_.free_count(Tier::kDevice) + cached_unref_[static_cast<int>(Tier::kDevice)];
+  return tier(Tier::kDevice).room();
 }
 
 int64_t ControlPlane::exclusive_device_blocks(const Sequence& s) const {
@@ -26,7 +26,7 @@ int64_t ControlPlane::exclusive_device_blocks(const Sequence& s) const {
   return e;
 }
 
-Status ControlPlane::plan_device_blocks(int64_t need, const Sequence* protect, Plan* plan,
+Status ControlPlane::plan_device_blocks(int64_t need, const Sequence* protect, VictimPlan* plan,
                                         uint64_t protect_mark) {
   int64_t avail = device_available();
   if (avail >= need) return ok_status();
@@ -34,7 +34,7 @@ Status ControlPlane::plan_device_blocks(int64_t need, const Sequence* protect, P
     return resource_exhausted("out of device blocks: need " + std::to_string(need) + ", " +
                               std::to_string(avail) + " free or evictable (eviction policy none)");
   }
-  int64_t host_room = this->host_room();
+  int64_t host_room = tier(Tier::kHost).room();  // where offloads go
   // References that planned drops will release, so later victims are counted right.
   std::unordered_map<LogicalId, int32_t> dropped_refs;
   for (const auto& key : seqs_.victims()) {
@@ -79,7 +79,7 @@ Status ControlPlane::plan_device_blocks(int64_t need, const Sequence* protect, P
                             " obtainable by evicting, offloading and dropping inactive sequences");
 }
 
-void ControlPlane::apply_plan(const Plan& plan, Transfers* out) {
+void ControlPlane::apply_plan(const VictimPlan& plan, Transfers* out) {
   size_t o = 0;
   size_t d = 0;
   for (bool is_offload : plan.order) {

@@ -43,7 +43,7 @@ void ControlPlane::apply_reserve(Sequence* s, int64_t n, const ReserveNeed& need
   // Nothing here can fail: the caller made room for need.device_blocks().
   Transfers& out = result->transfers;
   if (s->offloaded) do_restore(s, &out);
-  Journal::SavedSequence& saved = journal_sequence(s);
+  Journal::SavedSequence& saved = journal_.sequence(*s);
   // A copy-on-write source that only this sequence holds loses the reference at the end of the
   // call (flush_deferred_releases), so that no later allocation of the call evicts and reuses
   // it while the copy is pending.
@@ -57,7 +57,7 @@ void ControlPlane::apply_reserve(Sequence* s, int64_t n, const ReserveNeed& need
     BlockInfo& info = blocks_[tail];
     if (info.ref == 1 && info.node < 0) {
       info.ref = 0;
-      journal_release(tail);
+      journal_.release(tail, blocks_[tail]);
       blocks_.release(tail);
     } else {
       deferred_release_.emplace_back(s, tail);
@@ -73,7 +73,7 @@ void ControlPlane::apply_reserve(Sequence* s, int64_t n, const ReserveNeed& need
     s->mark_changed(need.write_block);
     if (blocks_[src].ref > 1) {
       --blocks_[src].ref;  // still held by others: nothing can evict it
-      journal_unref(src);
+      journal_.unref(src);
     } else {
       deferred_release_.emplace_back(s, src);
     }
@@ -95,7 +95,7 @@ Status ControlPlane::run_reserve(SequenceId id, int64_t n, ReserveResult* result
   if (n < 0) return invalid_argument("reserve: n must be >= 0, got " + std::to_string(n));
   PAGEDKV_RETURN_IF_ERROR(check_reserve_length(*s, n));
   const ReserveNeed need = reserve_need(*s, n);
-  Plan plan;
+  VictimPlan plan;
   PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(need.device_blocks(), s, &plan));
   begin_journal();
   apply_plan(plan, &result->transfers);
@@ -138,7 +138,7 @@ Status ControlPlane::run_reserve_batch(const std::vector<SequenceId>& ids, int64
     int64_t need = 0;
     for (const Sequence* s : resolved_) need += reserve_need(*s, n_each).device_blocks();
     if (need > avail) {
-      Plan plan;
+      VictimPlan plan;
       PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(need, nullptr, &plan, resolved_epoch_));
       apply_plan(plan, &result->transfers);
     }

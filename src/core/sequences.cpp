@@ -47,7 +47,7 @@ StatusOr<int64_t> ControlPlane::add_sequence(SequenceId id, const std::vector<To
   for (size_t i = 0; i < matched.size(); ++i) {
     BlockInfo& info = blocks_[matched[i]];
     if (info.ref++ == 0) {
-      --cached_unref_[static_cast<int>(info.tier)];
+      tier(info.tier).remove_cached();
       unlist(matched[i]);
     }
     info.last_access = ++tick_;
@@ -189,7 +189,7 @@ Status ControlPlane::erase(SequenceId id) {
     const BlockInfo& info = blocks_[b];
     if (info.ref != 0 || info.node < 0 || index_.node(info.node).children != 0) continue;
     unlist(b);
-    --cached_unref_[static_cast<int>(info.tier)];
+    tier(info.tier).remove_cached();
     remove_node(info.node);
     blocks_.release(b);
   }

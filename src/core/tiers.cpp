@@ -1,9 +1,9 @@
-// The two tiers' cached blocks and the moves between tiers. A cached (registered, unreferenced)
-// device block is listed for eviction once no child of it is device-resident; evicting it
-// demotes it to the host tier when a host slot is free or can be had by dropping the least
-// recently used cached host leaf, and drops it otherwise. A prefix hit on a host-resident block
-// makes the new sequence "offloaded" until its first reserve (or a restore/prefetch) brings the
-// blocks back, in the same transfer job as the step's other moves.
+// The tiers' cached blocks (one TierStore each, from the tier table) and the moves between
+// them. A cached (registered, unreferenced) device block is listed for eviction once no child of it
+// is device-resident; evicting it demotes it to the host tier when a host slot is free or can be
+// had by dropping the least recently used cached host leaf, and drops it otherwise. A prefix hit on
+// a host-resident block makes the new sequence "offloaded" until its first reserve (or a
+// restore/prefetch) brings the blocks back, in the same transfer job as the step's other moves.
 #include <cassert>
 #include <string>
 
@@ -17,14 +17,14 @@ void ControlPlane::list_if_evictable(LogicalId id) {
   const BlockInfo& b = blocks_[id];
   if (b.listed || b.ref != 0 || b.node < 0) return;
   const bool leaf =
-      b.tier == Tier::kDevice ? b.device_children == 0 : index_.node(b.node).children == 0;
-  if (leaf) queue_of(b.tier).push(id);
+      tier(b.tier).spec().last ? index_.node(b.node).children == 0 : b.device_children == 0;
+  if (leaf) tier(b.tier).queue().push(id);
 }
 
 void ControlPlane::move_block(LogicalId id, Tier dst, Transfers* out) {
-  if (blocks_[id].listed) queue_of(blocks_[id].tier).erase(id);
+  if (blocks_[id].listed) tier(blocks_[id].tier).queue().erase(id);
   const BlockMove m = blocks_.move(id, dst);
-  journal_move(id, m);
+  journal_.move(id, m);
   out->moves.push_back(m);
   after_tier_change(id, m.src_tier);
 }
@@ -43,53 +43,56 @@ void ControlPlane::after_tier_change(LogicalId id, Tier from, bool announce) {
     const LogicalId pid = index_.node(parent).block;
     BlockInfo& p = blocks_[pid];
     if (b.tier == Tier::kDevice) {
-      if (p.device_children++ == 0 && p.listed && p.tier == Tier::kDevice) evictq_.erase(pid);
+      if (p.device_children++ == 0 && p.listed && p.tier == Tier::kDevice)
+        tier(Tier::kDevice).queue().erase(pid);
     } else if (--p.device_children == 0) {
       list_if_evictable(pid);
     }
   }
   if (b.ref == 0) {
-    --cached_unref_[static_cast<int>(from)];
-    ++cached_unref_[static_cast<int>(b.tier)];
-    queue_of(b.tier).schedule_expiry(id);
+    tier(from).remove_cached();
+    tier(b.tier).add_cached();
+    tier(b.tier).queue().schedule_expiry(id);
     list_if_evictable(id);
   }
 }
 
-bool ControlPlane::drop_host_lru() {
-  if (host_lru_.has_deadlines()) host_lru_.expire(now_ns());
-  const LogicalId id = host_lru_.front();
+bool ControlPlane::drop_lru(Tier t) {
+  TierStore& store = tier(t);
+  if (store.queue().has_deadlines()) store.queue().expire(now_ns());
+  const LogicalId id = store.queue().front();
   if (id == kNoBlock) return false;
-  host_lru_.erase(id);
-  --cached_unref_[static_cast<int>(Tier::kHost)];
+  store.queue().erase(id);
+  store.remove_cached();
   remove_node(blocks_[id].node);
   blocks_.release(id);
   ++counters_.host_blocks_dropped;
   return true;
 }
 
-void ControlPlane::make_host_room(int64_t n) {
-  while (blocks_.free_count(Tier::kHost) < n) {
-    if (drop_host_lru()) continue;
-    // Every cached host block left has a device-resident descendant (a chain whose head was
+void ControlPlane::make_room(Tier t, int64_t n) {
+  while (tier(t).free_blocks() < n) {
+    if (drop_lru(t)) continue;
+    // Every cached block left here has a device-resident descendant (a chain whose head was
     // offloaded after a rollback left its tail cached on the device): drop device cached
-    // blocks until one of those becomes a host leaf.
+    // blocks until one of those becomes a leaf here.
     if (!drop_device_cached()) {
-      assert(false && "make_host_room: the host room was overcounted");
+      assert(false && "make_room: the room was overcounted");
       return;
     }
   }
 }
 
 bool ControlPlane::drop_device_cached() {
-  if (evictq_.has_deadlines()) evictq_.expire(now_ns());
-  for (LogicalId id = evictq_.front(); id != kNoBlock; id = evictq_.front()) {
-    evictq_.erase(id);
+  TierStore& device = tier(Tier::kDevice);
+  if (device.queue().has_deadlines()) device.queue().expire(now_ns());
+  for (LogicalId id = device.queue().front(); id != kNoBlock; id = device.queue().front()) {
+    device.queue().erase(id);
     if (index_.node(blocks_[id].node).children != 0) {
-      parked_.push_back(id);  // its children are on the host: they go first
+      parked_.push_back(id);  // its children are in the tier below: they go first
       continue;
     }
-    --cached_unref_[static_cast<int>(Tier::kDevice)];
+    device.remove_cached();
     remove_node(blocks_[id].node);
     blocks_.release(id);
     ++counters_.blocks_evicted;
@@ -106,37 +109,39 @@ void ControlPlane::relist_parked() {
 }
 
 void ControlPlane::evict_one(Transfers* out) {
+  TierStore& device = tier(Tier::kDevice);
+  const TierSpec& spec = device.spec();
+  const TierStore& below = tier(spec.demote_to);
   // Expired retention priorities are applied lazily, only when a victim is chosen.
-  if (evictq_.has_deadlines()) evictq_.expire(now_ns());
-  const bool can_demote = config_.cache_prefixes_on_host && config_.num_host_blocks > 0;
-  if (can_demote && !parked_.empty() && host_slot_at_hand()) relist_parked();
+  if (device.queue().has_deadlines()) device.queue().expire(now_ns());
+  if (spec.demotes && !parked_.empty() && below.slot_at_hand()) relist_parked();
   while (true) {
-    const LogicalId id = evictq_.front();
+    const LogicalId id = device.queue().front();
     if (id == kNoBlock) {
-      // Only parked blocks are left (the planner counts them): dropping cached host leaves
+      // Only parked blocks are left (the planner counts them): dropping cached leaves below
       // either makes room to demote them or, leaf by leaf, frees them of their children.
-      const bool room = can_demote && host_slot_at_hand();
-      if (parked_.empty() || (!room && !drop_host_lru())) {
+      const bool room = spec.demotes && below.slot_at_hand();
+      if (parked_.empty() || (!room && !drop_lru(Tier::kHost))) {
         assert(false && "evict_one: nothing evictable; the planner promised too much");
         return;
       }
       relist_parked();
       continue;
     }
-    evictq_.erase(id);
-    if (can_demote && host_slot_at_hand()) {
-      make_host_room(1);
-      move_block(id, Tier::kHost, out);
+    device.queue().erase(id);
+    if (spec.demotes && below.slot_at_hand()) {
+      make_room(spec.demote_to, 1);
+      move_block(id, spec.demote_to, out);
       ++counters_.blocks_demoted;
       return;
     }
     if (index_.node(blocks_[id].node).children != 0) {
-      // Its children are all on the host and there is no host room to join them: it waits
-      // until they are gone (remove_node lists it again) or host room appears.
+      // Its children are all in the tier below and there is no room there to join them: it
+      // waits until they are gone (remove_node lists it again) or room appears.
       parked_.push_back(id);
       continue;
     }
-    --cached_unref_[static_cast<int>(Tier::kDevice)];
+    device.remove_cached();
     remove_node(blocks_[id].node);
     blocks_.release(id);
     ++counters_.blocks_evicted;
@@ -147,13 +152,13 @@ void ControlPlane::evict_one(Transfers* out) {
 LogicalId ControlPlane::take_device_block(Transfers* out) {
   if (blocks_.free_count(Tier::kDevice) == 0) evict_one(out);
   const LogicalId id = blocks_.allocate(Tier::kDevice);
-  journal_allocation(id);
+  journal_.allocation(id);
   return id;
 }
 
 void ControlPlane::do_offload(Sequence* s, Transfers* out) {
-  journal_sequence(s);
-  make_host_room(exclusive_device_blocks(*s));
+  journal_.sequence(*s);
+  make_room(Tier::kHost, exclusive_device_blocks(*s));
   int64_t moved = 0;
   for (LogicalId b : s->blocks) {
     const BlockInfo& info = blocks_[b];
@@ -172,7 +177,7 @@ void ControlPlane::do_offload(Sequence* s, Transfers* out) {
 }
 
 void ControlPlane::do_restore(Sequence* s, Transfers* out) {
-  journal_sequence(s);
+  journal_.sequence(*s);
   int64_t moved = 0;
   for (LogicalId b : s->blocks) {
     if (blocks_[b].tier != Tier::kHost) continue;
@@ -202,9 +207,9 @@ Status ControlPlane::run_offload(SequenceId id, Transfers* out) {
   if (s->active) return failed_precondition("offload: " + seq_name(id) + " is active");
   if (s->offloaded) return failed_precondition("offload: " + seq_name(id) + " is offloaded");
   const int64_t e = exclusive_device_blocks(*s);
-  if (e > host_room()) {
+  if (e > tier(Tier::kHost).room()) {
     return resource_exhausted("offload: " + seq_name(id) + " needs " + std::to_string(e) +
-                              " host blocks, " + std::to_string(host_room()) +
+                              " host blocks, " + std::to_string(tier(Tier::kHost).room()) +
                               " free or held by cached blocks");
   }
   begin_journal();
@@ -218,7 +223,7 @@ Status ControlPlane::run_restore(SequenceId id, Transfers* out) {
   if (!s->offloaded) return failed_precondition("restore: " + seq_name(id) + " is not offloaded");
   int64_t host_blocks = 0;
   for (LogicalId b : s->blocks) host_blocks += blocks_[b].tier == Tier::kHost ? 1 : 0;
-  Plan plan;
+  VictimPlan plan;
   PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(host_blocks, s, &plan));
   begin_journal();
   apply_plan(plan, out);

@@ -13,32 +13,7 @@
 namespace pagedkv {
 namespace core {
 
-void ControlPlane::begin_journal() {
-  journal_.open = true;
-  journal_.ops.clear();
-  journal_.sequences.clear();
-  journal_.tails.clear();
-  journal_.released.clear();
-  journal_.counters = counters_;
-  journal_.first_event = events_.next_sequence();
-}
-
-void ControlPlane::journal_allocation(LogicalId id) {
-  journal_.ops.push_back(Journal::Op{Journal::OpKind::kAllocate, id, Tier::kDevice, -1});
-}
-
-void ControlPlane::journal_release(LogicalId id) {
-  const BlockInfo& b = blocks_[id];
-  journal_.ops.push_back(Journal::Op{Journal::OpKind::kRelease, id, b.tier, b.phys});
-}
-
-void ControlPlane::journal_unref(LogicalId id) {
-  journal_.ops.push_back(Journal::Op{Journal::OpKind::kUnref, id, Tier::kDevice, -1});
-}
-
-void ControlPlane::journal_move(LogicalId id, const BlockMove& m) {
-  journal_.ops.push_back(Journal::Op{Journal::OpKind::kMove, id, m.src_tier, m.src_block});
-}
+void ControlPlane::begin_journal() { journal_.begin(counters_, events_.next_sequence()); }
 
 void ControlPlane::flush_deferred_releases() {
   for (const auto& [owner, id] : deferred_release_) {
@@ -60,7 +35,7 @@ std::vector<BlockMove> ControlPlane::undo_plan(int64_t moves_done) {
       BlockInfo& b = blocks_[it->block];
       if (b.ref++ == 0) {  // it had become a cached block
         unlist(it->block);
-        --cached_unref_[static_cast<int>(b.tier)];
+        tier(b.tier).remove_cached();
       }
     } else {
       blocks_.reacquire(it->block, it->tier, it->phys);

@@ -1,0 +1,85 @@
+// Journal: the record of one tier-moving call's revocable effects, in the order they happened:
+// allocations, releases, reference drops and moves between tiers, each touched sequence's state
+// before the call, and the references dropped at its end. ControlPlane::undo_plan replays it
+// backwards (undo_log.cpp). Plain data with append-only recorders; reused across calls, so a
+// decode step allocates nothing.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/block_allocator.hpp"
+#include "core/sequence_table.hpp"
+#include "pagedkv/control_types.hpp"
+
+namespace pagedkv {
+namespace core {
+
+struct Journal {
+  enum class OpKind : uint8_t { kAllocate, kMove, kRelease, kUnref };
+  struct Op {
+    OpKind kind = OpKind::kAllocate;
+    LogicalId block = kNoBlock;
+    Tier from_tier = Tier::kDevice;  // kMove: where it came from; kRelease: where it was
+    int32_t from_phys = -1;
+  };
+  // A sequence's state before the call (plain data: a decode step saves one per member). Its
+  // table is recovered from the old length, the copy-on-write source and the dropped tail
+  // (tails[tail_begin, tail_begin + tail_size), in the order it was popped).
+  struct SavedSequence {
+    SequenceId id = 0;
+    uint64_t last_used = 0;
+    int32_t pending = 0;  // <= max_sequence_length, an int32
+    uint32_t blocks = 0;
+    int32_t cow_index = -1;
+    LogicalId cow_source = kNoBlock;
+    uint32_t tail_begin = 0;
+    uint16_t tail_size = 0;
+    bool offloaded = false;
+  };
+  struct Released {
+    LogicalId block = kNoBlock;
+    Tier tier = Tier::kDevice;
+    int32_t phys = -1;
+  };
+
+  /// Whether a call's effects are being recorded (a plan is open).
+  bool open = false;
+  std::vector<Op> ops;
+  std::vector<SavedSequence> sequences;
+  std::vector<LogicalId> tails;
+  std::vector<Released> released;  // references dropped at the end of the call
+  ControlStats counters;           // the counters before the call
+  uint64_t first_event = 0;        // sequence number of the call's first event
+
+  /// Starts recording a call; `counters` and `first_event` are the state it starts from.
+  void begin(const ControlStats& before, uint64_t first_event_seq) {
+    open = true;
+    ops.clear();
+    sequences.clear();
+    tails.clear();
+    released.clear();
+    counters = before;
+    first_event = first_event_seq;
+  }
+  void allocation(LogicalId id) { ops.push_back(Op{OpKind::kAllocate, id, Tier::kDevice, -1}); }
+  void release(LogicalId id, const BlockInfo& b) {
+    ops.push_back(Op{OpKind::kRelease, id, b.tier, b.phys});
+  }
+  void unref(LogicalId id) { ops.push_back(Op{OpKind::kUnref, id, Tier::kDevice, -1}); }
+  void move(LogicalId id, const BlockMove& m) {
+    ops.push_back(Op{OpKind::kMove, id, m.src_tier, m.src_block});
+  }
+  /// Saves a sequence's state the first time the call touches it. A call touches each sequence
+  /// in one stretch (a reserve restores, then reserves), so a repeat is the latest entry.
+  SavedSequence& sequence(const Sequence& s) {
+    if (!sequences.empty() && sequences.back().id == s.id) return sequences.back();
+    sequences.push_back(SavedSequence{s.id, s.last_used, static_cast<int32_t>(s.pending),
+                                      static_cast<uint32_t>(s.blocks.size()), -1, kNoBlock, 0, 0,
+                                      s.offloaded});
+    return sequences.back();
+  }
+};
+
+}  // namespace core
+}  // namespace pagedkv
