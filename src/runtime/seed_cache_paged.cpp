@@ -48,6 +48,10 @@ class PagedSeedImpl final : public SeedImpl {
     PAGEDKV_ASSIGN_OR_RETURN(int64_t cached, cache_->add_sequence(id, tokens));
     state_[id] = State{};
     matchable_[id] = cached;
+    if (std::find(requested_active_.begin(), requested_active_.end(), id) !=
+        requested_active_.end()) {
+      PAGEDKV_RETURN_IF_ERROR(apply_active());
+    }
     return cached;
   }
 
@@ -225,7 +229,15 @@ class PagedSeedImpl final : public SeedImpl {
     return ok_status();
   }
 
-  Status set_active(const std::vector<SequenceId>& ids) override { return cache_->set_active(ids); }
+  // The seed's active set is a list of ids, allocated or not: keep it, and give the cache the
+  // allocated ones (again whenever one of the others is allocated).
+  Status set_active(const std::vector<SequenceId>& ids) override {
+    std::vector<SequenceId> previous = std::move(requested_active_);
+    requested_active_ = ids;
+    const Status st = apply_active();
+    if (!st.ok()) requested_active_ = std::move(previous);
+    return st;
+  }
   Status set_priority(SequenceId id, int32_t priority) override {
     return cache_->set_priority(id, priority);
   }
@@ -273,6 +285,15 @@ class PagedSeedImpl final : public SeedImpl {
     std::vector<TokenId> tokens;
     int64_t moves = -1;
   };
+
+  // Gives the cache the allocated ids of the requested active set.
+  Status apply_active() {
+    std::vector<SequenceId> known;
+    for (SequenceId id : requested_active_) {
+      if (cache_->contains(id)) known.push_back(id);
+    }
+    return cache_->set_active(known);
+  }
 
   // The sequence's matchable positions (see matchable_) at committed length `len`. A sequence
   // the seed layer did not see allocated (say, forked through paged_cache()) counts as shared.
@@ -460,6 +481,8 @@ class PagedSeedImpl final : public SeedImpl {
   // later prompt can match). A rewrite of committed positions copies their full blocks first.
   std::unordered_map<SequenceId, int64_t> matchable_;
   TokenId placeholder_ = kSeedPlaceholderToken;
+  // The active set as set_active_sequences gave it (ids not allocated yet included).
+  std::vector<SequenceId> requested_active_;
 };
 
 }  // namespace

@@ -289,5 +289,34 @@ TEST_F(SeedCacheBugsTest, HeadRangeRewriteOnAnOffloadedSequenceWrites) {
   expect_rows(1, one, 5);
 }
 
+// The seed kept the active set as a list of ids, allocated or not; a port that marks the next
+// request active before allocating it must not get kNotFound (which kept the old set, so the
+// paused sequence stayed protected and the running one could be offloaded).
+TEST_F(SeedCacheBugsTest, SetActiveSequencesAcceptsIdsNotYetAllocated) {
+  make(6);
+  Rows one, two, four, three;
+  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  ASSERT_OK(cache_->set_active_sequences({1, 2}));  // 2 comes next
+  ASSERT_TRUE(cache_->allocate_sequence(2, {}).ok());
+  for (int64_t p = 0; p < 8; ++p) write(2, two, p);
+  ASSERT_OK(cache_->advance_sequence_by(2, 8));
+  ASSERT_TRUE(cache_->allocate_sequence(4, {}).ok());  // inactive, and used after 2
+  for (int64_t p = 0; p < 8; ++p) write(4, four, p);
+  ASSERT_OK(cache_->advance_sequence_by(4, 8));
+  // Sequence 3 needs a block more than is free: the planner must take the inactive 4, not the
+  // least recently used 2.
+  ASSERT_TRUE(cache_->allocate_sequence(3, {}).ok());
+  for (int64_t p = 0; p < 12; ++p) write(3, three, p);
+  ASSERT_OK(cache_->advance_sequence_by(3, 12));
+  EXPECT_EQ(*cache_->paged_cache()->residency(2), SequenceResidency::kDevice);
+  EXPECT_NE(*cache_->paged_cache()->residency(4), SequenceResidency::kDevice);
+  expect_rows(2, two, 8);
+  expect_rows(3, three, 12);
+  // The set stays as given: an id removed and allocated again is active again.
+  ASSERT_OK(cache_->remove_sequence(2));
+  ASSERT_TRUE(cache_->allocate_sequence(2, {}).ok());
+  ASSERT_OK(cache_->paged_cache()->check_invariants());
+}
+
 }  // namespace
 }  // namespace pagedkv
