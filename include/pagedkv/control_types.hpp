@@ -15,7 +15,9 @@ using TokenId = int32_t;
 using NamespaceId = uint64_t;
 
 /// Where a block's bytes live.
-enum class Tier : uint8_t { kDevice = 0, kHost = 1 };
+enum class Tier : uint8_t { kDevice = 0, kHost = 1, kStorage = 2 };
+/// Tiers that hold blocks in this process (pools, slots, stats); kStorage, the store behind the
+/// host tier (storage_tier.hpp), appears only in events.
 inline constexpr int kNumTiers = 2;
 
 /// Retention priority of cached blocks: lower is evicted first.
@@ -44,6 +46,16 @@ struct BlockMove {
   }
 };
 
+/// A cached block that left its tier, with what a store needs to keep it: its key (chained hash
+/// and namespace), its place in the prefix tree (parent hash, tokens) and where its bytes are.
+struct DroppedBlock {
+  uint64_t block_hash = 0;
+  uint64_t parent_hash = 0;
+  NamespaceId ns = 0;
+  int32_t host_block = -1;  // physical host slot holding the bytes until this call's moves run
+  std::vector<TokenId> tokens;
+};
+
 /// What the data plane must do, in this order, before it writes the new tokens of a call:
 /// every move (in list order), then every copy. Also names the sequences the call offloaded,
 /// restored (or onboarded) and evicted (dropped) to make room.
@@ -53,10 +65,14 @@ struct Transfers {
   std::vector<SequenceId> offloaded;
   std::vector<SequenceId> restored;
   std::vector<SequenceId> evicted;
+  /// Cached host blocks the host LRU dropped to make room, when the control plane reports them
+  /// (a storage tier is attached): their bytes are still in their host slots, which the moves
+  /// of this call may overwrite, so the data plane copies them out first (write-back).
+  std::vector<DroppedBlock> host_drops;
 
   bool empty() const {
     return moves.empty() && copies.empty() && offloaded.empty() && restored.empty() &&
-           evicted.empty();
+           evicted.empty() && host_drops.empty();
   }
 };
 
@@ -126,49 +142,85 @@ struct BatchMetadata {
   std::vector<int32_t> last_page_len;
 };
 
-/// Block counts of one tier.
-struct TierStats {
-  int64_t total_blocks = 0;
-  int64_t free_blocks = 0;
-  /// Cached blocks that no sequence references (evictable).
-  int64_t cached_blocks = 0;
-  /// Blocks referenced by at least one sequence.
-  int64_t used_blocks = 0;
-  int64_t total_bytes = 0;
-  /// Bytes of cached + used blocks.
-  int64_t used_bytes = 0;
-};
+/// Every field of TierStats as X(type, name, doc), in declaration order. TierStats and its
+/// operator== are generated from this list, and so is every list of stats: for_each_stat
+/// (pagedkv/stats_fields.hpp), the tests' snapshots, pagedkv-sim's report, pagedkv_soak's line.
+/// A new count is one line here. `doc` is a short meaning, printed in reports.
+#define PAGEDKV_TIER_STATS_FIELDS(X)                                            \
+  X(int64_t, total_blocks, "blocks in the tier")                                \
+  X(int64_t, free_blocks, "blocks neither referenced nor cached")               \
+  X(int64_t, cached_blocks, "cached blocks no sequence references (evictable)") \
+  X(int64_t, used_blocks, "blocks referenced by at least one sequence")         \
+  X(int64_t, total_bytes, "bytes of the tier")                                  \
+  X(int64_t, used_bytes, "bytes of cached + used blocks")
 
-/// Counters of a control plane since it was created.
-struct ControlStats {
-  TierStats device;
-  TierStats host;
-  int64_t sequences = 0;
-  int64_t active_sequences = 0;
-  int64_t offloaded_sequences = 0;
-  /// Prefix lookups (one per added sequence) and their full-block outcome.
-  int64_t prefix_queries = 0;
-  int64_t prefix_hit_blocks = 0;
-  int64_t prefix_miss_blocks = 0;
-  int64_t prefix_query_tokens = 0;
-  int64_t prefix_hit_tokens = 0;
-  /// Of prefix_hit_blocks, those found on the host tier (onboarded by the next reserve).
-  int64_t prefix_host_hit_blocks = 0;
-  int64_t blocks_evicted = 0;
-  int64_t sequences_evicted = 0;
-  int64_t sequences_offloaded = 0;
-  int64_t blocks_offloaded = 0;
-  int64_t sequences_restored = 0;
-  int64_t blocks_restored = 0;
-  int64_t copy_on_write = 0;
-  /// Cached blocks moved to the host tier instead of being evicted from the device.
-  int64_t blocks_demoted = 0;
-  /// Cached host blocks dropped (least recently used first) to make host room.
-  int64_t host_blocks_dropped = 0;
-  /// Control events dropped, oldest first, because the event ring was full (nobody drained);
-  /// each run of drops is announced by one EventKind::kEventsDropped event.
-  int64_t events_dropped = 0;
+/// Every field of ControlStats as X(type, name, doc), in declaration order: the two tiers'
+/// TierStats, then the counters since the control plane was created. Prefix lookups are one per
+/// added sequence; their hit/miss counts are full blocks. A run of dropped events is announced by
+/// one EventKind::kEventsDropped event.
+#define PAGEDKV_CONTROL_STATS_FIELDS(X)                                                    \
+  X(TierStats, device, "the device tier")                                                  \
+  X(TierStats, host, "the host tier (all 0 without one)")                                  \
+  X(int64_t, sequences, "sequences in the cache")                                          \
+  X(int64_t, active_sequences, "sequences in the active set")                              \
+  X(int64_t, offloaded_sequences, "sequences offloaded to the host now")                   \
+  X(int64_t, prefix_queries, "prefix lookups (one per added sequence)")                    \
+  X(int64_t, prefix_hit_blocks, "full prompt blocks found cached")                         \
+  X(int64_t, prefix_miss_blocks, "full prompt blocks not found cached")                    \
+  X(int64_t, prefix_query_tokens, "prompt tokens looked up")                               \
+  X(int64_t, prefix_hit_tokens, "prompt tokens found cached")                              \
+  X(int64_t, prefix_host_hit_blocks, "of prefix_hit_blocks, those found on the host tier") \
+  X(int64_t, blocks_evicted, "cached device blocks evicted")                               \
+  X(int64_t, sequences_evicted, "sequences dropped to make room")                          \
+  X(int64_t, sequences_offloaded, "sequence offloads to the host tier")                    \
+  X(int64_t, blocks_offloaded, "blocks offloaded to the host tier")                        \
+  X(int64_t, sequences_restored, "sequence restores to the device")                        \
+  X(int64_t, blocks_restored, "blocks restored to the device")                             \
+  X(int64_t, copy_on_write, "blocks copied before a write (copy-on-write)")                \
+  X(int64_t, blocks_demoted, "cached device blocks moved to the host instead of evicted")  \
+  X(int64_t, host_blocks_dropped, "cached host blocks dropped (LRU first) for host room")  \
+  X(int64_t, events_dropped, "control events dropped, oldest first, on a full event ring") \
+  X(int64_t, storage_hit_blocks, "blocks read back from the storage tier into the host")   \
+  X(int64_t, storage_blocks_written, "dropped host blocks written back to the storage tier") \
+  X(int64_t, storage_bytes_read, "bytes read from the storage tier")                       \
+  X(int64_t, storage_bytes_written, "bytes written to the storage tier")                   \
+  X(int64_t, storage_failed_blocks, "storage reads and writes that failed, in blocks")     \
+  X(int64_t, storage_writes_dropped, "dropped host blocks not written back: queue full")
+
+// Helpers that expand the lists above; undefined after the two structs.
+#define PAGEDKV_STATS_MEMBER_(type, name, doc) type name{};
+#define PAGEDKV_STATS_EQUAL_(type, name, doc) &&a.name == b.name
+#define PAGEDKV_STATS_SIZE_(type, name, doc) +sizeof(type)
+
+/// Block counts of one tier: the fields of PAGEDKV_TIER_STATS_FIELDS, all 0 by default.
+struct TierStats {
+  PAGEDKV_TIER_STATS_FIELDS(PAGEDKV_STATS_MEMBER_)
+  /// True when every listed field is equal.
+  friend bool operator==(const TierStats& a, const TierStats& b) {
+    return true PAGEDKV_TIER_STATS_FIELDS(PAGEDKV_STATS_EQUAL_);
+  }
+  friend bool operator!=(const TierStats& a, const TierStats& b) { return !(a == b); }
 };
+// No field outside the list (one added by hand after the expansion would change the size).
+static_assert(sizeof(TierStats) == 0 PAGEDKV_TIER_STATS_FIELDS(PAGEDKV_STATS_SIZE_),
+              "every field of TierStats must be in PAGEDKV_TIER_STATS_FIELDS");
+
+/// Counters of a control plane since it was created: the fields of PAGEDKV_CONTROL_STATS_FIELDS,
+/// all 0 by default.
+struct ControlStats {
+  PAGEDKV_CONTROL_STATS_FIELDS(PAGEDKV_STATS_MEMBER_)
+  /// True when every listed field (both tiers included) is equal.
+  friend bool operator==(const ControlStats& a, const ControlStats& b) {
+    return true PAGEDKV_CONTROL_STATS_FIELDS(PAGEDKV_STATS_EQUAL_);
+  }
+  friend bool operator!=(const ControlStats& a, const ControlStats& b) { return !(a == b); }
+};
+static_assert(sizeof(ControlStats) == 0 PAGEDKV_CONTROL_STATS_FIELDS(PAGEDKV_STATS_SIZE_),
+              "every field of ControlStats must be in PAGEDKV_CONTROL_STATS_FIELDS");
+
+#undef PAGEDKV_STATS_MEMBER_
+#undef PAGEDKV_STATS_EQUAL_
+#undef PAGEDKV_STATS_SIZE_
 
 /// Kinds of control-plane events.
 enum class EventKind : uint8_t {

@@ -5,9 +5,12 @@
 
 #include <memory>
 #include <numeric>
+#include <ostream>
+#include <string>
 #include <vector>
 
 #include "core/control_plane.hpp"
+#include "pagedkv/stats_fields.hpp"
 
 namespace pagedkv {
 namespace core {
@@ -91,24 +94,34 @@ inline int64_t add_and_fill(ControlPlane& cp, SequenceId id, const std::vector<T
   return *cached;
 }
 
-/// Everything observable about the listed sequences plus the stats, for before/after checks.
+/// Everything observable about the listed sequences plus every field of the stats (ControlStats's
+/// operator==, generated from PAGEDKV_CONTROL_STATS_FIELDS), for before/after checks.
 struct Snapshot {
-  std::vector<int64_t> numbers;
+  ControlStats stats;
+  std::vector<int64_t> numbers;  // per listed id: contained, then length and pending if it is
   std::vector<std::vector<BlockLocation>> tables;
-  bool operator==(const Snapshot& o) const { return numbers == o.numbers && tables == o.tables; }
+  bool operator==(const Snapshot& o) const {
+    return stats == o.stats && numbers == o.numbers && tables == o.tables;
+  }
 };
+
+/// gtest prints a failed comparison with every count by name.
+inline void PrintTo(const Snapshot& s, std::ostream* os) {
+  for_each_stat(s.stats,
+                [os](const std::string& name, int64_t v) { *os << name << "=" << v << " "; });
+  *os << "| numbers";
+  for (int64_t n : s.numbers) *os << " " << n;
+  *os << " | tables";
+  for (const auto& t : s.tables) {
+    *os << " [";
+    for (const BlockLocation& b : t) *os << (b.tier == Tier::kDevice ? " d" : " h") << b.block;
+    *os << " ]";
+  }
+}
 
 inline Snapshot snapshot(const ControlPlane& cp, const std::vector<SequenceId>& ids) {
   Snapshot s;
-  const ControlStats st = cp.stats();
-  for (const TierStats* t : {&st.device, &st.host}) {
-    s.numbers.insert(s.numbers.end(), {t->total_blocks, t->free_blocks, t->cached_blocks,
-                                       t->used_blocks, t->used_bytes});
-  }
-  s.numbers.insert(s.numbers.end(), {st.sequences, st.active_sequences, st.offloaded_sequences,
-                                     st.prefix_queries, st.prefix_hit_blocks, st.blocks_evicted,
-                                     st.sequences_evicted, st.sequences_offloaded,
-                                     st.blocks_offloaded, st.sequences_restored, st.copy_on_write});
+  s.stats = cp.stats();
   for (SequenceId id : ids) {
     s.numbers.push_back(cp.contains(id) ? 1 : 0);
     if (!cp.contains(id)) continue;

@@ -19,6 +19,7 @@
 #include "pagedkv/seed_cache.hpp"
 #include "runtime/kv_model.hpp"
 #include "support/backend_test.hpp"
+#include "support/named_stats.hpp"
 
 namespace pagedkv {
 namespace {
@@ -57,7 +58,7 @@ std::vector<TokenId> tokens_from(int n, TokenId first) {
 
 // Everything a row may not change.
 struct Snapshot {
-  std::vector<int64_t> stats;
+  ControlStats stats;  // every field (operator== from PAGEDKV_CONTROL_STATS_FIELDS)
   std::vector<int64_t> lengths, pendings;
   std::vector<std::vector<BlockLocation>> locations;
   std::vector<int> residencies;
@@ -65,20 +66,6 @@ struct Snapshot {
   std::vector<uint8_t> device_pool;
   std::vector<SequenceId> contained;
 };
-
-std::vector<int64_t> flatten(const ControlStats& s) {
-  std::vector<int64_t> out;
-  for (const TierStats* t : {&s.device, &s.host}) {
-    out.insert(out.end(), {t->total_blocks, t->free_blocks, t->cached_blocks, t->used_blocks,
-                           t->total_bytes, t->used_bytes});
-  }
-  out.insert(out.end(),
-             {s.sequences, s.active_sequences, s.offloaded_sequences, s.prefix_queries,
-              s.prefix_hit_blocks, s.prefix_miss_blocks, s.prefix_query_tokens, s.prefix_hit_tokens,
-              s.blocks_evicted, s.sequences_evicted, s.sequences_offloaded, s.blocks_offloaded,
-              s.sequences_restored, s.blocks_restored, s.copy_on_write});
-  return out;
-}
 
 // The prepared cache and the buffers rows pass to it. Buffers hold real K/V and slot/block ids of
 // sequence 1, so an op that wrongly accepted a bad row would change the pool.
@@ -370,7 +357,7 @@ class BadInputTableTest : public ::testing::Test {
     Snapshot s;
     KvCache& cache = *ctx_.cache;
     EXPECT_TRUE(cache.synchronize().ok());
-    s.stats = flatten(cache.stats());
+    s.stats = cache.stats();
     for (SequenceId id : {kSeqA, kSeqActive, kSeqOffloaded, kSeqPending, kSeqErased, kSeqUnknown}) {
       if (cache.contains(id)) s.contained.push_back(id);
     }
@@ -410,7 +397,7 @@ class BadInputTableTest : public ::testing::Test {
   }
 
   void expect_same(const Snapshot& a, const Snapshot& b) {
-    EXPECT_EQ(a.stats, b.stats) << "stats changed";
+    EXPECT_TRUE(a.stats == b.stats) << "stats changed: " << testing::stats_diff(a.stats, b.stats);
     EXPECT_EQ(a.contained, b.contained) << "set of sequences changed";
     EXPECT_EQ(a.lengths, b.lengths) << "a length changed";
     EXPECT_EQ(a.pendings, b.pendings) << "a pending count changed";

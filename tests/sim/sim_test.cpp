@@ -11,6 +11,7 @@
 
 #include "cli.hpp"
 #include "engine.hpp"
+#include "pagedkv/stats_fields.hpp"
 #include "report.hpp"
 #include "scheduler.hpp"
 #include "workload.hpp"
@@ -320,8 +321,67 @@ TEST(Cli, ReplaysATraceItWrote) {
   ASSERT_EQ(cli(b, &out2, &err), 0) << err;
   nlohmann::json j1 = nlohmann::json::parse(out1), j2 = nlohmann::json::parse(out2);
   // Same requests, same decisions: every count matches (timings and the label differ).
-  for (const char* k : {"requests", "sequences", "tokens", "prefix", "offloads", "restores"})
+  for (const char* k :
+       {"requests", "sequences", "tokens", "prefix", "offloads", "restores", "stats"})
     EXPECT_EQ(j1[k], j2[k]) << k;
+}
+
+// Every count of ControlStats reaches the JSON ("stats", under its own name), the text report
+// (one "counters" line each) and the timeline CSV ("stats.NAME" columns), each with its value:
+// the three are generated from the field list, so a new counter cannot be left out.
+TEST(Report, CarriesEveryCountOfTheStats) {
+  SimResult r;
+  int64_t next = 1000;
+  for_each_stat(r.stats, [&next](const std::string&, int64_t& v) { v = next++; });
+  StepRecord step;
+  step.stats = r.stats;
+  step.stats.blocks_demoted = 5;
+  r.timeline.push_back(step);
+  const CacheConfig c = small_config(64, 64);
+
+  const nlohmann::json j = report_json(c, SchedulerConfig{}, RunInfo{}, r);
+  std::ostringstream text;
+  write_text_report(text, c, SchedulerConfig{}, RunInfo{}, r);
+  const std::string path = temp_path("stats_timeline.csv");
+  ASSERT_TRUE(write_timeline_csv(path, r).ok());
+  std::ifstream csv(path);
+  std::string header, row;
+  ASSERT_TRUE(std::getline(csv, header));
+  ASSERT_TRUE(std::getline(csv, row));
+  auto split = [](const std::string& line) {
+    std::vector<std::string> out;
+    std::stringstream in(line);
+    for (std::string cell; std::getline(in, cell, ',');) out.push_back(cell);
+    return out;
+  };
+  const std::vector<std::string> columns = split(header), cells = split(row);
+  ASSERT_EQ(columns.size(), cells.size()) << header << "\n" << row;
+
+  size_t count = 0;
+  for_each_stat(r.stats, [&](const std::string& name, int64_t value, const char* doc) {
+    ++count;
+    std::string pointer = "/" + name;
+    for (char& ch : pointer) ch = ch == '.' ? '/' : ch;
+    const nlohmann::json::json_pointer p(pointer);
+    ASSERT_TRUE(j["stats"].contains(p)) << name;
+    EXPECT_EQ(j["stats"][p].get<int64_t>(), value) << name;
+    char line[256];
+    std::snprintf(line, sizeof line, "  %-24s %14lld  %s\n", name.c_str(),
+                  static_cast<long long>(value), doc);
+    EXPECT_NE(text.str().find(line), std::string::npos) << "no line: " << line;
+    size_t col = 0;
+    while (col < columns.size() && columns[col] != "stats." + name) ++col;
+    ASSERT_LT(col, columns.size()) << name << " not in " << header;
+    EXPECT_EQ(cells[col], std::to_string(name == "blocks_demoted" ? 5 : value)) << name;
+  });
+  EXPECT_EQ(count, kNumStats);
+  // The older sections keep their keys and read the same counts.
+  EXPECT_EQ(j["prefix"]["hit_blocks"], j["stats"]["prefix_hit_blocks"]);
+  EXPECT_EQ(j["host_prefix_cache"]["demoted_blocks"], j["stats"]["blocks_demoted"]);
+  EXPECT_EQ(j["evictions"]["cached_blocks"], j["stats"]["blocks_evicted"]);
+  EXPECT_EQ(j["offloads"]["blocks"], j["stats"]["blocks_offloaded"]);
+  EXPECT_EQ(j["restores"]["sequences"], j["stats"]["sequences_restored"]);
+  EXPECT_EQ(j["copy_on_write"], j["stats"]["copy_on_write"]);
 }
 
 TEST(Cli, BadFlagsFailWithAMessage) {

@@ -1,5 +1,6 @@
-// Every counter and tier count of ControlStats under its name, so that tests can compare two
-// snapshots field by field and say which fields changed.
+// Every counter and tier count of ControlStats under its name (for_each_stat, so generated from
+// PAGEDKV_CONTROL_STATS_FIELDS: a new counter is compared without an edit here), so that tests can
+// compare two snapshots field by field and say which fields changed.
 #pragma once
 
 #include <cstdint>
@@ -8,37 +9,16 @@
 #include <string>
 
 #include "pagedkv/control_types.hpp"
+#include "pagedkv/stats_fields.hpp"
 
 namespace pagedkv::testing {
 
 using NamedStats = std::map<std::string, int64_t>;
 
 inline NamedStats named_stats(const ControlStats& s) {
-  return {{"device.free_blocks", s.device.free_blocks},
-          {"device.cached_blocks", s.device.cached_blocks},
-          {"device.used_blocks", s.device.used_blocks},
-          {"host.free_blocks", s.host.free_blocks},
-          {"host.cached_blocks", s.host.cached_blocks},
-          {"host.used_blocks", s.host.used_blocks},
-          {"sequences", s.sequences},
-          {"active_sequences", s.active_sequences},
-          {"offloaded_sequences", s.offloaded_sequences},
-          {"prefix_queries", s.prefix_queries},
-          {"prefix_hit_blocks", s.prefix_hit_blocks},
-          {"prefix_miss_blocks", s.prefix_miss_blocks},
-          {"prefix_query_tokens", s.prefix_query_tokens},
-          {"prefix_hit_tokens", s.prefix_hit_tokens},
-          {"prefix_host_hit_blocks", s.prefix_host_hit_blocks},
-          {"blocks_evicted", s.blocks_evicted},
-          {"sequences_evicted", s.sequences_evicted},
-          {"sequences_offloaded", s.sequences_offloaded},
-          {"blocks_offloaded", s.blocks_offloaded},
-          {"sequences_restored", s.sequences_restored},
-          {"blocks_restored", s.blocks_restored},
-          {"copy_on_write", s.copy_on_write},
-          {"blocks_demoted", s.blocks_demoted},
-          {"host_blocks_dropped", s.host_blocks_dropped},
-          {"events_dropped", s.events_dropped}};
+  NamedStats out;
+  for_each_stat(s, [&out](const std::string& name, int64_t value) { out[name] = value; });
+  return out;
 }
 
 /// The fields that differ, "name a->b; ..." ("" when equal).
@@ -48,6 +28,19 @@ inline std::string stats_diff(const NamedStats& a, const NamedStats& b) {
     if (b.at(name) != value) os << name << " " << value << "->" << b.at(name) << "; ";
   }
   return os.str();
+}
+
+/// The fields of two ControlStats that differ, "name a->b; ..." in declaration order ("" when
+/// equal, which is exactly when a == b).
+inline std::string stats_diff(const ControlStats& a, const ControlStats& b) {
+  const auto x = stat_values(a);
+  const auto y = stat_values(b);
+  std::string out;
+  for (size_t i = 0; i < kNumStats; ++i) {
+    if (x[i] == y[i]) continue;
+    out += stat_infos()[i].name + " " + std::to_string(x[i]) + "->" + std::to_string(y[i]) + "; ";
+  }
+  return out;
 }
 
 }  // namespace pagedkv::testing

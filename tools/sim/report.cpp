@@ -6,7 +6,10 @@
 #include <cstdio>
 #include <fstream>
 #include <ostream>
+#include <string>
 #include <vector>
+
+#include "pagedkv/stats_fields.hpp"
 
 namespace pagedkv {
 namespace sim {
@@ -47,6 +50,16 @@ std::string fmt(const char* f, ...) {
 }
 
 }  // namespace
+
+nlohmann::json stats_json(const ControlStats& st) {
+  nlohmann::json out = nlohmann::json::object();
+  for_each_stat(st, [&out](const std::string& name, int64_t value) {
+    std::string pointer = "/" + name;
+    std::replace(pointer.begin(), pointer.end(), '.', '/');
+    out[nlohmann::json::json_pointer(pointer)] = value;
+  });
+  return out;
+}
 
 Summary summarize(const SimResult& r) {
   Summary s;
@@ -156,6 +169,7 @@ nlohmann::json report_json(const CacheConfig& c, const SchedulerConfig& sc, cons
                    {"blocks", st.blocks_restored},
                    {"bytes", st.blocks_restored * bb}};
   j["copy_on_write"] = st.copy_on_write;
+  j["stats"] = stats_json(st);
   j["time"] = {{"steps", r.steps},
                {"simulated_s", r.sim_time_s},
                {"wall_s", r.wall_s},
@@ -237,6 +251,10 @@ void write_text_report(std::ostream& out, const CacheConfig& c, const SchedulerC
              st.sequences_restored, st.blocks_restored,
              bytes_str(static_cast<double>(st.blocks_restored * bb)).c_str());
   out << fmt("  copy-on-write    %" PRId64 " blocks\n", st.copy_on_write);
+  out << "\ncounters (every ControlStats count at the end of the run)\n";
+  for_each_stat(st, [&out](const std::string& name, int64_t value, const char* doc) {
+    out << fmt("  %-24s %14" PRId64 "  %s\n", name.c_str(), value, doc);
+  });
   out << "\ntime\n";
   out << fmt("  steps            %" PRId64 " (%.1f s simulated, %.2f s wall)\n", r.steps,
              r.sim_time_s, r.wall_s);
@@ -259,15 +277,19 @@ Status write_timeline_csv(const std::string& path, const SimResult& r) {
   out << "step,sim_time_s,batch,prefill_tokens,decode_tokens,running,waiting,device_used,"
          "device_cached,device_free,host_used,host_cached,hit_rate,offloaded_blocks,"
          "restored_blocks,"
-         "evicted_blocks,preemptions,plan_us,data_us\n";
+         "evicted_blocks,preemptions,plan_us,data_us";
+  for (const StatInfo& info : stat_infos()) out << ",stats." << info.name;
+  out << "\n";
   for (const StepRecord& t : r.timeline) {
     out << fmt("%" PRId64 ",%.6f,%d,%" PRId64 ",%" PRId64 ",%d,%d,%" PRId64 ",%" PRId64 ",%" PRId64
                ",%" PRId64 ",%" PRId64 ",%.6f,%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64
-               ",%.1f,%.1f\n",
+               ",%.1f,%.1f",
                t.step, t.sim_time_s, t.batch, t.prefill_tokens, t.decode_tokens, t.running,
                t.waiting, t.device_used, t.device_cached, t.device_free, t.host_used, t.host_cached,
                t.hit_rate, t.offloaded_blocks, t.restored_blocks, t.evicted_blocks, t.preemptions,
                t.plan_us, t.data_us);
+    for (int64_t v : stat_values(t.stats)) out << "," << v;
+    out << "\n";
   }
   out.flush();
   return out ? ok_status() : unavailable("writing " + path + " failed");

@@ -56,7 +56,12 @@ nlohmann::json report_json(const CacheConfig& cache, const SchedulerConfig& sche
 void write_text_report(std::ostream& out, const CacheConfig& cache, const SchedulerConfig& sched,
                        const RunInfo& info, const SimResult& r);
 
-/// Writes the timeline as CSV, one row per step, with a header.
+/// Every count of `st` under its own name (for_each_stat), tiers as objects:
+/// {"device": {"total_blocks": ..}, .., "blocks_demoted": ..}. The report's "stats" section.
+nlohmann::json stats_json(const ControlStats& st);
+
+/// Writes the timeline as CSV, one row per step, with a header: the StepRecord columns, then
+/// every count of the step's stats as "stats.NAME" (stat_infos order).
 Status write_timeline_csv(const std::string& path, const SimResult& r);
 
 }  // namespace sim

@@ -356,6 +356,7 @@ class Simulation {
     rec->restored_blocks = st.blocks_restored;
     rec->evicted_blocks = st.blocks_evicted;
     rec->preemptions = result_.preemptions;
+    rec->stats = st;
     rec->plan_us = std::max(0.0, micros_since(t0) - rec->data_us);
     result_.timeline.push_back(*rec);
     return ok_status();

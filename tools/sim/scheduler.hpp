@@ -45,6 +45,7 @@ struct StepRecord {
   int64_t preemptions = 0;                                                // cumulative
   double plan_us = 0;  // host time of the step outside the data phase
   double data_us = 0;  // data phase: write_kv enqueue + synchronize, wall
+  ControlStats stats;  // the cache's counts after the step (the CSV's stats.* columns)
 };
 
 /// Everything the report needs.

@@ -1,5 +1,6 @@
 // pagedkv_soak: runs the randomized KvCache workload (kv_workload.hpp) for many ops and prints
-// one summary line, `ops=N mismatches=M invariant_failures=I errors=E ...`, then
+// one summary line, `ops=N mismatches=M invariant_failures=I errors=E ...` (the workload's
+// counters, then every count of the cache's ControlStats), then
 // `first_problem: ...` when there was one. Exit status 0 only when M, I and E are all 0.
 // docs/soak.md describes the workload, the flags and the figures.
 #include <CLI/CLI.hpp>
@@ -14,6 +15,7 @@
 #include "pagedkv/backend.hpp"
 #include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/fault_injection.hpp"
+#include "pagedkv/stats_fields.hpp"
 
 namespace {
 
@@ -120,13 +122,10 @@ int run(const Flags& f) {
   const pagedkv::soak::WorkloadCounters& c = w.counters();
   const pagedkv::ControlStats stats = w.cache().stats();
   print_counters(stdout, c);
-  std::printf(
-      " sequences_offloaded=%lld blocks_restored=%lld blocks_demoted=%lld "
-      "prefix_host_hit_blocks=%lld copy_on_write=%lld",
-      static_cast<long long>(stats.sequences_offloaded),
-      static_cast<long long>(stats.blocks_restored), static_cast<long long>(stats.blocks_demoted),
-      static_cast<long long>(stats.prefix_host_hit_blocks),
-      static_cast<long long>(stats.copy_on_write));
+  // Every count of the cache's stats (for_each_stat: "device.free_blocks=..", "blocks_demoted=..").
+  pagedkv::for_each_stat(stats, [](const std::string& name, int64_t value) {
+    std::printf(" %s=%lld", name.c_str(), static_cast<long long>(value));
+  });
   if (faults != nullptr) {
     std::printf(" backend_faults=%lld", static_cast<long long>(faults->injected()));
   }
