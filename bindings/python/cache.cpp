@@ -1,0 +1,418 @@
+// pagedkv._C.KvCache: the step loop, tiers, queries, zero-copy pool views and K/V I/O.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include "common.hpp"
+#include "pagedkv/layout.hpp"
+
+namespace pagedkv::python {
+namespace {
+
+using Ids = std::vector<SequenceId>;
+
+void put(nb::dict& d, const char* name, int64_t value) { d[name] = value; }
+
+void put(nb::dict& d, const char* name, const TierStats& t) {
+  nb::dict tier;
+#ifdef PAGEDKV_TIER_STATS_FIELDS
+#define PAGEDKV_PY_STAT_(type, field, doc) put(tier, #field, t.field);
+  PAGEDKV_TIER_STATS_FIELDS(PAGEDKV_PY_STAT_)
+#undef PAGEDKV_PY_STAT_
+#else
+  const std::pair<const char*, int64_t> fields[] = {
+      {"total_blocks", t.total_blocks},   {"free_blocks", t.free_blocks},
+      {"cached_blocks", t.cached_blocks}, {"used_blocks", t.used_blocks},
+      {"total_bytes", t.total_bytes},     {"used_bytes", t.used_bytes}};
+  for (const auto& [field, value] : fields) put(tier, field, value);
+#endif
+  d[name] = tier;
+}
+
+// Every counter of ControlStats; from its field list where the header has one, so a new counter
+// reaches Python without an edit here.
+nb::dict stats_dict(const ControlStats& s) {
+  nb::dict d;
+#ifdef PAGEDKV_CONTROL_STATS_FIELDS
+#define PAGEDKV_PY_STAT_(type, field, doc) put(d, #field, s.field);
+  PAGEDKV_CONTROL_STATS_FIELDS(PAGEDKV_PY_STAT_)
+#undef PAGEDKV_PY_STAT_
+#else
+  put(d, "device", s.device);
+  put(d, "host", s.host);
+#define PAGEDKV_PY_STAT_(field) put(d, #field, s.field)
+  PAGEDKV_PY_STAT_(sequences);
+  PAGEDKV_PY_STAT_(active_sequences);
+  PAGEDKV_PY_STAT_(offloaded_sequences);
+  PAGEDKV_PY_STAT_(prefix_queries);
+  PAGEDKV_PY_STAT_(prefix_hit_blocks);
+  PAGEDKV_PY_STAT_(prefix_miss_blocks);
+  PAGEDKV_PY_STAT_(prefix_query_tokens);
+  PAGEDKV_PY_STAT_(prefix_hit_tokens);
+  PAGEDKV_PY_STAT_(prefix_host_hit_blocks);
+  PAGEDKV_PY_STAT_(blocks_evicted);
+  PAGEDKV_PY_STAT_(sequences_evicted);
+  PAGEDKV_PY_STAT_(sequences_offloaded);
+  PAGEDKV_PY_STAT_(blocks_offloaded);
+  PAGEDKV_PY_STAT_(sequences_restored);
+  PAGEDKV_PY_STAT_(blocks_restored);
+  PAGEDKV_PY_STAT_(copy_on_write);
+  PAGEDKV_PY_STAT_(blocks_demoted);
+  PAGEDKV_PY_STAT_(host_blocks_dropped);
+  PAGEDKV_PY_STAT_(events_dropped);
+#undef PAGEDKV_PY_STAT_
+#endif
+  return d;
+}
+
+// One K or V input of write_kv: [n, kv_heads, head_dim] with a row stride, on the device. Holds
+// the array, so that memory imported from a DLPack capsule stays alive until the write has run.
+struct KvInput {
+  nb::ndarray<> array;
+  const void* data;
+  DType dtype;
+  int64_t rows;
+  int64_t row_stride;
+  bool host_memory;
+};
+
+KvInput kv_input(const KvCache& kv, nb::handle obj, const char* what) {
+  nb::ndarray<> a = as_array(obj, what);
+  check_device(kv, a, what);
+  const CacheConfig& c = kv.config();
+  if (a.ndim() != 3 || a.shape(1) != size_t(c.num_kv_heads) || a.shape(2) != size_t(c.head_dim)) {
+    throw_invalid(std::string(what) + ": shape must be [tokens, " + std::to_string(c.num_kv_heads) +
+                  ", " + std::to_string(c.head_dim) + "]");
+  }
+  if (a.shape(0) > 0 &&
+      ((c.head_dim > 1 && a.stride(2) != 1) || (c.num_kv_heads > 1 && a.stride(1) != c.head_dim) ||
+       (a.shape(0) > 1 && a.stride(0) < int64_t{c.num_kv_heads} * c.head_dim))) {
+    throw_invalid(std::string(what) +
+                  ": each token's [heads, dim] must be contiguous (any row stride)");
+  }
+  const int64_t row_stride = a.shape(0) > 1 ? a.stride(0) : int64_t{c.num_kv_heads} * c.head_dim;
+  return {a,
+          a.data(),
+          from_dlpack(a.dtype(), what),
+          static_cast<int64_t>(a.shape(0)),
+          row_stride,
+          a.device_type() == static_cast<int>(nb::device::cpu::value)};
+}
+
+void check_pair(const KvInput& k, const KvInput& v) {
+  if (k.dtype != v.dtype || k.rows != v.rows || k.row_stride != v.row_stride) {
+    throw_invalid("value: dtype, token count and row stride must equal key's");
+  }
+}
+
+PackedLayout parse_packed(const std::string& s) {
+  if (s == "token_major" || s == "nhd") return PackedLayout::kTokenMajor;
+  if (s == "head_major" || s == "hnd") return PackedLayout::kHeadMajor;
+  throw_invalid("layout: 'token_major' ([len, heads, dim]) or 'head_major' ([heads, len, dim])");
+}
+
+// A view of one layer's keys or values of the whole pool, in the page layout's axis order.
+DlArray pool_view(nb::handle owner, const KvCache& kv, int32_t layer, KvPart part) {
+  const PoolRef pool = kv.device_pool();
+  const PoolLayout& l = pool.layout;
+  const size_t elem = dtype_size(pool.dtype);
+  const bool nhd = l.page_layout == PageLayout::kNHD;
+  const size_t shape[4] = {size_t(pool.num_blocks), size_t(nhd ? l.block_size : l.num_kv_heads),
+                           size_t(nhd ? l.num_kv_heads : l.block_size), size_t(l.head_dim)};
+  const int64_t strides[4] = {l.block_elems(), nhd ? l.token_stride() : l.head_stride(),
+                              nhd ? l.head_stride() : l.token_stride(), 1};
+  char* base = static_cast<char*>(pool.data) + l.page_offset(0, layer, part) * int64_t(elem);
+  return DlArray(base, 4, shape, owner, strides, to_dlpack(pool.dtype), backend_device_type(kv), 0);
+}
+
+// __init__: the instance is constructed only once the cache exists, so a failed create()
+// leaves no half-made object behind.
+void init_cache(PyCache* self, const CacheConfig& config, bool enable_events,
+                size_t event_capacity) {
+  KvCacheOptions options;
+  options.enable_events = enable_events;
+  options.event_capacity = event_capacity;
+  auto kv = [&] {
+    nb::gil_scoped_release release;
+    return KvCache::create(config, std::move(options));
+  }();
+  if (!kv.ok()) throw StatusError(kv.status());
+  new (self) PyCache();
+  self->kv = std::move(*kv);
+}
+
+}  // namespace
+
+nb::class_<PyCache> register_cache(nb::module_& m) {
+  nb::class_<PyCache> cls(m, "_KvCache", "The C++ KvCache (use pagedkv.KvCache).");
+  cls.def("__init__", &init_cache, nb::arg("config"), nb::arg("enable_events") = true,
+          nb::arg("event_capacity") = 65536,
+          "Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)).");
+  cls.def_prop_ro("config", [](PyCache& s) { return s.kv->config(); });
+  cls.def_prop_ro("backend_description", [](PyCache& s) { return s.kv->backend().description(); });
+  cls.def_prop_ro("device_type", [](PyCache& s) { return backend_device_type(*s.kv); });
+  cls.def_prop_ro("pool_info", [](PyCache& s) {
+    nb::dict d;
+    const PoolInfo& p = s.kv->pool_info();
+    d["device_bytes"] = p.device_bytes;
+    d["host_bytes"] = p.host_bytes;
+    d["device_alloc_ms"] = p.device_alloc_ms;
+    d["host_alloc_ms"] = p.host_alloc_ms;
+    return d;
+  });
+
+  // ---- sequences ----
+  cls.def(
+      "add_sequence",
+      [](PyCache& s, SequenceId id, const std::vector<TokenId>& prompt, int32_t priority,
+         NamespaceId ns, int32_t retention_priority, int64_t retention_duration_ns) {
+        SequenceOptions o;
+        o.priority = priority;
+        o.ns = ns;
+        o.retention_priority = retention_priority;
+        o.retention_duration_ns = retention_duration_ns;
+        return value_or_throw(
+            unlocked(s, [&](KvCache& kv) { return kv.add_sequence(id, prompt, o); }));
+      },
+      nb::arg("id"), nb::arg("prompt"), nb::arg("priority") = 0, nb::arg("ns") = 0,
+      nb::arg("retention_priority") = kDefaultRetentionPriority,
+      nb::arg("retention_duration_ns") = 0,
+      "Adds a sequence; returns how many prompt tokens are already cached (full blocks of a known "
+      "prefix). AlreadyExistsError, InvalidArgumentError.");
+  cls.def(
+      "reserve",
+      [](PyCache& s, SequenceId id, int64_t n) {
+        return to_numpy(
+            value_or_throw(unlocked(s, [&](KvCache& kv) { return kv.reserve(id, n); })));
+      },
+      nb::arg("id"), nb::arg("n"),
+      "Reserves device slots for the next n tokens (allocates, copy-on-write, restores); returns "
+      "the slots (block * block_size + offset) as int64 numpy. NotFoundError, OutOfRangeError, "
+      "ResourceExhaustedError.");
+  cls.def(
+      "reserve_batch",
+      [](PyCache& s, const Ids& ids, int64_t n_each) {
+        return to_numpy(value_or_throw(
+            unlocked(s, [&](KvCache& kv) { return kv.reserve_batch(ids, n_each); })));
+      },
+      nb::arg("ids"), nb::arg("n_each") = 1,
+      "Reserves n_each slots for each of ids (distinct) in one call; returns every slot, grouped "
+      "by sequence in ids order. Nothing changes on error.");
+  cls.def(
+      "commit",
+      [](PyCache& s, SequenceId id, const std::vector<TokenId>& tokens) {
+        check(unlocked(s, [&](KvCache& kv) { return kv.commit(id, tokens); }));
+      },
+      nb::arg("id"), nb::arg("tokens"),
+      "Commits the token ids of the first len(tokens) reserved slots; full blocks enter the prefix "
+      "index. FailedPreconditionError when nothing is reserved.");
+  cls.def(
+      "commit_batch",
+      [](PyCache& s, const Ids& ids, const std::vector<TokenId>& tokens, int64_t n_each) {
+        check(unlocked(s, [&](KvCache& kv) { return kv.commit_batch(ids, tokens, n_each); }));
+      },
+      nb::arg("ids"), nb::arg("tokens"), nb::arg("n_each") = 1,
+      "Commits n_each tokens for each of ids: tokens holds them sequence after sequence. "
+      "Everything is checked first.");
+  cls.def(
+      "rollback",
+      [](PyCache& s, SequenceId id, int64_t length) {
+        check(unlocked(s, [&](KvCache& kv) { return kv.rollback(id, length); }));
+      },
+      nb::arg("id"), nb::arg("length"),
+      "Shortens a sequence to `length` committed tokens (speculative decoding).");
+  cls.def(
+      "fork",
+      [](PyCache& s, SequenceId parent, SequenceId child) {
+        check(unlocked(s, [&](KvCache& kv) { return kv.fork(parent, child); }));
+      },
+      nb::arg("parent"), nb::arg("child"),
+      "Creates `child` sharing every block of `parent` (parallel sampling, beam search).");
+  cls.def(
+      "finish",
+      [](PyCache& s, SequenceId id) {
+        check(unlocked(s, [&](KvCache& kv) { return kv.finish(id); }));
+      },
+      nb::arg("id"), "Removes a sequence; its full blocks stay cached for later prompts.");
+  cls.def(
+      "erase",
+      [](PyCache& s, SequenceId id) {
+        check(unlocked(s, [&](KvCache& kv) { return kv.erase(id); }));
+      },
+      nb::arg("id"), "Removes a sequence and the blocks only it held.");
+  cls.def(
+      "set_active",
+      [](PyCache& s, const Ids& ids) {
+        check(unlocked(s, [&](KvCache& kv) { return kv.set_active(ids); }));
+      },
+      nb::arg("ids"), "Replaces the active set (never evicted or offloaded).");
+  cls.def(
+      "set_priority",
+      [](PyCache& s, SequenceId id, int32_t priority) {
+        check(unlocked(s, [&](KvCache& kv) { return kv.set_priority(id, priority); }));
+      },
+      nb::arg("id"), nb::arg("priority"),
+      "Sets a sequence's scheduling priority (lower is offloaded or dropped first).");
+
+  // ---- tiers ----
+  cls.def(
+      "offload",
+      [](PyCache& s, SequenceId id) {
+        check(unlocked(s, [&](KvCache& kv) { return kv.offload(id); }));
+      },
+      nb::arg("id"), "Queues the offload of an inactive sequence to the host tier (copy stream).");
+  cls.def(
+      "restore",
+      [](PyCache& s, SequenceId id) {
+        check(unlocked(s, [&](KvCache& kv) { return kv.restore(id); }));
+      },
+      nb::arg("id"),
+      "Queues the restore of an offloaded sequence; later compute-stream work waits for it.");
+  cls.def(
+      "prefetch",
+      [](PyCache& s, const Ids& ids) {
+        check(unlocked(s, [&](KvCache& kv) { return kv.prefetch(ids); }));
+      },
+      nb::arg("ids"),
+      "Queues the restore of those of ids that are offloaded while free device blocks suffice; "
+      "never offloads others.");
+  cls.def(
+      "residency",
+      [](PyCache& s, SequenceId id) {
+        return value_or_throw(unlocked(s, [&](KvCache& kv) { return kv.residency(id); }));
+      },
+      nb::arg("id"), "SequenceResidency.DEVICE, IN_FLIGHT or HOST. NotFoundError.");
+  cls.def(
+      "drain_evicted_sequences",
+      [](PyCache& s) {
+        return unlocked(s, [&](KvCache& kv) { return kv.drain_evicted_sequences(); });
+      },
+      "Sequences dropped (not offloaded) to make room since the last call.");
+  cls.def(
+      "synchronize",
+      [](PyCache& s) { check(unlocked(s, [&](KvCache& kv) { return kv.synchronize(); })); },
+      "Blocks until the cache's queued work (kernels and transfers) is done.");
+
+  // ---- queries and observability ----
+  cls.def(
+      "contains",
+      [](PyCache& s, SequenceId id) {
+        return unlocked(s, [&](KvCache& kv) { return kv.contains(id); });
+      },
+      nb::arg("id"), "Whether the sequence exists (offloaded ones included).");
+  cls.def(
+      "length",
+      [](PyCache& s, SequenceId id) {
+        return value_or_throw(unlocked(s, [&](KvCache& kv) { return kv.length(id); }));
+      },
+      nb::arg("id"), "Committed token count. NotFoundError.");
+  cls.def(
+      "pending",
+      [](PyCache& s, SequenceId id) {
+        return value_or_throw(unlocked(s, [&](KvCache& kv) { return kv.pending(id); }));
+      },
+      nb::arg("id"), "Reserved, uncommitted token count. NotFoundError.");
+  cls.def(
+      "block_locations",
+      [](PyCache& s, SequenceId id) {
+        auto locs =
+            value_or_throw(unlocked(s, [&](KvCache& kv) { return kv.block_locations(id); }));
+        std::vector<std::pair<Tier, int32_t>> out;
+        for (const BlockLocation& l : locs) out.emplace_back(l.tier, l.block);
+        return out;
+      },
+      nb::arg("id"),
+      "(Tier, physical block id) of each block of the sequence, reserved ones included.");
+  cls.def(
+      "stats",
+      [](PyCache& s) { return stats_dict(unlocked(s, [&](KvCache& kv) { return kv.stats(); })); },
+      "Counters as a dict: 'device' and 'host' tier dicts plus the control-plane counts.");
+  cls.def(
+      "drain_events",
+      [](PyCache& s) { return unlocked(s, [&](KvCache& kv) { return kv.drain_events(); }); },
+      "Control events since the last drain, as ControlEvent objects (block events carry their "
+      "tier).");
+  cls.def(
+      "check_invariants",
+      [](PyCache& s) { check(unlocked(s, [&](KvCache& kv) { return kv.check_invariants(); })); },
+      "Recounts every reference and state; InternalError names the first broken invariant.");
+
+  // ---- data ----
+  cls.def(
+      "layer_kv",
+      [](nb::handle self, int32_t layer) {
+        PyCache& s = nb::cast<PyCache&>(self);
+        if (layer < 0 || layer >= s.kv->config().num_layers) {
+          throw StatusError(out_of_range("layer: " + std::to_string(layer) + " not in [0, " +
+                                         std::to_string(s.kv->config().num_layers) + ")"));
+        }
+        return std::make_pair(pool_view(self, *s.kv, layer, KvPart::kKey),
+                              pool_view(self, *s.kv, layer, KvPart::kValue));
+      },
+      nb::arg("layer"),
+      "(K, V): zero-copy DLPack views of one layer of the whole device pool, [num_blocks, "
+      "block_size, heads, dim] (NHD) or [num_blocks, heads, block_size, dim] (HND), page stride = "
+      "one block of all layers. They keep the cache alive; read them after synchronize() or on the "
+      "compute stream.");
+  cls.def(
+      "write_kv",
+      [](PyCache& s, SequenceId id, int32_t layer, nb::handle key, nb::handle value) {
+        const KvInput k = kv_input(*s.kv, key, "key"), v = kv_input(*s.kv, value, "value");
+        check_pair(k, v);
+        check(unlocked(s, [&](KvCache& kv) -> Status {
+          PAGEDKV_ASSIGN_OR_RETURN(int64_t pending, kv.pending(id));
+          if (pending != k.rows) {
+            return invalid_argument("key: " + std::to_string(k.rows) + " tokens, but sequence " +
+                                    std::to_string(id) + " has " + std::to_string(pending) +
+                                    " reserved");
+          }
+          PAGEDKV_RETURN_IF_ERROR(kv.write_kv(id, layer, k.data, v.data, k.dtype, k.row_stride));
+          // Host inputs (numpy) may be freed when this returns: wait for the copy to read them.
+          return k.host_memory ? kv.synchronize() : ok_status();
+        }));
+      },
+      nb::arg("id"), nb::arg("layer"), nb::arg("key"), nb::arg("value"),
+      "Writes K/V of the tokens reserved by the last reserve() into one layer. key/value: any "
+      "DLPack producer on the cache's device, [pending, heads, dim], float16/bfloat16/float32, any "
+      "row stride. Host (numpy) inputs are read before the call returns.");
+  cls.def(
+      "gather_layer",
+      [](nb::handle self, SequenceId id, int32_t layer, const std::string& layout,
+         std::optional<DType> dtype, int64_t begin, int64_t num_tokens) {
+        PyCache& s = nb::cast<PyCache&>(self);
+        const CacheConfig& c = s.kv->config();
+        const PackedLayout packed = parse_packed(layout);
+        const DType out_dtype =
+            dtype ? *dtype : (c.dtype == DType::kFloat8E4M3 ? DType::kFloat32 : c.dtype);
+        int64_t n = num_tokens;
+        if (n < 0) {
+          const int64_t length =
+              value_or_throw(unlocked(s, [&](KvCache& kv) { return kv.length(id); }));
+          n = length - begin;
+          if (n < 0) throw StatusError(out_of_range("begin: past the committed tokens"));
+        }
+        const size_t elems = size_t(n) * size_t(c.num_kv_heads) * size_t(c.head_dim);
+        void *kp = nullptr, *vp = nullptr;
+        nb::object kmem = allocate_device(self, elems * dtype_size(out_dtype), &kp);
+        nb::object vmem = allocate_device(self, elems * dtype_size(out_dtype), &vp);
+        check(unlocked(s, [&](KvCache& kv) -> Status {
+          PAGEDKV_RETURN_IF_ERROR(kv.gather_layer(id, layer, kp, vp, out_dtype, packed, begin, n));
+          return kv.synchronize();
+        }));
+        const size_t h = size_t(c.num_kv_heads), d = size_t(c.head_dim), len = size_t(n);
+        const size_t shape_tm[3] = {len, h, d}, shape_hm[3] = {h, len, d};
+        const size_t* shape = packed == PackedLayout::kTokenMajor ? shape_tm : shape_hm;
+        const int dev = backend_device_type(*s.kv);
+        return std::make_pair(DlArray(kp, 3, shape, kmem, nullptr, to_dlpack(out_dtype), dev, 0),
+                              DlArray(vp, 3, shape, vmem, nullptr, to_dlpack(out_dtype), dev, 0));
+      },
+      nb::arg("id"), nb::arg("layer"), nb::arg("layout") = "token_major",
+      nb::arg("dtype") = nb::none(), nb::arg("begin") = 0, nb::arg("num_tokens") = -1,
+      "Packs positions [begin, begin + num_tokens) of one layer of a sequence into new arrays "
+      "(token_major [len, heads, dim] or head_major [heads, len, dim]); waits for the copy.");
+  return cls;
+}
+
+}  // namespace pagedkv::python

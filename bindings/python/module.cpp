@@ -1,0 +1,13 @@
+// pagedkv._C: the extension module. The Python package (python/pagedkv) wraps it.
+#include "common.hpp"
+
+NB_MODULE(_C, m) {
+  m.doc() = "pagedkv C++ runtime (use the pagedkv package, not this module)";
+  using namespace pagedkv::python;  // NOLINT: registration only
+  register_errors(m);
+  register_types(m);
+  register_arrays(m);
+  nb::class_<PyCache> cache = register_cache(m);
+  register_batch(m, cache);
+  register_reference(m, cache);
+}

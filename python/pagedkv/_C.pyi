@@ -1,0 +1,447 @@
+"""pagedkv C++ runtime (use the pagedkv package, not this module)"""
+
+from collections.abc import Sequence
+import enum
+from typing import Any
+
+import numpy
+from numpy.typing import NDArray
+
+
+def _register_error_classes(arg: dict, /) -> None:
+    """
+    Registers the exception class raised for each status code (called by the package).
+    """
+
+def _raise_status(arg0: int, arg1: str, /) -> None:
+    """Raises the exception of a status code (tests of the error bridge)."""
+
+def _cuda_backend_built() -> bool:
+    """Whether this build has the CUDA backend."""
+
+def _cuda_device_available() -> bool:
+    """Whether the CUDA backend is built and a device is present."""
+
+class StatusCode(enum.Enum):
+    """Error codes by meaning (pagedkv/status.hpp)."""
+
+    OK = 0
+
+    INVALID_ARGUMENT = 1
+
+    NOT_FOUND = 2
+
+    ALREADY_EXISTS = 3
+
+    OUT_OF_RANGE = 4
+
+    FAILED_PRECONDITION = 5
+
+    RESOURCE_EXHAUSTED = 6
+
+    UNAVAILABLE = 7
+
+    UNIMPLEMENTED = 8
+
+    INTERNAL = 9
+
+class DType(enum.Enum):
+    """Element type of a pool or of an input array."""
+
+    FLOAT16 = 0
+
+    BFLOAT16 = 1
+
+    FLOAT32 = 2
+
+    FLOAT8_E4M3 = 3
+
+class PageLayout(enum.Enum):
+    """NHD: [block_size, heads, dim]; HND: [heads, ...]."""
+
+    NHD = 0
+
+    HND = 1
+
+class EvictionPolicy(enum.Enum):
+    NONE = 0
+
+    LRU = 1
+
+    FIFO = 2
+
+class CacheMode(enum.Enum):
+    """Paged (the KvCache) or dense (seed surface only)."""
+
+    PAGED = 0
+
+    DENSE = 1
+
+class BackendKind(enum.Enum):
+    AUTO = 0
+
+    CPU = 1
+
+    CUDA = 2
+
+class Tier(enum.Enum):
+    DEVICE = 0
+
+    HOST = 1
+
+class SequenceResidency(enum.Enum):
+    DEVICE = 0
+
+    IN_FLIGHT = 1
+
+    HOST = 2
+
+class EventKind(enum.Enum):
+    BLOCK_STORED = 0
+
+    BLOCK_REMOVED = 1
+
+    SEQUENCE_EVICTED = 2
+
+    SEQUENCE_OFFLOADED = 3
+
+    SEQUENCE_RESTORED = 4
+
+    EVENTS_DROPPED = 5
+
+class _CacheConfig:
+    """The C++ CacheConfig (use pagedkv.CacheConfig)."""
+
+    def __init__(self) -> None: ...
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @num_layers.setter
+    def num_layers(self, arg: int, /) -> None: ...
+
+    @property
+    def num_kv_heads(self) -> int: ...
+
+    @num_kv_heads.setter
+    def num_kv_heads(self, arg: int, /) -> None: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @head_dim.setter
+    def head_dim(self, arg: int, /) -> None: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    @block_size.setter
+    def block_size(self, arg: int, /) -> None: ...
+
+    @property
+    def num_device_blocks(self) -> int: ...
+
+    @num_device_blocks.setter
+    def num_device_blocks(self, arg: int, /) -> None: ...
+
+    @property
+    def num_host_blocks(self) -> int: ...
+
+    @num_host_blocks.setter
+    def num_host_blocks(self, arg: int, /) -> None: ...
+
+    @property
+    def dtype(self) -> DType: ...
+
+    @dtype.setter
+    def dtype(self, arg: DType, /) -> None: ...
+
+    @property
+    def page_layout(self) -> PageLayout: ...
+
+    @page_layout.setter
+    def page_layout(self, arg: PageLayout, /) -> None: ...
+
+    @property
+    def mode(self) -> CacheMode: ...
+
+    @mode.setter
+    def mode(self, arg: CacheMode, /) -> None: ...
+
+    @property
+    def eviction_policy(self) -> EvictionPolicy: ...
+
+    @eviction_policy.setter
+    def eviction_policy(self, arg: EvictionPolicy, /) -> None: ...
+
+    @property
+    def enable_prefix_caching(self) -> bool: ...
+
+    @enable_prefix_caching.setter
+    def enable_prefix_caching(self, arg: bool, /) -> None: ...
+
+    @property
+    def cache_prefixes_on_host(self) -> bool: ...
+
+    @cache_prefixes_on_host.setter
+    def cache_prefixes_on_host(self, arg: bool, /) -> None: ...
+
+    @property
+    def max_sequence_length(self) -> int: ...
+
+    @max_sequence_length.setter
+    def max_sequence_length(self, arg: int, /) -> None: ...
+
+    @property
+    def backend(self) -> BackendKind: ...
+
+    @backend.setter
+    def backend(self, arg: BackendKind, /) -> None: ...
+
+    def block_bytes(self) -> int: ...
+
+    def page_bytes(self) -> int: ...
+
+class ControlEvent:
+    """
+    One control-plane event: block stored/removed on a tier, sequence evicted/offloaded/restored, or events dropped (resync).
+    """
+
+    @property
+    def kind(self) -> EventKind: ...
+
+    @property
+    def tier(self) -> Tier: ...
+
+    @property
+    def sequence(self) -> int: ...
+
+    @property
+    def block_hash(self) -> int: ...
+
+    @property
+    def parent_hash(self) -> int: ...
+
+    @property
+    def ns(self) -> int: ...
+
+    @property
+    def tokens(self) -> list[int]: ...
+
+    @property
+    def dropped_events(self) -> int: ...
+
+    def __repr__(self) -> str: ...
+
+class _DeviceMemory:
+    """Backend memory owned by exported arrays."""
+
+class _KvCache:
+    """The C++ KvCache (use pagedkv.KvCache)."""
+
+    def __init__(self, config: _CacheConfig, enable_events: bool = True, event_capacity: int = 65536) -> None:
+        """
+        Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)).
+        """
+
+    @property
+    def config(self) -> _CacheConfig: ...
+
+    @property
+    def backend_description(self) -> str: ...
+
+    @property
+    def device_type(self) -> int: ...
+
+    @property
+    def pool_info(self) -> dict[str, Any]: ...
+
+    def add_sequence(self, id: int, prompt: Sequence[int], priority: int = 0, ns: int = 0, retention_priority: int = 35, retention_duration_ns: int = 0) -> int:
+        """
+        Adds a sequence; returns how many prompt tokens are already cached (full blocks of a known prefix). AlreadyExistsError, InvalidArgumentError.
+        """
+
+    def reserve(self, id: int, n: int) -> NDArray[numpy.int64]:
+        """
+        Reserves device slots for the next n tokens (allocates, copy-on-write, restores); returns the slots (block * block_size + offset) as int64 numpy. NotFoundError, OutOfRangeError, ResourceExhaustedError.
+        """
+
+    def reserve_batch(self, ids: Sequence[int], n_each: int = 1) -> NDArray[numpy.int64]:
+        """
+        Reserves n_each slots for each of ids (distinct) in one call; returns every slot, grouped by sequence in ids order. Nothing changes on error.
+        """
+
+    def commit(self, id: int, tokens: Sequence[int]) -> None:
+        """
+        Commits the token ids of the first len(tokens) reserved slots; full blocks enter the prefix index. FailedPreconditionError when nothing is reserved.
+        """
+
+    def commit_batch(self, ids: Sequence[int], tokens: Sequence[int], n_each: int = 1) -> None:
+        """
+        Commits n_each tokens for each of ids: tokens holds them sequence after sequence. Everything is checked first.
+        """
+
+    def rollback(self, id: int, length: int) -> None:
+        """
+        Shortens a sequence to `length` committed tokens (speculative decoding).
+        """
+
+    def fork(self, parent: int, child: int) -> None:
+        """
+        Creates `child` sharing every block of `parent` (parallel sampling, beam search).
+        """
+
+    def finish(self, id: int) -> None:
+        """Removes a sequence; its full blocks stay cached for later prompts."""
+
+    def erase(self, id: int) -> None:
+        """Removes a sequence and the blocks only it held."""
+
+    def set_active(self, ids: Sequence[int]) -> None:
+        """Replaces the active set (never evicted or offloaded)."""
+
+    def set_priority(self, id: int, priority: int) -> None:
+        """
+        Sets a sequence's scheduling priority (lower is offloaded or dropped first).
+        """
+
+    def offload(self, id: int) -> None:
+        """
+        Queues the offload of an inactive sequence to the host tier (copy stream).
+        """
+
+    def restore(self, id: int) -> None:
+        """
+        Queues the restore of an offloaded sequence; later compute-stream work waits for it.
+        """
+
+    def prefetch(self, ids: Sequence[int]) -> None:
+        """
+        Queues the restore of those of ids that are offloaded while free device blocks suffice; never offloads others.
+        """
+
+    def residency(self, id: int) -> SequenceResidency:
+        """SequenceResidency.DEVICE, IN_FLIGHT or HOST. NotFoundError."""
+
+    def drain_evicted_sequences(self) -> list[int]:
+        """Sequences dropped (not offloaded) to make room since the last call."""
+
+    def synchronize(self) -> None:
+        """Blocks until the cache's queued work (kernels and transfers) is done."""
+
+    def contains(self, id: int) -> bool:
+        """Whether the sequence exists (offloaded ones included)."""
+
+    def length(self, id: int) -> int:
+        """Committed token count. NotFoundError."""
+
+    def pending(self, id: int) -> int:
+        """Reserved, uncommitted token count. NotFoundError."""
+
+    def block_locations(self, id: int) -> list[tuple[Tier, int]]:
+        """
+        (Tier, physical block id) of each block of the sequence, reserved ones included.
+        """
+
+    def stats(self) -> dict[str, Any]:
+        """
+        Counters as a dict: 'device' and 'host' tier dicts plus the control-plane counts.
+        """
+
+    def drain_events(self) -> list[ControlEvent]:
+        """
+        Control events since the last drain, as ControlEvent objects (block events carry their tier).
+        """
+
+    def check_invariants(self) -> None:
+        """
+        Recounts every reference and state; InternalError names the first broken invariant.
+        """
+
+    def layer_kv(self, layer: int) -> tuple[Any, Any]:
+        """
+        (K, V): zero-copy DLPack views of one layer of the whole device pool, [num_blocks, block_size, heads, dim] (NHD) or [num_blocks, heads, block_size, dim] (HND), page stride = one block of all layers. They keep the cache alive; read them after synchronize() or on the compute stream.
+        """
+
+    def write_kv(self, id: int, layer: int, key: object, value: object) -> None:
+        """
+        Writes K/V of the tokens reserved by the last reserve() into one layer. key/value: any DLPack producer on the cache's device, [pending, heads, dim], float16/bfloat16/float32, any row stride. Host (numpy) inputs are read before the call returns.
+        """
+
+    def gather_layer(self, id: int, layer: int, layout: str = 'token_major', dtype: DType | None = None, begin: int = 0, num_tokens: int = -1) -> tuple[Any, Any]:
+        """
+        Packs positions [begin, begin + num_tokens) of one layer of a sequence into new arrays (token_major [len, heads, dim] or head_major [heads, len, dim]); waits for the copy.
+        """
+
+    def build_batch(self, ids: Sequence[int], csr: bool = False, pad_slots_to: int = 0) -> Batch:
+        """
+        Builds a step's batch metadata and uploads it on the compute stream; returns a Batch (.device arrays valid until the next build_batch, .host numpy copies).
+        """
+
+    def write_kv_batch(self, batch: Batch, layer: int, key: object, value: object) -> None:
+        """
+        Writes one layer's K/V of every token of the current batch through its slot mapping in one launch; key/value [len(slot_mapping), heads, dim] (padding rows skipped).
+        """
+
+    def build_batch_into(self, ids: Sequence[int], kv_indptr: object, kv_indices: object, kv_last_page_len: object) -> tuple[Batch, NDArray[numpy.int32], NDArray[numpy.int32]]:
+        """
+        FlashInfer CUDA-graph mode: builds the batch and copies its CSR arrays (int32) into caller-owned fixed-address buffers; returns (batch, host kv_indptr, host kv_last_page_len) for plan(). Capacities are checked first.
+        """
+
+    def append_indices(self, batch: Batch, batch_indices: object | None = None, positions: object | None = None) -> tuple[NDArray[numpy.int32], NDArray[numpy.int32], NDArray[numpy.int32]]:
+        """
+        FlashInfer append path of a batch: (append_indptr, batch_indices, positions) int32 numpy as get_batch_indices_positions defines them; also copied into the device buffers when given.
+        """
+
+    def build_vllm_batch_into(self, ids: Sequence[int], block_table: object, slot_mapping: object) -> Batch:
+        """
+        vLLM: builds the batch into a caller-owned int32 block_table [max_reqs, max_blocks] (-1 past a row's blocks) and an int64 slot_mapping padded with -1 to its length.
+        """
+
+    def _decode_attention(self, batch: object, q: object, layer: int, sm_scale: float) -> Any:
+        """
+        The C++ reference decode attention (kernels/decode_attention.hpp, the kernel of examples/paged_decode_attention) over a built batch; float32 [batch, q_heads, dim].
+        """
+
+    def _bench_step_cpp(self, ids: Sequence[int], steps: int) -> float:
+        """
+        Seconds for `steps` C++ steps of reserve_batch + build_batch + commit_batch.
+        """
+
+class BatchArrays:
+    """A batch's arrays, by attribute name."""
+
+    def __getattr__(self, arg: str, /) -> object: ...
+
+    def __dir__(self) -> list[str]: ...
+
+    @property
+    def on_device(self) -> bool: ...
+
+class Batch:
+    """
+    One step's batch metadata: `.device` arrays (valid until the next build_batch, ready on the compute stream) and `.host` numpy copies.
+    """
+
+    @property
+    def device(self) -> BatchArrays: ...
+
+    @property
+    def host(self) -> BatchArrays: ...
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def max_blocks(self) -> int: ...
+
+    @property
+    def ids(self) -> list[int]: ...
+
+    @property
+    def is_current(self) -> bool: ...
+
+    @property
+    def has_csr(self) -> bool: ...
+
+    def __repr__(self) -> str: ...

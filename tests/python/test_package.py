@@ -1,0 +1,41 @@
+"""The package around the extension: config as a dataclass or keywords, the type stubs cover
+every public name of pagedkv._C, and the exported names resolve."""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import pagedkv
+from conftest import make_cache
+
+
+def test_config_as_dataclass_or_keywords_gives_the_same_cache():
+    config = pagedkv.CacheConfig(num_layers=3, num_kv_heads=1, head_dim=16, block_size=8,
+                                 num_device_blocks=10, dtype="bf16", page_layout="HND",
+                                 backend=pagedkv.BackendKind.CPU)
+    a = pagedkv.KvCache(config)
+    b = pagedkv.KvCache(**dataclasses.asdict(config))
+    c = pagedkv.KvCache(config, head_dim=32)  # keywords override the dataclass
+    for cache in (a, b):
+        assert cache.config.dtype == pagedkv.DType.BFLOAT16
+        assert cache.config.page_layout == pagedkv.PageLayout.HND
+        assert cache.config.num_layers == 3 and cache.config.head_dim == 16
+        assert cache.pool_info["device_bytes"] == 10 * 3 * 2 * 8 * 1 * 16 * 2
+    assert c.config.head_dim == 32 and c.cache_config.head_dim == 32
+    assert a.cache_config == config
+
+
+def test_stubs_declare_every_public_name_of_the_extension():
+    stub = (pathlib.Path(pagedkv.__file__).parent / "_C.pyi").read_text()
+    assert (pathlib.Path(pagedkv.__file__).parent / "py.typed").exists()
+    for cls in (pagedkv._C._KvCache, pagedkv.Batch, pagedkv.BatchArrays, pagedkv.ControlEvent):
+        assert f"class {cls.__name__}" in stub
+        for name in vars(cls):
+            if not name.startswith("__"):
+                assert f"def {name}(" in stub, f"{cls.__name__}.{name} missing from _C.pyi"
+    for name in pagedkv.__all__:
+        assert getattr(pagedkv, name) is not None
+
+
+def test_the_cpu_backend_is_chosen_through_the_config():
+    assert make_cache(backend="cpu").backend_description.startswith("cpu")

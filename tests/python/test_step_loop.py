@@ -1,0 +1,144 @@
+"""The step loop surface end to end: the example program, tiers (offload, restore, prefetch,
+residency), typed events with their tier, stats as a dict, several Python threads on one cache
+(the GIL is released and the cache locked per call), and the overhead benchmark's own check."""
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import pagedkv
+from conftest import make_cache, random_kv
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def run_example(name, *args):
+    env = dict(os.environ, PAGEDKV_LOG_LEVEL="warn")
+    return subprocess.run([sys.executable, str(ROOT / "examples" / "python" / name), *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_step_loop_example_runs_and_checks_itself():
+    r = run_example("step_loop.py")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "16 from the prefix cache" in r.stdout
+    assert r.stdout.rstrip().endswith("OK")
+
+
+def test_overhead_benchmark_runs_both_loops_to_the_same_state():
+    r = run_example("bench_step_overhead.py", "--batch", "32", "--steps", "10", "--rounds", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ratio" in r.stdout
+
+
+def test_offload_restore_and_prefetch_keep_the_bytes(rng):
+    cache = make_cache(num_host_blocks=32)
+    cache.add_sequence(1, list(range(10)))
+    cache.reserve(1, 10)
+    k, v = random_kv(rng, 10, cache)
+    cache.write_kv(1, 0, k, v)
+    cache.commit(1, list(range(10)))
+    cache.drain_events()
+    cache.offload(1)
+    cache.synchronize()
+    assert cache.residency(1) == pagedkv.SequenceResidency.HOST
+    assert all(tier == pagedkv.Tier.HOST for tier, _ in cache.block_locations(1))
+    events = cache.drain_events()
+    assert pagedkv.EventKind.SEQUENCE_OFFLOADED in [e.kind for e in events]
+    stored = [e for e in events if e.kind == pagedkv.EventKind.BLOCK_STORED]
+    assert stored and all(e.tier == pagedkv.Tier.HOST for e in stored)
+    assert all(isinstance(e, pagedkv.ControlEvent) and len(e.tokens) == 4 for e in stored)
+    assert cache.stats()["sequences_offloaded"] == 1
+    cache.restore(1)
+    cache.synchronize()
+    assert cache.residency(1) == pagedkv.SequenceResidency.DEVICE
+    gk, gv = (np.from_dlpack(a) for a in cache.gather_layer(1, 0))
+    np.testing.assert_array_equal(gk, k)
+    np.testing.assert_array_equal(gv, v)
+    cache.offload(1)
+    cache.prefetch([1])
+    cache.synchronize()
+    assert cache.residency(1) == pagedkv.SequenceResidency.DEVICE
+    cache.check_invariants()
+
+
+def test_fork_rollback_priorities_and_stats_dict(rng):
+    cache = make_cache()
+    cache.add_sequence(1, list(range(9)), priority=3)
+    cache.reserve(1, 9)
+    cache.commit(1, list(range(9)))
+    cache.fork(1, 2)
+    assert cache.length(2) == 9
+    cache.rollback(2, 5)
+    assert cache.length(2) == 5 and cache.length(1) == 9
+    cache.set_priority(2, 7)
+    cache.set_active([1, 2])
+    stats = cache.stats()
+    assert stats["sequences"] == 2 and stats["active_sequences"] == 2
+    assert set(stats["device"]) >= {"total_blocks", "free_blocks", "cached_blocks", "used_blocks"}
+    cache.set_active([])
+    cache.erase(2)
+    cache.finish(1)
+    assert not cache.contains(1) and cache.stats()["device"]["cached_blocks"] == 2
+    assert cache.drain_evicted_sequences() == []
+    cache.check_invariants()
+
+
+def test_python_threads_may_share_a_cache():
+    cache = make_cache(num_device_blocks=512)
+    errors = []
+
+    def worker(base):
+        try:
+            for i in range(40):
+                sid = base + i
+                cache.add_sequence(sid, [sid % 100] * 5)
+                cache.reserve(sid, 5)
+                cache.commit(sid, [sid % 100] * 5)
+                cache.stats()
+                cache.erase(sid)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(1000 * t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert cache.stats()["sequences"] == 0
+    cache.check_invariants()
+
+
+def test_long_calls_release_the_gil():
+    cache = make_cache(num_layers=1, head_dim=4, block_size=16, num_device_blocks=4096)
+    ids = list(range(64))
+    for sid in ids:
+        cache.add_sequence(sid, [sid] * 4)
+    counter, stop = [0], [False]
+
+    def spin():  # runs only while the main thread does not hold the GIL
+        while not stop[0]:
+            counter[0] += 1
+
+    # A long switch interval: a thread that holds the GIL keeps it for 0.2 s, so the spinner can
+    # only run during the call if the call released the GIL.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.2)
+    thread = threading.Thread(target=spin)
+    thread.start()
+    try:
+        before = counter[0]
+        cache._bench_step_cpp(ids, 400)  # tens of milliseconds inside one C++ call
+        during = counter[0] - before
+    finally:
+        stop[0] = True
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert during > 0, "the Python thread never ran while the C++ call was in progress"
