@@ -1,0 +1,215 @@
+// pagedkv_events_peer: a KvCache with an EventPublisher on 127.0.0.1, driven line by line on
+// stdin by the Python consumer tests (subscriber_test.py, dynamo_bridge_test.py), which start
+// it, read the endpoints it prints, and stop it. Every command publishes what it caused and
+// answers one line: "ok key=value ..." or "error <message>".
+//
+//   workload <seed> <min_wire_events>   random adds, extends, finishes, erases, offloads,
+//                                       restores and prefetches under pressure, until at least
+//                                       that many wire events were published
+//   add <id> <ns> <token...>            add_sequence, reserve and commit the uncached rest
+//   finish|erase|offload|restore <id>
+//   query <ns> <token...>               add_sequence of a scratch sequence, then finish it
+//                                       (erase would drop the cached blocks it matched):
+//                                       answers the prefix-hit blocks pagedkv's index found
+//   quit
+#include <cstdio>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "pagedkv/cache.hpp"
+#include "pagedkv/event_publisher.hpp"
+
+namespace {
+
+using namespace pagedkv;
+
+struct Peer {
+  std::unique_ptr<KvCache> kv;
+  std::unique_ptr<EventPublisher> pub;
+  std::vector<SequenceId> live;  // workload sequences
+  SequenceId next_id = 1000000;
+
+  Status publish() { return pub->publish(*kv).status(); }
+
+  // add + reserve + commit of the uncached part; erases the sequence when it cannot be had.
+  Status add(SequenceId id, NamespaceId ns, const std::vector<TokenId>& tokens, int64_t* cached) {
+    SequenceOptions o;
+    o.ns = ns;
+    PAGEDKV_ASSIGN_OR_RETURN(int64_t c, kv->add_sequence(id, tokens, o));
+    if (cached) *cached = c;
+    const std::vector<TokenId> rest(tokens.begin() + c, tokens.end());
+    auto slots = kv->reserve(id, static_cast<int64_t>(rest.size()));
+    if (!slots.ok()) {
+      (void)kv->erase(id);
+      return slots.status();
+    }
+    return kv->commit(id, rest);
+  }
+
+  void workload_op(std::mt19937_64& rng) {
+    auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+    const int op = static_cast<int>(rng() % 100);
+    if (live.size() < 3 || op < 30) {
+      // A prompt that often starts with one of a few shared prefixes.
+      const NamespaceId ns = rng() % 4 == 0 ? 3 : 0;
+      std::vector<TokenId> t;
+      const size_t prefix = pick(6);
+      if (prefix < 4) {
+        for (int i = 0; i < 8 + 4 * static_cast<int>(prefix); ++i) t.push_back(100 * prefix + i);
+      }
+      const size_t extra = 1 + pick(20);
+      for (size_t i = 0; i < extra; ++i) t.push_back(static_cast<TokenId>(rng() % 50000));
+      const SequenceId id = next_id++;
+      if (add(id, ns, t, nullptr).ok()) live.push_back(id);
+      if (live.size() > 14) {  // keep the live set bounded: finish the oldest
+        (void)kv->finish(live.front());
+        live.erase(live.begin());
+      }
+      return;
+    }
+    const size_t i = pick(live.size());
+    const SequenceId id = live[i];
+    if (op < 55) {  // extend by 1-3 tokens
+      const int64_t n = 1 + static_cast<int64_t>(pick(3));
+      std::vector<TokenId> t;
+      for (int64_t k = 0; k < n; ++k) t.push_back(static_cast<TokenId>(rng() % 50000));
+      if (kv->reserve(id, n).ok()) (void)kv->commit(id, t);
+    } else if (op < 70) {
+      (void)kv->finish(id);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    } else if (op < 76) {
+      (void)kv->erase(id);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    } else if (op < 88) {
+      (void)kv->offload(id);
+    } else if (op < 95) {
+      (void)kv->restore(id);
+    } else {
+      (void)kv->prefetch({id});
+    }
+    // Sequences the cache dropped to make room are gone.
+    for (SequenceId gone : kv->drain_evicted_sequences()) {
+      for (size_t k = 0; k < live.size(); ++k) {
+        if (live[k] == gone) {
+          live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+          break;
+        }
+      }
+    }
+  }
+
+  std::string run(const std::string& line) {
+    std::istringstream in(line);
+    std::string cmd;
+    in >> cmd;
+    std::ostringstream out;
+    Status s;
+    if (cmd == "workload") {
+      uint64_t seed = 0;
+      int64_t min_events = 0;
+      in >> seed >> min_events;
+      std::mt19937_64 rng(seed);
+      const EventPublisherCounters before = pub->counters();
+      int64_t ops = 0;
+      while (s.ok() && pub->counters().events - before.events < min_events) {
+        workload_op(rng);
+        ++ops;
+        s = publish();
+      }
+      const EventPublisherCounters after = pub->counters();
+      out << "ok ops=" << ops << " events=" << after.events - before.events
+          << " messages=" << after.messages - before.messages << " last_seq=" << after.messages - 1;
+    } else if (cmd == "add" || cmd == "query") {
+      SequenceId id = 0;
+      NamespaceId ns = 0;
+      if (cmd == "add") in >> id;
+      in >> ns;
+      std::vector<TokenId> t;
+      for (TokenId x; in >> x;) t.push_back(x);
+      if (cmd == "add") {
+        int64_t cached = 0;
+        s = add(id, ns, t, &cached);
+        if (s.ok()) out << "ok cached=" << cached;
+      } else {
+        const ControlStats a = kv->stats();
+        SequenceOptions o;
+        o.ns = ns;
+        auto c = kv->add_sequence(next_id, t, o);
+        s = c.status();
+        if (s.ok()) {
+          const ControlStats b = kv->stats();
+          s = kv->finish(next_id);
+          out << "ok hit_blocks=" << b.prefix_hit_blocks - a.prefix_hit_blocks
+              << " host_hit_blocks=" << b.prefix_host_hit_blocks - a.prefix_host_hit_blocks
+              << " cached=" << *c;
+        }
+        ++next_id;
+      }
+    } else if (cmd == "finish" || cmd == "erase" || cmd == "offload" || cmd == "restore") {
+      SequenceId id = 0;
+      in >> id;
+      s = cmd == "finish"    ? kv->finish(id)
+          : cmd == "erase"   ? kv->erase(id)
+          : cmd == "offload" ? kv->offload(id)
+                             : kv->restore(id);
+      if (s.ok()) out << "ok";
+    } else {
+      return "error unknown command: " + line;
+    }
+    if (s.ok()) s = publish();
+    if (!s.ok()) return "error " + s.message();
+    const ControlStats st = kv->stats();
+    out << " demoted=" << st.blocks_demoted << " host_dropped=" << st.host_blocks_dropped
+        << " evicted_blocks=" << st.blocks_evicted << " offloaded=" << st.blocks_offloaded
+        << " restored=" << st.blocks_restored;
+    return out.str();
+  }
+};
+
+int64_t arg(int argc, char** argv, const std::string& name, int64_t def) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (name == argv[i]) return std::stoll(argv[i + 1]);
+  }
+  return def;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CacheConfig c;
+  c.num_layers = 1;
+  c.num_kv_heads = 1;
+  c.head_dim = 8;
+  c.block_size = static_cast<int32_t>(arg(argc, argv, "--block-size", 4));
+  c.num_device_blocks = arg(argc, argv, "--device-blocks", 24);
+  c.num_host_blocks = arg(argc, argv, "--host-blocks", 32);
+  c.max_sequence_length = 256;
+  c.backend = BackendKind::kCpu;
+  Peer peer;
+  auto kv = KvCache::create(c);
+  if (!kv.ok()) {
+    std::cerr << "events_peer: " << kv.status().message() << "\n";
+    return 1;
+  }
+  peer.kv = std::move(*kv);
+  EventPublisherOptions o;
+  o.replay_endpoint = "tcp://127.0.0.1:*";
+  o.replay_buffer = static_cast<size_t>(arg(argc, argv, "--replay-buffer", 10000));
+  auto pub = EventPublisher::create(c.block_size, o);
+  if (!pub.ok()) {
+    std::cerr << "events_peer: " << pub.status().message() << "\n";
+    return 1;
+  }
+  peer.pub = std::move(*pub);
+  std::cout << "ready endpoint=" << peer.pub->endpoint()
+            << " replay=" << peer.pub->replay_endpoint() << " block_size=" << c.block_size
+            << std::endl;
+  for (std::string line; std::getline(std::cin, line);) {
+    if (line == "quit") break;
+    std::cout << peer.run(line) << std::endl;
+  }
+  return 0;
+}
