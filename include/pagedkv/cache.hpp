@@ -24,6 +24,7 @@
 #include "pagedkv/device/paged_view.cuh"  // compiles with any C++17 compiler
 #include "pagedkv/ops.hpp"
 #include "pagedkv/status.hpp"
+#include "pagedkv/storage_tier.hpp"
 
 namespace pagedkv {
 
@@ -32,6 +33,7 @@ class ControlPlane;
 class TierPlan;
 }  // namespace core
 namespace runtime {
+class StorageLink;
 class TransferEngine;
 class UploadArena;
 class UploadLease;
@@ -58,6 +60,14 @@ struct KvCacheOptions {
   /// When full, the oldest are dropped and the next drain begins with one kEventsDropped event
   /// (resync), so an undrained cache stays bounded.
   size_t event_capacity = 65536;
+  /// A storage tier behind the host tier (not owned; must outlive the cache and serve only it):
+  /// cached host blocks that the host LRU drops are written back to it, and
+  /// fetch_from_storage() brings a prompt's blocks back from it into the host tier. Its layout
+  /// must be the config's (StorageLayout::from_config) and the cache needs a host tier.
+  StorageTier* storage = nullptr;
+  /// Dropped host blocks staged for write-back at once (pinned, block_bytes each); a drop that
+  /// finds every staging slot taken is not written back (ControlStats::storage_writes_dropped).
+  int64_t storage_staging_blocks = 64;
 };
 
 /// Where a sequence's data is, as far as a reader is concerned.
@@ -176,6 +186,27 @@ class KvCache {
   /// Sequences dropped (not offloaded) to make room since the last call.
   std::vector<SequenceId> drain_evicted_sequences();
 
+  // ---- storage tier (KvCacheOptions::storage) ----
+
+  /// Starts bringing the blocks the storage tier holds after `prompt`'s cached prefix (full
+  /// blocks, device or host) into free host slots; returns how many blocks are on their way (0
+  /// without a storage tier, or when the store holds none or cannot be reached). They become
+  /// prefix-cache blocks on the host tier when they have arrived and been verified (see
+  /// poll_storage()); a sequence added after that hits them (ControlStats::prefix_host_hit_blocks)
+  /// and they move to the device like any host hit. Never waits for the store; a scheduler that
+  /// wants the hit waits for storage_in_flight() to drop before add_sequence. kOutOfRange for a
+  /// prompt past max_sequence_length.
+  StatusOr<int64_t> fetch_from_storage(const std::vector<TokenId>& prompt,
+                                       const SequenceOptions& options = {});
+  /// Lands finished storage reads (now prefix hits) and hands staged write-backs to the store.
+  /// Never waits. add_sequence, reserve and reserve_batch do it too.
+  Status poll_storage();
+  /// Blocks fetched from storage that have not landed yet.
+  int64_t storage_in_flight() const;
+  /// Waits until every staged write-back and storage read has finished and landed (tests,
+  /// shutdown).
+  Status flush_storage();
+
   // ---- reading and batch metadata ----
 
   /// Builds a step's metadata for device-resident sequences and uploads it asynchronously.
@@ -239,6 +270,9 @@ class KvCache {
   Status check_batch_current(const DeviceBatch& batch) const;
   // commit() without the NVTX range and the broken check.
   Status commit_tokens(SequenceId id, const TokenId* tokens, int64_t n);
+  // poll_storage() inside another call: a failure is logged, not returned (it is not that
+  // call's; poll_storage() and flush_storage() report it).
+  void poll_storage_quietly();
   // The device copy of the slots of a sequence's reservation, for write_kv.
   StatusOr<const int64_t*> device_slots(SequenceId id, int64_t* count);
 
@@ -251,6 +285,7 @@ class KvCache {
   PoolInfo pool_info_;
   std::unique_ptr<core::ControlPlane> control_;
   std::unique_ptr<runtime::TransferEngine> transfers_;
+  std::unique_ptr<runtime::StorageLink> storage_;  // null without a storage tier
   std::unique_ptr<runtime::UploadArena> uploads_;
   // Per device block: the transfer job that last read it (an offload). A write into the block
   // must be ordered after that job; 0 when none is pending.

@@ -38,6 +38,7 @@ ControlPlane::ControlPlane(const CacheConfig& config, ControlOptions options)
     : config_(config),
       clock_(options.clock ? std::move(options.clock) : Clock(default_clock)),
       events_enabled_(options.enable_events),
+      report_host_drops_(options.report_host_drops),
       block_size_(config.block_size),
       bdiv_(config.block_size),
       blocks_(config.num_device_blocks, config.num_host_blocks),

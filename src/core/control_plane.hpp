@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "core/batch_metadata.hpp"
@@ -42,6 +43,25 @@ struct ControlOptions {
   /// drain begins with one EventKind::kEventsDropped event. Must be >= 1, even with events off
   /// (0 is kInvalidArgument from create()); slots are allocated as events arrive.
   size_t event_capacity = 65536;
+  /// Report the cached host blocks the host LRU drops in Transfers::host_drops, so the runtime
+  /// can write them back to a storage tier.
+  bool report_host_drops = false;
+};
+
+/// The full blocks of a prompt that a storage tier may hold: those after the longest prefix the
+/// index holds (ControlPlane::storage_lookup).
+struct StorageLookup {
+  NamespaceId ns = 0;
+  NodeId parent = kRootNode;     // the index node they continue (kRootNode: from the start)
+  uint64_t parent_hash = 0;      // its chained hash, to check it is still the same node
+  std::vector<uint64_t> hashes;  // chained hash of each block, in prompt order
+  std::vector<TokenId> tokens;   // their tokens, block after block
+};
+
+/// Host slots taken for blocks coming back from a store (ControlPlane::begin_arrival).
+struct Arrival {
+  uint64_t id = 0;
+  std::vector<int32_t> host_blocks;  // physical host ids, for the first host_blocks.size() blocks
 };
 
 /// The paged control plane (see the file comment).
@@ -130,6 +150,29 @@ class ControlPlane {
   StatusOr<TierPlan> plan_prefetch(const std::vector<SequenceId>& ids);
   /// Whether a plan is open; every mutating call is kFailedPrecondition until it is closed.
   bool plan_open() const { return journal_.open; }
+
+  // ---- storage tier (storage_arrivals.cpp) ----
+
+  /// The keys a store may hold for `prompt` in namespace `ns`: the chained hashes of its full
+  /// blocks after the longest prefix the index holds (either tier), at most `max_blocks`.
+  /// Read-only. kOutOfRange for a prompt past max_sequence_length.
+  StatusOr<StorageLookup> storage_lookup(const std::vector<TokenId>& prompt, NamespaceId ns,
+                                         int64_t max_blocks) const;
+  /// Takes free host slots for the first `n` blocks of `lookup` (fewer when fewer are free: it
+  /// never drops anything for them), held until finish_arrival(). An empty result (none free,
+  /// n == 0, or the prefix the lookup continues is gone) holds nothing. kInvalidArgument for a
+  /// bad n.
+  StatusOr<Arrival> begin_arrival(const StorageLookup& lookup, int64_t n);
+  /// The store's answer for an arrival: `ok` registers its blocks in the prefix index as cached
+  /// host blocks, so later prompts hit them (a block already indexed meanwhile, or one whose
+  /// prefix was evicted meanwhile, is freed instead); not ok frees them all. Returns how many
+  /// blocks became prefix-cache blocks. kNotFound for an unknown arrival.
+  StatusOr<int64_t> finish_arrival(uint64_t arrival, bool ok);
+  /// Records that a block the host tier dropped is now kept by the storage tier (an event
+  /// kBlockStored on Tier::kStorage, for routers).
+  void record_stored_in_storage(const DroppedBlock& block);
+  /// Arrivals begun and not finished.
+  int64_t arrivals_in_flight() const { return static_cast<int64_t>(arrivals_.size()); }
 
   // ---- queries ----
 
@@ -236,10 +279,11 @@ class ControlPlane {
   // Frees one device slot from the cached blocks (requires one to be evictable).
   void evict_one(Transfers* out);
   void relist_parked();
-  // Drops the first cached leaf of tier `t`'s queue; false when there is none.
-  bool drop_lru(Tier t);
+  // Drops the first cached leaf of tier `t`'s queue (reported in out->host_drops for the
+  // write-back when asked to); false when there is none.
+  bool drop_lru(Tier t, Transfers* out);
   // Frees slots of tier `t` until `n` are free (requires tier(t).room() >= n).
-  void make_room(Tier t, int64_t n);
+  void make_room(Tier t, int64_t n, Transfers* out);
   // Drops the first droppable device cached block (no children); false when there is none.
   bool drop_device_cached();
 
@@ -274,6 +318,7 @@ class ControlPlane {
   CacheConfig config_;
   Clock clock_;
   bool events_enabled_;
+  bool report_host_drops_;
   int64_t block_size_;
   BlockDivider bdiv_;
   BlockAllocator blocks_;
@@ -303,6 +348,13 @@ class ControlPlane {
   Journal journal_;
   // The transfers and slots of the open plan (reused: a decode step allocates nothing).
   ReserveResult plan_result_;
+  // Blocks coming back from a store: held (ref 1, unregistered) until finish_arrival.
+  struct ArrivalRecord {
+    StorageLookup lookup;  // trimmed to the blocks taken
+    std::vector<LogicalId> blocks;
+  };
+  std::unordered_map<uint64_t, ArrivalRecord> arrivals_;
+  uint64_t next_arrival_ = 1;
 };
 
 }  // namespace core

@@ -107,6 +107,17 @@ Status ControlPlane::check_invariants() const {
     offloaded += s.offloaded ? 1 : 0;
     active += s.active ? 1 : 0;
   }
+  // Blocks coming back from a store are held by their arrival: unregistered host blocks.
+  for (const auto& [id, arrival] : arrivals_) {
+    for (LogicalId b : arrival.blocks) {
+      if (b < 0 || b >= nlog || !blocks_.live(b)) return broken("an arrival holds a free block");
+      if (blocks_[b].tier != Tier::kHost || blocks_[b].node >= 0) {
+        return broken("arrival " + str(static_cast<int64_t>(id)) +
+                      " holds a block that is not an unregistered host block");
+      }
+      ++refs[static_cast<size_t>(b)];
+    }
+  }
   if (victims != static_cast<int64_t>(seqs_.victims().size())) return broken("victim set size");
   if (offloaded != counters_.offloaded_sequences) return broken("offloaded sequence count");
   if (active != static_cast<int64_t>(active_.size())) return broken("active set size");

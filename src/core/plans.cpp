@@ -17,6 +17,7 @@ void clear_transfers(Transfers* t) {
   t->offloaded.clear();
   t->restored.clear();
   t->evicted.clear();
+  t->host_drops.clear();
 }
 
 }  // namespace

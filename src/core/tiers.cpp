@@ -57,22 +57,29 @@ void ControlPlane::after_tier_change(LogicalId id, Tier from, bool announce) {
   }
 }
 
-bool ControlPlane::drop_lru(Tier t) {
+bool ControlPlane::drop_lru(Tier t, Transfers* out) {
   TierStore& store = tier(t);
   if (store.queue().has_deadlines()) store.queue().expire(now_ns());
   const LogicalId id = store.queue().front();
   if (id == kNoBlock) return false;
   store.queue().erase(id);
   store.remove_cached();
+  if (report_host_drops_ && t == Tier::kHost) {
+    // Write-back: the bytes stay in the slot until this call's moves run.
+    const PrefixNode& x = index_.node(blocks_[id].node);
+    const TokenId* tokens = index_.tokens(blocks_[id].node);
+    out->host_drops.push_back(DroppedBlock{x.hash, x.parent_hash, x.ns, blocks_[id].phys,
+                                           std::vector<TokenId>(tokens, tokens + block_size_)});
+  }
   remove_node(blocks_[id].node);
   blocks_.release(id);
   ++counters_.host_blocks_dropped;
   return true;
 }
 
-void ControlPlane::make_room(Tier t, int64_t n) {
+void ControlPlane::make_room(Tier t, int64_t n, Transfers* out) {
   while (tier(t).free_blocks() < n) {
-    if (drop_lru(t)) continue;
+    if (drop_lru(t, out)) continue;
     // Every cached block left here has a device-resident descendant (a chain whose head was
     // offloaded after a rollback left its tail cached on the device): drop device cached
     // blocks until one of those becomes a leaf here.
@@ -121,7 +128,7 @@ void ControlPlane::evict_one(Transfers* out) {
       // Only parked blocks are left (the planner counts them): dropping cached leaves below
       // either makes room to demote them or, leaf by leaf, frees them of their children.
       const bool room = spec.demotes && below.slot_at_hand();
-      if (parked_.empty() || (!room && !drop_lru(Tier::kHost))) {
+      if (parked_.empty() || (!room && !drop_lru(Tier::kHost, out))) {
         assert(false && "evict_one: nothing evictable; the planner promised too much");
         return;
       }
@@ -130,7 +137,7 @@ void ControlPlane::evict_one(Transfers* out) {
     }
     device.queue().erase(id);
     if (spec.demotes && below.slot_at_hand()) {
-      make_room(spec.demote_to, 1);
+      make_room(spec.demote_to, 1, out);
       move_block(id, spec.demote_to, out);
       ++counters_.blocks_demoted;
       return;
@@ -158,7 +165,7 @@ LogicalId ControlPlane::take_device_block(Transfers* out) {
 
 void ControlPlane::do_offload(Sequence* s, Transfers* out) {
   journal_.sequence(*s);
-  make_room(Tier::kHost, exclusive_device_blocks(*s));
+  make_room(Tier::kHost, exclusive_device_blocks(*s), out);
   int64_t moved = 0;
   for (LogicalId b : s->blocks) {
     const BlockInfo& info = blocks_[b];

@@ -7,6 +7,7 @@
 #include "common/nvtx.hpp"
 #include "core/control_plane.hpp"
 #include "pagedkv/cache.hpp"
+#include "runtime/storage_link.hpp"
 #include "runtime/transfer_engine.hpp"
 #include "runtime/upload_arena.hpp"
 
@@ -55,6 +56,7 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& config,
   control_options.clock = options.clock;
   control_options.enable_events = options.enable_events;
   control_options.event_capacity = options.event_capacity;
+  control_options.report_host_drops = options.storage != nullptr;
   PAGEDKV_ASSIGN_OR_RETURN(cache->control_, core::ControlPlane::create(config, control_options));
 
   const int64_t block_bytes = config.block_bytes();
@@ -75,6 +77,11 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& config,
   runtime::TierPools pools{cache->device_pool_, config.num_device_blocks, cache->host_pool_,
                            config.num_host_blocks, block_bytes};
   PAGEDKV_ASSIGN_OR_RETURN(cache->transfers_, runtime::TransferEngine::create(be, pools));
+  if (options.storage != nullptr) {
+    PAGEDKV_ASSIGN_OR_RETURN(cache->storage_, runtime::StorageLink::create(
+                                                  be, options.storage, config, cache->host_pool_,
+                                                  options.storage_staging_blocks));
+  }
   PAGEDKV_ASSIGN_OR_RETURN(cache->uploads_,
                            runtime::UploadArena::create(be, cache->compute_, kInitialUploadBytes));
   cache->block_read_by_job_.assign(static_cast<size_t>(config.num_device_blocks), 0);
@@ -90,6 +97,7 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& config,
 KvCache::~KvCache() {
   if (backend_ == nullptr) return;
   backend_->synchronize_stream(compute_).ignore_error();  // queued kernels may use the pools
+  storage_.reset();       // waits for staging copies and the store's reads into the host pool
   slot_uploads_.clear();  // their leases go back to the arena before it goes
   batch_upload_.reset();
   uploads_.reset();
@@ -107,6 +115,7 @@ StatusOr<int64_t> KvCache::add_sequence(SequenceId id, const std::vector<TokenId
                                         const SequenceOptions& options) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::add_sequence");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  poll_storage_quietly();
   PAGEDKV_ASSIGN_OR_RETURN(int64_t cached, control_->add_sequence(id, prompt, options));
   ++generation_;
   return cached;
@@ -117,6 +126,10 @@ Status KvCache::run_transfers(const Transfers& t, Submitted* out) {
   for (SequenceId id : t.evicted) {
     evicted_.push_back(id);
     slot_uploads_.erase(id);
+  }
+  // Dropped host blocks are copied out for the write-back before the moves reuse their slots.
+  if (storage_ != nullptr) {
+    PAGEDKV_RETURN_IF_ERROR(storage_->stage(t.host_drops, transfers_->copy_stream()));
   }
   if (!t.moves.empty()) {
     StatusOr<runtime::TransferTicket> ticket =
@@ -213,6 +226,7 @@ Status KvCache::order_block_reuse(const std::vector<int64_t>& slots) {
 StatusOr<std::vector<int64_t>> KvCache::reserve(SequenceId id, int64_t n) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::reserve");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  poll_storage_quietly();
   PAGEDKV_ASSIGN_OR_RETURN(core::TierPlan plan, control_->plan_reserve(id, n));
   std::vector<int64_t> slots = plan.slots();
   PAGEDKV_RETURN_IF_ERROR(carry_out(plan));
@@ -223,6 +237,7 @@ StatusOr<std::vector<int64_t>> KvCache::reserve_batch(const std::vector<Sequence
                                                       int64_t n_each) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::reserve_batch");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  poll_storage_quietly();
   PAGEDKV_ASSIGN_OR_RETURN(core::TierPlan plan, control_->plan_reserve_batch(ids, n_each));
   std::vector<int64_t> slots = plan.slots();
   PAGEDKV_RETURN_IF_ERROR(carry_out(plan));
@@ -542,7 +557,11 @@ StatusOr<std::vector<BlockLocation>> KvCache::block_locations(SequenceId id) con
   return control_->block_locations(id);
 }
 
-ControlStats KvCache::stats() const { return control_->stats(); }
+ControlStats KvCache::stats() const {
+  ControlStats st = control_->stats();
+  if (storage_ != nullptr) storage_->add_stats(&st);
+  return st;
+}
 
 std::vector<ControlEvent> KvCache::drain_events() { return control_->drain_events(); }
 

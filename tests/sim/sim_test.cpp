@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -291,6 +292,31 @@ TEST(Cli, TextReportShowsTheHostTierHitRate) {
   const nlohmann::json j = nlohmann::json::parse(out);
   EXPECT_FALSE(j["host_prefix_cache"]["demotion"].get<bool>());
   EXPECT_EQ(j["host_prefix_cache"]["demoted_blocks"].get<int64_t>(), 0);
+}
+
+TEST(Cli, AStorageTierKeepsPrefixesAcrossRuns) {
+  const std::string dir = temp_path("storage_dir");
+  std::filesystem::remove_all(dir);
+  const std::vector<std::string> args = {
+      "--json", "--backend",     "cpu", "--requests",         "150",           "--device-blocks",
+      "96",     "--host-blocks", "32",  "--check-invariants", "--storage-dir", dir};
+  std::string out, err;
+  ASSERT_EQ(cli(args, &out, &err), 0) << err;
+  const nlohmann::json first = nlohmann::json::parse(out)["stats"];
+  EXPECT_GT(first["host_blocks_dropped"].get<int64_t>(), 0) << "the workload must fill the host";
+  EXPECT_GT(first["storage_blocks_written"].get<int64_t>(), 0);
+  EXPECT_EQ(first["storage_failed_blocks"].get<int64_t>(), 0);
+  // The same workload again on the same directory: prompts the first run computed come back
+  // from storage.
+  ASSERT_EQ(cli(args, &out, &err), 0) << err;
+  const nlohmann::json second = nlohmann::json::parse(out)["stats"];
+  EXPECT_GT(second["storage_hit_blocks"].get<int64_t>(),
+            first["storage_hit_blocks"].get<int64_t>());
+  EXPECT_EQ(
+      second["storage_bytes_read"].get<int64_t>() % second["storage_hit_blocks"].get<int64_t>(), 0);
+  EXPECT_NE(cli({"--no-data", "--storage-dir", dir}, &out, &err), 0);
+  EXPECT_NE(err.find("--storage-dir needs KV bytes"), std::string::npos) << err;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Cli, MalformedTraceStopsWithTheLineAndNoReport) {

@@ -32,6 +32,8 @@ struct Options {
   std::string eviction = "lru";
   bool no_data = false;
   bool no_host_prefix_cache = false;
+  std::string storage_dir;
+  double storage_gib = 0;  // the storage tier's size bound (0: none)
   std::string trace, write_trace, timeline, plot;
   bool json = false;
   WorkloadConfig workload;
@@ -70,6 +72,12 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_flag("--no-host-prefix-cache", o.no_host_prefix_cache,
                "drop cached prefix blocks evicted from the device instead of moving them to the "
                "host tier (CacheConfig::cache_prefixes_on_host = false)")
+      ->group(g1);
+  app.add_option("--storage-dir", o.storage_dir,
+                 "a storage tier (FileTier) in DIR behind the host tier: dropped host blocks are "
+                 "written back, prompts fetch their blocks from it before admission")
+      ->group(g1);
+  app.add_option("--storage-gib", o.storage_gib, "the storage tier's size bound in GiB (0: none)")
       ->group(g1);
   app.add_flag("--no-data", o.no_data,
                "drive the control plane alone (no KV bytes): plan full-size models on a laptop")
@@ -285,9 +293,16 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
     if (Status s = write_trace_file(o.write_trace, requests); !s.ok()) return fail(err, s);
   }
 
+  if (o.no_data && !o.storage_dir.empty()) {
+    return fail(err, invalid_argument("--storage-dir needs KV bytes to store: drop --no-data"));
+  }
   int64_t max_tokens = o.sched.token_budget;
   StatusOr<std::unique_ptr<Engine>> engine =
-      o.no_data ? make_control_engine(config) : make_cache_engine(config, max_tokens);
+      o.no_data ? make_control_engine(config)
+                : make_cache_engine(
+                      config, max_tokens,
+                      StorageOptions{o.storage_dir, static_cast<int64_t>(o.storage_gib * (1 << 30)),
+                                     "pagedkv-sim"});
   if (!engine.ok()) return fail(err, engine.status());
   Engine& e = *engine.value();
   info.backend = e.description();

@@ -4,6 +4,7 @@
 
 #include "core/control_plane.hpp"
 #include "pagedkv/cache.hpp"
+#include "pagedkv/storage_tier.hpp"
 #include "workload.hpp"
 
 namespace pagedkv {
@@ -13,16 +14,24 @@ namespace {
 
 class CacheEngine final : public Engine {
  public:
-  CacheEngine(std::unique_ptr<KvCache> cache, void* scratch)
-      : cache_(std::move(cache)), scratch_(scratch) {}
+  CacheEngine(std::unique_ptr<StorageTier> store, std::unique_ptr<KvCache> cache, void* scratch)
+      : store_(std::move(store)), cache_(std::move(cache)), scratch_(scratch) {}
   ~CacheEngine() override {
     cache_->synchronize().ignore_error();
     cache_->backend().free_device(scratch_);
+    cache_.reset();  // before the store it writes back to
   }
 
   StatusOr<int64_t> add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
                                  const SequenceOptions& options) override {
     return cache_->add_sequence(id, prompt, options);
+  }
+  StatusOr<int64_t> fetch_from_storage(const std::vector<TokenId>& prompt,
+                                       const SequenceOptions& options) override {
+    if (store_ == nullptr) return int64_t{0};
+    PAGEDKV_ASSIGN_OR_RETURN(int64_t n, cache_->fetch_from_storage(prompt, options));
+    if (n > 0) PAGEDKV_RETURN_IF_ERROR(cache_->flush_storage());
+    return n;
   }
   Status reserve(SequenceId id, int64_t n) override { return cache_->reserve(id, n).status(); }
   Status write(SequenceId id) override {
@@ -57,6 +66,7 @@ class CacheEngine final : public Engine {
   double host_alloc_ms() const override { return cache_->pool_info().host_alloc_ms; }
 
  private:
+  std::unique_ptr<StorageTier> store_;  // null without --storage-dir
   std::unique_ptr<KvCache> cache_;
   void* scratch_;
 };
@@ -108,8 +118,19 @@ class ControlEngine final : public Engine {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Engine>> make_cache_engine(const CacheConfig& config, int64_t max_tokens) {
-  PAGEDKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::create(config));
+StatusOr<std::unique_ptr<Engine>> make_cache_engine(const CacheConfig& config, int64_t max_tokens,
+                                                    const StorageOptions& storage) {
+  std::unique_ptr<StorageTier> store;
+  KvCacheOptions cache_options;
+  if (!storage.directory.empty()) {
+    FileTierOptions fo;
+    fo.directory = storage.directory;
+    fo.max_bytes = storage.max_bytes;
+    PAGEDKV_ASSIGN_OR_RETURN(
+        store, make_file_tier(StorageLayout::from_config(config, storage.model_id), fo));
+    cache_options.storage = store.get();
+  }
+  PAGEDKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::create(config, cache_options));
   const size_t elems = static_cast<size_t>(std::max<int64_t>(max_tokens, 1)) *
                        static_cast<size_t>(config.num_kv_heads) *
                        static_cast<size_t>(config.head_dim);
@@ -126,7 +147,7 @@ StatusOr<std::unique_ptr<Engine>> make_cache_engine(const CacheConfig& config, i
     cache->backend().free_device(scratch);
     return s;
   }
-  return std::unique_ptr<Engine>(new CacheEngine(std::move(cache), scratch));
+  return std::unique_ptr<Engine>(new CacheEngine(std::move(store), std::move(cache), scratch));
 }
 
 StatusOr<std::unique_ptr<Engine>> make_control_engine(const CacheConfig& config) {

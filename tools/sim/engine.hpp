@@ -22,6 +22,15 @@ class Engine {
 
   virtual StatusOr<int64_t> add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
                                          const SequenceOptions& options) = 0;
+  /// Brings the blocks a storage tier holds after `prompt`'s cached prefix into the host tier
+  /// and waits for them (the simulated scheduler admits a request once its blocks arrived);
+  /// returns the blocks fetched. 0 without a storage tier.
+  virtual StatusOr<int64_t> fetch_from_storage(const std::vector<TokenId>& prompt,
+                                               const SequenceOptions& options) {
+    (void)prompt;
+    (void)options;
+    return int64_t{0};
+  }
   /// Reserves `n` slots (restoring the sequence, offloading others, as the cache decides).
   virtual Status reserve(SequenceId id, int64_t n) = 0;
   /// Queues the K/V writes of the reserved tokens into every layer (no-op without data).
@@ -49,8 +58,16 @@ class Engine {
   virtual double host_alloc_ms() const = 0;
 };
 
+/// Where a cache engine keeps its storage tier (docs/storage.md): a FileTier directory.
+struct StorageOptions {
+  std::string directory;  // empty: no storage tier
+  int64_t max_bytes = 0;  // the store's size bound (0: none)
+  std::string model_id = "pagedkv-sim";
+};
+
 /// A KvCache on `config.backend`; writes come from a scratch buffer of `max_tokens` tokens.
-StatusOr<std::unique_ptr<Engine>> make_cache_engine(const CacheConfig& config, int64_t max_tokens);
+StatusOr<std::unique_ptr<Engine>> make_cache_engine(const CacheConfig& config, int64_t max_tokens,
+                                                    const StorageOptions& storage = {});
 
 /// A core::ControlPlane alone.
 StatusOr<std::unique_ptr<Engine>> make_control_engine(const CacheConfig& config);

@@ -170,6 +170,7 @@ class Simulation {
       SequenceOptions options;
       options.priority = r.priority;
       options.ns = r.ns;
+      PAGEDKV_RETURN_IF_ERROR(engine_.fetch_from_storage(prompt, options).status());
       PAGEDKV_ASSIGN_OR_RETURN(s.length, engine_.add_sequence(s.id, prompt, options));
       result_.lookup_blocks += len / bs_;
       result_.cached_tokens += s.length;

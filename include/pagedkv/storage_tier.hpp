@@ -1,0 +1,144 @@
+// StorageTier: the third tier, behind the host tier: a store of whole KV blocks keyed by their
+// chained prefix hash, that outlives the process (files on local disk) or is shared between
+// replicas (Redis). The cache writes back cached host blocks that the host LRU drops, and asks
+// the store for the blocks after a prompt's longest cached prefix; a block read back is a hit
+// only once it is on the host tier. Every call here is cheap on the caller's thread: I/O runs
+// on the store's own threads, and completions are collected with poll(), so the step path never
+// waits for storage.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pagedkv/config.hpp"
+#include "pagedkv/control_types.hpp"
+#include "pagedkv/status.hpp"
+
+namespace pagedkv {
+
+/// A block in a store: the chained hash of the prefix it ends (ControlEvent::block_hash) and its
+/// prefix-sharing namespace. The layout fingerprint is the store's own (StorageLayout), so the
+/// same key in a store of another model or layout is never found.
+struct StorageKey {
+  uint64_t block_hash = 0;
+  NamespaceId ns = 0;
+  friend bool operator==(const StorageKey& a, const StorageKey& b) {
+    return a.block_hash == b.block_hash && a.ns == b.ns;
+  }
+};
+
+/// What a stored block's bytes mean: any difference makes a different store namespace.
+struct StorageLayout {
+  int32_t num_layers = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t block_size = 0;
+  DType dtype = DType::kFloat16;
+  PageLayout page_layout = PageLayout::kNHD;
+  /// Names the model (and anything else that changes the bytes: weights revision, rope scaling).
+  std::string model_id;
+  /// Bytes of one block (all layers, K and V), as CacheConfig::block_bytes().
+  int64_t block_bytes = 0;
+
+  /// The layout of a cache configuration.
+  static StorageLayout from_config(const CacheConfig& config, std::string model_id);
+  /// A stable 64-bit digest of every field (the same in every process and build).
+  uint64_t fingerprint() const;
+};
+
+/// A finished put or get.
+struct StorageCompletion {
+  uint64_t job = 0;
+  /// Puts: every block stored (a failed put leaves nothing visible). Gets: every block read and
+  /// its checksum verified; a failed get wrote garbage into nothing the caller may read.
+  bool ok = false;
+  /// Why it failed (empty when ok).
+  std::string error;
+};
+
+/// Counters of a store since it was created.
+struct StorageStats {
+  int64_t puts = 0;           // blocks stored
+  int64_t gets = 0;           // blocks read back and verified
+  int64_t bytes_written = 0;  // payload bytes written (a put of a block already stored: 0)
+  int64_t bytes_read = 0;
+  int64_t failed_puts = 0;    // blocks
+  int64_t failed_gets = 0;    // blocks: missing, corrupt (checksum) or unreadable
+  int64_t rejected_puts = 0;  // blocks refused because the write queue was full
+  int64_t removed = 0;        // blocks removed (remove() or the store's size bound)
+};
+
+/// A store of blocks (see the file comment). Thread-compatible: one owner thread calls it.
+class StorageTier {
+ public:
+  virtual ~StorageTier() = default;
+  StorageTier() = default;
+  StorageTier(const StorageTier&) = delete;
+  StorageTier& operator=(const StorageTier&) = delete;
+
+  /// The medium events name this tier by ("DISK", "REDIS").
+  virtual const char* medium() const = 0;
+  /// The layout every block of this store has.
+  virtual const StorageLayout& layout() const = 0;
+
+  /// How many of `keys`, from the first, are stored (stops at the first missing). A store that
+  /// cannot be reached answers 0 (and logs a warning once): every lookup becomes a miss.
+  virtual StatusOr<size_t> batch_exists(const std::vector<StorageKey>& keys) = 0;
+  /// Queues writes of `keys[i]` from `blocks[i]` (layout().block_bytes each). The bytes are
+  /// copied before this returns, so the caller may reuse its buffers at once. Returns the job id.
+  /// kResourceExhausted (nothing queued) when the write queue is full: the caller drops the
+  /// blocks instead. kInvalidArgument for mismatched sizes.
+  virtual StatusOr<uint64_t> submit_put(const std::vector<StorageKey>& keys,
+                                        const std::vector<const void*>& blocks) = 0;
+  /// Queues reads of `keys[i]` into `blocks[i]`, which must stay valid and untouched until the
+  /// job completes. Returns the job id; kInvalidArgument for mismatched sizes.
+  virtual StatusOr<uint64_t> submit_get(const std::vector<StorageKey>& keys,
+                                        const std::vector<void*>& blocks) = 0;
+  /// The jobs that finished since the last poll, in no particular order.
+  virtual std::vector<StorageCompletion> poll() = 0;
+  /// Blocks the caller until every queued job has finished (shutdown, tests).
+  virtual void drain() = 0;
+  /// Removes the blocks of `keys` that are stored (missing ones are not an error).
+  virtual Status remove(const std::vector<StorageKey>& keys) = 0;
+  virtual StorageStats stats() const = 0;
+};
+
+/// Options of the embedded default store: one directory of block files.
+struct FileTierOptions {
+  /// The directory (created when missing). Blocks of other layouts in it are never read.
+  std::string directory;
+  /// Bytes the store may hold; the least recently used blocks are deleted beyond it (0: no bound).
+  int64_t max_bytes = 0;
+  /// fsync each block file (and its directory) before it becomes visible; off is faster and
+  /// survives a process crash but not a power loss.
+  bool fsync = false;
+  /// Puts queued and not yet written, in blocks; beyond it submit_put is kResourceExhausted.
+  int64_t max_queued_blocks = 4096;
+  /// I/O threads.
+  int32_t threads = 2;
+};
+
+/// Options of the Redis (or Valkey) store.
+struct RedisTierOptions {
+  std::string host = "127.0.0.1";
+  int32_t port = 6379;
+  /// Connect and command timeout.
+  int32_t timeout_ms = 1000;
+  /// Prefix of every key the store writes.
+  std::string key_prefix = "pagedkv";
+  int64_t max_queued_blocks = 4096;
+  int32_t threads = 2;
+};
+
+/// The file store. kInvalidArgument for a bad layout or options; kUnavailable when the directory
+/// cannot be created or written.
+StatusOr<std::unique_ptr<StorageTier>> make_file_tier(const StorageLayout& layout,
+                                                      const FileTierOptions& options);
+/// The Redis store. Created even when the server cannot be reached yet (lookups miss until it
+/// can); kUnimplemented when this build has no hiredis.
+StatusOr<std::unique_ptr<StorageTier>> make_redis_tier(const StorageLayout& layout,
+                                                       const RedisTierOptions& options);
+
+}  // namespace pagedkv

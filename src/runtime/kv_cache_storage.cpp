@@ -1,0 +1,40 @@
+// KvCache's storage tier calls: the glue is runtime::StorageLink (storage_link.hpp).
+#include "common/logging.hpp"
+#include "common/nvtx.hpp"
+#include "core/control_plane.hpp"
+#include "pagedkv/cache.hpp"
+#include "runtime/storage_link.hpp"
+#include "runtime/transfer_engine.hpp"
+
+namespace pagedkv {
+
+StatusOr<int64_t> KvCache::fetch_from_storage(const std::vector<TokenId>& prompt,
+                                              const SequenceOptions& options) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::fetch_from_storage");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
+  if (storage_ == nullptr) return int64_t{0};
+  return storage_->fetch(*control_, prompt, options.ns, transfers_->copy_stream());
+}
+
+Status KvCache::poll_storage() {
+  PAGEDKV_RETURN_IF_ERROR(broken_);
+  if (storage_ == nullptr) return ok_status();
+  return storage_->poll(*control_);
+}
+
+void KvCache::poll_storage_quietly() {
+  if (storage_ == nullptr) return;
+  const Status st = storage_->poll(*control_);
+  if (!st.ok()) detail::logger().warn("KvCache: storage poll: {}", st.message());
+}
+
+int64_t KvCache::storage_in_flight() const { return control_->arrivals_in_flight(); }
+
+Status KvCache::flush_storage() {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::flush_storage");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
+  if (storage_ == nullptr) return ok_status();
+  return storage_->flush(*control_);
+}
+
+}  // namespace pagedkv

@@ -1,0 +1,251 @@
+#include "runtime/storage_link.hpp"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "common/logging.hpp"
+
+namespace pagedkv {
+namespace runtime {
+
+StatusOr<std::unique_ptr<StorageLink>> StorageLink::create(Backend& backend, StorageTier* store,
+                                                           const CacheConfig& config,
+                                                           void* host_pool,
+                                                           int64_t staging_blocks) {
+  if (config.num_host_blocks == 0 || host_pool == nullptr) {
+    return invalid_argument(
+        "storage: a storage tier sits behind the host tier: num_host_blocks must be > 0");
+  }
+  if (staging_blocks < 1) {
+    return invalid_argument("storage_staging_blocks must be >= 1, got " +
+                            std::to_string(staging_blocks));
+  }
+  const StorageLayout want = StorageLayout::from_config(config, store->layout().model_id);
+  if (want.fingerprint() != store->layout().fingerprint() ||
+      store->layout().block_bytes != config.block_bytes()) {
+    return invalid_argument(
+        "storage: the store's layout (layers, heads, head_dim, dtype, block size, page layout) "
+        "differs from the cache's");
+  }
+  std::unique_ptr<StorageLink> link(
+      new StorageLink(backend, store, config.block_bytes(), host_pool));
+  PAGEDKV_ASSIGN_OR_RETURN(
+      link->staging_,
+      backend.allocate_pinned(static_cast<size_t>(staging_blocks * config.block_bytes())));
+  for (int64_t i = staging_blocks; i > 0; --i) link->free_staging_.push_back(i - 1);
+  return link;
+}
+
+StorageLink::StorageLink(Backend& backend, StorageTier* store, int64_t block_bytes, void* host_pool)
+    : backend_(backend), store_(store), block_bytes_(block_bytes), host_pool_(host_pool) {}
+
+StorageLink::~StorageLink() {
+  for (const StagedBatch& b : staged_) backend_.synchronize_event(b.ready).ignore_error();
+  for (const PendingRead& r : waiting_reads_) backend_.synchronize_event(r.ready).ignore_error();
+  store_->drain();  // its reads write into the host pool, its puts were copied already
+  for (Event e : all_events_) backend_.destroy_event(e);
+  if (staging_ != nullptr) backend_.free_pinned(staging_);
+}
+
+StatusOr<Event> StorageLink::take_event() {
+  if (!spare_events_.empty()) {
+    const Event e = spare_events_.back();
+    spare_events_.pop_back();
+    return e;
+  }
+  PAGEDKV_ASSIGN_OR_RETURN(Event e, backend_.create_event());
+  all_events_.push_back(e);
+  return e;
+}
+
+Status StorageLink::stage(const std::vector<DroppedBlock>& drops, Stream copy_stream) {
+  if (drops.empty()) return ok_status();
+  StagedBatch batch;
+  for (const DroppedBlock& d : drops) {
+    if (free_staging_.empty()) {
+      ++writes_dropped_;  // a bounded write-back: the block is simply not kept
+      continue;
+    }
+    const int64_t slot = free_staging_.back();
+    const Status st = backend_.copy_async(
+        staging_slot(slot), static_cast<const char*>(host_pool_) + d.host_block * block_bytes_,
+        static_cast<size_t>(block_bytes_), CopyKind::kHostToHost, copy_stream);
+    if (!st.ok()) {
+      // What was queued still runs; keep those slots until it has.
+      ++writes_dropped_;
+      break;
+    }
+    free_staging_.pop_back();
+    batch.slots.push_back(slot);
+    batch.blocks.push_back(d);
+  }
+  if (batch.slots.empty()) return ok_status();
+  PAGEDKV_ASSIGN_OR_RETURN(batch.ready, take_event());
+  const Status st = backend_.record_event(batch.ready, copy_stream);
+  if (!st.ok()) {
+    // Without the event nothing says when the copies ran: wait for the stream instead.
+    PAGEDKV_RETURN_IF_ERROR(backend_.synchronize_stream(copy_stream));
+  }
+  staged_.push_back(std::move(batch));
+  return ok_status();
+}
+
+Status StorageLink::send_staged(core::ControlPlane& control) {
+  (void)control;
+  size_t kept = 0;
+  for (size_t i = 0; i < staged_.size(); ++i) {
+    StagedBatch& b = staged_[i];
+    PAGEDKV_ASSIGN_OR_RETURN(bool done, backend_.query_event(b.ready));
+    if (!done) {
+      if (kept != i) staged_[kept] = std::move(b);
+      ++kept;
+      continue;
+    }
+    std::vector<StorageKey> keys;
+    std::vector<const void*> bytes;
+    for (size_t j = 0; j < b.blocks.size(); ++j) {
+      keys.push_back(StorageKey{b.blocks[j].block_hash, b.blocks[j].ns});
+      bytes.push_back(staging_slot(b.slots[j]));
+    }
+    StatusOr<uint64_t> job = store_->submit_put(keys, bytes);  // copies the bytes
+    for (int64_t s : b.slots) free_staging_.push_back(s);
+    give_event(b.ready);
+    if (job.ok()) {
+      puts_.emplace(*job, std::move(b.blocks));
+    } else {
+      writes_dropped_ += static_cast<int64_t>(keys.size());
+      if (job.status().code() != StatusCode::kResourceExhausted) {
+        detail::logger().warn("storage: write-back of {} blocks failed: {}", keys.size(),
+                              job.status().message());
+      }
+    }
+  }
+  staged_.resize(kept);
+  return ok_status();
+}
+
+Status StorageLink::submit_reads(core::ControlPlane& control) {
+  size_t kept = 0;
+  for (size_t i = 0; i < waiting_reads_.size(); ++i) {
+    PendingRead& r = waiting_reads_[i];
+    PAGEDKV_ASSIGN_OR_RETURN(bool done, backend_.query_event(r.ready));
+    if (!done) {
+      if (kept != i) waiting_reads_[kept] = std::move(r);
+      ++kept;
+      continue;
+    }
+    give_event(r.ready);
+    StatusOr<uint64_t> job = store_->submit_get(r.keys, r.dst);
+    if (job.ok()) {
+      reads_.emplace(*job, std::move(r));
+      continue;
+    }
+    failed_blocks_ += static_cast<int64_t>(r.keys.size());
+    PAGEDKV_RETURN_IF_ERROR(control.finish_arrival(r.arrival, false).status());
+  }
+  waiting_reads_.resize(kept);
+  return ok_status();
+}
+
+Status StorageLink::collect(core::ControlPlane& control) {
+  for (const StorageCompletion& c : store_->poll()) {
+    auto put = puts_.find(c.job);
+    if (put != puts_.end()) {
+      const int64_t n = static_cast<int64_t>(put->second.size());
+      if (c.ok) {
+        blocks_written_ += n;
+        bytes_written_ += n * block_bytes_;
+        for (const DroppedBlock& b : put->second) control.record_stored_in_storage(b);
+      } else {
+        failed_blocks_ += n;
+        detail::logger().warn("storage: write-back of {} blocks failed: {}", n, c.error);
+      }
+      puts_.erase(put);
+      continue;
+    }
+    auto read = reads_.find(c.job);
+    if (read == reads_.end()) continue;  // not this link's job (a store serves one cache)
+    const int64_t n = static_cast<int64_t>(read->second.keys.size());
+    if (c.ok) {
+      bytes_read_ += n * block_bytes_;
+    } else {
+      failed_blocks_ += n;  // a failed or corrupt read is a miss, never garbage
+    }
+    const uint64_t arrival = read->second.arrival;
+    reads_.erase(read);
+    PAGEDKV_RETURN_IF_ERROR(control.finish_arrival(arrival, c.ok).status());
+  }
+  return ok_status();
+}
+
+Status StorageLink::poll(core::ControlPlane& control) {
+  if (staged_.empty() && waiting_reads_.empty() && puts_.empty() && reads_.empty()) {
+    return ok_status();
+  }
+  PAGEDKV_RETURN_IF_ERROR(send_staged(control));
+  PAGEDKV_RETURN_IF_ERROR(submit_reads(control));
+  return collect(control);
+}
+
+StatusOr<int64_t> StorageLink::fetch(core::ControlPlane& control,
+                                     const std::vector<TokenId>& prompt, NamespaceId ns,
+                                     Stream copy_stream) {
+  const int64_t free_host = control.stats().host.free_blocks;
+  PAGEDKV_ASSIGN_OR_RETURN(core::StorageLookup lookup,
+                           control.storage_lookup(prompt, ns, free_host));
+  if (lookup.hashes.empty()) return int64_t{0};
+  std::vector<StorageKey> keys;
+  keys.reserve(lookup.hashes.size());
+  for (uint64_t h : lookup.hashes) keys.push_back(StorageKey{h, ns});
+  StatusOr<size_t> held = store_->batch_exists(keys);
+  if (!held.ok() || *held == 0) return int64_t{0};  // a store that is away is a miss
+  PAGEDKV_ASSIGN_OR_RETURN(core::Arrival arrival,
+                           control.begin_arrival(lookup, static_cast<int64_t>(*held)));
+  if (arrival.host_blocks.empty()) return int64_t{0};
+  PendingRead r;
+  r.arrival = arrival.id;
+  for (size_t i = 0; i < arrival.host_blocks.size(); ++i) {
+    r.keys.push_back(keys[i]);
+    r.dst.push_back(static_cast<char*>(host_pool_) + arrival.host_blocks[i] * block_bytes_);
+  }
+  StatusOr<Event> ready = take_event();
+  Status st = ready.status();
+  if (st.ok()) st = backend_.record_event(*ready, copy_stream);
+  if (!st.ok()) {
+    if (ready.ok()) give_event(*ready);
+    PAGEDKV_RETURN_IF_ERROR(control.finish_arrival(arrival.id, false).status());
+    return st;
+  }
+  r.ready = *ready;
+  const int64_t n = static_cast<int64_t>(r.keys.size());
+  waiting_reads_.push_back(std::move(r));
+  PAGEDKV_RETURN_IF_ERROR(poll(control));
+  return n;
+}
+
+Status StorageLink::flush(core::ControlPlane& control) {
+  while (!staged_.empty() || !waiting_reads_.empty() || !puts_.empty() || !reads_.empty()) {
+    for (const StagedBatch& b : staged_)
+      PAGEDKV_RETURN_IF_ERROR(backend_.synchronize_event(b.ready));
+    for (const PendingRead& r : waiting_reads_) {
+      PAGEDKV_RETURN_IF_ERROR(backend_.synchronize_event(r.ready));
+    }
+    PAGEDKV_RETURN_IF_ERROR(send_staged(control));
+    PAGEDKV_RETURN_IF_ERROR(submit_reads(control));
+    store_->drain();
+    PAGEDKV_RETURN_IF_ERROR(collect(control));
+  }
+  return ok_status();
+}
+
+void StorageLink::add_stats(ControlStats* stats) const {
+  stats->storage_blocks_written = blocks_written_;
+  stats->storage_bytes_written = bytes_written_;
+  stats->storage_bytes_read = bytes_read_;
+  stats->storage_failed_blocks = failed_blocks_;
+  stats->storage_writes_dropped = writes_dropped_;
+}
+
+}  // namespace runtime
+}  // namespace pagedkv

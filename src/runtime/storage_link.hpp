@@ -1,0 +1,108 @@
+// StorageLink: what joins a KvCache to a StorageTier (include/pagedkv/storage_tier.hpp).
+//
+// Write-back: the control plane reports the cached host blocks its host LRU drops
+// (Transfers::host_drops). Their bytes are still in their host slots, which the same call's
+// moves may overwrite, so stage() queues copies of them into a pinned staging area on the copy
+// stream, before the call's moves; once those copies ran, poll() hands the bytes to the store
+// (which copies them) and frees the staging slots. With every staging slot taken, a dropped
+// block is simply not written back.
+//
+// Read-back: fetch() asks the store which blocks after a prompt's cached prefix it holds and
+// takes free host slots for them (ControlPlane::begin_arrival). The store may write those slots
+// only after every copy already queued on the copy stream ran (a restore may still be reading a
+// slot's previous occupant), so the read is submitted by a later poll() once an event recorded
+// then has completed. When the read finishes, poll() reports it (finish_arrival): the blocks
+// become cached host blocks, and prompts hit them like any host block.
+//
+// Nothing here waits for the store; only flush() (tests, shutdown) does.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "core/control_plane.hpp"
+#include "pagedkv/backend.hpp"
+#include "pagedkv/config.hpp"
+#include "pagedkv/control_types.hpp"
+#include "pagedkv/status.hpp"
+#include "pagedkv/storage_tier.hpp"
+
+namespace pagedkv {
+namespace runtime {
+
+class StorageLink {
+ public:
+  /// `store` (not owned) must have the layout of `config`; `host_pool` holds the host tier.
+  /// kInvalidArgument for a layout that differs or a cache without a host tier;
+  /// kResourceExhausted when the staging area cannot be had.
+  static StatusOr<std::unique_ptr<StorageLink>> create(Backend& backend, StorageTier* store,
+                                                       const CacheConfig& config, void* host_pool,
+                                                       int64_t staging_blocks);
+  /// Waits for the staging copies and every job of the store (they read or write the pools).
+  ~StorageLink();
+  StorageLink(const StorageLink&) = delete;
+  StorageLink& operator=(const StorageLink&) = delete;
+
+  /// Queues, on `copy_stream`, the copies of dropped blocks out of their host slots. Call it
+  /// before the moves of the same plan are queued.
+  Status stage(const std::vector<DroppedBlock>& drops, Stream copy_stream);
+  /// Hands staged blocks whose copies ran to the store, submits reads whose slots are free of
+  /// queued copies, and lands finished reads in the control plane. Never waits.
+  Status poll(core::ControlPlane& control);
+  /// Starts reading the blocks the store holds after `prompt`'s cached prefix into free host
+  /// slots; returns how many blocks are on their way.
+  StatusOr<int64_t> fetch(core::ControlPlane& control, const std::vector<TokenId>& prompt,
+                          NamespaceId ns, Stream copy_stream);
+  /// poll() until nothing is staged, waiting or in flight.
+  Status flush(core::ControlPlane& control);
+  /// Adds the storage counters to `stats`.
+  void add_stats(ControlStats* stats) const;
+
+ private:
+  StorageLink(Backend& backend, StorageTier* store, int64_t block_bytes, void* host_pool);
+
+  // Blocks copied into staging slots by copies that complete with `ready`.
+  struct StagedBatch {
+    Event ready{};
+    std::vector<DroppedBlock> blocks;
+    std::vector<int64_t> slots;
+  };
+  // A read waiting for the copy stream (`ready`), then in flight as store job `job`.
+  struct PendingRead {
+    Event ready{};
+    uint64_t arrival = 0;
+    std::vector<StorageKey> keys;
+    std::vector<void*> dst;
+  };
+  void* staging_slot(int64_t i) const { return static_cast<char*>(staging_) + i * block_bytes_; }
+  Status send_staged(core::ControlPlane& control);
+  Status submit_reads(core::ControlPlane& control);
+  Status collect(core::ControlPlane& control);
+  StatusOr<Event> take_event();
+  void give_event(Event e) { spare_events_.push_back(e); }
+
+  Backend& backend_;
+  StorageTier* store_;
+  int64_t block_bytes_;
+  void* host_pool_;
+  void* staging_ = nullptr;
+  std::vector<int64_t> free_staging_;
+  std::vector<StagedBatch> staged_;
+  std::vector<PendingRead> waiting_reads_;
+  std::vector<Event> spare_events_;
+  std::vector<Event> all_events_;
+  // Store jobs in flight: puts (the blocks they write, for events) and reads (their arrival).
+  std::unordered_map<uint64_t, std::vector<DroppedBlock>> puts_;
+  std::unordered_map<uint64_t, PendingRead> reads_;
+  // Counters (ControlStats::storage_*; storage_hit_blocks is the control plane's).
+  int64_t blocks_written_ = 0;
+  int64_t bytes_written_ = 0;
+  int64_t bytes_read_ = 0;
+  int64_t failed_blocks_ = 0;
+  int64_t writes_dropped_ = 0;
+};
+
+}  // namespace runtime
+}  // namespace pagedkv

@@ -1,0 +1,304 @@
+#include "storage/queued_tier.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "common/logging.hpp"
+#include "storage/block_format.hpp"
+#include "storage/crc32c.hpp"
+
+namespace pagedkv::detail {
+
+struct QueuedStorageTier::Job {
+  Kind kind = Kind::kPut;
+  uint64_t id = 0;
+  std::vector<StorageKey> keys;
+  std::vector<std::unique_ptr<unsigned char[]>> stored;  // puts: header + payload per block
+  std::vector<void*> dsts;                               // gets
+  size_t remaining = 0;
+  size_t failed = 0;
+  std::string first_error;
+};
+
+Status check_queue_options(int32_t threads, int64_t max_queued_blocks) {
+  if (threads < 1 || threads > 256) {
+    return invalid_argument("threads: must be in [1, 256], got " + std::to_string(threads));
+  }
+  if (max_queued_blocks < 1) {
+    return invalid_argument("max_queued_blocks: must be positive, got " +
+                            std::to_string(max_queued_blocks));
+  }
+  return ok_status();
+}
+
+QueuedStorageTier::QueuedStorageTier(StorageLayout layout, int32_t threads,
+                                     int64_t max_queued_blocks)
+    : layout_(std::move(layout)),
+      fingerprint_(layout_.fingerprint()),
+      threads_(threads),
+      max_queued_blocks_(max_queued_blocks) {
+  const int64_t buffer_bytes = static_cast<int64_t>(kBlockHeaderBytes) + layout_.block_bytes;
+  max_spare_ = static_cast<size_t>(std::max<int64_t>(
+      1, std::min<int64_t>(max_queued_blocks, kSpareBytes / std::max<int64_t>(1, buffer_bytes))));
+}
+
+std::unique_ptr<unsigned char[]> QueuedStorageTier::take_buffer() {
+  {
+    std::lock_guard<std::mutex> lock(spare_mu_);
+    if (!spare_.empty()) {
+      std::unique_ptr<unsigned char[]> b = std::move(spare_.back());
+      spare_.pop_back();
+      return b;
+    }
+  }
+  const size_t n = kBlockHeaderBytes + static_cast<size_t>(layout_.block_bytes);
+  return std::unique_ptr<unsigned char[]>(new (std::nothrow) unsigned char[n]);
+}
+
+void QueuedStorageTier::give_back(std::unique_ptr<unsigned char[]> buffer) {
+  std::lock_guard<std::mutex> lock(spare_mu_);
+  if (spare_.size() < max_spare_) spare_.push_back(std::move(buffer));
+}
+
+QueuedStorageTier::~QueuedStorageTier() { stop_workers(); }
+
+void QueuedStorageTier::start_workers() {
+  for (int t = 0; t < threads_; ++t) workers_.emplace_back([this, t] { worker(t); });
+}
+
+void QueuedStorageTier::stop_workers() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (workers_.empty()) return;
+    paused_ = false;
+    stopping_ = true;  // the workers finish every queued task first
+  }
+  work_cv_.notify_all();
+  for (std::thread& w : workers_) w.join();
+  workers_.clear();
+}
+
+namespace {
+
+std::string key_name(const StorageKey& k) {
+  return "(ns " + hex16(k.ns) + ", hash " + hex16(k.block_hash) + ")";
+}
+
+template <typename P>
+Status check_job(const char* call, const std::vector<StorageKey>& keys,
+                 const std::vector<P>& blocks) {
+  if (keys.empty()) return invalid_argument(std::string(call) + ": keys is empty");
+  if (keys.size() != blocks.size()) {
+    return invalid_argument(std::string(call) + ": " + std::to_string(keys.size()) + " keys but " +
+                            std::to_string(blocks.size()) + " blocks");
+  }
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (blocks[i] == nullptr) {
+      return invalid_argument(std::string(call) + ": blocks[" + std::to_string(i) + "] is null");
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+StatusOr<uint64_t> QueuedStorageTier::submit_put(const std::vector<StorageKey>& keys,
+                                                 const std::vector<const void*>& blocks) {
+  Status s = check_job("submit_put", keys, blocks);
+  if (!s.ok()) return s;
+  const auto n = static_cast<int64_t>(keys.size());
+  {
+    // Checked before copying, so a full queue costs no copy; checked again when queuing.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (queued_put_blocks_ + n > max_queued_blocks_) {
+      rejected_puts_ += n;
+      return resource_exhausted("submit_put: write queue full (" +
+                                std::to_string(queued_put_blocks_) + " of " +
+                                std::to_string(max_queued_blocks_) + " blocks queued, " +
+                                std::to_string(n) + " more asked); nothing queued");
+    }
+  }
+  auto job = std::make_shared<Job>();
+  job->kind = Kind::kPut;
+  job->keys = keys;
+  const auto payload = static_cast<size_t>(layout_.block_bytes);
+  job->stored.reserve(keys.size());
+  for (const void* b : blocks) {
+    std::unique_ptr<unsigned char[]> buf = take_buffer();
+    if (buf == nullptr) {
+      rejected_puts_ += n;
+      return resource_exhausted("submit_put: out of memory copying the blocks; nothing queued");
+    }
+    std::memcpy(buf.get() + kBlockHeaderBytes, b, payload);
+    job->stored.push_back(std::move(buf));
+  }
+  return enqueue(std::move(job));
+}
+
+StatusOr<uint64_t> QueuedStorageTier::submit_get(const std::vector<StorageKey>& keys,
+                                                 const std::vector<void*>& blocks) {
+  Status s = check_job("submit_get", keys, blocks);
+  if (!s.ok()) return s;
+  auto job = std::make_shared<Job>();
+  job->kind = Kind::kGet;
+  job->keys = keys;
+  job->dsts = blocks;
+  return enqueue(std::move(job));
+}
+
+Status QueuedStorageTier::remove(const std::vector<StorageKey>& keys) {
+  if (keys.empty()) return ok_status();
+  auto job = std::make_shared<Job>();
+  job->kind = Kind::kRemove;
+  job->keys = keys;
+  StatusOr<uint64_t> id = enqueue(std::move(job));
+  return id.ok() ? ok_status() : id.status();
+}
+
+StatusOr<uint64_t> QueuedStorageTier::enqueue(std::shared_ptr<Job> job) {
+  const size_t n = job->keys.size();
+  job->remaining = n;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return failed_precondition("storage tier: shutting down");
+    if (job->kind == Kind::kPut) {
+      if (queued_put_blocks_ + static_cast<int64_t>(n) > max_queued_blocks_) {
+        rejected_puts_ += static_cast<int64_t>(n);
+        return resource_exhausted("submit_put: write queue full; nothing queued");
+      }
+      queued_put_blocks_ += static_cast<int64_t>(n);
+    }
+    job->id = next_job_++;
+    for (size_t i = 0; i < n; ++i) tasks_.push_back(Task{job, i});
+  }
+  work_cv_.notify_all();
+  return job->id;
+}
+
+std::vector<StorageCompletion> QueuedStorageTier::poll() {
+  std::vector<StorageCompletion> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  out.swap(completions_);
+  return out;
+}
+
+void QueuedStorageTier::drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_cv_.wait(lock, [this] { return tasks_.empty() && busy_ == 0; });
+}
+
+void QueuedStorageTier::set_paused(bool paused) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    paused_ = paused;
+  }
+  work_cv_.notify_all();
+}
+
+StorageStats QueuedStorageTier::stats() const {
+  StorageStats s;
+  s.puts = puts_.load();
+  s.gets = gets_.load();
+  s.bytes_written = bytes_written_.load();
+  s.bytes_read = bytes_read_.load();
+  s.failed_puts = failed_puts_.load();
+  s.failed_gets = failed_gets_.load();
+  s.rejected_puts = rejected_puts_.load();
+  s.removed = removed_.load();
+  return s;
+}
+
+void QueuedStorageTier::worker(int thread) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    work_cv_.wait(
+        lock, [this] { return (!paused_ && !tasks_.empty()) || (stopping_ && tasks_.empty()); });
+    if (tasks_.empty()) return;  // stopping, and nothing left to do
+    Task task = std::move(tasks_.front());
+    tasks_.pop_front();
+    ++busy_;
+    lock.unlock();
+    run_task(thread, task);
+    lock.lock();
+    --busy_;
+    if (tasks_.empty() && busy_ == 0) idle_cv_.notify_all();
+  }
+}
+
+void QueuedStorageTier::run_task(int thread, const Task& task) {
+  Job& job = *task.job;
+  const StorageKey& key = job.keys[task.index];
+  const auto payload = static_cast<uint64_t>(layout_.block_bytes);
+  std::string error;
+  switch (job.kind) {
+    case Kind::kPut: {
+      if (already_stored(thread, key)) {  // nothing to write: stored, not written
+        give_back(std::move(job.stored[task.index]));
+        ++puts_;
+        break;
+      }
+      unsigned char* stored = job.stored[task.index].get();
+      BlockHeader h;
+      h.fingerprint = fingerprint_;
+      h.key = key;
+      h.payload_bytes = payload;
+      h.payload_crc = crc32c(stored + kBlockHeaderBytes, static_cast<size_t>(payload));
+      encode_block_header(h, stored);
+      error = put_block(thread, key, stored, kBlockHeaderBytes + static_cast<size_t>(payload));
+      give_back(std::move(job.stored[task.index]));  // the copy is no longer needed
+      if (error.empty()) {
+        ++puts_;
+        bytes_written_ += static_cast<int64_t>(payload);
+      } else {
+        ++failed_puts_;
+      }
+      break;
+    }
+    case Kind::kGet:
+      error = get_block(thread, key, job.dsts[task.index]);
+      if (error.empty()) {
+        ++gets_;
+        bytes_read_ += static_cast<int64_t>(payload);
+      } else {
+        ++failed_gets_;
+      }
+      break;
+    case Kind::kRemove:
+      if (remove_block(thread, key)) ++removed_;
+      break;
+  }
+
+  std::lock_guard<std::mutex> lock(mu_);
+  if (job.kind == Kind::kPut) --queued_put_blocks_;
+  if (!error.empty()) {
+    if (job.failed++ == 0) {
+      job.first_error = "block " + std::to_string(task.index) + " " + key_name(key) + ": " + error;
+    }
+  }
+  if (--job.remaining == 0 && job.kind != Kind::kRemove) {
+    StorageCompletion c;
+    c.job = job.id;
+    c.ok = job.failed == 0;
+    if (!c.ok) {
+      c.error = std::string(job.kind == Kind::kPut ? "put" : "get") + ": " +
+                std::to_string(job.failed) + " of " + std::to_string(job.keys.size()) +
+                " blocks failed; first: " + job.first_error;
+    }
+    completions_.push_back(std::move(c));
+  }
+}
+
+void QueuedStorageTier::note_unreachable(const std::string& why) {
+  if (reachable_.exchange(false)) {
+    ++outage_warnings_;
+    logger().warn("{} storage tier unreachable ({}): lookups miss and puts fail until it is back",
+                  medium(), why);
+  }
+}
+
+void QueuedStorageTier::note_reachable() {
+  if (!reachable_.exchange(true)) logger().info("{} storage tier reachable again", medium());
+}
+
+}  // namespace pagedkv::detail

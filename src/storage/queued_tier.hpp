@@ -1,0 +1,112 @@
+// The part every store shares: argument checks, the job queue and its I/O threads, completions,
+// counters and the once-per-outage warning. A store implements the per-block work (put, get,
+// remove one block on one I/O thread) and the lookup.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pagedkv/storage_tier.hpp"
+
+namespace pagedkv::detail {
+
+class QueuedStorageTier : public StorageTier {
+ public:
+  /// `threads` and `max_queued_blocks` are checked by the caller (check_queue_options).
+  QueuedStorageTier(StorageLayout layout, int32_t threads, int64_t max_queued_blocks);
+  /// A derived store must call stop_workers() in its own destructor (its members outlive them).
+  ~QueuedStorageTier() override;
+
+  const StorageLayout& layout() const override { return layout_; }
+  StatusOr<uint64_t> submit_put(const std::vector<StorageKey>& keys,
+                                const std::vector<const void*>& blocks) override;
+  StatusOr<uint64_t> submit_get(const std::vector<StorageKey>& keys,
+                                const std::vector<void*>& blocks) override;
+  std::vector<StorageCompletion> poll() override;
+  void drain() override;
+  Status remove(const std::vector<StorageKey>& keys) override;
+  StorageStats stats() const override;
+
+  /// Test seam: while paused the I/O threads start no new block (queued work waits; drain()
+  /// would wait for ever). The destructor resumes them.
+  void set_paused(bool paused);
+  /// How many outages (reachable -> unreachable transitions) the store has logged.
+  int64_t outage_warnings() const { return outage_warnings_.load(); }
+
+ protected:
+  /// Stores one block. `stored` holds the header (already encoded) and the payload, `n` bytes.
+  /// Returns an empty string on success, else why it failed (and nothing became visible).
+  virtual std::string put_block(int thread, const StorageKey& key, const unsigned char* stored,
+                                size_t n) = 0;
+  /// Whether `key` is stored already, so that a put of it can be skipped (a key names its bytes:
+  /// the same chained prefix hash, namespace and layout). Only a cheap check; default: never.
+  virtual bool already_stored(int /*thread*/, const StorageKey& /*key*/) { return false; }
+  /// Reads one block into `dst` (layout().block_bytes) and verifies it. Empty string on success.
+  virtual std::string get_block(int thread, const StorageKey& key, void* dst) = 0;
+  /// Removes one block; true when one was stored and is now removed.
+  virtual bool remove_block(int thread, const StorageKey& key) = 0;
+
+  void start_workers();
+  void stop_workers();
+
+  /// Logs a warning the first time the store becomes unreachable (per outage).
+  void note_unreachable(const std::string& why);
+  /// Logs once that the store is reachable again after an outage.
+  void note_reachable();
+  void count_removed(int64_t n) { removed_ += n; }
+
+  const StorageLayout layout_;
+  const uint64_t fingerprint_;
+
+ private:
+  enum class Kind { kPut, kGet, kRemove };
+  struct Job;
+  struct Task {
+    std::shared_ptr<Job> job;
+    size_t index;
+  };
+  StatusOr<uint64_t> enqueue(std::shared_ptr<Job> job);
+  std::unique_ptr<unsigned char[]> take_buffer();
+  void give_back(std::unique_ptr<unsigned char[]> buffer);
+  void worker(int thread);
+  void run_task(int thread, const Task& task);
+
+  const int32_t threads_;
+  const int64_t max_queued_blocks_;
+
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::condition_variable idle_cv_;
+  std::deque<Task> tasks_;
+  std::vector<StorageCompletion> completions_;
+  int64_t queued_put_blocks_ = 0;
+  int64_t busy_ = 0;  // tasks being run
+  uint64_t next_job_ = 1;
+  bool paused_ = false;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+
+  // Put buffers (header + payload) kept for reuse: a fresh large allocation costs a page fault
+  // per 4 KiB on first touch, which halved the put throughput of 256 KiB blocks.
+  static constexpr int64_t kSpareBytes = int64_t{64} << 20;
+  std::mutex spare_mu_;
+  std::vector<std::unique_ptr<unsigned char[]>> spare_;
+  size_t max_spare_ = 1;
+
+  std::atomic<int64_t> puts_{0}, gets_{0}, bytes_written_{0}, bytes_read_{0};
+  std::atomic<int64_t> failed_puts_{0}, failed_gets_{0}, rejected_puts_{0}, removed_{0};
+  std::atomic<bool> reachable_{true};
+  std::atomic<int64_t> outage_warnings_{0};
+};
+
+/// Ok, or kInvalidArgument for threads outside [1, 256] or max_queued_blocks < 1.
+Status check_queue_options(int32_t threads, int64_t max_queued_blocks);
+
+}  // namespace pagedkv::detail

@@ -1,0 +1,339 @@
+// RedisTier: one Redis string per block, key "<prefix>:<fingerprint>:<ns>:<hash>" (16 hex digits
+// each), value header + payload as in the file store (docs/storage.md). Every I/O thread owns
+// one connection, the owner thread another (for batch_exists); a connection that fails is
+// dropped and made again on the next call (at most every kRetryInterval while the server is
+// down), so the store follows the server through restarts.
+//
+// Commands are written by this file with sendmsg(MSG_NOSIGNAL) on the connection's socket and
+// only the replies are read by hiredis: hiredis writes with write(), which raises SIGPIPE once
+// the server has gone (killing a host process that does not ignore it), and it would copy every
+// block twice (formatting, then its output buffer) before writing it.
+#include "pagedkv/storage_tier.hpp"
+
+#if PAGEDKV_WITH_HIREDIS
+
+#include <hiredis/hiredis.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/uio.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <initializer_list>
+
+#include "common/logging.hpp"
+#include "storage/block_format.hpp"
+#include "storage/queued_tier.hpp"
+
+namespace pagedkv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using detail::hex16;
+using detail::kBlockHeaderBytes;
+
+// While the server is down, each connection tries to connect again at most this often.
+constexpr auto kRetryInterval = std::chrono::milliseconds(200);
+// batch_exists pipelines its EXISTS commands in chunks of this many, stopping after the chunk
+// that holds the first missing key.
+constexpr size_t kExistsChunk = 32;
+
+struct ReplyDeleter {
+  void operator()(redisReply* r) const {
+    if (r != nullptr) freeReplyObject(r);
+  }
+};
+using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+
+struct Connection {
+  redisContext* ctx = nullptr;
+  Clock::time_point retry_at{};
+  Connection() = default;
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+  ~Connection() {
+    if (ctx != nullptr) redisFree(ctx);
+  }
+};
+
+// Commands in the Redis protocol (RESP), built without copying large arguments: the small parts
+// go into one buffer, an argument of kCopyLimit bytes or more is sent from the caller's memory.
+class Request {
+ public:
+  struct Arg {
+    const void* data;
+    size_t size;
+  };
+  void add(std::initializer_list<Arg> args) {
+    text("*" + std::to_string(args.size()) + "\r\n");
+    for (const Arg& a : args) {
+      text("$" + std::to_string(a.size) + "\r\n");
+      if (a.size < kCopyLimit) {
+        buf_.append(static_cast<const char*>(a.data), a.size);
+      } else {
+        pieces_.push_back(Piece{nullptr, buf_.size() - mark_, mark_});
+        mark_ = buf_.size();
+        pieces_.push_back(Piece{a.data, a.size, 0});
+      }
+      text("\r\n");
+    }
+  }
+  // Sends everything; false (and errno set) when the connection failed or timed out.
+  bool send(int fd) {
+    std::vector<iovec> iov;
+    for (const Piece& p : pieces_) {
+      iov.push_back(p.data != nullptr ? iovec{const_cast<void*>(p.data), p.size}
+                                      : iovec{&buf_[p.offset], p.size});
+    }
+    if (buf_.size() > mark_) iov.push_back(iovec{&buf_[mark_], buf_.size() - mark_});
+    size_t first = 0;
+    while (first < iov.size()) {
+      msghdr msg{};
+      msg.msg_iov = &iov[first];
+      msg.msg_iovlen = std::min<size_t>(iov.size() - first, 512);
+      const ssize_t w = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return false;
+      }
+      auto left = static_cast<size_t>(w);
+      while (first < iov.size() && left >= iov[first].iov_len) left -= iov[first++].iov_len;
+      if (first < iov.size()) {
+        iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
+        iov[first].iov_len -= left;
+      }
+    }
+    return true;
+  }
+
+ private:
+  static constexpr size_t kCopyLimit = 4096;
+  struct Piece {
+    const void* data;  // null: buf_[offset, offset + size)
+    size_t size;
+    size_t offset;
+  };
+  void text(const std::string& t) { buf_ += t; }
+  std::string buf_;
+  std::vector<Piece> pieces_;
+  size_t mark_ = 0;  // buf_ before it is covered by pieces_
+};
+
+class RedisTier final : public detail::QueuedStorageTier {
+ public:
+  RedisTier(const StorageLayout& layout, const RedisTierOptions& options)
+      : QueuedStorageTier(layout, options.threads, options.max_queued_blocks),
+        options_(options),
+        key_base_(options.key_prefix + ":" + hex16(fingerprint_) + ":"),
+        workers_conn_(static_cast<size_t>(options.threads)) {
+    connect(owner_conn_);  // a failure only logs: lookups miss until the server is there
+    start_workers();
+  }
+
+  ~RedisTier() override { stop_workers(); }
+
+  const char* medium() const override { return "REDIS"; }
+
+  StatusOr<size_t> batch_exists(const std::vector<StorageKey>& keys) override {
+    // On a connection that was open before this call the server may have restarted since:
+    // one more try on a fresh connection tells that apart from a server that is gone.
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const bool was_open = owner_conn_.ctx != nullptr && owner_conn_.ctx->err == 0;
+      redisContext* c = connect(owner_conn_);
+      if (c == nullptr) return size_t{0};
+      size_t found = 0;
+      std::string failure;
+      for (size_t begin = 0; begin < keys.size() && failure.empty(); begin += kExistsChunk) {
+        const size_t end = std::min(keys.size(), begin + kExistsChunk);
+        std::vector<std::string> names;
+        names.reserve(end - begin);
+        Request req;
+        for (size_t i = begin; i < end; ++i) {
+          names.push_back(redis_key(keys[i]));
+          req.add({{"EXISTS", 6}, {names.back().data(), names.back().size()}});
+        }
+        if (!req.send(c->fd)) {
+          failure = "EXISTS: " + std::string(std::strerror(errno));
+          break;
+        }
+        bool missing = false;
+        for (size_t i = begin; i < end; ++i) {
+          void* raw = nullptr;
+          if (redisGetReply(c, &raw) != REDIS_OK || raw == nullptr) {
+            failure = std::string("EXISTS: ") + (c->err != 0 ? c->errstr : "no reply");
+            break;
+          }
+          Reply r(static_cast<redisReply*>(raw));
+          const bool exists = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+          if (!exists) missing = true;
+          if (!missing) ++found;
+        }
+        if (missing && failure.empty()) return found;
+      }
+      if (failure.empty()) return found;
+      drop(owner_conn_, failure);
+      if (!was_open) break;
+    }
+    return size_t{0};
+  }
+
+ protected:
+  std::string put_block(int thread, const StorageKey& key, const unsigned char* stored,
+                        size_t n) override {
+    const std::string k = redis_key(key);
+    Request req;
+    req.add({{"SET", 3}, {k.data(), k.size()}, {stored, n}});
+    std::string error;
+    Reply r = command(conn(thread), "SET", req, &error);
+    if (r == nullptr) return error;
+    if (r->type != REDIS_REPLY_STATUS) return "SET: " + reply_text(r.get());
+    return {};
+  }
+
+  std::string get_block(int thread, const StorageKey& key, void* dst) override {
+    const std::string k = redis_key(key);
+    Request req;
+    req.add({{"GET", 3}, {k.data(), k.size()}});
+    std::string error;
+    Reply r = command(conn(thread), "GET", req, &error);
+    if (r == nullptr) return error;
+    if (r->type == REDIS_REPLY_NIL) return "not stored";
+    if (r->type != REDIS_REPLY_STRING) return "GET: " + reply_text(r.get());
+    const auto payload = static_cast<uint64_t>(layout_.block_bytes);
+    const auto* data = reinterpret_cast<const unsigned char*>(r->str);
+    std::string why = detail::check_stored_block(data, r->len, fingerprint_, key, payload);
+    if (!why.empty()) return why;  // the destination is left untouched
+    std::memcpy(dst, data + kBlockHeaderBytes, static_cast<size_t>(payload));
+    return {};
+  }
+
+  bool remove_block(int thread, const StorageKey& key) override {
+    const std::string k = redis_key(key);
+    Request req;
+    req.add({{"DEL", 3}, {k.data(), k.size()}});
+    std::string error;
+    Reply r = command(conn(thread), "DEL", req, &error);
+    return r != nullptr && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+  }
+
+ private:
+  Connection& conn(int thread) { return workers_conn_[static_cast<size_t>(thread)]; }
+
+  std::string redis_key(const StorageKey& k) const {
+    return key_base_ + hex16(k.ns) + ":" + hex16(k.block_hash);
+  }
+
+  static std::string reply_text(const redisReply* r) {
+    if (r->type == REDIS_REPLY_ERROR) return std::string(r->str, r->len);
+    return "unexpected reply type " + std::to_string(r->type);
+  }
+
+  timeval timeout() const {
+    timeval tv{};
+    tv.tv_sec = options_.timeout_ms / 1000;
+    tv.tv_usec = static_cast<suseconds_t>((options_.timeout_ms % 1000) * 1000);
+    return tv;
+  }
+
+  // The connection's context, connecting when there is none (at most every kRetryInterval);
+  // null while the server cannot be reached.
+  redisContext* connect(Connection& c) {
+    if (c.ctx != nullptr && c.ctx->err == 0) return c.ctx;
+    if (c.ctx != nullptr) drop(c, c.ctx->errstr);
+    const auto now = Clock::now();
+    if (now < c.retry_at) return nullptr;
+    redisContext* ctx = redisConnectWithTimeout(options_.host.c_str(), options_.port, timeout());
+    if (ctx == nullptr || ctx->err != 0) {
+      const std::string why =
+          ctx == nullptr ? std::string("cannot allocate a connection") : std::string(ctx->errstr);
+      if (ctx != nullptr) redisFree(ctx);
+      c.retry_at = now + kRetryInterval;
+      note_unreachable(options_.host + ":" + std::to_string(options_.port) + ": " + why);
+      return nullptr;
+    }
+    if (redisSetTimeout(ctx, timeout()) != REDIS_OK) {
+      redisFree(ctx);
+      c.retry_at = now + kRetryInterval;
+      return nullptr;
+    }
+    c.ctx = ctx;
+    note_reachable();
+    return ctx;
+  }
+
+  // Drops a failed connection (the next call connects again at once).
+  void drop(Connection& c, const std::string& why) {
+    if (c.ctx == nullptr) return;
+    note_unreachable(options_.host + ":" + std::to_string(options_.port) + ": " + why);
+    redisFree(c.ctx);
+    c.ctx = nullptr;
+  }
+
+  // Sends `req` (one command) and reads its reply; on a connection that was open before, a
+  // failure is tried once more on a fresh one (the server may have restarted). Null with *error
+  // set when it could not be sent or answered.
+  Reply command(Connection& c, const char* what, Request& req, std::string* error) {
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const bool was_open = c.ctx != nullptr && c.ctx->err == 0;
+      redisContext* ctx = connect(c);
+      if (ctx == nullptr) {
+        *error = "not connected to " + options_.host + ":" + std::to_string(options_.port);
+        return nullptr;
+      }
+      void* raw = nullptr;
+      if (!req.send(ctx->fd)) {
+        *error = std::string(what) + ": " + std::strerror(errno);
+      } else if (redisGetReply(ctx, &raw) != REDIS_OK || raw == nullptr) {
+        *error = std::string(what) + ": " + (ctx->err != 0 ? ctx->errstr : "no reply");
+      } else {
+        return Reply(static_cast<redisReply*>(raw));
+      }
+      drop(c, *error);
+      if (!was_open) break;
+    }
+    return nullptr;
+  }
+
+  const RedisTierOptions options_;
+  const std::string key_base_;
+  Connection owner_conn_;
+  std::vector<Connection> workers_conn_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<StorageTier>> make_redis_tier(const StorageLayout& layout,
+                                                       const RedisTierOptions& options) {
+  Status s = detail::validate_storage_layout(layout);
+  if (!s.ok()) return Status(s.code(), "make_redis_tier: " + s.message());
+  s = detail::check_queue_options(options.threads, options.max_queued_blocks);
+  if (!s.ok()) return Status(s.code(), "make_redis_tier: " + s.message());
+  if (options.host.empty()) return invalid_argument("make_redis_tier: host is empty");
+  if (options.port < 1 || options.port > 65535) {
+    return invalid_argument("make_redis_tier: port: must be in [1, 65535], got " +
+                            std::to_string(options.port));
+  }
+  if (options.timeout_ms < 1) {
+    return invalid_argument("make_redis_tier: timeout_ms: must be positive, got " +
+                            std::to_string(options.timeout_ms));
+  }
+  if (options.key_prefix.empty()) return invalid_argument("make_redis_tier: key_prefix is empty");
+  return std::unique_ptr<StorageTier>(std::make_unique<RedisTier>(layout, options));
+}
+
+}  // namespace pagedkv
+
+#else  // no hiredis in this build
+
+namespace pagedkv {
+
+StatusOr<std::unique_ptr<StorageTier>> make_redis_tier(const StorageLayout&,
+                                                       const RedisTierOptions&) {
+  return unimplemented(
+      "make_redis_tier: this build has no hiredis (install libhiredis-dev and reconfigure)");
+}
+
+}  // namespace pagedkv
+
+#endif

@@ -1,0 +1,160 @@
+// Blocks coming back from a storage tier (storage_lookup, begin_arrival, finish_arrival): the
+// keys of a prompt's blocks after its cached prefix are the hashes the index would give them; an
+// arrival holds free host slots only; a good read joins the index as cached host blocks that
+// later prompts hit; a failed read, a prefix evicted meanwhile, or a block computed meanwhile
+// registers nothing twice. check_invariants() after every step.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "core/control_plane.hpp"
+#include "core/core_test_util.hpp"
+
+namespace pagedkv {
+namespace core {
+namespace {
+
+using testing_util::add_and_fill;
+using testing_util::iota_tokens;
+using testing_util::make_cp;
+using testing_util::tiny_config;
+
+// The hashes a control plane gives a prompt's full blocks when it computes all of them.
+std::vector<uint64_t> indexed_hashes(const std::vector<TokenId>& prompt) {
+  auto cp = make_cp(tiny_config(4, 16, 0));
+  add_and_fill(*cp, 1, prompt);
+  std::vector<uint64_t> out;
+  for (const ControlEvent& e : cp->drain_events()) {
+    if (e.kind == EventKind::kBlockStored) out.push_back(e.block_hash);
+  }
+  return out;
+}
+
+class StorageArrivalsTest : public ::testing::Test {
+ protected:
+  // Device 8 blocks, host 4; prompt_ is 16 tokens (4 blocks), the first 8 of them cached.
+  void SetUp() override {
+    cp_ = make_cp(tiny_config(4, 8, 4));
+    prompt_ = iota_tokens(16, 500);
+    add_and_fill(*cp_, 1, std::vector<TokenId>(prompt_.begin(), prompt_.begin() + 8));
+    ASSERT_TRUE(cp_->finish(1).ok());
+    cp_->drain_events();
+  }
+
+  StorageLookup lookup() {
+    auto l = cp_->storage_lookup(prompt_, 0, 16);
+    EXPECT_TRUE(l.ok()) << l.status().to_string();
+    return l.ok() ? *l : StorageLookup{};
+  }
+
+  std::unique_ptr<ControlPlane> cp_;
+  std::vector<TokenId> prompt_;
+};
+
+TEST_F(StorageArrivalsTest, TheLookupNamesTheBlocksAfterTheCachedPrefixByTheirIndexHashes) {
+  const StorageLookup l = lookup();
+  const std::vector<uint64_t> all = indexed_hashes(prompt_);
+  ASSERT_EQ(all.size(), 4u);
+  EXPECT_EQ(l.hashes, (std::vector<uint64_t>{all[2], all[3]}));
+  EXPECT_EQ(l.parent_hash, all[1]);
+  EXPECT_EQ(l.tokens, std::vector<TokenId>(prompt_.begin() + 8, prompt_.end()));
+  EXPECT_EQ(cp_->storage_lookup(prompt_, 0, 1)->hashes.size(), 1u) << "max_blocks";
+  EXPECT_EQ(cp_->storage_lookup(prompt_, 7, 16)->hashes.size(), 4u) << "another namespace";
+}
+
+TEST_F(StorageArrivalsTest, AGoodReadBecomesCachedHostBlocksThatAPromptHits) {
+  auto a = cp_->begin_arrival(lookup(), 2);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(a->host_blocks.size(), 2u);
+  EXPECT_EQ(cp_->arrivals_in_flight(), 1);
+  EXPECT_EQ(cp_->stats().host.free_blocks, 2);
+  PAGEDKV_EXPECT_INV(*cp_);
+  EXPECT_EQ(*cp_->add_sequence(9, prompt_), 8) << "not a hit before it has arrived";
+  ASSERT_TRUE(cp_->finish(9).ok());
+
+  EXPECT_EQ(*cp_->finish_arrival(a->id, true), 2);
+  PAGEDKV_EXPECT_INV(*cp_);
+  EXPECT_EQ(cp_->arrivals_in_flight(), 0);
+  const ControlStats st = cp_->stats();
+  EXPECT_EQ(st.storage_hit_blocks, 2);
+  EXPECT_EQ(st.host.cached_blocks, 2);
+  int stored_on_host = 0;
+  for (const ControlEvent& e : cp_->drain_events()) {
+    stored_on_host += e.kind == EventKind::kBlockStored && e.tier == Tier::kHost ? 1 : 0;
+  }
+  EXPECT_EQ(stored_on_host, 2);
+
+  EXPECT_EQ(*cp_->add_sequence(2, prompt_), 15) << "all four blocks hit, one token to compute";
+  // Whole blocks of the hit only: the last one is copied on write for the token left to compute.
+  EXPECT_EQ(cp_->stats().prefix_host_hit_blocks, 1);
+  const auto locations = *cp_->block_locations(2);
+  EXPECT_EQ(locations[2], (BlockLocation{Tier::kHost, a->host_blocks[0]}));
+  EXPECT_EQ(locations[3], (BlockLocation{Tier::kHost, a->host_blocks[1]}));
+  ASSERT_TRUE(cp_->reserve(2, 1).ok());  // onboards them
+  PAGEDKV_EXPECT_INV(*cp_);
+  EXPECT_FALSE(cp_->residency(2)->offloaded);
+}
+
+TEST_F(StorageArrivalsTest, AFailedReadRegistersNothingAndFreesItsSlots) {
+  auto a = cp_->begin_arrival(lookup(), 2);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(*cp_->finish_arrival(a->id, false), 0);
+  PAGEDKV_EXPECT_INV(*cp_);
+  EXPECT_EQ(cp_->stats().host.free_blocks, 4);
+  EXPECT_EQ(cp_->stats().storage_hit_blocks, 0);
+  EXPECT_EQ(*cp_->add_sequence(2, prompt_), 8);
+  EXPECT_EQ(cp_->finish_arrival(a->id, true).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(StorageArrivalsTest, APrefixEvictedMeanwhileOrABlockComputedMeanwhileIsNotRegisteredTwice) {
+  // Computed meanwhile: a sequence commits the whole prompt before the read lands.
+  auto a = cp_->begin_arrival(lookup(), 2);
+  ASSERT_TRUE(a.ok());
+  add_and_fill(*cp_, 3, prompt_);
+  EXPECT_EQ(*cp_->finish_arrival(a->id, true), 0);
+  PAGEDKV_EXPECT_INV(*cp_);
+  EXPECT_EQ(cp_->stats().host.free_blocks, 4);
+  ASSERT_TRUE(cp_->erase(3).ok());  // drops the whole chain from the index
+  PAGEDKV_EXPECT_INV(*cp_);
+
+  // Evicted meanwhile: the prefix the read continues is gone when it lands.
+  add_and_fill(*cp_, 4, std::vector<TokenId>(prompt_.begin(), prompt_.begin() + 8));
+  ASSERT_TRUE(cp_->finish(4).ok());
+  auto b = cp_->begin_arrival(lookup(), 2);
+  ASSERT_TRUE(b.ok());
+  ASSERT_EQ(b->host_blocks.size(), 2u);
+  ASSERT_TRUE(cp_->add_sequence(5, prompt_).ok());
+  ASSERT_TRUE(cp_->erase(5).ok());  // the only holder of the cached prefix: it goes
+  EXPECT_EQ(*cp_->finish_arrival(b->id, true), 0);
+  PAGEDKV_EXPECT_INV(*cp_);
+  EXPECT_EQ(cp_->stats().host.cached_blocks, 0);
+}
+
+TEST_F(StorageArrivalsTest, AnArrivalTakesOnlyFreeHostSlotsAndWaitsForAnOpenPlan) {
+  const StorageLookup l = lookup();
+  EXPECT_EQ(cp_->begin_arrival(l, 3).status().code(), StatusCode::kInvalidArgument);
+  auto a = cp_->begin_arrival(l, 2);
+  auto b = cp_->begin_arrival(l, 2);
+  auto c = cp_->begin_arrival(l, 2);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(a->host_blocks.size() + b->host_blocks.size(), 4u);
+  EXPECT_TRUE(c->host_blocks.empty()) << "no host slot is free: nothing is dropped for it";
+  PAGEDKV_EXPECT_INV(*cp_);
+  {
+    auto plan = cp_->plan_reserve(1, 0);
+    EXPECT_EQ(plan.status().code(), StatusCode::kNotFound);  // sequence 1 finished
+  }
+  ASSERT_TRUE(cp_->add_sequence(6, {1, 2, 3}).ok());
+  auto plan = cp_->plan_reserve(6, 3);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(cp_->finish_arrival(a->id, true).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(cp_->begin_arrival(l, 1).status().code(), StatusCode::kFailedPrecondition);
+  plan->commit();
+  EXPECT_EQ(*cp_->finish_arrival(a->id, true), 2);
+  EXPECT_EQ(*cp_->finish_arrival(b->id, true), 0) << "the same blocks arrived with `a`";
+  PAGEDKV_EXPECT_INV(*cp_);
+}
+
+}  // namespace
+}  // namespace core
+}  // namespace pagedkv

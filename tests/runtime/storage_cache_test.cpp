@@ -1,0 +1,270 @@
+// A KvCache with a storage tier behind its host tier (KvCacheOptions::storage), end to end on
+// real bytes and a real FileTier directory: cached host blocks the host LRU drops are written
+// back; a second cache on the same directory (a restart) fetches a prompt's blocks into its host
+// tier, a sequence added afterwards hits them and reads back exactly the bytes the first cache's
+// model wrote; a corrupt block file is a miss, never garbage; a full write-back queue drops
+// blocks and counts them; a store of another layout is refused. check_invariants() after every
+// step.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pagedkv/cache.hpp"
+#include "pagedkv/cpu_backend.hpp"
+#include "pagedkv/storage_tier.hpp"
+#include "runtime/kv_model.hpp"
+#include "support/backend_test.hpp"
+
+namespace pagedkv {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::DeviceBuffer;
+using testing::kv_value;
+using testing::model_rows;
+
+#define ASSERT_OK(expr)                                        \
+  do {                                                         \
+    const ::pagedkv::Status st_ = (expr);                      \
+    ASSERT_TRUE(st_.ok()) << #expr << ": " << st_.to_string(); \
+  } while (0)
+
+// 4 device blocks and 4 host blocks of 4 tokens: a few 2-block prompts push cached blocks
+// through the host tier into storage.
+CacheConfig small_config() {
+  CacheConfig c;
+  c.num_layers = 2;
+  c.num_kv_heads = 2;
+  c.head_dim = 8;
+  c.block_size = 4;
+  c.num_device_blocks = 4;
+  c.num_host_blocks = 4;
+  c.backend = BackendKind::kCpu;
+  return c;
+}
+
+// Prompt p: 9 tokens (two full blocks and one token to compute), distinct per p.
+std::vector<TokenId> prompt(int p) {
+  std::vector<TokenId> t;
+  for (int i = 0; i < 9; ++i) t.push_back(1000 * (p + 1) + i);
+  return t;
+}
+
+class StorageCacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/pagedkv-storage-cache-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    backend_ = create_cpu_backend({});
+  }
+  void TearDown() override {
+    cache_.reset();
+    store_.reset();
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  // A fresh store on the directory (a new process would open it the same way) and a cache.
+  void open(const CacheConfig& c, int64_t staging = 64) {
+    cache_.reset();
+    store_.reset();
+    config_ = c;
+    FileTierOptions fo;
+    fo.directory = dir_;
+    auto store = make_file_tier(StorageLayout::from_config(c, "test-model"), fo);
+    ASSERT_TRUE(store.ok()) << store.status().to_string();
+    store_ = std::move(store).value();
+    KvCacheOptions o;
+    o.backend = backend_.get();
+    o.storage = store_.get();
+    o.storage_staging_blocks = staging;
+    auto cache = KvCache::create(c, o);
+    ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+    cache_ = std::move(cache).value();
+  }
+
+  void expect_invariants() {
+    const Status s = cache_->check_invariants();
+    ASSERT_TRUE(s.ok()) << s.to_string();
+  }
+
+  // Adds a sequence, writes the model's K/V of its uncached tokens, commits, finishes it (its
+  // full blocks stay cached).
+  void compute_and_finish(SequenceId id, const std::vector<TokenId>& tokens) {
+    auto cached = cache_->add_sequence(id, tokens);
+    ASSERT_TRUE(cached.ok()) << cached.status().to_string();
+    const std::vector<TokenId> rest(tokens.begin() + *cached, tokens.end());
+    ASSERT_TRUE(cache_->reserve(id, static_cast<int64_t>(rest.size())).ok());
+    for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
+      const std::vector<uint16_t> k = model_rows(config_, layer, 0, rest, *cached);
+      const std::vector<uint16_t> v = model_rows(config_, layer, 1, rest, *cached);
+      DeviceBuffer dk(*backend_, k.size() * 2), dv(*backend_, v.size() * 2);
+      dk.upload(k);
+      dv.upload(v);
+      ASSERT_OK(cache_->write_kv(id, layer, dk.data(), dv.data(), DType::kFloat16));
+      ASSERT_OK(cache_->synchronize());
+    }
+    ASSERT_OK(cache_->commit(id, rest));
+    ASSERT_OK(cache_->finish(id));
+    expect_invariants();
+  }
+
+  // Every layer of the first `n` positions of `id` equals the model of `tokens`.
+  void expect_model_bytes(SequenceId id, const std::vector<TokenId>& tokens, int64_t n) {
+    const size_t elems = static_cast<size_t>(n * config_.num_kv_heads * config_.head_dim);
+    for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
+      DeviceBuffer k(*backend_, elems * 2), v(*backend_, elems * 2);
+      ASSERT_OK(cache_->gather_layer(id, layer, k.data(), v.data(), DType::kFloat16,
+                                     PackedLayout::kHeadMajor, 0, n));
+      ASSERT_OK(cache_->synchronize());
+      const std::vector<uint16_t> got[2] = {k.download<uint16_t>(), v.download<uint16_t>()};
+      for (int32_t part = 0; part < 2; ++part)
+        for (int32_t h = 0; h < config_.num_kv_heads; ++h)
+          for (int64_t t = 0; t < n; ++t)
+            for (int32_t d = 0; d < config_.head_dim; ++d) {
+              const size_t i = static_cast<size_t>((h * n + t) * config_.head_dim + d);
+              ASSERT_EQ(got[part][i],
+                        kv_value(t, tokens[static_cast<size_t>(t)], layer, part, h, d))
+                  << "seq " << id << " layer " << layer << " part " << part << " pos " << t;
+            }
+    }
+  }
+
+  // Fills the cache with prompts 0..count-1 so that the oldest ones' blocks are demoted to the
+  // host and then dropped from it, i.e. written back.
+  void push_through_to_storage(int count) {
+    for (int p = 0; p < count; ++p) compute_and_finish(static_cast<SequenceId>(p + 1), prompt(p));
+    ASSERT_OK(cache_->flush_storage());
+    expect_invariants();
+  }
+
+  std::string dir_;
+  CacheConfig config_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<StorageTier> store_;
+  std::unique_ptr<KvCache> cache_;
+};
+
+TEST_F(StorageCacheTest, HostDropsAreWrittenBackAndAnnouncedOnTheStorageTier) {
+  open(small_config());
+  push_through_to_storage(6);
+  const ControlStats st = cache_->stats();
+  EXPECT_GT(st.host_blocks_dropped, 0);
+  EXPECT_EQ(st.storage_blocks_written, st.host_blocks_dropped)
+      << "every dropped host block is written back while staging slots are free";
+  EXPECT_EQ(st.storage_bytes_written, st.storage_blocks_written * config_.block_bytes());
+  EXPECT_EQ(st.storage_failed_blocks, 0);
+  EXPECT_EQ(store_->stats().puts, st.storage_blocks_written);
+  int64_t stored_on_storage = 0;
+  for (const ControlEvent& e : cache_->drain_events()) {
+    if (e.kind == EventKind::kBlockStored && e.tier == Tier::kStorage) {
+      ++stored_on_storage;
+      EXPECT_EQ(e.tokens.size(), static_cast<size_t>(config_.block_size));
+    }
+  }
+  EXPECT_EQ(stored_on_storage, st.storage_blocks_written);
+}
+
+TEST_F(StorageCacheTest, ARestartedCacheFetchesAPromptFromStorageAndReadsTheSameBytes) {
+  open(small_config());
+  push_through_to_storage(6);  // prompt 0's two blocks went device -> host -> storage first
+  ASSERT_GE(cache_->stats().storage_blocks_written, 2);
+
+  open(small_config());  // a new store object and cache on the same directory: a restart
+  const std::vector<TokenId> p0 = prompt(0);
+  auto fetched = cache_->fetch_from_storage(p0);
+  ASSERT_TRUE(fetched.ok()) << fetched.status().to_string();
+  EXPECT_EQ(*fetched, 2);
+  EXPECT_LE(cache_->storage_in_flight(), 1);  // the read may already have landed
+  expect_invariants();
+  ASSERT_OK(cache_->flush_storage());
+  EXPECT_EQ(cache_->storage_in_flight(), 0);
+  expect_invariants();
+  const ControlStats st = cache_->stats();
+  EXPECT_EQ(st.storage_hit_blocks, 2);
+  EXPECT_EQ(st.storage_bytes_read, 2 * config_.block_bytes());
+  EXPECT_EQ(st.host.cached_blocks, 2);
+
+  auto cached = cache_->add_sequence(42, p0);
+  ASSERT_TRUE(cached.ok()) << cached.status().to_string();
+  EXPECT_EQ(*cached, 8) << "both full blocks hit on the host tier";
+  EXPECT_EQ(cache_->stats().prefix_host_hit_blocks, 2);
+  ASSERT_TRUE(cache_->reserve(42, 1).ok());  // onboards them to the device
+  expect_invariants();
+  expect_model_bytes(42, p0, 8);
+
+  // A prompt the store never saw fetches nothing.
+  EXPECT_EQ(*cache_->fetch_from_storage(prompt(99)), 0);
+}
+
+TEST_F(StorageCacheTest, ACorruptBlockFileIsAMissNeverGarbage) {
+  open(small_config());
+  push_through_to_storage(6);
+  open(small_config());  // the restarted store lists the blocks; then they rot on disk
+  // Flip one byte in the middle of every stored block file.
+  int corrupted = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(dir_)) {
+    if (!entry.is_regular_file() || entry.file_size() < 64) continue;
+    std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(entry.file_size() / 2);
+    f.seekg(at);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x5a);
+    f.seekp(at);
+    f.write(&c, 1);
+    ++corrupted;
+  }
+  ASSERT_GT(corrupted, 0);
+  auto fetched = cache_->fetch_from_storage(prompt(0));
+  ASSERT_TRUE(fetched.ok()) << fetched.status().to_string();
+  ASSERT_EQ(*fetched, 2) << "the store still lists both blocks: the read finds the damage";
+  ASSERT_OK(cache_->flush_storage());
+  expect_invariants();
+  const ControlStats st = cache_->stats();
+  EXPECT_EQ(st.storage_hit_blocks, 0);
+  EXPECT_EQ(st.storage_failed_blocks, 2);
+  EXPECT_EQ(st.host.cached_blocks, 0) << "a failed read registers nothing";
+  EXPECT_EQ(st.host.free_blocks, config_.num_host_blocks) << "its host slots are free again";
+  EXPECT_EQ(*cache_->add_sequence(42, prompt(0)), 0);
+  expect_invariants();
+}
+
+TEST_F(StorageCacheTest, AFullWriteBackQueueDropsBlocksAndCountsThem) {
+  open(small_config(), /*staging=*/1);
+  push_through_to_storage(8);
+  const ControlStats st = cache_->stats();
+  EXPECT_GT(st.host_blocks_dropped, 1);
+  EXPECT_EQ(st.storage_blocks_written + st.storage_writes_dropped, st.host_blocks_dropped);
+  EXPECT_GT(st.storage_writes_dropped, 0) << "one staging slot cannot hold a call's two drops";
+}
+
+TEST_F(StorageCacheTest, AStoreOfAnotherLayoutOrACacheWithoutAHostTierIsRefused) {
+  CacheConfig c = small_config();
+  FileTierOptions fo;
+  fo.directory = dir_;
+  CacheConfig other = c;
+  other.head_dim = 16;
+  auto store = make_file_tier(StorageLayout::from_config(other, "test-model"), fo);
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  KvCacheOptions o;
+  o.backend = backend_.get();
+  o.storage = store->get();
+  EXPECT_EQ(KvCache::create(c, o).status().code(), StatusCode::kInvalidArgument);
+  c.num_host_blocks = 0;
+  auto same = make_file_tier(StorageLayout::from_config(c, "test-model"), fo);
+  ASSERT_TRUE(same.ok());
+  o.storage = same->get();
+  EXPECT_EQ(KvCache::create(c, o).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pagedkv

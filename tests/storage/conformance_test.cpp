@@ -1,0 +1,432 @@
+// The behaviour both stores share, run against each: the file store in a scratch directory and
+// the Redis store against a redis-server this test starts (skipped, with the reason, when the
+// build has no hiredis or the machine no redis-server).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "storage/storage_test_util.hpp"
+
+namespace pagedkv::testing {
+namespace {
+
+// A bit-at-a-time CRC-32C, independent of the library's table and SSE4.2 code.
+uint32_t reference_crc32c(const unsigned char* p, size_t n) {
+  uint32_t c = 0xFFFFFFFFu;
+  for (size_t i = 0; i < n; ++i) {
+    c ^= p[i];
+    for (int b = 0; b < 8; ++b) c = (c >> 1) ^ ((c & 1u) != 0 ? 0x82F63B78u : 0u);
+  }
+  return ~c;
+}
+
+uint64_t le(const std::string& s, size_t off, int bytes) {
+  uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; --i)
+    v = (v << 8) | static_cast<unsigned char>(s[off + size_t(i)]);
+  return v;
+}
+
+// `s` with the lowest bit of byte `i` flipped (unchanged when too short: the test then fails).
+std::string flip(std::string s, size_t i) {
+  if (i < s.size()) s.replace(i, 1, 1, static_cast<char>(s[i] ^ 0x01));
+  return s;
+}
+
+class StoreEnv {
+ public:
+  virtual ~StoreEnv() = default;
+  /// Empty when the store can be made here, else why the test skips.
+  virtual std::string setup() = 0;
+  virtual StatusOr<std::unique_ptr<StorageTier>> make(const StorageLayout& layout,
+                                                      int32_t threads = 2,
+                                                      int64_t max_queued = 4096) = 0;
+  /// The bytes the store holds for `key` (header and payload); nullopt when none.
+  virtual std::optional<std::string> raw(const StorageLayout& layout, const StorageKey& key) = 0;
+  /// Replaces them (as a crash or another writer could have left them).
+  virtual void write_raw(const StorageLayout& layout, const StorageKey& key,
+                         const std::string& bytes) = 0;
+};
+
+class FileEnv : public StoreEnv {
+ public:
+  std::string setup() override { return dir_.path().empty() ? "mkdtemp failed" : ""; }
+  StatusOr<std::unique_ptr<StorageTier>> make(const StorageLayout& layout, int32_t threads,
+                                              int64_t max_queued) override {
+    FileTierOptions o;
+    o.directory = dir_.path();
+    o.threads = threads;
+    o.max_queued_blocks = max_queued;
+    return make_file_tier(layout, o);
+  }
+  // The documented path: <dir>/<fingerprint>/<hash & 0xff>/<ns>-<hash>.blk.
+  std::string path(const StorageLayout& layout, const StorageKey& k) const {
+    return dir_.path() + "/" + hex(layout.fingerprint()) + "/" + hex(k.block_hash).substr(14) +
+           "/" + hex(k.ns) + "-" + hex(k.block_hash) + ".blk";
+  }
+  std::optional<std::string> raw(const StorageLayout& layout, const StorageKey& key) override {
+    std::ifstream in(path(layout, key), std::ios::binary);
+    if (!in) return std::nullopt;
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  void write_raw(const StorageLayout& layout, const StorageKey& key,
+                 const std::string& bytes) override {
+    std::ofstream out(path(layout, key), std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), std::streamsize(bytes.size()));
+  }
+
+ private:
+  TempDir dir_;
+};
+
+class RedisEnv : public StoreEnv {
+ public:
+  std::string setup() override {
+    if (RedisServer::binary().empty()) return "redis-server is not installed";
+    // No hiredis in this build: make_redis_tier says so.
+    auto probe = make_redis_tier(odd_layout(), no_port());
+    if (!probe.ok() && probe.status().code() == StatusCode::kUnimplemented) {
+      return probe.status().to_string();
+    }
+    return server_.start();
+  }
+  StatusOr<std::unique_ptr<StorageTier>> make(const StorageLayout& layout, int32_t threads,
+                                              int64_t max_queued) override {
+    RedisTierOptions o;
+    o.port = server_.port();
+    o.key_prefix = "pagedkv-test";
+    o.threads = threads;
+    o.max_queued_blocks = max_queued;
+    return make_redis_tier(layout, o);
+  }
+  // The documented key: <prefix>:<fingerprint>:<ns>:<hash>.
+  static std::string key(const StorageLayout& layout, const StorageKey& k) {
+    return "pagedkv-test:" + hex(layout.fingerprint()) + ":" + hex(k.ns) + ":" + hex(k.block_hash);
+  }
+  std::optional<std::string> raw(const StorageLayout& layout, const StorageKey& k) override {
+    RespClient c(server_.port());
+    auto r = c.command({"GET", key(layout, k)});
+    if (!r || r->empty() || (*r)[0] != '$') return std::nullopt;
+    return r->substr(1);
+  }
+  void write_raw(const StorageLayout& layout, const StorageKey& k,
+                 const std::string& bytes) override {
+    RespClient c(server_.port());
+    auto r = c.command({"SET", key(layout, k), bytes});
+    ASSERT_TRUE(r && *r == "+OK");
+  }
+
+ private:
+  RedisServer server_;
+};
+
+class StoreTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "file") {
+      env_ = std::make_unique<FileEnv>();
+    } else {
+      env_ = std::make_unique<RedisEnv>();
+    }
+    const std::string skip = env_->setup();
+    if (!skip.empty()) GTEST_SKIP() << skip;
+  }
+  std::unique_ptr<StorageTier> make(const StorageLayout& layout, int32_t threads = 2,
+                                    int64_t max_queued = 4096) {
+    auto t = env_->make(layout, threads, max_queued);
+    EXPECT_TRUE(t.ok()) << t.status().to_string();
+    return t.ok() ? std::move(t).value() : nullptr;
+  }
+  std::unique_ptr<StoreEnv> env_;
+};
+
+TEST_P(StoreTest, RoundTripOfRandomOddSizedBlocksIsBitExact) {
+  const StorageLayout layout = odd_layout();
+  auto tier = make(layout);
+  ASSERT_NE(tier, nullptr);
+  const auto keys = keys_from(0x1234567890abcdefull, 37);
+  const auto blocks = random_blocks(37, layout.block_bytes, 1);
+  std::vector<uint64_t> jobs;
+  for (size_t begin = 0; begin < 37; begin += 13) {  // jobs of 13, 13 and 11 blocks
+    const size_t end = std::min<size_t>(37, begin + 13);
+    std::vector<StorageKey> k(keys.begin() + long(begin), keys.begin() + long(end));
+    std::vector<const void*> p;
+    for (size_t i = begin; i < end; ++i) p.push_back(blocks[i].data());
+    auto job = tier->submit_put(k, p);
+    ASSERT_TRUE(job.ok()) << job.status().to_string();
+    jobs.push_back(*job);
+  }
+  for (const auto& [id, c] : collect(*tier, jobs)) EXPECT_TRUE(c.ok) << c.error;
+
+  auto out = poisoned(37, layout.block_bytes);
+  const StorageCompletion c = finish(*tier, tier->submit_get(keys, ptrs(out)));
+  EXPECT_TRUE(c.ok) << c.error;
+  EXPECT_TRUE(c.error.empty());
+  for (size_t i = 0; i < 37; ++i) EXPECT_EQ(out[i], blocks[i]) << "block " << i;
+
+  const StorageStats s = tier->stats();
+  EXPECT_EQ(s.puts, 37);
+  EXPECT_EQ(s.gets, 37);
+  EXPECT_EQ(s.bytes_written, 37 * layout.block_bytes);
+  EXPECT_EQ(s.bytes_read, 37 * layout.block_bytes);
+  EXPECT_EQ(s.failed_puts + s.failed_gets + s.rejected_puts, 0);
+}
+
+TEST_P(StoreTest, RoundTripIsBitExactForEveryDtype) {
+  for (DType dt : {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat8E4M3}) {
+    SCOPED_TRACE(dtype_name(dt));
+    CacheConfig cfg;
+    cfg.num_layers = 3;
+    cfg.num_kv_heads = 5;
+    cfg.head_dim = 24;
+    cfg.block_size = 7;
+    cfg.dtype = dt;
+    const StorageLayout layout = StorageLayout::from_config(cfg, "dtype-model");
+    auto tier = make(layout);
+    ASSERT_NE(tier, nullptr);
+    const auto keys = keys_from(0xfeed, 3, 1);
+    const auto blocks = random_blocks(3, layout.block_bytes, uint32_t(dt) + 10);
+    ASSERT_TRUE(finish(*tier, tier->submit_put(keys, cptrs(blocks))).ok);
+    auto out = poisoned(3, layout.block_bytes);
+    ASSERT_TRUE(finish(*tier, tier->submit_get(keys, ptrs(out))).ok);
+    EXPECT_EQ(out, blocks);
+  }
+}
+
+TEST_P(StoreTest, StoredBytesFollowTheDocumentedFormat) {
+  const StorageLayout layout = odd_layout();
+  auto tier = make(layout);
+  ASSERT_NE(tier, nullptr);
+  const StorageKey key{0xa1b2c3d4e5f60718ull, 0x55};
+  const auto blocks = random_blocks(1, layout.block_bytes, 3);
+  ASSERT_TRUE(finish(*tier, tier->submit_put({key}, cptrs(blocks))).ok);
+  const auto raw = env_->raw(layout, key);
+  ASSERT_TRUE(raw.has_value()) << "not at the documented file path / key";
+  ASSERT_EQ(raw->size(), 48u + 4104u);
+  EXPECT_EQ(raw->substr(0, 4), "PKVS");
+  EXPECT_EQ(le(*raw, 4, 2), 1u);   // version
+  EXPECT_EQ(le(*raw, 6, 2), 48u);  // header bytes
+  EXPECT_EQ(le(*raw, 8, 8), layout.fingerprint());
+  EXPECT_EQ(le(*raw, 16, 8), key.ns);
+  EXPECT_EQ(le(*raw, 24, 8), key.block_hash);
+  EXPECT_EQ(le(*raw, 32, 8), 4104u);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(raw->data());
+  EXPECT_EQ(le(*raw, 40, 4), reference_crc32c(bytes + 48, 4104));
+  EXPECT_EQ(le(*raw, 44, 4), reference_crc32c(bytes, 44));
+  EXPECT_EQ(std::vector<unsigned char>(bytes + 48, bytes + 48 + 4104), blocks[0]);
+}
+
+TEST_P(StoreTest, BatchExistsCountsTheLeadingStoredKeys) {
+  const StorageLayout layout = odd_layout();
+  auto tier = make(layout);
+  ASSERT_NE(tier, nullptr);
+  const auto keys = keys_from(0x77, 80);
+  // Stored: 0..69 and 75 (past the gap); 70..74 missing. 70 spans more than one pipeline chunk.
+  std::vector<StorageKey> stored(keys.begin(), keys.begin() + 70);
+  stored.push_back(keys[75]);
+  const auto blocks = random_blocks(stored.size(), layout.block_bytes, 4);
+  ASSERT_TRUE(finish(*tier, tier->submit_put(stored, cptrs(blocks))).ok);
+
+  EXPECT_EQ(tier->batch_exists(keys).value(), 70u);
+  EXPECT_EQ(tier->batch_exists({keys[0], keys[1], keys[2]}).value(), 3u);
+  EXPECT_EQ(tier->batch_exists({keys[70], keys[0]}).value(), 0u);
+  EXPECT_EQ(tier->batch_exists({keys[75], keys[74], keys[0]}).value(), 1u);
+  EXPECT_EQ(tier->batch_exists({}).value(), 0u);
+}
+
+TEST_P(StoreTest, AnotherLayoutOrNamespaceNeverHits) {
+  const StorageLayout layout = odd_layout("model-a");
+  auto tier = make(layout);
+  ASSERT_NE(tier, nullptr);
+  const auto keys = keys_from(0x99, 4, 3);
+  const auto blocks = random_blocks(4, layout.block_bytes, 5);
+  ASSERT_TRUE(finish(*tier, tier->submit_put(keys, cptrs(blocks))).ok);
+  ASSERT_EQ(tier->batch_exists(keys).value(), 4u);
+
+  StorageLayout other_model = odd_layout("model-b");
+  StorageLayout other_pages = odd_layout("model-a");
+  other_pages.page_layout = PageLayout::kNHD;
+  for (const StorageLayout& other : {other_model, other_pages}) {
+    auto o = make(other);
+    ASSERT_NE(o, nullptr);
+    EXPECT_EQ(o->batch_exists(keys).value(), 0u);
+    auto out = poisoned(4, other.block_bytes);
+    EXPECT_FALSE(finish(*o, o->submit_get(keys, ptrs(out))).ok);
+    EXPECT_EQ(o->stats().failed_gets, 4);
+  }
+  // The same hashes in another namespace are other blocks.
+  EXPECT_EQ(tier->batch_exists(keys_from(0x99, 4, 4)).value(), 0u);
+}
+
+TEST_P(StoreTest, GetOfAMissingBlockFailsTheJob) {
+  const StorageLayout layout = odd_layout();
+  auto tier = make(layout);
+  ASSERT_NE(tier, nullptr);
+  const auto keys = keys_from(0x5, 3);
+  const auto blocks = random_blocks(2, layout.block_bytes, 6);
+  ASSERT_TRUE(finish(*tier, tier->submit_put({keys[0], keys[2]}, cptrs(blocks))).ok);
+  auto out = poisoned(3, layout.block_bytes);
+  const StorageCompletion c = finish(*tier, tier->submit_get(keys, ptrs(out)));
+  EXPECT_FALSE(c.ok);
+  EXPECT_NE(c.error.find("1 of 3 blocks failed"), std::string::npos) << c.error;
+  EXPECT_NE(c.error.find("not stored"), std::string::npos) << c.error;
+  EXPECT_EQ(tier->stats().failed_gets, 1);
+  EXPECT_EQ(tier->stats().gets, 2);
+}
+
+// A corrupt, truncated or foreign stored block reads as a failed get: the completion says so
+// and the caller registers nothing (what the destination holds is then unspecified).
+TEST_P(StoreTest, CorruptTruncatedOrForeignBlockIsAFailedGet) {
+  const StorageLayout layout = odd_layout();
+  auto tier = make(layout);
+  ASSERT_NE(tier, nullptr);
+  const auto keys = keys_from(0xc0ffee, 6);
+  const auto blocks = random_blocks(6, layout.block_bytes, 7);
+  ASSERT_TRUE(finish(*tier, tier->submit_put(keys, cptrs(blocks))).ok);
+
+  struct Case {
+    const char* name;
+    std::function<std::string(std::string)> damage;
+    const char* reason;
+  };
+  const std::string foreign = env_->raw(layout, keys[5]).value();
+  const std::vector<Case> cases = {
+      {"payload byte flipped", [](std::string s) { return flip(std::move(s), 48 + 2000); },
+       "payload checksum"},
+      {"header byte flipped", [](std::string s) { return flip(std::move(s), 20); },
+       "header checksum"},
+      {"truncated", [](std::string s) { return s.substr(0, s.size() - 100); }, "size"},
+      {"header only", [](std::string s) { return s.substr(0, 48); }, "size"},
+      {"another key's block", [&](std::string) { return foreign; }, "another key"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].name);
+    env_->write_raw(layout, keys[i], cases[i].damage(env_->raw(layout, keys[i]).value()));
+    auto out = poisoned(1, layout.block_bytes);
+    const int64_t failed_before = tier->stats().failed_gets;
+    const StorageCompletion c = finish(*tier, tier->submit_get({keys[i]}, ptrs(out)));
+    EXPECT_FALSE(c.ok);
+    EXPECT_NE(c.error.find(cases[i].reason), std::string::npos) << c.error;
+    EXPECT_EQ(tier->stats().failed_gets, failed_before + 1);
+  }
+  // The intact block still reads back.
+  auto out = poisoned(1, layout.block_bytes);
+  EXPECT_TRUE(finish(*tier, tier->submit_get({keys[5]}, ptrs(out))).ok);
+  EXPECT_EQ(out[0], blocks[5]);
+}
+
+TEST_P(StoreTest, FullWriteQueueRejectsTheWholeJob) {
+  const StorageLayout layout = odd_layout();
+  auto tier = make(layout, /*threads=*/1, /*max_queued=*/4);
+  ASSERT_NE(tier, nullptr);
+  const auto keys = keys_from(0x42, 6);
+  const auto blocks = random_blocks(6, layout.block_bytes, 8);
+  set_paused(*tier, true);  // nothing is written until resumed: the queue stays as filled
+  auto first = tier->submit_put({keys[0], keys[1], keys[2]},
+                                {blocks[0].data(), blocks[1].data(), blocks[2].data()});
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  auto rejected = tier->submit_put({keys[3], keys[4]}, {blocks[3].data(), blocks[4].data()});
+  EXPECT_EQ(rejected.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(rejected.status().message().find("queue full"), std::string::npos);
+  auto too_big = tier->submit_put(keys, cptrs(blocks));
+  EXPECT_EQ(too_big.status().code(), StatusCode::kResourceExhausted);
+  auto last = tier->submit_put({keys[5]}, {blocks[5].data()});
+  ASSERT_TRUE(last.ok()) << last.status().to_string();
+  // Gets are not bounded by the write queue.
+  auto out = poisoned(1, layout.block_bytes);
+  auto get = tier->submit_get({keys[0]}, ptrs(out));
+  EXPECT_TRUE(get.ok());
+  EXPECT_EQ(tier->stats().rejected_puts, 2 + 6);
+  set_paused(*tier, false);
+  tier->drain();
+  auto got = collect(*tier, {*first, *last, *get});
+  EXPECT_TRUE(got[*first].ok && got[*last].ok);
+  EXPECT_EQ(tier->batch_exists({keys[0], keys[1], keys[2]}).value(), 3u);
+  EXPECT_EQ(tier->batch_exists({keys[3]}).value(), 0u);
+  EXPECT_EQ(tier->batch_exists({keys[4]}).value(), 0u);
+  EXPECT_EQ(tier->batch_exists({keys[5]}).value(), 1u);
+  EXPECT_EQ(tier->stats().puts, 4);
+}
+
+TEST_P(StoreTest, ManyJobsInFlightAllCompleteOnce) {
+  const StorageLayout layout = odd_layout();
+  auto tier = make(layout, /*threads=*/4);
+  ASSERT_NE(tier, nullptr);
+  constexpr size_t kJobs = 48, kPerJob = 5;
+  const auto keys = keys_from(0xabc, kJobs * kPerJob);
+  const auto blocks = random_blocks(keys.size(), layout.block_bytes, 9);
+  std::vector<uint64_t> jobs;
+  for (size_t j = 0; j < kJobs; ++j) {
+    std::vector<StorageKey> k(keys.begin() + long(j * kPerJob),
+                              keys.begin() + long((j + 1) * kPerJob));
+    std::vector<const void*> p;
+    for (size_t i = j * kPerJob; i < (j + 1) * kPerJob; ++i) p.push_back(blocks[i].data());
+    auto job = tier->submit_put(k, p);
+    ASSERT_TRUE(job.ok()) << job.status().to_string();
+    jobs.push_back(*job);
+  }
+  for (const auto& [id, c] : collect(*tier, jobs)) EXPECT_TRUE(c.ok) << c.error;
+
+  auto out = poisoned(keys.size(), layout.block_bytes);
+  jobs.clear();
+  for (size_t j = 0; j < kJobs; ++j) {
+    std::vector<StorageKey> k(keys.begin() + long(j * kPerJob),
+                              keys.begin() + long((j + 1) * kPerJob));
+    std::vector<void*> p;
+    for (size_t i = j * kPerJob; i < (j + 1) * kPerJob; ++i) p.push_back(out[i].data());
+    jobs.push_back(tier->submit_get(k, p).value());
+  }
+  for (const auto& [id, c] : collect(*tier, jobs)) EXPECT_TRUE(c.ok) << c.error;
+  EXPECT_EQ(out, blocks);
+  EXPECT_TRUE(tier->poll().empty());
+  EXPECT_EQ(tier->stats().puts, int64_t(keys.size()));
+  EXPECT_EQ(tier->stats().gets, int64_t(keys.size()));
+}
+
+TEST_P(StoreTest, RemoveDeletesStoredBlocksAndIgnoresMissingOnes) {
+  const StorageLayout layout = odd_layout();
+  auto tier = make(layout);
+  ASSERT_NE(tier, nullptr);
+  const auto keys = keys_from(0x31, 4);
+  const auto blocks = random_blocks(3, layout.block_bytes, 10);
+  ASSERT_TRUE(finish(*tier, tier->submit_put({keys[0], keys[1], keys[2]}, cptrs(blocks))).ok);
+  ASSERT_TRUE(tier->remove({keys[1], keys[3]}).ok());
+  tier->drain();
+  EXPECT_EQ(tier->stats().removed, 1);
+  EXPECT_EQ(tier->batch_exists({keys[0]}).value(), 1u);
+  EXPECT_EQ(tier->batch_exists({keys[1]}).value(), 0u);
+  EXPECT_FALSE(env_->raw(layout, keys[1]).has_value());
+  EXPECT_TRUE(tier->poll().empty()) << "a removal is not a job";
+}
+
+TEST_P(StoreTest, MalformedCallsAreRejectedAndQueueNothing) {
+  const StorageLayout layout = odd_layout();
+  auto tier = make(layout);
+  ASSERT_NE(tier, nullptr);
+  const auto keys = keys_from(0x8, 2);
+  const auto blocks = random_blocks(2, layout.block_bytes, 11);
+  auto out = poisoned(2, layout.block_bytes);
+  EXPECT_EQ(tier->submit_put(keys, {blocks[0].data()}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(tier->submit_put({}, {}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(tier->submit_put(keys, {blocks[0].data(), nullptr}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(tier->submit_get(keys, {out[0].data()}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(tier->submit_get(keys, {nullptr, out[1].data()}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(tier->submit_get({}, {}).status().code(), StatusCode::kInvalidArgument);
+  tier->drain();
+  EXPECT_TRUE(tier->poll().empty());
+  const StorageStats s = tier->stats();
+  EXPECT_EQ(s.puts + s.gets + s.failed_puts + s.failed_gets + s.rejected_puts, 0);
+  EXPECT_EQ(tier->batch_exists(keys).value(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, StoreTest, ::testing::Values("file", "redis"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace pagedkv::testing

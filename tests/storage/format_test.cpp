@@ -1,0 +1,149 @@
+// The layout fingerprint, the CRC-32C and the layout checks, against values derived outside the
+// code under test.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "storage/block_format.hpp"
+#include "storage/crc32c.hpp"
+#include "storage/storage_test_util.hpp"
+
+namespace pagedkv::testing {
+namespace {
+
+// The documented encoding, re-implemented here: tag, four int32, two bytes, int64, the model id's
+// length as uint64 and its bytes, all little-endian; then 64-bit FNV-1a.
+uint64_t reference_fingerprint(const StorageLayout& l) {
+  std::string b = "pagedkv.storage.v1";
+  auto put = [&b](uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) b.push_back(char((v >> (8 * i)) & 0xFF));
+  };
+  put(uint32_t(l.num_layers), 4);
+  put(uint32_t(l.num_kv_heads), 4);
+  put(uint32_t(l.head_dim), 4);
+  put(uint32_t(l.block_size), 4);
+  put(uint8_t(l.dtype), 1);
+  put(uint8_t(l.page_layout), 1);
+  put(uint64_t(l.block_bytes), 8);
+  put(l.model_id.size(), 8);
+  b += l.model_id;
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : b) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+TEST(StorageLayoutTest, FingerprintOfAFixedLayoutIsTheDocumentedValue) {
+  // Computed once with a separate Python script over the documented encoding (docs/storage.md);
+  // it must never change, or every store written so far stops hitting.
+  EXPECT_EQ(odd_layout("tiny-model/rev7").fingerprint(), 0x18f83f09c4edebbeull);
+  EXPECT_EQ(odd_layout("tiny-model/rev7").fingerprint(),
+            reference_fingerprint(odd_layout("tiny-model/rev7")));
+}
+
+TEST(StorageLayoutTest, EveryFieldChangesTheFingerprint) {
+  const StorageLayout base = odd_layout();
+  std::vector<StorageLayout> variants(8, base);
+  variants[0].num_layers = 2;
+  variants[1].num_kv_heads = 26;
+  variants[2].head_dim = 18;
+  variants[3].block_size = 5;
+  variants[4].dtype = DType::kFloat16;
+  variants[5].page_layout = PageLayout::kNHD;
+  variants[6].model_id = "tiny-model/rev8";
+  variants[7].block_bytes = 4105;
+  for (size_t i = 0; i < variants.size(); ++i) {
+    EXPECT_NE(variants[i].fingerprint(), base.fingerprint()) << "variant " << i;
+    EXPECT_EQ(variants[i].fingerprint(), reference_fingerprint(variants[i])) << "variant " << i;
+  }
+  // The model id's length is encoded, so moving bytes between fields cannot collide.
+  StorageLayout a = base, b = base;
+  a.model_id = "ab";
+  b.model_id = std::string("ab\0", 3);
+  EXPECT_NE(a.fingerprint(), b.fingerprint());
+}
+
+TEST(StorageLayoutTest, FromConfigCopiesTheShapeAndTheBlockSize) {
+  CacheConfig cfg;
+  cfg.num_layers = 6;
+  cfg.num_kv_heads = 3;
+  cfg.head_dim = 40;
+  cfg.block_size = 8;
+  cfg.dtype = DType::kBFloat16;
+  cfg.page_layout = PageLayout::kHND;
+  const StorageLayout l = StorageLayout::from_config(cfg, "m");
+  EXPECT_EQ(l.num_layers, 6);
+  EXPECT_EQ(l.num_kv_heads, 3);
+  EXPECT_EQ(l.head_dim, 40);
+  EXPECT_EQ(l.block_size, 8);
+  EXPECT_EQ(l.dtype, DType::kBFloat16);
+  EXPECT_EQ(l.page_layout, PageLayout::kHND);
+  EXPECT_EQ(l.model_id, "m");
+  EXPECT_EQ(l.block_bytes, 6 * 2 * 8 * 3 * 40 * 2);
+  EXPECT_TRUE(detail::validate_storage_layout(l).ok());
+}
+
+TEST(StorageLayoutTest, MalformedLayoutsNameTheField) {
+  const auto check = [](StorageLayout l, const char* field) {
+    const Status s = detail::validate_storage_layout(l);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << field;
+    EXPECT_NE(s.message().find(field), std::string::npos) << s.message();
+  };
+  StorageLayout l = odd_layout();
+  l.num_layers = 0;
+  check(l, "num_layers");
+  l = odd_layout();
+  l.head_dim = -1;
+  check(l, "head_dim");
+  l = odd_layout();
+  l.dtype = static_cast<DType>(9);
+  check(l, "dtype");
+  l = odd_layout();
+  l.page_layout = static_cast<PageLayout>(7);
+  check(l, "page_layout");
+  l = odd_layout();
+  l.block_bytes = 4100;
+  check(l, "block_bytes");
+  FileTierOptions o;
+  o.directory = "/tmp/never-created-by-this-test";
+  l = odd_layout();
+  l.block_bytes = 0;
+  EXPECT_EQ(make_file_tier(l, o).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Crc32cTest, MatchesThePublishedCheckValues) {
+  // "123456789" (the CRC catalogue's check value) and the RFC 3720 (iSCSI) B.4 vectors.
+  const char* digits = "123456789";
+  unsigned char zeros[32] = {}, ones[32], inc[32];
+  std::memset(ones, 0xFF, sizeof(ones));
+  for (int i = 0; i < 32; ++i) inc[i] = static_cast<unsigned char>(i);
+  for (bool portable : {true, false}) {
+    SCOPED_TRACE(portable ? "portable" : "dispatched");
+    const auto crc = [portable](const void* p, size_t n) {
+      return portable ? detail::crc32c_portable(p, n) : detail::crc32c(p, n);
+    };
+    EXPECT_EQ(crc(digits, 9), 0xE3069283u);
+    EXPECT_EQ(crc(zeros, 32), 0x8A9136AAu);
+    EXPECT_EQ(crc(ones, 32), 0x62A8AB43u);
+    EXPECT_EQ(crc(inc, 32), 0x46DD794Eu);
+  }
+}
+
+TEST(Crc32cTest, HardwareAndPortableAgreeAtEveryLengthAndAlignment) {
+  const auto data = random_blocks(1, 300, 12)[0];
+  for (size_t off = 0; off < 9; ++off) {
+    for (size_t n = 0; off + n <= data.size(); n += 7) {
+      ASSERT_EQ(detail::crc32c(data.data() + off, n), detail::crc32c_portable(data.data() + off, n))
+          << "offset " << off << " length " << n;
+    }
+  }
+  // Continuing a CRC over a split equals the CRC of the whole.
+  EXPECT_EQ(detail::crc32c(data.data() + 100, 200, detail::crc32c(data.data(), 100)),
+            detail::crc32c(data.data(), 300));
+}
+
+}  // namespace
+}  // namespace pagedkv::testing
