@@ -6,6 +6,7 @@
 // blocks and counts them; a store of another layout is refused. check_invariants() after every
 // step.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -203,6 +204,68 @@ TEST_F(StorageCacheTest, ARestartedCacheFetchesAPromptFromStorageAndReadsTheSame
 
   // A prompt the store never saw fetches nothing.
   EXPECT_EQ(*cache_->fetch_from_storage(prompt(99)), 0);
+}
+
+TEST_F(StorageCacheTest, TwoProcessesSharePrefixesThroughTheStore) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ThreadSanitizer does not support starting threads in a forked child";
+#endif
+  // A child process computes the prompts and pushes them through to storage; this process,
+  // with its own store object and cache on the same directory, then gets the hit. Forked before
+  // this process opened a store or a cache, so the only threads left behind are the backend's
+  // workers: the child leaves that backend alone and makes its own.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    (void)backend_.release();  // its worker threads did not survive the fork
+    backend_ = create_cpu_backend({});
+    open(small_config());
+    int failures = ::testing::Test::HasFailure() ? 1 : 0;
+    if (failures == 0) push_through_to_storage(6);
+    failures += ::testing::Test::HasFailure() ? 1 : 0;
+    const int64_t written = cache_ != nullptr ? cache_->stats().storage_blocks_written : 0;
+    cache_.reset();
+    store_.reset();
+    _exit(failures == 0 && written >= 2 ? 0 : 1);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(child, &wstatus, 0), child);
+  ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "the writing process failed";
+  open(small_config());
+  const std::vector<TokenId> p0 = prompt(0);
+  EXPECT_EQ(*cache_->fetch_from_storage(p0), 2);
+  ASSERT_OK(cache_->flush_storage());
+  EXPECT_EQ(*cache_->add_sequence(42, p0), 8);
+  ASSERT_TRUE(cache_->reserve(42, 1).ok());
+  expect_invariants();
+  expect_model_bytes(42, p0, 8);
+}
+
+TEST_F(StorageCacheTest, ATooSmallStoreEvictsAndNeverFailsAStep) {
+  CacheConfig c = small_config();
+  cache_.reset();
+  store_.reset();
+  config_ = c;
+  FileTierOptions fo;
+  fo.directory = dir_;
+  fo.max_bytes = 3 * c.block_bytes();  // room for three blocks of the many written back
+  auto store = make_file_tier(StorageLayout::from_config(c, "test-model"), fo);
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  store_ = std::move(store).value();
+  KvCacheOptions o;
+  o.backend = backend_.get();
+  o.storage = store_.get();
+  auto cache = KvCache::create(c, o);
+  ASSERT_TRUE(cache.ok());
+  cache_ = std::move(cache).value();
+  push_through_to_storage(10);  // every step succeeds (ASSERT inside)
+  const ControlStats st = cache_->stats();
+  EXPECT_GT(st.storage_blocks_written, 3);
+  EXPECT_EQ(st.storage_failed_blocks, 0);
+  EXPECT_GT(store_->stats().removed, 0) << "the store's bound evicted its oldest blocks";
+  // The newest prompts' blocks are the ones kept: the oldest prompt misses, cleanly.
+  EXPECT_EQ(*cache_->fetch_from_storage(prompt(0)), 0);
+  expect_invariants();
 }
 
 TEST_F(StorageCacheTest, ACorruptBlockFileIsAMissNeverGarbage) {
