@@ -224,6 +224,9 @@ class ControlPlane {
   Status run_offload(SequenceId id, Transfers* out);
   Status run_restore(SequenceId id, Transfers* out);
   Status run_prefetch(const std::vector<SequenceId>& ids, Transfers* out);
+  // The plain form of offload, restore and prefetch: `run(&out)`, then the journal is closed.
+  template <typename Run>
+  StatusOr<Transfers> keep_at_once(const char* what, Run run);
   // Empties plan_result_ (keeping its storage) for a new plan.
   void reset_plan_result();
   // Opens a plan over plan_result_ when `st` is ok; else closes the journal and returns `st`.

@@ -45,31 +45,27 @@ Status ControlPlane::reserve_batch(const std::vector<SequenceId>& ids, int64_t n
   return st;
 }
 
-StatusOr<Transfers> ControlPlane::offload(SequenceId id) {
-  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("offload"));
+// The plain form of a call that returns only transfers: run it, keep it.
+template <typename Run>
+StatusOr<Transfers> ControlPlane::keep_at_once(const char* what, Run run) {
+  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan(what));
   Transfers out;
-  const Status st = run_offload(id, &out);
+  const Status st = run(&out);
   close_journal();
   PAGEDKV_RETURN_IF_ERROR(st);
   return out;
+}
+
+StatusOr<Transfers> ControlPlane::offload(SequenceId id) {
+  return keep_at_once("offload", [&](Transfers* out) { return run_offload(id, out); });
 }
 
 StatusOr<Transfers> ControlPlane::restore(SequenceId id) {
-  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("restore"));
-  Transfers out;
-  const Status st = run_restore(id, &out);
-  close_journal();
-  PAGEDKV_RETURN_IF_ERROR(st);
-  return out;
+  return keep_at_once("restore", [&](Transfers* out) { return run_restore(id, out); });
 }
 
 StatusOr<Transfers> ControlPlane::prefetch(const std::vector<SequenceId>& ids) {
-  PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("prefetch"));
-  Transfers out;
-  const Status st = run_prefetch(ids, &out);
-  close_journal();
-  PAGEDKV_RETURN_IF_ERROR(st);
-  return out;
+  return keep_at_once("prefetch", [&](Transfers* out) { return run_prefetch(ids, out); });
 }
 
 // ---------------------------------------------------------------- plan form

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "kv_workload.hpp"
 #include "pagedkv/cache.hpp"
 #include "pagedkv/cpu_backend.hpp"
 #include "support/named_stats.hpp"
@@ -74,18 +75,8 @@ class JitterBackend final : public Backend {
   int64_t stalls_ = 0;
 };
 
-CacheConfig pressure_config() {
-  CacheConfig c;
-  c.num_layers = 2;
-  c.num_kv_heads = 2;
-  c.head_dim = 16;
-  c.block_size = 4;
-  c.num_device_blocks = 24;
-  c.num_host_blocks = 32;
-  c.max_sequence_length = 64;
-  c.backend = BackendKind::kCpu;
-  return c;
-}
+// The soak workload's tiny pools (tools/soak): tiers and pressure within a few operations.
+using soak::pressure_config;
 
 // Every field of every event, in a fixed byte layout: two streams are equal when these are.
 void append_events(const std::vector<ControlEvent>& events, std::string* out) {

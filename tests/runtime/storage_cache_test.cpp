@@ -74,12 +74,13 @@ class StorageCacheTest : public ::testing::Test {
   }
 
   // A fresh store on the directory (a new process would open it the same way) and a cache.
-  void open(const CacheConfig& c, int64_t staging = 64) {
+  void open(const CacheConfig& c, int64_t staging = 64, int64_t max_bytes = 0) {
     cache_.reset();
     store_.reset();
     config_ = c;
     FileTierOptions fo;
     fo.directory = dir_;
+    fo.max_bytes = max_bytes;
     auto store = make_file_tier(StorageLayout::from_config(c, "test-model"), fo);
     ASSERT_TRUE(store.ok()) << store.status().to_string();
     store_ = std::move(store).value();
@@ -242,23 +243,9 @@ TEST_F(StorageCacheTest, TwoProcessesSharePrefixesThroughTheStore) {
 }
 
 TEST_F(StorageCacheTest, ATooSmallStoreEvictsAndNeverFailsAStep) {
-  CacheConfig c = small_config();
-  cache_.reset();
-  store_.reset();
-  config_ = c;
-  FileTierOptions fo;
-  fo.directory = dir_;
-  fo.max_bytes = 3 * c.block_bytes();  // room for three blocks of the many written back
-  auto store = make_file_tier(StorageLayout::from_config(c, "test-model"), fo);
-  ASSERT_TRUE(store.ok()) << store.status().to_string();
-  store_ = std::move(store).value();
-  KvCacheOptions o;
-  o.backend = backend_.get();
-  o.storage = store_.get();
-  auto cache = KvCache::create(c, o);
-  ASSERT_TRUE(cache.ok());
-  cache_ = std::move(cache).value();
-  push_through_to_storage(10);  // every step succeeds (ASSERT inside)
+  const CacheConfig c = small_config();
+  open(c, 64, /*max_bytes=*/3 * c.block_bytes());  // room for three of the blocks written back
+  push_through_to_storage(10);                     // every step succeeds (ASSERT inside)
   const ControlStats st = cache_->stats();
   EXPECT_GT(st.storage_blocks_written, 3);
   EXPECT_EQ(st.storage_failed_blocks, 0);
