@@ -15,4 +15,10 @@ namespace pagedkv::cuda {
 template <typename Body>
 cudaError_t launch_body(const void* params, int64_t num_items, cudaStream_t stream, int max_blocks);
 
+/// How many blocks of `Body`'s trampoline fit on one SM of the current device at once
+/// (cudaOccupancyMaxActiveBlocksPerMultiprocessor: registers, threads, shared memory). The
+/// backend caps each body's grid at that many blocks per SM: one full wave, then grid-stride.
+template <typename Body>
+cudaError_t resident_blocks_per_sm(int* blocks);
+
 }  // namespace pagedkv::cuda

@@ -6,7 +6,9 @@
 // one (layer, K/V, token). The host picks the segment length: a whole row per index on the CPU
 // (the divisions of the index decomposition are paid once per row) and one 16-byte vector per
 // index on the GPU (consecutive threads touch consecutive 16 bytes: coalesced). Same code, two
-// launch shapes; the tests run both shapes on the CPU backend.
+// launch shapes; the tests run both shapes on the CPU backend. The index decomposition divides
+// by host-fixed values only (segments per row, tokens, block size, head dim) through
+// precomputed FastDivmod multipliers: no 64-bit division per vector on the GPU.
 //
 // Device-resident indices (slots, block tables, indptr) cannot be checked on the host without a
 // synchronisation, so the body bounds-checks them and skips an out-of-range entry like a -1 slot.
@@ -15,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/fast_divmod.hpp"
 #include "pagedkv/dtype.hpp"
 #include "pagedkv/kv_scales.hpp"
 #include "pagedkv/layout.hpp"
@@ -106,15 +109,74 @@ PAGEDKV_HOST_DEVICE void copy_row_segment(char* PAGEDKV_RESTRICT dst, int64_t ds
   }
 }
 
+/// The storage type of one element of T.
+template <DType T>
+struct Storage {
+  using Type = uint16_t;
+};
+template <>
+struct Storage<DType::kFloat32> {
+  using Type = float;
+};
+template <>
+struct Storage<DType::kFloat8E4M3> {
+  using Type = uint8_t;
+};
+
+/// Moves N bytes (8, 16 or a multiple of 16) with vector loads and stores; both sides aligned
+/// to min(N, 16). The host compiler gets memcpy (the same moves, without type punning of the
+/// caller's local arrays).
+template <int N>
+PAGEDKV_HOST_DEVICE void move_vectors(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__)
+  using V = typename Bytes<(N < 16 ? N : 16)>::Type;
+  constexpr int kStep = N < 16 ? N : 16;
+#pragma unroll
+  for (int k = 0; k < N; k += kStep) {
+    *reinterpret_cast<V*>(static_cast<char*>(dst) + k) =
+        *reinterpret_cast<const V*>(static_cast<const char*>(src) + k);
+  }
+#else
+  std::memcpy(dst, src, static_cast<size_t>(N));
+#endif
+}
+
+/// Elements per index of the vectorised conversion path.
+inline constexpr int kConvertVecElems = 8;
+
 /// Same walk, element by element, converting Src to Dst through float with a per-head scale:
-/// x / scale when quantising into the pool, x * scale when reading out of it.
+/// x / scale when quantising into the pool, x * scale when reading out of it. With `vec8` (the
+/// host checked that the segment is 8 elements of one head and that both sides are aligned to
+/// them), the 8 source elements are loaded with vectors into registers, converted there by the
+/// same per-element functions, and stored with vectors: same bytes, 1 or 2 memory accesses a side
+/// instead of 8.
 template <DType Src, DType Dst>
 PAGEDKV_HOST_DEVICE void convert_row_segment(void* dst, int64_t dst_head_stride, const void* src,
                                              int64_t src_head_stride, int64_t h, int64_t d,
                                              int64_t head_dim, int64_t seg_elems,
                                              const KvScales& scales, KvPart part, int32_t layer,
-                                             int32_t head0, int32_t num_kv_heads, bool divide) {
+                                             int32_t head0, int32_t num_kv_heads, bool divide,
+                                             bool vec8) {
   float scale = scales.get(part, layer, head0 + static_cast<int32_t>(h), num_kv_heads);
+  if (vec8) {
+    using S = typename Storage<Src>::Type;
+    using D = typename Storage<Dst>::Type;
+    constexpr int kN = kConvertVecElems;
+    constexpr int kInBytes = kN * static_cast<int>(sizeof(S));
+    constexpr int kOutBytes = kN * static_cast<int>(sizeof(D));
+    alignas(16) S in[kN];
+    alignas(16) D out[kN];
+    move_vectors<kInBytes>(in, static_cast<const S*>(src) + h * src_head_stride + d);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int k = 0; k < kN; ++k) {
+      const float x = load_as_float(in, Src, k);
+      store_from_float(out, Dst, k, divide ? x / scale : x * scale);
+    }
+    move_vectors<kOutBytes>(static_cast<D*>(dst) + h * dst_head_stride + d, out);
+    return;
+  }
   for (int64_t k = 0; k < seg_elems; ++k) {
     const float x = load_as_float(src, Src, h * src_head_stride + d);
     store_from_float(dst, Dst, h * dst_head_stride + d, divide ? x / scale : x * scale);
@@ -131,21 +193,21 @@ PAGEDKV_HOST_DEVICE void convert_row_segment_to(DType dst_type, void* dst, int64
                                                 const void* src, int64_t shs, int64_t h, int64_t d,
                                                 int64_t hd, int64_t n, const KvScales& s,
                                                 KvPart part, int32_t layer, int32_t head0,
-                                                int32_t heads, bool divide) {
+                                                int32_t heads, bool divide, bool vec8) {
   switch (dst_type) {
     case DType::kFloat16:
       return convert_row_segment<Src, DType::kFloat16>(dst, dhs, src, shs, h, d, hd, n, s, part,
-                                                       layer, head0, heads, divide);
+                                                       layer, head0, heads, divide, vec8);
     case DType::kBFloat16:
       return convert_row_segment<Src, DType::kBFloat16>(dst, dhs, src, shs, h, d, hd, n, s, part,
-                                                        layer, head0, heads, divide);
+                                                        layer, head0, heads, divide, vec8);
     case DType::kFloat32:
       return convert_row_segment<Src, DType::kFloat32>(dst, dhs, src, shs, h, d, hd, n, s, part,
-                                                       layer, head0, heads, divide);
+                                                       layer, head0, heads, divide, vec8);
     case DType::kFloat8E4M3:
     default:
       return convert_row_segment<Src, DType::kFloat8E4M3>(dst, dhs, src, shs, h, d, hd, n, s, part,
-                                                          layer, head0, heads, divide);
+                                                          layer, head0, heads, divide, vec8);
   }
 }
 
@@ -196,12 +258,19 @@ struct PagedRowBody {
   int64_t num_tokens;
   // Direction and conversion.
   int32_t to_pool;
-  int32_t convert;  // 0: same dtype, unscaled: raw vector copy
+  int32_t convert;      // 0: same dtype, unscaled: raw vector copy
+  int32_t convert_vec;  // convert path, 8 aligned elements of one head per index: vectors
   KvScales scales;
   // Launch shape (chosen on the host).
   int32_t vec_bytes;  // raw path: 16, 8, 4, 2 or 1
   int64_t seg_elems;  // elements per index; divides num_heads_op * head_dim
   int64_t segs_per_row;
+  // Dividers by segs_per_row, num_tokens, layout.block_size and layout.head_dim (set with the
+  // launch shape, by ops_detail::launch_paged_rows).
+  FastDivmod segs_div;
+  FastDivmod tokens_div;
+  FastDivmod block_div;
+  FastDivmod head_dim_div;
 
   /// Index of the sequence holding batch token t: the last s with indptr[s] <= t.
   PAGEDKV_HOST_DEVICE int32_t find_sequence(int64_t t) const {
@@ -219,10 +288,11 @@ struct PagedRowBody {
   }
 
   PAGEDKV_HOST_DEVICE void operator()(int64_t i) const {
-    const int64_t seg = i % segs_per_row;
-    int64_t r = i / segs_per_row;
-    const int64_t t = r % num_tokens;
-    r /= num_tokens;
+    int64_t r = 0;
+    int64_t seg = 0;
+    segs_div.divmod(i, r, seg);
+    int64_t t = 0;
+    tokens_div.divmod(r, r, t);
     const KvPart part = static_cast<KvPart>(r & 1);
     const int32_t layer = layer0 + static_cast<int32_t>(r >> 1);
     const int32_t bs = layout.block_size;
@@ -234,13 +304,14 @@ struct PagedRowBody {
     int64_t lin_hs = lin_head_stride;
     if (mapping == RowMapping::kSlots) {
       const int64_t slot = slots[t];
-      if (slot < 0 || slot / bs >= num_blocks) return;
-      block = slot / bs;
-      off = slot - block * bs;
+      if (slot < 0) return;
+      block_div.divmod(slot, block, off);
+      if (block >= num_blocks) return;
       lin = t * lin_token_stride;
     } else if (mapping == RowMapping::kTable) {
       const int64_t pos = pos0 + t;
-      const int64_t bi = pos / bs;
+      if (pos < 0) return;
+      const int64_t bi = block_div.div(pos);
       if (bi >= max_blocks) return;
       block = block_tables[bi];
       off = pos - bi * bs;
@@ -251,7 +322,7 @@ struct PagedRowBody {
       const int64_t len = static_cast<int64_t>(indptr[s + 1]) - start;
       const int64_t pos = t - start;
       if (pos < 0 || pos >= len) return;
-      const int64_t bi = pos / bs;
+      const int64_t bi = block_div.div(pos);
       if (bi >= max_blocks) return;
       block = block_tables[s * table_stride + bi];
       off = pos - bi * bs;
@@ -271,8 +342,9 @@ struct PagedRowBody {
     const void* lin_base = part == KvPart::kKey ? lin_k : lin_v;
 
     const int64_t e0 = seg * seg_elems;
-    const int64_t h = e0 / head_dim;
-    const int64_t d = e0 - h * head_dim;
+    int64_t h = 0;
+    int64_t d = 0;
+    head_dim_div.divmod(e0, h, d);
 
     if (!convert) {
       const int64_t es = static_cast<int64_t>(dtype_size(pool_dtype));
@@ -312,22 +384,22 @@ struct PagedRowBody {
     const int32_t kvh = layout.num_kv_heads;
     switch (st) {
       case DType::kFloat16:
-        return detail::convert_row_segment_to<DType::kFloat16>(dt, dst, dhs, src, shs, h, d,
-                                                               head_dim, seg_elems, scales, part,
-                                                               layer, head0, kvh, divide);
+        return detail::convert_row_segment_to<DType::kFloat16>(
+            dt, dst, dhs, src, shs, h, d, head_dim, seg_elems, scales, part, layer, head0, kvh,
+            divide, convert_vec != 0);
       case DType::kBFloat16:
-        return detail::convert_row_segment_to<DType::kBFloat16>(dt, dst, dhs, src, shs, h, d,
-                                                                head_dim, seg_elems, scales, part,
-                                                                layer, head0, kvh, divide);
+        return detail::convert_row_segment_to<DType::kBFloat16>(
+            dt, dst, dhs, src, shs, h, d, head_dim, seg_elems, scales, part, layer, head0, kvh,
+            divide, convert_vec != 0);
       case DType::kFloat32:
-        return detail::convert_row_segment_to<DType::kFloat32>(dt, dst, dhs, src, shs, h, d,
-                                                               head_dim, seg_elems, scales, part,
-                                                               layer, head0, kvh, divide);
+        return detail::convert_row_segment_to<DType::kFloat32>(
+            dt, dst, dhs, src, shs, h, d, head_dim, seg_elems, scales, part, layer, head0, kvh,
+            divide, convert_vec != 0);
       case DType::kFloat8E4M3:
       default:
-        return detail::convert_row_segment_to<DType::kFloat8E4M3>(dt, dst, dhs, src, shs, h, d,
-                                                                  head_dim, seg_elems, scales, part,
-                                                                  layer, head0, kvh, divide);
+        return detail::convert_row_segment_to<DType::kFloat8E4M3>(
+            dt, dst, dhs, src, shs, h, d, head_dim, seg_elems, scales, part, layer, head0, kvh,
+            divide, convert_vec != 0);
     }
   }
 };
@@ -344,10 +416,12 @@ struct CopyBlocksBody {
   int64_t chunk_bytes;  // bytes per index; divides block_bytes
   int64_t chunks_per_block;
   int32_t vec_bytes;
+  FastDivmod chunks_div;  // by chunks_per_block
 
   PAGEDKV_HOST_DEVICE void operator()(int64_t i) const {
-    const int64_t pair = i / chunks_per_block;
-    const int64_t chunk = i - pair * chunks_per_block;
+    int64_t pair = 0;
+    int64_t chunk = 0;
+    chunks_div.divmod(i, pair, chunk);
     int64_t src;
     int64_t dst;
     if (pairs_int64) {

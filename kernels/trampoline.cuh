@@ -20,6 +20,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 }
 
 template <typename Body>
+cudaError_t resident_blocks_per_sm(int* blocks) {
+  const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, body_trampoline<Body>,
+                                                                      kThreadsPerBlock, 0);
+  if (e != cudaSuccess) cudaGetLastError();  // reported through the return value only
+  return e;
+}
+
+template <typename Body>
 cudaError_t launch_body(const void* params, int64_t num_items, cudaStream_t stream,
                         int max_blocks) {
   if (num_items <= 0) return cudaSuccess;
@@ -39,5 +47,6 @@ cudaError_t launch_body(const void* params, int64_t num_items, cudaStream_t stre
 }  // namespace pagedkv::cuda
 
 /// Instantiates the launcher of one body type in the including .cu file.
-#define PAGEDKV_INSTANTIATE_CUDA_LAUNCH(Body) \
-  template cudaError_t pagedkv::cuda::launch_body<Body>(const void*, int64_t, cudaStream_t, int)
+#define PAGEDKV_INSTANTIATE_CUDA_LAUNCH(Body)                                                     \
+  template cudaError_t pagedkv::cuda::launch_body<Body>(const void*, int64_t, cudaStream_t, int); \
+  template cudaError_t pagedkv::cuda::resident_blocks_per_sm<Body>(int*)

@@ -233,7 +233,8 @@ fi
 # ---- 1. The device instantiations of the typed tests, the bit-for-bit cross-check ------------
 step tests_backend 90 gtest "$t_backend" --gtest_filter='*Cuda*' --gtest_brief=1
 step tests_kernels 90 gtest "$t_kernels" --gtest_filter='*Cuda*' --gtest_brief=1
-step tests_runtime 90 gtest "$t_runtime" --gtest_filter='*Cuda*' --gtest_brief=1
+# The randomized end-to-end test and the fault sweep run here too: a shorter random run fits.
+step tests_runtime 120 gtest env PAGEDKV_E2E_STEPS=20000 "$t_runtime" --gtest_filter='*Cuda*' --gtest_brief=1
 
 # ---- 2. The runtime end to end on the device (upload ring, CoW, offload/restore, events) ------
 step step_loop 60 plain "$x_step_loop"

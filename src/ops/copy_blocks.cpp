@@ -40,6 +40,7 @@ Status copy_blocks(Backend& backend, const PoolRef& pool, const CopyBlocksArgs& 
   // Wide: one block per index. Narrow: one vector per index.
   b.chunk_bytes = ops_detail::wide_launch(backend) ? b.block_bytes : b.vec_bytes;
   b.chunks_per_block = b.block_bytes / b.chunk_bytes;
+  b.chunks_div = kernels::FastDivmod::make(static_cast<uint64_t>(b.chunks_per_block));
   KernelLaunch launch;
   launch.kernel = KernelId::kCopyBlocks;
   launch.params = &b;

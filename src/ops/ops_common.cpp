@@ -1,6 +1,7 @@
 // Validation and launch helpers shared by the data-plane ops.
 #include "ops/ops_common.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -167,9 +168,25 @@ Status launch_paged_rows(Backend& backend, kernels::PagedRowBody b, Stream strea
     if (b.seg_elems == 0) b.seg_elems = 1;
   } else {
     // Element-wise conversion: a few elements per thread, never crossing the row's end.
-    int64_t seg = 8;
+    int64_t seg = kernels::detail::kConvertVecElems;
     while (head_dim % seg != 0) seg /= 2;
     b.seg_elems = seg;
+    // Eight elements of one head per index, loaded and stored with vectors when every segment
+    // of both sides is aligned to its size (up to 16 bytes): each segment starts at a multiple
+    // of head_dim plus a multiple of 8 elements from a base, on the pool and the linear side.
+    if (seg == kernels::detail::kConvertVecElems) {
+      const uint64_t pes = dtype_size(b.pool_dtype);
+      const uint64_t les = dtype_size(b.lin_dtype);
+      const int pool_vec =
+          choose_vec_bytes({reinterpret_cast<uintptr_t>(b.pool), head_dim * pes, 8 * pes});
+      const int lin_vec = choose_vec_bytes(
+          {reinterpret_cast<uintptr_t>(b.lin_k), reinterpret_cast<uintptr_t>(b.lin_v),
+           head_dim * les, 8 * les, static_cast<uint64_t>(b.lin_token_stride) * les,
+           static_cast<uint64_t>(b.lin_head_stride) * les,
+           static_cast<uint64_t>(b.lin_layer_stride) * les});
+      b.convert_vec = static_cast<uint64_t>(pool_vec) >= std::min<uint64_t>(16, 8 * pes) &&
+                      static_cast<uint64_t>(lin_vec) >= std::min<uint64_t>(16, 8 * les);
+    }
   }
   b.segs_per_row = row_elems / b.seg_elems;
   // The ops bound num_tokens * row_elems by the linear tensor's reach; the index space adds the
@@ -181,6 +198,11 @@ Status launch_paged_rows(Backend& backend, kernels::PagedRowBody b, Stream strea
                             " tokens make an index space past int64");
   }
   if (items == 0) return ok_status();
+  // Every divisor of the index decomposition, precomputed once per launch (all positive here).
+  b.segs_div = kernels::FastDivmod::make(static_cast<uint64_t>(b.segs_per_row));
+  b.tokens_div = kernels::FastDivmod::make(static_cast<uint64_t>(b.num_tokens));
+  b.block_div = kernels::FastDivmod::make(static_cast<uint64_t>(b.layout.block_size));
+  b.head_dim_div = kernels::FastDivmod::make(static_cast<uint64_t>(head_dim));
   KernelLaunch launch;
   launch.kernel = KernelId::kPagedRows;
   launch.params = &b;

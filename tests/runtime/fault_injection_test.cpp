@@ -1,13 +1,14 @@
 // KvCache under backend faults. A fixed scenario (shared prefixes, copy-on-write after fork,
 // offload under memory pressure, explicit offload and restore, gather, build_batch, rollback,
-// finish and prefix reuse) runs on a CPU backend wrapped by FaultInjectionBackend; it is rerun
+// finish and prefix reuse) runs on a backend wrapped by FaultInjectionBackend; it is rerun
 // from scratch with the n-th allocation, copy, launch, event or sync call failing, for every n
 // the fault-free run reaches. The contract checked each time: the failed cache call returns the
 // injected kInternal error and changes nothing, so a retry succeeds; check_invariants() holds
 // after every call; at the end every live sequence reads back exactly the bytes of its token
 // list (tests/runtime/kv_model.hpp) and the cache still takes, writes and reads one more token
 // per sequence. The workload's own uploads and downloads go through the inner backend, so only
-// the cache's calls are counted and failed.
+// the cache's calls are counted and failed. Every test runs on both backends
+// (runtime_backends.hpp); on the CPU backend the copies are delayed so that transfers really lag.
 //
 // PAGEDKV_FAULT_STRIDE=k sweeps every k-th n past the first 50 of each kind (default 1: all);
 // PAGEDKV_FAULT_VERBOSE=1 prints one line per run (where the fault fired, whether it surfaced).
@@ -31,6 +32,7 @@
 #include "pagedkv/cache.hpp"
 #include "pagedkv/cpu_backend.hpp"
 #include "runtime/kv_model.hpp"
+#include "runtime/runtime_backends.hpp"
 #include "support/backend_test.hpp"
 #include "support/named_stats.hpp"
 
@@ -59,10 +61,11 @@ CacheConfig scenario_config() {
   return c;
 }
 
-std::unique_ptr<Backend> slow_copy_backend() {
+// A backend of `kind`; on the CPU its copies lag by 20 us (a device's lag on their own).
+std::unique_ptr<Backend> slow_copy_backend(BackendKind kind) {
   CpuBackendOptions options;
   options.copy_delay = std::chrono::microseconds(20);  // transfers really lag behind
-  return create_cpu_backend(options);
+  return testing::make_backend(kind, options);
 }
 
 std::string describe(const LiveObjects& l) {
@@ -129,10 +132,15 @@ std::string diff(const ControlSnapshot& a, const ControlSnapshot& b) {
 class FaultScenario {
  public:
   // Fault-free when n == 0.
-  FaultScenario(FaultKind kind, int64_t n) : kind_(kind), n_(n), rng_(20240611) {}
+  FaultScenario(BackendKind backend, FaultKind kind, int64_t n)
+      : backend_kind_(backend), kind_(kind), n_(n), rng_(20240611) {}
 
   RunReport run() {
-    inner_ = slow_copy_backend();
+    inner_ = slow_copy_backend(backend_kind_);
+    if (inner_ == nullptr) {
+      report_.problems.push_back("no backend of the test's kind");
+      return report_;
+    }
     fi_ = std::make_unique<FaultInjectionBackend>(*inner_);
     if (n_ > 0) fi_->fail_nth(kind_, n_);
     const int64_t row_bytes = config_.num_kv_heads * config_.head_dim * 2;
@@ -538,6 +546,7 @@ class FaultScenario {
 
   void poison(DeviceBuffer& buf) { upload(buf, std::vector<uint16_t>(buf.bytes() / 2, kPoison)); }
 
+  BackendKind backend_kind_;
   FaultKind kind_;
   int64_t n_;
   std::mt19937_64 rng_;
@@ -563,8 +572,12 @@ std::string join(const std::vector<std::string>& v) {
   return out;
 }
 
-TEST(KvCacheFaultInjection, TheScenarioWithoutFaultsMatchesTheModel) {
-  const RunReport clean = FaultScenario(FaultKind::kCopy, 0).run();
+class KvCacheFaultInjection : public testing::BackendParamTest {};
+INSTANTIATE_TEST_SUITE_P(Backends, KvCacheFaultInjection, testing::runtime_backends(),
+                         testing::backend_param_name);
+
+TEST_P(KvCacheFaultInjection, TheScenarioWithoutFaultsMatchesTheModel) {
+  const RunReport clean = FaultScenario(kind(), FaultKind::kCopy, 0).run();
   EXPECT_TRUE(clean.problems.empty()) << join(clean.problems);
   EXPECT_TRUE(clean.fault.empty());
   // The scenario reaches every path that issues backend work.
@@ -581,8 +594,8 @@ TEST(KvCacheFaultInjection, TheScenarioWithoutFaultsMatchesTheModel) {
   }
 }
 
-TEST(KvCacheFaultInjection, EveryInjectedFaultLeavesTheCacheConsistent) {
-  const RunReport clean = FaultScenario(FaultKind::kCopy, 0).run();
+TEST_P(KvCacheFaultInjection, EveryInjectedFaultLeavesTheCacheConsistent) {
+  const RunReport clean = FaultScenario(kind(), FaultKind::kCopy, 0).run();
   ASSERT_TRUE(clean.problems.empty()) << join(clean.problems);
   const int64_t stride = stride_from_env();
   const bool verbose = std::getenv("PAGEDKV_FAULT_VERBOSE") != nullptr;  // one line per run
@@ -592,7 +605,7 @@ TEST(KvCacheFaultInjection, EveryInjectedFaultLeavesTheCacheConsistent) {
     const int64_t calls = clean.counts[static_cast<size_t>(kind)];
     int64_t runs = 0, fired = 0, surfaced = 0, failing = 0;
     for (int64_t n = 1; n <= calls; n = n < 50 ? n + 1 : n + stride) {
-      const RunReport r = FaultScenario(kind, n).run();
+      const RunReport r = FaultScenario(this->kind(), kind, n).run();
       ++runs;
       fired += r.fault.empty() ? 0 : 1;
       surfaced += r.surfaced ? 1 : 0;
@@ -619,11 +632,12 @@ TEST(KvCacheFaultInjection, EveryInjectedFaultLeavesTheCacheConsistent) {
 
 // KvCache::create allocates (pools, upload ring) and creates a stream and events: a fault in any
 // of them makes create return it and leaves nothing behind.
-TEST(KvCacheFaultInjection, CreateFailsCleanlyAtEveryFault) {
+TEST_P(KvCacheFaultInjection, CreateFailsCleanlyAtEveryFault) {
   const CacheConfig config = scenario_config();
   std::array<int64_t, kNumFaultKinds> calls{};
   {
-    auto inner = slow_copy_backend();
+    auto inner = slow_copy_backend(this->kind());
+    ASSERT_NE(inner, nullptr);
     FaultInjectionBackend fi(*inner);
     KvCacheOptions options;
     options.backend = &fi;
@@ -640,7 +654,8 @@ TEST(KvCacheFaultInjection, CreateFailsCleanlyAtEveryFault) {
   for (FaultKind kind : kAllKinds) {
     for (int64_t n = 1; n <= calls[static_cast<size_t>(kind)]; ++n) {
       ++runs;
-      auto inner = slow_copy_backend();
+      auto inner = slow_copy_backend(this->kind());
+      ASSERT_NE(inner, nullptr);
       FaultInjectionBackend fi(*inner);
       fi.fail_nth(kind, n);
       KvCacheOptions options;
@@ -666,10 +681,11 @@ TEST(KvCacheFaultInjection, CreateFailsCleanlyAtEveryFault) {
 
 // A failed kernel launch (or slot-mapping upload) inside write_kv returns the error; the same
 // write_kv then succeeds and the bytes are right.
-TEST(KvCacheFaultInjection, WriteKvRecoversFromAFailedLaunchOrUpload) {
+TEST_P(KvCacheFaultInjection, WriteKvRecoversFromAFailedLaunchOrUpload) {
   const CacheConfig config = scenario_config();
   for (FaultKind kind : {FaultKind::kLaunch, FaultKind::kCopy}) {
-    auto inner = slow_copy_backend();
+    auto inner = slow_copy_backend(this->kind());
+    ASSERT_NE(inner, nullptr);
     FaultInjectionBackend fi(*inner);
     KvCacheOptions options;
     options.backend = &fi;

@@ -5,6 +5,8 @@
 // can be turned off; prefetch restores only what fits; seed defect 1 (a prefix entry pointing at
 // a reused block) and seed defect 7 (an unbounded host store, synchronous copies) are absent;
 // a backend failure during a demotion is taken back. check_invariants() runs after every step.
+// On both backends (runtime_backends.hpp; the copy delay is the CPU backend's) except the two
+// tests that assert a copy is still in flight.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -15,6 +17,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -22,6 +25,7 @@
 #include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/fault_injection.hpp"
 #include "runtime/kv_model.hpp"
+#include "runtime/runtime_backends.hpp"
 #include "support/backend_test.hpp"
 #include "support/named_stats.hpp"
 
@@ -68,19 +72,22 @@ std::string where(const std::vector<BlockLocation>& blocks) {
   return os.str();
 }
 
-class HostTierTest : public ::testing::Test {
+class HostTierFixture : public ::testing::Test {
  protected:
-  // Creates the cache on a CPU backend whose copy-stream copies sleep `copy_delay`; with
+  // Creates the cache on a backend of kind_: on the CPU backend, copy-stream copies sleep
+  // `copy_delay` (a device's copies lag on their own); with
   // `inject_faults` the cache runs on a FaultInjectionBackend wrapping it (the test's own
   // uploads and downloads use the inner backend, so only the cache's calls are counted).
-  void make(const CacheConfig& config, std::chrono::microseconds copy_delay = milliseconds(5),
+  void make(CacheConfig config, std::chrono::microseconds copy_delay = milliseconds(5),
             bool inject_faults = false) {
     cache_.reset();
     faults_.reset();
+    config.backend = kind_;
     config_ = config;
     CpuBackendOptions options;
     options.copy_delay = copy_delay;
-    backend_ = create_cpu_backend(options);
+    backend_ = testing::make_backend(kind_, options);
+    ASSERT_NE(backend_, nullptr);
     KvCacheOptions o;
     o.backend = backend_.get();
     if (inject_faults) {
@@ -222,6 +229,7 @@ class HostTierTest : public ::testing::Test {
     return t;
   }
 
+  BackendKind kind_ = BackendKind::kCpu;
   CacheConfig config_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<FaultInjectionBackend> faults_;
@@ -229,16 +237,39 @@ class HostTierTest : public ::testing::Test {
   TokenId next_token_ = 1000;
 };
 
+// On both backends.
+class HostTierTest : public HostTierFixture, public ::testing::WithParamInterface<BackendKind> {
+ protected:
+  void SetUp() override {
+    kind_ = GetParam();
+    testing::require_backend(kind_);
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Backends, HostTierTest, testing::runtime_backends(),
+                         testing::backend_param_name);
+
+// CPU backend only: the test asserts that a (delayed) copy is still in flight.
+class HostTierCpuTest : public HostTierFixture {};
+
 // ---------------------------------------------------------------- a: host prefix hit
 
-class HostPrefixHitDtypeTest : public HostTierTest, public ::testing::WithParamInterface<DType> {};
+class HostPrefixHitDtypeTest
+    : public HostTierFixture,
+      public ::testing::WithParamInterface<std::tuple<DType, BackendKind>> {
+ protected:
+  void SetUp() override {
+    kind_ = std::get<1>(GetParam());
+    testing::require_backend(kind_);
+  }
+  DType dtype() const { return std::get<0>(GetParam()); }
+};
 
 // X's three cached prefix blocks are demoted when a filler sequence F needs the whole device
 // pool (F's writes land in X's former blocks while the demotion copies still sleep). Z with X's
 // prompt + 1 token hits all three on the host, and its first reserve onboards them in the same
 // transfer job that offloads F: Z reads back X's bytes, and F its own.
 TEST_P(HostPrefixHitDtypeTest, DemotedPrefixIsHitOnTheHostAndOnboardedBitExact) {
-  make(small_config(GetParam()), milliseconds(5));
+  make(small_config(dtype()), milliseconds(5));
   constexpr SequenceId kX = 1, kF = 2, kZ = 3;
   const std::vector<TokenId> px = fresh(12);  // three full blocks
   add_written(kX, px);
@@ -291,12 +322,16 @@ TEST_P(HostPrefixHitDtypeTest, DemotedPrefixIsHitOnTheHostAndOnboardedBitExact) 
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDtypes, HostPrefixHitDtypeTest,
-                         ::testing::Values(DType::kFloat16, DType::kBFloat16, DType::kFloat32,
-                                           DType::kFloat8E4M3),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+                         ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16,
+                                                              DType::kFloat32, DType::kFloat8E4M3),
+                                            testing::runtime_backends()),
+                         [](const auto& info) {
+                           return std::string(dtype_name(std::get<0>(info.param))) + "_" +
+                                  testing::backend_label(std::get<1>(info.param));
+                         });
 
 // A prompt that hits a demoted prefix can be onboarded ahead of its first reserve by prefetch.
-TEST_F(HostTierTest, PrefetchOnboardsAHostPrefixHit) {
+TEST_P(HostTierTest, PrefetchOnboardsAHostPrefixHit) {
   make(small_config(), milliseconds(5));
   constexpr SequenceId kX = 1, kFill = 2, kZ = 3;
   const std::vector<TokenId> px = fresh(8);
@@ -321,7 +356,7 @@ TEST_F(HostTierTest, PrefetchOnboardsAHostPrefixHit) {
 // Host pool of 6 blocks: prefixes A, B, C (2 blocks each) are demoted in that order, A is hit
 // again (touched) after B, then D's demotion needs room: B, the least recently used, is dropped
 // (FIFO would drop A).
-TEST_F(HostTierTest, FullHostTierDropsItsLeastRecentlyUsedPrefix) {
+TEST_P(HostTierTest, FullHostTierDropsItsLeastRecentlyUsedPrefix) {
   CacheConfig c = small_config();
   c.num_host_blocks = 6;
   make(c, milliseconds(1));
@@ -369,7 +404,7 @@ TEST_F(HostTierTest, FullHostTierDropsItsLeastRecentlyUsedPrefix) {
 
 // ---------------------------------------------------------------- c: demotion off
 
-TEST_F(HostTierTest, WithoutCachingPrefixesOnHostCachedBlocksAreDropped) {
+TEST_P(HostTierTest, WithoutCachingPrefixesOnHostCachedBlocksAreDropped) {
   CacheConfig c = small_config();
   c.cache_prefixes_on_host = false;
   make(c, milliseconds(1));
@@ -395,7 +430,7 @@ TEST_F(HostTierTest, WithoutCachingPrefixesOnHostCachedBlocksAreDropped) {
 
 // ---------------------------------------------------------------- d: prefetch
 
-TEST_F(HostTierTest, PrefetchRestoresWhatFitsInListOrderAndNothingElse) {
+TEST_P(HostTierTest, PrefetchRestoresWhatFitsInListOrderAndNothingElse) {
   CacheConfig c = small_config();
   c.num_device_blocks = 6;
   make(c, milliseconds(10));
@@ -453,6 +488,8 @@ TEST_F(HostTierTest, PrefetchRestoresWhatFitsInListOrderAndNothingElse) {
   expected["device.used_blocks"] += 2;
   expected["host.free_blocks"] += 2;
   expected["host.used_blocks"] -= 2;
+  expected["device.used_bytes"] += 2 * c.block_bytes();
+  expected["host.used_bytes"] -= 2 * c.block_bytes();
   EXPECT_EQ(stats_diff(expected, after), "");
   expect_contents(k2, p2);
   expect_contents(k3, p3);
@@ -479,7 +516,7 @@ TEST_F(HostTierTest, PrefetchRestoresWhatFitsInListOrderAndNothingElse) {
 // prompt could match a block since handed to another sequence. Here X is offloaded (its copies
 // sleep 30 ms), Y at once writes different tokens into X's freed device blocks, and Z with X's
 // prompt must read X's keys and values, never Y's.
-TEST_F(HostTierTest, SeedDefect1PrefixOfAnOffloadedSequenceNeverReadsReusedBlocks) {
+TEST_F(HostTierCpuTest, SeedDefect1PrefixOfAnOffloadedSequenceNeverReadsReusedBlocks) {
   CacheConfig c = small_config();
   c.num_device_blocks = 3;
   make(c, milliseconds(30));
@@ -512,7 +549,7 @@ TEST_F(HostTierTest, SeedDefect1PrefixOfAnOffloadedSequenceNeverReadsReusedBlock
 
 // Seed defect 7, part 1: the host store was unbounded. Here an offload that needs more host
 // blocks than are free (and than cached host blocks could give) fails and changes nothing.
-TEST_F(HostTierTest, SeedDefect7HostTierIsBoundedAndAFailedOffloadChangesNothing) {
+TEST_P(HostTierTest, SeedDefect7HostTierIsBoundedAndAFailedOffloadChangesNothing) {
   CacheConfig c = small_config();
   c.num_device_blocks = 8;
   c.num_host_blocks = 4;
@@ -547,7 +584,7 @@ TEST_F(HostTierTest, SeedDefect7HostTierIsBoundedAndAFailedOffloadChangesNothing
 
 // The bound counts every cached host block as room, not only the leaves of the prefix tree: a
 // finished sequence's whole chain on the host can be dropped (leaf first) for an offload.
-TEST_F(HostTierTest, OffloadCanUseHostRoomHeldByACachedChain) {
+TEST_P(HostTierTest, OffloadCanUseHostRoomHeldByACachedChain) {
   CacheConfig c = small_config();
   c.num_device_blocks = 8;
   c.num_host_blocks = 4;
@@ -572,7 +609,7 @@ TEST_F(HostTierTest, OffloadCanUseHostRoomHeldByACachedChain) {
 
 // Seed defect 7, part 2: the seed's copies were synchronous. offload() and restore() return
 // long before a 50 ms copy finishes; residency says kInFlight until then.
-TEST_F(HostTierTest, SeedDefect7OffloadAndRestoreAreAsynchronous) {
+TEST_F(HostTierCpuTest, SeedDefect7OffloadAndRestoreAreAsynchronous) {
   const auto delay = milliseconds(50);
   make(small_config(), delay);
   const std::vector<TokenId> p = fresh(8);
@@ -606,7 +643,7 @@ TEST_F(HostTierTest, SeedDefect7OffloadAndRestoreAreAsynchronous) {
 // in one transfer job. The job's last copy (a demotion) fails: the reserve returns the injected
 // kInternal error and nothing changed; Q's prefix still hits on the device with its bytes, V
 // reads back whole, and a retry succeeds.
-TEST_F(HostTierTest, FailedDemotionIsTakenBack) {
+TEST_P(HostTierTest, FailedDemotionIsTakenBack) {
   constexpr SequenceId kQ = 1, kV = 2, kR = 3, kZ = 4, kW = 5;
   const std::vector<TokenId> pq = iota_tokens(8, 100), pv = iota_tokens(8, 200);
   const std::vector<TokenId> pr = iota_tokens(16, 300);
@@ -689,7 +726,7 @@ TEST_F(HostTierTest, FailedDemotionIsTakenBack) {
 // host tier". A prompt that is exactly a cached prefix leaves its last token to compute, so its
 // last block is reused by copy-on-write and is not a hit block; it must not be a host hit block
 // either.
-TEST_F(HostTierTest, HostHitBlocksArePartOfHitBlocks) {
+TEST_P(HostTierTest, HostHitBlocksArePartOfHitBlocks) {
   make(small_config(), milliseconds(1));
   const std::vector<TokenId> px = fresh(8);
   add_written(1, px);

@@ -1,15 +1,19 @@
 // Device -> host -> device round trips of a KvCache are bit-exact for every pool dtype: the
-// bytes gathered after offload and restore equal those gathered before.
+// bytes gathered after offload and restore equal those gathered before. On both backends
+// (runtime_backends.hpp; the copy delay is the CPU backend's).
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <memory>
 #include <random>
 #include <set>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "pagedkv/cache.hpp"
 #include "pagedkv/cpu_backend.hpp"
+#include "runtime/runtime_backends.hpp"
 #include "support/backend_test.hpp"
 
 namespace pagedkv {
@@ -17,10 +21,14 @@ namespace {
 
 using testing::DeviceBuffer;
 
-class KvCacheDtypeTest : public ::testing::TestWithParam<DType> {};
+class KvCacheDtypeTest : public ::testing::TestWithParam<std::tuple<DType, BackendKind>> {
+ protected:
+  void SetUp() override { testing::require_backend(std::get<1>(GetParam())); }
+};
 
 TEST_P(KvCacheDtypeTest, OffloadRestoreRoundTripIsBitExact) {
-  const DType dtype = GetParam();
+  const DType dtype = std::get<0>(GetParam());
+  const BackendKind kind = std::get<1>(GetParam());
   CacheConfig c;
   c.num_layers = 3;
   c.num_kv_heads = 2;
@@ -29,9 +37,11 @@ TEST_P(KvCacheDtypeTest, OffloadRestoreRoundTripIsBitExact) {
   c.num_device_blocks = 8;
   c.num_host_blocks = 8;
   c.dtype = dtype;
+  c.backend = kind;
   CpuBackendOptions slow;
   slow.copy_delay = std::chrono::milliseconds(5);
-  auto backend = create_cpu_backend(slow);
+  auto backend = testing::make_backend(kind, slow);
+  ASSERT_NE(backend, nullptr);
   KvCacheOptions o;
   o.backend = backend.get();
   auto created = KvCache::create(c, o);
@@ -89,9 +99,13 @@ TEST_P(KvCacheDtypeTest, OffloadRestoreRoundTripIsBitExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDtypes, KvCacheDtypeTest,
-                         ::testing::Values(DType::kFloat16, DType::kBFloat16, DType::kFloat32,
-                                           DType::kFloat8E4M3),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+                         ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16,
+                                                              DType::kFloat32, DType::kFloat8E4M3),
+                                            testing::runtime_backends()),
+                         [](const auto& info) {
+                           return std::string(dtype_name(std::get<0>(info.param))) + "_" +
+                                  testing::backend_label(std::get<1>(info.param));
+                         });
 
 }  // namespace
 }  // namespace pagedkv

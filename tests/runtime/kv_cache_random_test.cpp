@@ -5,6 +5,8 @@
 // invariants are checked after every step. Also: the checks can fail (a byte changed behind the
 // cache's back is reported), and backend faults injected into every kind of call lose nothing.
 //
+// Each test runs on both backends (runtime_backends.hpp); the copy delays are the CPU backend's.
+//
 // PAGEDKV_E2E_STEPS sets the total number of steps (the suite runs kDefaultSteps).
 #include <gtest/gtest.h>
 
@@ -22,6 +24,7 @@
 #include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/fault_injection.hpp"
 #include "pagedkv/layout.hpp"
+#include "runtime/runtime_backends.hpp"
 
 namespace pagedkv {
 namespace {
@@ -58,17 +61,34 @@ std::unique_ptr<KvWorkload> make_workload(const WorkloadOptions& options) {
   return w.ok() ? std::move(w).value() : nullptr;
 }
 
-// Each seed runs its share of the steps. Seed 1 keeps the 50 us copy delay, so offloads,
-// demotions and restores really lag behind the compute stream; seed 2 has 5 us (about 60 us of
-// sleep in practice); seeds 3 and 4 have none (copies still run on the copy stream's own
-// thread), so most steps go to ops rather than to sleeping.
+class KvCacheRandomized : public testing::BackendParamTest {
+ protected:
+  // Points `options` at a backend of the test's kind: on the CPU the workload makes its own
+  // (with options.copy_delay); on CUDA it borrows one owned by the test.
+  void use_backend(WorkloadOptions& options) {
+    if (kind() == BackendKind::kCpu) return;
+    if (owned_ == nullptr) owned_ = testing::make_backend(kind());
+    ASSERT_NE(owned_, nullptr);
+    options.backend = owned_.get();
+  }
+
+  std::unique_ptr<Backend> owned_;
+};
+INSTANTIATE_TEST_SUITE_P(Backends, KvCacheRandomized, testing::runtime_backends(),
+                         testing::backend_param_name);
+
+// Each seed runs its share of the steps. On the CPU backend seed 1 keeps the 50 us copy delay,
+// so offloads, demotions and restores really lag behind the compute stream; seed 2 has 5 us
+// (about 60 us of sleep in practice); seeds 3 and 4 have none (copies still run on the copy
+// stream's own thread), so most steps go to ops rather than to sleeping. On CUDA the copies lag
+// by themselves and the delays do not apply.
 struct SeedRun {
   uint64_t seed;
   std::chrono::microseconds copy_delay;
   int64_t percent;  // of the steps
 };
 
-TEST(KvCacheRandomized, EveryGatheredByteMatchesTheModel) {
+TEST_P(KvCacheRandomized, EveryGatheredByteMatchesTheModel) {
   const std::vector<SeedRun> runs = {{1, std::chrono::microseconds(50), 15},
                                      {2, std::chrono::microseconds(5), 10},
                                      {3, std::chrono::microseconds(0), 50},
@@ -77,10 +97,12 @@ TEST(KvCacheRandomized, EveryGatheredByteMatchesTheModel) {
   int64_t ran = 0;
   for (const SeedRun& r : runs) {
     SCOPED_TRACE("seed " + std::to_string(r.seed) + ", copy delay " +
-                 std::to_string(r.copy_delay.count()) + " us");
+                 (kind() == BackendKind::kCpu ? std::to_string(r.copy_delay.count()) + " us"
+                                              : std::string("none (CUDA)")));
     WorkloadOptions options;
     options.seed = r.seed;
     options.copy_delay = r.copy_delay;
+    use_backend(options);
     std::unique_ptr<KvWorkload> w = make_workload(options);
     ASSERT_NE(w, nullptr);
     const int64_t steps = total * r.percent / 100;
@@ -112,11 +134,12 @@ TEST(KvCacheRandomized, EveryGatheredByteMatchesTheModel) {
 }
 
 // The checks can fail: a byte of a live sequence changed in the device pool behind the cache's
-// back (on the CPU backend device memory is host memory) is reported with its coordinates.
-TEST(KvCacheRandomized, AByteChangedInTheDevicePoolIsReported) {
+// back (copied out, changed, copied back) is reported with its coordinates.
+TEST_P(KvCacheRandomized, AByteChangedInTheDevicePoolIsReported) {
   WorkloadOptions options;
   options.seed = 7;
   options.copy_delay = std::chrono::microseconds(0);
+  use_backend(options);
   std::unique_ptr<KvWorkload> w = make_workload(options);
   ASSERT_NE(w, nullptr);
   w->run(3000);
@@ -151,7 +174,16 @@ TEST(KvCacheRandomized, AByteChangedInTheDevicePoolIsReported) {
   const PoolRef pool = cache.device_pool();
   const int64_t offset = pool.layout.element_offset(
       b.block, 1, KvPart::kValue, static_cast<int32_t>(position % cache.config().block_size), 1, 3);
-  static_cast<uint16_t*>(pool.data)[offset] ^= 0x0100;
+  uint16_t* element = static_cast<uint16_t*>(pool.data) + offset;
+  uint16_t bits = 0;
+  Backend& backend = cache.backend();
+  ASSERT_TRUE(
+      backend.copy_async(&bits, element, sizeof bits, CopyKind::kDeviceToHost, Stream{}).ok());
+  ASSERT_TRUE(backend.synchronize_stream(Stream{}).ok());
+  bits ^= 0x0100;
+  ASSERT_TRUE(
+      backend.copy_async(element, &bits, sizeof bits, CopyKind::kHostToDevice, Stream{}).ok());
+  ASSERT_TRUE(backend.synchronize_stream(Stream{}).ok());
 
   EXPECT_FALSE(w->verify_sequence(victim));
   const WorkloadCounters& c = w->counters();
@@ -169,8 +201,9 @@ TEST(KvCacheRandomized, AByteChangedInTheDevicePoolIsReported) {
 // the first one back (its syncs and copies) would leave it unusable, which the workload reports as
 // an error. Every fault is tolerated (the failed call changed nothing, so the workload retries or
 // moves on) and still every verified byte matches the model.
-TEST(KvCacheRandomized, InjectedFaultsLoseNothing) {
-  std::unique_ptr<Backend> inner = create_cpu_backend();
+TEST_P(KvCacheRandomized, InjectedFaultsLoseNothing) {
+  std::unique_ptr<Backend> inner = testing::make_backend(kind());
+  ASSERT_NE(inner, nullptr);
   FaultInjectionBackend cache_backend(*inner);
   FaultInjectionBackend io_backend(*inner);
   WorkloadOptions options;
@@ -208,8 +241,9 @@ TEST(KvCacheRandomized, InjectedFaultsLoseNothing) {
 }
 
 // Without tolerance an injected fault is an error, named in first_problem, and the run stops.
-TEST(KvCacheRandomized, UntoleratedFaultIsAnError) {
-  std::unique_ptr<Backend> inner = create_cpu_backend();
+TEST_P(KvCacheRandomized, UntoleratedFaultIsAnError) {
+  std::unique_ptr<Backend> inner = testing::make_backend(kind());
+  ASSERT_NE(inner, nullptr);
   FaultInjectionBackend cache_backend(*inner);
   WorkloadOptions options;
   options.seed = 12;

@@ -1,5 +1,7 @@
 // KvCache end to end on real bytes: write, commit, gather; prefix reuse; offload, reuse of the
-// freed device blocks and restore with a slow copy worker; residency; bad calls.
+// freed device blocks and restore (with a slow copy worker on the CPU backend); residency; bad
+// calls. On both backends (runtime_backends.hpp) except where a test needs a CPU-only knob or
+// reads device memory from the host.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -10,6 +12,7 @@
 #include "pagedkv/cache.hpp"
 #include "pagedkv/cpu_backend.hpp"
 #include "runtime/kv_model.hpp"
+#include "runtime/runtime_backends.hpp"
 #include "support/backend_test.hpp"
 
 namespace pagedkv {
@@ -32,11 +35,20 @@ CacheConfig small_config() {
   return c;
 }
 
-class KvCacheTest : public ::testing::Test {
+std::vector<TokenId> iota_tokens(int n, TokenId first) {
+  std::vector<TokenId> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = first + i;
+  return t;
+}
+
+class KvCacheFixture : public ::testing::Test {
  protected:
-  void make(const CacheConfig& config, const CpuBackendOptions& options = {}) {
+  // `options` shape the CPU backend only (testing::make_backend).
+  void make(CacheConfig config, const CpuBackendOptions& options = {}) {
+    config.backend = kind_;
     config_ = config;
-    backend_ = create_cpu_backend(options);
+    backend_ = testing::make_backend(kind_, options);
+    ASSERT_NE(backend_, nullptr);
     KvCacheOptions o;
     o.backend = backend_.get();
     auto c = KvCache::create(config, o);
@@ -98,24 +110,69 @@ class KvCacheTest : public ::testing::Test {
     return out;
   }
 
+  // Offloads A, reuses its freed device blocks for B at once, then restores each in turn: both
+  // read back bit-exact. With `slow_copies` (CPU backend, 30 ms per copy) A's offload is still
+  // in flight when B writes into its former blocks.
+  void offload_reuse_restore(bool slow_copies) {
+    CpuBackendOptions slow;
+    slow.copy_delay = std::chrono::milliseconds(30);
+    CacheConfig c = small_config();
+    c.num_device_blocks = 4;  // room for one 12-token sequence at a time
+    make(c, slow_copies ? slow : CpuBackendOptions{});
+    const std::vector<TokenId> a = iota_tokens(12, 1000), b = iota_tokens(12, 2000);
+    ASSERT_TRUE(cache_->add_sequence(1, a).ok());
+    append(1, a, 0);
+    const std::set<int32_t> a_blocks = device_blocks(1);
+    ASSERT_EQ(a_blocks.size(), 3u);
+
+    ASSERT_TRUE(cache_->offload(1).ok());
+    if (slow_copies) {
+      EXPECT_EQ(*cache_->residency(1), SequenceResidency::kInFlight);  // the copy is sleeping
+    }
+    ASSERT_TRUE(cache_->add_sequence(2, b).ok());
+    append(2, b, 0);  // 3 blocks out of 4: at least two were A's
+    int reused = 0;
+    for (int32_t blk : device_blocks(2)) reused += a_blocks.count(blk) ? 1 : 0;
+    EXPECT_GE(reused, 2);
+
+    ASSERT_TRUE(cache_->restore(1).ok());  // offloads B (inactive) to make room
+    ASSERT_TRUE(cache_->check_invariants().ok());
+    expect_contents(1, a);
+    ASSERT_TRUE(cache_->restore(2).ok());  // and back again
+    expect_contents(2, b);
+    const ControlStats stats = cache_->stats();
+    EXPECT_EQ(stats.sequences_offloaded, 3);
+    EXPECT_EQ(stats.sequences_restored, 2);
+    ASSERT_TRUE(cache_->check_invariants().ok());
+  }
+
+  BackendKind kind_ = BackendKind::kCpu;
   CacheConfig config_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<KvCache> cache_;
 };
 
-std::vector<TokenId> iota_tokens(int n, TokenId first) {
-  std::vector<TokenId> t(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = first + i;
-  return t;
-}
+// On both backends.
+class KvCacheTest : public KvCacheFixture, public ::testing::WithParamInterface<BackendKind> {
+ protected:
+  void SetUp() override {
+    kind_ = GetParam();
+    testing::require_backend(kind_);
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Backends, KvCacheTest, testing::runtime_backends(),
+                         testing::backend_param_name);
 
-TEST_F(KvCacheTest, CreateReportsPoolBytes) {
+// CPU backend only: the test needs a CpuBackendOptions knob, or reads device memory from the host.
+class KvCacheCpuTest : public KvCacheFixture {};
+
+TEST_P(KvCacheTest, CreateReportsPoolBytes) {
   make(small_config());
   EXPECT_EQ(cache_->pool_info().device_bytes, small_config().block_bytes() * 12);
   EXPECT_EQ(cache_->pool_info().host_bytes, small_config().block_bytes() * 12);
 }
 
-TEST_F(KvCacheTest, CreateRejectsBadConfigAndTooLargePools) {
+TEST_F(KvCacheCpuTest, CreateRejectsBadConfigAndTooLargePools) {
   CacheConfig bad = small_config();
   bad.head_dim = 0;
   EXPECT_EQ(KvCache::create(bad).status().code(), StatusCode::kInvalidArgument);
@@ -127,7 +184,7 @@ TEST_F(KvCacheTest, CreateRejectsBadConfigAndTooLargePools) {
   EXPECT_EQ(KvCache::create(small_config(), o).status().code(), StatusCode::kResourceExhausted);
 }
 
-TEST_F(KvCacheTest, WriteCommitGatherRoundTrip) {
+TEST_P(KvCacheTest, WriteCommitGatherRoundTrip) {
   make(small_config());
   const std::vector<TokenId> prompt = iota_tokens(10, 100);
   ASSERT_EQ(*cache_->add_sequence(1, prompt), 0);
@@ -142,7 +199,7 @@ TEST_F(KvCacheTest, WriteCommitGatherRoundTrip) {
   expect_contents(1, all);
 }
 
-TEST_F(KvCacheTest, FinishedPrefixIsReusedWithItsBytes) {
+TEST_P(KvCacheTest, FinishedPrefixIsReusedWithItsBytes) {
   make(small_config());
   const std::vector<TokenId> prompt = iota_tokens(9, 7);
   ASSERT_TRUE(cache_->add_sequence(1, prompt).ok());
@@ -161,38 +218,12 @@ TEST_F(KvCacheTest, FinishedPrefixIsReusedWithItsBytes) {
 // The central ordering case, with a copy worker that sleeps 30 ms per copy: the freed device
 // blocks of an offloaded sequence are reused at once by another sequence's writes; both must
 // read back bit-exact after restores that, in turn, offload the other one.
-TEST_F(KvCacheTest, OffloadReuseRestoreWithSlowCopies) {
-  CpuBackendOptions slow;
-  slow.copy_delay = std::chrono::milliseconds(30);
-  CacheConfig c = small_config();
-  c.num_device_blocks = 4;  // room for one 12-token sequence at a time
-  make(c, slow);
-  const std::vector<TokenId> a = iota_tokens(12, 1000), b = iota_tokens(12, 2000);
-  ASSERT_TRUE(cache_->add_sequence(1, a).ok());
-  append(1, a, 0);
-  const std::set<int32_t> a_blocks = device_blocks(1);
-  ASSERT_EQ(a_blocks.size(), 3u);
+TEST_F(KvCacheCpuTest, OffloadReuseRestoreWithSlowCopies) { offload_reuse_restore(true); }
 
-  ASSERT_TRUE(cache_->offload(1).ok());
-  EXPECT_EQ(*cache_->residency(1), SequenceResidency::kInFlight);  // the copy is sleeping
-  ASSERT_TRUE(cache_->add_sequence(2, b).ok());
-  append(2, b, 0);  // 3 blocks out of 4: at least two were A's
-  int reused = 0;
-  for (int32_t blk : device_blocks(2)) reused += a_blocks.count(blk) ? 1 : 0;
-  EXPECT_GE(reused, 2);
+// The same on each backend's own copy timing.
+TEST_P(KvCacheTest, OffloadReuseRestore) { offload_reuse_restore(false); }
 
-  ASSERT_TRUE(cache_->restore(1).ok());  // offloads B (inactive) to make room
-  ASSERT_TRUE(cache_->check_invariants().ok());
-  expect_contents(1, a);
-  ASSERT_TRUE(cache_->restore(2).ok());  // and back again
-  expect_contents(2, b);
-  const ControlStats stats = cache_->stats();
-  EXPECT_EQ(stats.sequences_offloaded, 3);
-  EXPECT_EQ(stats.sequences_restored, 2);
-  ASSERT_TRUE(cache_->check_invariants().ok());
-}
-
-TEST_F(KvCacheTest, ResidencyFollowsOffloadAndRestore) {
+TEST_F(KvCacheCpuTest, ResidencyFollowsOffloadAndRestore) {
   CpuBackendOptions slow;
   slow.copy_delay = std::chrono::milliseconds(20);
   make(small_config(), slow);
@@ -214,9 +245,26 @@ TEST_F(KvCacheTest, ResidencyFollowsOffloadAndRestore) {
   EXPECT_EQ(cache_->residency(42).status().code(), StatusCode::kNotFound);
 }
 
+// Residency on each backend's own copy timing: kHost once the offload is waited for, kDevice
+// once the restore is.
+TEST_P(KvCacheTest, ResidencyAfterWaitedOffloadAndRestore) {
+  make(small_config());
+  const std::vector<TokenId> a = iota_tokens(8, 1);
+  ASSERT_TRUE(cache_->add_sequence(1, a).ok());
+  append(1, a, 0);
+  EXPECT_EQ(*cache_->residency(1), SequenceResidency::kDevice);
+  ASSERT_TRUE(cache_->offload(1).ok());
+  ASSERT_TRUE(cache_->synchronize().ok());
+  EXPECT_EQ(*cache_->residency(1), SequenceResidency::kHost);
+  ASSERT_TRUE(cache_->restore(1).ok());
+  ASSERT_TRUE(cache_->synchronize().ok());
+  EXPECT_EQ(*cache_->residency(1), SequenceResidency::kDevice);
+  expect_contents(1, a);
+}
+
 // An attention kernel's view of a step: both metadata forms address every committed element of
 // every sequence of the batch (the CPU backend's "device" memory is readable by the host).
-TEST_F(KvCacheTest, DeviceViewOfABatchReadsEverySequence) {
+TEST_F(KvCacheCpuTest, DeviceViewOfABatchReadsEverySequence) {
   make(small_config());
   const std::vector<TokenId> a = iota_tokens(9, 10), b = iota_tokens(6, 40);
   ASSERT_TRUE(cache_->add_sequence(1, a).ok());
@@ -251,7 +299,7 @@ TEST_F(KvCacheTest, DeviceViewOfABatchReadsEverySequence) {
   }
 }
 
-TEST_F(KvCacheTest, BadCallsAreRejectedAndChangeNothing) {
+TEST_P(KvCacheTest, BadCallsAreRejectedAndChangeNothing) {
   make(small_config());
   const std::vector<TokenId> a = iota_tokens(6, 1);
   ASSERT_TRUE(cache_->add_sequence(1, a).ok());

@@ -1,7 +1,8 @@
 // SeedKvCache: each seed method's documented behaviour in dense and paged mode, on real fp16
 // bytes compared with a host model of the sequence, plus regression tests for seed defects 3
 // (overwrite_layer loses other layers), 4 (ONNX export without values), 8 (panics, padding,
-// truncation) and 10 (packed view rebuilt with a fresh allocation on every miss).
+// truncation) and 10 (packed view rebuilt with a fresh allocation on every miss). Each test runs
+// in both modes on both backends (runtime_backends.hpp).
 #include "pagedkv/seed_cache.hpp"
 
 #include <gtest/gtest.h>
@@ -9,9 +10,12 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "pagedkv/cpu_backend.hpp"
+#include "runtime/runtime_backends.hpp"
 
 namespace pagedkv {
 namespace {
@@ -43,13 +47,23 @@ struct RefSeq {
   int64_t length = 0;
 };
 
-class SeedCacheTest : public ::testing::TestWithParam<CacheMode> {
+class SeedCacheTest : public ::testing::TestWithParam<std::tuple<CacheMode, BackendKind>> {
  protected:
-  void SetUp() override { make(seed_config(GetParam())); }
+  void SetUp() override {
+    testing::require_backend(backend_kind());
+    if (IsSkipped() || HasFatalFailure()) return;
+    make(seed_config(mode()));
+  }
 
-  void make(const CacheConfig& config, const CpuBackendOptions& options = {}) {
+  CacheMode mode() const { return std::get<0>(GetParam()); }
+  BackendKind backend_kind() const { return std::get<1>(GetParam()); }
+
+  // `options` shape the CPU backend only (testing::make_backend).
+  void make(CacheConfig config, const CpuBackendOptions& options = {}) {
     cache_.reset();
-    backend_ = create_cpu_backend(options);
+    config.backend = backend_kind();
+    backend_ = testing::make_backend(backend_kind(), options);
+    ASSERT_NE(backend_, nullptr);
     SeedKvCacheOptions o;
     o.backend = backend_.get();
     auto c = SeedKvCache::create(config, o);
@@ -57,7 +71,7 @@ class SeedCacheTest : public ::testing::TestWithParam<CacheMode> {
     cache_ = std::move(c).value();
   }
 
-  bool paged() const { return GetParam() == CacheMode::kPaged; }
+  bool paged() const { return mode() == CacheMode::kPaged; }
 
   // Random non-zero fp16 values of either sign.
   std::vector<uint16_t> random_halves(size_t n) {
@@ -468,11 +482,14 @@ TEST_P(SeedCacheTest, ActiveSetAndPriorityAreAccepted) {
   EXPECT_TRUE(cache_->set_active_sequences({}).ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, SeedCacheTest,
-                         ::testing::Values(CacheMode::kPaged, CacheMode::kDense),
-                         [](const ::testing::TestParamInfo<CacheMode>& info) {
-                           return info.param == CacheMode::kPaged ? "Paged" : "Dense";
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Modes, SeedCacheTest,
+    ::testing::Combine(::testing::Values(CacheMode::kPaged, CacheMode::kDense),
+                       testing::runtime_backends()),
+    [](const ::testing::TestParamInfo<std::tuple<CacheMode, BackendKind>>& info) {
+      return std::string(std::get<0>(info.param) == CacheMode::kPaged ? "Paged" : "Dense") + "_" +
+             testing::backend_label(std::get<1>(info.param));
+    });
 
 }  // namespace
 }  // namespace pagedkv

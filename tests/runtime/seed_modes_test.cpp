@@ -1,6 +1,7 @@
 // SeedKvCache behaviour that belongs to one mode: paged prefix reuse after removal, offload and
 // asynchronous restore, eviction reporting and stats, the cost of an append_token prefill and
-// the packed buffers' size; dense growth, zero-copy views and the capped free list.
+// the packed buffers' size; dense growth, zero-copy views and the capped free list. On both
+// backends (runtime_backends.hpp) except where a test needs a CPU-only memory limit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 
 #include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/seed_cache.hpp"
+#include "runtime/runtime_backends.hpp"
 
 namespace pagedkv {
 namespace {
@@ -102,11 +104,14 @@ class DeviceBytesBackend final : public Backend {
   int64_t peak_ = 0;
 };
 
-class SeedModesTest : public ::testing::Test {
+class SeedModesFixture : public ::testing::Test {
  protected:
-  void make(const CacheConfig& config, const CpuBackendOptions& options = {}) {
+  // `options` shape the CPU backend only (testing::make_backend).
+  void make(CacheConfig config, const CpuBackendOptions& options = {}) {
     cache_.reset();
-    backend_ = create_cpu_backend(options);
+    config.backend = kind_;
+    backend_ = testing::make_backend(kind_, options);
+    ASSERT_NE(backend_, nullptr);
     SeedKvCacheOptions o;
     o.backend = backend_.get();
     auto c = SeedKvCache::create(config, o);
@@ -168,12 +173,27 @@ class SeedModesTest : public ::testing::Test {
     }
   }
 
+  BackendKind kind_ = BackendKind::kCpu;
   std::mt19937 rng_{99};
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<SeedKvCache> cache_;
 };
 
-TEST_F(SeedModesTest, PagedPrefixOutlivesTheSequenceThatWroteIt) {
+// On both backends.
+class SeedModesTest : public SeedModesFixture, public ::testing::WithParamInterface<BackendKind> {
+ protected:
+  void SetUp() override {
+    kind_ = GetParam();
+    testing::require_backend(kind_);
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Backends, SeedModesTest, testing::runtime_backends(),
+                         testing::backend_param_name);
+
+// CPU backend only: the test needs a CpuBackendOptions memory limit.
+class SeedModesCpuTest : public SeedModesFixture {};
+
+TEST_P(SeedModesTest, PagedPrefixOutlivesTheSequenceThatWroteIt) {
   // Seed defect 6 is absent through the wrapper too: removal keeps full blocks cached.
   make(config_for(CacheMode::kPaged));
   const std::vector<TokenId> prompt = {11, 12, 13, 14, 15, 16, 17, 18, 19};
@@ -194,7 +214,7 @@ TEST_F(SeedModesTest, PagedPrefixOutlivesTheSequenceThatWroteIt) {
   expect_prefix(3, written, 9, 8);
 }
 
-TEST_F(SeedModesTest, PagedOffloadAndAsynchronousRestoreKeepTheBytes) {
+TEST_P(SeedModesTest, PagedOffloadAndAsynchronousRestoreKeepTheBytes) {
   CpuBackendOptions slow;
   slow.copy_delay = std::chrono::microseconds(2000);  // restore copies finish late
   make(config_for(CacheMode::kPaged), slow);
@@ -216,7 +236,7 @@ TEST_F(SeedModesTest, PagedOffloadAndAsynchronousRestoreKeepTheBytes) {
   expect_prefix(1, written, 6, 6);
 }
 
-TEST_F(SeedModesTest, PagedEvictionIsReportedAndActiveSequencesAreProtected) {
+TEST_P(SeedModesTest, PagedEvictionIsReportedAndActiveSequencesAreProtected) {
   CacheConfig c = config_for(CacheMode::kPaged);
   c.num_device_blocks = 4;
   c.num_host_blocks = 0;  // nowhere to offload: inactive sequences are dropped
@@ -247,7 +267,7 @@ TEST_F(SeedModesTest, PagedEvictionIsReportedAndActiveSequencesAreProtected) {
   EXPECT_EQ(s.blocks_free, 1);
 }
 
-TEST_F(SeedModesTest, PagedAppendTokenPrefillReservesLinearly) {
+TEST_P(SeedModesTest, PagedAppendTokenPrefillReservesLinearly) {
   // Issue "Step path", item 5: each append_token one past the written positions re-reserved
   // every pending position, so an n-token prefill handed out n^2 / 2 slots. The reservation
   // now grows geometrically; what is reserved ahead stays unwritten and invisible.
@@ -294,7 +314,7 @@ TEST_F(SeedModesTest, PagedAppendTokenPrefillReservesLinearly) {
   ASSERT_TRUE(kv.check_invariants().ok());
 }
 
-TEST_F(SeedModesTest, PagedPrefillReservesAheadOnlyFromFreeBlocks) {
+TEST_P(SeedModesTest, PagedPrefillReservesAheadOnlyFromFreeBlocks) {
   // Reserving ahead never evicts a cached prefix or offloads another sequence: a prefill that
   // fills the pool to the last block behaves as if it reserved one position at a time.
   make(config_for(CacheMode::kPaged));  // 16 device blocks of 4
@@ -323,7 +343,7 @@ TEST_F(SeedModesTest, PagedPrefillReservesAheadOnlyFromFreeBlocks) {
   expect_prefix(4, cached, 8, 8);
 }
 
-TEST_F(SeedModesTest, PagedPackedLayerHoldsOnlyTheLayerRead) {
+TEST_P(SeedModesTest, PagedPackedLayerHoldsOnlyTheLayerRead) {
   // Issue "Step path", item 5: the packed buffers held every layer, rounded up to a power of
   // two positions, whichever layer was read. A read now allocates that layer, in 16-position
   // steps.
@@ -335,8 +355,9 @@ TEST_F(SeedModesTest, PagedPackedLayerHoldsOnlyTheLayerRead) {
   c.max_sequence_length = 4096;
   constexpr int64_t n = 3000;
   c.num_device_blocks = n / 16 + 4;
-  auto cpu = create_cpu_backend();
-  DeviceBytesBackend counted(*cpu);
+  std::unique_ptr<Backend> inner = testing::make_backend(kind_);
+  ASSERT_NE(inner, nullptr);
+  DeviceBytesBackend counted(*inner);
   SeedKvCacheOptions o;
   o.backend = &counted;
   auto created = SeedKvCache::create(c, o);
@@ -363,12 +384,17 @@ TEST_F(SeedModesTest, PagedPackedLayerHoldsOnlyTheLayerRead) {
     auto view = seed->get_packed_layer(1, l);
     ASSERT_TRUE(view.ok()) << view.status().to_string();
     ASSERT_TRUE(seed->synchronize().ok());
-    // The CPU backend's device memory is host memory.
+    // Packed: [heads, n, head_dim] in one range each, copied out as a whole.
     ASSERT_EQ(view->head_stride, n * c.head_dim);
-    const auto* k = static_cast<const uint16_t*>(view->key);
-    const auto* v = static_cast<const uint16_t*>(view->value);
-    EXPECT_TRUE(std::equal(k, k + elems, keys[static_cast<size_t>(l)].begin())) << "layer " << l;
-    EXPECT_TRUE(std::equal(v, v + elems, values[static_cast<size_t>(l)].begin())) << "layer " << l;
+    std::vector<uint16_t> k(elems), v(elems);
+    ASSERT_TRUE(
+        inner->copy_async(k.data(), view->key, elems * 2, CopyKind::kDeviceToHost, Stream{}).ok());
+    ASSERT_TRUE(
+        inner->copy_async(v.data(), view->value, elems * 2, CopyKind::kDeviceToHost, Stream{})
+            .ok());
+    ASSERT_TRUE(inner->synchronize_stream(Stream{}).ok());
+    EXPECT_TRUE(k == keys[static_cast<size_t>(l)]) << "layer " << l;
+    EXPECT_TRUE(v == values[static_cast<size_t>(l)]) << "layer " << l;
   }
   std::printf("packed: read %lld bytes per layer, peak %lld bytes for two layers\n",
               static_cast<long long>(layer_bytes), static_cast<long long>(counted.peak() - before));
@@ -392,7 +418,7 @@ TEST_F(SeedModesTest, PagedPackedLayerHoldsOnlyTheLayerRead) {
   EXPECT_LE(counted.live(), before);
 }
 
-TEST_F(SeedModesTest, DenseBufferGrowsByDoublingAndViewsAreZeroCopy) {
+TEST_P(SeedModesTest, DenseBufferGrowsByDoublingAndViewsAreZeroCopy) {
   make(config_for(CacheMode::kDense));
   ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
   const int64_t per_pos = int64_t{kLayers} * 2 * kRow * 2;  // bytes per position
@@ -417,7 +443,7 @@ TEST_F(SeedModesTest, DenseBufferGrowsByDoublingAndViewsAreZeroCopy) {
   EXPECT_EQ(cache_->restore_offloaded_sequence(1).code(), StatusCode::kFailedPrecondition);
 }
 
-TEST_F(SeedModesTest, DenseFreeListIsCappedAndReused) {
+TEST_P(SeedModesTest, DenseFreeListIsCappedAndReused) {
   make(config_for(CacheMode::kDense));                      // dense_max_free_buffers = 1
   const int64_t buf = int64_t{kLayers} * 2 * kRow * 2 * 4;  // one initial buffer
   for (SequenceId id = 1; id <= 3; ++id) ASSERT_TRUE(cache_->allocate_sequence(id, {}).ok());
@@ -432,7 +458,7 @@ TEST_F(SeedModesTest, DenseFreeListIsCappedAndReused) {
   EXPECT_EQ(cache_->stats().bytes_used, buf);
 }
 
-TEST_F(SeedModesTest, DenseFailedGrowthKeepsTheData) {
+TEST_F(SeedModesCpuTest, DenseFailedGrowthKeepsTheData) {
   CacheConfig c = config_for(CacheMode::kDense);
   CpuBackendOptions o;
   // Room for the upload ring (2 x 1 MiB: staging is pinned, the device copy is not) plus the
@@ -452,7 +478,7 @@ TEST_F(SeedModesTest, DenseFailedGrowthKeepsTheData) {
   EXPECT_EQ(view->length, 4);
 }
 
-TEST_F(SeedModesTest, CreateRejectsNonFp16AndBadConfigs) {
+TEST_F(SeedModesCpuTest, CreateRejectsNonFp16AndBadConfigs) {
   CacheConfig c = config_for(CacheMode::kPaged);
   c.dtype = DType::kFloat32;
   EXPECT_EQ(SeedKvCache::create(c).status().code(), StatusCode::kInvalidArgument);

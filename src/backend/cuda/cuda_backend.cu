@@ -2,6 +2,7 @@
 // launched through the generic trampoline.
 #include <cuda_runtime.h>
 
+#include <array>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -55,6 +56,23 @@ cudaError_t dispatch_kernel(KernelId id, const void* params, int64_t n, cudaStre
   }
 }
 
+// Resident blocks per SM of a body's trampoline on the current device; 0 when unknown.
+int resident_blocks(KernelId id) {
+  int blocks = 0;
+  cudaError_t e = cudaErrorInvalidValue;
+  switch (id) {
+#define PAGEDKV_CUDA_OCCUPANCY_CASE(name, Body) \
+  case KernelId::name:                          \
+    e = resident_blocks_per_sm<Body>(&blocks);  \
+    break;
+    PAGEDKV_KERNEL_LIST(PAGEDKV_CUDA_OCCUPANCY_CASE)
+#undef PAGEDKV_CUDA_OCCUPANCY_CASE
+    default:
+      break;
+  }
+  return e == cudaSuccess ? blocks : 0;
+}
+
 // Makes the backend's device current for one call and gives the caller's back afterwards, so a
 // server can hold one cache per GPU in one process and keep its own current device.
 class DeviceGuard {
@@ -82,9 +100,15 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, cudaStream_t default_stream, const cudaDeviceProp& props)
       : device_(device), default_stream_(default_stream), props_(props) {
-    // Enough resident blocks to fill every SM; grid-stride loops cover the rest.
-    max_blocks_ = props.multiProcessorCount * (props.maxThreadsPerMultiProcessor / 256);
-    if (max_blocks_ <= 0) max_blocks_ = 1024;
+    // Per body, the blocks that are resident at once on every SM (from its registers: a cap
+    // of SMs x threads per SM / 256 ignored them and left a partial second wave); grid-stride
+    // loops cover the rest. The factory made `device` current.
+    const int fallback = props.multiProcessorCount * (props.maxThreadsPerMultiProcessor / 256);
+    for (int k = 0; k < static_cast<int>(KernelId::kCount); ++k) {
+      const int per_sm = resident_blocks(static_cast<KernelId>(k));
+      max_blocks_[static_cast<size_t>(k)] =
+          per_sm > 0 ? props.multiProcessorCount * per_sm : (fallback > 0 ? fallback : 1024);
+    }
   }
   ~CudaBackend() override {
     // Wrapped streams are the caller's: neither synchronized nor destroyed here.
@@ -263,8 +287,8 @@ class CudaBackend final : public Backend {
     }
     if (launch.num_items < 0) return invalid_argument("negative index space");
     PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
-    PAGEDKV_CUDA_CHECK(
-        dispatch_kernel(launch.kernel, launch.params, launch.num_items, s, max_blocks_));
+    PAGEDKV_CUDA_CHECK(dispatch_kernel(launch.kernel, launch.params, launch.num_items, s,
+                                       max_blocks_[static_cast<size_t>(launch.kernel)]));
     return ok_status();
   }
 
@@ -307,7 +331,7 @@ class CudaBackend final : public Backend {
   int device_;
   cudaStream_t default_stream_;
   cudaDeviceProp props_;
-  int max_blocks_ = 0;
+  std::array<int, static_cast<size_t>(KernelId::kCount)> max_blocks_{};
   std::unordered_set<void*> streams_;  // created here: synchronized and destroyed here
   std::unordered_set<void*> wrapped_;  // the caller's: never destroyed here
   std::unordered_set<void*> events_;
