@@ -54,9 +54,15 @@ TEST(CpuBackend, EnqueueReturnsBeforeTheWorkRuns) {
       be->copy_async(dst.data(), src.data(), src.size(), CopyKind::kHostToHost, *stream).ok());
   const auto queued = std::chrono::steady_clock::now() - start;
   EXPECT_LT(queued, std::chrono::milliseconds(50)) << "copy_async blocked the caller";
-  EXPECT_EQ(dst[0], 'o') << "the delayed copy already happened";
+  // Asked through an event, not by reading `dst` while the worker may write it (a data race).
+  auto done = be->create_event();
+  ASSERT_TRUE(done.ok());
+  ASSERT_TRUE(be->record_event(*done, *stream).ok());
+  EXPECT_FALSE(*be->query_event(*done)) << "the delayed copy already happened";
   ASSERT_TRUE(be->synchronize_stream(*stream).ok());
+  EXPECT_TRUE(*be->query_event(*done));
   EXPECT_EQ(dst, src);
+  be->destroy_event(*done);
   be->destroy_stream(*stream);
 }
 
