@@ -158,33 +158,33 @@ struct BatchMetadata {
 /// TierStats, then the counters since the control plane was created. Prefix lookups are one per
 /// added sequence; their hit/miss counts are full blocks. A run of dropped events is announced by
 /// one EventKind::kEventsDropped event.
-#define PAGEDKV_CONTROL_STATS_FIELDS(X)                                                    \
-  X(TierStats, device, "the device tier")                                                  \
-  X(TierStats, host, "the host tier (all 0 without one)")                                  \
-  X(int64_t, sequences, "sequences in the cache")                                          \
-  X(int64_t, active_sequences, "sequences in the active set")                              \
-  X(int64_t, offloaded_sequences, "sequences offloaded to the host now")                   \
-  X(int64_t, prefix_queries, "prefix lookups (one per added sequence)")                    \
-  X(int64_t, prefix_hit_blocks, "full prompt blocks found cached")                         \
-  X(int64_t, prefix_miss_blocks, "full prompt blocks not found cached")                    \
-  X(int64_t, prefix_query_tokens, "prompt tokens looked up")                               \
-  X(int64_t, prefix_hit_tokens, "prompt tokens found cached")                              \
-  X(int64_t, prefix_host_hit_blocks, "of prefix_hit_blocks, those found on the host tier") \
-  X(int64_t, blocks_evicted, "cached device blocks evicted")                               \
-  X(int64_t, sequences_evicted, "sequences dropped to make room")                          \
-  X(int64_t, sequences_offloaded, "sequence offloads to the host tier")                    \
-  X(int64_t, blocks_offloaded, "blocks offloaded to the host tier")                        \
-  X(int64_t, sequences_restored, "sequence restores to the device")                        \
-  X(int64_t, blocks_restored, "blocks restored to the device")                             \
-  X(int64_t, copy_on_write, "blocks copied before a write (copy-on-write)")                \
-  X(int64_t, blocks_demoted, "cached device blocks moved to the host instead of evicted")  \
-  X(int64_t, host_blocks_dropped, "cached host blocks dropped (LRU first) for host room")  \
-  X(int64_t, events_dropped, "control events dropped, oldest first, on a full event ring") \
-  X(int64_t, storage_hit_blocks, "blocks read back from the storage tier into the host")   \
+#define PAGEDKV_CONTROL_STATS_FIELDS(X)                                                      \
+  X(TierStats, device, "the device tier")                                                    \
+  X(TierStats, host, "the host tier (all 0 without one)")                                    \
+  X(int64_t, sequences, "sequences in the cache")                                            \
+  X(int64_t, active_sequences, "sequences in the active set")                                \
+  X(int64_t, offloaded_sequences, "sequences offloaded to the host now")                     \
+  X(int64_t, prefix_queries, "prefix lookups (one per added sequence)")                      \
+  X(int64_t, prefix_hit_blocks, "full prompt blocks found cached")                           \
+  X(int64_t, prefix_miss_blocks, "full prompt blocks not found cached")                      \
+  X(int64_t, prefix_query_tokens, "prompt tokens looked up")                                 \
+  X(int64_t, prefix_hit_tokens, "prompt tokens found cached")                                \
+  X(int64_t, prefix_host_hit_blocks, "of prefix_hit_blocks, those found on the host tier")   \
+  X(int64_t, blocks_evicted, "cached device blocks evicted")                                 \
+  X(int64_t, sequences_evicted, "sequences dropped to make room")                            \
+  X(int64_t, sequences_offloaded, "sequence offloads to the host tier")                      \
+  X(int64_t, blocks_offloaded, "blocks offloaded to the host tier")                          \
+  X(int64_t, sequences_restored, "sequence restores to the device")                          \
+  X(int64_t, blocks_restored, "blocks restored to the device")                               \
+  X(int64_t, copy_on_write, "blocks copied before a write (copy-on-write)")                  \
+  X(int64_t, blocks_demoted, "cached device blocks moved to the host instead of evicted")    \
+  X(int64_t, host_blocks_dropped, "cached host blocks dropped (LRU first) for host room")    \
+  X(int64_t, events_dropped, "control events dropped, oldest first, on a full event ring")   \
+  X(int64_t, storage_hit_blocks, "blocks read back from the storage tier into the host")     \
   X(int64_t, storage_blocks_written, "dropped host blocks written back to the storage tier") \
-  X(int64_t, storage_bytes_read, "bytes read from the storage tier")                       \
-  X(int64_t, storage_bytes_written, "bytes written to the storage tier")                   \
-  X(int64_t, storage_failed_blocks, "storage reads and writes that failed, in blocks")     \
+  X(int64_t, storage_bytes_read, "bytes read from the storage tier")                         \
+  X(int64_t, storage_bytes_written, "bytes written to the storage tier")                     \
+  X(int64_t, storage_failed_blocks, "storage reads and writes that failed, in blocks")       \
   X(int64_t, storage_writes_dropped, "dropped host blocks not written back: queue full")
 
 // Helpers that expand the lists above; undefined after the two structs.
