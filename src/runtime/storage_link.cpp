@@ -91,8 +91,7 @@ Status StorageLink::stage(const std::vector<DroppedBlock>& drops, Stream copy_st
   return ok_status();
 }
 
-Status StorageLink::send_staged(core::ControlPlane& control) {
-  (void)control;
+Status StorageLink::send_staged() {
   size_t kept = 0;
   for (size_t i = 0; i < staged_.size(); ++i) {
     StagedBatch& b = staged_[i];
@@ -183,7 +182,7 @@ Status StorageLink::poll(core::ControlPlane& control) {
   if (staged_.empty() && waiting_reads_.empty() && puts_.empty() && reads_.empty()) {
     return ok_status();
   }
-  PAGEDKV_RETURN_IF_ERROR(send_staged(control));
+  PAGEDKV_RETURN_IF_ERROR(send_staged());
   PAGEDKV_RETURN_IF_ERROR(submit_reads(control));
   return collect(control);
 }
@@ -231,7 +230,7 @@ Status StorageLink::flush(core::ControlPlane& control) {
     for (const PendingRead& r : waiting_reads_) {
       PAGEDKV_RETURN_IF_ERROR(backend_.synchronize_event(r.ready));
     }
-    PAGEDKV_RETURN_IF_ERROR(send_staged(control));
+    PAGEDKV_RETURN_IF_ERROR(send_staged());
     PAGEDKV_RETURN_IF_ERROR(submit_reads(control));
     store_->drain();
     PAGEDKV_RETURN_IF_ERROR(collect(control));

@@ -77,7 +77,7 @@ class StorageLink {
     std::vector<void*> dst;
   };
   void* staging_slot(int64_t i) const { return static_cast<char*>(staging_) + i * block_bytes_; }
-  Status send_staged(core::ControlPlane& control);
+  Status send_staged();
   Status submit_reads(core::ControlPlane& control);
   Status collect(core::ControlPlane& control);
   StatusOr<Event> take_event();
