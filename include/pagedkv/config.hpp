@@ -17,6 +17,13 @@ enum class PageLayout : uint8_t { kNHD = 0, kHND = 1 };
 /// kNone never takes blocks from sequences (cached prefix blocks are still reclaimed).
 enum class EvictionPolicy : uint8_t { kNone = 0, kLru = 1, kFifo = 2 };
 
+/// What a page holds per token. kKeyValue: keys and values, num_kv_heads x head_dim each.
+/// kLatent: one compressed latent vector per token and no values (MLA, DeepSeek V2/V3, Kimi):
+/// num_kv_heads is 1 and head_dim is the latent width, the `ckv` part (head_dim - rope_dim
+/// elements) followed by the `kpe` part (rope_dim), FlashInfer's MLA layout as two slices of one
+/// page.
+enum class KvKind : uint8_t { kKeyValue = 0, kLatent = 1 };
+
 /// Which executor runs the data plane.
 enum class BackendKind : uint8_t { kAuto = 0, kCpu = 1, kCuda = 2 };
 
@@ -50,6 +57,17 @@ struct CacheConfig {
   /// references are then dropped least recently used first.
   bool cache_prefixes_on_host = true;
   int32_t max_sequence_length = 1 << 20;  // tokens; reserve past it is kOutOfRange
+
+  // Attention shape of the layers this cache holds (one KV group of a model).
+  /// Sliding window in tokens, 0 for full attention. With a window, the next token attends to
+  /// at most the last `sliding_window` committed tokens, so a sequence keeps only the blocks
+  /// holding them (plus the ones being filled); blocks that fall out of the window are released
+  /// at once (kept as evictable prefix cache when they are registered). At least block_size.
+  int32_t sliding_window = 0;
+  KvKind kv_kind = KvKind::kKeyValue;
+  /// kLatent only: the rotary (`kpe`) part at the end of each latent vector, in elements
+  /// (DeepSeek: 64 of 576); 0 < rope_dim < head_dim.
+  int32_t rope_dim = 0;
 
   // Dense mode knobs (seed compatible).
   int32_t dense_initial_length = 256;
