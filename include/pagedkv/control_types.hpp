@@ -185,7 +185,8 @@ struct BatchMetadata {
   X(int64_t, storage_bytes_read, "bytes read from the storage tier")                         \
   X(int64_t, storage_bytes_written, "bytes written to the storage tier")                     \
   X(int64_t, storage_failed_blocks, "storage reads and writes that failed, in blocks")       \
-  X(int64_t, storage_writes_dropped, "dropped host blocks not written back: queue full")
+  X(int64_t, storage_writes_dropped, "dropped host blocks not written back: queue full")     \
+  X(int64_t, window_released_blocks, "blocks released as they fell out of a sliding window")
 
 // Helpers that expand the lists above; undefined after the two structs.
 #define PAGEDKV_STATS_MEMBER_(type, name, doc) type name{};

@@ -83,6 +83,14 @@ Status CacheConfig::validate() const {
     return field_error("head_dim", "must be positive, got " + std::to_string(head_dim));
   if (block_size <= 0)
     return field_error("block_size", "must be positive, got " + std::to_string(block_size));
+  if (sliding_window != 0 && sliding_window < block_size) {
+    return field_error("sliding_window", "must be 0 (full attention) or at least block_size (" +
+                                             std::to_string(block_size) + "), got " +
+                                             std::to_string(sliding_window));
+  }
+  if (sliding_window != 0 && mode == CacheMode::kDense) {
+    return field_error("sliding_window", "needs paged mode");
+  }
   if (num_device_blocks <= 0) {
     return field_error("num_device_blocks",
                        "must be positive, got " + std::to_string(num_device_blocks));

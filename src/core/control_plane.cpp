@@ -40,6 +40,7 @@ ControlPlane::ControlPlane(const CacheConfig& config, ControlOptions options)
       events_enabled_(options.enable_events),
       report_host_drops_(options.report_host_drops),
       block_size_(config.block_size),
+      window_(config.sliding_window),
       bdiv_(config.block_size),
       blocks_(config.num_device_blocks, config.num_host_blocks),
       index_(config.block_size, config.num_device_blocks + config.num_host_blocks),
@@ -84,11 +85,26 @@ void ControlPlane::release_block(LogicalId id, const Sequence& owner) {
 }
 
 void ControlPlane::release_tail(Sequence* s, size_t keep) {
-  for (size_t i = s->blocks.size(); i > keep; --i) release_block(s->blocks[i - 1], *s);
+  for (size_t i = s->blocks.size(); i > std::max(keep, s->first_live); --i) {
+    release_block(s->blocks[i - 1], *s);
+  }
   if (s->blocks.size() > keep) {
     s->blocks.resize(keep);
     s->mark_changed(keep);
   }
+  s->first_live = std::min(s->first_live, keep);
+}
+
+void ControlPlane::trim_window(Sequence* s) {
+  const size_t first = window_first_block(s->length());
+  if (first <= s->first_live) return;
+  for (size_t i = s->first_live; i < first; ++i) {
+    release_block(s->blocks[i], *s);
+    s->blocks[i] = kNoBlock;
+  }
+  counters_.window_released_blocks += static_cast<int64_t>(first - s->first_live);
+  s->mark_changed(s->first_live);
+  s->first_live = first;
 }
 
 void ControlPlane::remove_node(NodeId node) {
@@ -110,13 +126,23 @@ void ControlPlane::register_full_block(Sequence* s, size_t i) {
   if (blocks_[ours].node >= 0) return;
   NodeId parent = kRootNode;
   if (i > 0) {
-    parent = blocks_[s->blocks[i - 1]].node;
+    // The block before is held (a window keeps the block before the one it fills).
+    parent = s->blocks[i - 1] == kNoBlock ? -1 : blocks_[s->blocks[i - 1]].node;
     if (parent < 0) return;  // the chain is broken (see dedupe on the host tier below)
   }
+  const NamespaceId ns = s->options.ns;
   const TokenId* tokens = &s->tokens[i * static_cast<size_t>(block_size_)];
-  const NodeId existing = index_.find(parent, s->options.ns, tokens);
+  // A window cache keeps flat nodes (prefix_index.hpp): keyed by the prefix's hash, no parent.
+  const uint64_t parent_hash = index_.prefix_hash(parent, ns);
+  const NodeId existing =
+      window_ > 0 ? index_.find_flat(parent_hash, ns, tokens) : index_.find(parent, ns, tokens);
   if (existing < 0) {
-    blocks_[ours].node = index_.insert(parent, s->options.ns, tokens, ours);
+    if (window_ > 0) {
+      blocks_[ours].node = index_.insert_flat(parent_hash, ns, tokens, ours);
+      emit_block_event(EventKind::kBlockStored, blocks_[ours].node);
+      return;
+    }
+    blocks_[ours].node = index_.insert(parent, ns, tokens, ours);
     if (parent != kRootNode) ++blocks_[index_.node(parent).block].device_children;
     emit_block_event(EventKind::kBlockStored, blocks_[ours].node);
     return;
@@ -180,7 +206,7 @@ StatusOr<Residency> ControlPlane::residency(SequenceId id) const {
   const Sequence* s = seqs_.find(id);
   if (s == nullptr) return unknown(id);
   Residency r;
-  for (LogicalId b : s->blocks) {
+  for (LogicalId b : s->live_blocks()) {
     if (blocks_[b].tier == Tier::kDevice) {
       ++r.device_blocks;
     } else {
@@ -198,7 +224,11 @@ StatusOr<std::vector<BlockLocation>> ControlPlane::block_locations(SequenceId id
   if (s == nullptr) return unknown(id);
   std::vector<BlockLocation> out;
   out.reserve(s->blocks.size());
-  for (LogicalId b : s->blocks) out.push_back(BlockLocation{blocks_[b].tier, blocks_[b].phys});
+  for (LogicalId b : s->blocks) {
+    // Out of the window: no block (kNoBlock), reported on the device tier.
+    out.push_back(b == kNoBlock ? BlockLocation{Tier::kDevice, -1}
+                                : BlockLocation{blocks_[b].tier, blocks_[b].phys});
+  }
   return out;
 }
 

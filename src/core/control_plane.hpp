@@ -8,6 +8,7 @@
 // (tier_plan.hpp); the plain form keeps its decision at once (tests, sizing runs without data).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -80,6 +81,18 @@ class ControlPlane {
   /// kAlreadyExists, kInvalidArgument (bad retention priority), kOutOfRange (too long).
   StatusOr<int64_t> add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
                                  const SequenceOptions& options = {});
+  /// As above, sharing at most `max_cached` tokens (-1: no bound): a model with several KV
+  /// groups shares the longest prefix every group can supply (cached_prefix()).
+  /// kInvalidArgument for max_cached < -1.
+  StatusOr<int64_t> add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
+                                 const SequenceOptions& options, int64_t max_cached);
+  /// The tokens add_sequence(prompt, ns, max_cached) would share now, without adding anything.
+  /// With a sliding window only the blocks inside the window of that length are needed, so
+  /// the answer is the longest usable length up to `max_cached`, not the longest match: a
+  /// shorter length whose window blocks were evicted is not usable. kOutOfRange, kInvalidArgument
+  /// as add_sequence.
+  StatusOr<int64_t> cached_prefix(const std::vector<TokenId>& prompt, NamespaceId ns,
+                                  int64_t max_cached = -1) const;
   /// Reserves device slots for the next `n` tokens after the committed length (replacing any
   /// earlier reservation), allocating blocks, copying-on-write a shared or cached block and
   /// restoring an offloaded sequence. kNotFound, kInvalidArgument, kOutOfRange (past
@@ -307,6 +320,17 @@ class ControlPlane {
   void touch(Sequence* s);
   void update_victim(Sequence* s);
   void register_full_block(Sequence* s, size_t index);
+  // sequences.cpp: the longest cached prefix of `prompt` usable now (at most `cap` tokens, at
+  // least one token left to compute) and, when `blocks` is given, the blocks covering it
+  // (kNoBlock before the window). `cap` >= 0.
+  int64_t match_prefix(const std::vector<TokenId>& prompt, NamespaceId ns, int64_t cap,
+                       std::vector<LogicalId>* blocks) const;
+  // The first block a sequence of `length` committed tokens still needs: 0 without a window.
+  size_t window_first_block(int64_t length) const {
+    return window_ == 0 ? 0 : static_cast<size_t>(bdiv_.div(std::max<int64_t>(0, length - window_)));
+  }
+  // Releases the blocks that fell out of the window (commit), leaving kNoBlock behind.
+  void trim_window(Sequence* s);
   void remove_node(NodeId node);
   // A block event on `tier` (default: the tier the block is on now). A revocable event goes
   // with its call when the call is undone (EventRing::erase_revocable_since).
@@ -323,6 +347,7 @@ class ControlPlane {
   bool events_enabled_;
   bool report_host_drops_;
   int64_t block_size_;
+  int64_t window_;  // config_.sliding_window: 0 for full attention
   BlockDivider bdiv_;
   BlockAllocator blocks_;
   PrefixIndex index_;

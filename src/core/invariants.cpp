@@ -65,7 +65,15 @@ Status ControlPlane::check_invariants() const {
       return broken(name() + " holds " + str(static_cast<int64_t>(s.blocks.size())) +
                     " blocks for " + str(total) + " tokens");
     }
-    for (size_t i = 0; i < s.blocks.size(); ++i) {
+    // Blocks before the window: none held, and only blocks its next token no longer needs.
+    if (s.first_live > window_first_block(s.length()) && s.first_live > 0) {
+      return broken(name() + " dropped block " + str(static_cast<int64_t>(s.first_live) - 1) +
+                    " that its window still needs");
+    }
+    for (size_t i = 0; i < s.first_live && i < s.blocks.size(); ++i) {
+      if (s.blocks[i] != kNoBlock) return broken(name() + " holds a block before its window");
+    }
+    for (size_t i = s.first_live; i < s.blocks.size(); ++i) {
       const LogicalId b = s.blocks[i];
       if (b < 0 || b >= nlog || !blocks_.live(b)) return broken(name() + " holds a free block");
       if (++refs[static_cast<size_t>(b)] > 1 &&
@@ -78,9 +86,20 @@ Status ControlPlane::check_invariants() const {
       }
       if (info.node >= 0) {
         const PrefixNode& node = index_.node(info.node);
-        // A registered block's whole prefix is registered and held by the same sequence.
-        const NodeId want_parent = i == 0 ? kRootNode : blocks_[s.blocks[i - 1]].node;
-        if (node.parent != want_parent || (i > 0 && want_parent < 0)) {
+        // A registered block's whole prefix is registered and held by the same sequence (in a
+        // window cache: its predecessor, when held, is registered and is its prefix).
+        const NodeId want_parent = i == 0 || s.blocks[i - 1] == kNoBlock
+                                       ? kRootNode
+                                       : blocks_[s.blocks[i - 1]].node;
+        if (window_ > 0) {
+          if (node.parent != kRootNode ||
+              (i > 0 && s.blocks[i - 1] != kNoBlock &&
+               (want_parent < 0 || node.parent_hash != index_.node(want_parent).hash)) ||
+              (i == 0 && node.parent_hash != PrefixIndex::root_hash(s.options.ns))) {
+            return broken(name() + " block " + str(static_cast<int64_t>(i)) +
+                          " is registered after another prefix than its predecessor's");
+          }
+        } else if (node.parent != want_parent || (i > 0 && want_parent < 0)) {
           return broken(name() + " block " + str(static_cast<int64_t>(i)) +
                         " is registered under a different parent than its predecessor");
         }
@@ -199,7 +218,9 @@ Status ControlPlane::check_invariants() const {
         return broken(name() + " is referenced but its parent is not");
       }
     }
-    if (x.parent_hash != index_.prefix_hash(x.parent, x.ns) ||
+    if (x.parent != kRootNode && window_ > 0) return broken(name() + " is not flat (window)");
+    // A flat node's parent_hash names whatever prefix it continues.
+    if ((window_ == 0 && x.parent_hash != index_.prefix_hash(x.parent, x.ns)) ||
         x.hash != index_.chain_hash(x.parent_hash, index_.tokens(n))) {
       return broken(name() + " chained hash is wrong");
     }

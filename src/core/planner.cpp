@@ -19,7 +19,7 @@ int64_t ControlPlane::device_available() const {
 
 int64_t ControlPlane::exclusive_device_blocks(const Sequence& s) const {
   int64_t e = 0;
-  for (LogicalId b : s.blocks) {
+  for (LogicalId b : s.live_blocks()) {
     const BlockInfo& info = blocks_[b];
     e += (info.ref == 1 && info.tier == Tier::kDevice) ? 1 : 0;
   }
@@ -42,7 +42,7 @@ Status ControlPlane::plan_device_blocks(int64_t need, const Sequence* protect, V
     if (v == protect || (protect_mark != 0 && v->batch_mark == protect_mark)) continue;
     if (host_room > 0) {
       int64_t e = 0;
-      for (LogicalId b : v->blocks) {
+      for (LogicalId b : v->live_blocks()) {
         const BlockInfo& info = blocks_[b];
         int32_t ref = info.ref;
         if (!dropped_refs.empty()) {
@@ -61,12 +61,12 @@ Status ControlPlane::plan_device_blocks(int64_t need, const Sequence* protect, V
       }
     }
     int64_t gain = 0;
-    for (LogicalId b : v->blocks) {
+    for (LogicalId b : v->live_blocks()) {
       const int32_t d = ++dropped_refs[b];
       gain += blocks_[b].ref - d == 0 ? 1 : 0;
     }
     if (gain == 0) {  // everything it holds is shared: dropping it frees nothing
-      for (LogicalId b : v->blocks) --dropped_refs[b];
+      for (LogicalId b : v->live_blocks()) --dropped_refs[b];
       continue;
     }
     avail += gain;

@@ -125,7 +125,13 @@ StatusOr<int64_t> ControlPlane::slot(SequenceId id, int64_t position) const {
                         std::to_string(id) + " is outside its " + std::to_string(end) +
                         " committed and reserved positions");
   }
-  const BlockInfo& b = blocks_[s->blocks[static_cast<size_t>(bdiv_.div(position))]];
+  const LogicalId id_at = s->blocks[static_cast<size_t>(bdiv_.div(position))];
+  if (id_at == kNoBlock) {
+    return out_of_range("slot: position " + std::to_string(position) + " of sequence " +
+                        std::to_string(id) + " fell out of the sliding window (" +
+                        std::to_string(window_) + " tokens)");
+  }
+  const BlockInfo& b = blocks_[id_at];
   if (s->offloaded || b.tier != Tier::kDevice) {
     return failed_precondition("slot: sequence " + std::to_string(id) +
                                " is offloaded: restore it (or reserve again) first");

@@ -68,23 +68,43 @@ uint64_t PrefixIndex::chain_hash(uint64_t parent_hash, const TokenId* tokens) co
   return mix(h + static_cast<uint64_t>(block_size_));
 }
 
-bool PrefixIndex::same_key(NodeId n, NodeId parent, NamespaceId ns, const TokenId* tokens) const {
+bool PrefixIndex::same_key(NodeId n, NodeId parent, uint64_t parent_hash, NamespaceId ns,
+                           const TokenId* tokens) const {
   const PrefixNode& x = nodes_[static_cast<size_t>(n)];
-  return x.parent == parent && x.ns == ns &&
+  return x.parent == parent && x.parent_hash == parent_hash && x.ns == ns &&
          std::memcmp(this->tokens(n), tokens, sizeof(TokenId) * static_cast<size_t>(block_size_)) ==
              0;
 }
 
-NodeId PrefixIndex::find(NodeId parent, NamespaceId ns, const TokenId* tokens) const {
-  const uint64_t h = chain_hash(prefix_hash(parent, ns), tokens);
+NodeId PrefixIndex::find_hashed(NodeId parent, uint64_t parent_hash, NamespaceId ns,
+                                const TokenId* tokens) const {
+  const uint64_t h = chain_hash(parent_hash, tokens);
   for (NodeId n = slots_[probe(h)].node; n >= 0;
        n = nodes_[static_cast<size_t>(n)].next_same_hash) {
-    if (same_key(n, parent, ns, tokens)) return n;
+    if (same_key(n, parent, parent_hash, ns, tokens)) return n;
   }
   return -1;
 }
 
+NodeId PrefixIndex::find(NodeId parent, NamespaceId ns, const TokenId* tokens) const {
+  return find_hashed(parent, prefix_hash(parent, ns), ns, tokens);
+}
+
+NodeId PrefixIndex::find_flat(uint64_t parent_hash, NamespaceId ns, const TokenId* tokens) const {
+  return find_hashed(kRootNode, parent_hash, ns, tokens);
+}
+
 NodeId PrefixIndex::insert(NodeId parent, NamespaceId ns, const TokenId* tokens, LogicalId block) {
+  return insert_hashed(parent, prefix_hash(parent, ns), ns, tokens, block);
+}
+
+NodeId PrefixIndex::insert_flat(uint64_t parent_hash, NamespaceId ns, const TokenId* tokens,
+                                LogicalId block) {
+  return insert_hashed(kRootNode, parent_hash, ns, tokens, block);
+}
+
+NodeId PrefixIndex::insert_hashed(NodeId parent, uint64_t parent_hash, NamespaceId ns,
+                                  const TokenId* tokens, LogicalId block) {
   assert(!free_nodes_.empty());
   const NodeId n = free_nodes_.back();
   free_nodes_.pop_back();
@@ -93,7 +113,7 @@ NodeId PrefixIndex::insert(NodeId parent, NamespaceId ns, const TokenId* tokens,
   x.parent = parent;
   x.block = block;
   x.ns = ns;
-  x.parent_hash = prefix_hash(parent, ns);
+  x.parent_hash = parent_hash;
   x.hash = chain_hash(x.parent_hash, tokens);
   x.live = true;
   std::memcpy(&tokens_[static_cast<size_t>(n) * static_cast<size_t>(block_size_)], tokens,

@@ -51,6 +51,16 @@ class PrefixIndex {
   NodeId find(NodeId parent, NamespaceId ns, const TokenId* tokens) const;
   /// Adds a child (which must not exist) for `block`; returns its id.
   NodeId insert(NodeId parent, NamespaceId ns, const TokenId* tokens, LogicalId block);
+
+  // Flat nodes (sliding-window caches): a node per block keyed by the chained hash of the prefix
+  // before it, with no parent node, so that any block can be evicted on its own while the blocks
+  // after it stay cached (a window needs only the last blocks of a prefix). Their parent is
+  // kRootNode and their parent_hash whatever prefix they continue.
+
+  /// The flat node holding `tokens` after the prefix whose chained hash is `parent_hash`, or -1.
+  NodeId find_flat(uint64_t parent_hash, NamespaceId ns, const TokenId* tokens) const;
+  /// Adds a flat node (which must not exist) for `block`; returns its id.
+  NodeId insert_flat(uint64_t parent_hash, NamespaceId ns, const TokenId* tokens, LogicalId block);
   /// Removes a leaf.
   void remove(NodeId node);
 
@@ -66,7 +76,12 @@ class PrefixIndex {
   bool reachable(NodeId n) const;
 
  private:
-  bool same_key(NodeId n, NodeId parent, NamespaceId ns, const TokenId* tokens) const;
+  bool same_key(NodeId n, NodeId parent, uint64_t parent_hash, NamespaceId ns,
+                const TokenId* tokens) const;
+  NodeId find_hashed(NodeId parent, uint64_t parent_hash, NamespaceId ns,
+                     const TokenId* tokens) const;
+  NodeId insert_hashed(NodeId parent, uint64_t parent_hash, NamespaceId ns, const TokenId* tokens,
+                       LogicalId block);
 
   // One slot of the hash map: the low 32 bits of a chained hash (which also give the home slot)
   // and the first node of that hash's collision chain; node < 0 marks an empty slot.

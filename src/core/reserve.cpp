@@ -33,7 +33,7 @@ ControlPlane::ReserveNeed ControlPlane::reserve_need(const Sequence& s, int64_t 
   }
   need.new_blocks = need.need_total > cur ? static_cast<int64_t>(need.need_total - cur) : 0;
   if (s.offloaded) {
-    for (LogicalId b : s.blocks) need.host_blocks += blocks_[b].tier == Tier::kHost ? 1 : 0;
+    for (LogicalId b : s.live_blocks()) need.host_blocks += blocks_[b].tier == Tier::kHost ? 1 : 0;
   }
   return need;
 }

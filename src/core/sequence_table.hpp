@@ -22,6 +22,8 @@ namespace core {
 struct alignas(64) Sequence {
   std::vector<TokenId> tokens;    // committed tokens
   std::vector<LogicalId> blocks;  // logical block table, covers committed + pending tokens
+  // Blocks [0, first_live) fell out of the sliding window: kNoBlock (always 0 without one).
+  size_t first_live = 0;
   int64_t pending = 0;            // reserved, not yet committed tokens
   bool active = false;
   bool offloaded = false;
@@ -39,6 +41,16 @@ struct alignas(64) Sequence {
   std::tuple<int32_t, uint64_t, SequenceId> victim_key{};
 
   int64_t length() const { return static_cast<int64_t>(tokens.size()); }
+  /// The blocks the sequence holds: its table without the entries that fell out of the window.
+  struct LiveBlocks {
+    const LogicalId* first;
+    const LogicalId* last;
+    const LogicalId* begin() const { return first; }
+    const LogicalId* end() const { return last; }
+  };
+  LiveBlocks live_blocks() const {
+    return LiveBlocks{blocks.data() + first_live, blocks.data() + blocks.size()};
+  }
   /// Records a change of the table entries from index `from` on (a new table version).
   void mark_changed(size_t from) {
     ++table_version;

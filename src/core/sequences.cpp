@@ -10,41 +10,102 @@
 namespace pagedkv {
 namespace core {
 
+int64_t ControlPlane::match_prefix(const std::vector<TokenId>& prompt, NamespaceId ns,
+                                   int64_t cap, std::vector<LogicalId>* blocks) const {
+  if (blocks != nullptr) blocks->clear();
+  const int64_t len = static_cast<int64_t>(prompt.size());
+  if (!config_.enable_prefix_caching || len == 0 || cap == 0) return 0;
+  // Cached blocks in either tier, block by block from the start (and no further than `cap`
+  // needs). Full attention follows the tree and stops at the first miss; a window cache's flat
+  // nodes are looked up by the chained hash of the tokens before them, misses and all.
+  const int64_t full = std::min(len, cap + block_size_ - 1) / block_size_;
+  std::vector<LogicalId> found;
+  found.reserve(static_cast<size_t>(full));
+  NodeId parent = kRootNode;
+  uint64_t hash = PrefixIndex::root_hash(ns);
+  for (int64_t i = 0; i < full; ++i) {
+    const TokenId* t = &prompt[static_cast<size_t>(i * block_size_)];
+    if (window_ == 0) {
+      const NodeId n = index_.find(parent, ns, t);
+      if (n < 0) break;
+      found.push_back(index_.node(n).block);
+      parent = n;
+    } else {
+      const NodeId n = index_.find_flat(hash, ns, t);
+      found.push_back(n < 0 ? kNoBlock : index_.node(n).block);
+      hash = index_.chain_hash(hash, t);
+    }
+  }
+  // Candidates, longest first: k whole blocks, or one token short of the prompt when the prompt
+  // is all whole blocks (that block is then copied on write). A candidate is usable when every
+  // block its next token attends to is cached: all of them, or the window's.
+  for (int64_t k = static_cast<int64_t>(found.size()); k > 0; --k) {
+    const int64_t c = std::min(k * block_size_, len - 1);
+    if (c > cap || c == 0) continue;
+    const size_t first = window_first_block(c);
+    const size_t end = static_cast<size_t>(bdiv_.ceil_div(c));
+    bool usable = true;
+    for (size_t i = first; i < end && usable; ++i) usable = found[i] != kNoBlock;
+    if (!usable) continue;
+    if (blocks != nullptr) {
+      blocks->assign(found.begin(), found.begin() + static_cast<std::ptrdiff_t>(end));
+      std::fill(blocks->begin(), blocks->begin() + static_cast<std::ptrdiff_t>(first), kNoBlock);
+    }
+    return c;
+  }
+  return 0;
+}
+
+namespace {
+
+Status check_prompt(const std::vector<TokenId>& prompt, int64_t max_cached,
+                    const CacheConfig& config) {
+  const int64_t len = static_cast<int64_t>(prompt.size());
+  if (len > config.max_sequence_length) {
+    return out_of_range("prompt of " + std::to_string(len) + " tokens exceeds max_sequence_length " +
+                        std::to_string(config.max_sequence_length));
+  }
+  if (max_cached < -1) {
+    return invalid_argument("max_cached must be >= 0 (or -1: no bound), got " +
+                            std::to_string(max_cached));
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+StatusOr<int64_t> ControlPlane::cached_prefix(const std::vector<TokenId>& prompt, NamespaceId ns,
+                                              int64_t max_cached) const {
+  PAGEDKV_RETURN_IF_ERROR(check_prompt(prompt, max_cached, config_));
+  const int64_t cap = max_cached < 0 ? static_cast<int64_t>(prompt.size()) : max_cached;
+  return match_prefix(prompt, ns, cap, nullptr);
+}
+
 StatusOr<int64_t> ControlPlane::add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
                                              const SequenceOptions& options) {
+  return add_sequence(id, prompt, options, -1);
+}
+
+StatusOr<int64_t> ControlPlane::add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
+                                             const SequenceOptions& options, int64_t max_cached) {
   PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("add_sequence"));
   if (seqs_.find(id) != nullptr) return already_exists(seq_name(id) + " already exists");
   PAGEDKV_RETURN_IF_ERROR(validate_options(options));
+  PAGEDKV_RETURN_IF_ERROR(check_prompt(prompt, max_cached, config_));
   const int64_t len = static_cast<int64_t>(prompt.size());
-  if (len > config_.max_sequence_length) {
-    return out_of_range("prompt of " + std::to_string(len) +
-                        " tokens exceeds max_sequence_length " +
-                        std::to_string(config_.max_sequence_length));
-  }
-  // Longest match over full blocks in either tier. Host-resident ones make the sequence
-  // offloaded: its first reserve (or a restore/prefetch) onboards them before any use.
+  // Host-resident blocks make the sequence offloaded: its first reserve (or a restore/prefetch)
+  // onboards them before any use.
   std::vector<LogicalId> matched;
-  if (config_.enable_prefix_caching) {
-    NodeId parent = kRootNode;
-    for (int64_t i = 0; (i + 1) * block_size_ <= len; ++i) {
-      const NodeId n =
-          index_.find(parent, options.ns, &prompt[static_cast<size_t>(i * block_size_)]);
-      if (n < 0) break;
-      matched.push_back(index_.node(n).block);
-      parent = n;
-    }
-  }
-  int64_t cached = static_cast<int64_t>(matched.size()) * block_size_;
-  // At least one token is left to compute; its block (if matched) is copied on write.
-  if (cached == len && len > 0) cached = len - 1;
-  matched.resize(static_cast<size_t>((cached + block_size_ - 1) / block_size_));
+  const int64_t cached = match_prefix(prompt, options.ns, max_cached < 0 ? len : max_cached,
+                                      &matched);
 
   Sequence* s = seqs_.create(id);
   s->options = options;
   s->tokens.assign(prompt.begin(), prompt.begin() + cached);
   s->blocks = matched;
+  s->first_live = window_first_block(cached);
   bool on_host = false;
-  for (size_t i = 0; i < matched.size(); ++i) {
+  for (size_t i = s->first_live; i < matched.size(); ++i) {
     BlockInfo& info = blocks_[matched[i]];
     if (info.ref++ == 0) {
       tier(info.tier).remove_cached();
@@ -95,6 +156,7 @@ Status ControlPlane::commit(SequenceId id, const TokenId* tokens, int64_t n) {
       register_full_block(s, static_cast<size_t>(i));
     }
   }
+  if (window_ > 0) trim_window(s);
   return ok_status();
 }
 
@@ -135,6 +197,15 @@ Status ControlPlane::rollback(SequenceId id, int64_t length) {
     return out_of_range("rollback: length " + std::to_string(length) + " outside [0, " +
                         std::to_string(s->length()) + "] for " + seq_name(id));
   }
+  if (length > 0 && window_first_block(length) < s->first_live) {
+    return failed_precondition("rollback: " + seq_name(id) + " no longer holds the tokens before " +
+                               std::to_string(static_cast<int64_t>(s->first_live) * block_size_) +
+                               " (they fell out of the sliding window); the shortest length it "
+                               "can roll back to is " +
+                               std::to_string(static_cast<int64_t>(s->first_live) * block_size_ +
+                                              window_) +
+                               " (or 0)");
+  }
   s->tokens.resize(static_cast<size_t>(length));
   s->pending = 0;
   release_tail(s, static_cast<size_t>((length + block_size_ - 1) / block_size_));
@@ -154,7 +225,8 @@ Status ControlPlane::fork(SequenceId parent, SequenceId child) {
   c->tokens = p->tokens;
   const size_t keep = static_cast<size_t>((p->length() + block_size_ - 1) / block_size_);
   c->blocks.assign(p->blocks.begin(), p->blocks.begin() + static_cast<std::ptrdiff_t>(keep));
-  for (LogicalId b : c->blocks) ++blocks_[b].ref;  // held by the parent: never 0 -> 1
+  c->first_live = std::min(p->first_live, keep);
+  for (LogicalId b : c->live_blocks()) ++blocks_[b].ref;  // held by the parent: never 0 -> 1
   c->arrival = ++tick_;
   c->last_used = c->arrival;
   update_victim(c);
@@ -185,7 +257,7 @@ Status ControlPlane::erase(SequenceId id) {
   // Drop the cached blocks nobody else references, deepest first so each is a leaf in turn.
   for (size_t i = held.size(); i > 0; --i) {
     const LogicalId b = held[i - 1];
-    if (!blocks_.live(b)) continue;
+    if (b == kNoBlock || !blocks_.live(b)) continue;
     const BlockInfo& info = blocks_[b];
     if (info.ref != 0 || info.node < 0 || index_.node(info.node).children != 0) continue;
     unlist(b);

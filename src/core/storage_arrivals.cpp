@@ -23,7 +23,9 @@ StatusOr<StorageLookup> ControlPlane::storage_lookup(const std::vector<TokenId>&
   StorageLookup out;
   out.ns = ns;
   out.parent_hash = PrefixIndex::root_hash(ns);
-  if (!config_.enable_prefix_caching || max_blocks <= 0) return out;
+  // A window cache's flat nodes are not read back from a store (KvCache refuses a storage tier
+  // for one): nothing to fetch.
+  if (!config_.enable_prefix_caching || max_blocks <= 0 || window_ > 0) return out;
   int64_t i = 0;
   for (; (i + 1) * block_size_ <= len; ++i) {
     const NodeId n = index_.find(out.parent, ns, &prompt[static_cast<size_t>(i * block_size_)]);

@@ -167,7 +167,7 @@ void ControlPlane::do_offload(Sequence* s, Transfers* out) {
   journal_.sequence(*s);
   make_room(Tier::kHost, exclusive_device_blocks(*s), out);
   int64_t moved = 0;
-  for (LogicalId b : s->blocks) {
+  for (LogicalId b : s->live_blocks()) {
     const BlockInfo& info = blocks_[b];
     if (info.ref != 1 || info.tier != Tier::kDevice) continue;
     move_block(b, Tier::kHost, out);
@@ -186,7 +186,7 @@ void ControlPlane::do_offload(Sequence* s, Transfers* out) {
 void ControlPlane::do_restore(Sequence* s, Transfers* out) {
   journal_.sequence(*s);
   int64_t moved = 0;
-  for (LogicalId b : s->blocks) {
+  for (LogicalId b : s->live_blocks()) {
     if (blocks_[b].tier != Tier::kHost) continue;
     if (blocks_.free_count(Tier::kDevice) == 0) evict_one(out);
     move_block(b, Tier::kDevice, out);
@@ -229,7 +229,7 @@ Status ControlPlane::run_restore(SequenceId id, Transfers* out) {
   if (s == nullptr) return unknown(id);
   if (!s->offloaded) return failed_precondition("restore: " + seq_name(id) + " is not offloaded");
   int64_t host_blocks = 0;
-  for (LogicalId b : s->blocks) host_blocks += blocks_[b].tier == Tier::kHost ? 1 : 0;
+  for (LogicalId b : s->live_blocks()) host_blocks += blocks_[b].tier == Tier::kHost ? 1 : 0;
   VictimPlan plan;
   PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(host_blocks, s, &plan));
   begin_journal();
@@ -247,7 +247,7 @@ Status ControlPlane::run_prefetch(const std::vector<SequenceId>& ids, Transfers*
     Sequence* s = seqs_.find(id);
     if (!s->offloaded) continue;
     int64_t host_blocks = 0;
-    for (LogicalId b : s->blocks) host_blocks += blocks_[b].tier == Tier::kHost ? 1 : 0;
+    for (LogicalId b : s->live_blocks()) host_blocks += blocks_[b].tier == Tier::kHost ? 1 : 0;
     if (host_blocks > device_available()) continue;
     do_restore(s, out);
   }
