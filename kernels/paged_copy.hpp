@@ -2,13 +2,18 @@
 // blocks inside the pool.
 //
 // One body (PagedRowBody) serves write_kv, write_kv_all_layers, scatter_head_range, gather and
-// import: each index moves one segment of one row, a row being the heads [head0, head0 + nh) of
-// one (layer, K/V, token). The host picks the segment length: a whole row per index on the CPU
-// (the divisions of the index decomposition are paid once per row) and one 16-byte vector per
-// index on the GPU (consecutive threads touch consecutive 16 bytes: coalesced). Same code, two
-// launch shapes; the tests run both shapes on the CPU backend. The index decomposition divides
-// by host-fixed values only (segments per row, tokens, block size, head dim) through
-// precomputed FastDivmod multipliers: no 64-bit division per vector on the GPU.
+// import. A row is the heads [head0, head0 + nh) of one (layer, K/V, token); it is cut into
+// chunks (a whole row on the CPU, one 16-byte vector or 8 converted elements on the GPU) and
+// handed to a power-of-two group of consecutive indices, its lanes: lane l moves chunks l,
+// l + lanes, l + 2 * lanes, ... On the GPU a group of up to 32 lanes is one warp (or a part of
+// one: a short row leaves the warp's other lanes to the next rows), so consecutive threads touch
+// consecutive 16 bytes (coalesced) and a thread finds its row's place (token, slot, block, the
+// pool and tensor offsets) once per row, not once per 16 bytes; from chunk to chunk it only adds
+// a step fixed on the host. On the CPU a row has one lane. The body reads nothing but its own
+// index, so the mapping holds for any grid, block size and execution order; a warp-aligned group
+// is what makes it fast, not what makes it correct. Same code, two launch shapes; the tests run
+// both on the CPU backend. The remaining divisions (by tokens, block size, head dim) go through
+// precomputed FastDivmod multipliers: no 64-bit division on the GPU.
 //
 // Device-resident indices (slots, block tables, indptr) cannot be checked on the host without a
 // synchronisation, so the body bounds-checks them and skips an out-of-range entry like a -1 slot.
@@ -109,6 +114,41 @@ PAGEDKV_HOST_DEVICE void copy_row_segment(char* PAGEDKV_RESTRICT dst, int64_t ds
   }
 }
 
+/// The chunks of one row that one lane moves: its first, then every `lanes`-th after it. A
+/// position is (head, element of the head); the step between two of a lane's chunks, in heads
+/// and elements, is fixed on the host, so the walk divides nothing. A chunk never crosses a
+/// head except when it is the whole row (one chunk, no step).
+struct ChunkWalk {
+  int32_t h;         // head of the current chunk (from head0)
+  int32_t d;         // its first element within that head
+  int64_t count;     // chunks left, the current one included
+  int32_t step_h;    // (lanes * seg_elems) / head_dim
+  int32_t step_d;    // (lanes * seg_elems) % head_dim
+  int32_t head_dim;  // elements per head
+
+  PAGEDKV_HOST_DEVICE void next() {
+    h += step_h;
+    d += step_d;
+    if (d >= head_dim) {
+      d -= head_dim;
+      ++h;
+    }
+  }
+};
+
+/// Copies a lane's chunks of a row, each `seg_bytes` long in N-byte vectors. `es` is the element
+/// size (the walk counts elements, the pointers bytes).
+template <int N>
+PAGEDKV_HOST_DEVICE void copy_row_chunks(char* PAGEDKV_RESTRICT dst, int64_t dst_head_stride,
+                                         const char* PAGEDKV_RESTRICT src, int64_t src_head_stride,
+                                         ChunkWalk w, int64_t es, int64_t head_bytes,
+                                         int64_t seg_bytes) {
+  for (; w.count > 0; --w.count, w.next()) {
+    copy_row_segment<N>(dst, dst_head_stride, src, src_head_stride, w.h, w.d * es, head_bytes,
+                        seg_bytes);
+  }
+}
+
 /// The storage type of one element of T.
 template <DType T>
 struct Storage {
@@ -141,8 +181,25 @@ PAGEDKV_HOST_DEVICE void move_vectors(void* dst, const void* src) {
 #endif
 }
 
-/// Elements per index of the vectorised conversion path.
+/// Elements per chunk of the vectorised conversion path.
 inline constexpr int kConvertVecElems = 8;
+
+/// The scales of one row's heads, resolved once per row: head h (from head0) has p[h * per_head]
+/// (per_head 0: one scale per layer); 1 where p is null (unscaled). The values KvScales::get
+/// gives, with the part, layer and head0 arithmetic done once.
+struct RowScales {
+  const float* p;
+  int64_t per_head;
+
+  PAGEDKV_HOST_DEVICE static RowScales of(const KvScales& s, KvPart part, int32_t layer,
+                                          int32_t head0, int32_t num_kv_heads) {
+    if (s.granularity == ScaleGranularity::kNone) return {nullptr, 0};
+    const float* base = part == KvPart::kKey ? s.k : s.v;
+    if (s.granularity == ScaleGranularity::kPerLayer) return {base + layer, 0};
+    return {base + static_cast<int64_t>(layer) * num_kv_heads + head0, 1};
+  }
+  PAGEDKV_HOST_DEVICE float at(int64_t h) const { return p == nullptr ? 1.0f : p[h * per_head]; }
+};
 
 /// Same walk, element by element, converting Src to Dst through float with a per-head scale:
 /// x / scale when quantising into the pool, x * scale when reading out of it. With `vec8` (the
@@ -154,10 +211,8 @@ template <DType Src, DType Dst>
 PAGEDKV_HOST_DEVICE void convert_row_segment(void* dst, int64_t dst_head_stride, const void* src,
                                              int64_t src_head_stride, int64_t h, int64_t d,
                                              int64_t head_dim, int64_t seg_elems,
-                                             const KvScales& scales, KvPart part, int32_t layer,
-                                             int32_t head0, int32_t num_kv_heads, bool divide,
-                                             bool vec8) {
-  float scale = scales.get(part, layer, head0 + static_cast<int32_t>(h), num_kv_heads);
+                                             const RowScales& scales, bool divide, bool vec8) {
+  float scale = scales.at(h);
   if (vec8) {
     using S = typename Storage<Src>::Type;
     using D = typename Storage<Dst>::Type;
@@ -183,31 +238,36 @@ PAGEDKV_HOST_DEVICE void convert_row_segment(void* dst, int64_t dst_head_stride,
     if (++d == head_dim && k + 1 < seg_elems) {
       d = 0;
       ++h;
-      scale = scales.get(part, layer, head0 + static_cast<int32_t>(h), num_kv_heads);
+      scale = scales.at(h);
     }
   }
 }
 
+/// convert_row_segment over a lane's chunks of a row.
+template <DType Src, DType Dst>
+PAGEDKV_HOST_DEVICE void convert_row_chunks(void* dst, int64_t dhs, const void* src, int64_t shs,
+                                            ChunkWalk w, int64_t n, const RowScales& s, bool divide,
+                                            bool vec8) {
+  for (; w.count > 0; --w.count, w.next()) {
+    convert_row_segment<Src, Dst>(dst, dhs, src, shs, w.h, w.d, w.head_dim, n, s, divide, vec8);
+  }
+}
+
 template <DType Src>
-PAGEDKV_HOST_DEVICE void convert_row_segment_to(DType dst_type, void* dst, int64_t dhs,
-                                                const void* src, int64_t shs, int64_t h, int64_t d,
-                                                int64_t hd, int64_t n, const KvScales& s,
-                                                KvPart part, int32_t layer, int32_t head0,
-                                                int32_t heads, bool divide, bool vec8) {
+PAGEDKV_HOST_DEVICE void convert_row_chunks_to(DType dst_type, void* dst, int64_t dhs,
+                                               const void* src, int64_t shs, const ChunkWalk& w,
+                                               int64_t n, const RowScales& s, bool divide,
+                                               bool vec8) {
   switch (dst_type) {
     case DType::kFloat16:
-      return convert_row_segment<Src, DType::kFloat16>(dst, dhs, src, shs, h, d, hd, n, s, part,
-                                                       layer, head0, heads, divide, vec8);
+      return convert_row_chunks<Src, DType::kFloat16>(dst, dhs, src, shs, w, n, s, divide, vec8);
     case DType::kBFloat16:
-      return convert_row_segment<Src, DType::kBFloat16>(dst, dhs, src, shs, h, d, hd, n, s, part,
-                                                        layer, head0, heads, divide, vec8);
+      return convert_row_chunks<Src, DType::kBFloat16>(dst, dhs, src, shs, w, n, s, divide, vec8);
     case DType::kFloat32:
-      return convert_row_segment<Src, DType::kFloat32>(dst, dhs, src, shs, h, d, hd, n, s, part,
-                                                       layer, head0, heads, divide, vec8);
+      return convert_row_chunks<Src, DType::kFloat32>(dst, dhs, src, shs, w, n, s, divide, vec8);
     case DType::kFloat8E4M3:
     default:
-      return convert_row_segment<Src, DType::kFloat8E4M3>(dst, dhs, src, shs, h, d, hd, n, s, part,
-                                                          layer, head0, heads, divide, vec8);
+      return convert_row_chunks<Src, DType::kFloat8E4M3>(dst, dhs, src, shs, w, n, s, divide, vec8);
   }
 }
 
@@ -220,11 +280,16 @@ enum class RowMapping : int32_t {
   kBatch = 2,  // ragged batch: sequence s holds t in [indptr[s], indptr[s+1]), table row s
 };
 
+/// The most lanes (consecutive indices) a row gets: one warp. A power of two that divides 32, so
+/// a row's lanes never straddle two warps of a block of whole warps.
+inline constexpr int kMaxRowLanes = 32;
+
 /// Moves rows between the pool and a contiguous ("linear") tensor, in either direction,
 /// converting dtype and applying fp8 scales when the two element types differ.
 ///
-/// Index space: num_layers_op * 2 * num_tokens * segs_per_row, ordered (layer, K/V, token,
-/// segment) so that consecutive indices touch consecutive bytes of a row.
+/// Index space: num_layers_op * 2 * num_tokens rows of 2^lane_shift lanes each, ordered (layer,
+/// K/V, token, lane); lane l of a row moves its chunks l, l + lanes, ... (of segs_per_row), so
+/// that consecutive indices touch consecutive bytes of a row.
 struct PagedRowBody {
   // Pool side.
   void* pool;
@@ -259,15 +324,18 @@ struct PagedRowBody {
   // Direction and conversion.
   int32_t to_pool;
   int32_t convert;      // 0: same dtype, unscaled: raw vector copy
-  int32_t convert_vec;  // convert path, 8 aligned elements of one head per index: vectors
+  int32_t convert_vec;  // convert path, chunks of 8 aligned elements of one head: vectors
   KvScales scales;
   // Launch shape (chosen on the host).
-  int32_t vec_bytes;  // raw path: 16, 8, 4, 2 or 1
-  int64_t seg_elems;  // elements per index; divides num_heads_op * head_dim
-  int64_t segs_per_row;
-  // Dividers by segs_per_row, num_tokens, layout.block_size and layout.head_dim (set with the
-  // launch shape, by ops_detail::launch_paged_rows).
-  FastDivmod segs_div;
+  int32_t vec_bytes;     // raw path: 16, 8, 4, 2 or 1
+  int64_t seg_elems;     // elements per chunk; divides num_heads_op * head_dim (and head_dim
+                         // unless it is the whole row)
+  int64_t segs_per_row;  // chunks per row
+  int32_t lane_shift;    // log2 of the lanes (indices) per row: 0 on the CPU, up to 5 (a warp)
+  int32_t step_heads;    // (lanes * seg_elems) / head_dim: from a lane's chunk to its next one
+  int32_t step_elems;    // (lanes * seg_elems) % head_dim
+  // Dividers by num_tokens, layout.block_size and layout.head_dim (set with the launch shape, by
+  // ops_detail::launch_paged_rows).
   FastDivmod tokens_div;
   FastDivmod block_div;
   FastDivmod head_dim_div;
@@ -288,9 +356,9 @@ struct PagedRowBody {
   }
 
   PAGEDKV_HOST_DEVICE void operator()(int64_t i) const {
-    int64_t r = 0;
-    int64_t seg = 0;
-    segs_div.divmod(i, r, seg);
+    const int64_t lane = i & ((int64_t{1} << lane_shift) - 1);
+    if (lane >= segs_per_row) return;  // a short row leaves its group's last lanes idle
+    int64_t r = i >> lane_shift;
     int64_t t = 0;
     tokens_div.divmod(r, r, t);
     const KvPart part = static_cast<KvPart>(r & 1);
@@ -341,10 +409,16 @@ struct PagedRowBody {
     lin += static_cast<int64_t>(layer - layer0) * lin_layer_stride;
     const void* lin_base = part == KvPart::kKey ? lin_k : lin_v;
 
-    const int64_t e0 = seg * seg_elems;
-    int64_t h = 0;
-    int64_t d = 0;
-    head_dim_div.divmod(e0, h, d);
+    detail::ChunkWalk w;
+    int64_t h0 = 0;
+    int64_t d0 = 0;
+    head_dim_div.divmod(lane * seg_elems, h0, d0);
+    w.h = static_cast<int32_t>(h0);
+    w.d = static_cast<int32_t>(d0);
+    w.count = ((segs_per_row - 1 - lane) >> lane_shift) + 1;
+    w.step_h = step_heads;
+    w.step_d = step_elems;
+    w.head_dim = head_dim;
 
     if (!convert) {
       const int64_t es = static_cast<int64_t>(dtype_size(pool_dtype));
@@ -358,15 +432,15 @@ struct PagedRowBody {
       const int64_t sb = seg_elems * es;
       switch (vec_bytes) {
         case 16:
-          return detail::copy_row_segment<16>(dst, dhs, src, shs, h, d * es, hb, sb);
+          return detail::copy_row_chunks<16>(dst, dhs, src, shs, w, es, hb, sb);
         case 8:
-          return detail::copy_row_segment<8>(dst, dhs, src, shs, h, d * es, hb, sb);
+          return detail::copy_row_chunks<8>(dst, dhs, src, shs, w, es, hb, sb);
         case 4:
-          return detail::copy_row_segment<4>(dst, dhs, src, shs, h, d * es, hb, sb);
+          return detail::copy_row_chunks<4>(dst, dhs, src, shs, w, es, hb, sb);
         case 2:
-          return detail::copy_row_segment<2>(dst, dhs, src, shs, h, d * es, hb, sb);
+          return detail::copy_row_chunks<2>(dst, dhs, src, shs, w, es, hb, sb);
         default:
-          return detail::copy_row_segment<1>(dst, dhs, src, shs, h, d * es, hb, sb);
+          return detail::copy_row_chunks<1>(dst, dhs, src, shs, w, es, hb, sb);
       }
     }
 
@@ -381,25 +455,22 @@ struct PagedRowBody {
     const int64_t dhs = to_pool ? pool_hs : lin_hs;
     const int64_t shs = to_pool ? lin_hs : pool_hs;
     const bool divide = to_pool != 0;
-    const int32_t kvh = layout.num_kv_heads;
+    const detail::RowScales rs =
+        detail::RowScales::of(scales, part, layer, head0, layout.num_kv_heads);
     switch (st) {
       case DType::kFloat16:
-        return detail::convert_row_segment_to<DType::kFloat16>(
-            dt, dst, dhs, src, shs, h, d, head_dim, seg_elems, scales, part, layer, head0, kvh,
-            divide, convert_vec != 0);
+        return detail::convert_row_chunks_to<DType::kFloat16>(dt, dst, dhs, src, shs, w, seg_elems,
+                                                              rs, divide, convert_vec != 0);
       case DType::kBFloat16:
-        return detail::convert_row_segment_to<DType::kBFloat16>(
-            dt, dst, dhs, src, shs, h, d, head_dim, seg_elems, scales, part, layer, head0, kvh,
-            divide, convert_vec != 0);
+        return detail::convert_row_chunks_to<DType::kBFloat16>(dt, dst, dhs, src, shs, w, seg_elems,
+                                                               rs, divide, convert_vec != 0);
       case DType::kFloat32:
-        return detail::convert_row_segment_to<DType::kFloat32>(
-            dt, dst, dhs, src, shs, h, d, head_dim, seg_elems, scales, part, layer, head0, kvh,
-            divide, convert_vec != 0);
+        return detail::convert_row_chunks_to<DType::kFloat32>(dt, dst, dhs, src, shs, w, seg_elems,
+                                                              rs, divide, convert_vec != 0);
       case DType::kFloat8E4M3:
       default:
-        return detail::convert_row_segment_to<DType::kFloat8E4M3>(
-            dt, dst, dhs, src, shs, h, d, head_dim, seg_elems, scales, part, layer, head0, kvh,
-            divide, convert_vec != 0);
+        return detail::convert_row_chunks_to<DType::kFloat8E4M3>(
+            dt, dst, dhs, src, shs, w, seg_elems, rs, divide, convert_vec != 0);
     }
   }
 };

@@ -8,6 +8,9 @@
 namespace pagedkv::cuda {
 
 inline constexpr int kThreadsPerBlock = 256;
+// Whole warps: PagedRowBody gives a row up to 32 consecutive indices and counts on a warp holding
+// whole groups of them (the grid stride is a multiple of the block, so this holds in every pass).
+static_assert(kThreadsPerBlock % 32 == 0, "blocks of whole warps");
 
 template <typename Body>
 __global__ void __launch_bounds__(kThreadsPerBlock)

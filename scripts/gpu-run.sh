@@ -16,8 +16,13 @@
 #
 # The preflight requires examples/paged_decode_attention to report `backend: cuda`; otherwise
 # the run stops there and fails (an all-skipped run must not pass). PAGEDKV_GPU_DRYRUN=1 lifts
-# that requirement, so the whole sequence can be exercised on a machine without a GPU.
-# Exit status: 0 when no row says FAIL, 1 otherwise, 2 for bad usage.
+# that requirement, so the whole sequence can be exercised on a machine without a GPU
+# (tests/scripts/gpu_run_dryrun_test.sh does, in CI, against stub binaries).
+# PAGEDKV_GPU_SANITIZER names the compute-sanitizer to use ("none": skip those rows); by default
+# it is looked for on PATH, in $CUDA_HOME/bin and /usr/local/cuda*/bin.
+# A TERM or INT (the device tool's limit) stops the running step at once and still writes the
+# result row, bench.txt and logs.tgz.
+# Exit status: 0 when no row says FAIL and at least one step ran, 1 otherwise, 2 for bad usage.
 set -uo pipefail
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -53,10 +58,13 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/pagedkv-gpu-run.XXXXXX") || exit 2
 deadline=$((SECONDS + budget))
 status=0
 out_of_time=0  # steps skipped because the deadline was near
+ran=0          # steps that ran (passed or not)
+child=""       # the bounded command running now, if any
 
 export PAGEDKV_LOG_LEVEL=warn
 # A CUDA test that finds no device fails instead of skipping (tests/support/backend_test.hpp).
-[[ -n "${PAGEDKV_GPU_DRYRUN:-}" ]] || export PAGEDKV_REQUIRE_CUDA=1
+# Keyed on `dry`, not on the variable being set: PAGEDKV_GPU_DRYRUN=0 is a real run.
+((dry)) || export PAGEDKV_REQUIRE_CUDA=1
 export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # The binaries of the bundle, by role.
@@ -101,13 +109,38 @@ finish() {
   write_bench
   local note="$SECONDS s of a $budget s budget"
   ((out_of_time)) && note+="; $out_of_time steps not run for lack of time"
+  if ((ran == 0)); then
+    note+="; no step ran"  # nothing was checked: never a pass
+    status=1
+  fi
   if ((status == 0)); then row result PASS "$note"
   else row result FAIL "$note; full logs in logs.tgz"; fi
   tar -C "$work" -czf "$out/logs.tgz" . 2>/dev/null
   rm -rf "$work"
   exit "$status"
 }
-trap 'row killed FAIL "signal after $SECONDS s"; status=1; finish' TERM INT
+# shellcheck disable=SC2317  # invoked by the trap
+on_signal() {
+  [[ -n $child ]] && kill -TERM "$child" 2>/dev/null  # timeout passes it on to its command
+  row killed FAIL "signal after $SECONDS s"
+  status=1
+  finish
+}
+trap on_signal TERM INT
+
+# bounded SECONDS LOG CMD...: runs CMD for at most SECONDS, its output in LOG, and returns its
+# exit status (124 or 137 when cut off). It runs in the background and is waited for: bash runs a
+# trap only between foreground commands, but it interrupts `wait` at once.
+bounded() {
+  local secs=$1 log=$2 rc
+  shift 2
+  timeout -k 5 "$secs" "$@" >"$log" 2>&1 &
+  child=$!
+  wait "$child"
+  rc=$?
+  child=""
+  return "$rc"
+}
 
 # detail KIND LOG: what a row says about a finished step, from its log.
 detail() {
@@ -147,7 +180,8 @@ step() {
     return 125
   fi
   local t0=$SECONDS rc
-  timeout -k 5 "$want" "$@" >"$work/$name.log" 2>&1
+  ran=$((ran + 1))
+  bounded "$want" "$work/$name.log" "$@"
   rc=$?
   local took=$((SECONDS - t0)) info
   info=$(detail "$kind" "$work/$name.log")
@@ -209,7 +243,7 @@ row libs pass "all ${#binaries[@]} binaries resolve their libraries"
 
 # The CUDA backend must be the one in use: never an all-skipped pass.
 t0=$SECONDS
-timeout -k 5 60 "$x_attention" >"$work/preflight.log" 2>&1
+bounded 60 "$work/preflight.log" "$x_attention"
 rc=$?
 backend=$(grep -m1 '^backend:' "$work/preflight.log" | cut -c1-90)
 if [[ $backend == "backend: cuda"* ]]; then
@@ -264,14 +298,22 @@ fi
 # --report-api-errors no: the tests provoke failing CUDA calls and query unfinished events on
 # purpose; memory errors are what these rows are for.
 san=""
-for c in "$(command -v compute-sanitizer 2>/dev/null)" "${CUDA_HOME:-/nonexistent}/bin/compute-sanitizer" \
-         /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer \
-         /opt/nvidia/compute-sanitizer/compute-sanitizer; do
-  [[ -n $c && -x $c ]] && { san=$c; break; }
-done
+if [[ -n ${PAGEDKV_GPU_SANITIZER:-} ]]; then
+  [[ $PAGEDKV_GPU_SANITIZER != none ]] && san=$PAGEDKV_GPU_SANITIZER
+else
+  for c in "$(command -v compute-sanitizer 2>/dev/null)" "${CUDA_HOME:-/nonexistent}/bin/compute-sanitizer" \
+           /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer \
+           /opt/nvidia/compute-sanitizer/compute-sanitizer; do
+    [[ -n $c && -x $c ]] && { san=$c; break; }
+  done
+fi
 san_args=(--error-exitcode 3 --report-api-errors no --print-limit 50)
 if [[ -z $san ]]; then
-  row compute-sanitizer skip "not found (PATH, \$CUDA_HOME/bin, /usr/local/cuda*/bin)"
+  if [[ ${PAGEDKV_GPU_SANITIZER:-} == none ]]; then
+    row compute-sanitizer skip "PAGEDKV_GPU_SANITIZER=none"
+  else
+    row compute-sanitizer skip "not found (PATH, \$CUDA_HOME/bin, /usr/local/cuda*/bin)"
+  fi
 else
   # A probe first, memcheck of the example: under gVisor compute-sanitizer refuses the device
   # ("Device not supported", then error 999); then the sanitizer rows are skipped, not failed.
@@ -282,8 +324,7 @@ else
     probe=no
   else
     t0=$SECONDS
-    timeout -k 5 45 "$san" --tool memcheck "${san_args[@]}" "$x_attention" \
-      >"$work/memcheck_probe.log" 2>&1
+    bounded 45 "$work/memcheck_probe.log" "$san" --tool memcheck "${san_args[@]}" "$x_attention"
     rc=$?
     refused=$(grep -m1 -E 'Device not supported|not supported on|Internal Sanitizer Error|failed to initiali[sz]e|Unable to (find|load)' \
               "$work/memcheck_probe.log" | sed 's/^=* *//' | cut -c1-90)

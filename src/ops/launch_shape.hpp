@@ -5,8 +5,9 @@
 
 namespace pagedkv::ops_detail {
 
-/// kWide: a whole row (or block) per index, the CPU backend's shape; kNarrow: one vector per
-/// index, the GPU's shape; kAuto: by backend kind.
+/// kWide: a whole row (or block) per index, the CPU backend's shape; kNarrow: the GPU's shape,
+/// rows cut into vector-sized chunks, up to a warp's worth of indices per row (one vector per
+/// index for blocks); kAuto: by backend kind.
 enum class LaunchShape { kAuto = 0, kWide = 1, kNarrow = 2 };
 
 /// Forces a shape for every later op on any backend (tests use it to run the GPU's shape on the

@@ -167,11 +167,11 @@ Status launch_paged_rows(Backend& backend, kernels::PagedRowBody b, Stream strea
     b.seg_elems = b.vec_bytes / static_cast<int64_t>(dtype_size(b.pool_dtype));
     if (b.seg_elems == 0) b.seg_elems = 1;
   } else {
-    // Element-wise conversion: a few elements per thread, never crossing the row's end.
+    // Element-wise conversion: a few elements of one head per chunk.
     int64_t seg = kernels::detail::kConvertVecElems;
     while (head_dim % seg != 0) seg /= 2;
     b.seg_elems = seg;
-    // Eight elements of one head per index, loaded and stored with vectors when every segment
+    // Eight elements of one head per chunk, loaded and stored with vectors when every chunk
     // of both sides is aligned to its size (up to 16 bytes): each segment starts at a multiple
     // of head_dim plus a multiple of 8 elements from a base, on the pool and the linear side.
     if (seg == kernels::detail::kConvertVecElems) {
@@ -189,17 +189,27 @@ Status launch_paged_rows(Backend& backend, kernels::PagedRowBody b, Stream strea
     }
   }
   b.segs_per_row = row_elems / b.seg_elems;
+  // Lanes per row: one on the CPU (a whole row per index); in the narrow shape the smallest power
+  // of two that covers the row's chunks, at most a warp, so that a short row shares its warp with
+  // the next rows and a long one gives each lane several chunks.
+  int64_t lanes = 1;
+  b.lane_shift = 0;
+  while (b.seg_elems != row_elems && lanes < kernels::kMaxRowLanes && lanes < b.segs_per_row) {
+    lanes *= 2;
+    ++b.lane_shift;
+  }
+  b.step_heads = static_cast<int32_t>(lanes * b.seg_elems / head_dim);
+  b.step_elems = static_cast<int32_t>(lanes * b.seg_elems % head_dim);
   // The ops bound num_tokens * row_elems by the linear tensor's reach; the index space adds the
-  // layer and K/V factors, so it is checked too.
+  // layer and K/V factors and the lanes, so it is checked too.
   int64_t items = 0;
   if (__builtin_mul_overflow(static_cast<int64_t>(b.num_layers_op) * 2, b.num_tokens, &items) ||
-      __builtin_mul_overflow(items, b.segs_per_row, &items)) {
+      __builtin_mul_overflow(items, lanes, &items)) {
     return invalid_argument("num_tokens: " + std::to_string(b.num_tokens) +
                             " tokens make an index space past int64");
   }
   if (items == 0) return ok_status();
   // Every divisor of the index decomposition, precomputed once per launch (all positive here).
-  b.segs_div = kernels::FastDivmod::make(static_cast<uint64_t>(b.segs_per_row));
   b.tokens_div = kernels::FastDivmod::make(static_cast<uint64_t>(b.num_tokens));
   b.block_div = kernels::FastDivmod::make(static_cast<uint64_t>(b.layout.block_size));
   b.head_dim_div = kernels::FastDivmod::make(static_cast<uint64_t>(head_dim));

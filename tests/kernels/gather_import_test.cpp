@@ -39,6 +39,18 @@ const PackCase kCases[] = {
      ScaleGranularity::kPerHead},
     {DType::kFloat8E4M3, DType::kFloat8E4M3, PageLayout::kHND, PackedLayout::kTokenMajor, 8, 96, 8,
      ScaleGranularity::kNone},
+    // Odd rows for the narrow shape's lanes (see write_kv_test.cpp): idle lanes, several chunks
+    // per lane, heads of 24, 14 and 400 bytes, chunks of 4 converted elements.
+    {DType::kFloat16, DType::kFloat16, PageLayout::kNHD, PackedLayout::kTokenMajor, 5, 12, 8,
+     ScaleGranularity::kNone},
+    {DType::kFloat16, DType::kFloat16, PageLayout::kHND, PackedLayout::kHeadMajor, 3, 7, 4,
+     ScaleGranularity::kNone},
+    {DType::kBFloat16, DType::kBFloat16, PageLayout::kHND, PackedLayout::kTokenMajor, 6, 200, 8,
+     ScaleGranularity::kNone},
+    {DType::kFloat32, DType::kFloat16, PageLayout::kNHD, PackedLayout::kHeadMajor, 7, 40, 16,
+     ScaleGranularity::kNone},
+    {DType::kFloat8E4M3, DType::kBFloat16, PageLayout::kHND, PackedLayout::kTokenMajor, 5, 36, 8,
+     ScaleGranularity::kPerHead},
 };
 
 Shape shape_of(const PackCase& c) {

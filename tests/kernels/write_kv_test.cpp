@@ -41,6 +41,26 @@ const WriteCase kCases[] = {
      ScaleGranularity::kNone},
     {DType::kFloat8E4M3, DType::kFloat16, PageLayout::kNHD, 1, 128, 1, 6, 0,
      ScaleGranularity::kNone},
+    // Odd rows for the narrow shape's lanes (a power of two per row, up to a warp): chunks per
+    // row not a power of two (idle lanes), more than 32 (a lane takes several; the step from
+    // one of its chunks to the next crosses a head boundary or two), heads of 24, 14, 20 or 400
+    // bytes (8-, 2-, 4-byte vectors), odd token counts.
+    {DType::kFloat16, DType::kFloat16, PageLayout::kNHD, 5, 12, 8, 33, 0,
+     ScaleGranularity::kNone},  // 24 B heads: 15 vectors of 8 B, 16 lanes
+    {DType::kFloat16, DType::kFloat16, PageLayout::kHND, 3, 7, 4, 11, 0,
+     ScaleGranularity::kNone},  // 14 B heads: 21 vectors of 2 B, 32 lanes
+    {DType::kFloat32, DType::kFloat32, PageLayout::kNHD, 1, 5, 2, 7, 0,
+     ScaleGranularity::kNone},  // 20 B: 5 vectors of 4 B, 8 lanes, 3 idle
+    {DType::kBFloat16, DType::kBFloat16, PageLayout::kNHD, 6, 200, 16, 35, 0,
+     ScaleGranularity::kNone},  // 150 vectors of 16 B: 4-5 per lane, step 256 elements
+    {DType::kFloat16, DType::kFloat32, PageLayout::kNHD, 7, 40, 16, 3, 0,
+     ScaleGranularity::kNone},  // 35 converted chunks of 8: 3 lanes take two
+    {DType::kFloat8E4M3, DType::kFloat16, PageLayout::kNHD, 5, 24, 8, 31, 0,
+     ScaleGranularity::kPerHead},  // 15 chunks of 8, vector conversion
+    {DType::kFloat8E4M3, DType::kBFloat16, PageLayout::kHND, 3, 36, 8, 9, 1,
+     ScaleGranularity::kPerHead},  // chunks of 4 (36 % 8 != 0): element conversion, 27 chunks
+    {DType::kFloat8E4M3, DType::kFloat8E4M3, PageLayout::kNHD, 1, 24, 16, 5, 0,
+     ScaleGranularity::kNone},  // 3 vectors of 8 B, 4 lanes
 };
 
 template <typename Tag>
