@@ -223,8 +223,9 @@ enum class RowMapping : int32_t {
 /// Moves rows between the pool and a contiguous ("linear") tensor, in either direction,
 /// converting dtype and applying fp8 scales when the two element types differ.
 ///
-/// Index space: num_layers_op * 2 * num_tokens * segs_per_row, ordered (layer, K/V, token,
-/// segment) so that consecutive indices touch consecutive bytes of a row.
+/// Index space: num_layers_op * layout.num_parts * num_tokens * segs_per_row, ordered (layer,
+/// K/V, token, segment) so that consecutive indices touch consecutive bytes of a row. A latent
+/// pool (num_parts 1) moves keys only and never reads lin_v.
 struct PagedRowBody {
   // Pool side.
   void* pool;
@@ -293,8 +294,10 @@ struct PagedRowBody {
     segs_div.divmod(i, r, seg);
     int64_t t = 0;
     tokens_div.divmod(r, r, t);
-    const KvPart part = static_cast<KvPart>(r & 1);
-    const int32_t layer = layer0 + static_cast<int32_t>(r >> 1);
+    // r = (layer - layer0) * num_parts + part; a latent pool has one part (keys) per layer.
+    const bool latent = layout.num_parts == 1;
+    const KvPart part = latent ? KvPart::kKey : static_cast<KvPart>(r & 1);
+    const int32_t layer = layer0 + static_cast<int32_t>(latent ? r : r >> 1);
     const int32_t bs = layout.block_size;
     const int32_t head_dim = layout.head_dim;
 
@@ -404,7 +407,7 @@ struct PagedRowBody {
   }
 };
 
-/// Copies whole blocks (all layers, K and V: one contiguous range each) for a batch of
+/// Copies whole blocks (all layers and parts: one contiguous range each) for a batch of
 /// (src, dst) pairs. Index space: num_pairs * chunks_per_block. A pair whose ids are out of
 /// range, or equal, is skipped.
 struct CopyBlocksBody {
