@@ -16,6 +16,9 @@ namespace pagedkv::kernels {
 /// out[s, qh, :] = softmax(q[s, qh] . K[s, kvh]^T * sm_scale) V[s, kvh], kvh = qh / group.
 /// Index space: batch_size * num_q_heads. q: [batch, num_q_heads, head_dim] of q_dtype;
 /// out: float32 [batch, num_q_heads, head_dim] (used as the accumulator, so no local array).
+/// A latent (MLA) pool is read in the weight-absorbed form: the keys are the whole latent
+/// vectors, the values their `ckv` parts, so out[s, qh, :ckv_dim] is the result and the last
+/// rope_dim elements stay 0.
 struct DecodeAttentionBody {
   device::PagedKvView view;
   const void* q;
@@ -31,6 +34,9 @@ struct DecodeAttentionBody {
     const int32_t group = num_q_heads / view.layout.num_kv_heads;
     const int32_t kvh = qh / group;
     const int32_t dim = view.layout.head_dim;
+    const bool latent = view.layout.is_latent();
+    const int32_t v_dim = latent ? view.layout.ckv_dim() : dim;
+    const KvPart v_part = latent ? KvPart::kKey : KvPart::kValue;
     const int64_t q_base = i * dim;
     float* o = out + i * dim;
     for (int32_t d = 0; d < dim; ++d) o[d] = 0.0f;
@@ -58,11 +64,10 @@ struct DecodeAttentionBody {
       }
       const float w = expf(dot * sm_scale - max_score);
       denom += w;
-      for (int32_t d = 0; d < dim; ++d)
-        o[d] += w * view.load(seq, layer, KvPart::kValue, kvh, p, d);
+      for (int32_t d = 0; d < v_dim; ++d) o[d] += w * view.load(seq, layer, v_part, kvh, p, d);
     }
     const float inv = 1.0f / denom;
-    for (int32_t d = 0; d < dim; ++d) o[d] *= inv;
+    for (int32_t d = 0; d < v_dim; ++d) o[d] *= inv;
   }
 };
 

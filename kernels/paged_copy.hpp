@@ -287,9 +287,10 @@ inline constexpr int kMaxRowLanes = 32;
 /// Moves rows between the pool and a contiguous ("linear") tensor, in either direction,
 /// converting dtype and applying fp8 scales when the two element types differ.
 ///
-/// Index space: num_layers_op * 2 * num_tokens rows of 2^lane_shift lanes each, ordered (layer,
-/// K/V, token, lane); lane l of a row moves its chunks l, l + lanes, ... (of segs_per_row), so
-/// that consecutive indices touch consecutive bytes of a row.
+/// Index space: num_layers_op * layout.num_parts * num_tokens rows of 2^lane_shift lanes each,
+/// ordered (layer, part, token, lane); lane l of a row moves its chunks l, l + lanes, ... (of
+/// segs_per_row), so that consecutive indices touch consecutive bytes of a row. A latent pool
+/// (num_parts 1) moves keys only and never reads lin_v.
 struct PagedRowBody {
   // Pool side.
   void* pool;
@@ -361,8 +362,10 @@ struct PagedRowBody {
     int64_t r = i >> lane_shift;
     int64_t t = 0;
     tokens_div.divmod(r, r, t);
-    const KvPart part = static_cast<KvPart>(r & 1);
-    const int32_t layer = layer0 + static_cast<int32_t>(r >> 1);
+    // r = (layer - layer0) * num_parts + part; a latent pool has one part (keys) per layer.
+    const bool latent = layout.num_parts == 1;
+    const KvPart part = latent ? KvPart::kKey : static_cast<KvPart>(r & 1);
+    const int32_t layer = layer0 + static_cast<int32_t>(latent ? r : r >> 1);
     const int32_t bs = layout.block_size;
     const int32_t head_dim = layout.head_dim;
 
@@ -475,7 +478,7 @@ struct PagedRowBody {
   }
 };
 
-/// Copies whole blocks (all layers, K and V: one contiguous range each) for a batch of
+/// Copies whole blocks (all layers and parts: one contiguous range each) for a batch of
 /// (src, dst) pairs. Index space: num_pairs * chunks_per_block. A pair whose ids are out of
 /// range, or equal, is skipped.
 struct CopyBlocksBody {

@@ -136,7 +136,9 @@ class KvCache {
   StatusOr<std::vector<int64_t>> reserve_batch(const std::vector<SequenceId>& ids, int64_t n_each);
   /// Writes the keys and values of the tokens reserved by the last reserve() into one layer.
   /// `key`/`value` are device pointers to [n, kv_heads, head_dim] with `row_stride` elements
-  /// between tokens (0: packed). kFailedPrecondition when nothing is reserved.
+  /// between tokens (0: packed). A latent (MLA) cache takes the latents as `key` and a null
+  /// `value` (non-null: kInvalidArgument), here and in every call below that takes values.
+  /// kFailedPrecondition when nothing is reserved.
   Status write_kv(SequenceId id, int32_t layer, const void* key, const void* value,
                   DType input_dtype, int64_t row_stride = 0);
   /// Writes one layer's K/V of every token of a built batch through its slot mapping, in one

@@ -80,9 +80,11 @@ struct CacheConfig {
   /// field whose factor overflowed.
   Status validate() const;
 
-  /// Bytes of one block (all layers, keys and values); -1 when that overflows int64.
+  /// Bytes of one block (all layers, keys and values, or latents for kLatent); -1 when that
+  /// overflows int64.
   int64_t block_bytes() const;
-  /// Bytes of one page (one layer's keys or values of one block); -1 when that overflows int64.
+  /// Bytes of one page (one layer's keys, values or latents of one block); -1 when that overflows
+  /// int64.
   int64_t page_bytes() const;
 };
 

@@ -11,6 +11,11 @@
 //
 // fp8 (e4m3) pools: stored = fp8(x / scale), read = fp8 * scale, with scales per layer or per
 // (layer, head) given as device float arrays covering every layer (KvScales).
+//
+// Latent (MLA) pools (layout.num_parts == 1, CacheConfig::kv_kind == kLatent) hold keys only:
+// every op takes the latent vectors [tokens, 1, head_dim] as `key` and needs a null `value`
+// (non-null is kInvalidArgument: "value: a latent (MLA) cache stores no values; pass null");
+// fp8 scales are `scales.k` alone.
 #pragma once
 
 #include <cstddef>
@@ -164,7 +169,7 @@ struct CopyBlocksArgs {
   int64_t num_pairs = 0;
 };
 
-/// Copies whole blocks (every layer, keys and values) for a batch of pairs in one launch
+/// Copies whole blocks (every layer, keys and values or latents) for a batch of pairs in one launch
 /// (copy-on-write, fork). A pair with an id outside the pool is skipped.
 Status copy_blocks(Backend& backend, const PoolRef& pool, const CopyBlocksArgs& args,
                    Stream stream = {});

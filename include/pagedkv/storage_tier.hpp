@@ -37,9 +37,14 @@ struct StorageLayout {
   int32_t block_size = 0;
   DType dtype = DType::kFloat16;
   PageLayout page_layout = PageLayout::kNHD;
+  /// Keys and values, or one latent page per layer (MLA); a latent block never matches a K/V
+  /// block of any shape (the kind is part of the fingerprint).
+  KvKind kv_kind = KvKind::kKeyValue;
+  /// kLatent only: the rotary (`kpe`) elements at the end of each latent vector; 0 for K/V.
+  int32_t rope_dim = 0;
   /// Names the model (and anything else that changes the bytes: weights revision, rope scaling).
   std::string model_id;
-  /// Bytes of one block (all layers, K and V), as CacheConfig::block_bytes().
+  /// Bytes of one block (all layers, K and V or latents), as CacheConfig::block_bytes().
   int64_t block_bytes = 0;
 
   /// The layout of a cache configuration.

@@ -39,6 +39,9 @@ Status field_error(const char* field, const std::string& why) {
 
 bool is_known(DType t) { return static_cast<int>(t) < kNumDTypes; }
 
+// Pages per layer of a block: keys and values, or the one latent page of an MLA cache.
+int64_t parts_per_layer(const CacheConfig& c) { return c.kv_kind == KvKind::kLatent ? 1 : 2; }
+
 // Offsets and sizes are int64 and become size_t allocation sizes.
 static_assert(sizeof(size_t) >= sizeof(int64_t), "pool byte sizes must fit size_t");
 
@@ -55,7 +58,7 @@ const char* checked_sizes(const CacheConfig& c, int64_t* page_bytes, int64_t* bl
     return "head_dim";
   }
   int64_t block = 0;
-  if (__builtin_mul_overflow(page, int64_t{2} * c.num_layers, &block)) return "num_layers";
+  if (__builtin_mul_overflow(page, parts_per_layer(c) * c.num_layers, &block)) return "num_layers";
   *page_bytes = page;
   *block_bytes = block;
   return nullptr;
@@ -129,13 +132,32 @@ Status CacheConfig::validate() const {
   if (dense_max_free_buffers < 0) {
     return field_error("dense_max_free_buffers", "must be zero or positive");
   }
+  if (kv_kind != KvKind::kKeyValue && kv_kind != KvKind::kLatent) {
+    return field_error("kv_kind", "must be key-value or latent");
+  }
+  if (kv_kind == KvKind::kLatent) {
+    if (num_kv_heads != 1) {
+      return field_error("num_kv_heads",
+                         "a latent (MLA) cache holds one latent vector per token: must be 1, got " +
+                             std::to_string(num_kv_heads));
+    }
+    if (rope_dim <= 0 || rope_dim >= head_dim) {
+      return field_error("rope_dim", "a latent (MLA) cache needs 0 < rope_dim < head_dim = " +
+                                         std::to_string(head_dim) + ", got " +
+                                         std::to_string(rope_dim));
+    }
+  } else if (rope_dim != 0) {
+    return field_error("rope_dim", "only a latent (MLA) cache has a rope part: must be 0, got " +
+                                       std::to_string(rope_dim));
+  }
   // The kernels form int64 element and byte offsets into a pool, and its byte size is allocated
   // as a size_t: each pool's bytes, and every product on the way, must fit int64.
   int64_t page = 0, block = 0;
   if (const char* field = checked_sizes(*this, &page, &block)) {
-    return field_error(
-        field, "one block (num_layers * 2 * block_size * num_kv_heads * head_dim * " +
-                   std::to_string(dtype_size(dtype)) + " bytes) overflows 64-bit byte offsets");
+    return field_error(field, "one block (num_layers * " + std::to_string(parts_per_layer(*this)) +
+                                  " * block_size * num_kv_heads * head_dim * " +
+                                  std::to_string(dtype_size(dtype)) +
+                                  " bytes) overflows 64-bit byte offsets");
   }
   int64_t pool = 0;
   if (__builtin_mul_overflow(block, num_device_blocks, &pool)) {
@@ -149,7 +171,7 @@ Status CacheConfig::validate() const {
                                               " bytes: the pool size overflows int64");
   }
   if (mode == CacheMode::kDense) {
-    // A dense buffer grows to max_sequence_length positions of every layer, K and V.
+    // A dense buffer grows to max_sequence_length positions of every layer, K and V (or latent).
     const int64_t position_bytes = block / block_size;
     if (__builtin_mul_overflow(position_bytes, int64_t{max_sequence_length}, &pool)) {
       return field_error("max_sequence_length",

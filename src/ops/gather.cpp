@@ -9,8 +9,8 @@
 namespace pagedkv {
 namespace {
 
-Status validate_packed_side(const PoolRef& pool, DType packed_dtype, PackedLayout packed_layout,
-                            const KvScales& scales, int32_t layer) {
+Status validate_packed_side(const PoolRef& pool, const void* value, DType packed_dtype,
+                            PackedLayout packed_layout, const KvScales& scales, int32_t layer) {
   PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_pool(pool));
   PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_dtype(packed_dtype, "packed_dtype"));
   if (packed_layout != PackedLayout::kHeadMajor && packed_layout != PackedLayout::kTokenMajor) {
@@ -20,6 +20,7 @@ Status validate_packed_side(const PoolRef& pool, DType packed_dtype, PackedLayou
     return invalid_argument("packed_dtype: fp8 packed data needs an fp8 pool");
   }
   PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_scales(pool, packed_dtype, scales));
+  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_value(pool, value, /*needed=*/false, 1));
   return ops_detail::validate_layer(pool, layer, "layer");
 }
 
@@ -38,7 +39,7 @@ Status validate_packed_reach(const PoolRef& pool, const void* key, const void* v
 
 Status validate_single(const PoolRef& pool, const PackedLayerArgs& a) {
   PAGEDKV_RETURN_IF_ERROR(
-      validate_packed_side(pool, a.packed_dtype, a.packed_layout, a.scales, a.layer));
+      validate_packed_side(pool, a.value, a.packed_dtype, a.packed_layout, a.scales, a.layer));
   if (a.num_tokens < 0) return invalid_argument("num_tokens: negative");
   if (a.position_begin < 0) return out_of_range("position_begin: negative");
   if (a.block_table_len < 0) return invalid_argument("block_table_len: negative");
@@ -53,7 +54,7 @@ Status validate_single(const PoolRef& pool, const PackedLayerArgs& a) {
   if (a.num_tokens == 0) return ok_status();
   const size_t es = dtype_size(a.packed_dtype);
   PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_pointer(a.key, es, "key"));
-  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_pointer(a.value, es, "value"));
+  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_value(pool, a.value, /*needed=*/true, es));
   PAGEDKV_RETURN_IF_ERROR(
       ops_detail::validate_pointer(a.block_table, alignof(int32_t), "block_table"));
   return validate_packed_reach(pool, a.key, a.value, a.packed_dtype, a.num_tokens, "num_tokens");
@@ -90,7 +91,7 @@ Status run_single(Backend& backend, const PoolRef& pool, const PackedLayerArgs& 
 
 Status validate_batch(const PoolRef& pool, const PackedBatchArgs& a) {
   PAGEDKV_RETURN_IF_ERROR(
-      validate_packed_side(pool, a.packed_dtype, a.packed_layout, a.scales, a.layer));
+      validate_packed_side(pool, a.value, a.packed_dtype, a.packed_layout, a.scales, a.layer));
   if (a.batch_size < 0) return invalid_argument("batch_size: negative");
   if (a.total_tokens < 0) return invalid_argument("total_tokens: negative");
   if (a.total_tokens > INT32_MAX) {
@@ -104,7 +105,7 @@ Status validate_batch(const PoolRef& pool, const PackedBatchArgs& a) {
   if (a.max_blocks_per_seq <= 0) return invalid_argument("max_blocks_per_seq: must be positive");
   const size_t es = dtype_size(a.packed_dtype);
   PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_pointer(a.key, es, "key"));
-  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_pointer(a.value, es, "value"));
+  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_value(pool, a.value, /*needed=*/true, es));
   PAGEDKV_RETURN_IF_ERROR(
       ops_detail::validate_pointer(a.block_tables, alignof(int32_t), "block_tables"));
   PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_pointer(a.indptr, alignof(int32_t), "indptr"));

@@ -52,18 +52,34 @@ Status validate_pool(const PoolRef& pool) {
   if (l.page_layout != PageLayout::kNHD && l.page_layout != PageLayout::kHND) {
     return invalid_argument("pool.layout: unknown page layout");
   }
+  if (l.num_parts == 1) {
+    if (l.num_kv_heads != 1) {
+      return invalid_argument("pool.layout: a latent (MLA) pool has one head, got " +
+                              std::to_string(l.num_kv_heads));
+    }
+    if (l.rope_dim <= 0 || l.rope_dim >= l.head_dim) {
+      return invalid_argument("pool.layout: a latent (MLA) pool needs 0 < rope_dim < head_dim (" +
+                              std::to_string(l.head_dim) + "), got " + std::to_string(l.rope_dim));
+    }
+  } else if (l.num_parts != 2) {
+    return invalid_argument("pool.layout: num_parts must be 2 (keys, values) or 1 (latent), got " +
+                            std::to_string(l.num_parts));
+  } else if (l.rope_dim != 0) {
+    return invalid_argument("pool.layout: rope_dim is for latent pools only, got " +
+                            std::to_string(l.rope_dim));
+  }
   if (pool.num_blocks <= 0) return invalid_argument("pool.num_blocks: must be positive");
   // The kernels form int64 element and byte offsets into the pool: its byte size must fit int64.
   // Each product is checked, so a huge layout fails here instead of overflowing in block_elems().
   int64_t block_bytes = 0;
   if (__builtin_mul_overflow(int64_t{l.block_size}, int64_t{l.num_kv_heads}, &block_bytes) ||
       __builtin_mul_overflow(block_bytes, int64_t{l.head_dim}, &block_bytes) ||
-      __builtin_mul_overflow(block_bytes, int64_t{2} * l.num_layers, &block_bytes) ||
+      __builtin_mul_overflow(block_bytes, int64_t{l.num_parts} * l.num_layers, &block_bytes) ||
       __builtin_mul_overflow(block_bytes, static_cast<int64_t>(dtype_size(pool.dtype)),
                              &block_bytes)) {
     return invalid_argument(
-        "pool.layout: one block (num_layers * 2 * block_size * num_kv_heads * head_dim elements) "
-        "overflows 64-bit byte offsets");
+        "pool.layout: one block (num_layers * num_parts * block_size * num_kv_heads * head_dim "
+        "elements) overflows 64-bit byte offsets");
   }
   int64_t pool_bytes = 0;
   if (__builtin_mul_overflow(block_bytes, pool.num_blocks, &pool_bytes) ||
@@ -122,8 +138,20 @@ Status validate_scales(const PoolRef& pool, DType other, const KvScales& scales)
     return invalid_argument("scales: the tensor side is fp8 too; scales need fp16/bf16/fp32");
   }
   PAGEDKV_RETURN_IF_ERROR(validate_pointer(scales.k, alignof(float), "scales.k"));
+  // A latent pool has no values: its scales are scales.k alone, scales.v is never read.
+  if (pool.layout.is_latent()) return ok_status();
   PAGEDKV_RETURN_IF_ERROR(validate_pointer(scales.v, alignof(float), "scales.v"));
   return ok_status();
+}
+
+Status validate_value(const PoolRef& pool, const void* value, bool needed, size_t alignment) {
+  if (pool.layout.is_latent()) {
+    if (value != nullptr) {
+      return invalid_argument("value: a latent (MLA) cache stores no values; pass null");
+    }
+    return ok_status();
+  }
+  return needed ? validate_pointer(value, alignment, "value") : ok_status();
 }
 
 int choose_vec_bytes(std::initializer_list<uint64_t> values) {
@@ -201,9 +229,10 @@ Status launch_paged_rows(Backend& backend, kernels::PagedRowBody b, Stream strea
   b.step_heads = static_cast<int32_t>(lanes * b.seg_elems / head_dim);
   b.step_elems = static_cast<int32_t>(lanes * b.seg_elems % head_dim);
   // The ops bound num_tokens * row_elems by the linear tensor's reach; the index space adds the
-  // layer and K/V factors and the lanes, so it is checked too.
+  // layer and part factors and the lanes, so it is checked too.
   int64_t items = 0;
-  if (__builtin_mul_overflow(static_cast<int64_t>(b.num_layers_op) * 2, b.num_tokens, &items) ||
+  if (__builtin_mul_overflow(static_cast<int64_t>(b.num_layers_op) * b.layout.num_parts,
+                             b.num_tokens, &items) ||
       __builtin_mul_overflow(items, lanes, &items)) {
     return invalid_argument("num_tokens: " + std::to_string(b.num_tokens) +
                             " tokens make an index space past int64");

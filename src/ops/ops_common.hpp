@@ -10,7 +10,8 @@
 
 namespace pagedkv::ops_detail {
 
-/// The pool itself: non-null, aligned data, a valid layout, blocks > 0, a known dtype.
+/// The pool itself: non-null, aligned data, a valid layout (num_parts 2, or 1 with one head and
+/// 0 < rope_dim < head_dim), blocks > 0, a known dtype.
 Status validate_pool(const PoolRef& pool);
 /// A non-null device pointer aligned to `alignment` bytes; `name` goes into the message.
 Status validate_pointer(const void* p, size_t alignment, const char* name);
@@ -18,6 +19,10 @@ Status validate_pointer(const void* p, size_t alignment, const char* name);
 Status validate_layer(const PoolRef& pool, int32_t layer, const char* name);
 /// Scales are for fp8 pools with a non-fp8 other side, with non-null arrays.
 Status validate_scales(const PoolRef& pool, DType other, const KvScales& scales);
+/// The value tensor of an op that moves keys and values: a latent (MLA) pool takes none, so a
+/// non-null `value` is kInvalidArgument; otherwise, when `needed` (the op moves tokens), a
+/// non-null pointer aligned to `alignment` bytes.
+Status validate_value(const PoolRef& pool, const void* value, bool needed, size_t alignment);
 /// A dtype value that names one of the four element types.
 Status validate_dtype(DType t, const char* name);
 

@@ -15,6 +15,7 @@ Status scatter_head_range(Backend& backend, const PoolRef& pool, const ScatterHe
     return invalid_argument("input_dtype: fp8 input needs an fp8 pool");
   }
   PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_scales(pool, a.input_dtype, a.scales));
+  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_value(pool, a.value, /*needed=*/false, 1));
   PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_layer(pool, a.layer, "layer"));
   const PoolLayout& l = pool.layout;
   if (a.head_begin < 0 || a.num_heads < 0 || a.head_begin > l.num_kv_heads - a.num_heads) {
@@ -36,7 +37,7 @@ Status scatter_head_range(Backend& backend, const PoolRef& pool, const ScatterHe
   if (a.num_tokens == 0 || a.num_heads == 0) return ok_status();
   const size_t es = dtype_size(a.input_dtype);
   PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_pointer(a.key, es, "key"));
-  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_pointer(a.value, es, "value"));
+  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_value(pool, a.value, /*needed=*/true, es));
   PAGEDKV_RETURN_IF_ERROR(
       ops_detail::validate_pointer(a.block_table, alignof(int32_t), "block_table"));
   // The input is [num_heads, num_tokens, head_dim]: its head stride and last element must be

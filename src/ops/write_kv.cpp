@@ -1,4 +1,4 @@
-// write_kv and write_kv_all_layers: K/V of new tokens into the pool at their slots.
+// write_kv and write_kv_all_layers: K/V (or latents) of new tokens into the pool at their slots.
 #include <string>
 
 #include "common/nvtx.hpp"
@@ -28,6 +28,7 @@ Status validate_write(const PoolRef& pool, const WriteCommon& w, int64_t* row_st
     return invalid_argument("input_dtype: fp8 input needs an fp8 pool");
   }
   PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_scales(pool, w.input_dtype, w.scales));
+  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_value(pool, w.value, /*needed=*/false, 1));
   const int64_t row = static_cast<int64_t>(pool.layout.num_kv_heads) * pool.layout.head_dim;
   *row_stride = w.row_stride == 0 ? row : w.row_stride;
   if (*row_stride < row) {
@@ -38,7 +39,7 @@ Status validate_write(const PoolRef& pool, const WriteCommon& w, int64_t* row_st
   if (w.num_tokens == 0) return ok_status();
   const size_t es = dtype_size(w.input_dtype);
   PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_pointer(w.key, es, "key"));
-  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_pointer(w.value, es, "value"));
+  PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_value(pool, w.value, /*needed=*/true, es));
   PAGEDKV_RETURN_IF_ERROR(
       ops_detail::validate_pointer(w.slot_mapping, alignof(int64_t), "slot_mapping"));
   PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_reach(w.slot_mapping, w.slot_mapping,

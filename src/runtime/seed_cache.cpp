@@ -40,6 +40,11 @@ StatusOr<std::unique_ptr<SeedKvCache>> SeedKvCache::create(const CacheConfig& co
                                                            SeedKvCacheOptions options) {
   PAGEDKV_NVTX_RANGE("pagedkv::SeedKvCache::create");
   PAGEDKV_RETURN_IF_ERROR(config.validate());
+  if (config.kv_kind != KvKind::kKeyValue) {
+    return invalid_argument(
+        "kv_kind: the seed-compatible cache stores keys and values; a latent (MLA) cache needs "
+        "KvCache");
+  }
   if (config.dtype != DType::kFloat16) {
     return invalid_argument("dtype: the seed-compatible cache stores fp16 only, got " +
                             std::string(dtype_name(config.dtype)));

@@ -107,7 +107,26 @@ Status validate_storage_layout(const StorageLayout& l) {
     return invalid_argument("layout.page_layout: unknown page layout " +
                             std::to_string(static_cast<int>(l.page_layout)));
   }
+  if (l.kv_kind != KvKind::kKeyValue && l.kv_kind != KvKind::kLatent) {
+    return invalid_argument("layout.kv_kind: unknown kind " +
+                            std::to_string(static_cast<int>(l.kv_kind)));
+  }
+  if (l.kv_kind == KvKind::kLatent) {
+    if (l.num_kv_heads != 1) {
+      return invalid_argument("layout.num_kv_heads: a latent (MLA) layout has one head, got " +
+                              std::to_string(l.num_kv_heads));
+    }
+    if (l.rope_dim <= 0 || l.rope_dim >= l.head_dim) {
+      return invalid_argument("layout.rope_dim: a latent (MLA) layout needs 0 < rope_dim < " +
+                              std::to_string(l.head_dim) + ", got " + std::to_string(l.rope_dim));
+    }
+  } else if (l.rope_dim != 0) {
+    return invalid_argument("layout.rope_dim: only a latent (MLA) layout has one, got " +
+                            std::to_string(l.rope_dim));
+  }
   CacheConfig shape;
+  shape.kv_kind = l.kv_kind;
+  shape.rope_dim = l.rope_dim;
   shape.num_layers = l.num_layers;
   shape.num_kv_heads = l.num_kv_heads;
   shape.head_dim = l.head_dim;
@@ -132,6 +151,8 @@ StorageLayout StorageLayout::from_config(const CacheConfig& config, std::string 
   l.block_size = config.block_size;
   l.dtype = config.dtype;
   l.page_layout = config.page_layout;
+  l.kv_kind = config.kv_kind;
+  l.rope_dim = config.kv_kind == KvKind::kLatent ? config.rope_dim : 0;
   l.model_id = std::move(model_id);
   l.block_bytes = config.block_bytes();
   return l;
@@ -140,7 +161,9 @@ StorageLayout StorageLayout::from_config(const CacheConfig& config, std::string 
 // The canonical encoding (docs/storage.md): the ASCII tag "pagedkv.storage.v1", then
 // num_layers, num_kv_heads, head_dim, block_size as 4-byte little-endian integers, dtype and
 // page_layout as one byte each, block_bytes as 8 bytes, the model id's length as 8 bytes and its
-// bytes; the fingerprint is the 64-bit FNV-1a of that.
+// bytes; a latent layout then appends kv_kind as one byte and rope_dim as 4 bytes (a K/V layout
+// appends nothing, so its fingerprint, and every store written before latents existed, stays as
+// it was); the fingerprint is the 64-bit FNV-1a of that.
 uint64_t StorageLayout::fingerprint() const {
   static const char kTag[] = "pagedkv.storage.v1";
   std::string bytes(kTag, sizeof(kTag) - 1);
@@ -156,6 +179,10 @@ uint64_t StorageLayout::fingerprint() const {
   append(static_cast<uint64_t>(block_bytes), 8);
   append(model_id.size(), 8);
   bytes += model_id;
+  if (kv_kind != KvKind::kKeyValue) {
+    append(static_cast<uint8_t>(kv_kind), 1);
+    append(static_cast<uint32_t>(rope_dim), 4);
+  }
   return detail::fnv1a64(bytes.data(), bytes.size());
 }
 

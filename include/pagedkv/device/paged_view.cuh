@@ -7,7 +7,9 @@
 // kernel body compiles with nvcc and with a plain C++ compiler (the CPU backend runs it).
 //
 // flashinfer_args() and vllm_args() present one layer of the pool in the argument shapes those
-// libraries' paged kernels take (pointer + strides + page metadata).
+// libraries' paged kernels take (pointer + strides + page metadata); flashinfer_mla_args() does
+// the same for a latent (MLA) pool, as FlashInfer's paged_kv_mla_t takes it: `ckv` and `kpe` as
+// two slices of one page, kpe starting layout.ckv_dim() elements into each latent vector.
 #pragma once
 
 #include <cstdint>
@@ -87,6 +89,32 @@ struct PagedKvView {
            offset(seq, layer, part, head, pos) * static_cast<int64_t>(dtype_size(dtype));
   }
 
+  /// Latent (MLA) pools: element offset of the latent vector of (seq, layer, pos), which is its
+  /// `ckv` part (layout.ckv_dim() elements) followed by its `kpe` part (layout.rope_dim).
+  PAGEDKV_HOST_DEVICE int64_t latent_offset(int32_t seq, int32_t layer, int64_t pos) const {
+    return offset(seq, layer, KvPart::kKey, 0, pos);
+  }
+  /// Latent pools: element offset of the `kpe` (rotary) part of (seq, layer, pos).
+  PAGEDKV_HOST_DEVICE int64_t kpe_offset(int32_t seq, int32_t layer, int64_t pos) const {
+    return latent_offset(seq, layer, pos) + layout.ckv_dim();
+  }
+  /// Latent pools: address of the latent vector (= its `ckv` part) of (seq, layer, pos).
+  PAGEDKV_HOST_DEVICE void* latent_address(int32_t seq, int32_t layer, int64_t pos) const {
+    return static_cast<char*>(pool) +
+           latent_offset(seq, layer, pos) * static_cast<int64_t>(dtype_size(dtype));
+  }
+  /// Latent pools: address of the `kpe` part of (seq, layer, pos).
+  PAGEDKV_HOST_DEVICE void* kpe_address(int32_t seq, int32_t layer, int64_t pos) const {
+    return static_cast<char*>(pool) +
+           kpe_offset(seq, layer, pos) * static_cast<int64_t>(dtype_size(dtype));
+  }
+  /// Latent pools: element `dim` (0 .. head_dim) of the latent vector of (seq, layer, pos) as
+  /// float, fp8 dequantised with the key scale.
+  PAGEDKV_HOST_DEVICE float load_latent(int32_t seq, int32_t layer, int64_t pos,
+                                        int32_t dim) const {
+    return load(seq, layer, KvPart::kKey, 0, pos, dim);
+  }
+
   /// Element `dim` of (seq, layer, part, head, pos) as float, fp8 dequantised with its scale.
   PAGEDKV_HOST_DEVICE float load(int32_t seq, int32_t layer, KvPart part, int32_t head, int64_t pos,
                                  int32_t dim) const {
@@ -112,6 +140,26 @@ struct FlashInferPagedArgs {
   const int32_t* last_page_len = nullptr;
 };
 
+/// One layer of a latent (MLA) pool as FlashInfer's paged_kv_mla_t takes it: the `ckv` and
+/// `kpe` slices of the layer's pages, strides in elements, and the CSR page metadata. Both slices
+/// live in the same pages: kpe_data = ckv_data + head_dim_ckv, with the same strides.
+struct FlashInferMlaPagedArgs {
+  void* ckv_data = nullptr;     // element 0 of the ckv part of (page 0, token 0)
+  void* kpe_data = nullptr;     // element 0 of the kpe part of (page 0, token 0)
+  int64_t stride_page_ckv = 0;  // between pages of this layer: the block stride
+  int64_t stride_page_kpe = 0;  // the same
+  int64_t stride_n_ckv = 0;     // between tokens inside a page: the latent width (head_dim)
+  int64_t stride_n_kpe = 0;     // the same
+  int64_t kpe_offset = 0;       // kpe_data - ckv_data in elements: head_dim_ckv
+  int32_t page_size = 0;
+  int32_t head_dim_ckv = 0;  // head_dim - rope_dim (DeepSeek: 512)
+  int32_t head_dim_kpe = 0;  // rope_dim (DeepSeek: 64)
+  int32_t batch_size = 0;
+  const int32_t* indptr = nullptr;
+  const int32_t* indices = nullptr;
+  const int32_t* last_page_len = nullptr;
+};
+
 /// One layer of the pool as vLLM's paged attention takes it: key/value cache pointers with
 /// strides in elements, block tables and sequence lengths.
 struct VllmPagedArgs {
@@ -129,13 +177,16 @@ struct VllmPagedArgs {
   const int32_t* seq_lens = nullptr;
 };
 
-/// Layer `layer` of a CSR view in FlashInfer's shape (needs view.is_csr()).
+/// Layer `layer` of a CSR view in FlashInfer's shape (needs view.is_csr()). A latent pool gives
+/// its latent pages as k_data and a null v_data.
 PAGEDKV_HOST_DEVICE FlashInferPagedArgs flashinfer_args(const PagedKvView& view, int32_t layer) {
   FlashInferPagedArgs a;
   const int64_t es = static_cast<int64_t>(dtype_size(view.dtype));
   char* base = static_cast<char*>(view.pool);
   a.k_data = base + view.layout.page_offset(0, layer, KvPart::kKey) * es;
-  a.v_data = base + view.layout.page_offset(0, layer, KvPart::kValue) * es;
+  a.v_data = view.layout.is_latent()
+                 ? nullptr
+                 : base + view.layout.page_offset(0, layer, KvPart::kValue) * es;
   a.stride_page = view.layout.block_elems();
   a.stride_n = view.layout.token_stride();
   a.stride_h = view.layout.head_stride();
@@ -149,13 +200,16 @@ PAGEDKV_HOST_DEVICE FlashInferPagedArgs flashinfer_args(const PagedKvView& view,
   return a;
 }
 
-/// Layer `layer` of a block-table view in vLLM's shape (needs !view.is_csr()).
+/// Layer `layer` of a block-table view in vLLM's shape (needs !view.is_csr()). A latent pool
+/// gives its latent pages as key_cache (FlashMLA's kv cache) and a null value_cache.
 PAGEDKV_HOST_DEVICE VllmPagedArgs vllm_args(const PagedKvView& view, int32_t layer) {
   VllmPagedArgs a;
   const int64_t es = static_cast<int64_t>(dtype_size(view.dtype));
   char* base = static_cast<char*>(view.pool);
   a.key_cache = base + view.layout.page_offset(0, layer, KvPart::kKey) * es;
-  a.value_cache = base + view.layout.page_offset(0, layer, KvPart::kValue) * es;
+  a.value_cache = view.layout.is_latent()
+                      ? nullptr
+                      : base + view.layout.page_offset(0, layer, KvPart::kValue) * es;
   a.block_stride = view.layout.block_elems();
   a.token_stride = view.layout.token_stride();
   a.head_stride = view.layout.head_stride();
@@ -166,6 +220,31 @@ PAGEDKV_HOST_DEVICE VllmPagedArgs vllm_args(const PagedKvView& view, int32_t lay
   a.block_tables = view.block_tables;
   a.max_blocks_per_seq = view.max_blocks_per_seq;
   a.seq_lens = view.seq_lens;
+  return a;
+}
+
+/// Layer `layer` of a CSR view of a latent (MLA) pool in FlashInfer's MLA shape (needs
+/// view.is_csr() and view.layout.is_latent()).
+PAGEDKV_HOST_DEVICE FlashInferMlaPagedArgs flashinfer_mla_args(const PagedKvView& view,
+                                                               int32_t layer) {
+  FlashInferMlaPagedArgs a;
+  const PoolLayout& l = view.layout;
+  const int64_t es = static_cast<int64_t>(dtype_size(view.dtype));
+  char* ckv = static_cast<char*>(view.pool) + l.page_offset(0, layer, KvPart::kKey) * es;
+  a.ckv_data = ckv;
+  a.kpe_data = ckv + static_cast<int64_t>(l.ckv_dim()) * es;
+  a.stride_page_ckv = l.block_elems();
+  a.stride_page_kpe = l.block_elems();
+  a.stride_n_ckv = l.token_stride();
+  a.stride_n_kpe = l.token_stride();
+  a.kpe_offset = l.ckv_dim();
+  a.page_size = l.block_size;
+  a.head_dim_ckv = l.ckv_dim();
+  a.head_dim_kpe = l.rope_dim;
+  a.batch_size = view.batch_size;
+  a.indptr = view.indptr;
+  a.indices = view.indices;
+  a.last_page_len = view.last_page_len;
   return a;
 }
 
