@@ -3,7 +3,12 @@
 // host buffers on the CPU backend, one contiguous pinned cudaMemcpyAsync on the GPU.
 //
 // Arguments: tokens per block (16, 64), blocks per job (1 .. 4096), and whether the job's blocks
-// are consecutive (merged into one copy) or scattered (every other block: one copy per block).
+// are consecutive (merged into one region) or scattered (every other block: one region per
+// block; the engine queues all regions of a direction as one Backend::copy_batch).
+//
+// BM_ScatteredOffload / BM_ScatteredRestore take the engine out: the same scattered blocks moved
+// by one copy_async per block (batched:0, what the engine did before copy_batch) or by one
+// copy_batch (batched:1), each against the same contiguous ceiling.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -108,6 +113,82 @@ void BM_Transfer(benchmark::State& state, BackendKind kind, bool restore) {
   state.counters["ceiling_s"] = ceiling_s;
 }
 
+// Scattered blocks (every other one) moved straight through the backend on a created stream:
+// one copy_async per block, or one copy_batch of all of them.
+void BM_Scattered(benchmark::State& state, BackendKind kind, bool restore) {
+  const int64_t tokens = state.range(0), blocks = state.range(1);
+  const bool batched = state.range(2) != 0;
+  auto created = create_backend(kind);
+  if (!created.ok()) {
+    state.SkipWithError(created.status().to_string().c_str());
+    return;
+  }
+  Setup s;
+  s.backend = std::move(created).value();
+  Backend& b = *s.backend;
+  const int64_t bb = block_bytes(tokens);
+  const size_t job_bytes = static_cast<size_t>(blocks * bb);
+  const size_t pool_bytes = 2 * job_bytes;
+  s.device = *b.allocate_device(pool_bytes);
+  s.host = *b.allocate_pinned(pool_bytes);
+  const bool cuda = b.kind() == BackendKind::kCuda;
+  s.scratch = cuda ? *b.allocate_device(job_bytes) : *b.allocate_pinned(job_bytes);
+  std::memset(s.host, 1, pool_bytes);
+  auto stream = b.create_stream();
+  if (!stream.ok()) {
+    state.SkipWithError(stream.status().to_string().c_str());
+    return;
+  }
+  std::vector<CopyRegion> regions;
+  for (int64_t i = 0; i < blocks; ++i) {
+    char* d = static_cast<char*>(s.device) + 2 * i * bb;
+    char* h = static_cast<char*>(s.host) + 2 * i * bb;
+    regions.push_back(restore ? CopyRegion{d, h, static_cast<size_t>(bb)}
+                              : CopyRegion{h, d, static_cast<size_t>(bb)});
+  }
+  const CopyKind copy_kind = restore ? CopyKind::kHostToDevice : CopyKind::kDeviceToHost;
+  auto run_job = [&] {
+    Status st = ok_status();
+    if (batched) {
+      st = b.copy_batch(regions.data(), regions.size(), copy_kind, *stream);
+    } else {
+      for (const CopyRegion& r : regions) {
+        if (st.ok()) st = b.copy_async(r.dst, r.src, r.bytes, copy_kind, *stream);
+      }
+    }
+    if (!st.ok() || !b.synchronize_stream(*stream).ok()) state.SkipWithError("copies failed");
+  };
+  const CopyKind ceiling_kind = cuda ? copy_kind : CopyKind::kHostToHost;
+  void* ceiling_dst = restore ? s.scratch : s.host;
+  const void* ceiling_src = restore ? s.host : s.scratch;
+  auto run_ceiling = [&] {
+    if (!b.copy_async(ceiling_dst, ceiling_src, job_bytes, ceiling_kind, Stream{}).ok() ||
+        !b.synchronize_stream(Stream{}).ok())
+      state.SkipWithError("ceiling copy failed");
+  };
+  run_job();
+  run_ceiling();
+  const int reps = job_bytes >= (64u << 20) ? 2 : 20;
+  const double ceiling_s = seconds_of(run_ceiling, reps);
+
+  for (auto _ : state) run_job();
+
+  state.SetBytesProcessed(static_cast<int64_t>(static_cast<double>(job_bytes) *
+                                               static_cast<double>(state.iterations())));
+  state.counters["job_MiB"] = static_cast<double>(job_bytes) / (1 << 20);
+  state.counters["copies_per_job"] = batched ? 1.0 : static_cast<double>(blocks);
+  state.counters["ceiling_GBps"] = static_cast<double>(job_bytes) / ceiling_s / 1e9;
+  state.counters["ceiling_s"] = ceiling_s;
+  b.destroy_stream(*stream);
+}
+
+void scattered_args(benchmark::internal::Benchmark* b) {
+  for (int64_t tokens : {16, 64})
+    for (int64_t blocks : {16, 256, 4096})
+      for (int64_t batched : {0, 1}) b->Args({tokens, blocks, batched});
+  b->ArgNames({"tokens", "blocks", "batched"})->UseRealTime()->Unit(benchmark::kMicrosecond);
+}
+
 void args(benchmark::internal::Benchmark* b) {
   for (int64_t tokens : {16, 64})
     for (int64_t blocks : {1, 16, 256, 4096})
@@ -142,11 +223,23 @@ int main(int argc, char** argv) {
       ->Apply(pagedkv::args);
   benchmark::RegisterBenchmark("BM_Restore/cpu", pagedkv::BM_Transfer, BackendKind::kCpu, true)
       ->Apply(pagedkv::args);
+  benchmark::RegisterBenchmark("BM_ScatteredOffload/cpu", pagedkv::BM_Scattered, BackendKind::kCpu,
+                               false)
+      ->Apply(pagedkv::scattered_args);
+  benchmark::RegisterBenchmark("BM_ScatteredRestore/cpu", pagedkv::BM_Scattered, BackendKind::kCpu,
+                               true)
+      ->Apply(pagedkv::scattered_args);
   if (pagedkv::cuda_device_available()) {
     benchmark::RegisterBenchmark("BM_Offload/cuda", pagedkv::BM_Transfer, BackendKind::kCuda, false)
         ->Apply(pagedkv::args);
     benchmark::RegisterBenchmark("BM_Restore/cuda", pagedkv::BM_Transfer, BackendKind::kCuda, true)
         ->Apply(pagedkv::args);
+    benchmark::RegisterBenchmark("BM_ScatteredOffload/cuda", pagedkv::BM_Scattered,
+                                 BackendKind::kCuda, false)
+        ->Apply(pagedkv::scattered_args);
+    benchmark::RegisterBenchmark("BM_ScatteredRestore/cuda", pagedkv::BM_Scattered,
+                                 BackendKind::kCuda, true)
+        ->Apply(pagedkv::scattered_args);
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

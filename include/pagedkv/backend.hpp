@@ -48,6 +48,13 @@ enum class CopyKind : uint8_t {
   kHostToHost = 3,
 };
 
+/// One copy of a batch: `bytes` bytes from `src` to `dst`. A region of zero bytes is skipped.
+struct CopyRegion {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t bytes = 0;
+};
+
 /// One kernel launch: which body, its parameters (a trivially copyable struct the body type
 /// expects; copied by the backend before `launch` returns) and the size of the index space.
 struct KernelLaunch {
@@ -111,12 +118,24 @@ class Backend {
   /// Queues a copy of `bytes` bytes on `stream`.
   virtual Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind,
                             Stream stream) = 0;
+  /// Queues the copies of `regions[0, count)` on `stream` as one operation (cudaMemcpyBatchAsync
+  /// on CUDA 12.8+): it starts after the work queued before it and the work queued after it
+  /// starts after every copy is done; within the batch the copies may run in any order or at
+  /// once, so no region may write bytes another one reads or writes (not checked). Count 0 is a
+  /// no-op. kInvalidArgument (nothing queued) for null `regions` with a positive count or a
+  /// region with bytes and a null pointer; a backend error may leave part of the batch queued.
+  virtual Status copy_batch(const CopyRegion* regions, size_t count, CopyKind kind,
+                            Stream stream) = 0;
   /// Queues `fn` to run on the host in stream order (cudaLaunchHostFunc). `fn` must not call
   /// back into the backend.
   virtual Status launch_host_func(Stream stream, std::function<void()> fn) = 0;
   /// Queues a kernel body over the index space [0, launch.num_items).
   virtual Status launch(const KernelLaunch& launch, Stream stream) = 0;
 };
+
+/// The argument checks every copy_batch() makes before it queues anything (see there): ok, or
+/// kInvalidArgument naming the first bad region.
+Status validate_copy_batch(const CopyRegion* regions, size_t count);
 
 /// Creates a backend. kAuto picks CUDA when this build has it and a device is present, else the
 /// CPU backend; the choice is logged once. kCuda without a device (or without CUDA in this build)

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_set>
+#include <vector>
 
 #include "pagedkv/backend.hpp"
 
@@ -24,7 +25,7 @@ namespace pagedkv {
 /// stream, failing only on bad input) are neither counted nor failed.
 enum class FaultKind : uint8_t {
   kAllocation = 0,  // allocate_device, allocate_pinned
-  kCopy = 1,        // copy_async
+  kCopy = 1,        // copy_async, copy_batch (one call however many regions)
   kLaunch = 2,      // launch, launch_host_func
   kEvent = 3,       // create_stream, create_event, record_event, wait_event
   kSync = 4,        // synchronize_stream, synchronize_event, query_event (fails without waiting)
@@ -47,6 +48,16 @@ struct LiveObjects {
            a.events == b.events;
   }
   friend bool operator!=(const LiveObjects& a, const LiveObjects& b) { return !(a == b); }
+};
+
+/// One copy call seen by the wrapper while it records them (record_copies()).
+struct CopyCall {
+  bool batched = false;  // copy_batch (else copy_async)
+  CopyKind kind = CopyKind::kDeviceToDevice;
+  Stream stream;
+  size_t regions = 0;   // 1 for copy_async; the count passed to copy_batch
+  size_t bytes = 0;     // over all regions
+  bool failed = false;  // the wrapper injected a fault or the inner backend returned an error
 };
 
 /// Wraps a backend (not owned, must outlive the wrapper) and fails chosen calls once.
@@ -76,6 +87,11 @@ class FaultInjectionBackend final : public Backend {
   void reset_counts();
   /// Allocations, streams and events made through the wrapper and not yet released.
   LiveObjects live() const;
+  /// Starts (or stops) keeping a CopyCall for each copy_async and copy_batch, so tests can see
+  /// how a caller batches its copies and on which streams. Off at construction.
+  void record_copies(bool on);
+  /// The copy calls recorded since recording started or reset_counts(), oldest first.
+  std::vector<CopyCall> copy_calls() const;
 
   BackendKind kind() const override;
   std::string description() const override;
@@ -100,6 +116,7 @@ class FaultInjectionBackend final : public Backend {
 
   Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind,
                     Stream stream) override;
+  Status copy_batch(const CopyRegion* regions, size_t count, CopyKind kind, Stream stream) override;
   Status launch_host_func(Stream stream, std::function<void()> fn) override;
   Status launch(const KernelLaunch& launch, Stream stream) override;
 
@@ -110,6 +127,8 @@ class FaultInjectionBackend final : public Backend {
   };
   // Counts a call of `kind`; an error when it is the armed one.
   Status tick(FaultKind kind, const char* call);
+  // Keeps `call` when recording; returns `status`.
+  Status note_copy(CopyCall call, Status status);
 
   Backend& inner_;
   std::array<Counter, kNumFaultKinds> counters_;
@@ -121,6 +140,9 @@ class FaultInjectionBackend final : public Backend {
   std::atomic<int64_t> live_events_{0};
   mutable std::mutex last_mutex_;
   std::string last_fault_;
+  std::atomic<bool> record_copies_{false};
+  mutable std::mutex copies_mutex_;
+  std::vector<CopyCall> copy_calls_;
 };
 
 }  // namespace pagedkv

@@ -54,8 +54,27 @@ void FaultInjectionBackend::reset_counts() {
     c.calls.store(0);
   }
   injected_.store(0);
+  {
+    std::lock_guard<std::mutex> lock(copies_mutex_);
+    copy_calls_.clear();
+  }
   std::lock_guard<std::mutex> lock(last_mutex_);
   last_fault_.clear();
+}
+
+void FaultInjectionBackend::record_copies(bool on) { record_copies_.store(on); }
+
+std::vector<CopyCall> FaultInjectionBackend::copy_calls() const {
+  std::lock_guard<std::mutex> lock(copies_mutex_);
+  return copy_calls_;
+}
+
+Status FaultInjectionBackend::note_copy(CopyCall call, Status status) {
+  if (!record_copies_.load()) return status;
+  call.failed = !status.ok();
+  std::lock_guard<std::mutex> lock(copies_mutex_);
+  copy_calls_.push_back(call);
+  return status;
 }
 
 Status FaultInjectionBackend::tick(FaultKind kind, const char* call) {
@@ -186,8 +205,19 @@ Status FaultInjectionBackend::synchronize_stream(Stream stream) {
 
 Status FaultInjectionBackend::copy_async(void* dst, const void* src, size_t bytes, CopyKind kind,
                                          Stream stream) {
-  PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kCopy, "copy_async"));
-  return inner_.copy_async(dst, src, bytes, kind, stream);
+  const CopyCall call{/*batched=*/false, kind, stream, 1, bytes, false};
+  Status status = tick(FaultKind::kCopy, "copy_async");
+  if (status.ok()) status = inner_.copy_async(dst, src, bytes, kind, stream);
+  return note_copy(call, std::move(status));
+}
+
+Status FaultInjectionBackend::copy_batch(const CopyRegion* regions, size_t count, CopyKind kind,
+                                         Stream stream) {
+  CopyCall call{/*batched=*/true, kind, stream, count, 0, false};
+  for (size_t i = 0; regions != nullptr && i < count; ++i) call.bytes += regions[i].bytes;
+  Status status = tick(FaultKind::kCopy, "copy_batch");
+  if (status.ok()) status = inner_.copy_batch(regions, count, kind, stream);
+  return note_copy(call, std::move(status));
 }
 
 Status FaultInjectionBackend::launch_host_func(Stream stream, std::function<void()> fn) {

@@ -184,7 +184,7 @@ Status KvCache::recover(const Status& failure, core::TierPlan& plan, int64_t mov
   };
   Status repair = twice([&] { return backend_->synchronize_stream(compute_); });
   if (repair.ok()) {
-    repair = twice([&] { return backend_->synchronize_stream(transfers_->copy_stream()); });
+    repair = twice([&] { return transfers_->synchronize(); });
   }
   const std::vector<BlockMove> inverse = plan.undo(moves_done);
   size_t copied_back = 0;  // a failed attempt still runs the moves it queued: resume after them
@@ -198,7 +198,7 @@ Status KvCache::recover(const Status& failure, core::TierPlan& plan, int64_t mov
       return st;
     });
     if (repair.ok()) {
-      repair = twice([&] { return backend_->synchronize_stream(transfers_->copy_stream()); });
+      repair = twice([&] { return transfers_->synchronize(); });
     }
   }
   if (!repair.ok()) {
@@ -539,7 +539,7 @@ Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* 
 
 Status KvCache::synchronize() {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::synchronize");
-  PAGEDKV_RETURN_IF_ERROR(backend_->synchronize_stream(transfers_->copy_stream()));
+  PAGEDKV_RETURN_IF_ERROR(transfers_->synchronize());
   return backend_->synchronize_stream(compute_);
 }
 

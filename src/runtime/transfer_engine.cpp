@@ -2,6 +2,7 @@
 
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 
 #include "common/nvtx.hpp"
@@ -45,25 +46,50 @@ StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::create(Backend& backen
   if ((pools.host == nullptr) != (pools.host_blocks <= 0)) {
     return invalid_argument("host pool: pointer and block count disagree");
   }
-  PAGEDKV_ASSIGN_OR_RETURN(Stream stream, backend.create_stream());
-  StatusOr<Event> ready = backend.create_event();
-  if (!ready.ok()) {
-    backend.destroy_stream(stream);
-    return ready.status();
+  std::vector<Stream> streams;
+  std::vector<Event> events;
+  auto release = [&] {
+    for (Stream s : streams) backend.destroy_stream(s);
+    for (Event e : events) backend.destroy_event(e);
+  };
+  for (int i = 0; i < 2; ++i) {
+    StatusOr<Stream> stream = backend.create_stream();
+    if (!stream.ok()) {
+      release();
+      return stream.status();
+    }
+    streams.push_back(*stream);
   }
-  return std::unique_ptr<TransferEngine>(new TransferEngine(backend, pools, stream, *ready));
+  for (int i = 0; i < 2; ++i) {
+    StatusOr<Event> event = backend.create_event();
+    if (!event.ok()) {
+      release();
+      return event.status();
+    }
+    events.push_back(*event);
+  }
+  return std::unique_ptr<TransferEngine>(
+      new TransferEngine(backend, pools, streams[0], streams[1], events[0], events[1]));
 }
 
-TransferEngine::TransferEngine(Backend& backend, const TierPools& pools, Stream copy_stream,
-                               Event ready)
-    : backend_(backend), pools_(pools), copy_stream_(copy_stream), ready_(ready) {}
+TransferEngine::TransferEngine(Backend& backend, const TierPools& pools, Stream to_host,
+                               Stream to_device, Event ready, Event link)
+    : backend_(backend), pools_(pools), streams_{to_host, to_device}, ready_(ready), link_(link) {}
 
 TransferEngine::~TransferEngine() {
-  backend_.synchronize_stream(copy_stream_).ignore_error();  // nothing to report it to
-  backend_.destroy_stream(copy_stream_);
+  for (Stream s : streams_) {
+    backend_.synchronize_stream(s).ignore_error();  // nothing to report it to
+    backend_.destroy_stream(s);
+  }
   for (const Job& job : in_flight_) backend_.destroy_event(job.done);
   for (Event e : spare_events_) backend_.destroy_event(e);
   backend_.destroy_event(ready_);
+  backend_.destroy_event(link_);
+}
+
+Status TransferEngine::synchronize() {
+  PAGEDKV_RETURN_IF_ERROR(backend_.synchronize_stream(streams_[kToDevice]));
+  return backend_.synchronize_stream(streams_[kToHost]);
 }
 
 char* TransferEngine::block_address(Tier tier, int64_t block) const {
@@ -108,6 +134,142 @@ void TransferEngine::recycle_completed() {
   }
 }
 
+// Queues one job: each move goes into the open batch of its direction (lane); a move that
+// depends on a move of the other lane makes its lane's batch wait for that lane's batch, and
+// batches are issued only when a cycle, a conflict inside a lane or the end of the job forces
+// it. Issue order always follows the dependencies, and the first failure stops all issuing, so
+// a queued move never depends on one that was not queued.
+class TransferEngine::Issuer {
+ public:
+  Issuer(TransferEngine& engine, const std::vector<BlockMove>& moves)
+      : e_(engine), moves_(moves), queued_(moves.size(), false) {}
+
+  Status run(Stream after) {
+    bool lane_used[2] = {false, false};
+    for (const BlockMove& m : moves_) lane_used[lane_of(m)] = true;
+    // Fork: the to-host lane follows the caller's stream; the to-device lane follows the
+    // to-host lane (earlier jobs, staging copies), so jobs and their copies stay in order.
+    step(e_.backend_.record_event(e_.ready_, after));
+    step(e_.backend_.wait_event(e_.streams_[kToHost], e_.ready_));
+    if (lane_used[kToDevice]) link(kToHost, kToDevice);
+    for (size_t i = 0; i < moves_.size() && status_.ok(); ++i) place(i);
+    flush(kToHost);
+    flush(kToDevice);
+    const Status result = status_;
+    // Join, even after a failure: the job's done event (on the to-host lane) then covers all
+    // that was queued on the to-device lane.
+    if (lane_used[kToDevice]) {
+      status_ = ok_status();
+      link(kToDevice, kToHost);
+      if (result.ok()) return status_;
+    }
+    return result;
+  }
+
+  // How many moves, from the front, were queued.
+  int64_t queued_prefix() const {
+    int64_t n = 0;
+    while (n < static_cast<int64_t>(queued_.size()) && queued_[static_cast<size_t>(n)]) ++n;
+    return n;
+  }
+
+ private:
+  // Accesses of blocks by queued or open moves: key (block, tier), bits kRead and kWrite.
+  using Accesses = std::unordered_map<uint64_t, uint8_t>;
+  static constexpr uint8_t kRead = 1;
+  static constexpr uint8_t kWrite = 2;
+
+  static int lane_of(const BlockMove& m) {
+    return m.src_tier == Tier::kDevice ? kToHost : kToDevice;
+  }
+  static uint64_t key(Tier tier, int64_t block) {
+    return (static_cast<uint64_t>(block) << 1) | (tier == Tier::kDevice ? 1u : 0u);
+  }
+  static bool conflicts(const Accesses& a, const BlockMove& m) {
+    auto src = a.find(key(m.src_tier, m.src_block));
+    if (src != a.end() && (src->second & kWrite) != 0) return true;  // read after write
+    return a.count(key(m.dst_tier, m.dst_block)) != 0;               // write after read/write
+  }
+  static void add(Accesses& a, const BlockMove& m) {
+    a[key(m.src_tier, m.src_block)] |= kRead;
+    a[key(m.dst_tier, m.dst_block)] |= kWrite;
+  }
+
+  void step(const Status& s) {
+    if (status_.ok() && !s.ok()) status_ = s;
+  }
+  // Work queued on lane `to` from now on runs after the work queued on lane `from` so far.
+  void link(int from, int to) {
+    if (!status_.ok()) return;
+    step(e_.backend_.record_event(e_.link_, e_.streams_[from]));
+    if (status_.ok()) step(e_.backend_.wait_event(e_.streams_[to], e_.link_));
+  }
+
+  void place(size_t i) {
+    const BlockMove& m = moves_[i];
+    const int d = lane_of(m);
+    const int o = 1 - d;
+    if (conflicts(unordered_[o], m)) {
+      // The other lane's batch already waits for this one: issue both, this lane's first.
+      if (waits_[o]) flush(o);
+      waits_[d] = true;
+    }
+    if (!open_[d].empty() &&
+        (conflicts(open_access_[d], m) ||
+         copy_kind(m.src_tier, m.dst_tier) !=
+             copy_kind(moves_[open_[d][0]].src_tier, moves_[open_[d][0]].dst_tier))) {
+      flush(d);  // copies within one batch are unordered; stream order separates two batches
+    }
+    open_[d].push_back(i);
+    add(open_access_[d], m);
+    add(unordered_[d], m);
+  }
+
+  // Issues lane d's open batch, after the other lane's when it waits for it.
+  void flush(int d) {
+    const int o = 1 - d;
+    if (waits_[d]) {
+      waits_[d] = false;
+      flush(o);
+      link(o, d);
+      unordered_[o].clear();  // all of the other lane so far now precedes this lane's work
+    }
+    if (!open_[d].empty() && status_.ok()) issue(d);
+    open_[d].clear();
+    open_access_[d].clear();
+  }
+
+  void issue(int d) {
+    std::vector<BlockMove> batch;
+    batch.reserve(open_[d].size());
+    for (size_t i : open_[d]) batch.push_back(moves_[i]);
+    std::vector<CopyRegion> regions;
+    size_t bytes = 0;
+    for (const CopyRun& run : merge_runs(batch)) {
+      const size_t n = static_cast<size_t>(run.num_blocks * e_.pools_.block_bytes);
+      regions.push_back(CopyRegion{e_.block_address(run.dst_tier, run.dst_block),
+                                   e_.block_address(run.src_tier, run.src_block), n});
+      bytes += n;
+    }
+    const CopyKind kind = copy_kind(batch[0].src_tier, batch[0].dst_tier);
+    step(e_.backend_.copy_batch(regions.data(), regions.size(), kind, e_.streams_[d]));
+    if (!status_.ok()) return;
+    for (size_t i : open_[d]) queued_[i] = true;
+    ++e_.copies_issued_;
+    e_.regions_issued_ += static_cast<int64_t>(regions.size());
+    e_.bytes_moved_ += static_cast<int64_t>(bytes);
+  }
+
+  TransferEngine& e_;
+  const std::vector<BlockMove>& moves_;
+  std::vector<bool> queued_;
+  Status status_;
+  std::vector<size_t> open_[2];     // the moves of each lane's open batch, in list order
+  Accesses open_access_[2];         // what the open batch touches
+  Accesses unordered_[2];           // what the lane touches that the other lane does not yet follow
+  bool waits_[2] = {false, false};  // the lane's open batch must follow the other lane's
+};
+
 StatusOr<TransferTicket> TransferEngine::submit(const std::vector<BlockMove>& moves, Stream after,
                                                 int64_t* moves_queued) {
   PAGEDKV_NVTX_RANGE("pagedkv::TransferEngine::submit");
@@ -116,23 +278,11 @@ StatusOr<TransferTicket> TransferEngine::submit(const std::vector<BlockMove>& mo
   recycle_completed();
   PAGEDKV_ASSIGN_OR_RETURN(Event done, take_event());
 
-  // The copy stream starts after the caller's queued work (the last writes of these blocks).
-  Status status = backend_.record_event(ready_, after);
-  if (status.ok()) status = backend_.wait_event(copy_stream_, ready_);
-  for (const CopyRun& run : merge_runs(moves)) {
-    if (!status.ok()) break;
-    const size_t bytes = static_cast<size_t>(run.num_blocks * pools_.block_bytes);
-    status = backend_.copy_async(block_address(run.dst_tier, run.dst_block),
-                                 block_address(run.src_tier, run.src_block), bytes,
-                                 copy_kind(run.src_tier, run.dst_tier), copy_stream_);
-    if (status.ok()) {
-      ++copies_issued_;
-      bytes_moved_ += static_cast<int64_t>(bytes);
-      if (moves_queued != nullptr) *moves_queued += run.num_blocks;
-    }
-  }
+  Issuer issuer(*this, moves);
+  const Status status = issuer.run(after);
+  if (moves_queued != nullptr) *moves_queued = issuer.queued_prefix();
   // Record even after a failure, so that ordering against what was queued stays intact.
-  const Status recorded = backend_.record_event(done, copy_stream_);
+  const Status recorded = backend_.record_event(done, streams_[kToHost]);
   if (!recorded.ok()) {
     spare_events_.push_back(done);
     return status.ok() ? recorded : status;

@@ -1,10 +1,19 @@
-// Moves whole blocks between the device pool and the pinned host pool on a dedicated copy
-// stream, ordered against the compute stream by events and never by host blocking.
+// Moves whole blocks between the device pool and the pinned host pool on two copy streams, one
+// per direction, ordered against the compute stream by events and never by host blocking.
 //
 // A job is one batch of BlockMoves (a step's offloads, restores and prefetches). Block-major
-// pools make every block one contiguous range, and consecutive moves whose source and
-// destination blocks are both consecutive are merged into one copy (vLLM measured per-block
-// copies of small pages at a quarter of the bandwidth of merged runs).
+// pools make every block one contiguous range; consecutive moves whose source and destination
+// blocks are both consecutive are merged into one region (vLLM measured per-block copies of
+// small pages at a quarter of the bandwidth of merged runs), and the regions of a direction go
+// to the backend as one Backend::copy_batch (cudaMemcpyBatchAsync), not one copy each.
+//
+// Offloads (device -> host) run on the device-to-host stream, restores (host -> device) on the
+// host-to-device stream, so a job's two directions overlap. A move that touches a block an
+// earlier move of the other direction touches (a restore into a device block an offload reads,
+// an offload into a host slot a restore reads) is ordered after it by an event; the batches are
+// cut only where such a dependency would otherwise form a cycle. Jobs stay in order: each job
+// starts after everything on the device-to-host stream (earlier jobs, staging copies queued on
+// copy_stream()) and ends there.
 #pragma once
 
 #include <cstdint>
@@ -43,20 +52,23 @@ struct TierPools {
   int64_t block_bytes = 0;
 };
 
-/// Runs jobs of block moves on its own copy stream.
+/// Runs jobs of block moves on its own two copy streams.
 class TransferEngine {
  public:
-  /// Creates the copy stream. kInvalidArgument for pools without blocks or bytes.
+  /// Creates the copy streams. kInvalidArgument for pools without blocks or bytes.
   static StatusOr<std::unique_ptr<TransferEngine>> create(Backend& backend, const TierPools& pools);
   ~TransferEngine();
   TransferEngine(const TransferEngine&) = delete;
   TransferEngine& operator=(const TransferEngine&) = delete;
 
-  /// Queues `moves` as one job on the copy stream, after the work queued on `after` so far (the
-  /// last writes of the blocks being read). Validates every move first: on error nothing is
-  /// queued. An empty job completes at once. `moves_queued` (optional) receives how many moves,
-  /// from the front of the list, were queued: all of them on success, a prefix when the
-  /// backend failed part way (those still run).
+  /// Queues `moves` as one job on the copy streams, after the work queued on `after` so far (the
+  /// last writes of the blocks being read); a later move that reuses a block an earlier one
+  /// freed runs after it. Validates every move first: on error nothing is queued. An empty job
+  /// completes at once. `moves_queued` (optional) receives how many moves, from the front of the
+  /// list, were queued: all of them on success, a prefix when the backend failed part way (those
+  /// still run). Moves after that prefix may have been queued too, but only ones of the other
+  /// direction that depend on no move left out, so undoing the prefix restores every block that
+  /// holds data (for moves between tiers, the only kind the control plane makes).
   StatusOr<TransferTicket> submit(const std::vector<BlockMove>& moves, Stream after,
                                   int64_t* moves_queued = nullptr);
 
@@ -70,19 +82,34 @@ class TransferEngine {
   /// Blocks the host until job `ticket` is done.
   Status wait(TransferTicket ticket);
 
-  /// The copy stream (for tests and for callers that chain their own copies).
-  Stream copy_stream() const { return copy_stream_; }
+  /// The device-to-host stream, where every job starts and ends: work queued on it before a job
+  /// runs before the job's copies, work queued after it runs after them.
+  Stream copy_stream() const { return streams_[kToHost]; }
+  /// The stream of offloads (and device-to-device moves) and that of restores (and host-to-host
+  /// moves).
+  Stream device_to_host_stream() const { return streams_[kToHost]; }
+  Stream host_to_device_stream() const { return streams_[kToDevice]; }
 
-  /// Copies queued and bytes moved since creation.
+  /// Blocks the host until both copy streams are idle.
+  Status synchronize();
+
+  /// Backend copy calls (copy_batch, one per direction and batch), the regions they held (runs
+  /// of consecutive blocks) and the bytes moved since creation.
   int64_t copies_issued() const { return copies_issued_; }
+  int64_t regions_issued() const { return regions_issued_; }
   int64_t bytes_moved() const { return bytes_moved_; }
 
  private:
+  class Issuer;  // queues one job's moves (transfer_engine.cpp)
+  friend class Issuer;
+  static constexpr int kToHost = 0;    // offloads, device-to-device moves
+  static constexpr int kToDevice = 1;  // restores, host-to-host moves
   struct Job {
     TransferTicket ticket;
     Event done;
   };
-  TransferEngine(Backend& backend, const TierPools& pools, Stream copy_stream, Event ready);
+  TransferEngine(Backend& backend, const TierPools& pools, Stream to_host, Stream to_device,
+                 Event ready, Event link);
   Status validate(const BlockMove& move) const;
   StatusOr<Event> take_event();
   void recycle_completed();
@@ -91,13 +118,15 @@ class TransferEngine {
 
   Backend& backend_;
   TierPools pools_;
-  Stream copy_stream_;
+  Stream streams_[2];          // by kToHost, kToDevice
   Event ready_;                // recorded on the caller's stream before each job
+  Event link_;                 // recorded on one copy stream and at once waited on by the other
   std::deque<Job> in_flight_;  // oldest first
   std::vector<Event> spare_events_;
   TransferTicket next_ticket_ = 1;
   TransferTicket completed_below_ = 1;  // every ticket < this one is known to be complete
   int64_t copies_issued_ = 0;
+  int64_t regions_issued_ = 0;
   int64_t bytes_moved_ = 0;
 };
 

@@ -89,6 +89,9 @@ class FilledAllocBackend final : public Backend {
   Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind, Stream s) override {
     return inner_.copy_async(dst, src, bytes, kind, s);
   }
+  Status copy_batch(const CopyRegion* r, size_t n, CopyKind kind, Stream s) override {
+    return inner_.copy_batch(r, n, kind, s);
+  }
   Status launch_host_func(Stream s, std::function<void()> fn) override {
     return inner_.launch_host_func(s, std::move(fn));
   }

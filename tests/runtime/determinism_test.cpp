@@ -55,6 +55,10 @@ class JitterBackend final : public Backend {
     PAGEDKV_RETURN_IF_ERROR(maybe_stall(s));
     return inner_->copy_async(dst, src, bytes, kind, s);
   }
+  Status copy_batch(const CopyRegion* r, size_t n, CopyKind kind, Stream s) override {
+    PAGEDKV_RETURN_IF_ERROR(maybe_stall(s));
+    return inner_->copy_batch(r, n, kind, s);
+  }
   Status launch_host_func(Stream s, std::function<void()> fn) override {
     return inner_->launch_host_func(s, std::move(fn));
   }

@@ -640,7 +640,8 @@ TEST_F(HostTierCpuTest, SeedDefect7OffloadAndRestoreAreAsynchronous) {
 // ---------------------------------------------------------------- g: failure in a demotion
 
 // R's reserve needs the whole device pool: it offloads victim V and demotes Q's cached prefix
-// in one transfer job. The job's last copy (a demotion) fails: the reserve returns the injected
+// in one transfer job. The job's last copy call fails (with batched copies the offload and the
+// demotions, all device -> host, are one copy_batch): the reserve returns the injected
 // kInternal error and nothing changed; Q's prefix still hits on the device with its bytes, V
 // reads back whole, and a retry succeeds.
 TEST_P(HostTierTest, FailedDemotionIsTakenBack) {
@@ -659,7 +660,7 @@ TEST_P(HostTierTest, FailedDemotionIsTakenBack) {
     ASSERT_EQ(cache_->stats().device.free_blocks, 0);
   };
 
-  // A fault-free run counts the copies of R's reserve (one per run of contiguous moves).
+  // A fault-free run counts the copy calls of R's reserve (one per direction and batch).
   setup();
   if (HasFatalFailure()) return;
   faults_->reset_counts();
@@ -668,7 +669,7 @@ TEST_P(HostTierTest, FailedDemotionIsTakenBack) {
   const ControlStats clean = cache_->stats();
   EXPECT_EQ(clean.blocks_demoted, 2);
   EXPECT_EQ(clean.sequences_offloaded, 1);
-  ASSERT_GE(copies, 2) << "the failure must come after some moves were queued";
+  ASSERT_GE(copies, 1) << "R's reserve must move blocks";
 
   setup();
   if (HasFatalFailure()) return;

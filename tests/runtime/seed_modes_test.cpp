@@ -90,6 +90,10 @@ class DeviceBytesBackend final : public Backend {
                     Stream stream) override {
     return inner_.copy_async(dst, src, bytes, kind, stream);
   }
+  Status copy_batch(const CopyRegion* regions, size_t count, CopyKind kind,
+                    Stream stream) override {
+    return inner_.copy_batch(regions, count, kind, stream);
+  }
   Status launch_host_func(Stream stream, std::function<void()> fn) override {
     return inner_.launch_host_func(stream, std::move(fn));
   }

@@ -4,14 +4,19 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "kernels/basic_bodies.hpp"
 #include "pagedkv/cpu_backend.hpp"
+#include "pagedkv/fault_injection.hpp"
 #include "support/backend_test.hpp"
+#include "support/stream_gate.hpp"
 
 namespace pagedkv::runtime {
 namespace {
@@ -117,7 +122,8 @@ TYPED_TEST(TransferEngineTest, RoundTripDeviceHostDeviceIsBitExact) {
   auto out = (*engine)->submit(
       {offload(2, 0), offload(3, 1), offload(4, 2), offload(9, 5), offload(11, 7)}, Stream{});
   ASSERT_TRUE(out.ok()) << out.status().to_string();
-  EXPECT_EQ((*engine)->copies_issued(), 3);  // 2..4 merge into one run
+  EXPECT_EQ((*engine)->copies_issued(), 1);   // one batch
+  EXPECT_EQ((*engine)->regions_issued(), 3);  // 2..4 merge into one run
   ASSERT_TRUE((*engine)->order_after(*out, Stream{}).ok());
   for (int32_t b : sources) p.fill_device(b, 7u);  // overwrite the originals after the copy
 
@@ -210,6 +216,227 @@ TEST(TransferOrdering, WithoutOrderingTheReuseRacesAheadOfTheCopy) {
   bool offloaded_intact = true, new_write_intact = false;
   offload_then_reuse(/*ordered=*/false, &offloaded_intact, &new_write_intact);
   EXPECT_FALSE(offloaded_intact);
+}
+
+// N distinct blocks out of [0, limit), in random order, no two consecutive in list order (so
+// no run merges and every block is its own region).
+std::vector<int32_t> scattered_blocks(int32_t n, int32_t limit, std::mt19937& rng) {
+  std::vector<int32_t> all(static_cast<size_t>(limit));
+  std::iota(all.begin(), all.end(), 0);
+  for (;;) {
+    std::shuffle(all.begin(), all.end(), rng);
+    bool merges = false;
+    for (int32_t i = 1; i < n; ++i) merges |= all[i] == all[i - 1] + 1;
+    if (!merges) return std::vector<int32_t>(all.begin(), all.begin() + n);
+  }
+}
+
+TYPED_TEST(TransferEngineTest, ScatteredOffloadAndRestoreAreOneBatchedCopyPerDirection) {
+  FaultInjectionBackend fi(this->backend());
+  const int32_t n = 37;
+  const int64_t block_bytes = 1000 + 24;  // not a power of two
+  Pools p(fi, 96, 64, block_bytes);
+  auto engine = TransferEngine::create(fi, p.pools());
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  std::mt19937 rng(77);
+  const std::vector<int32_t> devices = scattered_blocks(n, 96, rng);
+  const std::vector<int32_t> hosts = scattered_blocks(n, 64, rng);
+  std::vector<std::vector<uint8_t>> original;
+  for (int32_t i = 0; i < n; ++i) original.push_back(p.fill_device(devices[i], 500u + i));
+
+  fi.record_copies(true);
+  fi.reset_counts();
+  std::vector<BlockMove> offloads;
+  for (int32_t i = 0; i < n; ++i) offloads.push_back(offload(devices[i], hosts[i]));
+  auto out = (*engine)->submit(offloads, Stream{});
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  ASSERT_TRUE((*engine)->order_after(*out, Stream{}).ok());
+  std::vector<CopyCall> calls = fi.copy_calls();
+  EXPECT_EQ(fi.count(FaultKind::kCopy), 1) << "one batched copy for the offload, not one per block";
+  for (int32_t b : devices) p.fill_device(b, 9u);  // the compute stream reuses the blocks
+
+  // Back into other scattered device blocks.
+  std::vector<int32_t> targets = scattered_blocks(n, 96, rng);
+  std::vector<BlockMove> restores;
+  for (int32_t i = 0; i < n; ++i) restores.push_back(restore(hosts[i], targets[i]));
+  fi.reset_counts();
+  auto back = (*engine)->submit(restores, Stream{});
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  ASSERT_TRUE((*engine)->wait(*back).ok());
+  EXPECT_EQ(fi.count(FaultKind::kCopy), 1) << "one batched copy for the restore";
+  for (const CopyCall& c : fi.copy_calls()) calls.push_back(c);
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_TRUE(calls[0].batched);
+  EXPECT_EQ(calls[0].kind, CopyKind::kDeviceToHost);
+  EXPECT_EQ(calls[0].regions, static_cast<size_t>(n));
+  EXPECT_EQ(calls[0].bytes, static_cast<size_t>(n * block_bytes));
+  EXPECT_TRUE(calls[1].batched);
+  EXPECT_EQ(calls[1].kind, CopyKind::kHostToDevice);
+  EXPECT_EQ(calls[1].regions, static_cast<size_t>(n));
+  // The two directions use the engine's two streams, which are distinct.
+  EXPECT_EQ(calls[0].stream, (*engine)->device_to_host_stream());
+  EXPECT_EQ(calls[1].stream, (*engine)->host_to_device_stream());
+  EXPECT_NE(calls[0].stream, calls[1].stream);
+  for (int32_t i = 0; i < n; ++i) {
+    EXPECT_EQ(p.read(Tier::kDevice, targets[i]), original[i]) << "block " << devices[i];
+  }
+  EXPECT_EQ((*engine)->copies_issued(), 2);
+  EXPECT_EQ((*engine)->regions_issued(), 2 * n);
+}
+
+TYPED_TEST(TransferEngineTest, EvictAndRestoreJobIsOneBatchPerDirectionAndKeepsEveryByte) {
+  // The shape reserve() makes: offload a victim, restore a block into the slot it freed, again
+  // and again. Both directions batch; the restores follow the offloads that free their slots.
+  FaultInjectionBackend fi(this->backend());
+  const int32_t n = 12;
+  const int64_t block_bytes = 777;
+  Pools p(fi, 32, 64, block_bytes);
+  auto engine = TransferEngine::create(fi, p.pools());
+  ASSERT_TRUE(engine.ok());
+  std::vector<std::vector<uint8_t>> victims, restored;
+  std::vector<BlockMove> moves;
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t slot = 2 * i + 1;  // device slots 1, 3, 5, ...
+    victims.push_back(p.fill_device(slot, 900u + i));
+    // Put the block to restore into host slot 40 + i (through device block 0).
+    restored.push_back(p.fill_device(0, 1900u + i));
+    auto staged = (*engine)->submit({offload(0, 40 + i)}, Stream{});
+    ASSERT_TRUE(staged.ok());
+    ASSERT_TRUE((*engine)->wait(*staged).ok());
+    moves.push_back(offload(slot, 2 * i));   // victim out to host slot 2i
+    moves.push_back(restore(40 + i, slot));  // restored block into the freed device slot
+  }
+  fi.record_copies(true);
+  fi.reset_counts();
+  int64_t queued = -1;
+  auto job = (*engine)->submit(moves, Stream{}, &queued);
+  ASSERT_TRUE(job.ok()) << job.status().to_string();
+  EXPECT_EQ(queued, 2 * n);
+  ASSERT_TRUE((*engine)->wait(*job).ok());
+  const std::vector<CopyCall> calls = fi.copy_calls();
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0].kind, CopyKind::kDeviceToHost);
+  EXPECT_EQ(calls[1].kind, CopyKind::kHostToDevice);
+  EXPECT_NE(calls[0].stream, calls[1].stream);
+  for (int32_t i = 0; i < n; ++i) {
+    EXPECT_EQ(p.read(Tier::kHost, 2 * i), victims[i]) << "victim " << i;
+    EXPECT_EQ(p.read(Tier::kDevice, 2 * i + 1), restored[i]) << "restored " << i;
+  }
+}
+
+TYPED_TEST(TransferEngineTest, ADependencyCycleSplitsABatchAndKeepsEveryByte) {
+  // m1 reads host 3 before m2 writes it (to-host after to-device); m3 writes device 5 after m0
+  // reads it (to-device after to-host): one batch per direction cannot hold both orders.
+  FaultInjectionBackend fi(this->backend());
+  Pools p(fi, 16, 16, 512);
+  auto engine = TransferEngine::create(fi, p.pools());
+  ASSERT_TRUE(engine.ok());
+  const std::vector<uint8_t> d5 = p.fill_device(5, 1), d4 = p.fill_device(4, 2);
+  const std::vector<uint8_t> h3 = p.fill_device(0, 3);
+  const std::vector<uint8_t> h7 = p.fill_device(1, 4);
+  auto staged = (*engine)->submit({offload(0, 3), offload(1, 7)}, Stream{});
+  ASSERT_TRUE(staged.ok());
+  ASSERT_TRUE((*engine)->wait(*staged).ok());
+  fi.record_copies(true);
+  fi.reset_counts();
+  auto job =
+      (*engine)->submit({offload(5, 1), restore(3, 9), offload(4, 3), restore(7, 5)}, Stream{});
+  ASSERT_TRUE(job.ok()) << job.status().to_string();
+  ASSERT_TRUE((*engine)->wait(*job).ok());
+  EXPECT_EQ(fi.copy_calls().size(), 3u);
+  EXPECT_EQ(p.read(Tier::kHost, 1), d5);
+  EXPECT_EQ(p.read(Tier::kDevice, 9), h3);
+  EXPECT_EQ(p.read(Tier::kHost, 3), d4);
+  EXPECT_EQ(p.read(Tier::kDevice, 5), h7);
+}
+
+TYPED_TEST(TransferEngineTest, AFailedBatchReportsTheQueuedPrefix) {
+  FaultInjectionBackend fi(this->backend());
+  Pools p(fi, 16, 16, 256);
+  auto engine = TransferEngine::create(fi, p.pools());
+  ASSERT_TRUE(engine.ok());
+  const std::vector<uint8_t> d0 = p.fill_device(0, 5), d2 = p.fill_device(2, 6);
+  // Independent moves: the offloads go first (copy #1), then the restores (copy #2).
+  const std::vector<BlockMove> moves = {offload(0, 0), offload(2, 1), restore(4, 6), restore(5, 7)};
+  for (int64_t nth : {1, 2}) {
+    fi.fail_nth(FaultKind::kCopy, nth);
+    int64_t queued = -1;
+    auto job = (*engine)->submit(moves, Stream{}, &queued);
+    EXPECT_EQ(job.status().code(), StatusCode::kInternal);
+    EXPECT_NE(job.status().message().find("copy_batch"), std::string::npos);
+    EXPECT_EQ(queued, nth == 1 ? 0 : 2) << "fault on copy #" << nth;
+    ASSERT_TRUE((*engine)->synchronize().ok());
+  }
+  // The second attempt's offloads ran.
+  EXPECT_EQ(p.read(Tier::kHost, 0), d0);
+  EXPECT_EQ(p.read(Tier::kHost, 1), d2);
+}
+
+// A CPU backend whose device-to-host batches first wait at a gate on their stream: the
+// restores of a job must not overtake the offloads whose device slots they overwrite.
+class GatedOffloads final : public Backend {
+ public:
+  explicit GatedOffloads(Backend& inner) : inner_(inner) {}
+  pagedkv::testing::StreamGate gate;
+
+  BackendKind kind() const override { return inner_.kind(); }
+  std::string description() const override { return "gated " + inner_.description(); }
+  StatusOr<void*> allocate_device(size_t b) override { return inner_.allocate_device(b); }
+  void free_device(void* p) override { inner_.free_device(p); }
+  StatusOr<void*> allocate_pinned(size_t b) override { return inner_.allocate_pinned(b); }
+  void free_pinned(void* p) override { inner_.free_pinned(p); }
+  StatusOr<Stream> create_stream() override { return inner_.create_stream(); }
+  StatusOr<Stream> wrap_stream(void* n) override { return inner_.wrap_stream(n); }
+  StatusOr<void*> native_stream(Stream s) override { return inner_.native_stream(s); }
+  void destroy_stream(Stream s) override { inner_.destroy_stream(s); }
+  StatusOr<Event> create_event() override { return inner_.create_event(); }
+  void destroy_event(Event e) override { inner_.destroy_event(e); }
+  Status record_event(Event e, Stream s) override { return inner_.record_event(e, s); }
+  Status wait_event(Stream s, Event e) override { return inner_.wait_event(s, e); }
+  StatusOr<bool> query_event(Event e) override { return inner_.query_event(e); }
+  Status synchronize_event(Event e) override { return inner_.synchronize_event(e); }
+  Status synchronize_stream(Stream s) override { return inner_.synchronize_stream(s); }
+  Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind, Stream s) override {
+    return inner_.copy_async(dst, src, bytes, kind, s);
+  }
+  Status copy_batch(const CopyRegion* r, size_t n, CopyKind kind, Stream s) override {
+    if (kind == CopyKind::kDeviceToHost) PAGEDKV_RETURN_IF_ERROR(gate.close(inner_, s));
+    return inner_.copy_batch(r, n, kind, s);
+  }
+  Status launch_host_func(Stream s, std::function<void()> fn) override {
+    return inner_.launch_host_func(s, std::move(fn));
+  }
+  Status launch(const KernelLaunch& l, Stream s) override { return inner_.launch(l, s); }
+
+ private:
+  Backend& inner_;
+};
+
+TEST(TransferOrdering, ARestoreWaitsForTheOffloadThatFreesItsSlot) {
+  auto cpu = create_cpu_backend();
+  GatedOffloads gated(*cpu);
+  Pools p(gated, 4, 4, 2048);
+  auto engine = TransferEngine::create(gated, p.pools());
+  ASSERT_TRUE(engine.ok());
+  // Host block 1 holds the block to restore (written directly: an offload would be gated).
+  std::vector<uint8_t> to_restore(2048);
+  std::mt19937 rng(11);
+  for (auto& x : to_restore) x = static_cast<uint8_t>(rng() | 1);
+  std::memcpy(p.host_block(1), to_restore.data(), to_restore.size());
+  const std::vector<uint8_t> victim = p.fill_device(1, 12);
+
+  auto job = (*engine)->submit({offload(1, 2), restore(1, 1)}, Stream{});
+  ASSERT_TRUE(job.ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // The offload is held at the gate; the restore into its slot must be held too.
+  EXPECT_FALSE(*(*engine)->is_complete(*job));
+  std::vector<uint8_t> now(2048);
+  std::memcpy(now.data(), p.device_block(1), now.size());  // racy only if the test fails
+  EXPECT_EQ(now, victim) << "the restore overwrote a slot the offload had not read yet";
+  gated.gate.release();
+  ASSERT_TRUE((*engine)->wait(*job).ok());
+  EXPECT_EQ(p.read(Tier::kHost, 2), victim);
+  EXPECT_EQ(p.read(Tier::kDevice, 1), to_restore);
 }
 
 }  // namespace

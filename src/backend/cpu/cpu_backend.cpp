@@ -236,6 +236,29 @@ Status CpuBackend::copy_async(void* dst, const void* src, size_t bytes, CopyKind
   return ok_status();
 }
 
+Status CpuBackend::copy_batch(const CopyRegion* regions, size_t count, CopyKind kind,
+                              Stream stream) {
+  (void)kind;  // one address space: every kind is a memmove
+  PAGEDKV_RETURN_IF_ERROR(validate_copy_batch(regions, count));
+  if (count == 0) return ok_status();
+  PAGEDKV_ASSIGN_OR_RETURN(CpuStream * s, find_stream(stream));
+  std::vector<CopyRegion> copies;
+  copies.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    if (regions[i].bytes > 0) copies.push_back(regions[i]);
+  }
+  if (copies.empty()) return ok_status();
+  // One queued task for the whole batch, delayed once like one copy_async.
+  const auto delay = stream.handle != nullptr ? options_.copy_delay : std::chrono::microseconds(0);
+  s->enqueue(
+      [copies = std::move(copies), delay] {
+        if (delay.count() > 0) std::this_thread::sleep_for(delay);
+        for (const CopyRegion& r : copies) std::memmove(r.dst, r.src, r.bytes);
+      },
+      options_.run_inline_when_idle && delay.count() == 0);
+  return ok_status();
+}
+
 Status CpuBackend::launch_host_func(Stream stream, std::function<void()> fn) {
   if (!fn) return invalid_argument("launch_host_func with an empty function");
   PAGEDKV_ASSIGN_OR_RETURN(CpuStream * s, find_stream(stream));

@@ -42,6 +42,7 @@ class CpuBackend final : public Backend {
 
   Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind,
                     Stream stream) override;
+  Status copy_batch(const CopyRegion* regions, size_t count, CopyKind kind, Stream stream) override;
   Status launch_host_func(Stream stream, std::function<void()> fn) override;
   Status launch(const KernelLaunch& launch, Stream stream) override;
 

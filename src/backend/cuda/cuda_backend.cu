@@ -10,6 +10,7 @@
 #include <string>
 #include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "backend/cuda/cuda_factory.hpp"
 #include "backend/cuda/cuda_status.hpp"
@@ -262,6 +263,59 @@ class CudaBackend final : public Backend {
     return ok_status();
   }
 
+  Status copy_batch(const CopyRegion* regions, size_t count, CopyKind kind,
+                    Stream stream) override {
+    PAGEDKV_RETURN_IF_ERROR(alive());
+    const DeviceGuard guard(device_);
+    PAGEDKV_RETURN_IF_ERROR(validate_copy_batch(regions, count));
+    if (count == 0) return ok_status();
+    PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> sizes;
+    dsts.reserve(count);
+    srcs.reserve(count);
+    sizes.reserve(count);
+    for (size_t i = 0; i < count; ++i) {
+      if (regions[i].bytes == 0) continue;
+      dsts.push_back(regions[i].dst);
+      srcs.push_back(regions[i].src);
+      sizes.push_back(regions[i].bytes);
+    }
+#if CUDART_VERSION >= 12080
+    // One submission for the whole batch. The legacy stream (a wrapped 0 or cudaStreamLegacy) is
+    // refused by cudaMemcpyBatchAsync, and a driver older than the toolkit lacks it: both take
+    // the loop below.
+    if (dsts.size() > 1 && s != nullptr && s != cudaStreamLegacy &&
+        batch_supported_.load(std::memory_order_relaxed)) {
+      // The sources are written by work queued earlier on the stream: read them in stream order.
+      cudaMemcpyAttributes attr{};
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      size_t attr_index = 0;
+#if CUDART_VERSION >= 13000
+      const cudaError_t err = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(),
+                                                   dsts.size(), &attr, &attr_index, 1, s);
+#else
+      size_t fail_index = 0;
+      const cudaError_t err =
+          cudaMemcpyBatchAsync(dsts.data(), const_cast<void**>(srcs.data()), sizes.data(),
+                               dsts.size(), &attr, &attr_index, 1, &fail_index, s);
+#endif
+      if (err == cudaSuccess) return ok_status();
+      if (err != cudaErrorNotSupported && err != cudaErrorCallRequiresNewerDriver) {
+        return check(err, "cudaMemcpyBatchAsync(dsts, srcs, sizes, n, &attr, &idx, 1, s)", __FILE__,
+                     __LINE__);
+      }
+      (void)cudaGetLastError();  // not sticky: clear it and use the loop from now on
+      batch_supported_.store(false, std::memory_order_relaxed);
+    }
+#endif
+    for (size_t i = 0; i < dsts.size(); ++i) {
+      PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], to_cuda(kind), s));
+    }
+    return ok_status();
+  }
+
   Status launch_host_func(Stream stream, std::function<void()> fn) override {
     PAGEDKV_RETURN_IF_ERROR(alive());
     const DeviceGuard guard(device_);
@@ -336,6 +390,7 @@ class CudaBackend final : public Backend {
   std::unordered_set<void*> wrapped_;  // the caller's: never destroyed here
   std::unordered_set<void*> events_;
   std::atomic<bool> lost_{false};
+  std::atomic<bool> batch_supported_{true};  // false once the driver refused cudaMemcpyBatchAsync
   mutable std::mutex lost_mutex_;
   Status lost_status_;
 };
