@@ -18,7 +18,7 @@ namespace pagedkv::kernels {
 /// out: float32 [batch, num_q_heads, head_dim] (used as the accumulator, so no local array).
 /// A latent (MLA) pool is read in the weight-absorbed form: the keys are the whole latent
 /// vectors, the values their `ckv` parts, so out[s, qh, :ckv_dim] is the result and the last
-/// rope_dim elements stay 0.
+/// rope_dim elements stay 0. A sliding-window view attends to positions [window_begin, len).
 struct DecodeAttentionBody {
   device::PagedKvView view;
   const void* q;
@@ -42,10 +42,12 @@ struct DecodeAttentionBody {
     for (int32_t d = 0; d < dim; ++d) o[d] = 0.0f;
     const int64_t len = view.seq_len(seq);
     if (len == 0) return;
+    // A sliding-window view: the query (the last position) attends to the last `window` ones.
+    const int64_t first = view.window_begin(seq);
 
     // Pass 1: the largest score, so that the exponentials below cannot overflow.
     float max_score = -INFINITY;
-    for (int64_t p = 0; p < len; ++p) {
+    for (int64_t p = first; p < len; ++p) {
       float dot = 0.0f;
       for (int32_t d = 0; d < dim; ++d) {
         dot +=
@@ -56,7 +58,7 @@ struct DecodeAttentionBody {
     }
     // Pass 2: weights and the weighted sum of values.
     float denom = 0.0f;
-    for (int64_t p = 0; p < len; ++p) {
+    for (int64_t p = first; p < len; ++p) {
       float dot = 0.0f;
       for (int32_t d = 0; d < dim; ++d) {
         dot +=

@@ -123,8 +123,15 @@ class KvCache {
   /// Adds a sequence and returns how many prompt tokens are already cached (prefix hit). Cached
   /// blocks found on the host tier count too: the sequence is then kHost until its first
   /// reserve (or a restore/prefetch) brings them back.
+  /// With a sliding window (CacheConfig::sliding_window) a hit needs only the blocks inside
+  /// the window of its length. `max_cached` >= 0 bounds the tokens shared (ModelKvCache shares
+  /// the longest prefix every group can supply); -1: no bound.
   StatusOr<int64_t> add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
-                                 const SequenceOptions& options = {});
+                                 const SequenceOptions& options = {}, int64_t max_cached = -1);
+  /// The tokens add_sequence would share now (at most `max_cached`, -1: no bound), changing
+  /// nothing. kOutOfRange for a prompt past max_sequence_length.
+  StatusOr<int64_t> cached_prefix(const std::vector<TokenId>& prompt, NamespaceId ns = 0,
+                                  int64_t max_cached = -1) const;
   /// Reserves device slots for the next `n` tokens: allocates blocks, restores an offloaded
   /// sequence, queues offloads of others and copy-on-write copies, ordering each on the
   /// streams. Returns the slots (block * block_size + offset), one per token.

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "pagedkv/dtype.hpp"
 #include "pagedkv/status.hpp"
@@ -33,6 +35,38 @@ enum class CacheMode : uint8_t { kPaged = 0, kDense = 1 };
 const char* page_layout_name(PageLayout l);
 const char* eviction_policy_name(EvictionPolicy p);
 const char* backend_kind_name(BackendKind k);
+
+/// One KV group of a model: layers that share a page shape and an attention window, held in
+/// their own pools (CacheConfig::groups). A model whose layers alternate sliding-window and
+/// full attention (gpt-oss, Gemma 2/3) has two groups; an MLA model (DeepSeek V2/V3, Kimi) has
+/// one latent group.
+struct KvGroup {
+  std::string name;             // for messages and reports ("full", "window", "mla")
+  std::vector<int32_t> layers;  // the model's layer indices in this group, each in one group
+  int32_t num_kv_heads = 0;     // kLatent: 1
+  int32_t head_dim = 0;         // kLatent: the latent width (`latent_dim`, ckv + kpe)
+  DType dtype = DType::kFloat16;
+  KvKind kv_kind = KvKind::kKeyValue;
+  int32_t rope_dim = 0;        // kLatent: the kpe part
+  int32_t sliding_window = 0;  // tokens; 0: full attention
+  int64_t num_device_blocks = 0;
+  int64_t num_host_blocks = 0;
+
+  /// An MLA group: one latent vector of `latent_dim` elements per token (the last `rope_dim`
+  /// of them the rotary part), keys only.
+  static KvGroup latent(std::string name, std::vector<int32_t> layers, int32_t latent_dim,
+                        int32_t rope_dim, DType dtype = DType::kFloat16) {
+    KvGroup g;
+    g.name = std::move(name);
+    g.layers = std::move(layers);
+    g.num_kv_heads = 1;
+    g.head_dim = latent_dim;
+    g.dtype = dtype;
+    g.kv_kind = KvKind::kLatent;
+    g.rope_dim = rope_dim;
+    return g;
+  }
+};
 
 /// Everything needed to create a cache. `validate()` names the first offending field.
 struct CacheConfig {
@@ -75,8 +109,20 @@ struct CacheConfig {
 
   BackendKind backend = BackendKind::kAuto;
 
-  /// Ok, or kInvalidArgument whose message starts with the field name ("head_dim: ..."). A shape
-  /// whose block, device pool, host pool (or dense buffer) byte size overflows int64 names the
+  /// The model as KV groups (ModelKvCache). Empty: one group, every layer, with the shape,
+  /// window and pool sizes above (today's uniform config). When set, each group brings its own
+  /// shape, window and pool sizes, and the fields above give the rest: num_layers (the model's),
+  /// block_size, the policies, max_sequence_length and the backend.
+  std::vector<KvGroup> groups;
+
+  /// 1 without groups, else groups.size().
+  int32_t num_groups() const { return groups.empty() ? 1 : static_cast<int32_t>(groups.size()); }
+  /// The one-group config of group `g` (its layers numbered 0 .. layers.size() - 1); the config
+  /// itself without groups. `g` must be below num_groups().
+  CacheConfig group_config(int32_t g) const;
+
+  /// Ok, or kInvalidArgument whose message starts with the field name ("head_dim: ...", and for
+  /// a group "groups[1] (window): sliding_window: ..."). A shape whose block, device pool, host pool (or dense buffer) byte size overflows int64 names the
   /// field whose factor overflowed.
   Status validate() const;
 

@@ -2,6 +2,7 @@
 
 #include <limits>
 #include <string>
+#include <vector>
 
 namespace pagedkv {
 
@@ -76,7 +77,67 @@ int64_t CacheConfig::block_bytes() const {
   return checked_sizes(*this, &page, &block) == nullptr ? block : -1;
 }
 
+CacheConfig CacheConfig::group_config(int32_t g) const {
+  CacheConfig c = *this;
+  c.groups.clear();
+  if (groups.empty()) return c;
+  const KvGroup& k = groups[static_cast<size_t>(g)];
+  c.num_layers = static_cast<int32_t>(k.layers.size());
+  c.num_kv_heads = k.num_kv_heads;
+  c.head_dim = k.head_dim;
+  c.dtype = k.dtype;
+  c.kv_kind = k.kv_kind;
+  c.rope_dim = k.rope_dim;
+  c.sliding_window = k.sliding_window;
+  c.num_device_blocks = k.num_device_blocks;
+  c.num_host_blocks = k.num_host_blocks;
+  return c;
+}
+
+namespace {
+
+// The model's layers each in exactly one group, and each group a valid one-group config.
+Status validate_groups(const CacheConfig& c) {
+  std::vector<int32_t> owner(static_cast<size_t>(c.num_layers), -1);
+  for (int32_t g = 0; g < c.num_groups(); ++g) {
+    const KvGroup& k = c.groups[static_cast<size_t>(g)];
+    const std::string name = "groups[" + std::to_string(g) + "]" +
+                             (k.name.empty() ? std::string() : " (" + k.name + ")");
+    if (k.layers.empty()) return invalid_argument(name + ": layers: a group needs a layer");
+    for (int32_t layer : k.layers) {
+      if (layer < 0 || layer >= c.num_layers) {
+        return invalid_argument(name + ": layers: layer " + std::to_string(layer) +
+                                " is outside the model's " + std::to_string(c.num_layers) +
+                                " layers");
+      }
+      int32_t& o = owner[static_cast<size_t>(layer)];
+      if (o >= 0) {
+        return invalid_argument(name + ": layers: layer " + std::to_string(layer) +
+                                (o == g ? " is listed twice" : " is in groups[" +
+                                                                   std::to_string(o) + "] too"));
+      }
+      o = g;
+    }
+    const Status st = c.group_config(g).validate();
+    if (!st.ok()) return invalid_argument(name + ": " + st.message());
+  }
+  for (int32_t layer = 0; layer < c.num_layers; ++layer) {
+    if (owner[static_cast<size_t>(layer)] < 0) {
+      return invalid_argument("groups: layer " + std::to_string(layer) + " is in no group");
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace
+
 Status CacheConfig::validate() const {
+  if (!groups.empty()) {
+    if (num_layers <= 0)
+      return field_error("num_layers", "must be positive, got " + std::to_string(num_layers));
+    if (mode != CacheMode::kPaged) return field_error("groups", "KV groups need paged mode");
+    return validate_groups(*this);
+  }
   constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
   if (num_layers <= 0)
     return field_error("num_layers", "must be positive, got " + std::to_string(num_layers));

@@ -28,10 +28,21 @@ runtime::UploadPart part(const std::vector<T>& v) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& config,
+StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_config,
                                                    KvCacheOptions options) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::create");
-  PAGEDKV_RETURN_IF_ERROR(config.validate());
+  PAGEDKV_RETURN_IF_ERROR(model_config.validate());
+  if (model_config.num_groups() > 1) {
+    return invalid_argument("groups: a KvCache holds one KV group, this config has " +
+                            std::to_string(model_config.num_groups()) +
+                            "; ModelKvCache holds a model of several");
+  }
+  // One group given as groups[0]: that group's config.
+  const CacheConfig config = model_config.group_config(0);
+  if (config.sliding_window > 0 && options.storage != nullptr) {
+    return unimplemented("storage: a storage tier behind a sliding-window cache is not "
+                         "supported yet (its blocks could be written but never read back)");
+  }
   if (config.mode != CacheMode::kPaged) {
     return unimplemented("mode: dense mode is not available through KvCache yet");
   }
@@ -112,13 +123,20 @@ PoolRef KvCache::device_pool() const {
 }
 
 StatusOr<int64_t> KvCache::add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
-                                        const SequenceOptions& options) {
+                                        const SequenceOptions& options, int64_t max_cached) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::add_sequence");
   PAGEDKV_RETURN_IF_ERROR(broken_);
   poll_storage_quietly();
-  PAGEDKV_ASSIGN_OR_RETURN(int64_t cached, control_->add_sequence(id, prompt, options));
+  PAGEDKV_ASSIGN_OR_RETURN(int64_t cached,
+                           control_->add_sequence(id, prompt, options, max_cached));
   ++generation_;
   return cached;
+}
+
+StatusOr<int64_t> KvCache::cached_prefix(const std::vector<TokenId>& prompt, NamespaceId ns,
+                                         int64_t max_cached) const {
+  PAGEDKV_RETURN_IF_ERROR(broken_);
+  return control_->cached_prefix(prompt, ns, max_cached);
 }
 
 Status KvCache::run_transfers(const Transfers& t, Submitted* out) {
@@ -482,13 +500,16 @@ StatusOr<DeviceBatch> KvCache::build_batch(const std::vector<SequenceId>& ids,
 device::PagedKvView KvCache::device_view(const DeviceBatch& batch, KvScales scales) const {
   const PoolRef pool = device_pool();
   const int32_t batch_size = batch.host != nullptr ? batch.host->batch_size : 0;
-  if (batch.indptr != nullptr) {
-    return device::make_csr_view(pool.data, pool.layout, pool.dtype, pool.num_blocks, batch.indptr,
-                                 batch.indices, batch.last_page_len, batch_size, scales);
-  }
-  return device::make_block_table_view(
-      pool.data, pool.layout, pool.dtype, pool.num_blocks, batch.block_tables,
-      batch.host != nullptr ? batch.host->max_blocks : 0, batch.seq_lens, batch_size, scales);
+  device::PagedKvView view =
+      batch.indptr != nullptr
+          ? device::make_csr_view(pool.data, pool.layout, pool.dtype, pool.num_blocks, batch.indptr,
+                                  batch.indices, batch.last_page_len, batch_size, scales)
+          : device::make_block_table_view(pool.data, pool.layout, pool.dtype, pool.num_blocks,
+                                          batch.block_tables,
+                                          batch.host != nullptr ? batch.host->max_blocks : 0,
+                                          batch.seq_lens, batch_size, scales);
+  view.sliding_window = config_.sliding_window;
+  return view;
 }
 
 Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* value_out,
@@ -522,6 +543,11 @@ Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* 
   // block it holds happens to be on the device (a fork that shares them all, say).
   PAGEDKV_ASSIGN_OR_RETURN(Residency residency, control_->residency(id));
   PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, control_->block_locations(id));
+  if (num_tokens > 0 && blocks[static_cast<size_t>(position_begin / config_.block_size)].block < 0) {
+    return out_of_range("sequence " + std::to_string(id) + ": position " +
+                        std::to_string(position_begin) + " fell out of the sliding window (" +
+                        std::to_string(config_.sliding_window) + " tokens)");
+  }
   const bool on_device = std::all_of(
       blocks.begin(), blocks.end(), [](const BlockLocation& b) { return b.tier == Tier::kDevice; });
   if (residency.offloaded || !on_device) {

@@ -53,6 +53,10 @@ struct PagedKvView {
   const int32_t* indptr = nullptr;
   const int32_t* indices = nullptr;
   const int32_t* last_page_len = nullptr;
+  /// Sliding window of the layers this view holds, in tokens (0: full attention). Blocks before
+  /// the window have no page: their block-table and CSR entries are -1, and a kernel reads only
+  /// positions from window_begin(seq) on.
+  int32_t sliding_window = 0;
 
   /// True when the batch is described in CSR form.
   PAGEDKV_HOST_DEVICE bool is_csr() const { return indptr != nullptr; }
@@ -68,7 +72,15 @@ struct PagedKvView {
     return load_metadata(seq_lens + seq);
   }
 
-  /// Physical block holding position `pos` of sequence `seq`.
+  /// The first position of sequence `seq` that its last token attends to and the cache holds:
+  /// seq_len - sliding_window (at least 0) with a window, else 0.
+  PAGEDKV_HOST_DEVICE int64_t window_begin(int32_t seq) const {
+    if (sliding_window <= 0) return 0;
+    const int64_t begin = seq_len(seq) - sliding_window;
+    return begin > 0 ? begin : 0;
+  }
+
+  /// Physical block holding position `pos` of sequence `seq` (-1 before its window).
   PAGEDKV_HOST_DEVICE int64_t block_of(int32_t seq, int64_t pos) const {
     const int64_t logical = pos / layout.block_size;
     if (is_csr()) return load_metadata(indices + load_metadata(indptr + seq) + logical);

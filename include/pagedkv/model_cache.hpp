@@ -1,0 +1,160 @@
+// ModelKvCache: the cache of a model whose layers form several KV groups (CacheConfig::groups):
+// sliding-window layers next to full-attention ones (gpt-oss, Gemma 2/3), or an MLA latent
+// group (DeepSeek V2/V3, Kimi). Each group is a KvCache with its own pools, page shape and
+// window, and all of them share one backend and compute stream; this class keeps their
+// sequences in step and routes each model layer to its group.
+//
+// A sequence lives in every group with the same committed length and reservation. A prefix hit
+// counts only as far as every group can supply it (all blocks for full attention, the blocks
+// inside the window for a window group). Calls check what they can before changing anything;
+// where a group can refuse after another has gone ahead (out of device or host blocks), the
+// call is taken back in the groups that went ahead, as each method says.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "pagedkv/cache.hpp"
+
+namespace pagedkv {
+
+/// Options of a ModelKvCache: those of every group's KvCache (backend, streams, clock, events),
+/// and per group an optional storage tier.
+struct ModelKvCacheOptions {
+  KvCacheOptions cache;  // `cache.storage` must be null: use `storage`
+  /// Empty, or one storage tier (or null) per group, in group order; each serves that group
+  /// only, with that group's layout.
+  std::vector<StorageTier*> storage;
+};
+
+/// One step's batch metadata, one DeviceBatch per group (ModelKvCache::build_batch).
+struct ModelBatch {
+  std::vector<DeviceBatch> groups;
+};
+
+/// Where a model layer lives.
+struct LayerGroup {
+  int32_t group = 0;
+  int32_t layer = 0;  // the layer's index inside its group
+};
+
+class ModelKvCache {
+ public:
+  /// Validates the config (groups or the one-group form) and creates one KvCache per group.
+  /// kInvalidArgument names the group and field; kResourceExhausted when a pool cannot be had.
+  static StatusOr<std::unique_ptr<ModelKvCache>> create(const CacheConfig& config,
+                                                        ModelKvCacheOptions options = {});
+  ~ModelKvCache();
+  ModelKvCache(const ModelKvCache&) = delete;
+  ModelKvCache& operator=(const ModelKvCache&) = delete;
+
+  const CacheConfig& config() const { return config_; }
+  int32_t num_groups() const { return static_cast<int32_t>(groups_.size()); }
+  /// A group's cache, for what this class does not route (stats, events, pools). Calls that
+  /// change sequences must go through the ModelKvCache, or the groups fall out of step.
+  KvCache& group(int32_t g) { return *groups_[static_cast<size_t>(g)]; }
+  const KvCache& group(int32_t g) const { return *groups_[static_cast<size_t>(g)]; }
+  /// The group and in-group index of a model layer. kOutOfRange.
+  StatusOr<LayerGroup> layer_group(int32_t layer) const;
+
+  // ---- sequences ----
+
+  /// Adds the sequence to every group, sharing the longest prefix of `prompt` that every group
+  /// can supply. Returns that length (the committed length in every group).
+  StatusOr<int64_t> add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
+                                 const SequenceOptions& options = {});
+  /// Reserves the next `n` tokens in every group; returns each group's slots. When a group is
+  /// out of blocks (kResourceExhausted), the reservation is dropped in every group (the
+  /// sequence keeps its committed tokens; reserve again after freeing room); sequences the
+  /// groups that went ahead offloaded stay offloaded (their data is kept).
+  StatusOr<std::vector<std::vector<int64_t>>> reserve(SequenceId id, int64_t n);
+  /// reserve() of `n_each` tokens for each of `ids`, one batched call per group; on
+  /// kResourceExhausted the reservations of `ids` are dropped in every group.
+  Status reserve_batch(const std::vector<SequenceId>& ids, int64_t n_each);
+  /// Writes model layer `layer` of the reserved tokens (KvCache::write_kv in its group). A
+  /// latent group takes keys only: `value` must be null there.
+  Status write_kv(SequenceId id, int32_t layer, const void* key, const void* value,
+                  DType input_dtype, int64_t row_stride = 0);
+  /// KvCache::write_kv_batch of model layer `layer` through its group's batch.
+  /// kInvalidArgument when `batch` has another number of groups.
+  Status write_kv_batch(const ModelBatch& batch, int32_t layer, const void* key, const void* value,
+                        DType input_dtype, int64_t row_stride = 0);
+  /// Commits in every group (checked in full first, so an error commits nothing).
+  Status commit(SequenceId id, const std::vector<TokenId>& tokens);
+  Status commit_batch(const std::vector<SequenceId>& ids, const std::vector<TokenId>& tokens,
+                      int64_t n_each = 1);
+  /// Shortens the sequence in every group. kFailedPrecondition, nothing changed, when a window
+  /// group no longer holds what the shorter length needs.
+  Status rollback(SequenceId id, int64_t length);
+  Status fork(SequenceId parent, SequenceId child);
+  Status finish(SequenceId id);
+  Status erase(SequenceId id);
+  Status set_active(const std::vector<SequenceId>& ids);
+  Status set_priority(SequenceId id, int32_t priority);
+
+  // ---- tiers (each group moves its own blocks: a window group only those in its window) ----
+
+  /// Offloads the sequence in every group; when a group refuses, the groups that went ahead
+  /// restore it again and the error is returned.
+  Status offload(SequenceId id);
+  /// Restores the sequence in every group where it is offloaded. On kResourceExhausted the
+  /// groups that went ahead stay restored; the sequence stays kHost until a later restore or
+  /// reserve finishes the rest.
+  Status restore(SequenceId id);
+  Status prefetch(const std::vector<SequenceId>& ids);
+  /// The least ready residency over the groups (kHost before kInFlight before kDevice).
+  StatusOr<SequenceResidency> residency(SequenceId id);
+  /// Sequences some group dropped to make room since the last call; they are erased from the
+  /// other groups too, so they are gone from the model cache.
+  std::vector<SequenceId> drain_evicted_sequences();
+
+  // ---- reading ----
+
+  /// build_batch in every group.
+  StatusOr<ModelBatch> build_batch(const std::vector<SequenceId>& ids,
+                                   const BatchOptions& options = {});
+  /// The device view of group `g` of a built batch (its sliding_window set for a window
+  /// group). kOutOfRange for a bad group, kInvalidArgument for a batch of another model.
+  StatusOr<device::PagedKvView> device_view(const ModelBatch& batch, int32_t g,
+                                            KvScales scales = {}) const;
+  /// KvCache::gather_layer of model layer `layer` (kOutOfRange for positions a window group no
+  /// longer holds).
+  Status gather_layer(SequenceId id, int32_t layer, void* key_out, void* value_out,
+                      DType packed_dtype, PackedLayout packed_layout, int64_t position_begin = 0,
+                      int64_t num_tokens = -1);
+  Status synchronize();
+
+  // ---- queries ----
+
+  bool contains(SequenceId id) const { return groups_.front()->contains(id); }
+  StatusOr<int64_t> length(SequenceId id) const { return groups_.front()->length(id); }
+  StatusOr<int64_t> pending(SequenceId id) const { return groups_.front()->pending(id); }
+  /// Blocks the sequence holds in group `g` (not those that fell out of its window).
+  StatusOr<int64_t> held_blocks(SequenceId id, int32_t g) const;
+  /// Device bytes the sequence's blocks take over all groups (a shared block counted in full).
+  StatusOr<int64_t> held_bytes(SequenceId id) const;
+  /// Every group's invariants, and that every sequence is in every group with the same length
+  /// and reservation.
+  Status check_invariants() const;
+
+ private:
+  ModelKvCache() = default;
+  // Erases from every group the sequences some group dropped, into evicted_.
+  void sync_evictions();
+  // Drops the reservation of `ids` in groups [0, upto) after group `upto` refused a reserve.
+  void drop_reservations(const std::vector<SequenceId>& ids, int32_t upto);
+  // Ok when every group holds what `length` tokens of `id` need (rollback's check).
+  Status check_rollback(SequenceId id, int64_t length) const;
+
+  CacheConfig config_;
+  std::unique_ptr<Backend> owned_backend_;
+  std::vector<std::unique_ptr<KvCache>> groups_;
+  std::vector<LayerGroup> layers_;  // by model layer
+  std::unordered_set<SequenceId> ids_;  // the model's sequences (for check_invariants)
+  std::vector<SequenceId> evicted_;
+};
+
+}  // namespace pagedkv
