@@ -68,6 +68,7 @@ void register_types(nb::module_& m) {
       .def_rw("enable_prefix_caching", &CacheConfig::enable_prefix_caching)
       .def_rw("cache_prefixes_on_host", &CacheConfig::cache_prefixes_on_host)
       .def_rw("max_sequence_length", &CacheConfig::max_sequence_length)
+      .def_rw("sliding_window", &CacheConfig::sliding_window)
       .def_rw("backend", &CacheConfig::backend)
       .def("block_bytes", &CacheConfig::block_bytes)
       .def("page_bytes", &CacheConfig::page_bytes);

@@ -57,6 +57,8 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     cache_prefixes_on_host: bool = True
     max_sequence_length: int = 1 << 20
+    #: Tokens the next token attends to (0: full attention); blocks that fall out are released.
+    sliding_window: int = 0
     backend: Union[BackendKind, str] = BackendKind.AUTO
 
     def _to_cpp(self) -> "_C._CacheConfig":

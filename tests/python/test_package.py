@@ -39,3 +39,27 @@ def test_stubs_declare_every_public_name_of_the_extension():
 
 def test_the_cpu_backend_is_chosen_through_the_config():
     assert make_cache(backend="cpu").backend_description.startswith("cpu")
+
+
+def test_a_sliding_window_cache_keeps_only_the_window():
+    # Window 16 over blocks of 4: after 40 single-token steps the first blocks are released
+    # (reported as block -1) and at most ceil(16 / 4) + 1 blocks are held.
+    cache = pagedkv.KvCache(num_layers=1, num_kv_heads=1, head_dim=8, block_size=4,
+                            num_device_blocks=32, sliding_window=16, backend="cpu")
+    cache.add_sequence(1, [])
+    for t in range(40):
+        cache.reserve(1, 1)
+        cache.commit(1, [t])
+        held = [b for _, b in cache.block_locations(1) if b >= 0]
+        assert len(held) <= 16 // 4 + 1
+        cache.check_invariants()
+    assert cache.block_locations(1)[0][1] == -1
+    assert cache.stats()["window_released_blocks"] == 40 // 4 - 16 // 4
+
+
+def test_a_window_smaller_than_a_block_is_refused():
+    import pytest
+
+    with pytest.raises(pagedkv.InvalidArgumentError, match="sliding_window"):
+        pagedkv.KvCache(num_layers=1, num_kv_heads=1, head_dim=8, block_size=16,
+                        sliding_window=8, backend="cpu")
