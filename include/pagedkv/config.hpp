@@ -122,8 +122,8 @@ struct CacheConfig {
   CacheConfig group_config(int32_t g) const;
 
   /// Ok, or kInvalidArgument whose message starts with the field name ("head_dim: ...", and for
-  /// a group "groups[1] (window): sliding_window: ..."). A shape whose block, device pool, host pool (or dense buffer) byte size overflows int64 names the
-  /// field whose factor overflowed.
+  /// a group "groups[1] (window): sliding_window: ..."). A shape whose block, device pool, host
+  /// pool (or dense buffer) byte size overflows int64 names the field whose factor overflowed.
   Status validate() const;
 
   /// Bytes of one block (all layers, keys and values, or latents for kLatent); -1 when that

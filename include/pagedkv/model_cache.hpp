@@ -152,7 +152,7 @@ class ModelKvCache {
   CacheConfig config_;
   std::unique_ptr<Backend> owned_backend_;
   std::vector<std::unique_ptr<KvCache>> groups_;
-  std::vector<LayerGroup> layers_;  // by model layer
+  std::vector<LayerGroup> layers_;      // by model layer
   std::unordered_set<SequenceId> ids_;  // the model's sequences (for check_invariants)
   std::vector<SequenceId> evicted_;
 };

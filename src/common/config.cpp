@@ -112,9 +112,9 @@ Status validate_groups(const CacheConfig& c) {
       }
       int32_t& o = owner[static_cast<size_t>(layer)];
       if (o >= 0) {
-        return invalid_argument(name + ": layers: layer " + std::to_string(layer) +
-                                (o == g ? " is listed twice" : " is in groups[" +
-                                                                   std::to_string(o) + "] too"));
+        return invalid_argument(
+            name + ": layers: layer " + std::to_string(layer) +
+            (o == g ? " is listed twice" : " is in groups[" + std::to_string(o) + "] too"));
       }
       o = g;
     }

@@ -87,7 +87,8 @@ Status BatchMetadataBuilder::build(const std::vector<Sequence*>& rows, const Blo
       if (st.num_blocks > n) std::fill(row + n, row + st.num_blocks, -1);
     }
     // Blocks that fell out of a sliding window have no page: -1, like the padding.
-    const int32_t live = static_cast<int32_t>(std::min<size_t>(s.first_live, static_cast<size_t>(n)));
+    const int32_t live =
+        static_cast<int32_t>(std::min<size_t>(s.first_live, static_cast<size_t>(n)));
     for (int32_t i = from; i < live; ++i) row[i] = -1;
     for (int32_t i = std::max(from, live); i < n; ++i) {
       row[i] = blocks[s.blocks[static_cast<size_t>(i)]].phys;

@@ -29,8 +29,9 @@ StatusOr<std::unique_ptr<ControlPlane>> ControlPlane::create(const CacheConfig& 
     return invalid_argument("mode: ControlPlane is the paged control plane; use DenseAllocator");
   }
   if (!config.groups.empty()) {
-    return invalid_argument("groups: a control plane holds one KV group; create one per group "
-                            "from config.group_config(g)");
+    return invalid_argument(
+        "groups: a control plane holds one KV group; create one per group "
+        "from config.group_config(g)");
   }
   if (options.event_capacity == 0) {
     return invalid_argument("event_capacity must be >= 1 (set enable_events = false for none)");

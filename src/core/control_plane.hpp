@@ -327,7 +327,8 @@ class ControlPlane {
                        std::vector<LogicalId>* blocks) const;
   // The first block a sequence of `length` committed tokens still needs: 0 without a window.
   size_t window_first_block(int64_t length) const {
-    return window_ == 0 ? 0 : static_cast<size_t>(bdiv_.div(std::max<int64_t>(0, length - window_)));
+    return window_ == 0 ? 0
+                        : static_cast<size_t>(bdiv_.div(std::max<int64_t>(0, length - window_)));
   }
   // Releases the blocks that fell out of the window (commit), leaving kNoBlock behind.
   void trim_window(Sequence* s);

@@ -88,9 +88,8 @@ Status ControlPlane::check_invariants() const {
         const PrefixNode& node = index_.node(info.node);
         // A registered block's whole prefix is registered and held by the same sequence (in a
         // window cache: its predecessor, when held, is registered and is its prefix).
-        const NodeId want_parent = i == 0 || s.blocks[i - 1] == kNoBlock
-                                       ? kRootNode
-                                       : blocks_[s.blocks[i - 1]].node;
+        const NodeId want_parent =
+            i == 0 || s.blocks[i - 1] == kNoBlock ? kRootNode : blocks_[s.blocks[i - 1]].node;
         if (window_ > 0) {
           if (node.parent != kRootNode ||
               (i > 0 && s.blocks[i - 1] != kNoBlock &&

@@ -24,7 +24,7 @@ struct alignas(64) Sequence {
   std::vector<LogicalId> blocks;  // logical block table, covers committed + pending tokens
   // Blocks [0, first_live) fell out of the sliding window: kNoBlock (always 0 without one).
   size_t first_live = 0;
-  int64_t pending = 0;            // reserved, not yet committed tokens
+  int64_t pending = 0;  // reserved, not yet committed tokens
   bool active = false;
   bool offloaded = false;
   bool is_victim = false;      // in the victim set

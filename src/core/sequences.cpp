@@ -10,8 +10,8 @@
 namespace pagedkv {
 namespace core {
 
-int64_t ControlPlane::match_prefix(const std::vector<TokenId>& prompt, NamespaceId ns,
-                                   int64_t cap, std::vector<LogicalId>* blocks) const {
+int64_t ControlPlane::match_prefix(const std::vector<TokenId>& prompt, NamespaceId ns, int64_t cap,
+                                   std::vector<LogicalId>* blocks) const {
   if (blocks != nullptr) blocks->clear();
   const int64_t len = static_cast<int64_t>(prompt.size());
   if (!config_.enable_prefix_caching || len == 0 || cap == 0) return 0;
@@ -62,7 +62,8 @@ Status check_prompt(const std::vector<TokenId>& prompt, int64_t max_cached,
                     const CacheConfig& config) {
   const int64_t len = static_cast<int64_t>(prompt.size());
   if (len > config.max_sequence_length) {
-    return out_of_range("prompt of " + std::to_string(len) + " tokens exceeds max_sequence_length " +
+    return out_of_range("prompt of " + std::to_string(len) +
+                        " tokens exceeds max_sequence_length " +
                         std::to_string(config.max_sequence_length));
   }
   if (max_cached < -1) {
@@ -96,8 +97,8 @@ StatusOr<int64_t> ControlPlane::add_sequence(SequenceId id, const std::vector<To
   // Host-resident blocks make the sequence offloaded: its first reserve (or a restore/prefetch)
   // onboards them before any use.
   std::vector<LogicalId> matched;
-  const int64_t cached = match_prefix(prompt, options.ns, max_cached < 0 ? len : max_cached,
-                                      &matched);
+  const int64_t cached =
+      match_prefix(prompt, options.ns, max_cached < 0 ? len : max_cached, &matched);
 
   Sequence* s = seqs_.create(id);
   s->options = options;
@@ -198,13 +199,12 @@ Status ControlPlane::rollback(SequenceId id, int64_t length) {
                         std::to_string(s->length()) + "] for " + seq_name(id));
   }
   if (length > 0 && window_first_block(length) < s->first_live) {
-    return failed_precondition("rollback: " + seq_name(id) + " no longer holds the tokens before " +
-                               std::to_string(static_cast<int64_t>(s->first_live) * block_size_) +
-                               " (they fell out of the sliding window); the shortest length it "
-                               "can roll back to is " +
-                               std::to_string(static_cast<int64_t>(s->first_live) * block_size_ +
-                                              window_) +
-                               " (or 0)");
+    return failed_precondition(
+        "rollback: " + seq_name(id) + " no longer holds the tokens before " +
+        std::to_string(static_cast<int64_t>(s->first_live) * block_size_) +
+        " (they fell out of the sliding window); the shortest length it "
+        "can roll back to is " +
+        std::to_string(static_cast<int64_t>(s->first_live) * block_size_ + window_) + " (or 0)");
   }
   s->tokens.resize(static_cast<size_t>(length));
   s->pending = 0;

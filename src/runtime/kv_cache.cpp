@@ -40,8 +40,9 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   // One group given as groups[0]: that group's config.
   const CacheConfig config = model_config.group_config(0);
   if (config.sliding_window > 0 && options.storage != nullptr) {
-    return unimplemented("storage: a storage tier behind a sliding-window cache is not "
-                         "supported yet (its blocks could be written but never read back)");
+    return unimplemented(
+        "storage: a storage tier behind a sliding-window cache is not "
+        "supported yet (its blocks could be written but never read back)");
   }
   if (config.mode != CacheMode::kPaged) {
     return unimplemented("mode: dense mode is not available through KvCache yet");
@@ -127,8 +128,7 @@ StatusOr<int64_t> KvCache::add_sequence(SequenceId id, const std::vector<TokenId
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::add_sequence");
   PAGEDKV_RETURN_IF_ERROR(broken_);
   poll_storage_quietly();
-  PAGEDKV_ASSIGN_OR_RETURN(int64_t cached,
-                           control_->add_sequence(id, prompt, options, max_cached));
+  PAGEDKV_ASSIGN_OR_RETURN(int64_t cached, control_->add_sequence(id, prompt, options, max_cached));
   ++generation_;
   return cached;
 }
@@ -543,7 +543,8 @@ Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* 
   // block it holds happens to be on the device (a fork that shares them all, say).
   PAGEDKV_ASSIGN_OR_RETURN(Residency residency, control_->residency(id));
   PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, control_->block_locations(id));
-  if (num_tokens > 0 && blocks[static_cast<size_t>(position_begin / config_.block_size)].block < 0) {
+  if (num_tokens > 0 &&
+      blocks[static_cast<size_t>(position_begin / config_.block_size)].block < 0) {
     return out_of_range("sequence " + std::to_string(id) + ": position " +
                         std::to_string(position_begin) + " fell out of the sliding window (" +
                         std::to_string(config_.sliding_window) + " tokens)");

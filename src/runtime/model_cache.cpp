@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <string>
+
 #include "common/nvtx.hpp"
 
 namespace pagedkv {
@@ -41,8 +42,9 @@ StatusOr<std::unique_ptr<ModelKvCache>> ModelKvCache::create(const CacheConfig& 
   PAGEDKV_NVTX_RANGE("pagedkv::ModelKvCache::create");
   PAGEDKV_RETURN_IF_ERROR(config.validate());
   if (options.cache.storage != nullptr) {
-    return invalid_argument("storage: give a ModelKvCache its storage tiers per group "
-                            "(ModelKvCacheOptions::storage)");
+    return invalid_argument(
+        "storage: give a ModelKvCache its storage tiers per group "
+        "(ModelKvCacheOptions::storage)");
   }
   const int32_t n = config.num_groups();
   if (!options.storage.empty() && static_cast<int32_t>(options.storage.size()) != n) {
@@ -61,8 +63,9 @@ StatusOr<std::unique_ptr<ModelKvCache>> ModelKvCache::create(const CacheConfig& 
     if (group_options.compute_stream != Stream{}) {
       return invalid_argument("native_compute_stream: set either it or compute_stream, not both");
     }
-    PAGEDKV_ASSIGN_OR_RETURN(group_options.compute_stream,
-                             group_options.backend->wrap_stream(group_options.native_compute_stream));
+    PAGEDKV_ASSIGN_OR_RETURN(
+        group_options.compute_stream,
+        group_options.backend->wrap_stream(group_options.native_compute_stream));
     group_options.native_compute_stream = nullptr;
   }
   cache->layers_.resize(static_cast<size_t>(config.num_layers));
@@ -73,7 +76,8 @@ StatusOr<std::unique_ptr<ModelKvCache>> ModelKvCache::create(const CacheConfig& 
     if (!group.ok()) return in_group(config, g, group.status());
     cache->groups_.push_back(std::move(*group));
     if (config.groups.empty()) {
-      for (int32_t l = 0; l < config.num_layers; ++l) cache->layers_[static_cast<size_t>(l)] = {0, l};
+      for (int32_t l = 0; l < config.num_layers; ++l)
+        cache->layers_[static_cast<size_t>(l)] = {0, l};
     } else {
       const std::vector<int32_t>& layers = config.groups[static_cast<size_t>(g)].layers;
       for (size_t i = 0; i < layers.size(); ++i) {
@@ -181,8 +185,8 @@ Status ModelKvCache::write_kv(SequenceId id, int32_t layer, const void* key, con
 Status ModelKvCache::write_kv_batch(const ModelBatch& batch, int32_t layer, const void* key,
                                     const void* value, DType input_dtype, int64_t row_stride) {
   if (static_cast<int32_t>(batch.groups.size()) != num_groups()) {
-    return invalid_argument("batch: " + std::to_string(batch.groups.size()) + " groups, the model " +
-                            "has " + std::to_string(num_groups()));
+    return invalid_argument("batch: " + std::to_string(batch.groups.size()) +
+                            " groups, the model " + "has " + std::to_string(num_groups()));
   }
   PAGEDKV_ASSIGN_OR_RETURN(LayerGroup lg, layer_group(layer));
   return in_group(config_, lg.group,
@@ -195,8 +199,9 @@ Status ModelKvCache::commit(SequenceId id, const std::vector<TokenId>& tokens) {
   for (int32_t g = 0; g < num_groups(); ++g) {
     const Status st = group(g).commit(id, tokens);
     if (!st.ok()) {
-      return g == 0 ? st : internal_error("commit failed in " + group_name(config_, g) +
-                                          " after group 0 took it: " + st.message());
+      return g == 0 ? st
+                    : internal_error("commit failed in " + group_name(config_, g) +
+                                     " after group 0 took it: " + st.message());
     }
   }
   return ok_status();
@@ -207,8 +212,9 @@ Status ModelKvCache::commit_batch(const std::vector<SequenceId>& ids,
   for (int32_t g = 0; g < num_groups(); ++g) {
     const Status st = group(g).commit_batch(ids, tokens, n_each);
     if (!st.ok()) {
-      return g == 0 ? st : internal_error("commit_batch failed in " + group_name(config_, g) +
-                                          " after group 0 took it: " + st.message());
+      return g == 0 ? st
+                    : internal_error("commit_batch failed in " + group_name(config_, g) +
+                                     " after group 0 took it: " + st.message());
     }
   }
   return ok_status();
@@ -237,8 +243,9 @@ Status ModelKvCache::rollback(SequenceId id, int64_t length) {
   for (int32_t g = 0; g < num_groups(); ++g) {
     const Status st = group(g).rollback(id, length);
     if (!st.ok()) {
-      return g == 0 ? st : internal_error("rollback failed in " + group_name(config_, g) +
-                                          " after its check: " + st.message());
+      return g == 0 ? st
+                    : internal_error("rollback failed in " + group_name(config_, g) +
+                                     " after its check: " + st.message());
     }
   }
   return ok_status();
@@ -379,8 +386,8 @@ StatusOr<device::PagedKvView> ModelKvCache::device_view(const ModelBatch& batch,
                         std::to_string(num_groups()) + " groups");
   }
   if (static_cast<int32_t>(batch.groups.size()) != num_groups()) {
-    return invalid_argument("batch: " + std::to_string(batch.groups.size()) + " groups, the model " +
-                            "has " + std::to_string(num_groups()));
+    return invalid_argument("batch: " + std::to_string(batch.groups.size()) +
+                            " groups, the model " + "has " + std::to_string(num_groups()));
   }
   return group(g).device_view(batch.groups[static_cast<size_t>(g)], scales);
 }
