@@ -1,6 +1,7 @@
 #include "cli.hpp"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -8,6 +9,7 @@
 #include <ostream>
 #include <string>
 
+#include "capacity.hpp"
 #include "engine.hpp"
 #include "model.hpp"
 #include "report.hpp"
@@ -36,6 +38,7 @@ struct Options {
   double storage_gib = 0;  // the storage tier's size bound (0: none)
   std::string trace, write_trace, timeline, plot;
   bool json = false;
+  std::vector<int64_t> contexts;  // --context: capacity at these lengths
   WorkloadConfig workload;
   SchedulerConfig sched;
 };
@@ -44,8 +47,7 @@ void add_flags(CLI::App& app, Options& o) {
   const std::string g1 = "Model and pools", g2 = "Workload", g3 = "Scheduler", g4 = "Output";
   std::string presets;
   for (const ModelShape& m : model_presets())
-    presets += (presets.empty() ? "" : ", ") + m.name + " (" + std::to_string(m.num_layers) + "x" +
-               std::to_string(m.num_kv_heads) + "x" + std::to_string(m.head_dim) + ")";
+    presets += (presets.empty() ? "" : ", ") + m.name + " (" + shape_summary(m) + ")";
   app.add_option("--model", o.model, "model preset: " + presets)->group(g1)->capture_default_str();
   app.add_option("--layers", o.layers, "layers (overrides the preset)")->group(g1);
   app.add_option("--kv-heads", o.kv_heads, "KV heads (overrides the preset)")->group(g1);
@@ -78,6 +80,10 @@ void add_flags(CLI::App& app, Options& o) {
                  "written back, prompts fetch their blocks from it before admission")
       ->group(g1);
   app.add_option("--storage-gib", o.storage_gib, "the storage tier's size bound in GiB (0: none)")
+      ->group(g1);
+  app.add_option("--context", o.contexts,
+                 "context lengths (tokens) at which to measure how many sequences fit in the "
+                 "device budget, against the uniform cache of the same model (one or more)")
       ->group(g1);
   app.add_flag("--no-data", o.no_data,
                "drive the control plane alone (no KV bytes): plan full-size models on a laptop")
@@ -177,15 +183,22 @@ void add_flags(CLI::App& app, Options& o) {
       ->group(g4);
 }
 
-Status build_config(const Options& o, CacheConfig* c, std::string* model_name) {
+// The device and host budgets in bytes: the GiB flags, else the block counts in blocks of the
+// model's uniform cache (for a uniform model, its own blocks).
+struct Budget {
+  int64_t device_bytes = 0, host_bytes = 0;
+};
+
+Status build_config(const Options& o, CacheConfig* c, std::string* model_name, Budget* budget) {
   PAGEDKV_ASSIGN_OR_RETURN(ModelShape m, find_model(o.model));
   const bool custom = o.layers > 0 || o.kv_heads > 0 || o.head_dim > 0;
   *model_name = custom ? m.name + " (custom shape)" : m.name;
-  c->num_layers = o.layers > 0 ? o.layers : m.num_layers;
-  c->num_kv_heads = o.kv_heads > 0 ? o.kv_heads : m.num_kv_heads;
-  c->head_dim = o.head_dim > 0 ? o.head_dim : m.head_dim;
+  if (o.layers > 0) m.num_layers = o.layers;
+  if (o.kv_heads > 0) m.num_kv_heads = o.kv_heads;
+  if (o.head_dim > 0) m.head_dim = o.head_dim;
   if (!parse_dtype(o.dtype.c_str(), &c->dtype))
     return invalid_argument("dtype: unknown element type '" + o.dtype + "'");
+  PAGEDKV_RETURN_IF_ERROR(apply_model(m, c));
   c->block_size = o.block_size;
   static const std::map<std::string, BackendKind> kBackends = {
       {"auto", BackendKind::kAuto}, {"cpu", BackendKind::kCpu}, {"cuda", BackendKind::kCuda}};
@@ -201,6 +214,26 @@ Status build_config(const Options& o, CacheConfig* c, std::string* model_name) {
   c->cache_prefixes_on_host = !o.no_host_prefix_cache;
   c->num_device_blocks = o.device_blocks;
   c->num_host_blocks = o.host_blocks;
+  for (const int64_t context : o.contexts) {
+    if (context < 1)
+      return invalid_argument("context: must be >= 1 token, got " + std::to_string(context));
+  }
+  const int64_t ubb = uniform_block_bytes(*c);
+  if (ubb <= 0) {
+    PAGEDKV_RETURN_IF_ERROR(c->validate());  // names the field
+    return invalid_argument("model: a block's byte size overflows int64");
+  }
+  budget->device_bytes =
+      o.device_gib > 0 ? static_cast<int64_t>(o.device_gib * 1073741824.0) : o.device_blocks * ubb;
+  budget->host_bytes =
+      o.host_gib > 0 ? static_cast<int64_t>(o.host_gib * 1073741824.0) : o.host_blocks * ubb;
+  if (!c->groups.empty()) {
+    // A first split so that the config validates; run_cli splits again for the workload.
+    if (o.device_blocks < 0 || o.host_blocks < 0)
+      return invalid_argument("device-blocks/host-blocks: must be >= 0");
+    split_pools(budget->device_bytes, budget->host_bytes, 1, c);
+    return c->validate();
+  }
   // The block size depends on the shape, so GiB turn into blocks only now.
   if (o.device_gib > 0 || o.host_gib > 0) {
     c->num_device_blocks = 1;
@@ -210,6 +243,34 @@ Status build_config(const Options& o, CacheConfig* c, std::string* model_name) {
     if (o.host_gib > 0) c->num_host_blocks = blocks_in_gib(o.host_gib, c->block_bytes());
   }
   return c->validate();
+}
+
+// The workload's context lengths (prompt + output), the groups' pools split for their mean, and
+// the report's memory and capacity figures.
+Status size_memory(const Options& o, const Budget& budget, const std::vector<Request>& requests,
+                   CacheConfig* c, RunInfo* info) {
+  int64_t total = 0, longest = 0;
+  for (const Request& r : requests) {
+    const int64_t context = static_cast<int64_t>(r.prompt.size()) + r.output_len;
+    total += context;
+    longest = std::max(longest, context);
+  }
+  const int64_t mean =
+      requests.empty() ? 1 : std::max<int64_t>(1, total / static_cast<int64_t>(requests.size()));
+  if (!c->groups.empty()) {
+    split_pools(budget.device_bytes, budget.host_bytes, mean, c);
+    PAGEDKV_RETURN_IF_ERROR(c->validate());
+    info->pools_context = mean;
+  }
+  info->show_memory = !c->groups.empty() || c->kv_kind == KvKind::kLatent || !o.contexts.empty();
+  if (!info->show_memory) return ok_status();
+  info->memory.push_back({"workload mean", sequence_memory(*c, mean)});
+  if (longest > mean) info->memory.push_back({"workload max", sequence_memory(*c, longest)});
+  for (const int64_t context : o.contexts) {
+    PAGEDKV_ASSIGN_OR_RETURN(Capacity cap, measure_capacity(*c, context, budget.device_bytes));
+    info->capacity.push_back(cap);
+  }
+  return ok_status();
 }
 
 int fail(std::ostream& err, const Status& s) {
@@ -263,7 +324,8 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
 
   CacheConfig config;
   std::string model_name;
-  if (Status s = build_config(o, &config, &model_name); !s.ok()) return fail(err, s);
+  Budget budget;
+  if (Status s = build_config(o, &config, &model_name, &budget); !s.ok()) return fail(err, s);
 
   std::vector<Request> requests;
   RunInfo info;
@@ -292,6 +354,7 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
   if (!o.write_trace.empty()) {
     if (Status s = write_trace_file(o.write_trace, requests); !s.ok()) return fail(err, s);
   }
+  if (Status s = size_memory(o, budget, requests, &config, &info); !s.ok()) return fail(err, s);
 
   if (o.no_data && !o.storage_dir.empty()) {
     return fail(err, invalid_argument("--storage-dir needs KV bytes to store: drop --no-data"));

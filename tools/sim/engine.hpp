@@ -1,6 +1,8 @@
 // The cache the simulator drives: either a full KvCache (control plane, kernels, both tiers)
 // or, for --no-data, a core::ControlPlane alone (the same decisions, no KV bytes), so an
-// operator can plan a full-size model and pool on a laptop.
+// operator can plan a full-size model and pool on a laptop. A model of several KV groups
+// (CacheConfig::groups: sliding-window and full-attention layers) is a ModelKvCache, or for
+// --no-data one control plane per group driven in step the way ModelKvCache drives its caches.
 #pragma once
 
 #include <cstdint>
@@ -47,7 +49,15 @@ class Engine {
   virtual Status synchronize() = 0;
   /// Sequences the cache dropped to make room since the last call.
   virtual std::vector<SequenceId> drain_evicted() = 0;
+  /// The cache's counts; with several groups, merge_group_stats() of theirs.
   virtual ControlStats stats() const = 0;
+  /// KV groups (CacheConfig::num_groups()).
+  virtual int32_t num_groups() const { return 1; }
+  /// The counts of group `g` (of its own pools, in its own blocks).
+  virtual ControlStats group_stats(int32_t g) const {
+    (void)g;
+    return stats();
+  }
   virtual Status check_invariants() const = 0;
   /// "cpu: ..." / "cuda: ..." or "none (--no-data: control plane only)".
   virtual std::string description() const = 0;
@@ -65,12 +75,20 @@ struct StorageOptions {
   std::string model_id = "pagedkv-sim";
 };
 
-/// A KvCache on `config.backend`; writes come from a scratch buffer of `max_tokens` tokens.
+/// A KvCache on `config.backend` (a ModelKvCache when `config` has groups); writes come from a
+/// scratch buffer of `max_tokens` tokens. kInvalidArgument for a storage tier with groups.
 StatusOr<std::unique_ptr<Engine>> make_cache_engine(const CacheConfig& config, int64_t max_tokens,
                                                     const StorageOptions& storage = {});
 
-/// A core::ControlPlane alone.
+/// A core::ControlPlane alone (one per group when `config` has groups).
 StatusOr<std::unique_ptr<Engine>> make_control_engine(const CacheConfig& config);
+
+/// One ControlStats for a model of several groups: the counts of things every group does once
+/// per sequence or prompt (sequences, prefix lookups, their tokens and hit / miss blocks,
+/// sequence offloads, restores and drops) are the largest group's, every other count (blocks and
+/// bytes per tier, blocks moved) is the sum over the groups, so a tier's blocks add up to the
+/// groups' pools (blocks of different sizes). One group: its own counts.
+ControlStats merge_group_stats(const std::vector<ControlStats>& groups);
 
 }  // namespace sim
 }  // namespace pagedkv

@@ -49,7 +49,71 @@ std::string fmt(const char* f, ...) {
   return buf;
 }
 
+// Bytes of `blocks` blocks of every group's count `field`: each group's blocks at its own size.
+int64_t bytes_of(const CacheConfig& c, const SimResult& r, int64_t ControlStats::*field) {
+  if (c.groups.empty() || r.group_stats.size() != c.groups.size()) {
+    return r.stats.*field * c.block_bytes();
+  }
+  int64_t bytes = 0;
+  for (int32_t g = 0; g < c.num_groups(); ++g)
+    bytes += r.group_stats[static_cast<size_t>(g)].*field * c.group_config(g).block_bytes();
+  return bytes;
+}
+
+// Bytes of the device (or host) pools over the groups.
+int64_t pool_bytes(const CacheConfig& c, bool host) {
+  int64_t bytes = 0;
+  for (int32_t g = 0; g < c.num_groups(); ++g) {
+    const CacheConfig gc = c.group_config(g);
+    bytes += (host ? gc.num_host_blocks : gc.num_device_blocks) * gc.block_bytes();
+  }
+  return bytes;
+}
+
+const char* kind_name(KvKind k) { return k == KvKind::kLatent ? "latent" : "key-value"; }
+
+nlohmann::json memory_json(const SequenceMemory& m) {
+  nlohmann::json groups = nlohmann::json::array();
+  for (const GroupMemory& g : m.groups) {
+    groups.push_back({{"name", g.name},
+                      {"layers", g.layers},
+                      {"sliding_window", g.sliding_window},
+                      {"block_bytes", g.block_bytes},
+                      {"blocks", g.blocks},
+                      {"bytes", g.bytes}});
+  }
+  return {{"context", m.context},
+          {"groups", groups},
+          {"bytes", m.bytes},
+          {"uniform_bytes", m.uniform_bytes},
+          {"gain", m.gain()}};
+}
+
+// "full 26 blocks (32.5 MiB), window 26 blocks (169.0 MiB); total 201.5 MiB vs 201.5 MiB
+// uniform (1.00x)"
+std::string memory_line(const SequenceMemory& m) {
+  std::string s;
+  for (const GroupMemory& g : m.groups) {
+    s += (s.empty() ? "" : ", ") + g.name + " " + std::to_string(g.blocks) + " blocks (" +
+         bytes_str(static_cast<double>(g.bytes)) + ")";
+  }
+  return s + fmt("; total %s vs %s uniform (%.2fx)",
+                 bytes_str(static_cast<double>(m.bytes)).c_str(),
+                 bytes_str(static_cast<double>(m.uniform_bytes)).c_str(), m.gain());
+}
+
 }  // namespace
+
+std::string capacity_line(const Capacity& c) {
+  const std::string gain = c.uniform_sequences > 0 ? fmt("%.2fx", c.gain())
+                                                   : std::string("the uniform cache holds none");
+  return fmt("capacity: %" PRId64 " sequences vs %" PRId64 " uniform (%s) at %" PRId64
+             " tokens in %s; per sequence %s vs %s uniform (%.2fx)",
+             c.sequences, c.uniform_sequences, gain.c_str(), c.context,
+             bytes_str(static_cast<double>(c.budget_bytes)).c_str(),
+             bytes_str(static_cast<double>(c.memory.bytes)).c_str(),
+             bytes_str(static_cast<double>(c.memory.uniform_bytes)).c_str(), c.memory.gain());
+}
 
 nlohmann::json stats_json(const ControlStats& st) {
   nlohmann::json out = nlohmann::json::object();
@@ -112,10 +176,52 @@ nlohmann::json report_json(const CacheConfig& c, const SchedulerConfig& sc, cons
       {"name", info.model},     {"layers", c.num_layers},       {"kv_heads", c.num_kv_heads},
       {"head_dim", c.head_dim}, {"dtype", dtype_name(c.dtype)}, {"block_size", c.block_size},
       {"block_bytes", bb}};
-  j["pools"] = {
-      {"device_blocks", c.num_device_blocks},    {"device_bytes", c.num_device_blocks * bb},
-      {"host_blocks", c.num_host_blocks},        {"host_bytes", c.num_host_blocks * bb},
-      {"device_alloc_ms", info.device_alloc_ms}, {"host_alloc_ms", info.host_alloc_ms}};
+  j["pools"] = {{"device_blocks", c.num_device_blocks},    {"device_bytes", pool_bytes(c, false)},
+                {"host_blocks", c.num_host_blocks},        {"host_bytes", pool_bytes(c, true)},
+                {"device_alloc_ms", info.device_alloc_ms}, {"host_alloc_ms", info.host_alloc_ms}};
+  if (!c.groups.empty()) {
+    nlohmann::json groups = nlohmann::json::array();
+    for (int32_t g = 0; g < c.num_groups(); ++g) {
+      const CacheConfig gc = c.group_config(g);
+      nlohmann::json x = {{"name", c.groups[static_cast<size_t>(g)].name},
+                          {"layers", gc.num_layers},
+                          {"kv_heads", gc.num_kv_heads},
+                          {"head_dim", gc.head_dim},
+                          {"kind", kind_name(gc.kv_kind)},
+                          {"sliding_window", gc.sliding_window},
+                          {"block_bytes", gc.block_bytes()},
+                          {"device_blocks", gc.num_device_blocks},
+                          {"host_blocks", gc.num_host_blocks}};
+      if (static_cast<size_t>(g) < r.group_stats.size())
+        x["stats"] = stats_json(r.group_stats[static_cast<size_t>(g)]);
+      groups.push_back(x);
+    }
+    j["model"]["groups"] = groups;
+    j["pools"]["split_for_context"] = info.pools_context;
+  }
+  if (c.kv_kind == KvKind::kLatent) {
+    j["model"]["kind"] = kind_name(c.kv_kind);
+    j["model"]["rope_dim"] = c.rope_dim;
+  }
+  if (info.show_memory) {
+    nlohmann::json memory = nlohmann::json::array();
+    for (const RunInfo::Memory& m : info.memory) {
+      nlohmann::json x = memory_json(m.memory);
+      x["label"] = m.label;
+      memory.push_back(x);
+    }
+    j["memory"] = memory;
+    nlohmann::json capacity = nlohmann::json::array();
+    for (const Capacity& cap : info.capacity) {
+      capacity.push_back({{"context", cap.context},
+                          {"budget_bytes", cap.budget_bytes},
+                          {"sequences", cap.sequences},
+                          {"uniform_sequences", cap.uniform_sequences},
+                          {"gain", cap.gain()},
+                          {"memory", memory_json(cap.memory)}});
+    }
+    j["capacity"] = capacity;
+  }
   j["backend"] = info.backend;
   j["data"] = info.has_data;
   j["workload"] = info.workload;
@@ -146,7 +252,7 @@ nlohmann::json report_json(const CacheConfig& c, const SchedulerConfig& sc, cons
                  {"host_hit_rate", split.host_block_hit_rate}};
   j["host_prefix_cache"] = {{"demotion", c.num_host_blocks > 0 && c.cache_prefixes_on_host},
                             {"demoted_blocks", st.blocks_demoted},
-                            {"demoted_bytes", st.blocks_demoted * bb},
+                            {"demoted_bytes", bytes_of(c, r, &ControlStats::blocks_demoted)},
                             {"dropped_blocks", st.host_blocks_dropped},
                             {"hit_blocks", st.prefix_host_hit_blocks}};
   j["blocks"] = {{"device",
@@ -160,14 +266,14 @@ nlohmann::json report_json(const CacheConfig& c, const SchedulerConfig& sc, cons
                    {"peak_referenced", s.host_peak_used},
                    {"mean", s.host_mean}}}};
   j["evictions"] = {{"cached_blocks", st.blocks_evicted},
-                    {"cached_bytes", st.blocks_evicted * bb},
+                    {"cached_bytes", bytes_of(c, r, &ControlStats::blocks_evicted)},
                     {"sequences_dropped", st.sequences_evicted}};
   j["offloads"] = {{"sequences", st.sequences_offloaded},
                    {"blocks", st.blocks_offloaded},
-                   {"bytes", st.blocks_offloaded * bb}};
+                   {"bytes", bytes_of(c, r, &ControlStats::blocks_offloaded)}};
   j["restores"] = {{"sequences", st.sequences_restored},
                    {"blocks", st.blocks_restored},
-                   {"bytes", st.blocks_restored * bb}};
+                   {"bytes", bytes_of(c, r, &ControlStats::blocks_restored)}};
   j["copy_on_write"] = st.copy_on_write;
   j["stats"] = stats_json(st);
   j["time"] = {{"steps", r.steps},
@@ -190,14 +296,39 @@ void write_text_report(std::ostream& out, const CacheConfig& c, const SchedulerC
   const double dev_cap = static_cast<double>(std::max<int64_t>(c.num_device_blocks, 1));
   const double host_cap = static_cast<double>(std::max<int64_t>(c.num_host_blocks, 1));
   out << "pagedkv-sim\n";
-  out << fmt("  model      %s: %d layers x %d KV heads x %d dims, %s, %d tokens/block (%s/block)\n",
-             info.model.c_str(), c.num_layers, c.num_kv_heads, c.head_dim, dtype_name(c.dtype),
-             c.block_size, bytes_str(static_cast<double>(bb)).c_str());
+  if (c.kv_kind == KvKind::kLatent)
+    out << fmt(
+        "  model      %s: %d layers x latent %d (rope %d, keys only), %s, %d tokens/block "
+        "(%s/block)\n",
+        info.model.c_str(), c.num_layers, c.head_dim, c.rope_dim, dtype_name(c.dtype), c.block_size,
+        bytes_str(static_cast<double>(bb)).c_str());
+  else
+    out << fmt(
+        "  model      %s: %d layers x %d KV heads x %d dims, %s, %d tokens/block (%s/block)\n",
+        info.model.c_str(), c.num_layers, c.num_kv_heads, c.head_dim, dtype_name(c.dtype),
+        c.block_size, bytes_str(static_cast<double>(bb)).c_str());
+  for (int32_t g = 0; g < static_cast<int32_t>(c.groups.size()); ++g) {
+    const CacheConfig gc = c.group_config(g);
+    const std::string window =
+        gc.sliding_window > 0 ? fmt("window %d tokens", gc.sliding_window) : "full attention";
+    out << fmt("  group %-4s %-6s %d layers, %s, %s/block; device %" PRId64
+               " blocks (%s), host %" PRId64 " blocks (%s)\n",
+               std::to_string(g).c_str(), c.groups[static_cast<size_t>(g)].name.c_str(),
+               gc.num_layers, window.c_str(),
+               bytes_str(static_cast<double>(gc.block_bytes())).c_str(), gc.num_device_blocks,
+               bytes_str(static_cast<double>(gc.num_device_blocks * gc.block_bytes())).c_str(),
+               gc.num_host_blocks,
+               bytes_str(static_cast<double>(gc.num_host_blocks * gc.block_bytes())).c_str());
+  }
   out << fmt("  pools      device %" PRId64 " blocks (%s, %.1f ms), host %" PRId64
-             " blocks (%s, %.1f ms)\n",
-             c.num_device_blocks, bytes_str(static_cast<double>(c.num_device_blocks * bb)).c_str(),
+             " blocks (%s, %.1f ms)%s\n",
+             c.num_device_blocks, bytes_str(static_cast<double>(pool_bytes(c, false))).c_str(),
              info.device_alloc_ms, c.num_host_blocks,
-             bytes_str(static_cast<double>(c.num_host_blocks * bb)).c_str(), info.host_alloc_ms);
+             bytes_str(static_cast<double>(pool_bytes(c, true))).c_str(), info.host_alloc_ms,
+             c.groups.empty() ? ""
+                              : fmt(" over the groups, split for %" PRId64 "-token sequences",
+                                    info.pools_context)
+                                    .c_str());
   out << "  backend    " << info.backend << "\n";
   out << "  workload   " << info.workload << "\n";
   out << fmt("  scheduler  %" PRId64 " tokens/step, <= %d sequences/step, <= %d admitted\n",
@@ -224,11 +355,13 @@ void write_text_report(std::ostream& out, const CacheConfig& c, const SchedulerC
   if (c.num_host_blocks == 0)
     out << "  host cache       no host tier\n";
   else
-    out << fmt("  host cache       %" PRId64 " cached blocks demoted from the device (%s), %" PRId64
-               " dropped from the host (least recently used)%s\n",
-               st.blocks_demoted, bytes_str(static_cast<double>(st.blocks_demoted * bb)).c_str(),
-               st.host_blocks_dropped,
-               c.cache_prefixes_on_host ? "" : "; demotion off (--no-host-prefix-cache)");
+    out << fmt(
+        "  host cache       %" PRId64 " cached blocks demoted from the device (%s), %" PRId64
+        " dropped from the host (least recently used)%s\n",
+        st.blocks_demoted,
+        bytes_str(static_cast<double>(bytes_of(c, r, &ControlStats::blocks_demoted))).c_str(),
+        st.host_blocks_dropped,
+        c.cache_prefixes_on_host ? "" : "; demotion off (--no-host-prefix-cache)");
   out << fmt("  device blocks    peak %" PRId64 " (%.0f%%), mean %.0f (%.0f%%) of %" PRId64
              " [referenced + cached]; peak referenced %" PRId64 "\n",
              s.device_peak, 100 * s.device_peak / dev_cap, s.device_mean,
@@ -242,15 +375,26 @@ void write_text_report(std::ostream& out, const CacheConfig& c, const SchedulerC
     out << "  host blocks      no host tier\n";
   out << fmt("  evictions        %" PRId64 " cached device blocks dropped (%s), %" PRId64
              " sequences dropped\n",
-             st.blocks_evicted, bytes_str(static_cast<double>(st.blocks_evicted * bb)).c_str(),
+             st.blocks_evicted,
+             bytes_str(static_cast<double>(bytes_of(c, r, &ControlStats::blocks_evicted))).c_str(),
              st.sequences_evicted);
-  out << fmt("  offloads         %" PRId64 " sequences, %" PRId64 " blocks (%s)\n",
-             st.sequences_offloaded, st.blocks_offloaded,
-             bytes_str(static_cast<double>(st.blocks_offloaded * bb)).c_str());
-  out << fmt("  restores         %" PRId64 " sequences, %" PRId64 " blocks (%s)\n",
-             st.sequences_restored, st.blocks_restored,
-             bytes_str(static_cast<double>(st.blocks_restored * bb)).c_str());
+  out << fmt(
+      "  offloads         %" PRId64 " sequences, %" PRId64 " blocks (%s)\n", st.sequences_offloaded,
+      st.blocks_offloaded,
+      bytes_str(static_cast<double>(bytes_of(c, r, &ControlStats::blocks_offloaded))).c_str());
+  out << fmt(
+      "  restores         %" PRId64 " sequences, %" PRId64 " blocks (%s)\n", st.sequences_restored,
+      st.blocks_restored,
+      bytes_str(static_cast<double>(bytes_of(c, r, &ControlStats::blocks_restored))).c_str());
   out << fmt("  copy-on-write    %" PRId64 " blocks\n", st.copy_on_write);
+  if (info.show_memory) {
+    out << "\nmemory per sequence (a decoding sequence: its context and the next token's slot)\n";
+    for (const RunInfo::Memory& m : info.memory) {
+      out << fmt("  %6" PRId64 " tokens (%s): ", m.memory.context, m.label.c_str())
+          << memory_line(m.memory) << "\n";
+    }
+    for (const Capacity& cap : info.capacity) out << "  " << capacity_line(cap) << "\n";
+  }
   out << "\ncounters (every ControlStats count at the end of the run)\n";
   for_each_stat(st, [&out](const std::string& name, int64_t value, const char* doc) {
     out << fmt("  %-24s %14" PRId64 "  %s\n", name.c_str(), value, doc);

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "capacity.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/status.hpp"
 #include "scheduler.hpp"
@@ -19,6 +20,16 @@ struct RunInfo {
   std::string backend;   // engine description
   bool has_data = true;
   double device_alloc_ms = 0, host_alloc_ms = 0;
+  /// The "memory" and "capacity" sections: printed when show_memory (a model of several KV
+  /// groups or a latent one, or --context given); a plain uniform model's report is as before.
+  bool show_memory = false;
+  int64_t pools_context = 0;  // the context the groups' pools were split for (0: no groups)
+  struct Memory {
+    std::string label;  // "workload mean", "workload max", "--context"
+    SequenceMemory memory;
+  };
+  std::vector<Memory> memory;
+  std::vector<Capacity> capacity;  // one per --context
 };
 
 /// Aggregates of the timeline that both report forms print.
@@ -51,6 +62,10 @@ Summary summarize(const SimResult& r);
 /// The report as one JSON object (field meanings in docs/pagedkv-sim.md).
 nlohmann::json report_json(const CacheConfig& cache, const SchedulerConfig& sched,
                            const RunInfo& info, const SimResult& r);
+
+/// "capacity: N sequences vs M uniform (x.xxx) at C tokens in B; per sequence ..": the report's
+/// line for one measured capacity.
+std::string capacity_line(const Capacity& c);
 
 /// Writes the human-readable report.
 void write_text_report(std::ostream& out, const CacheConfig& cache, const SchedulerConfig& sched,

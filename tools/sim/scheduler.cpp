@@ -58,6 +58,10 @@ class Simulation {
   Simulation(const std::vector<Request>& requests, Engine& engine, const CacheConfig& cache,
              const SchedulerConfig& config)
       : engine_(engine), cache_(cache), config_(config), bs_(cache.block_size) {
+    for (int32_t g = 0; g < cache.num_groups(); ++g) {
+      groups_.push_back(cache.group_config(g));
+      windowed_ |= groups_.back().sliding_window > 0;
+    }
     reqs_.resize(requests.size());
     std::unordered_map<uint64_t, size_t> by_id;
     for (size_t i = 0; i < requests.size(); ++i) {
@@ -94,6 +98,8 @@ class Simulation {
     result_.wall_s = std::chrono::duration<double>(WallClock::now() - start).count();
     result_.sim_time_s = now_;
     result_.stats = engine_.stats();
+    for (int32_t g = 0; g < engine_.num_groups(); ++g)
+      result_.group_stats.push_back(engine_.group_stats(g));
     return std::move(result_);
   }
 
@@ -129,6 +135,24 @@ class Simulation {
 
   int64_t blocks_for(int64_t tokens) const { return (tokens + bs_ - 1) / bs_; }
 
+  // Blocks group `g` holds for a sequence of `length` committed tokens reserving `n` more: all
+  // of them, or with a window those from the first block the window still needs.
+  int64_t need(size_t g, int64_t length, int64_t n) const {
+    const int64_t w = groups_[g].sliding_window;
+    return blocks_for(length + n) - (w == 0 ? 0 : std::max<int64_t>(0, length - w) / bs_);
+  }
+  // The most blocks group `g` holds at once for a sequence of `tokens` tokens over its life (a
+  // window group: its window plus a step's tokens, prefill chunks included).
+  int64_t peak_need(size_t g, int64_t tokens) const {
+    const int64_t w = groups_[g].sliding_window;
+    if (w == 0) return blocks_for(tokens);
+    const int64_t step = std::max<int64_t>(config_.token_budget, config_.spec_tokens + 1);
+    return std::min(blocks_for(tokens), blocks_for(w + step) + 1);
+  }
+  int64_t watermark(size_t g) const {
+    return std::max<int64_t>(1, groups_[g].num_device_blocks / 50);
+  }
+
   // Admits waiting samples while the cache can take their prompts: free and evictable device
   // blocks, plus host room for what the cache may offload to make space.
   Status admit() {
@@ -139,8 +163,12 @@ class Simulation {
       const Request& r = *reqs_[w.req].r;
       const int64_t len = static_cast<int64_t>(r.prompt.size()) + w.generated;
       const int64_t spec = r.speculative ? config_.spec_tokens : 0;
-      if (blocks_for(static_cast<int64_t>(r.prompt.size()) + r.output_len + spec) >
-          cache_.num_device_blocks) {
+      bool never_fits = false;
+      for (size_t g = 0; g < groups_.size(); ++g) {
+        never_fits |= peak_need(g, static_cast<int64_t>(r.prompt.size()) + r.output_len + spec) >
+                      groups_[g].num_device_blocks;
+      }
+      if (never_fits) {
         waiting_.erase(waiting_.begin());  // can never fit, even alone
         if (w.sample == 0 && r.samples > 1 && !reqs_[w.req].forked) {
           reqs_[w.req].forked = true;
@@ -150,13 +178,16 @@ class Simulation {
         continue;
       }
       if (!running_.empty()) {
-        const ControlStats st = engine_.stats();
-        // Cached host blocks count as room: the cache drops them (least recently used first)
-        // when an offload needs their slots.
-        const int64_t room = st.device.free_blocks + st.device.cached_blocks + st.host.free_blocks +
-                             st.host.cached_blocks;
-        const int64_t watermark = std::max<int64_t>(1, cache_.num_device_blocks / 50);
-        if (room < blocks_for(len) + watermark) break;
+        bool room_left = true;
+        for (size_t g = 0; g < groups_.size(); ++g) {
+          const ControlStats st = engine_.group_stats(static_cast<int32_t>(g));
+          // Cached host blocks count as room: the cache drops them (least recently used first)
+          // when an offload needs their slots.
+          const int64_t room = st.device.free_blocks + st.device.cached_blocks +
+                               st.host.free_blocks + st.host.cached_blocks;
+          room_left &= room >= peak_need(g, len) + watermark(g);
+        }
+        if (!room_left) break;
       }
       Seq s;
       s.id = next_id_++;
@@ -225,8 +256,9 @@ class Simulation {
     });
     std::vector<Item> batch;
     int64_t budget = config_.token_budget;
-    const int64_t watermark = std::max<int64_t>(1, cache_.num_device_blocks / 50);
-    int64_t room = cache_.num_device_blocks - watermark;
+    std::vector<int64_t> room;  // per group
+    for (size_t g = 0; g < groups_.size(); ++g)
+      room.push_back(groups_[g].num_device_blocks - watermark(g));
     for (Seq* s : order) {
       if (static_cast<int32_t>(batch.size()) >= config_.max_batch || budget == 0) break;
       const Request& r = *reqs_[s->req].r;
@@ -239,9 +271,10 @@ class Simulation {
         if (n > budget) continue;
       }
       // Blocks it needs, counting shared blocks once per sharer: an upper bound.
-      const int64_t need = blocks_for(s->length + n);
-      if (!batch.empty() && need > room) continue;
-      room -= need;
+      bool fits = true;
+      for (size_t g = 0; g < groups_.size(); ++g) fits &= need(g, s->length, n) <= room[g];
+      if (!batch.empty() && !fits) continue;
+      for (size_t g = 0; g < groups_.size(); ++g) room[g] -= need(g, s->length, n);
       budget -= n;
       batch.push_back({s->id, n});
     }
@@ -393,6 +426,13 @@ class Simulation {
       tokens[static_cast<size_t>(k)] =
           k < keep ? token_at(*s, pos) : output_token(r.id, s->sample + 4096, pos - p);
     }
+    if (windowed_ && keep < n) {
+      // A window group releases the blocks that fall out of its window at commit, so rolling
+      // the drafts back after committing them could need a released block. Instead only the
+      // accepted tokens are committed and the rollback to that length drops the rest of the
+      // reservation (the rejected drafts never enter the prefix index).
+      tokens.resize(static_cast<size_t>(keep));
+    }
     PAGEDKV_RETURN_IF_ERROR(engine_.commit(s->id, tokens));
     if (keep < n) {
       PAGEDKV_RETURN_IF_ERROR(engine_.rollback(s->id, s->length + keep));
@@ -411,6 +451,8 @@ class Simulation {
   const CacheConfig& cache_;
   const SchedulerConfig& config_;
   const int64_t bs_;
+  std::vector<CacheConfig> groups_;  // group_config of each KV group (the config without groups)
+  bool windowed_ = false;            // some group has a sliding window
   std::vector<ReqState> reqs_;
   std::unordered_map<size_t, std::vector<size_t>> dependents_;
   using Arrival = std::pair<double, size_t>;
