@@ -83,6 +83,8 @@ class ModelKvCache {
   Status write_kv_batch(const ModelBatch& batch, int32_t layer, const void* key, const void* value,
                         DType input_dtype, int64_t row_stride = 0);
   /// Commits in every group (checked in full first, so an error commits nothing).
+  /// kFailedPrecondition when a group offloaded the sequence to make room after its reserve
+  /// (groups pick their victims on their own): restore() it, then commit.
   Status commit(SequenceId id, const std::vector<TokenId>& tokens);
   Status commit_batch(const std::vector<SequenceId>& ids, const std::vector<TokenId>& tokens,
                       int64_t n_each = 1);
@@ -146,6 +148,9 @@ class ModelKvCache {
   void sync_evictions();
   // Drops the reservation of `ids` in groups [0, upto) after group `upto` refused a reserve.
   void drop_reservations(const std::vector<SequenceId>& ids, int32_t upto);
+  // Ok unless a group other than group 0 holds `id` offloaded with tokens reserved (commit's
+  // check: each group picks its own victims, so a reservation can be offloaded in some only).
+  Status check_reserved_on_device(SequenceId id, const char* what) const;
   // Ok when every group holds what `length` tokens of `id` need (rollback's check).
   Status check_rollback(SequenceId id, int64_t length) const;
 

@@ -194,8 +194,26 @@ Status ModelKvCache::write_kv_batch(const ModelBatch& batch, int32_t layer, cons
                                                  lg.layer, key, value, input_dtype, row_stride));
 }
 
+Status ModelKvCache::check_reserved_on_device(SequenceId id, const char* what) const {
+  for (int32_t g = 1; g < num_groups(); ++g) {
+    const StatusOr<int64_t> pend = group(g).pending(id);
+    const StatusOr<int64_t> len = group(g).length(id);
+    if (!pend.ok() || !len.ok() || *pend == 0) continue;  // group 0 reports these
+    // kFailedPrecondition exactly when the group holds the sequence offloaded.
+    const Status st = group(g).slot(id, *len).status();
+    if (st.code() == StatusCode::kFailedPrecondition) {
+      return failed_precondition(std::string(what) + ": sequence " + std::to_string(id) +
+                                 " is offloaded in " + group_name(config_, g) +
+                                 ": restore it first");
+    }
+  }
+  return ok_status();
+}
+
 Status ModelKvCache::commit(SequenceId id, const std::vector<TokenId>& tokens) {
-  // Every group has the same reservation: what group 0 accepts, all accept.
+  // Every group has the same reservation, so what group 0 accepts, all accept, except where a
+  // group offloaded the sequence to make room for another (each group picks its own victims).
+  PAGEDKV_RETURN_IF_ERROR(check_reserved_on_device(id, "commit"));
   for (int32_t g = 0; g < num_groups(); ++g) {
     const Status st = group(g).commit(id, tokens);
     if (!st.ok()) {
@@ -209,6 +227,7 @@ Status ModelKvCache::commit(SequenceId id, const std::vector<TokenId>& tokens) {
 
 Status ModelKvCache::commit_batch(const std::vector<SequenceId>& ids,
                                   const std::vector<TokenId>& tokens, int64_t n_each) {
+  for (SequenceId id : ids) PAGEDKV_RETURN_IF_ERROR(check_reserved_on_device(id, "commit_batch"));
   for (int32_t g = 0; g < num_groups(); ++g) {
     const Status st = group(g).commit_batch(ids, tokens, n_each);
     if (!st.ok()) {

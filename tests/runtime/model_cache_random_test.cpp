@@ -1,0 +1,516 @@
+// The randomized end-to-end test of ModelKvCache on real bytes (model_cache_harness.hpp):
+// sequences with shared prompt prefixes are added (their hit checked against a brute-force
+// agreement of the groups), decoded in batches, extended, forked, rolled back, finished,
+// erased, offloaded, restored and prefetched under memory pressure in both tiers of every
+// group, and every read path (gather_layer, build_batch's tables, the device view through the
+// reference decode attention) is compared with the reference, with check_invariants() after
+// every step. Two models: a hybrid one (full-attention and sliding-window groups of different
+// shapes) and an MLA one (one latent group, keys only). Also: a changed byte is reported.
+//
+// On both backends (runtime_backends.hpp).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "runtime/model_cache_harness.hpp"
+
+namespace pagedkv {
+namespace {
+
+// Six layers, Gemma-like: four sliding-window layers (window 64) and two full ones, with other
+// head counts and dims, small pools and host tiers so that every group is under pressure.
+CacheConfig hybrid_config() {
+  CacheConfig c;
+  c.num_layers = 6;
+  c.block_size = 16;
+  KvGroup full;
+  full.name = "full";
+  full.layers = {2, 5};
+  full.num_kv_heads = 2;
+  full.head_dim = 16;
+  full.num_device_blocks = 28;
+  full.num_host_blocks = 40;
+  KvGroup window;
+  window.name = "window";
+  window.layers = {0, 1, 3, 4};
+  window.num_kv_heads = 4;
+  window.head_dim = 8;
+  window.sliding_window = 64;
+  window.num_device_blocks = 14;
+  window.num_host_blocks = 24;
+  c.groups = {full, window};
+  return c;
+}
+
+// One latent group (keys only): 64 ckv + 8 kpe elements, or DeepSeek's 512 + 64.
+CacheConfig mla_config(int32_t latent_dim, int32_t rope_dim, int32_t layers, int64_t blocks) {
+  CacheConfig c;
+  c.num_layers = layers;
+  c.block_size = 16;
+  std::vector<int32_t> all(static_cast<size_t>(layers));
+  for (int32_t l = 0; l < layers; ++l) all[static_cast<size_t>(l)] = l;
+  KvGroup g = KvGroup::latent("mla", all, latent_dim, rope_dim);
+  g.num_device_blocks = blocks;
+  g.num_host_blocks = blocks;
+  c.groups = {g};
+  return c;
+}
+
+struct RunCounters {
+  int64_t ops = 0;
+  int64_t adds = 0;
+  int64_t hit_tokens = 0;
+  int64_t window_limited_hits = 0;  // a group could share less than another
+  int64_t exhausted = 0;
+  int64_t exhausted_second = 0;  // refused by group 1 after group 0 went ahead
+  int64_t evicted = 0;
+  int64_t offloads = 0;
+  int64_t restores = 0;
+  int64_t forks = 0;
+  int64_t commits_refused = 0;  // a group offloaded the reservation in between
+  int64_t rollbacks = 0;
+  int64_t rollbacks_refused = 0;
+  int64_t gathers = 0;
+  int64_t views = 0;
+  int64_t bytes_checked = 0;
+};
+
+std::string describe(const RunCounters& c) {
+  return "ops " + std::to_string(c.ops) + ", adds " + std::to_string(c.adds) + ", hit tokens " +
+         std::to_string(c.hit_tokens) + ", window-limited hits " +
+         std::to_string(c.window_limited_hits) + ", exhausted " + std::to_string(c.exhausted) +
+         " (second group " + std::to_string(c.exhausted_second) + ")" + ", evicted " +
+         std::to_string(c.evicted) + ", offloads " + std::to_string(c.offloads) + ", restores " +
+         std::to_string(c.restores) + ", forks " + std::to_string(c.forks) + ", commits refused " +
+         std::to_string(c.commits_refused) + ", rollbacks " + std::to_string(c.rollbacks) +
+         " (refused " + std::to_string(c.rollbacks_refused) + "), gathers " +
+         std::to_string(c.gathers) + ", views " + std::to_string(c.views) + ", bytes " +
+         std::to_string(c.bytes_checked);
+}
+
+constexpr int64_t kMaxLength = 260;  // longer sequences are finished, not extended
+
+class ModelCacheRandom : public testing::ModelCacheHarness {
+ protected:
+  // A live sequence, uniformly.
+  SequenceId pick(std::mt19937_64& rng) const {
+    auto it = ref_.begin();
+    std::advance(it, static_cast<std::ptrdiff_t>(rng() % ref_.size()));
+    return it->first;
+  }
+  std::vector<SequenceId> pick_distinct(std::mt19937_64& rng, size_t most, bool short_only) {
+    std::vector<SequenceId> ids;
+    for (const auto& [id, tokens] : ref_) {
+      if (!short_only || static_cast<int64_t>(tokens.size()) < kMaxLength) ids.push_back(id);
+    }
+    std::shuffle(ids.begin(), ids.end(), rng);
+    ids.resize(std::min(ids.size(), 1 + static_cast<size_t>(rng() % most)));
+    return ids;
+  }
+  std::vector<TokenId> fresh(int64_t n) {
+    std::vector<TokenId> t(static_cast<size_t>(n));
+    for (TokenId& x : t) x = next_token_++;
+    return t;
+  }
+  bool on_device(SequenceId id) {
+    auto r = cache_->residency(id);
+    return r.ok() && *r == SequenceResidency::kDevice;
+  }
+  void expect_allowed(const Status& st, const char* what, RunCounters& c) {
+    if (st.code() == StatusCode::kResourceExhausted) {
+      ++c.exhausted;
+      if (st.message().rfind("group 1", 0) == 0) ++c.exhausted_second;
+    }
+    EXPECT_TRUE(st.ok() || st.code() == StatusCode::kResourceExhausted)
+        << what << ": " << st.to_string();
+  }
+
+  // Adds a prompt of a shared family prefix and fresh tokens; checks the hit.
+  void op_add(std::mt19937_64& rng, RunCounters& c) {
+    const int64_t shared = static_cast<int64_t>(rng() % 150);
+    const TokenId family = static_cast<TokenId>(1000000 * (1 + rng() % 4));
+    std::vector<TokenId> prompt;
+    for (int64_t i = 0; i < shared; ++i) prompt.push_back(family + static_cast<TokenId>(i));
+    const std::vector<TokenId> tail = fresh(1 + static_cast<int64_t>(rng() % 40));
+    prompt.insert(prompt.end(), tail.begin(), tail.end());
+    const int64_t want = agreed_by_brute_force(prompt);
+    int64_t least = static_cast<int64_t>(prompt.size()), most = 0;
+    for (int32_t g = 0; g < cache_->num_groups(); ++g) {
+      const int64_t own = *cache_->group(g).cached_prefix(prompt);
+      least = std::min(least, own);
+      most = std::max(most, own);
+    }
+    const SequenceId id = next_id_++;
+    Status appended;
+    auto hit = add_and_prefill(id, prompt, &appended);
+    ASSERT_TRUE(hit.ok()) << hit.status().to_string();
+    EXPECT_EQ(*hit, want) << "the hit is not the longest length every group can supply";
+    EXPECT_LE(*hit, least);
+    ++c.adds;
+    c.hit_tokens += *hit;
+    if (least < most) ++c.window_limited_hits;
+    expect_allowed(appended, "prefill", c);
+  }
+
+  void op_decode(std::mt19937_64& rng, RunCounters& c) {
+    const std::vector<SequenceId> ids = pick_distinct(rng, 4, true);
+    if (ids.empty()) return;
+    expect_allowed(decode_step(ids, fresh(static_cast<int64_t>(ids.size()))), "decode", c);
+  }
+
+  void op_extend(std::mt19937_64& rng, RunCounters& c) {
+    const SequenceId id = pick(rng);
+    if (static_cast<int64_t>(ref_[id].size()) >= kMaxLength) {
+      ASSERT_TRUE(cache_->finish(id).ok());
+      ref_.erase(id);
+      return;
+    }
+    expect_allowed(append(id, fresh(1 + static_cast<int64_t>(rng() % 24))), "extend", c);
+  }
+
+  // A step of one sequence with another's in between (reserve and write x, append to y, commit
+  // x): y's reserve may offload x's reservation in some group, and x's commit is then refused
+  // until a restore.
+  void op_interleaved(std::mt19937_64& rng, RunCounters& c) {
+    const SequenceId x = pick(rng), y = pick(rng);
+    const int64_t len = static_cast<int64_t>(ref_[x].size());
+    if (x == y || len >= kMaxLength || static_cast<int64_t>(ref_[y].size()) >= kMaxLength) return;
+    const std::vector<TokenId> tx = fresh(1 + static_cast<int64_t>(rng() % 4));
+    auto rx = cache_->reserve(x, static_cast<int64_t>(tx.size()));
+    if (!rx.ok()) return expect_allowed(rx.status(), "reserve x", c);
+    ASSERT_TRUE(write_layers(x, tx, len).ok());
+    if (cache_->contains(y)) {  // x's reserve may have dropped it
+      expect_allowed(append(y, fresh(1 + static_cast<int64_t>(rng() % 48))), "append y", c);
+    }
+    if (!cache_->contains(x)) return;  // dropped: the drain takes it out of the reference
+    Status st = cache_->commit(x, tx);
+    if (st.code() == StatusCode::kFailedPrecondition) {
+      ++c.commits_refused;
+      EXPECT_EQ(*cache_->pending(x), static_cast<int64_t>(tx.size()));
+      EXPECT_EQ(*cache_->length(x), len);
+      ASSERT_TRUE(cache_->synchronize().ok());
+      const Status r = cache_->restore(x);
+      if (!r.ok() || !cache_->contains(x)) {
+        expect_allowed(r, "restore x", c);
+        if (cache_->contains(x)) {
+          ASSERT_TRUE(cache_->rollback(x, len).ok());  // drops the reservation
+        }
+        return;
+      }
+      st = cache_->commit(x, tx);
+    }
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    ref_[x].insert(ref_[x].end(), tx.begin(), tx.end());
+  }
+
+  void op_fork(std::mt19937_64& rng, RunCounters& c) {
+    const SequenceId parent = pick(rng);
+    const bool device = on_device(parent);
+    const SequenceId child = next_id_++;
+    const Status st = cache_->fork(parent, child);
+    if (device) {
+      ASSERT_TRUE(st.ok()) << st.to_string();
+    } else if (!st.ok()) {
+      EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.to_string();
+      EXPECT_FALSE(cache_->contains(child));
+      return;
+    }
+    ref_[child] = ref_[parent];
+    ++c.forks;
+  }
+
+  void op_rollback(std::mt19937_64& rng, RunCounters& c) {
+    const SequenceId id = pick(rng);
+    const int64_t len = static_cast<int64_t>(ref_[id].size());
+    const int64_t target =
+        rng() % 8 == 0 ? 0 : std::max<int64_t>(0, len - static_cast<int64_t>(rng() % 48));
+    // Refused when a window group no longer holds the first block the shorter window needs.
+    bool refuse = false;
+    std::vector<std::vector<BlockLocation>> before;
+    for (int32_t g = 0; g < cache_->num_groups(); ++g) {
+      before.push_back(*cache_->group(g).block_locations(id));
+      if (target > 0 && gconf(g).sliding_window > 0 &&
+          before.back()[static_cast<size_t>(window_first_block(g, target))].block < 0) {
+        refuse = true;
+      }
+    }
+    const Status st = cache_->rollback(id, target);
+    ++c.rollbacks;
+    if (refuse) {
+      ++c.rollbacks_refused;
+      EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.to_string();
+      for (int32_t g = 0; g < cache_->num_groups(); ++g) {
+        EXPECT_EQ(*cache_->group(g).length(id), len);
+        EXPECT_EQ(*cache_->group(g).block_locations(id), before[static_cast<size_t>(g)]);
+      }
+      return;
+    }
+    ASSERT_TRUE(st.ok()) << "rollback " << id << " from " << len << " to " << target << ": "
+                         << st.to_string();
+    ref_[id].resize(static_cast<size_t>(target));
+  }
+
+  void op_offload(std::mt19937_64& rng, RunCounters& c) {
+    const SequenceId id = pick(rng);
+    const bool device = on_device(id);
+    const Status st = cache_->offload(id);
+    if (st.ok()) {
+      ++c.offloads;
+      return;
+    }
+    // Already offloaded, or no room on the host: refused, and a resident one stays resident.
+    EXPECT_TRUE(st.code() == StatusCode::kFailedPrecondition ||
+                st.code() == StatusCode::kResourceExhausted)
+        << st.to_string();
+    if (device && cache_->contains(id)) {
+      EXPECT_NE(*cache_->residency(id), SequenceResidency::kHost) << st.to_string();
+    }
+  }
+
+  void op_restore(std::mt19937_64& rng, RunCounters& c) {
+    const SequenceId id = pick(rng);
+    auto r = cache_->residency(id);
+    ASSERT_TRUE(r.ok());
+    if (*r != SequenceResidency::kHost) return;
+    const Status st = cache_->restore(id);
+    if (st.ok()) ++c.restores;
+    expect_allowed(st, "restore", c);
+  }
+
+  void op_gather(std::mt19937_64& rng, RunCounters& c) {
+    const SequenceId id = pick(rng);
+    ASSERT_TRUE(cache_->synchronize().ok());
+    if (*cache_->residency(id) == SequenceResidency::kHost) {
+      const Status st = cache_->restore(id);
+      expect_allowed(st, "restore before gather", c);
+      if (!st.ok()) return;
+      ASSERT_TRUE(cache_->synchronize().ok());
+    }
+    if (!on_device(id)) return;
+    const std::string problem = check_gather(id, &c.bytes_checked);
+    EXPECT_EQ(problem, "");
+    ++c.gathers;
+  }
+
+  void op_view(std::mt19937_64& rng, RunCounters& c) {
+    ASSERT_TRUE(cache_->synchronize().ok());
+    std::vector<SequenceId> ids;
+    for (SequenceId id : pick_distinct(rng, 4, false)) {
+      if (on_device(id)) ids.push_back(id);
+    }
+    if (ids.empty()) return;
+    const std::string problem = check_view(ids, rng() % 2 == 0, rng);
+    EXPECT_EQ(problem, "");
+    ++c.views;
+  }
+
+  // `ops` random steps; invariants, lengths and pending checked after each.
+  void run(uint64_t seed, int64_t ops, RunCounters& c) {
+    std::mt19937_64 rng(seed);
+    for (int64_t op = 0; op < ops; ++op) {
+      const int r = static_cast<int>(rng() % 100);
+      SCOPED_TRACE("seed " + std::to_string(seed) + " op " + std::to_string(op) + " kind " +
+                   std::to_string(r));
+      if (r < 14 || ref_.size() < 2) {
+        op_add(rng, c);
+      } else if (r < 39) {
+        op_decode(rng, c);
+      } else if (r < 44) {
+        op_interleaved(rng, c);
+      } else if (r < 54) {
+        op_extend(rng, c);
+      } else if (r < 58) {
+        op_fork(rng, c);
+      } else if (r < 66) {
+        const SequenceId id = pick(rng);
+        ASSERT_TRUE(cache_->finish(id).ok());
+        ref_.erase(id);
+      } else if (r < 69) {
+        const SequenceId id = pick(rng);
+        ASSERT_TRUE(cache_->erase(id).ok());
+        ref_.erase(id);
+      } else if (r < 74) {
+        op_rollback(rng, c);
+      } else if (r < 80) {
+        op_offload(rng, c);
+      } else if (r < 84) {
+        op_restore(rng, c);
+      } else if (r < 87) {
+        const std::vector<SequenceId> ids = pick_distinct(rng, 3, false);
+        const Status st = cache_->prefetch(ids);
+        EXPECT_TRUE(st.ok()) << st.to_string();
+      } else if (r < 95) {
+        op_gather(rng, c);
+      } else {
+        op_view(rng, c);
+      }
+      // In step before the drain too: a sequence one group dropped is gone from every group.
+      ASSERT_NO_FATAL_FAILURE(invariants());
+      c.evicted += drain();
+      ASSERT_NO_FATAL_FAILURE(invariants());
+      const std::string lengths = check_lengths();
+      ASSERT_EQ(lengths, "") << describe(c);
+      if (HasFailure()) return;  // the first problem, not thousands after it
+      ++c.ops;
+    }
+    // Every live sequence read back once more, through gather and the view.
+    ASSERT_TRUE(cache_->synchronize().ok());
+    std::vector<SequenceId> live;
+    for (const auto& [id, tokens] : ref_) live.push_back(id);
+    for (SequenceId id : live) {
+      if (!cache_->contains(id)) continue;
+      if (*cache_->residency(id) == SequenceResidency::kHost && !cache_->restore(id).ok()) {
+        continue;
+      }
+      c.evicted += drain();
+      ASSERT_TRUE(cache_->synchronize().ok());
+      if (!cache_->contains(id) || !on_device(id)) continue;
+      EXPECT_EQ(check_gather(id, &c.bytes_checked), "");
+      EXPECT_EQ(check_view({id}, false, rng), "");
+      ASSERT_NO_FATAL_FAILURE(invariants());
+    }
+  }
+
+  // Pressure really happened and every path really ran.
+  void expect_coverage(const RunCounters& c, int64_t ops) {
+    EXPECT_EQ(c.ops, ops) << describe(c);
+    EXPECT_GT(c.adds, ops / 20) << describe(c);
+    EXPECT_GT(c.hit_tokens, 0) << describe(c);
+    EXPECT_GT(c.exhausted, 0) << describe(c);
+    EXPECT_GT(c.evicted, 0) << describe(c);
+    EXPECT_GT(c.offloads, 0) << describe(c);
+    EXPECT_GT(c.restores, 0) << describe(c);
+    EXPECT_GT(c.forks, 0) << describe(c);
+    EXPECT_GT(c.rollbacks, 0) << describe(c);
+    EXPECT_GT(c.gathers, ops / 25) << describe(c);
+    EXPECT_GT(c.views, ops / 50) << describe(c);
+    EXPECT_GT(attention_checks_, 0) << describe(c);
+    for (int32_t g = 0; g < cache_->num_groups(); ++g) {
+      const ControlStats s = cache_->group(g).stats();
+      SCOPED_TRACE("group " + std::to_string(g));
+      EXPECT_GT(s.prefix_hit_blocks, 0);
+      EXPECT_GT(s.sequences_offloaded, 0);
+      EXPECT_GT(s.blocks_restored, 0);
+      EXPECT_GT(s.copy_on_write, 0);
+      if (gconf(g).sliding_window > 0) {
+        EXPECT_GT(s.window_released_blocks, 0);
+      }
+    }
+  }
+
+  SequenceId next_id_ = 1;
+  TokenId next_token_ = 50000000;
+};
+INSTANTIATE_TEST_SUITE_P(Backends, ModelCacheRandom, testing::runtime_backends(),
+                         testing::backend_param_name);
+
+TEST_P(ModelCacheRandom, HybridModelEveryReadMatchesTheReference) {
+  constexpr int64_t kOps = 3000;  // per seed
+  const auto start = std::chrono::steady_clock::now();
+  RunCounters total;
+  for (uint64_t seed : {1, 2, 3}) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    make(hybrid_config());
+    ASSERT_FALSE(HasFatalFailure());
+    RunCounters c;
+    ASSERT_NO_FATAL_FAILURE(run(seed, kOps, c));
+    expect_coverage(c, kOps);
+    // The window group limited some hits and refused some rollbacks.
+    EXPECT_GT(c.window_limited_hits, 0) << describe(c);
+    EXPECT_GT(c.rollbacks_refused, 0) << describe(c);
+    RecordProperty("seed" + std::to_string(seed), describe(c));
+    total.ops += c.ops;
+    total.exhausted_second += c.exhausted_second;
+    total.commits_refused += c.commits_refused;
+  }
+  // Some reserves were refused by the window group after the full group had gone ahead, and
+  // some reads of released positions were refused.
+  EXPECT_GT(total.exhausted_second, 0);
+  EXPECT_GT(total.commits_refused, 0);
+  EXPECT_GT(out_of_range_checks_, 0);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  RecordProperty("ops", static_cast<int>(total.ops));
+  RecordProperty("seconds", std::to_string(s));
+}
+
+TEST_P(ModelCacheRandom, MlaModelEveryReadMatchesTheReference) {
+  constexpr int64_t kOps = 2000;
+  make(mla_config(72, 8, 3, 40));
+  ASSERT_FALSE(HasFatalFailure());
+  RunCounters c;
+  ASSERT_NO_FATAL_FAILURE(run(2, kOps, c));
+  expect_coverage(c, kOps);
+  RecordProperty("counters", describe(c));
+}
+
+// DeepSeek's latent width, a shorter run.
+TEST_P(ModelCacheRandom, DeepSeekLatentEveryReadMatchesTheReference) {
+  constexpr int64_t kOps = 300;
+  make(mla_config(576, 64, 2, 24));
+  ASSERT_FALSE(HasFatalFailure());
+  RunCounters c;
+  ASSERT_NO_FATAL_FAILURE(run(3, kOps, c));
+  EXPECT_EQ(c.ops, kOps);
+  EXPECT_GT(c.gathers, 0) << describe(c);
+  EXPECT_GT(c.views, 0) << describe(c);
+  EXPECT_GT(c.hit_tokens, 0) << describe(c);
+  EXPECT_GT(c.exhausted + c.evicted + c.offloads, 0) << describe(c);
+}
+
+// The checks can fail: a value byte of a window layer changed in the device pool behind the
+// cache's back is reported by the gather (with its coordinates) and by the attention.
+TEST_P(ModelCacheRandom, AByteChangedInTheWindowGroupIsReported) {
+  make(hybrid_config());
+  ASSERT_FALSE(HasFatalFailure());
+  RunCounters c;
+  ASSERT_NO_FATAL_FAILURE(run(4, 400, c));
+  ASSERT_FALSE(HasFailure());
+  ASSERT_TRUE(cache_->synchronize().ok());
+  SequenceId victim = 0;
+  for (const auto& [id, tokens] : ref_) {
+    if (on_device(id) && tokens.size() > 20) {
+      victim = id;
+      break;
+    }
+  }
+  ASSERT_NE(victim, 0u) << "no device-resident sequence after 400 steps";
+  std::mt19937_64 rng(5);
+  ASSERT_EQ(check_gather(victim), "");
+  ASSERT_EQ(check_view({victim}, false, rng), "");
+
+  // Layer 3 is the window group's (group 1) in-group layer 2.
+  const int32_t g = 1;
+  ASSERT_EQ(lg(3).group, g);
+  const int64_t pos = static_cast<int64_t>(ref_[victim].size()) - 1;
+  const auto blocks = cache_->group(g).block_locations(victim);
+  ASSERT_TRUE(blocks.ok());
+  const int32_t bs = gconf(g).block_size;
+  const PoolRef pool = cache_->group(g).device_pool();
+  const int64_t offset = pool.layout.element_offset((*blocks)[size_t(pos / bs)].block, lg(3).layer,
+                                                    KvPart::kValue, int32_t(pos % bs), 1, 2);
+  uint16_t* element = static_cast<uint16_t*>(pool.data) + offset;
+  uint16_t bits = 0;
+  ASSERT_TRUE(
+      backend_->copy_async(&bits, element, sizeof bits, CopyKind::kDeviceToHost, Stream{}).ok());
+  ASSERT_TRUE(backend_->synchronize_stream(Stream{}).ok());
+  bits ^= 0x0400;
+  ASSERT_TRUE(
+      backend_->copy_async(element, &bits, sizeof bits, CopyKind::kHostToDevice, Stream{}).ok());
+  ASSERT_TRUE(backend_->synchronize_stream(Stream{}).ok());
+
+  const std::string problem = check_gather(victim);
+  EXPECT_NE(problem.find("seq " + std::to_string(victim) + " layer 3 value position " +
+                         std::to_string(pos) + " head 1 dim 2"),
+            std::string::npos)
+      << problem;
+  const std::string attention = check_view({victim}, false, rng);
+  EXPECT_NE(attention.find("layer 3"), std::string::npos) << attention;
+}
+
+}  // namespace
+}  // namespace pagedkv

@@ -1,0 +1,702 @@
+// ModelKvCache, case by case (model_cache_harness.hpp; the randomized run is
+// model_cache_random_test.cpp): a window group's memory stays bounded while the full group
+// grows; prefix hits are the longest length every group can supply, also after pressure in one
+// group evicted its blocks; bad input is a clear error that changes nothing; rollback past a
+// window and a reserve refused by the second group leave every group as it was; an MLA model
+// refuses a value tensor; and the one-group model behaves as the KvCache it wraps.
+// check_invariants() after every step. On both backends (runtime_backends.hpp).
+#include "pagedkv/model_cache.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "pagedkv/cache.hpp"
+#include "runtime/model_cache_harness.hpp"
+
+namespace pagedkv {
+namespace {
+
+using testing::DeviceBuffer;
+using testing::model_rows;
+
+// Layers 0, 2, 4 full attention (group 0), 1, 3, 5 sliding window 64 (group 1), block 16.
+CacheConfig two_groups(int64_t full_blocks, int64_t window_blocks) {
+  CacheConfig c;
+  c.num_layers = 6;
+  c.block_size = 16;
+  KvGroup full;
+  full.name = "full";
+  full.layers = {0, 2, 4};
+  full.num_kv_heads = 2;
+  full.head_dim = 16;
+  full.num_device_blocks = full_blocks;
+  KvGroup window;
+  window.name = "window";
+  window.layers = {1, 3, 5};
+  window.num_kv_heads = 1;
+  window.head_dim = 24;
+  window.sliding_window = 64;
+  window.num_device_blocks = window_blocks;
+  c.groups = {full, window};
+  return c;
+}
+
+CacheConfig mla_model() {
+  CacheConfig c;
+  c.num_layers = 2;
+  c.block_size = 16;
+  KvGroup g = KvGroup::latent("mla", {0, 1}, 72, 8);
+  g.num_device_blocks = 16;
+  c.groups = {g};
+  return c;
+}
+
+std::vector<TokenId> iota_tokens(int64_t n, TokenId first) {
+  std::vector<TokenId> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = first + static_cast<TokenId>(i);
+  return t;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Everything a refused call must leave alone: each group's stats and pool bytes, and each
+// sequence's length, reservation and blocks in each group.
+struct Snapshot {
+  std::vector<ControlStats> stats;
+  std::vector<std::vector<uint8_t>> pools;
+  std::map<SequenceId, std::vector<std::vector<int64_t>>> seqs;  // per group: length, pending
+  std::map<SequenceId, std::vector<std::vector<BlockLocation>>> blocks;
+  bool operator==(const Snapshot& o) const {
+    return stats == o.stats && pools == o.pools && seqs == o.seqs && blocks == o.blocks;
+  }
+};
+
+class ModelCacheTest : public testing::ModelCacheHarness {
+ protected:
+  Snapshot snapshot() {
+    Snapshot s;
+    EXPECT_TRUE(cache_->synchronize().ok());
+    for (int32_t g = 0; g < cache_->num_groups(); ++g) {
+      KvCache& k = cache_->group(g);
+      s.stats.push_back(k.stats());
+      const PoolRef pool = k.device_pool();
+      std::vector<uint8_t> bytes(static_cast<size_t>(pool.layout.block_elems() * pool.num_blocks) *
+                                 dtype_size(pool.dtype));
+      EXPECT_TRUE(
+          backend_
+              ->copy_async(bytes.data(), pool.data, bytes.size(), CopyKind::kDeviceToHost, Stream{})
+              .ok());
+      EXPECT_TRUE(backend_->synchronize_stream(Stream{}).ok());
+      s.pools.push_back(std::move(bytes));
+      for (const auto& [id, tokens] : ref_) {
+        s.seqs[id].push_back({*k.length(id), *k.pending(id)});
+        s.blocks[id].push_back(*k.block_locations(id));
+      }
+    }
+    return s;
+  }
+
+  // A refused call: `st` has `code` and a message containing `text`, and nothing changed.
+  void expect_refused(const Status& st, StatusCode code, const std::string& text,
+                      const Snapshot& before) {
+    EXPECT_EQ(st.code(), code) << st.to_string();
+    EXPECT_NE(st.message().find(text), std::string::npos) << st.message();
+    EXPECT_TRUE(snapshot() == before) << "a refused call changed the cache: " << st.to_string();
+    invariants();
+  }
+
+  // One decode step of `id` by hand: checks the blocks held after the reserve and the commit.
+  void decode_and_check_memory(SequenceId id, TokenId token) {
+    const int64_t len = static_cast<int64_t>(ref_[id].size());
+    ASSERT_TRUE(cache_->reserve(id, 1).ok());
+    invariants();
+    expect_held(id, len, len + 1);
+    ASSERT_TRUE(write_layers(id, {token}, len).ok());
+    ASSERT_TRUE(cache_->commit(id, {token}).ok());
+    ref_[id].push_back(token);
+    invariants();
+    expect_held(id, len + 1, len + 1);
+  }
+
+  // Full group: a block per 16 tokens; window group: those of the window at `committed`
+  // through the last reserved token, at most ceil(64 / 16) + 1 = 5; held_bytes their sum.
+  void expect_held(SequenceId id, int64_t committed, int64_t reserved) {
+    SCOPED_TRACE("committed " + std::to_string(committed) + " reserved " +
+                 std::to_string(reserved));
+    const int64_t full = *cache_->held_blocks(id, 0);
+    const int64_t window = *cache_->held_blocks(id, 1);
+    EXPECT_EQ(full, ceil_div(reserved, 16));
+    EXPECT_EQ(window, ceil_div(reserved, 16) - window_first_block(1, committed));
+    EXPECT_LE(window, 64 / 16 + 1);
+    EXPECT_EQ(*cache_->held_bytes(id),
+              full * gconf(0).block_bytes() + window * gconf(1).block_bytes());
+    // The only sequence: what it holds is what each group's device tier has in use.
+    EXPECT_EQ(cache_->group(0).stats().device.used_blocks, full);
+    EXPECT_EQ(cache_->group(1).stats().device.used_blocks, window);
+    max_window_held_ = std::max(max_window_held_, window);
+  }
+
+  int64_t max_window_held_ = 0;
+};
+INSTANTIATE_TEST_SUITE_P(Backends, ModelCacheTest, testing::runtime_backends(),
+                         testing::backend_param_name);
+
+// ---------------------------------------------------------------- memory
+
+TEST_P(ModelCacheTest, WindowGroupHoldsAtMostFiveBlocksWhileTheFullGroupGrows) {
+  make(two_groups(64, 16));
+  ASSERT_FALSE(HasFatalFailure());
+  const std::vector<TokenId> prompt = iota_tokens(10, 100);
+  Status appended;
+  ASSERT_EQ(*add_and_prefill(1, prompt, &appended), 0);
+  ASSERT_TRUE(appended.ok()) << appended.to_string();
+  invariants();
+  for (int step = 0; step < 300; ++step) {
+    ASSERT_NO_FATAL_FAILURE(decode_and_check_memory(1, 1000 + step));
+    if (step % 50 == 0) {
+      EXPECT_EQ(check_gather(1), "");
+    }
+  }
+  EXPECT_EQ(max_window_held_, 5);
+  EXPECT_EQ(*cache_->held_blocks(1, 0), ceil_div(310, 16));
+  EXPECT_GT(cache_->group(1).stats().window_released_blocks, 10);
+  EXPECT_EQ(cache_->group(0).stats().window_released_blocks, 0);
+  EXPECT_EQ(check_gather(1), "");
+  EXPECT_GT(out_of_range_checks_, 0);
+  std::mt19937_64 rng(1);
+  EXPECT_EQ(check_view({1}, true, rng), "");
+  // A bad group index is refused.
+  EXPECT_EQ(cache_->held_blocks(1, 2).status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(cache_->held_blocks(1, -1).status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(cache_->held_blocks(9, 0).status().code(), StatusCode::kNotFound);
+}
+
+// ---------------------------------------------------------------- prefix hits
+
+class ModelCachePrefixTest : public ModelCacheTest {
+ protected:
+  // Adds sequence `id` with `prompt`, appends it in 16-token chunks (a window group never needs
+  // more than its window's blocks), and finishes it.
+  void run_and_finish(SequenceId id, const std::vector<TokenId>& prompt) {
+    auto hit = cache_->add_sequence(id, prompt);
+    ASSERT_TRUE(hit.ok()) << hit.status().to_string();
+    ref_[id].assign(prompt.begin(), prompt.begin() + *hit);
+    for (size_t at = static_cast<size_t>(*hit); at < prompt.size(); at += 16) {
+      const size_t end = std::min(prompt.size(), at + 16);
+      const Status st = append(
+          id, std::vector<TokenId>(prompt.begin() + int64_t(at), prompt.begin() + int64_t(end)));
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      invariants();
+    }
+    ASSERT_TRUE(cache_->finish(id).ok());
+    ref_.erase(id);
+    invariants();
+  }
+
+  // Every group's own answer for `prompt`.
+  std::vector<int64_t> own(const std::vector<TokenId>& prompt) const {
+    std::vector<int64_t> out;
+    for (int32_t g = 0; g < cache_->num_groups(); ++g) {
+      out.push_back(*cache_->group(g).cached_prefix(prompt));
+    }
+    return out;
+  }
+
+  // add_sequence's hit is the brute-force agreement, never more than a group supplies, and the
+  // shared bytes read back; the sequence is then finished (its blocks stay cached).
+  int64_t add_and_check(SequenceId id, const std::vector<TokenId>& prompt) {
+    const int64_t want = agreed_by_brute_force(prompt);
+    const std::vector<int64_t> groups = own(prompt);
+    auto hit = cache_->add_sequence(id, prompt);
+    EXPECT_TRUE(hit.ok()) << hit.status().to_string();
+    if (!hit.ok()) return -1;
+    EXPECT_EQ(*hit, want);
+    for (int64_t g : groups) EXPECT_LE(*hit, g);
+    ref_[id].assign(prompt.begin(), prompt.begin() + *hit);
+    invariants();
+    EXPECT_EQ(check_gather(id), "");
+    EXPECT_TRUE(cache_->finish(id).ok());
+    ref_.erase(id);
+    invariants();
+    return *hit;
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Backends, ModelCachePrefixTest, testing::runtime_backends(),
+                         testing::backend_param_name);
+
+// Pressure in the window group only evicts its blocks: the agreed hit falls to what the window
+// group can still supply, while the full group could share all 160 tokens.
+TEST_P(ModelCachePrefixTest, WindowGroupEvictionLowersTheAgreedHit) {
+  make(two_groups(100, 12));
+  ASSERT_FALSE(HasFatalFailure());
+  const std::vector<TokenId> a = iota_tokens(165, 1000);
+  ASSERT_NO_FATAL_FAILURE(run_and_finish(1, a));
+  std::vector<TokenId> b(a.begin(), a.begin() + 160);
+  for (TokenId t : {7, 8, 9, 10, 11}) b.push_back(t);
+  EXPECT_EQ(own(b), (std::vector<int64_t>{160, 160}));
+  EXPECT_EQ(add_and_check(2, b), 160);
+
+  // Unrelated sequences fill the window group's 12 blocks; the least recently used cached
+  // blocks go first: A's early blocks (out of the window at 160) before its last four. Only
+  // looked up here (an add would make A's blocks recently used again).
+  std::vector<int64_t> hits;
+  for (SequenceId id = 10; id < 14; ++id) {
+    ASSERT_NO_FATAL_FAILURE(run_and_finish(id, iota_tokens(96, 100000 * TokenId(id))));
+    const std::vector<int64_t> g = own(b);
+    EXPECT_EQ(g[0], 160) << "the full group's pool had room";
+    hits.push_back(agreed_by_brute_force(b));
+    EXPECT_LE(hits.back(), std::min(g[0], g[1]));
+  }
+  EXPECT_EQ(cache_->group(0).stats().blocks_evicted, 0);
+  EXPECT_GT(cache_->group(1).stats().blocks_evicted, 0);
+  EXPECT_EQ(hits.front(), 160) << "blocks inside the window went before those out of it";
+  EXPECT_LT(hits.back(), 160) << "the window group's in-window blocks were never evicted";
+  EXPECT_LT(own(b)[1], 160);
+  EXPECT_EQ(add_and_check(2, b), hits.back());
+}
+
+// The other way round: the full group lost A's first blocks, so nothing can be shared although
+// the window group still holds every block of the window at 160.
+TEST_P(ModelCachePrefixTest, FullGroupEvictionLowersTheAgreedHit) {
+  make(two_groups(12, 100));
+  ASSERT_FALSE(HasFatalFailure());
+  const std::vector<TokenId> a = iota_tokens(165, 1000);
+  ASSERT_NO_FATAL_FAILURE(run_and_finish(1, a));
+  std::vector<TokenId> b(a.begin(), a.begin() + 160);
+  b.push_back(7);
+  EXPECT_EQ(own(b), (std::vector<int64_t>{160, 160}));
+  ASSERT_NO_FATAL_FAILURE(run_and_finish(10, iota_tokens(96, 500000)));
+  const std::vector<int64_t> g = own(b);
+  EXPECT_LT(g[0], 160);
+  EXPECT_EQ(g[1], 160);
+  EXPECT_GT(cache_->group(0).stats().blocks_evicted, 0);
+  EXPECT_EQ(cache_->group(1).stats().blocks_evicted, 0);
+  EXPECT_EQ(add_and_check(2, b), g[0]);
+}
+
+// ---------------------------------------------------------------- bad input
+
+class NullStorage : public StorageTier {
+ public:
+  const char* medium() const override { return "NULL"; }
+  const StorageLayout& layout() const override { return layout_; }
+  StatusOr<size_t> batch_exists(const std::vector<StorageKey>&) override { return size_t{0}; }
+  StatusOr<uint64_t> submit_put(const std::vector<StorageKey>&,
+                                const std::vector<const void*>&) override {
+    return uint64_t{0};
+  }
+  StatusOr<uint64_t> submit_get(const std::vector<StorageKey>&,
+                                const std::vector<void*>&) override {
+    return uint64_t{0};
+  }
+  std::vector<StorageCompletion> poll() override { return {}; }
+  void drain() override {}
+  Status remove(const std::vector<StorageKey>&) override { return ok_status(); }
+  StorageStats stats() const override { return {}; }
+
+ private:
+  StorageLayout layout_;
+};
+
+TEST_P(ModelCacheTest, MalformedModelsAreRefusedByGroupAndField) {
+  const auto expect_refused_config = [&](const CacheConfig& c, const std::string& want,
+                                         ModelKvCacheOptions o = {}) {
+    CacheConfig cc = c;
+    cc.backend = kind();
+    auto made = ModelKvCache::create(cc, std::move(o));
+    ASSERT_FALSE(made.ok()) << want;
+    EXPECT_EQ(made.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(made.status().message().rfind(want, 0), 0u) << made.status().message();
+  };
+  CacheConfig c = two_groups(16, 16);
+  c.groups[1].layers = {1, 2, 3, 5};
+  expect_refused_config(c, "groups[1] (window): layers: layer 2 is in groups[0] too");
+  c = two_groups(16, 16);
+  c.groups[1].layers = {1, 3};
+  expect_refused_config(c, "groups: layer 5 is in no group");
+  c = two_groups(16, 16);
+  c.groups[1].layers = {1, 3, 5, 6};
+  expect_refused_config(c, "groups[1] (window): layers: layer 6 is outside the model's 6 layers");
+  c = two_groups(16, 16);
+  c.groups[1].sliding_window = 8;
+  expect_refused_config(c, "groups[1] (window): sliding_window: ");
+  c = mla_model();
+  c.groups[0].num_kv_heads = 2;
+  expect_refused_config(c, "groups[0] (mla): num_kv_heads: ");
+  c = mla_model();
+  c.groups[0].rope_dim = 0;
+  expect_refused_config(c, "groups[0] (mla): rope_dim: ");
+
+  ModelKvCacheOptions o;
+  o.storage = {nullptr};  // one tier for two groups
+  expect_refused_config(two_groups(16, 16), "storage: 1 storage tiers for 2 groups", o);
+  NullStorage store;
+  o = {};
+  o.cache.storage = &store;
+  expect_refused_config(two_groups(16, 16), "storage: give a ModelKvCache its storage tiers", o);
+}
+
+TEST_P(ModelCacheTest, BadCallsAreClearErrorsThatChangeNothing) {
+  make(two_groups(32, 32));
+  ASSERT_FALSE(HasFatalFailure());
+  Status appended;
+  ASSERT_EQ(*add_and_prefill(1, iota_tokens(40, 10), &appended), 0);
+  ASSERT_TRUE(appended.ok());
+  ASSERT_EQ(*add_and_prefill(2, iota_tokens(90, 500), &appended), 0);
+  ASSERT_TRUE(appended.ok());
+  ASSERT_TRUE(cache_->reserve_batch({1, 2}, 1).ok());
+  auto batch = cache_->build_batch({1, 2});
+  ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+  // Rows for two tokens of the widest group, values too.
+  std::vector<uint16_t> rows(2 * 32, 0x3C00);
+  DeviceBuffer k(*backend_, rows.size() * 2), v(*backend_, rows.size() * 2);
+  k.upload(rows);
+  v.upload(rows);
+  const Snapshot before = snapshot();
+
+  ModelBatch fewer = *batch;
+  fewer.groups.pop_back();
+  ModelBatch more = *batch;
+  more.groups.push_back(batch->groups[0]);
+  for (const ModelBatch* bad : {&fewer, &more}) {
+    expect_refused(cache_->write_kv_batch(*bad, 0, k.data(), v.data(), DType::kFloat16),
+                   StatusCode::kInvalidArgument, "groups, the model has 2", before);
+    expect_refused(cache_->device_view(*bad, 0).status(), StatusCode::kInvalidArgument,
+                   "groups, the model has 2", before);
+  }
+  for (int32_t g : {-1, 2}) {
+    expect_refused(cache_->device_view(*batch, g).status(), StatusCode::kOutOfRange,
+                   "outside the model's 2 groups", before);
+  }
+  for (int32_t layer : {-1, 6}) {
+    const std::string want = "layer " + std::to_string(layer) + " outside the model's 6 layers";
+    expect_refused(cache_->write_kv(1, layer, k.data(), v.data(), DType::kFloat16),
+                   StatusCode::kOutOfRange, want, before);
+    expect_refused(cache_->write_kv_batch(*batch, layer, k.data(), v.data(), DType::kFloat16),
+                   StatusCode::kOutOfRange, want, before);
+    expect_refused(cache_->gather_layer(1, layer, k.data(), v.data(), DType::kFloat16,
+                                        PackedLayout::kTokenMajor, 39, 1),
+                   StatusCode::kOutOfRange, want, before);
+    EXPECT_EQ(cache_->layer_group(layer).status().code(), StatusCode::kOutOfRange);
+  }
+  // A group's own errors name the group.
+  expect_refused(cache_->write_kv(7, 1, k.data(), v.data(), DType::kFloat16), StatusCode::kNotFound,
+                 "group 1 (window): ", before);
+  expect_refused(cache_->write_kv(1, 1, k.data(), nullptr, DType::kFloat16),
+                 StatusCode::kInvalidArgument, "group 1 (window): value", before);
+  expect_refused(cache_->gather_layer(2, 3, k.data(), v.data(), DType::kFloat16,
+                                      PackedLayout::kTokenMajor, 0, 1),
+                 StatusCode::kOutOfRange, "group 1 (window): ", before);
+  expect_refused(cache_->rollback(1, 41), StatusCode::kOutOfRange, "rollback", before);
+  expect_refused(cache_->commit(1, {1, 2}), StatusCode::kFailedPrecondition, "reserved", before);
+  expect_refused(cache_->add_sequence(2, {1}).status(), StatusCode::kAlreadyExists, "2", before);
+  expect_refused(cache_->fork(1, 2), StatusCode::kAlreadyExists, "2", before);
+
+  // The batch still works: the step goes through and reads back.
+  for (int32_t layer = 0; layer < 6; ++layer) {
+    const int32_t g = lg(layer).group;
+    std::vector<uint16_t> kr, vr;
+    for (SequenceId id : {1, 2}) {
+      const auto a = model_rows(gconf(g), layer, 0, {77}, int64_t(ref_[id].size()));
+      const auto b = model_rows(gconf(g), layer, 1, {77}, int64_t(ref_[id].size()));
+      kr.insert(kr.end(), a.begin(), a.end());
+      vr.insert(vr.end(), b.begin(), b.end());
+    }
+    DeviceBuffer dk(*backend_, kr.size() * 2), dv(*backend_, vr.size() * 2);
+    dk.upload(kr);
+    dv.upload(vr);
+    ASSERT_TRUE(cache_->write_kv_batch(*batch, layer, dk.data(), dv.data(), DType::kFloat16).ok());
+    ASSERT_TRUE(cache_->synchronize().ok());
+  }
+  ASSERT_TRUE(cache_->commit_batch({1, 2}, {77, 77}).ok());
+  ref_[1].push_back(77);
+  ref_[2].push_back(77);
+  invariants();
+  EXPECT_EQ(check_gather(1), "");
+  EXPECT_EQ(check_gather(2), "");
+}
+
+// ---------------------------------------------------------------- rollback and reserve
+
+TEST_P(ModelCacheTest, RollbackPastTheWindowIsRefusedInEveryGroup) {
+  make(two_groups(64, 16));
+  ASSERT_FALSE(HasFatalFailure());
+  Status appended;
+  ASSERT_EQ(*add_and_prefill(1, iota_tokens(8, 10), &appended), 0);
+  for (int i = 0; i < 24; ++i) ASSERT_TRUE(append(1, iota_tokens(8, 100 + 8 * i)).ok());
+  invariants();
+  ASSERT_EQ(ref_[1].size(), 200u);  // the window group holds blocks 8.. (tokens 128..)
+  for (int64_t length : {100, 190, 1}) {
+    SCOPED_TRACE("rollback to " + std::to_string(length));
+    const Snapshot before = snapshot();
+    expect_refused(cache_->rollback(1, length), StatusCode::kFailedPrecondition,
+                   "group 1 (window) no longer holds token", before);
+  }
+  ASSERT_TRUE(cache_->rollback(1, 196).ok());  // its window starts in block 8
+  ref_[1].resize(196);
+  invariants();
+  EXPECT_EQ(check_gather(1), "");
+  EXPECT_EQ(*cache_->held_blocks(1, 0), 13);
+  EXPECT_EQ(*cache_->held_blocks(1, 1), 5);
+  // Decoding on after the rollback writes over the dropped tokens.
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(decode_step({1}, {9000 + i}).ok());
+  invariants();
+  EXPECT_EQ(check_gather(1), "");
+  std::mt19937_64 rng(2);
+  EXPECT_EQ(check_view({1}, false, rng), "");
+  ASSERT_TRUE(cache_->rollback(1, 0).ok());  // to nothing always works
+  ref_[1].clear();
+  invariants();
+  EXPECT_EQ(*cache_->held_blocks(1, 0), 0);
+  EXPECT_EQ(*cache_->held_blocks(1, 1), 0);
+  ASSERT_TRUE(append(1, iota_tokens(70, 4000)).ok());
+  invariants();
+  EXPECT_EQ(check_gather(1), "");
+}
+
+// The window group (second) has 7 blocks: a reserve the full group took and the window group
+// cannot is dropped in both, and the sequences go on.
+TEST_P(ModelCacheTest, ReserveRefusedByTheSecondGroupLeavesNothingReserved) {
+  make(two_groups(64, 7));
+  ASSERT_FALSE(HasFatalFailure());
+  Status appended;
+  ASSERT_EQ(*add_and_prefill(1, iota_tokens(60, 10), &appended), 0);
+  ASSERT_TRUE(appended.ok());
+  invariants();
+  {
+    const Snapshot before = snapshot();
+    auto r = cache_->reserve(1, 64);  // 8 blocks in each group; the window group has 7
+    expect_refused(r.status(), StatusCode::kResourceExhausted, "group 1 (window)", before);
+  }
+  ASSERT_TRUE(append(1, iota_tokens(4, 200)).ok());
+  invariants();
+  EXPECT_EQ(check_gather(1), "");
+
+  ASSERT_EQ(*add_and_prefill(2, iota_tokens(16, 300), &appended), 0);
+  ASSERT_TRUE(appended.ok());
+  invariants();
+  {
+    const Snapshot before = snapshot();
+    const Status st = cache_->reserve_batch({1, 2}, 40);
+    expect_refused(st, StatusCode::kResourceExhausted, "group 1 (window)", before);
+    for (int32_t g = 0; g < 2; ++g) {
+      EXPECT_EQ(*cache_->group(g).pending(1), 0);
+      EXPECT_EQ(*cache_->group(g).pending(2), 0);
+    }
+  }
+  ASSERT_TRUE(decode_step({1, 2}, {5, 6}).ok());
+  invariants();
+  EXPECT_EQ(check_gather(1), "");
+  EXPECT_EQ(check_gather(2), "");
+  std::mt19937_64 rng(3);
+  EXPECT_EQ(check_view({1, 2}, true, rng), "");
+}
+
+// A reserved sequence that one group offloaded to make room for another (the groups choose
+// their victims on their own) cannot commit until it is restored: refused in full, in no group
+// committed, and after restore() the step goes through.
+TEST_P(ModelCacheTest, CommitOfASequenceOneGroupOffloadedIsRefusedInEveryGroup) {
+  CacheConfig c = two_groups(64, 7);
+  c.groups[0].num_host_blocks = 16;
+  c.groups[1].num_host_blocks = 16;
+  make(c);
+  ASSERT_FALSE(HasFatalFailure());
+  Status appended;
+  ASSERT_EQ(*add_and_prefill(1, iota_tokens(16, 10), &appended), 0);
+  ASSERT_TRUE(appended.ok());
+  ASSERT_TRUE(cache_->reserve(1, 1).ok());  // a decode step of sequence 1 is under way
+  invariants();
+  ASSERT_EQ(*add_and_prefill(2, iota_tokens(16, 500), &appended), 0);
+  ASSERT_TRUE(appended.ok());
+  // 6 window blocks for sequence 2: the window group offloads sequence 1, the full group has room.
+  auto r = cache_->reserve(2, 80);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  invariants();
+  ASSERT_TRUE(cache_->synchronize().ok());
+  ASSERT_EQ(*cache_->group(0).residency(1), SequenceResidency::kDevice);
+  ASSERT_EQ(*cache_->group(1).residency(1), SequenceResidency::kHost);
+  EXPECT_EQ(*cache_->residency(1), SequenceResidency::kHost);
+
+  const Snapshot before = snapshot();
+  expect_refused(cache_->commit(1, {77}), StatusCode::kFailedPrecondition, "offloaded", before);
+  expect_refused(cache_->commit_batch({1}, {77}), StatusCode::kFailedPrecondition, "offloaded",
+                 before);
+  EXPECT_EQ(*cache_->pending(1), 1);
+
+  // Sequence 2's step first, then sequence 1's after a restore.
+  ASSERT_TRUE(write_layers(2, iota_tokens(80, 600), 16).ok());
+  ASSERT_TRUE(cache_->commit(2, iota_tokens(80, 600)).ok());
+  const std::vector<TokenId> more = iota_tokens(80, 600);
+  ref_[2].insert(ref_[2].end(), more.begin(), more.end());
+  invariants();
+  const Status restored = cache_->restore(1);
+  ASSERT_TRUE(restored.ok()) << restored.to_string();
+  drain();
+  invariants();
+  ASSERT_TRUE(cache_->contains(1));
+  ASSERT_EQ(*cache_->pending(1), 1);
+  ASSERT_TRUE(write_layers(1, {77}, 16).ok());
+  ASSERT_TRUE(cache_->commit(1, {77}).ok());
+  ref_[1].push_back(77);
+  invariants();
+  ASSERT_TRUE(cache_->synchronize().ok());
+  for (SequenceId id : {1, 2}) {
+    if (*cache_->residency(id) == SequenceResidency::kDevice) {
+      EXPECT_EQ(check_gather(id), "");
+    }
+  }
+}
+
+// ---------------------------------------------------------------- MLA
+
+TEST_P(ModelCacheTest, ValueTensorForALatentLayerIsRefusedAndChangesNothing) {
+  make(mla_model());
+  ASSERT_FALSE(HasFatalFailure());
+  Status appended;
+  ASSERT_EQ(*add_and_prefill(1, iota_tokens(20, 10), &appended), 0);
+  ASSERT_TRUE(appended.ok());
+  ASSERT_TRUE(cache_->reserve(1, 2).ok());
+  auto batch = cache_->build_batch({1});
+  ASSERT_TRUE(batch.ok());
+  std::vector<uint16_t> rows(2 * 72, 0x3C00);
+  DeviceBuffer k(*backend_, rows.size() * 2), v(*backend_, rows.size() * 2);
+  k.upload(rows);
+  v.upload(rows);
+  const Snapshot before = snapshot();
+  const std::string want = "value: a latent (MLA) cache stores no values; pass null";
+  for (int32_t layer : {0, 1}) {
+    expect_refused(cache_->write_kv(1, layer, k.data(), v.data(), DType::kFloat16),
+                   StatusCode::kInvalidArgument, want, before);
+    expect_refused(cache_->write_kv_batch(*batch, layer, k.data(), v.data(), DType::kFloat16),
+                   StatusCode::kInvalidArgument, want, before);
+    expect_refused(cache_->gather_layer(1, layer, k.data(), v.data(), DType::kFloat16,
+                                        PackedLayout::kTokenMajor, 0, 1),
+                   StatusCode::kInvalidArgument, want, before);
+  }
+  EXPECT_EQ(*cache_->pending(1), 2);
+  // The reservation is still there: written with keys only, it commits and reads back.
+  ASSERT_TRUE(write_layers(1, {21, 22}, 20).ok());
+  ASSERT_TRUE(cache_->commit(1, {21, 22}).ok());
+  ref_[1].push_back(21);
+  ref_[1].push_back(22);
+  invariants();
+  EXPECT_EQ(check_gather(1), "");
+  std::mt19937_64 rng(4);
+  EXPECT_EQ(check_view({1}, false, rng), "");
+}
+
+// ---------------------------------------------------------------- one group
+
+// A ModelKvCache of today's uniform config is the KvCache it wraps: on the same workload (and
+// with a window too) it shares the same prefixes, hands out the same slots, drops the same
+// sequences and ends with the same stats and block tables.
+TEST_P(ModelCacheTest, OneGroupModelBehavesAsAKvCache) {
+  for (int32_t window : {0, 64}) {
+    SCOPED_TRACE("sliding_window " + std::to_string(window));
+    CacheConfig c;
+    c.num_layers = 3;
+    c.num_kv_heads = 2;
+    c.head_dim = 16;
+    c.block_size = 16;
+    c.num_device_blocks = 30;
+    c.num_host_blocks = 20;
+    c.sliding_window = window;
+    make(c);
+    ASSERT_FALSE(HasFatalFailure());
+    ASSERT_EQ(cache_->num_groups(), 1);
+    std::unique_ptr<Backend> kv_backend = testing::make_backend(kind());
+    ASSERT_NE(kv_backend, nullptr);
+    KvCacheOptions ko;
+    ko.backend = kv_backend.get();
+    CacheConfig kc = c;
+    kc.backend = kind();
+    auto made = KvCache::create(kc, ko);
+    ASSERT_TRUE(made.ok()) << made.status().to_string();
+    KvCache& kv = **made;
+
+    std::mt19937_64 rng(9 + static_cast<uint64_t>(window));
+    SequenceId next_id = 1;
+    TokenId next_token = 1000000;
+    int64_t hits = 0, exhausted = 0, dropped = 0;
+    // Reserves `t` after the committed tokens of `id` in both caches (the same slots), writes
+    // the model cache and commits both; false when both refused the reserve.
+    const auto extend = [&](SequenceId id, const std::vector<TokenId>& t) {
+      const int64_t n = static_cast<int64_t>(t.size());
+      auto a = cache_->reserve(id, n);
+      auto b = kv.reserve(id, n);
+      EXPECT_EQ(a.status().code(), b.status().code()) << a.status().to_string();
+      if (!a.ok() || !b.ok()) return false;
+      EXPECT_EQ(a->size(), 1u);
+      EXPECT_EQ(a->front(), *b) << "different slots";
+      EXPECT_TRUE(write_layers(id, t, static_cast<int64_t>(ref_[id].size())).ok());
+      EXPECT_TRUE(cache_->commit(id, t).ok());
+      EXPECT_TRUE(kv.commit(id, t).ok());
+      ref_[id].insert(ref_[id].end(), t.begin(), t.end());
+      return true;
+    };
+    for (int op = 0; op < 600; ++op) {
+      SCOPED_TRACE("op " + std::to_string(op));
+      const int r = static_cast<int>(rng() % 10);
+      if (r < 3 || ref_.size() < 2) {
+        std::vector<TokenId> prompt =
+            iota_tokens(static_cast<int64_t>(rng() % 120), TokenId(10000 * (1 + rng() % 3)));
+        for (int64_t i = 0, n = 1 + int64_t(rng() % 20); i < n; ++i) prompt.push_back(next_token++);
+        const SequenceId id = next_id++;
+        auto a = cache_->add_sequence(id, prompt);
+        auto b = kv.add_sequence(id, prompt);
+        ASSERT_TRUE(a.ok() && b.ok());
+        ASSERT_EQ(*a, *b);
+        hits += *a;
+        ref_[id].assign(prompt.begin(), prompt.begin() + *a);
+        if (!extend(id, std::vector<TokenId>(prompt.begin() + *a, prompt.end()))) ++exhausted;
+      } else {
+        auto it = ref_.begin();
+        std::advance(it, static_cast<std::ptrdiff_t>(rng() % ref_.size()));
+        const SequenceId id = it->first;
+        if (r < 8 && it->second.size() < 200) {
+          std::vector<TokenId> t(1 + rng() % 20);
+          for (TokenId& x : t) x = next_token++;
+          if (!extend(id, t)) ++exhausted;
+        } else if (r == 8) {
+          const Status a = cache_->offload(id), b = kv.offload(id);
+          ASSERT_EQ(a.code(), b.code()) << a.to_string() << " vs " << b.to_string();
+        } else {
+          ASSERT_TRUE(cache_->finish(id).ok());
+          ASSERT_TRUE(kv.finish(id).ok());
+          ref_.erase(it);
+        }
+      }
+      if (HasFailure()) return;
+      const std::vector<SequenceId> kv_dropped = kv.drain_evicted_sequences();
+      std::vector<SequenceId> model_dropped = cache_->drain_evicted_sequences();
+      ASSERT_EQ(model_dropped, kv_dropped);
+      for (SequenceId id : model_dropped) ref_.erase(id);
+      dropped += static_cast<int64_t>(model_dropped.size());
+      invariants();
+      ASSERT_TRUE(kv.check_invariants().ok());
+      ASSERT_TRUE(cache_->group(0).stats() == kv.stats());
+      for (const auto& [id, tokens] : ref_) {
+        ASSERT_EQ(*cache_->group(0).block_locations(id), *kv.block_locations(id));
+        ASSERT_EQ(*cache_->length(id), static_cast<int64_t>(tokens.size()));
+      }
+    }
+    EXPECT_GT(hits, 0);
+    EXPECT_GT(exhausted + dropped, 0) << "no pressure";
+    // The bytes of the model cache read back.
+    ASSERT_TRUE(cache_->synchronize().ok());
+    for (const auto& [id, tokens] : ref_) {
+      if (*cache_->residency(id) == SequenceResidency::kDevice) {
+        EXPECT_EQ(check_gather(id), "");
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pagedkv
