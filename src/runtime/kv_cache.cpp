@@ -40,8 +40,13 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   // One group given as groups[0]: that group's config.
   const CacheConfig config = model_config.group_config(0);
   if (config.sliding_window > 0 && options.storage != nullptr) {
-    return unimplemented("storage: a storage tier behind a sliding-window cache is not "
-                         "supported yet (its blocks could be written but never read back)");
+    return unimplemented(
+        "storage: a storage tier behind a sliding-window cache is not "
+        "supported yet (its blocks could be written but never read back)");
+  }
+  if (options.transfer_kernel_block_bytes < 0) {
+    return invalid_argument("transfer_kernel_block_bytes: negative (" +
+                            std::to_string(options.transfer_kernel_block_bytes) + ")");
   }
   if (config.mode != CacheMode::kPaged) {
     return unimplemented("mode: dense mode is not available through KvCache yet");
@@ -87,7 +92,22 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   }
   runtime::TierPools pools{cache->device_pool_, config.num_device_blocks, cache->host_pool_,
                            config.num_host_blocks, block_bytes};
-  PAGEDKV_ASSIGN_OR_RETURN(cache->transfers_, runtime::TransferEngine::create(be, pools));
+  if (cache->host_pool_ != nullptr) {
+    // A host pool the device cannot address leaves the batched copy, which needs no mapping.
+    StatusOr<void*> mapped = be.mapped_device_pointer(cache->host_pool_);
+    if (mapped.ok()) {
+      pools.host_mapped = *mapped;
+    } else {
+      detail::logger().info("KvCache: host pool not mapped ({}); transfers use batched copies",
+                            mapped.status().to_string());
+    }
+  }
+  runtime::TransferOptions transfer_options;
+  transfer_options.kernel_block_bytes = options.transfer_kernel_block_bytes;
+  PAGEDKV_ASSIGN_OR_RETURN(cache->transfers_,
+                           runtime::TransferEngine::create(be, pools, transfer_options));
+  cache->pool_info_.host_mapped = pools.host_mapped != nullptr;
+  cache->pool_info_.transfer_kernel = cache->transfers_->uses_kernel();
   if (options.storage != nullptr) {
     PAGEDKV_ASSIGN_OR_RETURN(cache->storage_, runtime::StorageLink::create(
                                                   be, options.storage, config, cache->host_pool_,
@@ -98,10 +118,11 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   cache->block_read_by_job_.assign(static_cast<size_t>(config.num_device_blocks), 0);
   detail::logger().info(
       "KvCache: device pool {} blocks, {:.1f} MiB in {:.2f} ms; host pool {} blocks, {:.1f} MiB "
-      "pinned in {:.2f} ms",
+      "pinned in {:.2f} ms; transfers by {}",
       config.num_device_blocks, cache->pool_info_.device_bytes / 1048576.0,
       cache->pool_info_.device_alloc_ms, config.num_host_blocks,
-      cache->pool_info_.host_bytes / 1048576.0, cache->pool_info_.host_alloc_ms);
+      cache->pool_info_.host_bytes / 1048576.0, cache->pool_info_.host_alloc_ms,
+      cache->pool_info_.transfer_kernel ? "copy kernel" : "batched copy");
   return cache;
 }
 
@@ -127,8 +148,7 @@ StatusOr<int64_t> KvCache::add_sequence(SequenceId id, const std::vector<TokenId
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::add_sequence");
   PAGEDKV_RETURN_IF_ERROR(broken_);
   poll_storage_quietly();
-  PAGEDKV_ASSIGN_OR_RETURN(int64_t cached,
-                           control_->add_sequence(id, prompt, options, max_cached));
+  PAGEDKV_ASSIGN_OR_RETURN(int64_t cached, control_->add_sequence(id, prompt, options, max_cached));
   ++generation_;
   return cached;
 }
@@ -543,7 +563,8 @@ Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* 
   // block it holds happens to be on the device (a fork that shares them all, say).
   PAGEDKV_ASSIGN_OR_RETURN(Residency residency, control_->residency(id));
   PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, control_->block_locations(id));
-  if (num_tokens > 0 && blocks[static_cast<size_t>(position_begin / config_.block_size)].block < 0) {
+  if (num_tokens > 0 &&
+      blocks[static_cast<size_t>(position_begin / config_.block_size)].block < 0) {
     return out_of_range("sequence " + std::to_string(id) + ": position " +
                         std::to_string(position_begin) + " fell out of the sliding window (" +
                         std::to_string(config_.sliding_window) + " tokens)");
