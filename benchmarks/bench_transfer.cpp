@@ -7,8 +7,12 @@
 // block; the engine queues all regions of a direction as one Backend::copy_batch).
 //
 // BM_ScatteredOffload / BM_ScatteredRestore take the engine out: the same scattered blocks moved
-// by one copy_async per block (batched:0, what the engine did before copy_batch) or by one
-// copy_batch (batched:1), each against the same contiguous ceiling.
+// by one copy_async per block (path:0, what the engine did before copy_batch), by one copy_batch
+// (path:1, the engine's path for large blocks) or by one launch of the block-copy kernel between
+// the device pool and the mapped pinned host pool (path:2, the engine's path for blocks below
+// KvCacheOptions::transfer_kernel_block_bytes), each against the same contiguous ceiling. Block
+// sizes run from 8 KiB (4 tokens) to 512 KiB (256 tokens): where path:2's ratio falls below
+// path:1's is the threshold to set (docs/runtime.md, Transfer engine).
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -16,6 +20,7 @@
 #include <memory>
 #include <vector>
 
+#include "ops/ops_common.hpp"
 #include "pagedkv/backend.hpp"
 #include "runtime/transfer_engine.hpp"
 
@@ -36,9 +41,11 @@ struct Setup {
   void* host = nullptr;
   void* scratch = nullptr;  // the ceiling copy's other end
   std::unique_ptr<runtime::TransferEngine> engine;
+  void* pairs = nullptr;  // pinned, mapped: the copy kernel's (src, dst) block pairs
   ~Setup() {
     engine.reset();
     if (backend) {
+      if (pairs != nullptr) backend->free_pinned(pairs);
       backend->free_device(device);
       backend->free_pinned(host);
       if (backend->kind() == BackendKind::kCuda)
@@ -75,6 +82,7 @@ void BM_Transfer(benchmark::State& state, BackendKind kind, bool restore) {
       cuda ? *s.backend->allocate_device(job_bytes) : *s.backend->allocate_pinned(job_bytes);
   std::memset(s.host, 1, static_cast<size_t>(pool_blocks * bb));
   runtime::TierPools pools{s.device, pool_blocks, s.host, pool_blocks, bb};
+  // Batched copies, as for large blocks (BM_Scattered's path:2 rows time the copy kernel).
   s.engine = std::move(runtime::TransferEngine::create(*s.backend, pools)).value();
 
   std::vector<BlockMove> moves;
@@ -113,11 +121,14 @@ void BM_Transfer(benchmark::State& state, BackendKind kind, bool restore) {
   state.counters["ceiling_s"] = ceiling_s;
 }
 
+// How BM_Scattered moves the blocks.
+enum ScatteredPath : int64_t { kPerBlock = 0, kBatched = 1, kKernel = 2 };
+
 // Scattered blocks (every other one) moved straight through the backend on a created stream:
-// one copy_async per block, or one copy_batch of all of them.
+// one copy_async per block, one copy_batch of all of them, or one copy kernel launch.
 void BM_Scattered(benchmark::State& state, BackendKind kind, bool restore) {
   const int64_t tokens = state.range(0), blocks = state.range(1);
-  const bool batched = state.range(2) != 0;
+  const auto path = static_cast<ScatteredPath>(state.range(2));
   auto created = create_backend(kind);
   if (!created.ok()) {
     state.SkipWithError(created.status().to_string().c_str());
@@ -147,9 +158,39 @@ void BM_Scattered(benchmark::State& state, BackendKind kind, bool restore) {
                               : CopyRegion{h, d, static_cast<size_t>(bb)});
   }
   const CopyKind copy_kind = restore ? CopyKind::kHostToDevice : CopyKind::kDeviceToHost;
+  // The kernel's pairs (block 2i of one pool to block 2i of the other) in mapped pinned memory,
+  // where the transfer engine keeps them.
+  ops_detail::BlockCopyPools kernel_pools;
+  const void* device_pairs = nullptr;
+  if (path == kKernel) {
+    auto mapped_host = b.mapped_device_pointer(s.host);
+    auto pairs = b.allocate_pinned(static_cast<size_t>(blocks) * 2 * sizeof(int32_t));
+    if (!mapped_host.ok() || !pairs.ok()) {
+      state.SkipWithError("no mapped pinned memory on this backend");
+      return;
+    }
+    s.pairs = *pairs;
+    auto mapped_pairs = b.mapped_device_pointer(s.pairs);
+    if (!mapped_pairs.ok()) {
+      state.SkipWithError(mapped_pairs.status().to_string().c_str());
+      return;
+    }
+    device_pairs = *mapped_pairs;
+    auto* p = static_cast<int32_t*>(s.pairs);
+    for (int64_t i = 0; i < blocks; ++i) p[2 * i] = p[2 * i + 1] = static_cast<int32_t>(2 * i);
+    char* device = static_cast<char*>(s.device);
+    char* host = static_cast<char*>(*mapped_host);
+    kernel_pools.dst = restore ? device : host;
+    kernel_pools.src = restore ? host : device;
+    kernel_pools.dst_blocks = kernel_pools.src_blocks = 2 * blocks;
+    kernel_pools.block_bytes = bb;
+  }
   auto run_job = [&] {
     Status st = ok_status();
-    if (batched) {
+    if (path == kKernel) {
+      st = ops_detail::launch_copy_blocks(b, kernel_pools, device_pairs, IndexType::kInt32, blocks,
+                                          *stream);
+    } else if (path == kBatched) {
       st = b.copy_batch(regions.data(), regions.size(), copy_kind, *stream);
     } else {
       for (const CopyRegion& r : regions) {
@@ -176,17 +217,20 @@ void BM_Scattered(benchmark::State& state, BackendKind kind, bool restore) {
   state.SetBytesProcessed(static_cast<int64_t>(static_cast<double>(job_bytes) *
                                                static_cast<double>(state.iterations())));
   state.counters["job_MiB"] = static_cast<double>(job_bytes) / (1 << 20);
-  state.counters["copies_per_job"] = batched ? 1.0 : static_cast<double>(blocks);
+  state.counters["copies_per_job"] = path == kPerBlock ? static_cast<double>(blocks) : 1.0;
+  state.counters["block_KiB"] = static_cast<double>(bb) / 1024;
   state.counters["ceiling_GBps"] = static_cast<double>(job_bytes) / ceiling_s / 1e9;
   state.counters["ceiling_s"] = ceiling_s;
   b.destroy_stream(*stream);
 }
 
 void scattered_args(benchmark::internal::Benchmark* b) {
-  for (int64_t tokens : {16, 64})
-    for (int64_t blocks : {16, 256, 4096})
-      for (int64_t batched : {0, 1}) b->Args({tokens, blocks, batched});
-  b->ArgNames({"tokens", "blocks", "batched"})->UseRealTime()->Unit(benchmark::kMicrosecond);
+  for (int64_t tokens : {4, 16, 64, 256})
+    for (int64_t blocks : {16, 256, 4096}) {
+      if (blocks * block_bytes(tokens) > (int64_t{512} << 20)) continue;  // pools of 2x the job
+      for (int64_t path : {kPerBlock, kBatched, kKernel}) b->Args({tokens, blocks, path});
+    }
+  b->ArgNames({"tokens", "blocks", "path"})->UseRealTime()->Unit(benchmark::kMicrosecond);
 }
 
 void args(benchmark::internal::Benchmark* b) {

@@ -479,13 +479,17 @@ struct PagedRowBody {
 };
 
 /// Copies whole blocks (all layers and parts: one contiguous range each) for a batch of
-/// (src, dst) pairs. Index space: num_pairs * chunks_per_block. A pair whose ids are out of
-/// range, or equal, is skipped.
+/// (src, dst) pairs, from the pool at `src_pool` into the one at `dst_pool`: the same pool for
+/// copy-on-write, the device pool and the mapped pinned host pool for the transfer engine's
+/// offloads and restores. Index space: num_pairs * chunks_per_block. A pair whose ids are out
+/// of range, or equal within one pool, is skipped.
 struct CopyBlocksBody {
-  char* pool;
+  char* dst_pool;
+  const char* src_pool;
   const void* pairs;  // [num_pairs][2] int32 or int64: (src, dst)
   int32_t pairs_int64;
-  int64_t num_blocks;
+  int64_t src_blocks;  // blocks in each pool, for the bounds check
+  int64_t dst_blocks;
   int64_t block_bytes;
   int64_t chunk_bytes;  // bytes per index; divides block_bytes
   int64_t chunks_per_block;
@@ -505,10 +509,11 @@ struct CopyBlocksBody {
       src = static_cast<const int32_t*>(pairs)[2 * pair];
       dst = static_cast<const int32_t*>(pairs)[2 * pair + 1];
     }
-    if (src < 0 || dst < 0 || src >= num_blocks || dst >= num_blocks || src == dst) return;
+    if (src < 0 || dst < 0 || src >= src_blocks || dst >= dst_blocks) return;
+    if (src == dst && src_pool == dst_pool) return;
     const int64_t o = chunk * chunk_bytes;
-    char* d = pool + dst * block_bytes + o;
-    const char* s = pool + src * block_bytes + o;
+    char* d = dst_pool + dst * block_bytes + o;
+    const char* s = src_pool + src * block_bytes + o;
     // A contiguous range: the row walk with one "head" as long as the chunk.
     switch (vec_bytes) {
       case 16:

@@ -81,9 +81,17 @@ class Backend {
   /// kResourceExhausted when it cannot be had; zero bytes is kInvalidArgument.
   virtual StatusOr<void*> allocate_device(size_t bytes) = 0;
   virtual void free_device(void* ptr) = 0;
-  /// Page-locked host memory usable by asynchronous copies, 256-byte aligned.
+  /// Page-locked host memory usable by asynchronous copies, 256-byte aligned; mapped into the
+  /// device's address space where the device can map host memory (mapped_device_pointer()).
   virtual StatusOr<void*> allocate_pinned(size_t bytes) = 0;
   virtual void free_pinned(void* ptr) = 0;
+  /// The address under which kernels reach pinned memory from allocate_pinned() (`pinned` may
+  /// point inside an allocation), so a kernel can copy between device and host memory itself:
+  /// the pointer itself on the CPU backend; cudaHostGetDevicePointer of memory allocated with
+  /// cudaHostAllocMapped on CUDA. kUnimplemented where the device cannot map host memory (the
+  /// default, for backends that do not say), kInvalidArgument for null or memory that is not
+  /// this backend's pinned memory.
+  virtual StatusOr<void*> mapped_device_pointer(void* pinned);
 
   /// A new stream owned by the backend (non-blocking on CUDA).
   virtual StatusOr<Stream> create_stream() = 0;

@@ -39,6 +39,11 @@ class UploadArena;
 class UploadLease;
 }  // namespace runtime
 
+/// KvCacheOptions::transfer_kernel_block_bytes by default. A guess, not yet measured on a GPU:
+/// bench_transfer's BM_ScatteredOffload / BM_ScatteredRestore rows (path:1 batched copy, path:2
+/// copy kernel) give the block size at which the two meet (docs/runtime.md, Transfer engine).
+inline constexpr int64_t kDefaultTransferKernelBlockBytes = int64_t{64} << 10;
+
 /// Options of a KvCache that are not part of the configuration.
 struct KvCacheOptions {
   /// Executor to use; not owned, must outlive the cache. Null: create one from config.backend.
@@ -68,6 +73,12 @@ struct KvCacheOptions {
   /// Dropped host blocks staged for write-back at once (pinned, block_bytes each); a drop that
   /// finds every staging slot taken is not written back (ControlStats::storage_writes_dropped).
   int64_t storage_staging_blocks = 64;
+  /// Offloads and restores of blocks smaller than this many bytes (config.block_bytes()) run as
+  /// one copy kernel per direction over the host pool mapped into the device's address space,
+  /// instead of one batched copy (cudaMemcpyBatchAsync) per direction; 0 never uses the kernel.
+  /// Without a mappable host pool (Backend::mapped_device_pointer) every job is a batched copy.
+  /// Negative: kInvalidArgument from create().
+  int64_t transfer_kernel_block_bytes = kDefaultTransferKernelBlockBytes;
 };
 
 /// Where a sequence's data is, as far as a reader is concerned.
@@ -97,7 +108,9 @@ struct PoolInfo {
   int64_t device_bytes = 0;
   int64_t host_bytes = 0;
   double device_alloc_ms = 0;
-  double host_alloc_ms = 0;  // pinning a large host pool is slow: it is done once, up front
+  double host_alloc_ms = 0;      // pinning a large host pool is slow: it is done once, up front
+  bool host_mapped = false;      // the device's kernels can address the host pool
+  bool transfer_kernel = false;  // offloads and restores go through the copy kernel
 };
 
 class KvCache {

@@ -14,7 +14,9 @@ struct CpuBackendOptions {
   /// Each copy queued on a stream made by create_stream() (a transfer engine's copy stream, say)
   /// sleeps this long on its worker before moving bytes, so tests can show that ordering comes
   /// from events and not from copies finishing quickly. A copy_batch() sleeps once for the whole
-  /// batch. Default-stream copies are not delayed.
+  /// batch, and so does a launch of the block-copy kernel (KernelId::kCopyBlocks: the transfer
+  /// engine's copy path for small blocks) on such a stream. Default-stream copies are not
+  /// delayed.
   std::chrono::microseconds copy_delay{0};
   /// Each kernel launch sleeps this long on its worker before running.
   std::chrono::microseconds kernel_delay{0};

@@ -21,12 +21,13 @@
 namespace pagedkv {
 
 /// Which backend calls a fault can be injected into. Calls that cannot fail (kind, description,
-/// native_stream, the free_* and destroy_* calls) and wrap_stream (a lookup of the caller's
-/// stream, failing only on bad input) are neither counted nor failed.
+/// native_stream, the free_* and destroy_* calls) and the lookups wrap_stream (of the caller's
+/// stream) and mapped_device_pointer, which fail only on bad input, are neither counted nor
+/// failed.
 enum class FaultKind : uint8_t {
   kAllocation = 0,  // allocate_device, allocate_pinned
   kCopy = 1,        // copy_async, copy_batch (one call however many regions)
-  kLaunch = 2,      // launch, launch_host_func
+  kLaunch = 2,      // launch (the transfer engine's copy kernel too), launch_host_func
   kEvent = 3,       // create_stream, create_event, record_event, wait_event
   kSync = 4,        // synchronize_stream, synchronize_event, query_event (fails without waiting)
 };
@@ -100,6 +101,7 @@ class FaultInjectionBackend final : public Backend {
   void free_device(void* ptr) override;
   StatusOr<void*> allocate_pinned(size_t bytes) override;
   void free_pinned(void* ptr) override;
+  StatusOr<void*> mapped_device_pointer(void* pinned) override;
 
   StatusOr<Stream> create_stream() override;
   StatusOr<Stream> wrap_stream(void* native) override;

@@ -137,6 +137,11 @@ void FaultInjectionBackend::free_pinned(void* ptr) {
   inner_.free_pinned(ptr);
 }
 
+// Not a fault point: a lookup of memory already allocated (through the allocation count).
+StatusOr<void*> FaultInjectionBackend::mapped_device_pointer(void* pinned) {
+  return inner_.mapped_device_pointer(pinned);
+}
+
 StatusOr<Stream> FaultInjectionBackend::create_stream() {
   PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kEvent, "create_stream"));
   StatusOr<Stream> stream = inner_.create_stream();

@@ -28,28 +28,49 @@ Status copy_blocks(Backend& backend, const PoolRef& pool, const CopyBlocksArgs& 
   PAGEDKV_RETURN_IF_ERROR(ops_detail::validate_reach(args.pairs, args.pairs, index_size,
                                                      pairs_reach, "num_pairs", "pairs"));
 
+  const int64_t block_bytes =
+      pool.layout.block_elems() * static_cast<int64_t>(dtype_size(pool.dtype));
+  ops_detail::BlockCopyPools pools;
+  pools.dst = static_cast<char*>(pool.data);
+  pools.dst_blocks = pool.num_blocks;
+  pools.src = static_cast<const char*>(pool.data);
+  pools.src_blocks = pool.num_blocks;
+  pools.block_bytes = block_bytes;
+  return ops_detail::launch_copy_blocks(backend, pools, args.pairs, args.index_type, args.num_pairs,
+                                        stream);
+}
+
+namespace ops_detail {
+
+Status launch_copy_blocks(Backend& backend, const BlockCopyPools& pools, const void* pairs,
+                          IndexType index_type, int64_t num_pairs, Stream stream) {
   kernels::CopyBlocksBody b;
   std::memset(static_cast<void*>(&b), 0, sizeof(b));
-  b.pool = static_cast<char*>(pool.data);
-  b.pairs = args.pairs;
-  b.pairs_int64 = args.index_type == IndexType::kInt64 ? 1 : 0;
-  b.num_blocks = pool.num_blocks;
-  b.block_bytes = pool.layout.block_elems() * static_cast<int64_t>(dtype_size(pool.dtype));
-  b.vec_bytes = ops_detail::choose_vec_bytes(
-      {reinterpret_cast<uintptr_t>(pool.data), static_cast<uint64_t>(b.block_bytes)});
+  b.dst_pool = pools.dst;
+  b.src_pool = pools.src;
+  b.pairs = pairs;
+  b.pairs_int64 = index_type == IndexType::kInt64 ? 1 : 0;
+  b.src_blocks = pools.src_blocks;
+  b.dst_blocks = pools.dst_blocks;
+  b.block_bytes = pools.block_bytes;
+  b.vec_bytes = choose_vec_bytes({reinterpret_cast<uintptr_t>(pools.dst),
+                                  reinterpret_cast<uintptr_t>(pools.src),
+                                  static_cast<uint64_t>(b.block_bytes)});
   // Wide: one block per index. Narrow: one vector per index.
-  b.chunk_bytes = ops_detail::wide_launch(backend) ? b.block_bytes : b.vec_bytes;
+  b.chunk_bytes = wide_launch(backend) ? b.block_bytes : b.vec_bytes;
   b.chunks_per_block = b.block_bytes / b.chunk_bytes;
   b.chunks_div = kernels::FastDivmod::make(static_cast<uint64_t>(b.chunks_per_block));
   KernelLaunch launch;
   launch.kernel = KernelId::kCopyBlocks;
   launch.params = &b;
   launch.params_size = sizeof(b);
-  if (__builtin_mul_overflow(args.num_pairs, b.chunks_per_block, &launch.num_items)) {
-    return invalid_argument("num_pairs: " + std::to_string(args.num_pairs) +
+  if (__builtin_mul_overflow(num_pairs, b.chunks_per_block, &launch.num_items)) {
+    return invalid_argument("num_pairs: " + std::to_string(num_pairs) +
                             " pairs make an index space past int64");
   }
   return backend.launch(launch, stream);
 }
+
+}  // namespace ops_detail
 
 }  // namespace pagedkv

@@ -44,6 +44,23 @@ int choose_vec_bytes(std::initializer_list<uint64_t> values);
 /// and launches it. The body must describe a valid, validated op.
 Status launch_paged_rows(Backend& backend, kernels::PagedRowBody body, Stream stream);
 
+/// Two pools of whole blocks of `block_bytes` bytes: the source and destination of a block copy
+/// (the same pool for copy-on-write). Both addresses must be device-accessible.
+struct BlockCopyPools {
+  char* dst = nullptr;
+  int64_t dst_blocks = 0;
+  const char* src = nullptr;
+  int64_t src_blocks = 0;
+  int64_t block_bytes = 0;
+};
+
+/// Launches one CopyBlocksBody over `num_pairs` > 0 (src, dst) pairs of `index_type` at `pairs`
+/// (device-readable until the launch has run): block src of `pools.src` into block dst of
+/// `pools.dst`. The caller has validated the arguments. kInvalidArgument when the index space
+/// passes int64; else what the backend's launch returns.
+Status launch_copy_blocks(Backend& backend, const BlockCopyPools& pools, const void* pairs,
+                          IndexType index_type, int64_t num_pairs, Stream stream);
+
 /// A PagedRowBody with the pool side filled in and everything else zero.
 kernels::PagedRowBody make_row_body(const PoolRef& pool);
 

@@ -44,6 +44,10 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
         "storage: a storage tier behind a sliding-window cache is not "
         "supported yet (its blocks could be written but never read back)");
   }
+  if (options.transfer_kernel_block_bytes < 0) {
+    return invalid_argument("transfer_kernel_block_bytes: negative (" +
+                            std::to_string(options.transfer_kernel_block_bytes) + ")");
+  }
   if (config.mode != CacheMode::kPaged) {
     return unimplemented("mode: dense mode is not available through KvCache yet");
   }
@@ -88,7 +92,22 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   }
   runtime::TierPools pools{cache->device_pool_, config.num_device_blocks, cache->host_pool_,
                            config.num_host_blocks, block_bytes};
-  PAGEDKV_ASSIGN_OR_RETURN(cache->transfers_, runtime::TransferEngine::create(be, pools));
+  if (cache->host_pool_ != nullptr) {
+    // A host pool the device cannot address leaves the batched copy, which needs no mapping.
+    StatusOr<void*> mapped = be.mapped_device_pointer(cache->host_pool_);
+    if (mapped.ok()) {
+      pools.host_mapped = *mapped;
+    } else {
+      detail::logger().info("KvCache: host pool not mapped ({}); transfers use batched copies",
+                            mapped.status().to_string());
+    }
+  }
+  runtime::TransferOptions transfer_options;
+  transfer_options.kernel_block_bytes = options.transfer_kernel_block_bytes;
+  PAGEDKV_ASSIGN_OR_RETURN(cache->transfers_,
+                           runtime::TransferEngine::create(be, pools, transfer_options));
+  cache->pool_info_.host_mapped = pools.host_mapped != nullptr;
+  cache->pool_info_.transfer_kernel = cache->transfers_->uses_kernel();
   if (options.storage != nullptr) {
     PAGEDKV_ASSIGN_OR_RETURN(cache->storage_, runtime::StorageLink::create(
                                                   be, options.storage, config, cache->host_pool_,
@@ -99,10 +118,11 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   cache->block_read_by_job_.assign(static_cast<size_t>(config.num_device_blocks), 0);
   detail::logger().info(
       "KvCache: device pool {} blocks, {:.1f} MiB in {:.2f} ms; host pool {} blocks, {:.1f} MiB "
-      "pinned in {:.2f} ms",
+      "pinned in {:.2f} ms; transfers by {}",
       config.num_device_blocks, cache->pool_info_.device_bytes / 1048576.0,
       cache->pool_info_.device_alloc_ms, config.num_host_blocks,
-      cache->pool_info_.host_bytes / 1048576.0, cache->pool_info_.host_alloc_ms);
+      cache->pool_info_.host_bytes / 1048576.0, cache->pool_info_.host_alloc_ms,
+      cache->pool_info_.transfer_kernel ? "copy kernel" : "batched copy");
   return cache;
 }
 

@@ -1,16 +1,22 @@
 #include "runtime/transfer_engine.hpp"
 
+#include <algorithm>
 #include <string>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
 
 #include "common/nvtx.hpp"
+#include "ops/ops_common.hpp"
 
 namespace pagedkv::runtime {
 namespace {
 
 const char* tier_name(Tier t) { return t == Tier::kDevice ? "device" : "host"; }
+
+// Pair buffers: the smallest one allocated, and how many idle ones are kept for reuse.
+constexpr size_t kMinPairBytes = 4096;
+constexpr size_t kMaxSparePairBuffers = 8;
 
 CopyKind copy_kind(Tier src, Tier dst) {
   if (src == Tier::kDevice)
@@ -38,8 +44,16 @@ std::vector<CopyRun> merge_runs(const std::vector<BlockMove>& moves) {
 }
 
 StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::create(Backend& backend,
-                                                                 const TierPools& pools) {
+                                                                 const TierPools& pools,
+                                                                 const TransferOptions& options) {
   if (pools.block_bytes <= 0) return invalid_argument("block_bytes: must be positive");
+  if (options.kernel_block_bytes < 0) {
+    return invalid_argument("kernel_block_bytes: negative (" +
+                            std::to_string(options.kernel_block_bytes) + ")");
+  }
+  if (pools.host_mapped != nullptr && pools.host == nullptr) {
+    return invalid_argument("host pool: mapped address without a host pool");
+  }
   if (pools.device == nullptr || pools.device_blocks <= 0) {
     return invalid_argument("device pool: null or without blocks");
   }
@@ -68,20 +82,33 @@ StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::create(Backend& backen
     }
     events.push_back(*event);
   }
+  const bool use_kernel =
+      pools.host_mapped != nullptr && pools.block_bytes < options.kernel_block_bytes;
   return std::unique_ptr<TransferEngine>(
-      new TransferEngine(backend, pools, streams[0], streams[1], events[0], events[1]));
+      new TransferEngine(backend, pools, use_kernel, streams[0], streams[1], events[0], events[1]));
 }
 
-TransferEngine::TransferEngine(Backend& backend, const TierPools& pools, Stream to_host,
-                               Stream to_device, Event ready, Event link)
-    : backend_(backend), pools_(pools), streams_{to_host, to_device}, ready_(ready), link_(link) {}
+TransferEngine::TransferEngine(Backend& backend, const TierPools& pools, bool use_kernel,
+                               Stream to_host, Stream to_device, Event ready, Event link)
+    : backend_(backend),
+      pools_(pools),
+      use_kernel_(use_kernel),
+      streams_{to_host, to_device},
+      ready_(ready),
+      link_(link) {}
 
 TransferEngine::~TransferEngine() {
   for (Stream s : streams_) {
     backend_.synchronize_stream(s).ignore_error();  // nothing to report it to
     backend_.destroy_stream(s);
   }
-  for (const Job& job : in_flight_) backend_.destroy_event(job.done);
+  for (const Job& job : in_flight_) {
+    backend_.destroy_event(job.done);
+    for (const PairBuffer& b : job.pairs) backend_.free_pinned(b.host);
+  }
+  for (const std::vector<PairBuffer>* list : {&spare_pairs_, &orphaned_pairs_}) {
+    for (const PairBuffer& b : *list) backend_.free_pinned(b.host);
+  }
   for (Event e : spare_events_) backend_.destroy_event(e);
   backend_.destroy_event(ready_);
   backend_.destroy_event(link_);
@@ -89,7 +116,17 @@ TransferEngine::~TransferEngine() {
 
 Status TransferEngine::synchronize() {
   PAGEDKV_RETURN_IF_ERROR(backend_.synchronize_stream(streams_[kToDevice]));
-  return backend_.synchronize_stream(streams_[kToHost]);
+  PAGEDKV_RETURN_IF_ERROR(backend_.synchronize_stream(streams_[kToHost]));
+  recycle_pairs(orphaned_pairs_);  // nothing queued can read them any more
+  return ok_status();
+}
+
+char* TransferEngine::kernel_address(Tier tier) const {
+  return static_cast<char*>(tier == Tier::kDevice ? pools_.device : pools_.host_mapped);
+}
+
+int64_t TransferEngine::pool_blocks(Tier tier) const {
+  return tier == Tier::kDevice ? pools_.device_blocks : pools_.host_blocks;
 }
 
 char* TransferEngine::block_address(Tier tier, int64_t block) const {
@@ -124,12 +161,47 @@ StatusOr<Event> TransferEngine::take_event() {
   return backend_.create_event();
 }
 
+StatusOr<TransferEngine::PairBuffer> TransferEngine::take_pairs(size_t bytes) {
+  auto best = spare_pairs_.end();
+  for (auto it = spare_pairs_.begin(); it != spare_pairs_.end(); ++it) {
+    if (it->bytes >= bytes && (best == spare_pairs_.end() || it->bytes < best->bytes)) best = it;
+  }
+  if (best != spare_pairs_.end()) {
+    const PairBuffer b = *best;
+    spare_pairs_.erase(best);
+    return b;
+  }
+  size_t capacity = kMinPairBytes;
+  while (capacity < bytes) capacity *= 2;
+  PAGEDKV_ASSIGN_OR_RETURN(void* host, backend_.allocate_pinned(capacity));
+  StatusOr<void*> device = backend_.mapped_device_pointer(host);
+  if (!device.ok()) {
+    backend_.free_pinned(host);
+    return device.status();
+  }
+  return PairBuffer{host, *device, capacity};
+}
+
+void TransferEngine::recycle_pairs(std::vector<PairBuffer>& buffers) {
+  for (const PairBuffer& b : buffers) spare_pairs_.push_back(b);
+  buffers.clear();
+  // Keep the largest few: a long job's buffer serves the short ones after it.
+  while (spare_pairs_.size() > kMaxSparePairBuffers) {
+    auto smallest = std::min_element(
+        spare_pairs_.begin(), spare_pairs_.end(),
+        [](const PairBuffer& a, const PairBuffer& b) { return a.bytes < b.bytes; });
+    backend_.free_pinned(smallest->host);
+    spare_pairs_.erase(smallest);
+  }
+}
+
 void TransferEngine::recycle_completed() {
   while (!in_flight_.empty()) {
     StatusOr<bool> done = backend_.query_event(in_flight_.front().done);
     if (!done.ok() || !*done) return;
     completed_below_ = in_flight_.front().ticket + 1;
     spare_events_.push_back(in_flight_.front().done);
+    recycle_pairs(in_flight_.front().pairs);
     in_flight_.pop_front();
   }
 }
@@ -161,10 +233,15 @@ class TransferEngine::Issuer {
     if (lane_used[kToDevice]) {
       status_ = ok_status();
       link(kToDevice, kToHost);
+      joined_ = status_.ok();
       if (result.ok()) return status_;
     }
     return result;
   }
+
+  // False when the to-device lane could not be joined: the job's done event then does not
+  // cover that lane's work.
+  bool joined() const { return joined_; }
 
   // How many moves, from the front, were queued.
   int64_t queued_prefix() const {
@@ -240,6 +317,7 @@ class TransferEngine::Issuer {
   }
 
   void issue(int d) {
+    if (e_.use_kernel_) return issue_kernel(d);
     std::vector<BlockMove> batch;
     batch.reserve(open_[d].size());
     for (size_t i : open_[d]) batch.push_back(moves_[i]);
@@ -260,6 +338,35 @@ class TransferEngine::Issuer {
     e_.bytes_moved_ += static_cast<int64_t>(bytes);
   }
 
+  // The batch as one launch of the block-copy body over its (source, destination) pairs, which
+  // the kernel reads from mapped pinned memory that the job keeps until it completes. No runs
+  // are merged: the kernel costs the same per block either way.
+  void issue_kernel(int d) {
+    const BlockMove& first = moves_[open_[d][0]];
+    const size_t n = open_[d].size();
+    StatusOr<PairBuffer> buffer = e_.take_pairs(n * 2 * sizeof(int32_t));
+    step(buffer.status());
+    if (!status_.ok()) return;
+    e_.issuing_pairs_.push_back(*buffer);
+    auto* pairs = static_cast<int32_t*>(buffer->host);
+    for (size_t k = 0; k < n; ++k) {
+      pairs[2 * k] = moves_[open_[d][k]].src_block;
+      pairs[2 * k + 1] = moves_[open_[d][k]].dst_block;
+    }
+    ops_detail::BlockCopyPools pools;
+    pools.dst = e_.kernel_address(first.dst_tier);
+    pools.dst_blocks = e_.pool_blocks(first.dst_tier);
+    pools.src = e_.kernel_address(first.src_tier);
+    pools.src_blocks = e_.pool_blocks(first.src_tier);
+    pools.block_bytes = e_.pools_.block_bytes;
+    step(ops_detail::launch_copy_blocks(e_.backend_, pools, buffer->device, IndexType::kInt32,
+                                        static_cast<int64_t>(n), e_.streams_[d]));
+    if (!status_.ok()) return;
+    for (size_t i : open_[d]) queued_[i] = true;
+    ++e_.kernels_issued_;
+    e_.bytes_moved_ += static_cast<int64_t>(n) * e_.pools_.block_bytes;
+  }
+
   TransferEngine& e_;
   const std::vector<BlockMove>& moves_;
   std::vector<bool> queued_;
@@ -268,6 +375,7 @@ class TransferEngine::Issuer {
   Accesses open_access_[2];         // what the open batch touches
   Accesses unordered_[2];           // what the lane touches that the other lane does not yet follow
   bool waits_[2] = {false, false};  // the lane's open batch must follow the other lane's
+  bool joined_ = true;
 };
 
 StatusOr<TransferTicket> TransferEngine::submit(const std::vector<BlockMove>& moves, Stream after,
@@ -283,12 +391,19 @@ StatusOr<TransferTicket> TransferEngine::submit(const std::vector<BlockMove>& mo
   if (moves_queued != nullptr) *moves_queued = issuer.queued_prefix();
   // Record even after a failure, so that ordering against what was queued stays intact.
   const Status recorded = backend_.record_event(done, streams_[kToHost]);
+  if (!recorded.ok() || !issuer.joined()) {
+    // No event tells when the job's kernels stop reading their pairs: keep the buffers until
+    // both streams are drained (synchronize() or the end).
+    for (const PairBuffer& b : issuing_pairs_) orphaned_pairs_.push_back(b);
+    issuing_pairs_.clear();
+  }
   if (!recorded.ok()) {
     spare_events_.push_back(done);
     return status.ok() ? recorded : status;
   }
   const TransferTicket ticket = next_ticket_++;
-  in_flight_.push_back(Job{ticket, done});
+  in_flight_.push_back(Job{ticket, done, std::move(issuing_pairs_)});
+  issuing_pairs_.clear();
   if (!status.ok()) return status;
   return ticket;
 }

@@ -7,6 +7,13 @@
 // small pages at a quarter of the bandwidth of merged runs), and the regions of a direction go
 // to the backend as one Backend::copy_batch (cudaMemcpyBatchAsync), not one copy each.
 //
+// Jobs of small blocks take the copy kernel instead, when the host pool is mapped into the
+// device's address space (Backend::mapped_device_pointer): each batch is one launch of the
+// block-copy body (kernels/paged_copy.hpp) over the batch's (source, destination) block pairs,
+// which it reads from a small mapped pinned buffer that the job keeps until it completes. Below
+// TransferOptions::kernel_block_bytes per block the kernel's one launch beats the DMA's setup
+// per region; which side of the threshold wins is for a GPU to measure (bench_transfer).
+//
 // Offloads (device -> host) run on the device-to-host stream, restores (host -> device) on the
 // host-to-device stream, so a job's two directions overlap. A move that touches a block an
 // earlier move of the other direction touches (a restore into a device block an offload reads,
@@ -50,13 +57,26 @@ struct TierPools {
   void* host = nullptr;  // pinned
   int64_t host_blocks = 0;
   int64_t block_bytes = 0;
+  /// The host pool as kernels address it (Backend::mapped_device_pointer of `host`); null when
+  /// it is not mapped, and then every job goes through Backend::copy_batch.
+  void* host_mapped = nullptr;
+};
+
+/// How a transfer engine moves blocks.
+struct TransferOptions {
+  /// Jobs whose blocks are smaller than this many bytes run as one copy kernel per direction
+  /// and batch over the mapped host pool; larger ones, or any when the host pool is not mapped,
+  /// as Backend::copy_batch. 0 (the engine's default) never uses the kernel.
+  int64_t kernel_block_bytes = 0;
 };
 
 /// Runs jobs of block moves on its own two copy streams.
 class TransferEngine {
  public:
-  /// Creates the copy streams. kInvalidArgument for pools without blocks or bytes.
-  static StatusOr<std::unique_ptr<TransferEngine>> create(Backend& backend, const TierPools& pools);
+  /// Creates the copy streams. kInvalidArgument for pools without blocks or bytes, a mapped host
+  /// pool without a host pool, or a negative kernel_block_bytes.
+  static StatusOr<std::unique_ptr<TransferEngine>> create(Backend& backend, const TierPools& pools,
+                                                          const TransferOptions& options = {});
   ~TransferEngine();
   TransferEngine(const TransferEngine&) = delete;
   TransferEngine& operator=(const TransferEngine&) = delete;
@@ -93,10 +113,15 @@ class TransferEngine {
   /// Blocks the host until both copy streams are idle.
   Status synchronize();
 
+  /// True when jobs go through the copy kernel (a mapped host pool, blocks below the threshold).
+  bool uses_kernel() const { return use_kernel_; }
+
   /// Backend copy calls (copy_batch, one per direction and batch), the regions they held (runs
-  /// of consecutive blocks) and the bytes moved since creation.
+  /// of consecutive blocks), copy kernel launches (one per direction and batch) and the bytes
+  /// moved by either since creation.
   int64_t copies_issued() const { return copies_issued_; }
   int64_t regions_issued() const { return regions_issued_; }
+  int64_t kernels_issued() const { return kernels_issued_; }
   int64_t bytes_moved() const { return bytes_moved_; }
 
  private:
@@ -104,29 +129,47 @@ class TransferEngine {
   friend class Issuer;
   static constexpr int kToHost = 0;    // offloads, device-to-device moves
   static constexpr int kToDevice = 1;  // restores, host-to-host moves
+  // Mapped pinned memory holding a copy kernel's (source, destination) block pairs.
+  struct PairBuffer {
+    void* host = nullptr;
+    void* device = nullptr;  // what the kernel reads
+    size_t bytes = 0;
+  };
   struct Job {
     TransferTicket ticket;
     Event done;
+    std::vector<PairBuffer> pairs;  // read by the job's kernels: reused once `done` completed
   };
-  TransferEngine(Backend& backend, const TierPools& pools, Stream to_host, Stream to_device,
-                 Event ready, Event link);
+  TransferEngine(Backend& backend, const TierPools& pools, bool use_kernel, Stream to_host,
+                 Stream to_device, Event ready, Event link);
   Status validate(const BlockMove& move) const;
   StatusOr<Event> take_event();
+  // A pair buffer of at least `bytes` bytes for the job being issued (kept in issuing_pairs_).
+  StatusOr<PairBuffer> take_pairs(size_t bytes);
+  void recycle_pairs(std::vector<PairBuffer>& buffers);
   void recycle_completed();
   const Job* find(TransferTicket ticket) const;
   char* block_address(Tier tier, int64_t block) const;
+  // A pool's base as the copy kernel addresses it, and its block count.
+  char* kernel_address(Tier tier) const;
+  int64_t pool_blocks(Tier tier) const;
 
   Backend& backend_;
   TierPools pools_;
+  bool use_kernel_;
   Stream streams_[2];          // by kToHost, kToDevice
   Event ready_;                // recorded on the caller's stream before each job
   Event link_;                 // recorded on one copy stream and at once waited on by the other
   std::deque<Job> in_flight_;  // oldest first
   std::vector<Event> spare_events_;
+  std::vector<PairBuffer> issuing_pairs_;  // taken by the job being issued
+  std::vector<PairBuffer> spare_pairs_;
+  std::vector<PairBuffer> orphaned_pairs_;  // not covered by a done event: reused after a sync
   TransferTicket next_ticket_ = 1;
   TransferTicket completed_below_ = 1;  // every ticket < this one is known to be complete
   int64_t copies_issued_ = 0;
   int64_t regions_issued_ = 0;
+  int64_t kernels_issued_ = 0;
   int64_t bytes_moved_ = 0;
 };
 

@@ -132,8 +132,15 @@ std::string diff(const ControlSnapshot& a, const ControlSnapshot& b) {
 class FaultScenario {
  public:
   // Fault-free when n == 0.
-  FaultScenario(BackendKind backend, FaultKind kind, int64_t n)
-      : backend_kind_(backend), kind_(kind), n_(n), rng_(20240611) {}
+  // `kernel_block_bytes`: KvCacheOptions::transfer_kernel_block_bytes (the default sends the
+  // scenario's small blocks through the copy kernel, 0 through batched copies).
+  FaultScenario(BackendKind backend, FaultKind kind, int64_t n,
+                int64_t kernel_block_bytes = kDefaultTransferKernelBlockBytes)
+      : backend_kind_(backend),
+        kind_(kind),
+        n_(n),
+        kernel_block_bytes_(kernel_block_bytes),
+        rng_(20240611) {}
 
   RunReport run() {
     inner_ = slow_copy_backend(backend_kind_);
@@ -240,6 +247,7 @@ class FaultScenario {
   bool create() {
     KvCacheOptions options;
     options.backend = fi_.get();
+    options.transfer_kernel_block_bytes = kernel_block_bytes_;
     return step("create", [&] {
       auto c = KvCache::create(config_, options);
       if (!c.ok()) {
@@ -549,6 +557,7 @@ class FaultScenario {
   BackendKind backend_kind_;
   FaultKind kind_;
   int64_t n_;
+  int64_t kernel_block_bytes_;
   std::mt19937_64 rng_;
   CacheConfig config_ = scenario_config();
   std::unique_ptr<Backend> inner_;
@@ -594,18 +603,20 @@ TEST_P(KvCacheFaultInjection, TheScenarioWithoutFaultsMatchesTheModel) {
   }
 }
 
-TEST_P(KvCacheFaultInjection, EveryInjectedFaultLeavesTheCacheConsistent) {
-  const RunReport clean = FaultScenario(kind(), FaultKind::kCopy, 0).run();
+// Reruns the scenario with the n-th call of each of `kinds` failing, for every n the fault-free
+// run reaches (with the given transfer path).
+void sweep(BackendKind backend, const std::vector<FaultKind>& kinds, int64_t kernel_block_bytes) {
+  const RunReport clean = FaultScenario(backend, FaultKind::kCopy, 0, kernel_block_bytes).run();
   ASSERT_TRUE(clean.problems.empty()) << join(clean.problems);
   const int64_t stride = stride_from_env();
   const bool verbose = std::getenv("PAGEDKV_FAULT_VERBOSE") != nullptr;  // one line per run
   const auto t0 = std::chrono::steady_clock::now();
   std::ostringstream summary;
-  for (FaultKind kind : kAllKinds) {
+  for (FaultKind kind : kinds) {
     const int64_t calls = clean.counts[static_cast<size_t>(kind)];
     int64_t runs = 0, fired = 0, surfaced = 0, failing = 0;
     for (int64_t n = 1; n <= calls; n = n < 50 ? n + 1 : n + stride) {
-      const RunReport r = FaultScenario(this->kind(), kind, n).run();
+      const RunReport r = FaultScenario(backend, kind, n, kernel_block_bytes).run();
       ++runs;
       fired += r.fault.empty() ? 0 : 1;
       surfaced += r.surfaced ? 1 : 0;
@@ -627,7 +638,19 @@ TEST_P(KvCacheFaultInjection, EveryInjectedFaultLeavesTheCacheConsistent) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::cout << summary.str() << "sweep: " << seconds << " s\n";
-  RecordProperty("sweep_seconds", std::to_string(seconds));
+  ::testing::Test::RecordProperty("sweep_seconds", std::to_string(seconds));
+}
+
+// The scenario's blocks are small: offloads and restores go through the copy kernel, so a
+// failed transfer is a failed launch (or a failed allocation of its pairs buffer).
+TEST_P(KvCacheFaultInjection, EveryInjectedFaultLeavesTheCacheConsistent) {
+  sweep(kind(), {std::begin(kAllKinds), std::end(kAllKinds)}, kDefaultTransferKernelBlockBytes);
+}
+
+// The same with batched copies (threshold 0): a failed transfer is a failed copy_batch. Only
+// the kinds whose calls differ between the paths.
+TEST_P(KvCacheFaultInjection, EveryInjectedFaultLeavesTheCacheConsistentWithBatchedCopies) {
+  sweep(kind(), {FaultKind::kCopy, FaultKind::kAllocation}, 0);
 }
 
 // KvCache::create allocates (pools, upload ring) and creates a stream and events: a fault in any

@@ -90,6 +90,7 @@ class HostTierFixture : public ::testing::Test {
     ASSERT_NE(backend_, nullptr);
     KvCacheOptions o;
     o.backend = backend_.get();
+    o.transfer_kernel_block_bytes = transfer_kernel_block_bytes_;
     if (inject_faults) {
       faults_ = std::make_unique<FaultInjectionBackend>(*backend_);
       o.backend = faults_.get();
@@ -193,6 +194,9 @@ class HostTierFixture : public ::testing::Test {
     expect_invariants();
   }
 
+  // The body of the FailedDemotion tests: the last `fault` call of R's reserve fails.
+  void failed_demotion_is_taken_back(FaultKind fault);
+
   SequenceResidency residency(SequenceId id) {
     auto r = cache_->residency(id);
     EXPECT_TRUE(r.ok()) << r.status().to_string();
@@ -230,6 +234,7 @@ class HostTierFixture : public ::testing::Test {
   }
 
   BackendKind kind_ = BackendKind::kCpu;
+  int64_t transfer_kernel_block_bytes_ = kDefaultTransferKernelBlockBytes;
   CacheConfig config_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<FaultInjectionBackend> faults_;
@@ -641,16 +646,27 @@ TEST_F(HostTierCpuTest, SeedDefect7OffloadAndRestoreAreAsynchronous) {
 
 // R's reserve needs the whole device pool: it offloads victim V and demotes Q's cached prefix
 // in one transfer job. The job's last copy call fails (with batched copies the offload and the
-// demotions, all device -> host, are one copy_batch): the reserve returns the injected
-// kInternal error and nothing changed; Q's prefix still hits on the device with its bytes, V
-// reads back whole, and a retry succeeds.
+// demotions, all device -> host, are one copy_batch; on the copy kernel path the last launch,
+// the job's one kernel): the reserve returns the injected kInternal error and nothing changed;
+// Q's prefix still hits on the device with its bytes, V reads back whole, and a retry succeeds.
 TEST_P(HostTierTest, FailedDemotionIsTakenBack) {
+  transfer_kernel_block_bytes_ = 0;  // batched copies
+  failed_demotion_is_taken_back(FaultKind::kCopy);
+}
+
+TEST_P(HostTierTest, FailedDemotionKernelIsTakenBack) {
+  transfer_kernel_block_bytes_ = int64_t{1} << 40;  // the copy kernel for any block
+  failed_demotion_is_taken_back(FaultKind::kLaunch);
+}
+
+void HostTierFixture::failed_demotion_is_taken_back(FaultKind fault) {
   constexpr SequenceId kQ = 1, kV = 2, kR = 3, kZ = 4, kW = 5;
   const std::vector<TokenId> pq = iota_tokens(8, 100), pv = iota_tokens(8, 200);
   const std::vector<TokenId> pr = iota_tokens(16, 300);
   // Builds the scenario up to R's reserve on a fresh cache.
   auto setup = [&] {
     make(small_config(), milliseconds(2), /*inject_faults=*/true);
+    ASSERT_EQ(cache_->pool_info().transfer_kernel, fault == FaultKind::kLaunch);
     add_written(kQ, pq);
     ASSERT_TRUE(cache_->finish(kQ).ok());
     add_written(kV, pv);
@@ -660,30 +676,33 @@ TEST_P(HostTierTest, FailedDemotionIsTakenBack) {
     ASSERT_EQ(cache_->stats().device.free_blocks, 0);
   };
 
-  // A fault-free run counts the copy calls of R's reserve (one per direction and batch).
+  // A fault-free run counts the copy (or launch) calls of R's reserve (one per direction and
+  // batch).
   setup();
-  if (HasFatalFailure()) return;
+  if (::testing::Test::HasFatalFailure()) return;
   faults_->reset_counts();
   ASSERT_TRUE(cache_->reserve(kR, 16).ok());
-  const int64_t copies = faults_->count(FaultKind::kCopy);
+  const int64_t copies = faults_->count(fault);
   const ControlStats clean = cache_->stats();
   EXPECT_EQ(clean.blocks_demoted, 2);
   EXPECT_EQ(clean.sequences_offloaded, 1);
   ASSERT_GE(copies, 1) << "R's reserve must move blocks";
 
   setup();
-  if (HasFatalFailure()) return;
+  if (::testing::Test::HasFatalFailure()) return;
   std::map<SequenceId, std::pair<std::vector<BlockLocation>, std::pair<int64_t, int64_t>>> was;
   for (SequenceId id : {kV, kR}) {
     was[id] = {locations(id), {*cache_->length(id), *cache_->pending(id)}};
   }
   const NamedStats before = named_stats(cache_->stats());
   faults_->reset_counts();
-  faults_->fail_nth(FaultKind::kCopy, copies);
+  faults_->fail_nth(fault, copies);
   auto failed = cache_->reserve(kR, 16);
   ASSERT_FALSE(failed.ok());
   EXPECT_EQ(failed.status().code(), StatusCode::kInternal);
-  EXPECT_NE(failed.status().message().find("injected fault"), std::string::npos)
+  EXPECT_NE(
+      failed.status().message().find(std::string("injected fault: ") + fault_kind_name(fault)),
+      std::string::npos)
       << failed.status().to_string();
   EXPECT_EQ(faults_->injected(), 1);
   expect_invariants();

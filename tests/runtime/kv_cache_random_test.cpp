@@ -133,6 +133,34 @@ TEST_P(KvCacheRandomized, EveryGatheredByteMatchesTheModel) {
   RecordProperty("steps", static_cast<int>(ran));
 }
 
+// The workload's small blocks take the copy kernel by default; the batched copy (threshold 0)
+// must keep every byte too, and so must the kernel forced for any block size. Same seed, same
+// ops: both runs make the same calls and verify the same sequences.
+TEST_P(KvCacheRandomized, BothTransferPathsMatchTheModel) {
+  const int64_t steps = std::max<int64_t>(steps_from_env() / 10, 500);
+  WorkloadCounters counters[2];
+  for (int path = 0; path < 2; ++path) {
+    SCOPED_TRACE(path == 0 ? "batched copies" : "copy kernel");
+    WorkloadOptions options;
+    options.seed = 5;
+    options.copy_delay = std::chrono::microseconds(5);
+    options.transfer_kernel_block_bytes = path == 0 ? 0 : int64_t{1} << 40;
+    use_backend(options);
+    std::unique_ptr<KvWorkload> w = make_workload(options);
+    ASSERT_NE(w, nullptr);
+    EXPECT_EQ(w->cache().pool_info().transfer_kernel, path == 1);
+    w->run(steps);
+    w->verify_all();
+    counters[path] = w->counters();
+    expect_clean(counters[path]);
+    EXPECT_GT(w->cache().stats().blocks_restored, 0);
+    EXPECT_GT(w->cache().stats().sequences_offloaded, 0);
+  }
+  EXPECT_EQ(counters[0].ops, counters[1].ops);
+  EXPECT_EQ(counters[0].verified_sequences, counters[1].verified_sequences);
+  EXPECT_EQ(counters[0].verified_bytes, counters[1].verified_bytes);
+}
+
 // The checks can fail: a byte of a live sequence changed in the device pool behind the cache's
 // back (copied out, changed, copied back) is reported with its coordinates.
 TEST_P(KvCacheRandomized, AByteChangedInTheDevicePoolIsReported) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/basic_bodies.hpp"
+#include "ops/launch_shape.hpp"
 #include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/fault_injection.hpp"
 #include "support/backend_test.hpp"
@@ -70,6 +71,14 @@ class Pools {
     backend_.free_pinned(pools_.host);
   }
   const TierPools& pools() const { return pools_; }
+  /// The pools with the host pool mapped for the copy kernel (as KvCache sets them up).
+  TierPools mapped_pools() const {
+    TierPools p = pools_;
+    StatusOr<void*> mapped = backend_.mapped_device_pointer(pools_.host);
+    EXPECT_TRUE(mapped.ok()) << mapped.status().to_string();
+    p.host_mapped = mapped.ok() ? *mapped : nullptr;
+    return p;
+  }
 
   /// Fills device block `b` with bytes derived from `seed` (blocking).
   std::vector<uint8_t> fill_device(int64_t b, uint32_t seed) {
@@ -370,6 +379,248 @@ TYPED_TEST(TransferEngineTest, AFailedBatchReportsTheQueuedPrefix) {
   // The second attempt's offloads ran.
   EXPECT_EQ(p.read(Tier::kHost, 0), d0);
   EXPECT_EQ(p.read(Tier::kHost, 1), d2);
+}
+
+// ---------------------------------------------------------------- the copy kernel path
+
+// Forces the copy kernel (any block is below the threshold) or the batched copy (threshold 0).
+constexpr int64_t kAlwaysKernel = int64_t{1} << 40;
+constexpr int64_t kNeverKernel = 0;
+
+StatusOr<std::unique_ptr<TransferEngine>> make_engine(Backend& backend, const Pools& p,
+                                                      int64_t kernel_block_bytes) {
+  TransferOptions options;
+  options.kernel_block_bytes = kernel_block_bytes;
+  return TransferEngine::create(backend, p.mapped_pools(), options);
+}
+
+TEST(TransferEngineCreate, ChoosesThePathByBlockBytesAndMapping) {
+  auto backend = create_cpu_backend();
+  Pools p(*backend, 4, 4, 4096);
+  auto at = [&](const TierPools& pools, int64_t threshold) {
+    TransferOptions options;
+    options.kernel_block_bytes = threshold;
+    auto e = TransferEngine::create(*backend, pools, options);
+    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    return e.ok() && (*e)->uses_kernel();
+  };
+  EXPECT_TRUE(at(p.mapped_pools(), 4097));
+  EXPECT_FALSE(at(p.mapped_pools(), 4096)) << "the threshold is exclusive";
+  EXPECT_FALSE(at(p.mapped_pools(), 0));
+  EXPECT_FALSE(at(p.pools(), kAlwaysKernel)) << "an unmapped host pool takes the batched copy";
+  TransferOptions negative;
+  negative.kernel_block_bytes = -1;
+  EXPECT_EQ(TransferEngine::create(*backend, p.mapped_pools(), negative).status().code(),
+            StatusCode::kInvalidArgument);
+  TierPools no_host = p.mapped_pools();
+  no_host.host = nullptr;
+  no_host.host_blocks = 0;
+  EXPECT_EQ(TransferEngine::create(*backend, no_host).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// A random job list of every move kind, with blocks reused within and across jobs (so that
+// batches are cut and lanes wait on each other), applied in list order to a host model of both
+// pools.
+std::vector<BlockMove> random_job(std::mt19937& rng, int32_t device_blocks, int32_t host_blocks,
+                                  std::vector<std::vector<uint8_t>>& device_model,
+                                  std::vector<std::vector<uint8_t>>& host_model) {
+  std::vector<BlockMove> moves;
+  const int n = 1 + static_cast<int>(rng() % 40);
+  for (int i = 0; i < n; ++i) {
+    BlockMove m;
+    const uint32_t r = rng() % 20;  // mostly offloads and restores, as the control plane makes
+    m.src_tier = r < 9 || r == 18 ? Tier::kDevice : Tier::kHost;
+    m.dst_tier = r < 9 || r == 19 ? Tier::kHost : Tier::kDevice;
+    if (r == 18) m.dst_tier = Tier::kDevice;
+    if (r == 19) m.src_tier = Tier::kHost;
+    const int32_t src_limit = m.src_tier == Tier::kDevice ? device_blocks : host_blocks;
+    const int32_t dst_limit = m.dst_tier == Tier::kDevice ? device_blocks : host_blocks;
+    m.src_block = static_cast<int32_t>(rng() % static_cast<uint32_t>(src_limit));
+    do {
+      m.dst_block = static_cast<int32_t>(rng() % static_cast<uint32_t>(dst_limit));
+    } while (m.src_tier == m.dst_tier && m.src_block == m.dst_block);
+    auto& src = m.src_tier == Tier::kDevice ? device_model : host_model;
+    auto& dst = m.dst_tier == Tier::kDevice ? device_model : host_model;
+    dst[static_cast<size_t>(m.dst_block)] = src[static_cast<size_t>(m.src_block)];
+    moves.push_back(m);
+  }
+  return moves;
+}
+
+// Runs the same random jobs through an engine with `threshold` on fresh pools filled from
+// `seed`; returns every block of both pools (device blocks first) and checks them against the
+// model.
+std::vector<std::vector<uint8_t>> run_random_jobs(Backend& backend, int64_t threshold,
+                                                  int64_t block_bytes, bool expect_kernel,
+                                                  int64_t* kernels, int64_t* copies) {
+  constexpr int32_t kDevice = 48, kHost = 40;
+  Pools p(backend, kDevice, kHost, block_bytes);
+  std::vector<std::vector<uint8_t>> device_model, host_model;
+  for (int32_t b = 0; b < kDevice; ++b) device_model.push_back(p.fill_device(b, 1000u + b));
+  for (int32_t b = 0; b < kHost; ++b) {
+    std::vector<uint8_t> bytes = p.fill_device(0, 5000u + b);
+    std::memcpy(p.host_block(b), bytes.data(), bytes.size());
+    host_model.push_back(std::move(bytes));
+  }
+  device_model[0] = p.read(Tier::kDevice, 0);
+  auto engine = make_engine(backend, p, threshold);
+  EXPECT_TRUE(engine.ok()) << engine.status().to_string();
+  if (!engine.ok()) return {};
+  EXPECT_EQ((*engine)->uses_kernel(), expect_kernel);
+  std::mt19937 rng(2026);
+  TransferTicket last = 0;
+  for (int job = 0; job < 60; ++job) {
+    auto t = (*engine)->submit(random_job(rng, kDevice, kHost, device_model, host_model), Stream{});
+    EXPECT_TRUE(t.ok()) << t.status().to_string();
+    if (t.ok()) last = *t;
+  }
+  EXPECT_TRUE((*engine)->wait(last).ok());
+  EXPECT_TRUE((*engine)->synchronize().ok());
+  *kernels = (*engine)->kernels_issued();
+  *copies = (*engine)->copies_issued();
+  std::vector<std::vector<uint8_t>> all;
+  for (int32_t b = 0; b < kDevice; ++b) {
+    all.push_back(p.read(Tier::kDevice, b));
+    EXPECT_EQ(all.back(), device_model[static_cast<size_t>(b)]) << "device block " << b;
+  }
+  for (int32_t b = 0; b < kHost; ++b) {
+    all.push_back(p.read(Tier::kHost, b));
+    EXPECT_EQ(all.back(), host_model[static_cast<size_t>(b)]) << "host block " << b;
+  }
+  return all;
+}
+
+TYPED_TEST(TransferEngineTest, KernelAndBatchedPathsLeaveBitIdenticalPools) {
+  // Odd block sizes give the kernel 4-, 8- and 16-byte vectors.
+  for (int64_t block_bytes : {int64_t{1028}, int64_t{2056}, int64_t{4096 + 16}}) {
+    SCOPED_TRACE("block bytes " + std::to_string(block_bytes));
+    int64_t kernels = 0, copies = 0;
+    const auto batched = run_random_jobs(this->backend(), kNeverKernel, block_bytes,
+                                         /*expect_kernel=*/false, &kernels, &copies);
+    EXPECT_EQ(kernels, 0);
+    EXPECT_GE(copies, 60);
+    const auto kernel = run_random_jobs(this->backend(), kAlwaysKernel, block_bytes,
+                                        /*expect_kernel=*/true, &kernels, &copies);
+    EXPECT_EQ(copies, 0);
+    EXPECT_GE(kernels, 60);
+    ASSERT_EQ(batched.size(), kernel.size());
+    for (size_t b = 0; b < batched.size(); ++b) EXPECT_EQ(batched[b], kernel[b]) << "block " << b;
+  }
+}
+
+// The GPU's launch shape (one vector per index) run on the CPU backend, against the same model,
+// with copy kernels that lag (so jobs overlap and pairs buffers are still being read when the
+// next jobs are issued).
+TEST(TransferEngineKernel, NarrowLaunchShapeWithLaggingCopiesMovesTheSameBytes) {
+  CpuBackendOptions options;
+  options.copy_delay = std::chrono::microseconds(300);
+  auto backend = create_cpu_backend(options);
+  ops_detail::set_launch_shape_for_testing(ops_detail::LaunchShape::kNarrow);
+  int64_t kernels = 0, copies = 0;
+  for (int64_t block_bytes : {int64_t{1028}, int64_t{4096 + 16}}) {
+    run_random_jobs(*backend, kAlwaysKernel, block_bytes, /*expect_kernel=*/true, &kernels,
+                    &copies);
+    EXPECT_GE(kernels, 60);
+  }
+  ops_detail::set_launch_shape_for_testing(ops_detail::LaunchShape::kAuto);
+}
+
+TYPED_TEST(TransferEngineTest, KernelPathIsOneLaunchPerDirectionAndNoCopies) {
+  FaultInjectionBackend fi(this->backend());
+  const int32_t n = 37;
+  const int64_t block_bytes = 1000 + 24;
+  Pools p(fi, 96, 64, block_bytes);
+  auto engine = make_engine(fi, p, kAlwaysKernel);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  ASSERT_TRUE((*engine)->uses_kernel());
+  std::mt19937 rng(78);
+  const std::vector<int32_t> devices = scattered_blocks(n, 96, rng);
+  const std::vector<int32_t> hosts = scattered_blocks(n, 64, rng);
+  std::vector<std::vector<uint8_t>> victims, restored;
+  for (int32_t i = 0; i < n; ++i) victims.push_back(p.fill_device(devices[i], 600u + i));
+  // What to restore: host slots 0..n-1 of the mapped pool hold other bytes, written directly.
+  std::vector<BlockMove> moves;
+  for (int32_t i = 0; i < n; ++i) {
+    std::vector<uint8_t> bytes(static_cast<size_t>(block_bytes));
+    for (auto& x : bytes) x = static_cast<uint8_t>(rng() | 1);
+    restored.push_back(bytes);
+  }
+  // The eviction shape: offload a victim into a free host slot, restore into the slot it freed.
+  const std::vector<int32_t> sources = scattered_blocks(n, 64, rng);
+  std::vector<int32_t> free_hosts;
+  for (int32_t h = 0; h < 64; ++h) {
+    if (std::find(sources.begin(), sources.end(), h) == sources.end()) free_hosts.push_back(h);
+  }
+  ASSERT_GE(free_hosts.size(), static_cast<size_t>(n - 10));
+  const int32_t m = static_cast<int32_t>(std::min<size_t>(free_hosts.size(), n));
+  for (int32_t i = 0; i < m; ++i) {
+    std::memcpy(p.host_block(sources[i]), restored[i].data(), restored[i].size());
+    moves.push_back(offload(devices[i], free_hosts[i]));
+    moves.push_back(restore(sources[i], devices[i]));
+  }
+  fi.record_copies(true);
+  fi.reset_counts();
+  auto job = (*engine)->submit(moves, Stream{});
+  ASSERT_TRUE(job.ok()) << job.status().to_string();
+  ASSERT_TRUE((*engine)->wait(*job).ok());
+  EXPECT_EQ(fi.count(FaultKind::kLaunch), 2) << "one copy kernel per direction";
+  EXPECT_EQ(fi.count(FaultKind::kCopy), 0) << "no copies on the kernel path";
+  EXPECT_TRUE(fi.copy_calls().empty());
+  EXPECT_EQ((*engine)->kernels_issued(), 2);
+  EXPECT_EQ((*engine)->copies_issued(), 0);
+  EXPECT_EQ((*engine)->bytes_moved(), 2 * m * block_bytes);
+  for (int32_t i = 0; i < m; ++i) {
+    EXPECT_EQ(p.read(Tier::kHost, free_hosts[i]), victims[i]) << "victim " << i;
+    EXPECT_EQ(p.read(Tier::kDevice, devices[i]), restored[i]) << "restored " << i;
+  }
+  // A second job reuses the first one's pair buffers once it completed: no allocation.
+  fi.reset_counts();
+  auto again = (*engine)->submit({offload(devices[0], free_hosts[0])}, Stream{});
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE((*engine)->wait(*again).ok());
+  EXPECT_EQ(fi.count(FaultKind::kLaunch), 1);
+  EXPECT_EQ(fi.count(FaultKind::kAllocation), 0);
+  EXPECT_EQ(p.read(Tier::kHost, free_hosts[0]), restored[0]);
+}
+
+TYPED_TEST(TransferEngineTest, AFailedKernelLaunchReportsTheQueuedPrefix) {
+  FaultInjectionBackend fi(this->backend());
+  Pools p(fi, 16, 16, 256);
+  auto engine = make_engine(fi, p, kAlwaysKernel);
+  ASSERT_TRUE(engine.ok());
+  const std::vector<uint8_t> d0 = p.fill_device(0, 5), d2 = p.fill_device(2, 6);
+  // Independent moves: the offloads go first (launch #1), then the restores (launch #2).
+  const std::vector<BlockMove> moves = {offload(0, 0), offload(2, 1), restore(4, 6), restore(5, 7)};
+  for (int64_t nth : {1, 2}) {
+    fi.fail_nth(FaultKind::kLaunch, nth);
+    int64_t queued = -1;
+    auto job = (*engine)->submit(moves, Stream{}, &queued);
+    EXPECT_EQ(job.status().code(), StatusCode::kInternal);
+    EXPECT_NE(job.status().message().find("injected fault: launch"), std::string::npos)
+        << job.status().message();
+    EXPECT_EQ(queued, nth == 1 ? 0 : 2) << "fault on launch #" << nth;
+    ASSERT_TRUE((*engine)->synchronize().ok());
+  }
+  // The second attempt's offloads ran.
+  EXPECT_EQ(p.read(Tier::kHost, 0), d0);
+  EXPECT_EQ(p.read(Tier::kHost, 1), d2);
+  // So does a failed allocation of a pairs buffer (a fresh engine has none to reuse).
+  auto fresh = make_engine(fi, p, kAlwaysKernel);
+  ASSERT_TRUE(fresh.ok());
+  fi.fail_nth(FaultKind::kAllocation, 1);
+  int64_t queued = -1;
+  auto failed = (*fresh)->submit(moves, Stream{}, &queued);
+  EXPECT_EQ(failed.status().code(), StatusCode::kInternal);
+  EXPECT_NE(failed.status().message().find("injected fault: allocation"), std::string::npos)
+      << failed.status().message();
+  EXPECT_EQ(queued, 0);
+  ASSERT_TRUE((*fresh)->synchronize().ok());
+  const LiveObjects live = fi.live();
+  engine->reset();
+  fresh->reset();
+  EXPECT_LT(fi.live().pinned_allocations, live.pinned_allocations) << "pair buffers freed";
+  EXPECT_EQ(fi.live().pinned_allocations, 1) << "only the test's host pool is left";
 }
 
 // A CPU backend whose device-to-host batches first wait at a gate on their stream: the

@@ -78,6 +78,7 @@ Status KvWorkload::init() {
   io_ = options_.io_backend != nullptr ? options_.io_backend : backend_;
   KvCacheOptions cache_options;
   cache_options.backend = backend_;
+  cache_options.transfer_kernel_block_bytes = options_.transfer_kernel_block_bytes;
   PAGEDKV_ASSIGN_OR_RETURN(cache_, KvCache::create(config_, cache_options));
 
   // Gather buffers cover the longest sequence the device pool can hold.

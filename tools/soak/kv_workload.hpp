@@ -71,6 +71,10 @@ struct WorkloadOptions {
   /// Delay of each copy on the CPU backend's created streams (the transfer engine's copy
   /// stream), so that transfers really lag; used only when the workload creates its backend.
   std::chrono::microseconds copy_delay{50};
+  /// KvCacheOptions::transfer_kernel_block_bytes: 0 sends every offload and restore through
+  /// batched copies; the default sends the small blocks of pressure_config() through the copy
+  /// kernel.
+  int64_t transfer_kernel_block_bytes = kDefaultTransferKernelBlockBytes;
   /// Count "injected fault" failures in `injected_faults` and carry on (see the file comment).
   bool tolerate_injected_faults = false;
   /// Out of 100 ops, how many are verifies of a random sequence.

@@ -29,6 +29,7 @@ struct Flags {
   int64_t fault_every = 0;
   bool keep_going = false;
   bool cpu_worker_only = false;
+  int64_t transfer_kernel_block_bytes = pagedkv::kDefaultTransferKernelBlockBytes;
 };
 
 void print_counters(std::FILE* out, const pagedkv::soak::WorkloadCounters& c) {
@@ -51,6 +52,7 @@ int run(const Flags& f) {
   options.copy_delay = std::chrono::microseconds(f.copy_delay_us);
   options.verify_percent = f.verify_percent;
   options.stop_at_first_problem = !f.keep_going;
+  options.transfer_kernel_block_bytes = f.transfer_kernel_block_bytes;
   std::unique_ptr<pagedkv::Backend> backend;
   if (f.backend == "auto") {
     auto created = pagedkv::create_backend(pagedkv::BackendKind::kAuto);
@@ -146,6 +148,10 @@ int main(int argc, char** argv) {
   app.add_option("--seed", f.seed, "random seed (same seed, same ops)")->capture_default_str();
   app.add_option("--copy-delay-us", f.copy_delay_us,
                  "CPU backend: delay of each copy on the transfer stream, in microseconds")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--transfer-kernel-block-bytes", f.transfer_kernel_block_bytes,
+                 "offloads and restores of smaller blocks use the copy kernel (0: batched copies)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--progress-every", f.progress_every,

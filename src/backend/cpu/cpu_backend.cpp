@@ -123,6 +123,17 @@ void CpuBackend::free_device(void* ptr) { release(device_, ptr); }
 StatusOr<void*> CpuBackend::allocate_pinned(size_t bytes) { return allocate(pinned_, bytes); }
 void CpuBackend::free_pinned(void* ptr) { release(pinned_, ptr); }
 
+StatusOr<void*> CpuBackend::mapped_device_pointer(void* pinned) {
+  if (pinned == nullptr) return invalid_argument("mapped_device_pointer: null pointer");
+  const auto* p = static_cast<const char*>(pinned);
+  std::lock_guard<std::mutex> lock(arena_mutex_);
+  for (const auto& [base, size] : pinned_.sizes) {
+    const auto* b = static_cast<const char*>(base);
+    if (p >= b && p < b + size) return pinned;  // one address space: the host pointer itself
+  }
+  return invalid_argument("mapped_device_pointer: not pinned memory of this backend");
+}
+
 StatusOr<Stream> CpuBackend::create_stream() {
   auto stream = std::make_unique<CpuStream>();
   void* handle = stream.get();
@@ -282,7 +293,13 @@ Status CpuBackend::launch(const KernelLaunch& launch, Stream stream) {
   if (launch.num_items == 0) return ok_status();
   const auto* bytes = static_cast<const unsigned char*>(launch.params);
   std::vector<unsigned char> params(bytes, bytes + expected);
-  const auto delay = options_.kernel_delay;
+  auto delay = options_.kernel_delay;
+  // The block-copy kernel on a created stream is the transfer engine's copy path: it lags like
+  // a copy there.
+  if (launch.kernel == KernelId::kCopyBlocks && stream.handle != nullptr &&
+      streams_.at(stream.handle).native == nullptr) {
+    delay += options_.copy_delay;
+  }
   s->enqueue(
       [id = launch.kernel, params = std::move(params), n = launch.num_items, delay] {
         if (delay.count() > 0) std::this_thread::sleep_for(delay);

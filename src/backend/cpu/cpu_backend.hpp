@@ -26,6 +26,7 @@ class CpuBackend final : public Backend {
   void free_device(void* ptr) override;
   StatusOr<void*> allocate_pinned(size_t bytes) override;
   void free_pinned(void* ptr) override;
+  StatusOr<void*> mapped_device_pointer(void* pinned) override;
 
   StatusOr<Stream> create_stream() override;
   StatusOr<Stream> wrap_stream(void* native) override;

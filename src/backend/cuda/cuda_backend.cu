@@ -149,11 +149,32 @@ class CudaBackend final : public Backend {
     const DeviceGuard guard(device_);
     if (bytes == 0) return invalid_argument("pinned allocation of zero bytes");
     void* ptr = nullptr;
-    PAGEDKV_CUDA_CHECK(cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable));
+    // Mapped, so the transfer engine's copy kernel can reach it (mapped_device_pointer); under
+    // unified addressing every pinned allocation is mapped anyway, so this costs nothing.
+    const unsigned flags =
+        cudaHostAllocPortable | (props_.canMapHostMemory != 0 ? cudaHostAllocMapped : 0u);
+    PAGEDKV_CUDA_CHECK(cudaHostAlloc(&ptr, bytes, flags));
     return ptr;
   }
   void free_pinned(void* ptr) override {
     if (ptr != nullptr) note(cudaFreeHost(ptr), "cudaFreeHost", __FILE__, __LINE__);
+  }
+  StatusOr<void*> mapped_device_pointer(void* pinned) override {
+    PAGEDKV_RETURN_IF_ERROR(alive());
+    if (pinned == nullptr) return invalid_argument("mapped_device_pointer: null pointer");
+    if (props_.canMapHostMemory == 0) {
+      return unimplemented(std::string("mapped_device_pointer: ") + props_.name +
+                           " cannot map host memory");
+    }
+    const DeviceGuard guard(device_);
+    cudaPointerAttributes attributes{};
+    PAGEDKV_CUDA_CHECK(cudaPointerGetAttributes(&attributes, pinned));
+    if (attributes.type != cudaMemoryTypeHost) {
+      return invalid_argument("mapped_device_pointer: not pinned host memory");
+    }
+    void* device = nullptr;
+    PAGEDKV_CUDA_CHECK(cudaHostGetDevicePointer(&device, pinned, 0));
+    return device;
   }
 
   StatusOr<Stream> create_stream() override {
