@@ -136,7 +136,8 @@ class ModelKvCache {
   StatusOr<int64_t> pending(SequenceId id) const { return groups_.front()->pending(id); }
   /// Blocks the sequence holds in group `g` (not those that fell out of its window).
   StatusOr<int64_t> held_blocks(SequenceId id, int32_t g) const;
-  /// Device bytes the sequence's blocks take over all groups (a shared block counted in full).
+  /// Bytes of the blocks the sequence holds over all groups, on whichever tier they are (an
+  /// offloaded sequence's host blocks count too; a shared block is counted in full).
   StatusOr<int64_t> held_bytes(SequenceId id) const;
   /// Every group's invariants, and that every sequence is in every group with the same length
   /// and reservation.
