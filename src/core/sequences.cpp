@@ -15,6 +15,7 @@ int64_t ControlPlane::match_prefix(const std::vector<TokenId>& prompt, Namespace
   if (blocks != nullptr) blocks->clear();
   const int64_t len = static_cast<int64_t>(prompt.size());
   if (!config_.enable_prefix_caching || len == 0 || cap == 0) return 0;
+  cap = std::min(cap, len);  // a caller's bound may be anything up to INT64_MAX
   // Cached blocks in either tier, block by block from the start (and no further than `cap`
   // needs). Full attention follows the tree and stops at the first miss; a window cache's flat
   // nodes are looked up by the chained hash of the tokens before them, misses and all.

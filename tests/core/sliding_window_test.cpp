@@ -357,6 +357,32 @@ TEST(SlidingWindow, FullyCachedPromptCopiesTheLastBlockOnWrite) {
   EXPECT_EQ(cp->stats().device.cached_blocks + cp->stats().device.used_blocks, 6);
 }
 
+TEST(SlidingWindow, AnyBoundAtOrPastThePromptIsNoBound) {
+  // With and without a window: a bound of INT64_MAX (no overflow in the block count) or of the
+  // prompt's length answers as no bound; a negative bound other than -1 is refused.
+  for (int32_t window : {0, 16}) {
+    auto cp = make_cp(window_config(8, window, 16));
+    const std::vector<TokenId> p = iota_tokens(48, 10);
+    add_and_fill(*cp, 1, p);
+    PAGEDKV_ASSERT_OK(cp->finish(1));
+    const auto unbounded = cp->cached_prefix(p, 0, -1);
+    ASSERT_TRUE(unbounded.ok());
+    EXPECT_EQ(*unbounded, 47) << "window " << window;
+    for (int64_t bound : {int64_t{48}, int64_t{1} << 40, INT64_MAX}) {
+      const auto hit = cp->cached_prefix(p, 0, bound);
+      ASSERT_TRUE(hit.ok());
+      EXPECT_EQ(*hit, *unbounded) << "window " << window << " bound " << bound;
+    }
+    EXPECT_EQ(cp->cached_prefix(p, 0, -2).status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(cp->add_sequence(2, p, {}, -5).status().code(), StatusCode::kInvalidArgument);
+    EXPECT_FALSE(cp->contains(2));
+    auto added = cp->add_sequence(2, p, {}, INT64_MAX);
+    ASSERT_TRUE(added.ok());
+    EXPECT_EQ(*added, 47);
+    PAGEDKV_EXPECT_INV(*cp);
+  }
+}
+
 // ---------------------------------------------------------------- 4. fork, tiers, rollback
 
 TEST(SlidingWindow, ForkSharesOnlyLiveBlocks) {
