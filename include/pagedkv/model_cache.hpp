@@ -145,6 +145,10 @@ class ModelKvCache {
 
  private:
   ModelKvCache() = default;
+  // kOutOfRange for a group index outside [0, num_groups()).
+  Status check_group(int32_t g) const;
+  // kInvalidArgument for a batch of another number of groups.
+  Status check_batch(const ModelBatch& batch) const;
   // Erases from every group the sequences some group dropped, into evicted_.
   void sync_evictions();
   // Drops the reservation of `ids` in groups [0, upto) after group `upto` refused a reserve.

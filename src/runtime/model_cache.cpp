@@ -92,6 +92,22 @@ ModelKvCache::~ModelKvCache() {
   groups_.clear();  // before the backend they use
 }
 
+Status ModelKvCache::check_group(int32_t g) const {
+  if (g < 0 || g >= num_groups()) {
+    return out_of_range("group " + std::to_string(g) + " outside the model's " +
+                        std::to_string(num_groups()) + " groups");
+  }
+  return ok_status();
+}
+
+Status ModelKvCache::check_batch(const ModelBatch& batch) const {
+  if (static_cast<int32_t>(batch.groups.size()) != num_groups()) {
+    return invalid_argument("batch: " + std::to_string(batch.groups.size()) +
+                            " groups, the model has " + std::to_string(num_groups()));
+  }
+  return ok_status();
+}
+
 StatusOr<LayerGroup> ModelKvCache::layer_group(int32_t layer) const {
   if (layer < 0 || layer >= config_.num_layers) {
     return out_of_range("layer " + std::to_string(layer) + " outside the model's " +
@@ -184,10 +200,7 @@ Status ModelKvCache::write_kv(SequenceId id, int32_t layer, const void* key, con
 
 Status ModelKvCache::write_kv_batch(const ModelBatch& batch, int32_t layer, const void* key,
                                     const void* value, DType input_dtype, int64_t row_stride) {
-  if (static_cast<int32_t>(batch.groups.size()) != num_groups()) {
-    return invalid_argument("batch: " + std::to_string(batch.groups.size()) +
-                            " groups, the model " + "has " + std::to_string(num_groups()));
-  }
+  PAGEDKV_RETURN_IF_ERROR(check_batch(batch));
   PAGEDKV_ASSIGN_OR_RETURN(LayerGroup lg, layer_group(layer));
   return in_group(config_, lg.group,
                   group(lg.group).write_kv_batch(batch.groups[static_cast<size_t>(lg.group)],
@@ -400,14 +413,8 @@ StatusOr<ModelBatch> ModelKvCache::build_batch(const std::vector<SequenceId>& id
 
 StatusOr<device::PagedKvView> ModelKvCache::device_view(const ModelBatch& batch, int32_t g,
                                                         KvScales scales) const {
-  if (g < 0 || g >= num_groups()) {
-    return out_of_range("group " + std::to_string(g) + " outside the model's " +
-                        std::to_string(num_groups()) + " groups");
-  }
-  if (static_cast<int32_t>(batch.groups.size()) != num_groups()) {
-    return invalid_argument("batch: " + std::to_string(batch.groups.size()) +
-                            " groups, the model " + "has " + std::to_string(num_groups()));
-  }
+  PAGEDKV_RETURN_IF_ERROR(check_group(g));
+  PAGEDKV_RETURN_IF_ERROR(check_batch(batch));
   return group(g).device_view(batch.groups[static_cast<size_t>(g)], scales);
 }
 
@@ -428,10 +435,7 @@ Status ModelKvCache::synchronize() {
 // ---------------------------------------------------------------- queries
 
 StatusOr<int64_t> ModelKvCache::held_blocks(SequenceId id, int32_t g) const {
-  if (g < 0 || g >= num_groups()) {
-    return out_of_range("group " + std::to_string(g) + " outside the model's " +
-                        std::to_string(num_groups()) + " groups");
-  }
+  PAGEDKV_RETURN_IF_ERROR(check_group(g));
   PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, group(g).block_locations(id));
   return static_cast<int64_t>(std::count_if(blocks.begin(), blocks.end(),
                                             [](const BlockLocation& b) { return b.block >= 0; }));
