@@ -220,6 +220,13 @@ class KvCache {
   /// prompt past max_sequence_length.
   StatusOr<int64_t> fetch_from_storage(const std::vector<TokenId>& prompt,
                                        const SequenceOptions& options = {});
+  /// fetch_from_storage() for a hit of at most `max_cached` tokens (-1: no bound), also saying
+  /// how far a hit reaches once the blocks land. A sliding-window cache fetches the blocks the
+  /// window of the longest such hit lacks, all or none. ModelKvCache bounds its window groups'
+  /// fetches by the reach of its full-attention groups. kInvalidArgument for max_cached < -1.
+  StatusOr<StorageFetch> fetch_prefix_from_storage(const std::vector<TokenId>& prompt,
+                                                   const SequenceOptions& options,
+                                                   int64_t max_cached);
   /// Lands finished storage reads (now prefix hits) and hands staged write-backs to the store.
   /// Never waits. add_sequence, reserve and reserve_batch do it too.
   Status poll_storage();

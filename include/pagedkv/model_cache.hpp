@@ -26,7 +26,9 @@ namespace pagedkv {
 struct ModelKvCacheOptions {
   KvCacheOptions cache;  // `cache.storage` must be null: use `storage`
   /// Empty, or one storage tier (or null) per group, in group order; each serves that group
-  /// only, with that group's layout.
+  /// only, with that group's layout. Two groups may not share a store, nor use stores of one
+  /// layout fingerprint (a window group's block and a full group's block of the same tokens are
+  /// different bytes under the same key): give each group's store its own model id.
   std::vector<StorageTier*> storage;
 };
 
@@ -112,6 +114,23 @@ class ModelKvCache {
   /// Sequences some group dropped to make room since the last call; they are erased from the
   /// other groups too, so they are gone from the model cache.
   std::vector<SequenceId> drain_evicted_sequences();
+
+  // ---- storage tiers (ModelKvCacheOptions::storage) ----
+
+  /// Starts bringing back from the groups' storage tiers what a prefix hit of `prompt` needs:
+  /// the full-attention groups first, each fetching the blocks after its cached prefix, then
+  /// the window groups, each fetching the blocks its window lacks for the longest hit the
+  /// full-attention groups reach (all or none). Returns the blocks on their way over all
+  /// groups. As KvCache::fetch_from_storage, it never waits: a scheduler that wants the hit
+  /// waits for storage_in_flight() to drop before add_sequence.
+  StatusOr<int64_t> fetch_from_storage(const std::vector<TokenId>& prompt,
+                                       const SequenceOptions& options = {});
+  /// KvCache::poll_storage in every group.
+  Status poll_storage();
+  /// Blocks fetched from storage that have not landed yet, over all groups.
+  int64_t storage_in_flight() const;
+  /// KvCache::flush_storage in every group.
+  Status flush_storage();
 
   // ---- reading ----
 

@@ -53,6 +53,12 @@ struct StorageLayout {
   uint64_t fingerprint() const;
 };
 
+/// What a cache's fetch from its storage tier started (KvCache::fetch_prefix_from_storage).
+struct StorageFetch {
+  int64_t blocks = 0;  // on their way from the store into the host tier
+  int64_t reach = 0;   // the longest prefix hit, in tokens, once they land (none evicted meanwhile)
+};
+
 /// A finished put or get.
 struct StorageCompletion {
   uint64_t job = 0;

@@ -49,14 +49,28 @@ struct ControlOptions {
   bool report_host_drops = false;
 };
 
-/// The full blocks of a prompt that a storage tier may hold: those after the longest prefix the
-/// index holds (ControlPlane::storage_lookup).
+/// The full blocks of a prompt that a storage tier may hold (ControlPlane::storage_lookup): for
+/// full attention those after the longest prefix the index holds; for a sliding window the
+/// missing ones among those the window of the longest hit needs.
 struct StorageLookup {
   NamespaceId ns = 0;
   NodeId parent = kRootNode;     // the index node they continue (kRootNode: from the start)
   uint64_t parent_hash = 0;      // its chained hash, to check it is still the same node
   std::vector<uint64_t> hashes;  // chained hash of each block, in prompt order
   std::vector<TokenId> tokens;   // their tokens, block after block
+  /// Sliding window only: the chained hash of the prefix before each block, the key of its flat
+  /// node (the blocks need not be contiguous, and none continues `parent`). Empty otherwise.
+  std::vector<uint64_t> prefix_hashes;
+  /// The longest hit (tokens, within the lookup's bound) the prompt reaches with the blocks the
+  /// index holds now; and once every listed block has arrived (nothing evicted meanwhile).
+  /// ControlPlane::storage_reach() gives it for the first n listed blocks.
+  int64_t cached_reach = 0;
+  int64_t reach = 0;
+  // What storage_reach() needs: the prompt's length, the bound, and (full attention) the blocks
+  // the index held before the listed ones.
+  int64_t prompt_length = 0;
+  int64_t cap = 0;
+  int64_t first_block = 0;
 };
 
 /// Host slots taken for blocks coming back from a store (ControlPlane::begin_arrival).
@@ -167,19 +181,26 @@ class ControlPlane {
   // ---- storage tier (storage_arrivals.cpp) ----
 
   /// The keys a store may hold for `prompt` in namespace `ns`: the chained hashes of its full
-  /// blocks after the longest prefix the index holds (either tier), at most `max_blocks`.
-  /// Read-only. kOutOfRange for a prompt past max_sequence_length.
+  /// blocks after the longest prefix the index holds (either tier), at most `max_blocks`. With a
+  /// sliding window, the blocks the longest hit of at most `max_cached` tokens (-1: no bound)
+  /// needs inside its window and the index lacks, or none when they are more than `max_blocks`
+  /// (a window with a hole is no hit). Read-only. kOutOfRange for a prompt past
+  /// max_sequence_length, kInvalidArgument for max_cached < -1.
   StatusOr<StorageLookup> storage_lookup(const std::vector<TokenId>& prompt, NamespaceId ns,
-                                         int64_t max_blocks) const;
+                                         int64_t max_blocks, int64_t max_cached = -1) const;
+  /// The longest hit the lookup's prompt reaches once the first `n` listed blocks have arrived:
+  /// with a window, only all of them complete it.
+  int64_t storage_reach(const StorageLookup& lookup, int64_t n) const;
   /// Takes free host slots for the first `n` blocks of `lookup` (fewer when fewer are free: it
   /// never drops anything for them), held until finish_arrival(). An empty result (none free,
   /// n == 0, or the prefix the lookup continues is gone) holds nothing. kInvalidArgument for a
   /// bad n.
   StatusOr<Arrival> begin_arrival(const StorageLookup& lookup, int64_t n);
   /// The store's answer for an arrival: `ok` registers its blocks in the prefix index as cached
-  /// host blocks, so later prompts hit them (a block already indexed meanwhile, or one whose
-  /// prefix was evicted meanwhile, is freed instead); not ok frees them all. Returns how many
-  /// blocks became prefix-cache blocks. kNotFound for an unknown arrival.
+  /// host blocks, so later prompts hit them (a block already indexed meanwhile, or, with full
+  /// attention, one whose prefix was evicted meanwhile, is freed instead; a window cache's flat
+  /// blocks stand alone); not ok frees them all. Returns how many blocks became prefix-cache
+  /// blocks. kNotFound for an unknown arrival.
   StatusOr<int64_t> finish_arrival(uint64_t arrival, bool ok);
   /// Records that a block the host tier dropped is now kept by the storage tier (an event
   /// kBlockStored on Tier::kStorage, for routers).
@@ -332,6 +353,11 @@ class ControlPlane {
   }
   // Releases the blocks that fell out of the window (commit), leaving kNoBlock behind.
   void trim_window(Sequence* s);
+  // storage_arrivals.cpp: storage_lookup() of a window cache (flat nodes).
+  void storage_lookup_window(const std::vector<TokenId>& prompt, int64_t cap, int64_t max_blocks,
+                             StorageLookup* out) const;
+  // Registers an arrived block as a cached host block under `node` (already inserted).
+  void register_arrived(LogicalId id, NodeId node);
   void remove_node(NodeId node);
   // A block event on `tier` (default: the tier the block is on now). A revocable event goes
   // with its call when the call is undone (EventRing::erase_revocable_since).

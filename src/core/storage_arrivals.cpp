@@ -12,42 +12,118 @@
 namespace pagedkv {
 namespace core {
 
+namespace {
+
+// The longest hit of at most `k` whole blocks of a `len`-token prompt within `cap` tokens:
+// k blocks give min(k * bs, len - 1) tokens (one token is always left to compute).
+int64_t hit_of_blocks(int64_t k, int64_t bs, int64_t len, int64_t cap) {
+  for (; k > 0; --k) {
+    const int64_t c = std::min(k * bs, len - 1);
+    if (c > 0 && c <= cap) return c;
+  }
+  return 0;
+}
+
+// The longest hit of a `len`-token prompt within `cap` tokens, whatever is cached.
+int64_t longest_hit(int64_t bs, int64_t len, int64_t cap) {
+  return hit_of_blocks(std::min(len / bs, (cap + bs - 1) / bs), bs, len, cap);
+}
+
+}  // namespace
+
 StatusOr<StorageLookup> ControlPlane::storage_lookup(const std::vector<TokenId>& prompt,
-                                                     NamespaceId ns, int64_t max_blocks) const {
+                                                     NamespaceId ns, int64_t max_blocks,
+                                                     int64_t max_cached) const {
   const int64_t len = static_cast<int64_t>(prompt.size());
   if (len > config_.max_sequence_length) {
     return out_of_range("storage_lookup: prompt of " + std::to_string(len) +
                         " tokens exceeds max_sequence_length " +
                         std::to_string(config_.max_sequence_length));
   }
+  if (max_cached < -1) {
+    return invalid_argument("storage_lookup: max_cached must be >= 0 (or -1: no bound), got " +
+                            std::to_string(max_cached));
+  }
+  const int64_t cap = max_cached < 0 ? len : std::min(max_cached, len);
   StorageLookup out;
   out.ns = ns;
   out.parent_hash = PrefixIndex::root_hash(ns);
-  // A window cache's flat nodes are not read back from a store (KvCache refuses a storage tier
-  // for one): nothing to fetch.
-  if (!config_.enable_prefix_caching || max_blocks <= 0 || window_ > 0) return out;
+  out.prompt_length = len;
+  out.cap = cap;
+  if (!config_.enable_prefix_caching || max_blocks <= 0) {
+    out.cached_reach = out.reach = match_prefix(prompt, ns, cap, nullptr);
+    return out;
+  }
+  if (window_ > 0) {
+    storage_lookup_window(prompt, cap, max_blocks, &out);
+    return out;
+  }
+  // No block past those of the longest hit within `cap`.
+  const int64_t last = bdiv_.ceil_div(longest_hit(block_size_, len, cap));
   int64_t i = 0;
-  for (; (i + 1) * block_size_ <= len; ++i) {
+  for (; i < last; ++i) {
     const NodeId n = index_.find(out.parent, ns, &prompt[static_cast<size_t>(i * block_size_)]);
     if (n < 0) break;
     out.parent = n;
   }
   out.parent_hash = index_.prefix_hash(out.parent, ns);
+  out.first_block = i;
+  out.cached_reach = hit_of_blocks(i, block_size_, len, cap);
   uint64_t h = out.parent_hash;
-  for (; (i + 1) * block_size_ <= len && static_cast<int64_t>(out.hashes.size()) < max_blocks;
-       ++i) {
+  for (; i < last && static_cast<int64_t>(out.hashes.size()) < max_blocks; ++i) {
     const TokenId* block = &prompt[static_cast<size_t>(i * block_size_)];
     h = index_.chain_hash(h, block);
     out.hashes.push_back(h);
     out.tokens.insert(out.tokens.end(), block, block + block_size_);
   }
+  out.reach = hit_of_blocks(i, block_size_, len, cap);
   return out;
+}
+
+void ControlPlane::storage_lookup_window(const std::vector<TokenId>& prompt, int64_t cap,
+                                         int64_t max_blocks, StorageLookup* out) const {
+  const int64_t len = static_cast<int64_t>(prompt.size());
+  const int64_t hit = longest_hit(block_size_, len, cap);
+  out->cached_reach = match_prefix(prompt, out->ns, cap, nullptr);
+  if (hit == 0) return;
+  // The blocks the hit's next token attends to; the ones the index lacks are the lookup's.
+  const size_t first = window_first_block(hit);
+  const size_t end = static_cast<size_t>(bdiv_.ceil_div(hit));
+  uint64_t h = out->parent_hash;
+  for (size_t i = 0; i < end; ++i) {
+    const TokenId* block = &prompt[i * static_cast<size_t>(block_size_)];
+    const uint64_t next = index_.chain_hash(h, block);
+    if (i >= first && index_.find_flat(h, out->ns, block) < 0) {
+      out->prefix_hashes.push_back(h);
+      out->hashes.push_back(next);
+      out->tokens.insert(out->tokens.end(), block, block + block_size_);
+    }
+    h = next;
+  }
+  if (static_cast<int64_t>(out->hashes.size()) > max_blocks) {
+    // Too many to take: a window with a hole is no hit, so fetch none.
+    out->prefix_hashes.clear();
+    out->hashes.clear();
+    out->tokens.clear();
+    out->reach = out->cached_reach;
+    return;
+  }
+  out->reach = hit;
+}
+
+int64_t ControlPlane::storage_reach(const StorageLookup& lookup, int64_t n) const {
+  if (n >= static_cast<int64_t>(lookup.hashes.size())) return lookup.reach;
+  if (window_ > 0 || n <= 0) return lookup.cached_reach;
+  return hit_of_blocks(lookup.first_block + n, block_size_, lookup.prompt_length, lookup.cap);
 }
 
 StatusOr<Arrival> ControlPlane::begin_arrival(const StorageLookup& lookup, int64_t n) {
   PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("begin_arrival"));
+  const bool flat = !lookup.prefix_hashes.empty();
   if (n < 0 || n > static_cast<int64_t>(lookup.hashes.size()) ||
-      lookup.tokens.size() != lookup.hashes.size() * static_cast<size_t>(block_size_)) {
+      lookup.tokens.size() != lookup.hashes.size() * static_cast<size_t>(block_size_) ||
+      (flat && lookup.prefix_hashes.size() != lookup.hashes.size()) ||
+      flat != (window_ > 0 && !lookup.hashes.empty())) {
     return invalid_argument("begin_arrival: " + std::to_string(n) + " blocks of a lookup of " +
                             std::to_string(lookup.hashes.size()));
   }
@@ -63,6 +139,10 @@ StatusOr<Arrival> ControlPlane::begin_arrival(const StorageLookup& lookup, int64
   record.lookup.parent_hash = lookup.parent_hash;
   record.lookup.hashes.assign(lookup.hashes.begin(), lookup.hashes.begin() + take);
   record.lookup.tokens.assign(lookup.tokens.begin(), lookup.tokens.begin() + take * block_size_);
+  if (flat) {
+    record.lookup.prefix_hashes.assign(lookup.prefix_hashes.begin(),
+                                       lookup.prefix_hashes.begin() + take);
+  }
   for (int64_t i = 0; i < take; ++i) {
     const LogicalId id = blocks_.allocate(Tier::kHost);  // ref 1: held by the arrival
     record.blocks.push_back(id);
@@ -82,10 +162,32 @@ StatusOr<int64_t> ControlPlane::finish_arrival(uint64_t arrival, bool ok) {
   const ArrivalRecord record = std::move(it->second);
   arrivals_.erase(it);
   const StorageLookup& l = record.lookup;
+  int64_t registered = 0;
+  if (!l.prefix_hashes.empty()) {
+    // A window cache's flat blocks: each stands alone under the hash of the prefix before it.
+    for (size_t i = 0; i < record.blocks.size(); ++i) {
+      const LogicalId id = record.blocks[i];
+      blocks_[id].ref = 0;
+      const TokenId* tokens = &l.tokens[i * static_cast<size_t>(block_size_)];
+      if (!ok || index_.find_flat(l.prefix_hashes[i], l.ns, tokens) >= 0) {
+        blocks_.release(id);  // failed, or computed (or fetched) again meanwhile
+        continue;
+      }
+      const NodeId node = index_.insert_flat(l.prefix_hashes[i], l.ns, tokens, id);
+      if (index_.node(node).hash != l.hashes[i]) {
+        remove_node(node);  // the lookup's hashes came from this index: a broken caller
+        blocks_.release(id);
+        continue;
+      }
+      register_arrived(id, node);
+      ++registered;
+    }
+    counters_.storage_hit_blocks += registered;
+    return registered;
+  }
   NodeId parent = l.parent;
   bool chained = parent == kRootNode ||
                  (index_.node(parent).live && index_.node(parent).hash == l.parent_hash);
-  int64_t registered = 0;
   for (size_t i = 0; i < record.blocks.size(); ++i) {
     const LogicalId id = record.blocks[i];
     BlockInfo& b = blocks_[id];
@@ -100,23 +202,17 @@ StatusOr<int64_t> ControlPlane::finish_arrival(uint64_t arrival, bool ok) {
         continue;
       }
       if (parent != kRootNode) unlist(index_.node(parent).block);  // no longer a host leaf
-      b.node = index_.insert(parent, l.ns, tokens, id);
-      if (index_.node(b.node).hash != l.hashes[i]) {
+      const NodeId node = index_.insert(parent, l.ns, tokens, id);
+      if (index_.node(node).hash != l.hashes[i]) {
         // The lookup's hashes were computed by this index: a mismatch means a broken caller.
-        remove_node(b.node);
-        b.node = -1;
+        remove_node(node);
         blocks_.release(id);
         chained = false;
         continue;
       }
-      b.last_access = ++tick_;
-      b.retention = kDefaultRetentionPriority;
-      b.expiry_ns = 0;
-      tier(Tier::kHost).add_cached();
-      list_if_evictable(id);
+      register_arrived(id, node);
       if (parent != kRootNode) list_if_evictable(index_.node(parent).block);
-      emit_block_event(EventKind::kBlockStored, b.node);
-      parent = b.node;
+      parent = node;
       ++registered;
       continue;
     }
@@ -125,6 +221,17 @@ StatusOr<int64_t> ControlPlane::finish_arrival(uint64_t arrival, bool ok) {
   }
   counters_.storage_hit_blocks += registered;
   return registered;
+}
+
+void ControlPlane::register_arrived(LogicalId id, NodeId node) {
+  BlockInfo& b = blocks_[id];
+  b.node = node;
+  b.last_access = ++tick_;
+  b.retention = kDefaultRetentionPriority;
+  b.expiry_ns = 0;
+  tier(Tier::kHost).add_cached();
+  list_if_evictable(id);
+  emit_block_event(EventKind::kBlockStored, node);
 }
 
 void ControlPlane::record_stored_in_storage(const DroppedBlock& block) {

@@ -39,11 +39,6 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   }
   // One group given as groups[0]: that group's config.
   const CacheConfig config = model_config.group_config(0);
-  if (config.sliding_window > 0 && options.storage != nullptr) {
-    return unimplemented(
-        "storage: a storage tier behind a sliding-window cache is not "
-        "supported yet (its blocks could be written but never read back)");
-  }
   if (options.transfer_kernel_block_bytes < 0) {
     return invalid_argument("transfer_kernel_block_bytes: negative (" +
                             std::to_string(options.transfer_kernel_block_bytes) + ")");

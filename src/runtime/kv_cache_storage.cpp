@@ -10,10 +10,21 @@ namespace pagedkv {
 
 StatusOr<int64_t> KvCache::fetch_from_storage(const std::vector<TokenId>& prompt,
                                               const SequenceOptions& options) {
+  PAGEDKV_ASSIGN_OR_RETURN(StorageFetch f, fetch_prefix_from_storage(prompt, options, -1));
+  return f.blocks;
+}
+
+StatusOr<StorageFetch> KvCache::fetch_prefix_from_storage(const std::vector<TokenId>& prompt,
+                                                          const SequenceOptions& options,
+                                                          int64_t max_cached) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::fetch_from_storage");
   PAGEDKV_RETURN_IF_ERROR(broken_);
-  if (storage_ == nullptr) return int64_t{0};
-  return storage_->fetch(*control_, prompt, options.ns, transfers_->copy_stream());
+  if (storage_ == nullptr) {
+    StorageFetch none;
+    PAGEDKV_ASSIGN_OR_RETURN(none.reach, control_->cached_prefix(prompt, options.ns, max_cached));
+    return none;
+  }
+  return storage_->fetch(*control_, prompt, options.ns, max_cached, transfers_->copy_stream());
 }
 
 Status KvCache::poll_storage() {

@@ -51,6 +51,20 @@ StatusOr<std::unique_ptr<ModelKvCache>> ModelKvCache::create(const CacheConfig& 
     return invalid_argument("storage: " + std::to_string(options.storage.size()) +
                             " storage tiers for " + std::to_string(n) + " groups");
   }
+  for (size_t g = 0; g < options.storage.size(); ++g) {
+    for (size_t h = 0; h < g; ++h) {
+      const StorageTier* a = options.storage[g];
+      const StorageTier* b = options.storage[h];
+      if (a == nullptr || b == nullptr) continue;
+      if (a == b || a->layout().fingerprint() == b->layout().fingerprint()) {
+        return invalid_argument(
+            "storage: " + group_name(config, static_cast<int32_t>(h)) + " and " +
+            group_name(config, static_cast<int32_t>(g)) +
+            (a == b ? " share one store" : " have stores of one layout fingerprint") +
+            ": give each group's store its own model id");
+      }
+    }
+  }
   std::unique_ptr<ModelKvCache> cache(new ModelKvCache());
   cache->config_ = config;
   KvCacheOptions group_options = options.cache;
@@ -104,6 +118,45 @@ Status ModelKvCache::check_batch(const ModelBatch& batch) const {
   if (static_cast<int32_t>(batch.groups.size()) != num_groups()) {
     return invalid_argument("batch: " + std::to_string(batch.groups.size()) +
                             " groups, the model has " + std::to_string(num_groups()));
+  }
+  return ok_status();
+}
+
+StatusOr<int64_t> ModelKvCache::fetch_from_storage(const std::vector<TokenId>& prompt,
+                                                   const SequenceOptions& options) {
+  PAGEDKV_NVTX_RANGE("pagedkv::ModelKvCache::fetch_from_storage");
+  // A window group's blocks serve one hit length only, so it fetches for the longest hit the
+  // full-attention groups reach once their own blocks land.
+  int64_t reach = -1;  // no bound yet
+  int64_t blocks = 0;
+  for (const bool window : {false, true}) {
+    for (int32_t g = 0; g < num_groups(); ++g) {
+      if ((group(g).config().sliding_window > 0) != window) continue;
+      StatusOr<StorageFetch> f = group(g).fetch_prefix_from_storage(prompt, options, reach);
+      if (!f.ok()) return in_group(config_, g, f.status());
+      blocks += f->blocks;
+      if (!window) reach = reach < 0 ? f->reach : std::min(reach, f->reach);
+    }
+  }
+  return blocks;
+}
+
+Status ModelKvCache::poll_storage() {
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    PAGEDKV_RETURN_IF_ERROR(in_group(config_, g, group(g).poll_storage()));
+  }
+  return ok_status();
+}
+
+int64_t ModelKvCache::storage_in_flight() const {
+  int64_t n = 0;
+  for (int32_t g = 0; g < num_groups(); ++g) n += group(g).storage_in_flight();
+  return n;
+}
+
+Status ModelKvCache::flush_storage() {
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    PAGEDKV_RETURN_IF_ERROR(in_group(config_, g, group(g).flush_storage()));
   }
   return ok_status();
 }

@@ -187,21 +187,25 @@ Status StorageLink::poll(core::ControlPlane& control) {
   return collect(control);
 }
 
-StatusOr<int64_t> StorageLink::fetch(core::ControlPlane& control,
-                                     const std::vector<TokenId>& prompt, NamespaceId ns,
-                                     Stream copy_stream) {
+StatusOr<StorageFetch> StorageLink::fetch(core::ControlPlane& control,
+                                          const std::vector<TokenId>& prompt, NamespaceId ns,
+                                          int64_t max_cached, Stream copy_stream) {
   const int64_t free_host = control.stats().host.free_blocks;
   PAGEDKV_ASSIGN_OR_RETURN(core::StorageLookup lookup,
-                           control.storage_lookup(prompt, ns, free_host));
-  if (lookup.hashes.empty()) return int64_t{0};
+                           control.storage_lookup(prompt, ns, free_host, max_cached));
+  StorageFetch out;
+  out.reach = control.storage_reach(lookup, 0);
+  if (lookup.hashes.empty()) return out;
   std::vector<StorageKey> keys;
   keys.reserve(lookup.hashes.size());
   for (uint64_t h : lookup.hashes) keys.push_back(StorageKey{h, ns});
   StatusOr<size_t> held = store_->batch_exists(keys);
-  if (!held.ok() || *held == 0) return int64_t{0};  // a store that is away is a miss
+  if (!held.ok() || *held == 0) return out;  // a store that is away is a miss
+  // A window with a hole is no hit: its blocks come all or none.
+  if (!lookup.prefix_hashes.empty() && *held < keys.size()) return out;
   PAGEDKV_ASSIGN_OR_RETURN(core::Arrival arrival,
                            control.begin_arrival(lookup, static_cast<int64_t>(*held)));
-  if (arrival.host_blocks.empty()) return int64_t{0};
+  if (arrival.host_blocks.empty()) return out;
   PendingRead r;
   r.arrival = arrival.id;
   for (size_t i = 0; i < arrival.host_blocks.size(); ++i) {
@@ -217,10 +221,11 @@ StatusOr<int64_t> StorageLink::fetch(core::ControlPlane& control,
     return st;
   }
   r.ready = *ready;
-  const int64_t n = static_cast<int64_t>(r.keys.size());
+  out.blocks = static_cast<int64_t>(r.keys.size());
+  out.reach = control.storage_reach(lookup, out.blocks);
   waiting_reads_.push_back(std::move(r));
   PAGEDKV_RETURN_IF_ERROR(poll(control));
-  return n;
+  return out;
 }
 
 Status StorageLink::flush(core::ControlPlane& control) {

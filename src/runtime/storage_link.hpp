@@ -51,10 +51,12 @@ class StorageLink {
   /// Hands staged blocks whose copies ran to the store, submits reads whose slots are free of
   /// queued copies, and lands finished reads in the control plane. Never waits.
   Status poll(core::ControlPlane& control);
-  /// Starts reading the blocks the store holds after `prompt`'s cached prefix into free host
-  /// slots; returns how many blocks are on their way.
-  StatusOr<int64_t> fetch(core::ControlPlane& control, const std::vector<TokenId>& prompt,
-                          NamespaceId ns, Stream copy_stream);
+  /// Starts reading the blocks the store holds for a hit of at most `max_cached` tokens of
+  /// `prompt` (-1: no bound; see ControlPlane::storage_lookup) into free host slots; says how
+  /// many are on their way and how far a hit reaches once they land. A window's blocks are
+  /// fetched all or none.
+  StatusOr<StorageFetch> fetch(core::ControlPlane& control, const std::vector<TokenId>& prompt,
+                               NamespaceId ns, int64_t max_cached, Stream copy_stream);
   /// poll() until nothing is staged, waiting or in flight.
   Status flush(core::ControlPlane& control);
   /// Adds the storage counters to `stats`.

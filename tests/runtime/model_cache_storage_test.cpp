@@ -1,0 +1,243 @@
+// A ModelKvCache with a storage tier per group (ModelKvCacheOptions::storage), end to end on
+// real bytes and real FileTier directories: a first cache computes a prompt and is pushed past
+// its host tiers, so both groups write their blocks back, the window group its flat ones; a
+// second cache on the same directories (a restart) fetches what a hit needs, the window group
+// only its window at the hit the full group reaches, and a sequence added afterwards hits it and
+// reads back, through gather_layer of every model layer, exactly what the first cache's model
+// wrote. Without the full group's store, or with a window store missing one block, the window
+// group fetches nothing. Stores shared between groups are refused. check_invariants() after
+// every step. On both backends.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "pagedkv/model_cache.hpp"
+#include "pagedkv/storage_tier.hpp"
+#include "runtime/model_cache_harness.hpp"
+#include "storage/storage_test_util.hpp"
+
+namespace pagedkv {
+namespace {
+
+using testing::TempDir;
+
+// Layers 0, 2 full attention (group 0), 1, 3 sliding window 32 (group 1), block 16; 12 device
+// and 6 host blocks per group, so a few 96-token prompts push the first one into storage.
+CacheConfig model() {
+  CacheConfig c;
+  c.num_layers = 4;
+  c.block_size = 16;
+  KvGroup full;
+  full.name = "full";
+  full.layers = {0, 2};
+  full.num_kv_heads = 2;
+  full.head_dim = 16;
+  full.num_device_blocks = 12;
+  full.num_host_blocks = 6;
+  KvGroup window = full;
+  window.name = "window";
+  window.layers = {1, 3};
+  window.num_kv_heads = 1;
+  window.head_dim = 24;
+  window.sliding_window = 32;
+  c.groups = {full, window};
+  return c;
+}
+
+std::vector<TokenId> iota_tokens(int64_t n, TokenId first) {
+  std::vector<TokenId> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = first + static_cast<TokenId>(i);
+  return t;
+}
+
+// A store that claims one key fewer than it holds (a window with a hole in the store).
+class OneShortStore : public StorageTier {
+ public:
+  explicit OneShortStore(StorageTier* inner) : inner_(inner) {}
+  const char* medium() const override { return inner_->medium(); }
+  const StorageLayout& layout() const override { return inner_->layout(); }
+  StatusOr<size_t> batch_exists(const std::vector<StorageKey>& keys) override {
+    PAGEDKV_ASSIGN_OR_RETURN(size_t n, inner_->batch_exists(keys));
+    return n == keys.size() && n > 0 ? n - 1 : n;
+  }
+  StatusOr<uint64_t> submit_put(const std::vector<StorageKey>& keys,
+                                const std::vector<const void*>& bytes) override {
+    return inner_->submit_put(keys, bytes);
+  }
+  StatusOr<uint64_t> submit_get(const std::vector<StorageKey>& keys,
+                                const std::vector<void*>& dst) override {
+    return inner_->submit_get(keys, dst);
+  }
+  std::vector<StorageCompletion> poll() override { return inner_->poll(); }
+  void drain() override { inner_->drain(); }
+  Status remove(const std::vector<StorageKey>& keys) override { return inner_->remove(keys); }
+  StorageStats stats() const override { return inner_->stats(); }
+
+ private:
+  StorageTier* inner_;
+};
+
+class ModelCacheStorageTest : public testing::ModelCacheHarness {
+ protected:
+  // Opens a store per group on the test's directories (a new process would open them the same
+  // way) and a cache over them; `with_full_store` false leaves group 0 without one,
+  // `window_one_short` wraps the window group's store in OneShortStore.
+  void open(bool with_full_store = true, bool window_one_short = false) {
+    cache_.reset();  // before the stores it uses
+    stores_.clear();
+    short_.reset();
+    const CacheConfig c = model();
+    const char* ids[] = {"model/full", "model/window"};
+    for (int32_t g = 0; g < 2; ++g) {
+      FileTierOptions fo;
+      fo.directory = dirs_[g].path();
+      auto store = make_file_tier(StorageLayout::from_config(c.group_config(g), ids[g]), fo);
+      ASSERT_TRUE(store.ok()) << store.status().to_string();
+      stores_.push_back(std::move(store).value());
+    }
+    ModelKvCacheOptions o;
+    o.storage = {with_full_store ? stores_[0].get() : nullptr, stores_[1].get()};
+    if (window_one_short) {
+      short_ = std::make_unique<OneShortStore>(stores_[1].get());
+      o.storage[1] = short_.get();
+    }
+    make(c, o);
+  }
+
+  void TearDown() override {
+    cache_.reset();
+    stores_.clear();
+  }
+
+  // Computes `prompt` as sequence `id`, finishes it (its full blocks stay cached), and checks
+  // the bytes on the way.
+  void compute_and_finish(SequenceId id, const std::vector<TokenId>& prompt) {
+    Status appended;
+    auto hit = add_and_prefill(id, prompt, &appended);
+    ASSERT_TRUE(hit.ok()) << hit.status().to_string();
+    ASSERT_TRUE(appended.ok()) << appended.to_string();
+    EXPECT_EQ(check_gather(id), "");
+    ASSERT_TRUE(cache_->finish(id).ok());
+    ref_.erase(id);
+    invariants();
+  }
+
+  // The first cache: computes `p_`, then enough other prompts to push it through both groups'
+  // host tiers into their stores, and waits for the write-backs.
+  void write_p_to_storage() {
+    ASSERT_NO_FATAL_FAILURE(open());
+    ASSERT_NO_FATAL_FAILURE(compute_and_finish(1, p_));
+    for (SequenceId id = 10; id < 15; ++id) {
+      ASSERT_NO_FATAL_FAILURE(compute_and_finish(id, iota_tokens(96, 100000 * TokenId(id))));
+    }
+    ASSERT_TRUE(cache_->flush_storage().ok());
+    invariants();
+    for (int32_t g = 0; g < 2; ++g) {
+      EXPECT_GE(cache_->group(g).stats().storage_blocks_written, 6) << "group " << g;
+    }
+  }
+
+  // Adds `id` with `prompt` after a finished fetch; returns the hit and checks every layer's
+  // bytes against the model.
+  int64_t add_and_check(SequenceId id, const std::vector<TokenId>& prompt) {
+    EXPECT_TRUE(cache_->flush_storage().ok());
+    EXPECT_EQ(cache_->storage_in_flight(), 0);
+    invariants();
+    Status appended;
+    auto hit = add_and_prefill(id, prompt, &appended);
+    EXPECT_TRUE(hit.ok()) << hit.status().to_string();
+    EXPECT_TRUE(appended.ok()) << appended.to_string();
+    EXPECT_EQ(check_gather(id), "");
+    invariants();
+    return hit.ok() ? *hit : -1;
+  }
+
+  TempDir dirs_[2];
+  std::vector<std::unique_ptr<StorageTier>> stores_;
+  std::unique_ptr<OneShortStore> short_;
+  const std::vector<TokenId> p_ = iota_tokens(96, 1000);  // six blocks
+};
+INSTANTIATE_TEST_SUITE_P(Backends, ModelCacheStorageTest, testing::runtime_backends(),
+                         testing::backend_param_name);
+
+// P2 shares P's first 64 tokens: the full group fetches those 4 blocks (its reach: 64), the
+// window group the blocks its window at 64 needs ([32, 64): blocks 2 and 3). Then P itself: the
+// full group fetches blocks 4 and 5, the window group its window at 95 ([63, 95): blocks 3..5)
+// without block 3, already cached.
+TEST_P(ModelCacheStorageTest, ARestartedCacheHitsWhatEachGroupFetched) {
+  ASSERT_NO_FATAL_FAILURE(write_p_to_storage());
+  ASSERT_NO_FATAL_FAILURE(open());
+  std::vector<TokenId> p2(p_.begin(), p_.begin() + 64);
+  const std::vector<TokenId> tail = iota_tokens(32, 5000);
+  p2.insert(p2.end(), tail.begin(), tail.end());
+  EXPECT_EQ(*cache_->fetch_from_storage(p2), 4 + 2);
+  EXPECT_EQ(add_and_check(1, p2), 64);
+  EXPECT_EQ(cache_->group(0).stats().storage_hit_blocks, 4);
+  EXPECT_EQ(cache_->group(1).stats().storage_hit_blocks, 2);
+
+  ASSERT_TRUE(cache_->finish(1).ok());
+  ref_.erase(1);
+  EXPECT_EQ(*cache_->fetch_from_storage(p_), 2 + 2);
+  EXPECT_EQ(add_and_check(2, p_), 95);
+  EXPECT_EQ(cache_->group(0).stats().storage_hit_blocks, 6);
+  EXPECT_EQ(cache_->group(1).stats().storage_hit_blocks, 4);
+}
+
+// Without the full group's store nothing of P is reachable, so the window group, whose store
+// holds P's window, fetches nothing either.
+TEST_P(ModelCacheStorageTest, TheWindowGroupFetchesNothingTheFullGroupCannotReach) {
+  ASSERT_NO_FATAL_FAILURE(write_p_to_storage());
+  ASSERT_NO_FATAL_FAILURE(open(/*with_full_store=*/false));
+  EXPECT_EQ(*cache_->fetch_from_storage(p_), 0);
+  EXPECT_EQ(cache_->storage_in_flight(), 0);
+  EXPECT_EQ(add_and_check(1, p_), 0);
+}
+
+// A window store missing one of the three blocks the window needs: the window group fetches
+// none (a window with a hole is no hit), the full group its six; the hit is then what the
+// window group already has: nothing.
+TEST_P(ModelCacheStorageTest, AWindowWithAHoleInTheStoreIsNotFetched) {
+  ASSERT_NO_FATAL_FAILURE(write_p_to_storage());
+  ASSERT_NO_FATAL_FAILURE(open(true, /*window_one_short=*/true));
+  EXPECT_EQ(*cache_->fetch_from_storage(p_), 6);
+  EXPECT_EQ(add_and_check(1, p_), 0);
+  EXPECT_EQ(cache_->group(1).stats().storage_hit_blocks, 0);
+  EXPECT_EQ(cache_->group(1).stats().host.free_blocks, 6) << "no host slot was taken";
+}
+
+// One store for two groups, or two stores of one layout fingerprint, is refused by name.
+TEST_P(ModelCacheStorageTest, GroupsMayNotShareAStoreOrAKeySpace) {
+  CacheConfig same_shape = model();
+  same_shape.groups[1].num_kv_heads = same_shape.groups[0].num_kv_heads;
+  same_shape.groups[1].head_dim = same_shape.groups[0].head_dim;
+  std::vector<std::unique_ptr<StorageTier>> stores;
+  for (const char* id : {"model", "model", "model/window"}) {
+    FileTierOptions fo;
+    fo.directory = dirs_[0].path();
+    stores.push_back(
+        std::move(make_file_tier(StorageLayout::from_config(same_shape.group_config(1), id), fo))
+            .value());
+  }
+  ModelKvCacheOptions o;
+  for (const auto& [a, b, text] :
+       {std::tuple{0, 0, "share one store"}, std::tuple{0, 1, "of one layout fingerprint"}}) {
+    o.storage = {stores[static_cast<size_t>(a)].get(), stores[static_cast<size_t>(b)].get()};
+    auto c = ModelKvCache::create(same_shape, o);
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(c.status().message().find(text), std::string::npos) << c.status().message();
+    EXPECT_NE(c.status().message().find("group 0 (full) and group 1 (window)"), std::string::npos)
+        << c.status().message();
+  }
+  o.storage = {stores[0].get(), stores[2].get()};
+  make(same_shape, o);  // stores with their own model ids
+  ASSERT_FALSE(HasFatalFailure());
+  cache_.reset();  // before the stores
+}
+
+}  // namespace
+}  // namespace pagedkv
