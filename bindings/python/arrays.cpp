@@ -7,7 +7,8 @@ namespace {
 /// Backend memory exported to Python; holds a reference to the cache so the backend that
 /// allocated it outlives it.
 struct DeviceMemory {
-  nb::object cache;  // released after free_device (members die after the destructor body)
+  nb::object cache;  // the backend's owner; released after free_device (members die after the
+                     // destructor body)
   Backend* backend = nullptr;
   void* ptr = nullptr;
   ~DeviceMemory() {
@@ -77,11 +78,10 @@ nb::ndarray<> as_index_buffer(const KvCache& kv, nb::handle obj, nb::dlpack::dty
   return a;
 }
 
-nb::object allocate_device(nb::handle cache, size_t bytes, void** out) {
-  PyCache& self = nb::cast<PyCache&>(cache);
+nb::object allocate_device(nb::handle owner, Backend& backend, size_t bytes, void** out) {
   auto* mem = new DeviceMemory();
-  mem->cache = nb::borrow(cache);
-  mem->backend = &self.kv->backend();
+  mem->cache = nb::borrow(owner);
+  mem->backend = &backend;
   auto ptr = mem->backend->allocate_device(bytes == 0 ? 1 : bytes);
   if (!ptr.ok()) {
     delete mem;
@@ -90,6 +90,10 @@ nb::object allocate_device(nb::handle cache, size_t bytes, void** out) {
   mem->ptr = *ptr;
   *out = mem->ptr;
   return nb::cast(mem, nb::rv_policy::take_ownership);
+}
+
+nb::object allocate_device(nb::handle cache, size_t bytes, void** out) {
+  return allocate_device(cache, nb::cast<PyCache&>(cache).kv->backend(), bytes, out);
 }
 
 void register_arrays(nb::module_& m) {

@@ -56,7 +56,7 @@ nb::object batch_array(const PyBatchArrays& a, const std::string& name) {
     throw StatusError(failed_precondition(
         name + ": a later build_batch reused this batch's device arrays (host copies remain)"));
   }
-  const int dev = backend_device_type(*b.owner->kv);
+  const int dev = b.device_type;
   auto make = [&](const void* p, nb::dlpack::dtype t, size_t n0, int64_t n1) {
     const size_t shape[2] = {n0, n1 < 0 ? 0 : size_t(n1)};
     return nb::cast(
@@ -90,6 +90,8 @@ nb::object building(nb::handle self, const Ids& ids, Fn&& fn) {
   }));
   b->cache = nb::borrow(self);
   b->owner = &s;
+  b->serial_source = &s.batch_serial;
+  b->device_type = backend_device_type(*s.kv);
   b->ids = ids;
   return nb::cast(b.release(), nb::rv_policy::take_ownership);
 }
@@ -118,6 +120,13 @@ void register_batch(nb::module_& m, nb::class_<PyCache>& cls) {
       .def_prop_ro("ids", [](const PyBatch& b) { return b.ids; })
       .def_prop_ro("is_current", &PyBatch::current)
       .def_prop_ro("has_csr", [](const PyBatch& b) { return b.device.indptr != nullptr; })
+      .def_prop_ro(
+          "group",
+          [](const PyBatch& b) -> std::optional<int32_t> {
+            if (b.group < 0) return std::nullopt;
+            return b.group;
+          },
+          "The group of a ModelBatch's batch; None for a KvCache's.")
       .def("__repr__", [](const PyBatch& b) {
         return "Batch(batch_size=" + std::to_string(b.host.batch_size) +
                ", max_blocks=" + std::to_string(b.host.max_blocks) +
@@ -141,34 +150,19 @@ void register_batch(nb::module_& m, nb::class_<PyCache>& cls) {
       "write_kv_batch",
       [](PyCache& s, PyBatch& b, int32_t layer, nb::handle key, nb::handle value) {
         if (b.owner != &s) throw_invalid("batch: built by another cache");
-        nb::ndarray<> k = as_array(key, "key"), v = as_array(value, "value");
-        check_device(*s.kv, k, "key");
-        check_device(*s.kv, v, "value");
-        const CacheConfig& c = s.kv->config();
-        const size_t rows = b.host.slot_mapping.size();
-        for (const auto* a : {&k, &v}) {
-          if (a->ndim() != 3 || a->shape(0) != rows || a->shape(1) != size_t(c.num_kv_heads) ||
-              a->shape(2) != size_t(c.head_dim) || a->stride(2) != 1 ||
-              a->stride(1) != c.head_dim) {
-            throw_invalid(
-                "key/value: shape must be [len(slot_mapping), heads, dim], each "
-                "token's [heads, dim] contiguous");
-          }
-        }
-        if (k.dtype() != v.dtype() || k.stride(0) != v.stride(0)) {
-          throw_invalid("value: dtype and row stride must equal key's");
-        }
-        const DType dt = from_dlpack(k.dtype(), "key");
-        const bool host = k.device_type() == static_cast<int>(nb::device::cpu::value);
+        const std::pair<KvInput, KvInput> in =
+            kv_batch_inputs(*s.kv, key, value, b.host.slot_mapping.size(), "");
+        const KvInput &k = in.first, &v = in.second;
         check(unlocked(s, [&](KvCache& kv) -> Status {
           PAGEDKV_RETURN_IF_ERROR(
-              kv.write_kv_batch(b.device, layer, k.data(), v.data(), dt, k.stride(0)));
-          return host ? kv.synchronize() : ok_status();
+              kv.write_kv_batch(b.device, layer, k.data, v.data, k.dtype, k.row_stride));
+          return k.host_memory ? kv.synchronize() : ok_status();
         }));
       },
-      nb::arg("batch"), nb::arg("layer"), nb::arg("key"), nb::arg("value"),
+      nb::arg("batch"), nb::arg("layer"), nb::arg("key"), nb::arg("value").none() = nb::none(),
       "Writes one layer's K/V of every token of the current batch through its slot mapping in one "
-      "launch; key/value [len(slot_mapping), heads, dim] (padding rows skipped).");
+      "launch; key/value [len(slot_mapping), heads, dim] (padding rows skipped); value=None for a "
+      "latent (MLA) cache.");
 
   // ---- attention-kernel formats (pagedkv/batch_formats.hpp) ----
   cls.def(

@@ -6,126 +6,11 @@
 #include <nanobind/stl/vector.h>
 
 #include "common.hpp"
-#include "pagedkv/layout.hpp"
 
 namespace pagedkv::python {
 namespace {
 
 using Ids = std::vector<SequenceId>;
-
-void put(nb::dict& d, const char* name, int64_t value) { d[name] = value; }
-
-void put(nb::dict& d, const char* name, const TierStats& t) {
-  nb::dict tier;
-#ifdef PAGEDKV_TIER_STATS_FIELDS
-#define PAGEDKV_PY_STAT_(type, field, doc) put(tier, #field, t.field);
-  PAGEDKV_TIER_STATS_FIELDS(PAGEDKV_PY_STAT_)
-#undef PAGEDKV_PY_STAT_
-#else
-  const std::pair<const char*, int64_t> fields[] = {
-      {"total_blocks", t.total_blocks},   {"free_blocks", t.free_blocks},
-      {"cached_blocks", t.cached_blocks}, {"used_blocks", t.used_blocks},
-      {"total_bytes", t.total_bytes},     {"used_bytes", t.used_bytes}};
-  for (const auto& [field, value] : fields) put(tier, field, value);
-#endif
-  d[name] = tier;
-}
-
-// Every counter of ControlStats; from its field list where the header has one, so a new counter
-// reaches Python without an edit here.
-nb::dict stats_dict(const ControlStats& s) {
-  nb::dict d;
-#ifdef PAGEDKV_CONTROL_STATS_FIELDS
-#define PAGEDKV_PY_STAT_(type, field, doc) put(d, #field, s.field);
-  PAGEDKV_CONTROL_STATS_FIELDS(PAGEDKV_PY_STAT_)
-#undef PAGEDKV_PY_STAT_
-#else
-  put(d, "device", s.device);
-  put(d, "host", s.host);
-#define PAGEDKV_PY_STAT_(field) put(d, #field, s.field)
-  PAGEDKV_PY_STAT_(sequences);
-  PAGEDKV_PY_STAT_(active_sequences);
-  PAGEDKV_PY_STAT_(offloaded_sequences);
-  PAGEDKV_PY_STAT_(prefix_queries);
-  PAGEDKV_PY_STAT_(prefix_hit_blocks);
-  PAGEDKV_PY_STAT_(prefix_miss_blocks);
-  PAGEDKV_PY_STAT_(prefix_query_tokens);
-  PAGEDKV_PY_STAT_(prefix_hit_tokens);
-  PAGEDKV_PY_STAT_(prefix_host_hit_blocks);
-  PAGEDKV_PY_STAT_(blocks_evicted);
-  PAGEDKV_PY_STAT_(sequences_evicted);
-  PAGEDKV_PY_STAT_(sequences_offloaded);
-  PAGEDKV_PY_STAT_(blocks_offloaded);
-  PAGEDKV_PY_STAT_(sequences_restored);
-  PAGEDKV_PY_STAT_(blocks_restored);
-  PAGEDKV_PY_STAT_(copy_on_write);
-  PAGEDKV_PY_STAT_(blocks_demoted);
-  PAGEDKV_PY_STAT_(host_blocks_dropped);
-  PAGEDKV_PY_STAT_(events_dropped);
-#undef PAGEDKV_PY_STAT_
-#endif
-  return d;
-}
-
-// One K or V input of write_kv: [n, kv_heads, head_dim] with a row stride, on the device. Holds
-// the array, so that memory imported from a DLPack capsule stays alive until the write has run.
-struct KvInput {
-  nb::ndarray<> array;
-  const void* data;
-  DType dtype;
-  int64_t rows;
-  int64_t row_stride;
-  bool host_memory;
-};
-
-KvInput kv_input(const KvCache& kv, nb::handle obj, const char* what) {
-  nb::ndarray<> a = as_array(obj, what);
-  check_device(kv, a, what);
-  const CacheConfig& c = kv.config();
-  if (a.ndim() != 3 || a.shape(1) != size_t(c.num_kv_heads) || a.shape(2) != size_t(c.head_dim)) {
-    throw_invalid(std::string(what) + ": shape must be [tokens, " + std::to_string(c.num_kv_heads) +
-                  ", " + std::to_string(c.head_dim) + "]");
-  }
-  if (a.shape(0) > 0 &&
-      ((c.head_dim > 1 && a.stride(2) != 1) || (c.num_kv_heads > 1 && a.stride(1) != c.head_dim) ||
-       (a.shape(0) > 1 && a.stride(0) < int64_t{c.num_kv_heads} * c.head_dim))) {
-    throw_invalid(std::string(what) +
-                  ": each token's [heads, dim] must be contiguous (any row stride)");
-  }
-  const int64_t row_stride = a.shape(0) > 1 ? a.stride(0) : int64_t{c.num_kv_heads} * c.head_dim;
-  return {a,
-          a.data(),
-          from_dlpack(a.dtype(), what),
-          static_cast<int64_t>(a.shape(0)),
-          row_stride,
-          a.device_type() == static_cast<int>(nb::device::cpu::value)};
-}
-
-void check_pair(const KvInput& k, const KvInput& v) {
-  if (k.dtype != v.dtype || k.rows != v.rows || k.row_stride != v.row_stride) {
-    throw_invalid("value: dtype, token count and row stride must equal key's");
-  }
-}
-
-PackedLayout parse_packed(const std::string& s) {
-  if (s == "token_major" || s == "nhd") return PackedLayout::kTokenMajor;
-  if (s == "head_major" || s == "hnd") return PackedLayout::kHeadMajor;
-  throw_invalid("layout: 'token_major' ([len, heads, dim]) or 'head_major' ([heads, len, dim])");
-}
-
-// A view of one layer's keys or values of the whole pool, in the page layout's axis order.
-DlArray pool_view(nb::handle owner, const KvCache& kv, int32_t layer, KvPart part) {
-  const PoolRef pool = kv.device_pool();
-  const PoolLayout& l = pool.layout;
-  const size_t elem = dtype_size(pool.dtype);
-  const bool nhd = l.page_layout == PageLayout::kNHD;
-  const size_t shape[4] = {size_t(pool.num_blocks), size_t(nhd ? l.block_size : l.num_kv_heads),
-                           size_t(nhd ? l.num_kv_heads : l.block_size), size_t(l.head_dim)};
-  const int64_t strides[4] = {l.block_elems(), nhd ? l.token_stride() : l.head_stride(),
-                              nhd ? l.head_stride() : l.token_stride(), 1};
-  char* base = static_cast<char*>(pool.data) + l.page_offset(0, layer, part) * int64_t(elem);
-  return DlArray(base, 4, shape, owner, strides, to_dlpack(pool.dtype), backend_device_type(kv), 0);
-}
 
 // __init__: the instance is constructed only once the cache exists, so a failed create()
 // leaves no half-made object behind.
@@ -343,24 +228,18 @@ nb::class_<PyCache> register_cache(nb::module_& m) {
   cls.def(
       "layer_kv",
       [](nb::handle self, int32_t layer) {
-        PyCache& s = nb::cast<PyCache&>(self);
-        if (layer < 0 || layer >= s.kv->config().num_layers) {
-          throw StatusError(out_of_range("layer: " + std::to_string(layer) + " not in [0, " +
-                                         std::to_string(s.kv->config().num_layers) + ")"));
-        }
-        return std::make_pair(pool_view(self, *s.kv, layer, KvPart::kKey),
-                              pool_view(self, *s.kv, layer, KvPart::kValue));
+        return layer_views(self, *nb::cast<PyCache&>(self).kv, layer);
       },
       nb::arg("layer"),
       "(K, V): zero-copy DLPack views of one layer of the whole device pool, [num_blocks, "
       "block_size, heads, dim] (NHD) or [num_blocks, heads, block_size, dim] (HND), page stride = "
-      "one block of all layers. They keep the cache alive; read them after synchronize() or on the "
-      "compute stream.");
+      "one block of all layers; (latents, None) for a latent (MLA) cache, heads = 1. They keep "
+      "the cache alive; read them after synchronize() or on the compute stream. OutOfRangeError.");
   cls.def(
       "write_kv",
       [](PyCache& s, SequenceId id, int32_t layer, nb::handle key, nb::handle value) {
-        const KvInput k = kv_input(*s.kv, key, "key"), v = kv_input(*s.kv, value, "value");
-        check_pair(k, v);
+        const std::pair<KvInput, KvInput> in = kv_inputs(*s.kv, key, value, "");
+        const KvInput &k = in.first, &v = in.second;
         check(unlocked(s, [&](KvCache& kv) -> Status {
           PAGEDKV_ASSIGN_OR_RETURN(int64_t pending, kv.pending(id));
           if (pending != k.rows) {
@@ -373,19 +252,16 @@ nb::class_<PyCache> register_cache(nb::module_& m) {
           return k.host_memory ? kv.synchronize() : ok_status();
         }));
       },
-      nb::arg("id"), nb::arg("layer"), nb::arg("key"), nb::arg("value"),
+      nb::arg("id"), nb::arg("layer"), nb::arg("key"), nb::arg("value").none() = nb::none(),
       "Writes K/V of the tokens reserved by the last reserve() into one layer. key/value: any "
       "DLPack producer on the cache's device, [pending, heads, dim], float16/bfloat16/float32, any "
-      "row stride. Host (numpy) inputs are read before the call returns.");
+      "row stride; a latent (MLA) cache takes the latents as key and value=None. Host (numpy) "
+      "inputs are read before the call returns.");
   cls.def(
       "gather_layer",
       [](nb::handle self, SequenceId id, int32_t layer, const std::string& layout,
          std::optional<DType> dtype, int64_t begin, int64_t num_tokens) {
         PyCache& s = nb::cast<PyCache&>(self);
-        const CacheConfig& c = s.kv->config();
-        const PackedLayout packed = parse_packed(layout);
-        const DType out_dtype =
-            dtype ? *dtype : (c.dtype == DType::kFloat8E4M3 ? DType::kFloat32 : c.dtype);
         int64_t n = num_tokens;
         if (n < 0) {
           const int64_t length =
@@ -393,25 +269,19 @@ nb::class_<PyCache> register_cache(nb::module_& m) {
           n = length - begin;
           if (n < 0) throw StatusError(out_of_range("begin: past the committed tokens"));
         }
-        const size_t elems = size_t(n) * size_t(c.num_kv_heads) * size_t(c.head_dim);
-        void *kp = nullptr, *vp = nullptr;
-        nb::object kmem = allocate_device(self, elems * dtype_size(out_dtype), &kp);
-        nb::object vmem = allocate_device(self, elems * dtype_size(out_dtype), &vp);
+        GatherOutput out = gather_output(self, *s.kv, layout, dtype, n);
         check(unlocked(s, [&](KvCache& kv) -> Status {
-          PAGEDKV_RETURN_IF_ERROR(kv.gather_layer(id, layer, kp, vp, out_dtype, packed, begin, n));
+          PAGEDKV_RETURN_IF_ERROR(
+              kv.gather_layer(id, layer, out.key, out.value, out.dtype, out.layout, begin, n));
           return kv.synchronize();
         }));
-        const size_t h = size_t(c.num_kv_heads), d = size_t(c.head_dim), len = size_t(n);
-        const size_t shape_tm[3] = {len, h, d}, shape_hm[3] = {h, len, d};
-        const size_t* shape = packed == PackedLayout::kTokenMajor ? shape_tm : shape_hm;
-        const int dev = backend_device_type(*s.kv);
-        return std::make_pair(DlArray(kp, 3, shape, kmem, nullptr, to_dlpack(out_dtype), dev, 0),
-                              DlArray(vp, 3, shape, vmem, nullptr, to_dlpack(out_dtype), dev, 0));
+        return gather_result(*s.kv, std::move(out));
       },
       nb::arg("id"), nb::arg("layer"), nb::arg("layout") = "token_major",
       nb::arg("dtype") = nb::none(), nb::arg("begin") = 0, nb::arg("num_tokens") = -1,
       "Packs positions [begin, begin + num_tokens) of one layer of a sequence into new arrays "
-      "(token_major [len, heads, dim] or head_major [heads, len, dim]); waits for the copy.");
+      "(token_major [len, heads, dim] or head_major [heads, len, dim]); (latents, None) for a "
+      "latent (MLA) cache. Waits for the copy.");
   return cls;
 }
 

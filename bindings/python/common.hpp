@@ -4,18 +4,22 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "pagedkv/cache.hpp"
+#include "pagedkv/model_cache.hpp"
 #include "pagedkv/status.hpp"
 
 namespace pagedkv::python {
@@ -58,14 +62,38 @@ struct PyCache {
   std::atomic<uint64_t> batch_serial{0};
 };
 
-/// One build_batch: the device arrays live in the cache's upload arena until the next
-/// build_batch; the host copies belong to this object.
+/// The object Python holds for a ModelKvCache; the same locking as PyCache.
+struct PyModelCache {
+  std::unique_ptr<ModelKvCache> model;
+  std::mutex mu;
+  std::atomic<uint64_t> batch_serial{0};  // model build_batch calls so far
+};
+
+/// One build_batch of a KvCache, or one group's part of a ModelKvCache's: the device arrays
+/// live in the cache's upload arena until the next build_batch; the host copies belong to this
+/// object.
 struct PyBatch {
-  nb::object cache;  // keeps the cache (and its upload arena) alive
-  PyCache* owner = nullptr;
+  nb::object cache;             // keeps the cache (and its upload arena) alive
+  const void* owner = nullptr;  // the PyCache or PyModelCache that built it
+  const std::atomic<uint64_t>* serial_source = nullptr;  // the owner's build_batch count
   uint64_t serial = 0;
+  int device_type = 0;  // DLPack device type of the owner's backend
+  int32_t group = -1;   // the group of a ModelKvCache's batch; -1 for a KvCache's
   DeviceBatch device;
   BatchMetadata host;
+  std::vector<SequenceId> ids;
+
+  bool current() const { return *serial_source == serial; }
+};
+
+/// One ModelKvCache::build_batch: a PyBatch per group (Python objects, held here) and the
+/// ModelBatch the C++ calls take, whose host pointers lead into those objects' copies.
+struct PyModelBatch {
+  nb::object cache;
+  const PyModelCache* owner = nullptr;
+  uint64_t serial = 0;
+  std::vector<nb::object> groups;
+  ModelBatch device;
   std::vector<SequenceId> ids;
 
   bool current() const { return owner->batch_serial == serial; }
@@ -77,6 +105,13 @@ auto unlocked(PyCache& self, Fn&& fn) {
   nb::gil_scoped_release release;
   std::lock_guard<std::mutex> lock(self.mu);
   return fn(*self.kv);
+}
+/// Runs `fn(ModelKvCache&)` without the GIL and under the model's lock.
+template <typename Fn>
+auto unlocked(PyModelCache& self, Fn&& fn) {
+  nb::gil_scoped_release release;
+  std::lock_guard<std::mutex> lock(self.mu);
+  return fn(*self.model);
 }
 
 // ---- arrays (arrays.cpp) ----
@@ -102,8 +137,54 @@ nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& v) {
   const size_t n = owned->size();
   return nb::ndarray<nb::numpy, T>(owned->data(), {n}, del);
 }
-/// Device memory of the cache's backend that keeps the cache (its backend) alive.
+/// Device memory of `backend` that keeps `owner` (which keeps the backend) alive.
+nb::object allocate_device(nb::handle owner, Backend& backend, size_t bytes, void** out);
+/// allocate_device of a PyCache's backend.
 nb::object allocate_device(nb::handle cache, size_t bytes, void** out);
+
+// ---- K/V inputs and outputs, shared by KvCache and ModelKvCache (kv_io.cpp) ----
+
+/// One K or V input of write_kv: [n, kv_heads, head_dim] with a row stride, on the device. Holds
+/// the array, so that memory imported from a DLPack capsule stays alive until the write has run.
+struct KvInput {
+  nb::ndarray<> array;
+  const void* data = nullptr;
+  DType dtype = DType::kFloat16;
+  int64_t rows = 0;
+  int64_t row_stride = 0;
+  bool host_memory = false;
+};
+/// The key and value inputs of a write_kv into `kv` (one group's cache): `value` must be None
+/// for a latent (MLA) cache and an array otherwise; `where` prefixes the messages ("" or
+/// "group 1 (mla): "). kInvalidArgument.
+std::pair<KvInput, KvInput> kv_inputs(const KvCache& kv, nb::handle key, nb::handle value,
+                                      const std::string& where);
+/// The key and value inputs of a write_kv_batch into `kv`: [rows, heads, dim] each.
+std::pair<KvInput, KvInput> kv_batch_inputs(const KvCache& kv, nb::handle key, nb::handle value,
+                                            size_t rows, const std::string& where);
+/// "token_major"/"nhd" or "head_major"/"hnd"; kInvalidArgument otherwise.
+PackedLayout parse_packed(const std::string& s);
+/// (K, V) zero-copy views of one layer of `kv`'s device pool, owned by `owner`; a latent pool
+/// has keys only and gives (latents, None). kOutOfRange for a layer outside the cache.
+std::pair<DlArray, std::optional<DlArray>> layer_views(nb::handle owner, const KvCache& kv,
+                                                       int32_t layer);
+/// Output buffers of a gather_layer of `n` tokens from `kv` (one group's cache): the K (or
+/// latent) buffer and, unless latent, the V buffer, allocated on `kv`'s backend and owned by
+/// `owner`.
+struct GatherOutput {
+  nb::object key_mem, value_mem;
+  void* key = nullptr;
+  void* value = nullptr;
+  DType dtype = DType::kFloat32;
+  PackedLayout layout = PackedLayout::kTokenMajor;
+  int64_t tokens = 0;
+};
+GatherOutput gather_output(nb::handle owner, KvCache& kv, const std::string& layout,
+                           std::optional<DType> dtype, int64_t tokens);
+/// The arrays of a finished gather_layer: (K, V), or (latents, None).
+std::pair<DlArray, std::optional<DlArray>> gather_result(const KvCache& kv, GatherOutput&& out);
+/// Every counter of ControlStats as a dict ("device" and "host" tier dicts included).
+nb::dict stats_dict(const ControlStats& s);
 
 // ---- registration, one per translation unit ----
 void register_errors(nb::module_& m);
@@ -112,5 +193,6 @@ void register_arrays(nb::module_& m);
 nb::class_<PyCache> register_cache(nb::module_& m);
 void register_batch(nb::module_& m, nb::class_<PyCache>& cls);
 void register_reference(nb::module_& m, nb::class_<PyCache>& cls);
+void register_model_cache(nb::module_& m);
 
 }  // namespace pagedkv::python

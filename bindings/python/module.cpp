@@ -10,4 +10,5 @@ NB_MODULE(_C, m) {
   nb::class_<PyCache> cache = register_cache(m);
   register_batch(m, cache);
   register_reference(m, cache);
+  register_model_cache(m);
 }

@@ -36,6 +36,11 @@ void register_types(nb::module_& m) {
   nb::enum_<CacheMode>(m, "CacheMode", "Paged (the KvCache) or dense (seed surface only).")
       .value("PAGED", CacheMode::kPaged)
       .value("DENSE", CacheMode::kDense);
+  nb::enum_<KvKind>(m, "KvKind",
+                    "What a page holds per token: KEY_VALUE (keys and values) or LATENT (one MLA "
+                    "latent vector, keys only).")
+      .value("KEY_VALUE", KvKind::kKeyValue)
+      .value("LATENT", KvKind::kLatent);
   nb::enum_<BackendKind>(m, "BackendKind")
       .value("AUTO", BackendKind::kAuto)
       .value("CPU", BackendKind::kCpu)
@@ -53,6 +58,19 @@ void register_types(nb::module_& m) {
       .value("SEQUENCE_RESTORED", EventKind::kSequenceRestored)
       .value("EVENTS_DROPPED", EventKind::kEventsDropped);
 
+  nb::class_<KvGroup>(m, "_KvGroup", "The C++ KvGroup (use pagedkv.KvGroup).")
+      .def(nb::init<>())
+      .def_rw("name", &KvGroup::name)
+      .def_rw("layers", &KvGroup::layers)
+      .def_rw("num_kv_heads", &KvGroup::num_kv_heads)
+      .def_rw("head_dim", &KvGroup::head_dim)
+      .def_rw("dtype", &KvGroup::dtype)
+      .def_rw("kv_kind", &KvGroup::kv_kind)
+      .def_rw("rope_dim", &KvGroup::rope_dim)
+      .def_rw("sliding_window", &KvGroup::sliding_window)
+      .def_rw("num_device_blocks", &KvGroup::num_device_blocks)
+      .def_rw("num_host_blocks", &KvGroup::num_host_blocks);
+
   nb::class_<CacheConfig>(m, "_CacheConfig", "The C++ CacheConfig (use pagedkv.CacheConfig).")
       .def(nb::init<>())
       .def_rw("num_layers", &CacheConfig::num_layers)
@@ -69,7 +87,11 @@ void register_types(nb::module_& m) {
       .def_rw("cache_prefixes_on_host", &CacheConfig::cache_prefixes_on_host)
       .def_rw("max_sequence_length", &CacheConfig::max_sequence_length)
       .def_rw("sliding_window", &CacheConfig::sliding_window)
+      .def_rw("kv_kind", &CacheConfig::kv_kind)
+      .def_rw("rope_dim", &CacheConfig::rope_dim)
       .def_rw("backend", &CacheConfig::backend)
+      .def_rw("groups", &CacheConfig::groups)
+      .def("num_groups", &CacheConfig::num_groups)
       .def("block_bytes", &CacheConfig::block_bytes)
       .def("page_bytes", &CacheConfig::page_bytes);
 

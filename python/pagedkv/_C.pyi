@@ -77,6 +77,15 @@ class CacheMode(enum.Enum):
 
     DENSE = 1
 
+class KvKind(enum.Enum):
+    """
+    What a page holds per token: KEY_VALUE (keys and values) or LATENT (one MLA latent vector, keys only).
+    """
+
+    KEY_VALUE = 0
+
+    LATENT = 1
+
 class BackendKind(enum.Enum):
     AUTO = 0
 
@@ -108,6 +117,71 @@ class EventKind(enum.Enum):
     SEQUENCE_RESTORED = 4
 
     EVENTS_DROPPED = 5
+
+class _KvGroup:
+    """The C++ KvGroup (use pagedkv.KvGroup)."""
+
+    def __init__(self) -> None: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @name.setter
+    def name(self, arg: str, /) -> None: ...
+
+    @property
+    def layers(self) -> list[int]: ...
+
+    @layers.setter
+    def layers(self, arg: Sequence[int], /) -> None: ...
+
+    @property
+    def num_kv_heads(self) -> int: ...
+
+    @num_kv_heads.setter
+    def num_kv_heads(self, arg: int, /) -> None: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @head_dim.setter
+    def head_dim(self, arg: int, /) -> None: ...
+
+    @property
+    def dtype(self) -> DType: ...
+
+    @dtype.setter
+    def dtype(self, arg: DType, /) -> None: ...
+
+    @property
+    def kv_kind(self) -> KvKind: ...
+
+    @kv_kind.setter
+    def kv_kind(self, arg: KvKind, /) -> None: ...
+
+    @property
+    def rope_dim(self) -> int: ...
+
+    @rope_dim.setter
+    def rope_dim(self, arg: int, /) -> None: ...
+
+    @property
+    def sliding_window(self) -> int: ...
+
+    @sliding_window.setter
+    def sliding_window(self, arg: int, /) -> None: ...
+
+    @property
+    def num_device_blocks(self) -> int: ...
+
+    @num_device_blocks.setter
+    def num_device_blocks(self, arg: int, /) -> None: ...
+
+    @property
+    def num_host_blocks(self) -> int: ...
+
+    @num_host_blocks.setter
+    def num_host_blocks(self, arg: int, /) -> None: ...
 
 class _CacheConfig:
     """The C++ CacheConfig (use pagedkv.CacheConfig)."""
@@ -199,10 +273,30 @@ class _CacheConfig:
     def sliding_window(self, arg: int, /) -> None: ...
 
     @property
+    def kv_kind(self) -> KvKind: ...
+
+    @kv_kind.setter
+    def kv_kind(self, arg: KvKind, /) -> None: ...
+
+    @property
+    def rope_dim(self) -> int: ...
+
+    @rope_dim.setter
+    def rope_dim(self, arg: int, /) -> None: ...
+
+    @property
     def backend(self) -> BackendKind: ...
 
     @backend.setter
     def backend(self, arg: BackendKind, /) -> None: ...
+
+    @property
+    def groups(self) -> list[_KvGroup]: ...
+
+    @groups.setter
+    def groups(self, arg: Sequence[_KvGroup], /) -> None: ...
+
+    def num_groups(self) -> int: ...
 
     def block_bytes(self) -> int: ...
 
@@ -364,19 +458,19 @@ class _KvCache:
         Recounts every reference and state; InternalError names the first broken invariant.
         """
 
-    def layer_kv(self, layer: int) -> tuple[Any, Any]:
+    def layer_kv(self, layer: int) -> tuple[Any, Any | None]:
         """
-        (K, V): zero-copy DLPack views of one layer of the whole device pool, [num_blocks, block_size, heads, dim] (NHD) or [num_blocks, heads, block_size, dim] (HND), page stride = one block of all layers. They keep the cache alive; read them after synchronize() or on the compute stream.
-        """
-
-    def write_kv(self, id: int, layer: int, key: object, value: object) -> None:
-        """
-        Writes K/V of the tokens reserved by the last reserve() into one layer. key/value: any DLPack producer on the cache's device, [pending, heads, dim], float16/bfloat16/float32, any row stride. Host (numpy) inputs are read before the call returns.
+        (K, V): zero-copy DLPack views of one layer of the whole device pool, [num_blocks, block_size, heads, dim] (NHD) or [num_blocks, heads, block_size, dim] (HND), page stride = one block of all layers; (latents, None) for a latent (MLA) cache, heads = 1. They keep the cache alive; read them after synchronize() or on the compute stream. OutOfRangeError.
         """
 
-    def gather_layer(self, id: int, layer: int, layout: str = 'token_major', dtype: DType | None = None, begin: int = 0, num_tokens: int = -1) -> tuple[Any, Any]:
+    def write_kv(self, id: int, layer: int, key: object, value: object | None = None) -> None:
         """
-        Packs positions [begin, begin + num_tokens) of one layer of a sequence into new arrays (token_major [len, heads, dim] or head_major [heads, len, dim]); waits for the copy.
+        Writes K/V of the tokens reserved by the last reserve() into one layer. key/value: any DLPack producer on the cache's device, [pending, heads, dim], float16/bfloat16/float32, any row stride; a latent (MLA) cache takes the latents as key and value=None. Host (numpy) inputs are read before the call returns.
+        """
+
+    def gather_layer(self, id: int, layer: int, layout: str = 'token_major', dtype: DType | None = None, begin: int = 0, num_tokens: int = -1) -> tuple[Any, Any | None]:
+        """
+        Packs positions [begin, begin + num_tokens) of one layer of a sequence into new arrays (token_major [len, heads, dim] or head_major [heads, len, dim]); (latents, None) for a latent (MLA) cache. Waits for the copy.
         """
 
     def build_batch(self, ids: Sequence[int], csr: bool = False, pad_slots_to: int = 0) -> Batch:
@@ -384,9 +478,9 @@ class _KvCache:
         Builds a step's batch metadata and uploads it on the compute stream; returns a Batch (.device arrays valid until the next build_batch, .host numpy copies).
         """
 
-    def write_kv_batch(self, batch: Batch, layer: int, key: object, value: object) -> None:
+    def write_kv_batch(self, batch: Batch, layer: int, key: object, value: object | None = None) -> None:
         """
-        Writes one layer's K/V of every token of the current batch through its slot mapping in one launch; key/value [len(slot_mapping), heads, dim] (padding rows skipped).
+        Writes one layer's K/V of every token of the current batch through its slot mapping in one launch; key/value [len(slot_mapping), heads, dim] (padding rows skipped); value=None for a latent (MLA) cache.
         """
 
     def build_batch_into(self, ids: Sequence[int], kv_indptr: object, kv_indices: object, kv_last_page_len: object) -> tuple[Batch, NDArray[numpy.int32], NDArray[numpy.int32]]:
@@ -450,4 +544,224 @@ class Batch:
     @property
     def has_csr(self) -> bool: ...
 
+    @property
+    def group(self) -> int | None:
+        """The group of a ModelBatch's batch; None for a KvCache's."""
+
     def __repr__(self) -> str: ...
+
+class ModelGroup:
+    """
+    One KV group of a ModelKvCache, read-only: its pools (layer_kv), config, stats, events and block locations. Sequence calls go through the ModelKvCache, which keeps the groups in step.
+    """
+
+    @property
+    def index(self) -> int:
+        """The group's index in the model."""
+
+    @property
+    def name(self) -> str:
+        """The group's name ('' for a model without groups)."""
+
+    @property
+    def layers(self) -> list[int]:
+        """The model layers the group holds; layer_kv(i) is the i-th of them."""
+
+    @property
+    def config(self) -> _CacheConfig:
+        """The group's one-group config (its layers numbered from 0)."""
+
+    @property
+    def pool_info(self) -> dict[str, Any]:
+        """Bytes of the group's pools and their allocation times."""
+
+    def layer_kv(self, layer: int) -> tuple[Any, Any | None]:
+        """
+        (K, V) zero-copy views of the group's device pool for its layer `layer` (an index into .layers), as KvCache.layer_kv; (latents, None) for a latent group. They keep the model alive. OutOfRangeError.
+        """
+
+    def stats(self) -> dict[str, Any]:
+        """The group's counters, as KvCache.stats()."""
+
+    def drain_events(self) -> list[ControlEvent]:
+        """
+        The group's control events since its last drain (events do not name their group).
+        """
+
+    def block_locations(self, id: int) -> list[tuple[Tier, int]]:
+        """
+        (Tier, physical block id) of each block of the sequence in this group; -1 for a block that fell out of a sliding window. NotFoundError.
+        """
+
+    def __repr__(self) -> str: ...
+
+class ModelBatch:
+    """
+    One ModelKvCache.build_batch: a Batch per group (batch[g] or .groups), each with the group's block tables, CSR arrays and slot mapping; device arrays valid until the model's next build_batch.
+    """
+
+    @property
+    def groups(self) -> list[Batch]:
+        """The Batch of each group."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, group: int) -> Batch:
+        """The Batch of group `group`. OutOfRangeError."""
+
+    @property
+    def num_groups(self) -> int: ...
+
+    @property
+    def ids(self) -> list[int]: ...
+
+    @property
+    def is_current(self) -> bool: ...
+
+    def __repr__(self) -> str: ...
+
+class _ModelKvCache:
+    """The C++ ModelKvCache (use pagedkv.ModelKvCache)."""
+
+    def __init__(self, config: _CacheConfig, enable_events: bool = True, event_capacity: int = 65536) -> None:
+        """
+        Creates one KvCache per KV group of a C++ CacheConfig (use pagedkv.ModelKvCache).
+        """
+
+    @property
+    def config(self) -> _CacheConfig: ...
+
+    @property
+    def num_groups(self) -> int: ...
+
+    @property
+    def backend_description(self) -> str: ...
+
+    @property
+    def device_type(self) -> int: ...
+
+    def layer_group(self, layer: int) -> tuple[int, int]:
+        """
+        (group, layer index inside the group) of a model layer. OutOfRangeError.
+        """
+
+    def group(self, group: int) -> ModelGroup:
+        """
+        A read-only view of group `group` (its pools, config, stats, events); it keeps the model alive. OutOfRangeError.
+        """
+
+    def add_sequence(self, id: int, prompt: Sequence[int], priority: int = 0, ns: int = 0, retention_priority: int = 35, retention_duration_ns: int = 0) -> int:
+        """
+        Adds a sequence to every group; returns the prompt tokens every group can supply from its prefix cache. AlreadyExistsError, InvalidArgumentError.
+        """
+
+    def reserve(self, id: int, n: int) -> list:
+        """
+        Reserves the next n tokens in every group; returns each group's slots (int64 numpy, block * block_size + offset in that group's pool). ResourceExhaustedError drops the reservation in every group.
+        """
+
+    def reserve_batch(self, ids: Sequence[int], n_each: int = 1) -> None:
+        """
+        Reserves n_each tokens for each of ids (distinct) in every group; the slots are in the next build_batch's slot_mapping of each group.
+        """
+
+    def commit(self, id: int, tokens: Sequence[int]) -> None:
+        """
+        Commits in every group (checked in full first). FailedPreconditionError when nothing is reserved or a group offloaded the sequence after its reserve (restore it first).
+        """
+
+    def commit_batch(self, ids: Sequence[int], tokens: Sequence[int], n_each: int = 1) -> None:
+        """
+        Commits n_each tokens for each of ids in every group; tokens holds them sequence after sequence.
+        """
+
+    def rollback(self, id: int, length: int) -> None:
+        """
+        Shortens the sequence in every group. FailedPreconditionError, nothing changed, when a window group no longer holds what the shorter length needs.
+        """
+
+    def fork(self, parent: int, child: int) -> None:
+        """Forks the sequence in every group."""
+
+    def finish(self, id: int) -> None:
+        """Removes the sequence; its full blocks stay cached for later prompts."""
+
+    def erase(self, id: int) -> None:
+        """Removes the sequence and the blocks only it held."""
+
+    def set_active(self, ids: Sequence[int]) -> None:
+        """Replaces the active set (never evicted or offloaded) in every group."""
+
+    def set_priority(self, id: int, priority: int) -> None:
+        """Sets the sequence's scheduling priority."""
+
+    def offload(self, id: int) -> None:
+        """
+        Offloads the sequence in every group (a window group moves its window only); on an error the groups that went ahead restore it.
+        """
+
+    def restore(self, id: int) -> None:
+        """Restores the sequence in every group where it is offloaded."""
+
+    def prefetch(self, ids: Sequence[int]) -> None:
+        """KvCache.prefetch in every group."""
+
+    def residency(self, id: int) -> SequenceResidency:
+        """The least ready residency over the groups. NotFoundError."""
+
+    def drain_evicted_sequences(self) -> list[int]:
+        """
+        Sequences some group dropped to make room since the last call (gone from every group).
+        """
+
+    def build_batch(self, ids: Sequence[int], csr: bool = False, pad_slots_to: int = 0) -> ModelBatch:
+        """
+        Builds a step's batch metadata in every group; returns a ModelBatch (batch[g] is group g's Batch; its device arrays are valid until the next build_batch).
+        """
+
+    def write_kv(self, id: int, layer: int, key: object, value: object | None = None) -> None:
+        """
+        Writes model layer `layer` of the reserved tokens into its group: key/value [pending, heads, dim] of that group's shape; a latent group takes the latents as key and value=None. Host (numpy) inputs are read before the call returns.
+        """
+
+    def write_kv_batch(self, batch: ModelBatch, layer: int, key: object, value: object | None = None) -> None:
+        """
+        Writes model layer `layer` of every token of the current ModelBatch through its group's slot mapping; key/value [len(batch[group].host.slot_mapping), heads, dim] (value=None for a latent group).
+        """
+
+    def gather_layer(self, id: int, layer: int, layout: str = 'token_major', dtype: DType | None = None, begin: int = 0, num_tokens: int = -1) -> tuple[Any, Any | None]:
+        """
+        Packs positions [begin, begin + num_tokens) of model layer `layer` of a sequence into new arrays, as KvCache.gather_layer; (latents, None) for a latent group. OutOfRangeError for positions a window group no longer holds.
+        """
+
+    def layer_kv(self, layer: int) -> tuple[Any, Any | None]:
+        """
+        (K, V) zero-copy views of model layer `layer` in its group's device pool, as KvCache.layer_kv; (latents, None) for a latent group. OutOfRangeError.
+        """
+
+    def synchronize(self) -> None:
+        """Blocks until the model's queued work (kernels and transfers) is done."""
+
+    def contains(self, id: int) -> bool:
+        """Whether the sequence exists (offloaded ones included)."""
+
+    def length(self, id: int) -> int:
+        """Committed token count (the same in every group). NotFoundError."""
+
+    def pending(self, id: int) -> int:
+        """Reserved, uncommitted token count. NotFoundError."""
+
+    def held_blocks(self, id: int, group: int) -> int:
+        """
+        Blocks the sequence holds in group `group` (not those that fell out of its window). NotFoundError, OutOfRangeError.
+        """
+
+    def held_bytes(self, id: int) -> int:
+        """
+        Bytes of the blocks the sequence holds over all groups, on either tier. NotFoundError.
+        """
+
+    def check_invariants(self) -> None:
+        """
+        Every group's invariants, and every sequence in every group with the same length and reservation; InternalError names the first broken one.
+        """

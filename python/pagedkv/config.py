@@ -1,12 +1,15 @@
-"""CacheConfig: the cache's shape, pools, element type, layout and policies, as a dataclass.
+"""CacheConfig and KvGroup: the cache's shape, pools, element type, layout and policies, and a
+hybrid model's KV groups, as dataclasses.
 
 Fields mirror include/pagedkv/config.hpp. Enum fields take the enum or its name, any case
-("fp16", "bf16", "fp32", "fp8"; "nhd"/"hnd"; "lru"; "cpu"/"cuda"/"auto").
+("fp16", "bf16", "fp32", "fp8"; "nhd"/"hnd"; "lru"; "cpu"/"cuda"/"auto"; "kv"/"latent").
+Values are checked in C++ when a cache is created: InvalidArgumentError names the field (and
+the group: "groups[1] (window): sliding_window: ...").
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Union
+from typing import Any, List, Sequence, Union
 
 from . import _C
 
@@ -15,6 +18,7 @@ PageLayout = _C.PageLayout
 EvictionPolicy = _C.EvictionPolicy
 BackendKind = _C.BackendKind
 CacheMode = _C.CacheMode
+KvKind = _C.KvKind
 
 _DTYPE_NAMES = {
     "fp16": DType.FLOAT16, "float16": DType.FLOAT16, "half": DType.FLOAT16,
@@ -22,6 +26,17 @@ _DTYPE_NAMES = {
     "fp32": DType.FLOAT32, "float32": DType.FLOAT32, "float": DType.FLOAT32,
     "fp8": DType.FLOAT8_E4M3, "fp8_e4m3": DType.FLOAT8_E4M3, "float8_e4m3": DType.FLOAT8_E4M3,
 }
+
+_KV_KIND_NAMES = {
+    "kv": KvKind.KEY_VALUE, "key_value": KvKind.KEY_VALUE,
+    "latent": KvKind.LATENT, "mla": KvKind.LATENT,
+}
+
+
+def _invalid(message: str):
+    from .errors import InvalidArgumentError, StatusCode
+
+    return InvalidArgumentError(StatusCode.INVALID_ARGUMENT, message)
 
 
 def _enum(kind, value, names=None):
@@ -34,10 +49,71 @@ def _enum(kind, value, names=None):
         for member in kind.__members__.values():
             if member.name.lower() == key:
                 return member
-    from .errors import InvalidArgumentError, StatusCode
+    raise _invalid(f"{kind.__name__}: unknown value {value!r}")
 
-    raise InvalidArgumentError(StatusCode.INVALID_ARGUMENT,
-                               f"{kind.__name__}: unknown value {value!r}")
+
+def _fill(cpp, obj, convert, where=""):
+    """Copies the dataclass `obj`'s fields into the C++ struct `cpp`; `convert(name, value)`
+    maps a field's value (enum names to enums)."""
+    for f in dataclasses.fields(obj):
+        try:
+            setattr(cpp, f.name, convert(f.name, getattr(obj, f.name)))
+        except TypeError as e:
+            raise _invalid(f"{where}{f.name}: {e}") from None
+    return cpp
+
+
+@dataclasses.dataclass
+class KvGroup:
+    """One KV group of a model (CacheConfig.groups): layers sharing a page shape and an
+    attention window, held in their own pools. See docs/hybrid-models.md."""
+
+    name: str = ""
+    #: The model's layer indices in the group; every layer in exactly one group.
+    layers: List[int] = dataclasses.field(default_factory=list)
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    dtype: Union[DType, str] = DType.FLOAT16
+    #: KvKind.KEY_VALUE ("kv") or KvKind.LATENT ("latent": one MLA vector per token, keys only).
+    kv_kind: Union[KvKind, str] = KvKind.KEY_VALUE
+    #: Latent groups: the rotary (kpe) part at the end of the latent.
+    rope_dim: int = 0
+    #: Tokens; 0 = full attention, else at least block_size.
+    sliding_window: int = 0
+    num_device_blocks: int = 0
+    num_host_blocks: int = 0
+
+    @classmethod
+    def latent(cls, name: str, layers: Sequence[int], latent_dim: int, rope_dim: int,
+               dtype: Union[DType, str] = DType.FLOAT16, **fields: Any) -> "KvGroup":
+        """An MLA group: one latent vector of `latent_dim` elements per token (the last
+        `rope_dim` the rotary part), keys only."""
+        return cls(name=name, layers=list(layers), num_kv_heads=1, head_dim=latent_dim,
+                   dtype=dtype, kv_kind=KvKind.LATENT, rope_dim=rope_dim, **fields)
+
+    def _to_cpp(self, where: str = "") -> "_C._KvGroup":
+        def convert(name, value):
+            if name == "dtype":
+                return _enum(DType, value, _DTYPE_NAMES)
+            if name == "kv_kind":
+                return _enum(KvKind, value, _KV_KIND_NAMES)
+            if name == "layers":
+                return list(value)
+            return value
+
+        return _fill(_C._KvGroup(), self, convert, where)
+
+
+def _group_to_cpp(group: Any, index: int) -> "_C._KvGroup":
+    where = f"groups[{index}]: "
+    if isinstance(group, dict):  # dataclasses.asdict(config) turns the groups into dicts
+        try:
+            group = KvGroup(**group)
+        except TypeError as e:
+            raise _invalid(f"{where}{e}") from None
+    if not isinstance(group, KvGroup):
+        raise _invalid(f"{where}not a KvGroup: {group!r}")
+    return group._to_cpp(where)
 
 
 @dataclasses.dataclass
@@ -59,27 +135,32 @@ class CacheConfig:
     max_sequence_length: int = 1 << 20
     #: Tokens the next token attends to (0: full attention); blocks that fall out are released.
     sliding_window: int = 0
+    #: KvKind.KEY_VALUE ("kv") or KvKind.LATENT ("latent": MLA, keys only, num_kv_heads 1).
+    kv_kind: Union[KvKind, str] = KvKind.KEY_VALUE
+    #: Latent caches: the rotary (kpe) part at the end of each latent vector.
+    rope_dim: int = 0
     backend: Union[BackendKind, str] = BackendKind.AUTO
+    #: The model as KV groups (ModelKvCache); empty: one group with the fields above.
+    groups: List[KvGroup] = dataclasses.field(default_factory=list)
 
     def _to_cpp(self) -> "_C._CacheConfig":
-        c = _C._CacheConfig()
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name == "dtype":
-                value = _enum(DType, value, _DTYPE_NAMES)
-            elif f.name == "page_layout":
-                value = _enum(PageLayout, value)
-            elif f.name == "mode":
-                value = _enum(CacheMode, value)
-            elif f.name == "eviction_policy":
-                value = _enum(EvictionPolicy, value)
-            elif f.name == "backend":
-                value = _enum(BackendKind, value)
-            try:
-                setattr(c, f.name, value)
-            except TypeError as e:
-                from .errors import InvalidArgumentError, StatusCode
+        def convert(name, value):
+            if name == "dtype":
+                return _enum(DType, value, _DTYPE_NAMES)
+            if name == "page_layout":
+                return _enum(PageLayout, value)
+            if name == "mode":
+                return _enum(CacheMode, value)
+            if name == "eviction_policy":
+                return _enum(EvictionPolicy, value)
+            if name == "backend":
+                return _enum(BackendKind, value)
+            if name == "kv_kind":
+                return _enum(KvKind, value, _KV_KIND_NAMES)
+            if name == "groups":
+                if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+                    raise _invalid(f"groups: a list of KvGroup, got {value!r}")
+                return [_group_to_cpp(g, i) for i, g in enumerate(value)]
+            return value
 
-                raise InvalidArgumentError(StatusCode.INVALID_ARGUMENT,
-                                           f"{f.name}: {e}") from None
-        return c
+        return _fill(_C._CacheConfig(), self, convert)

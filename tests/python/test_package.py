@@ -28,7 +28,9 @@ def test_config_as_dataclass_or_keywords_gives_the_same_cache():
 def test_stubs_declare_every_public_name_of_the_extension():
     stub = (pathlib.Path(pagedkv.__file__).parent / "_C.pyi").read_text()
     assert (pathlib.Path(pagedkv.__file__).parent / "py.typed").exists()
-    for cls in (pagedkv._C._KvCache, pagedkv.Batch, pagedkv.BatchArrays, pagedkv.ControlEvent):
+    for cls in (pagedkv._C._KvCache, pagedkv.Batch, pagedkv.BatchArrays, pagedkv.ControlEvent,
+                pagedkv._C._ModelKvCache, pagedkv.ModelBatch, pagedkv.ModelGroup,
+                pagedkv._C._KvGroup, pagedkv._C._CacheConfig):
         assert f"class {cls.__name__}" in stub
         for name in vars(cls):
             if not name.startswith("__"):

@@ -1,0 +1,177 @@
+// K/V in and out of one group's cache, shared by KvCache and ModelKvCache: the write_kv inputs,
+// the zero-copy pool views, the gather_layer outputs and the stats dict.
+#include "common.hpp"
+#include "pagedkv/layout.hpp"
+
+namespace pagedkv::python {
+namespace {
+
+void put(nb::dict& d, const char* name, int64_t value) { d[name] = value; }
+
+void put(nb::dict& d, const char* name, const TierStats& t) {
+  nb::dict tier;
+#ifdef PAGEDKV_TIER_STATS_FIELDS
+#define PAGEDKV_PY_STAT_(type, field, doc) put(tier, #field, t.field);
+  PAGEDKV_TIER_STATS_FIELDS(PAGEDKV_PY_STAT_)
+#undef PAGEDKV_PY_STAT_
+#else
+  const std::pair<const char*, int64_t> fields[] = {
+      {"total_blocks", t.total_blocks},   {"free_blocks", t.free_blocks},
+      {"cached_blocks", t.cached_blocks}, {"used_blocks", t.used_blocks},
+      {"total_bytes", t.total_bytes},     {"used_bytes", t.used_bytes}};
+  for (const auto& [field, value] : fields) put(tier, field, value);
+#endif
+  d[name] = tier;
+}
+
+bool is_latent(const KvCache& kv) { return kv.config().kv_kind == KvKind::kLatent; }
+
+KvInput kv_input(const KvCache& kv, nb::handle obj, const std::string& where, const char* what) {
+  const std::string name = where + what;
+  nb::ndarray<> a = as_array(obj, name.c_str());
+  check_device(kv, a, name.c_str());
+  const CacheConfig& c = kv.config();
+  if (a.ndim() != 3 || a.shape(1) != size_t(c.num_kv_heads) || a.shape(2) != size_t(c.head_dim)) {
+    throw_invalid(name + ": shape must be [tokens, " + std::to_string(c.num_kv_heads) + ", " +
+                  std::to_string(c.head_dim) + "]");
+  }
+  if (a.shape(0) > 0 &&
+      ((c.head_dim > 1 && a.stride(2) != 1) || (c.num_kv_heads > 1 && a.stride(1) != c.head_dim) ||
+       (a.shape(0) > 1 && a.stride(0) < int64_t{c.num_kv_heads} * c.head_dim))) {
+    throw_invalid(name + ": each token's [heads, dim] must be contiguous (any row stride)");
+  }
+  const int64_t row_stride = a.shape(0) > 1 ? a.stride(0) : int64_t{c.num_kv_heads} * c.head_dim;
+  return {a,
+          a.data(),
+          from_dlpack(a.dtype(), name.c_str()),
+          static_cast<int64_t>(a.shape(0)),
+          row_stride,
+          a.device_type() == static_cast<int>(nb::device::cpu::value)};
+}
+
+// A view of one layer's keys (or latents) or values of the whole pool, in the page layout's
+// axis order. The block stride is a whole block of every layer and part.
+DlArray pool_view(nb::handle owner, const KvCache& kv, int32_t layer, KvPart part) {
+  const PoolRef pool = kv.device_pool();
+  const PoolLayout& l = pool.layout;
+  const size_t elem = dtype_size(pool.dtype);
+  const bool nhd = l.page_layout == PageLayout::kNHD;
+  const size_t shape[4] = {size_t(pool.num_blocks), size_t(nhd ? l.block_size : l.num_kv_heads),
+                           size_t(nhd ? l.num_kv_heads : l.block_size), size_t(l.head_dim)};
+  const int64_t strides[4] = {l.block_elems(), nhd ? l.token_stride() : l.head_stride(),
+                              nhd ? l.head_stride() : l.token_stride(), 1};
+  char* base = static_cast<char*>(pool.data) + l.page_offset(0, layer, part) * int64_t(elem);
+  return DlArray(base, 4, shape, owner, strides, to_dlpack(pool.dtype), backend_device_type(kv), 0);
+}
+
+}  // namespace
+
+std::pair<KvInput, KvInput> kv_inputs(const KvCache& kv, nb::handle key, nb::handle value,
+                                      const std::string& where) {
+  if (is_latent(kv)) {
+    // The pool has one page per layer (the latents): a value has nowhere to go.
+    if (!value.is_none()) {
+      throw_invalid(where + "value: a latent (MLA) cache stores no values; pass None");
+    }
+    return {kv_input(kv, key, where, "key"), KvInput{}};
+  }
+  if (value.is_none()) throw_invalid(where + "value: required (a key/value cache)");
+  KvInput k = kv_input(kv, key, where, "key");
+  KvInput v = kv_input(kv, value, where, "value");
+  if (k.dtype != v.dtype || k.rows != v.rows || k.row_stride != v.row_stride) {
+    throw_invalid(where + "value: dtype, token count and row stride must equal key's");
+  }
+  return {std::move(k), std::move(v)};
+}
+
+std::pair<KvInput, KvInput> kv_batch_inputs(const KvCache& kv, nb::handle key, nb::handle value,
+                                            size_t rows, const std::string& where) {
+  std::pair<KvInput, KvInput> in = kv_inputs(kv, key, value, where);
+  if (in.first.rows != int64_t(rows)) {
+    throw_invalid(where + "key: " + std::to_string(in.first.rows) + " rows, the batch has " +
+                  std::to_string(rows) + " slots (len(slot_mapping))");
+  }
+  return in;
+}
+
+PackedLayout parse_packed(const std::string& s) {
+  if (s == "token_major" || s == "nhd") return PackedLayout::kTokenMajor;
+  if (s == "head_major" || s == "hnd") return PackedLayout::kHeadMajor;
+  throw_invalid("layout: 'token_major' ([len, heads, dim]) or 'head_major' ([heads, len, dim])");
+}
+
+std::pair<DlArray, std::optional<DlArray>> layer_views(nb::handle owner, const KvCache& kv,
+                                                       int32_t layer) {
+  const int32_t n = kv.config().num_layers;
+  if (layer < 0 || layer >= n) {
+    throw StatusError(
+        out_of_range("layer: " + std::to_string(layer) + " not in [0, " + std::to_string(n) + ")"));
+  }
+  // A latent pool has one part per layer: the "value" page would be the next layer's latents
+  // (or, for the last layer, past the end of the pool).
+  if (is_latent(kv)) return {pool_view(owner, kv, layer, KvPart::kKey), std::nullopt};
+  return {pool_view(owner, kv, layer, KvPart::kKey), pool_view(owner, kv, layer, KvPart::kValue)};
+}
+
+GatherOutput gather_output(nb::handle owner, KvCache& kv, const std::string& layout,
+                           std::optional<DType> dtype, int64_t tokens) {
+  const CacheConfig& c = kv.config();
+  GatherOutput out;
+  out.layout = parse_packed(layout);
+  out.dtype = dtype ? *dtype : (c.dtype == DType::kFloat8E4M3 ? DType::kFloat32 : c.dtype);
+  out.tokens = tokens;
+  const size_t bytes =
+      size_t(tokens) * size_t(c.num_kv_heads) * size_t(c.head_dim) * dtype_size(out.dtype);
+  out.key_mem = allocate_device(owner, kv.backend(), bytes, &out.key);
+  if (!is_latent(kv)) out.value_mem = allocate_device(owner, kv.backend(), bytes, &out.value);
+  return out;
+}
+
+std::pair<DlArray, std::optional<DlArray>> gather_result(const KvCache& kv, GatherOutput&& out) {
+  const CacheConfig& c = kv.config();
+  const size_t h = size_t(c.num_kv_heads), d = size_t(c.head_dim), len = size_t(out.tokens);
+  const size_t shape_tm[3] = {len, h, d}, shape_hm[3] = {h, len, d};
+  const size_t* shape = out.layout == PackedLayout::kTokenMajor ? shape_tm : shape_hm;
+  const int dev = backend_device_type(kv);
+  DlArray k(out.key, 3, shape, out.key_mem, nullptr, to_dlpack(out.dtype), dev, 0);
+  if (out.value == nullptr) return {k, std::nullopt};
+  return {k, DlArray(out.value, 3, shape, out.value_mem, nullptr, to_dlpack(out.dtype), dev, 0)};
+}
+
+// Every counter of ControlStats; from its field list where the header has one, so a new counter
+// reaches Python without an edit here.
+nb::dict stats_dict(const ControlStats& s) {
+  nb::dict d;
+#ifdef PAGEDKV_CONTROL_STATS_FIELDS
+#define PAGEDKV_PY_STAT_(type, field, doc) put(d, #field, s.field);
+  PAGEDKV_CONTROL_STATS_FIELDS(PAGEDKV_PY_STAT_)
+#undef PAGEDKV_PY_STAT_
+#else
+  put(d, "device", s.device);
+  put(d, "host", s.host);
+#define PAGEDKV_PY_STAT_(field) put(d, #field, s.field)
+  PAGEDKV_PY_STAT_(sequences);
+  PAGEDKV_PY_STAT_(active_sequences);
+  PAGEDKV_PY_STAT_(offloaded_sequences);
+  PAGEDKV_PY_STAT_(prefix_queries);
+  PAGEDKV_PY_STAT_(prefix_hit_blocks);
+  PAGEDKV_PY_STAT_(prefix_miss_blocks);
+  PAGEDKV_PY_STAT_(prefix_query_tokens);
+  PAGEDKV_PY_STAT_(prefix_hit_tokens);
+  PAGEDKV_PY_STAT_(prefix_host_hit_blocks);
+  PAGEDKV_PY_STAT_(blocks_evicted);
+  PAGEDKV_PY_STAT_(sequences_evicted);
+  PAGEDKV_PY_STAT_(sequences_offloaded);
+  PAGEDKV_PY_STAT_(blocks_offloaded);
+  PAGEDKV_PY_STAT_(sequences_restored);
+  PAGEDKV_PY_STAT_(blocks_restored);
+  PAGEDKV_PY_STAT_(copy_on_write);
+  PAGEDKV_PY_STAT_(blocks_demoted);
+  PAGEDKV_PY_STAT_(host_blocks_dropped);
+  PAGEDKV_PY_STAT_(events_dropped);
+#undef PAGEDKV_PY_STAT_
+#endif
+  return d;
+}
+
+}  // namespace pagedkv::python

@@ -1,0 +1,530 @@
+// pagedkv._C.ModelKvCache: a model of several KV groups (full attention, sliding window, MLA
+// latent), its per-group batches and a read-only view of each group's cache.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include "common.hpp"
+
+namespace pagedkv::python {
+namespace {
+
+using Ids = std::vector<SequenceId>;
+
+/// One group of a ModelKvCache, read-only: its pools, stats, events and block locations. Not a
+/// KvCache: a call that changes sequences through one group would leave the others behind.
+struct PyModelGroup {
+  nb::object model;  // keeps the ModelKvCache (and so this group's KvCache) alive
+  PyModelCache* owner = nullptr;
+  int32_t index = 0;
+
+  KvCache& kv() const { return owner->model->group(index); }
+};
+
+// "group 1 (window)", as the C++ messages name a group.
+std::string group_label(const CacheConfig& c, int32_t g) {
+  std::string s = "group " + std::to_string(g);
+  if (!c.groups.empty() && !c.groups[size_t(g)].name.empty()) {
+    s += " (" + c.groups[size_t(g)].name + ")";
+  }
+  return s;
+}
+
+// The prefix of a binding's message about model layer `layer`'s group; empty for a model of
+// one group, as in ModelKvCache's own messages.
+std::string where(const ModelKvCache& m, int32_t g) {
+  return m.num_groups() == 1 ? std::string() : group_label(m.config(), g) + ": ";
+}
+
+LayerGroup layer_group(const ModelKvCache& m, int32_t layer) {
+  return value_or_throw(m.layer_group(layer));  // immutable after create: no lock needed
+}
+
+void check_group(const ModelKvCache& m, int32_t g) {
+  if (g < 0 || g >= m.num_groups()) {
+    throw StatusError(out_of_range("group " + std::to_string(g) + " outside the model's " +
+                                   std::to_string(m.num_groups()) + " groups"));
+  }
+}
+
+void init_model(PyModelCache* self, const CacheConfig& config, bool enable_events,
+                size_t event_capacity) {
+  ModelKvCacheOptions options;
+  options.cache.enable_events = enable_events;
+  options.cache.event_capacity = event_capacity;
+  auto model = [&] {
+    nb::gil_scoped_release release;
+    return ModelKvCache::create(config, std::move(options));
+  }();
+  if (!model.ok()) throw StatusError(model.status());
+  new (self) PyModelCache();
+  self->model = std::move(*model);
+}
+
+// The ModelBatch of `obj`, checked to be one of this model's. kInvalidArgument otherwise.
+PyModelBatch& model_batch(const PyModelCache& s, nb::handle obj) {
+  if (!nb::isinstance<PyModelBatch>(obj)) {
+    throw_invalid("batch: not a ModelBatch (build it with this ModelKvCache's build_batch)");
+  }
+  PyModelBatch& b = nb::cast<PyModelBatch&>(obj);
+  if (b.owner != &s) throw_invalid("batch: built by another ModelKvCache");
+  return b;
+}
+
+PyModelBatch* build_model_batch(nb::handle self, const Ids& ids, const BatchOptions& options) {
+  PyModelCache& s = nb::cast<PyModelCache&>(self);
+  std::vector<std::unique_ptr<PyBatch>> parts;
+  uint64_t serial = 0;
+  // Copies what the batches keep while the model is locked (another thread's build_batch would
+  // change it). The serial moves on even when the call fails, as for a KvCache.
+  check(unlocked(s, [&](ModelKvCache& m) -> Status {
+    serial = ++s.batch_serial;
+    PAGEDKV_ASSIGN_OR_RETURN(ModelBatch mb, m.build_batch(ids, options));
+    for (const DeviceBatch& d : mb.groups) {
+      auto p = std::make_unique<PyBatch>();
+      p->device = d;
+      p->host = *d.host;
+      p->device.host = &p->host;
+      parts.push_back(std::move(p));
+    }
+    return ok_status();
+  }));
+  auto out = std::make_unique<PyModelBatch>();
+  out->cache = nb::borrow(self);
+  out->owner = &s;
+  out->serial = serial;
+  out->ids = ids;
+  const int dev = backend_device_type(s.model->group(0));
+  for (size_t g = 0; g < parts.size(); ++g) {
+    PyBatch& p = *parts[g];
+    p.cache = nb::borrow(self);
+    p.owner = &s;
+    p.serial_source = &s.batch_serial;
+    p.serial = serial;
+    p.device_type = dev;
+    p.group = static_cast<int32_t>(g);
+    p.ids = ids;
+    out->device.groups.push_back(p.device);  // its host pointer leads into p, which `out` holds
+    out->groups.push_back(nb::cast(parts[g].release(), nb::rv_policy::take_ownership));
+  }
+  return out.release();  // Python owns it (rv_policy::automatic takes a pointer's ownership)
+}
+
+void register_group(nb::module_& m) {
+  nb::class_<PyModelGroup>(m, "ModelGroup",
+                           "One KV group of a ModelKvCache, read-only: its pools (layer_kv), "
+                           "config, stats, events and block locations. Sequence calls go through "
+                           "the ModelKvCache, which keeps the groups in step.")
+      .def_ro("index", &PyModelGroup::index, "The group's index in the model.")
+      .def_prop_ro(
+          "name",
+          [](const PyModelGroup& g) {
+            const CacheConfig& c = g.owner->model->config();
+            return c.groups.empty() ? std::string() : c.groups[size_t(g.index)].name;
+          },
+          "The group's name ('' for a model without groups).")
+      .def_prop_ro(
+          "layers",
+          [](const PyModelGroup& g) {
+            const CacheConfig& c = g.owner->model->config();
+            if (!c.groups.empty()) return c.groups[size_t(g.index)].layers;
+            std::vector<int32_t> all(size_t(c.num_layers));
+            for (size_t l = 0; l < all.size(); ++l) all[l] = static_cast<int32_t>(l);
+            return all;
+          },
+          "The model layers the group holds; layer_kv(i) is the i-th of them.")
+      .def_prop_ro(
+          "config", [](const PyModelGroup& g) { return g.kv().config(); },
+          "The group's one-group config (its layers numbered from 0).")
+      .def_prop_ro(
+          "pool_info",
+          [](const PyModelGroup& g) {
+            nb::dict d;
+            const PoolInfo& p = g.kv().pool_info();
+            d["device_bytes"] = p.device_bytes;
+            d["host_bytes"] = p.host_bytes;
+            d["device_alloc_ms"] = p.device_alloc_ms;
+            d["host_alloc_ms"] = p.host_alloc_ms;
+            return d;
+          },
+          "Bytes of the group's pools and their allocation times.")
+      .def(
+          "layer_kv",
+          [](nb::handle self, int32_t layer) {
+            const PyModelGroup& g = nb::cast<const PyModelGroup&>(self);
+            return layer_views(self, g.kv(), layer);
+          },
+          nb::arg("layer"),
+          "(K, V) zero-copy views of the group's device pool for its layer `layer` (an index "
+          "into .layers), as KvCache.layer_kv; (latents, None) for a latent group. They keep "
+          "the model alive. OutOfRangeError.")
+      .def(
+          "stats",
+          [](PyModelGroup& g) {
+            return stats_dict(
+                unlocked(*g.owner, [&](ModelKvCache& m) { return m.group(g.index).stats(); }));
+          },
+          "The group's counters, as KvCache.stats().")
+      .def(
+          "drain_events",
+          [](PyModelGroup& g) {
+            return unlocked(*g.owner,
+                            [&](ModelKvCache& m) { return m.group(g.index).drain_events(); });
+          },
+          "The group's control events since its last drain (events do not name their group).")
+      .def(
+          "block_locations",
+          [](PyModelGroup& g, SequenceId id) {
+            auto locs = value_or_throw(unlocked(
+                *g.owner, [&](ModelKvCache& m) { return m.group(g.index).block_locations(id); }));
+            std::vector<std::pair<Tier, int32_t>> out;
+            for (const BlockLocation& l : locs) out.emplace_back(l.tier, l.block);
+            return out;
+          },
+          nb::arg("id"),
+          "(Tier, physical block id) of each block of the sequence in this group; -1 for a block "
+          "that fell out of a sliding window. NotFoundError.")
+      .def("__repr__", [](const PyModelGroup& g) {
+        const CacheConfig& c = g.kv().config();
+        return "ModelGroup(" + group_label(g.owner->model->config(), g.index) +
+               ", layers=" + std::to_string(c.num_layers) +
+               ", kv_kind=" + (c.kv_kind == KvKind::kLatent ? "latent" : "key_value") +
+               ", sliding_window=" + std::to_string(c.sliding_window) + ")";
+      });
+}
+
+void register_model_batch(nb::module_& m) {
+  nb::class_<PyModelBatch>(m, "ModelBatch",
+                           "One ModelKvCache.build_batch: a Batch per group (batch[g] or "
+                           ".groups), each with the group's block tables, CSR arrays and slot "
+                           "mapping; device arrays valid until the model's next build_batch.")
+      .def_prop_ro(
+          "groups", [](const PyModelBatch& b) { return b.groups; }, "The Batch of each group.")
+      .def("__len__", [](const PyModelBatch& b) { return b.groups.size(); })
+      .def(
+          "__getitem__",
+          [](const PyModelBatch& b, int64_t g) {
+            if (g < 0 || g >= int64_t(b.groups.size())) {
+              throw StatusError(out_of_range("group " + std::to_string(g) +
+                                             " outside the batch's " +
+                                             std::to_string(b.groups.size()) + " groups"));
+            }
+            return b.groups[size_t(g)];
+          },
+          nb::arg("group"), "The Batch of group `group`. OutOfRangeError.")
+      .def_prop_ro("num_groups", [](const PyModelBatch& b) { return b.groups.size(); })
+      .def_prop_ro("ids", [](const PyModelBatch& b) { return b.ids; })
+      .def_prop_ro("is_current", &PyModelBatch::current)
+      .def("__repr__", [](const PyModelBatch& b) {
+        return "ModelBatch(groups=" + std::to_string(b.groups.size()) +
+               ", batch_size=" + std::to_string(b.ids.size()) +
+               ", current=" + (b.current() ? "True" : "False") + ")";
+      });
+}
+
+}  // namespace
+
+void register_model_cache(nb::module_& m) {
+  register_group(m);
+  register_model_batch(m);
+  nb::class_<PyModelCache> cls(m, "_ModelKvCache",
+                               "The C++ ModelKvCache (use pagedkv.ModelKvCache).");
+  cls.def("__init__", &init_model, nb::arg("config"), nb::arg("enable_events") = true,
+          nb::arg("event_capacity") = 65536,
+          "Creates one KvCache per KV group of a C++ CacheConfig (use pagedkv.ModelKvCache).");
+  cls.def_prop_ro("config", [](PyModelCache& s) { return s.model->config(); });
+  cls.def_prop_ro("num_groups", [](PyModelCache& s) { return s.model->num_groups(); });
+  cls.def_prop_ro("backend_description",
+                  [](PyModelCache& s) { return s.model->group(0).backend().description(); });
+  cls.def_prop_ro("device_type",
+                  [](PyModelCache& s) { return backend_device_type(s.model->group(0)); });
+  cls.def(
+      "layer_group",
+      [](PyModelCache& s, int32_t layer) {
+        const LayerGroup lg = layer_group(*s.model, layer);
+        return std::make_pair(lg.group, lg.layer);
+      },
+      nb::arg("layer"), "(group, layer index inside the group) of a model layer. OutOfRangeError.");
+  cls.def(
+      "group",
+      [](nb::handle self, int32_t g) {
+        PyModelCache& s = nb::cast<PyModelCache&>(self);
+        check_group(*s.model, g);
+        return PyModelGroup{nb::borrow(self), &s, g};
+      },
+      nb::arg("group"),
+      "A read-only view of group `group` (its pools, config, stats, events); it keeps the model "
+      "alive. OutOfRangeError.");
+
+  // ---- sequences ----
+  cls.def(
+      "add_sequence",
+      [](PyModelCache& s, SequenceId id, const std::vector<TokenId>& prompt, int32_t priority,
+         NamespaceId ns, int32_t retention_priority, int64_t retention_duration_ns) {
+        SequenceOptions o;
+        o.priority = priority;
+        o.ns = ns;
+        o.retention_priority = retention_priority;
+        o.retention_duration_ns = retention_duration_ns;
+        return value_or_throw(
+            unlocked(s, [&](ModelKvCache& mc) { return mc.add_sequence(id, prompt, o); }));
+      },
+      nb::arg("id"), nb::arg("prompt"), nb::arg("priority") = 0, nb::arg("ns") = 0,
+      nb::arg("retention_priority") = kDefaultRetentionPriority,
+      nb::arg("retention_duration_ns") = 0,
+      "Adds a sequence to every group; returns the prompt tokens every group can supply from its "
+      "prefix cache. AlreadyExistsError, InvalidArgumentError.");
+  cls.def(
+      "reserve",
+      [](PyModelCache& s, SequenceId id, int64_t n) {
+        auto slots =
+            value_or_throw(unlocked(s, [&](ModelKvCache& mc) { return mc.reserve(id, n); }));
+        nb::list out;
+        for (std::vector<int64_t>& g : slots) out.append(to_numpy(std::move(g)));
+        return out;
+      },
+      nb::arg("id"), nb::arg("n"),
+      "Reserves the next n tokens in every group; returns each group's slots (int64 numpy, block "
+      "* block_size + offset in that group's pool). ResourceExhaustedError drops the reservation "
+      "in every group.");
+  cls.def(
+      "reserve_batch",
+      [](PyModelCache& s, const Ids& ids, int64_t n_each) {
+        check(unlocked(s, [&](ModelKvCache& mc) { return mc.reserve_batch(ids, n_each); }));
+      },
+      nb::arg("ids"), nb::arg("n_each") = 1,
+      "Reserves n_each tokens for each of ids (distinct) in every group; the slots are in the "
+      "next build_batch's slot_mapping of each group.");
+  cls.def(
+      "commit",
+      [](PyModelCache& s, SequenceId id, const std::vector<TokenId>& tokens) {
+        check(unlocked(s, [&](ModelKvCache& mc) { return mc.commit(id, tokens); }));
+      },
+      nb::arg("id"), nb::arg("tokens"),
+      "Commits in every group (checked in full first). FailedPreconditionError when nothing is "
+      "reserved or a group offloaded the sequence after its reserve (restore it first).");
+  cls.def(
+      "commit_batch",
+      [](PyModelCache& s, const Ids& ids, const std::vector<TokenId>& tokens, int64_t n_each) {
+        check(unlocked(s, [&](ModelKvCache& mc) { return mc.commit_batch(ids, tokens, n_each); }));
+      },
+      nb::arg("ids"), nb::arg("tokens"), nb::arg("n_each") = 1,
+      "Commits n_each tokens for each of ids in every group; tokens holds them sequence after "
+      "sequence.");
+  cls.def(
+      "rollback",
+      [](PyModelCache& s, SequenceId id, int64_t length) {
+        check(unlocked(s, [&](ModelKvCache& mc) { return mc.rollback(id, length); }));
+      },
+      nb::arg("id"), nb::arg("length"),
+      "Shortens the sequence in every group. FailedPreconditionError, nothing changed, when a "
+      "window group no longer holds what the shorter length needs.");
+  cls.def(
+      "fork",
+      [](PyModelCache& s, SequenceId parent, SequenceId child) {
+        check(unlocked(s, [&](ModelKvCache& mc) { return mc.fork(parent, child); }));
+      },
+      nb::arg("parent"), nb::arg("child"), "Forks the sequence in every group.");
+  cls.def(
+      "finish",
+      [](PyModelCache& s, SequenceId id) {
+        check(unlocked(s, [&](ModelKvCache& mc) { return mc.finish(id); }));
+      },
+      nb::arg("id"), "Removes the sequence; its full blocks stay cached for later prompts.");
+  cls.def(
+      "erase",
+      [](PyModelCache& s, SequenceId id) {
+        check(unlocked(s, [&](ModelKvCache& mc) { return mc.erase(id); }));
+      },
+      nb::arg("id"), "Removes the sequence and the blocks only it held.");
+  cls.def(
+      "set_active",
+      [](PyModelCache& s, const Ids& ids) {
+        check(unlocked(s, [&](ModelKvCache& mc) { return mc.set_active(ids); }));
+      },
+      nb::arg("ids"), "Replaces the active set (never evicted or offloaded) in every group.");
+  cls.def(
+      "set_priority",
+      [](PyModelCache& s, SequenceId id, int32_t priority) {
+        check(unlocked(s, [&](ModelKvCache& mc) { return mc.set_priority(id, priority); }));
+      },
+      nb::arg("id"), nb::arg("priority"), "Sets the sequence's scheduling priority.");
+
+  // ---- tiers ----
+  cls.def(
+      "offload",
+      [](PyModelCache& s, SequenceId id) {
+        check(unlocked(s, [&](ModelKvCache& mc) { return mc.offload(id); }));
+      },
+      nb::arg("id"),
+      "Offloads the sequence in every group (a window group moves its window only); on an "
+      "error the groups that went ahead restore it.");
+  cls.def(
+      "restore",
+      [](PyModelCache& s, SequenceId id) {
+        check(unlocked(s, [&](ModelKvCache& mc) { return mc.restore(id); }));
+      },
+      nb::arg("id"), "Restores the sequence in every group where it is offloaded.");
+  cls.def(
+      "prefetch",
+      [](PyModelCache& s, const Ids& ids) {
+        check(unlocked(s, [&](ModelKvCache& mc) { return mc.prefetch(ids); }));
+      },
+      nb::arg("ids"), "KvCache.prefetch in every group.");
+  cls.def(
+      "residency",
+      [](PyModelCache& s, SequenceId id) {
+        return value_or_throw(unlocked(s, [&](ModelKvCache& mc) { return mc.residency(id); }));
+      },
+      nb::arg("id"), "The least ready residency over the groups. NotFoundError.");
+  cls.def(
+      "drain_evicted_sequences",
+      [](PyModelCache& s) {
+        return unlocked(s, [&](ModelKvCache& mc) { return mc.drain_evicted_sequences(); });
+      },
+      "Sequences some group dropped to make room since the last call (gone from every group).");
+
+  // ---- reading ----
+  cls.def(
+      "build_batch",
+      [](nb::handle self, const Ids& ids, bool csr, int64_t pad_slots_to) {
+        BatchOptions o;
+        o.build_csr = csr;
+        o.pad_slots_to = pad_slots_to;
+        return build_model_batch(self, ids, o);
+      },
+      nb::arg("ids"), nb::arg("csr") = false, nb::arg("pad_slots_to") = 0,
+      "Builds a step's batch metadata in every group; returns a ModelBatch (batch[g] is group "
+      "g's Batch; its device arrays are valid until the next build_batch).");
+  cls.def(
+      "write_kv",
+      [](PyModelCache& s, SequenceId id, int32_t layer, nb::handle key, nb::handle value) {
+        const LayerGroup lg = layer_group(*s.model, layer);
+        const std::pair<KvInput, KvInput> in =
+            kv_inputs(s.model->group(lg.group), key, value, where(*s.model, lg.group));
+        const KvInput &k = in.first, &v = in.second;
+        check(unlocked(s, [&](ModelKvCache& mc) -> Status {
+          PAGEDKV_ASSIGN_OR_RETURN(int64_t pending, mc.pending(id));
+          if (pending != k.rows) {
+            return invalid_argument("key: " + std::to_string(k.rows) + " tokens, but sequence " +
+                                    std::to_string(id) + " has " + std::to_string(pending) +
+                                    " reserved");
+          }
+          PAGEDKV_RETURN_IF_ERROR(mc.write_kv(id, layer, k.data, v.data, k.dtype, k.row_stride));
+          return k.host_memory ? mc.synchronize() : ok_status();
+        }));
+      },
+      nb::arg("id"), nb::arg("layer"), nb::arg("key"), nb::arg("value").none() = nb::none(),
+      "Writes model layer `layer` of the reserved tokens into its group: key/value [pending, "
+      "heads, dim] of that group's shape; a latent group takes the latents as key and "
+      "value=None. Host (numpy) inputs are read before the call returns.");
+  cls.def(
+      "write_kv_batch",
+      [](PyModelCache& s, nb::handle batch, int32_t layer, nb::handle key, nb::handle value) {
+        PyModelBatch& b = model_batch(s, batch);
+        const LayerGroup lg = layer_group(*s.model, layer);
+        const PyBatch& part = nb::cast<const PyBatch&>(b.groups[size_t(lg.group)]);
+        const std::pair<KvInput, KvInput> in =
+            kv_batch_inputs(s.model->group(lg.group), key, value, part.host.slot_mapping.size(),
+                            where(*s.model, lg.group));
+        const KvInput &k = in.first, &v = in.second;
+        check(unlocked(s, [&](ModelKvCache& mc) -> Status {
+          PAGEDKV_RETURN_IF_ERROR(
+              mc.write_kv_batch(b.device, layer, k.data, v.data, k.dtype, k.row_stride));
+          return k.host_memory ? mc.synchronize() : ok_status();
+        }));
+      },
+      nb::arg("batch"), nb::arg("layer"), nb::arg("key"), nb::arg("value").none() = nb::none(),
+      "Writes model layer `layer` of every token of the current ModelBatch through its group's "
+      "slot mapping; key/value [len(batch[group].host.slot_mapping), heads, dim] (value=None for "
+      "a latent group).");
+  cls.def(
+      "gather_layer",
+      [](nb::handle self, SequenceId id, int32_t layer, const std::string& layout,
+         std::optional<DType> dtype, int64_t begin, int64_t num_tokens) {
+        PyModelCache& s = nb::cast<PyModelCache&>(self);
+        const LayerGroup lg = layer_group(*s.model, layer);
+        KvCache& kv = s.model->group(lg.group);
+        int64_t n = num_tokens;
+        if (n < 0) {
+          const int64_t length =
+              value_or_throw(unlocked(s, [&](ModelKvCache& mc) { return mc.length(id); }));
+          n = length - begin;
+          if (n < 0) throw StatusError(out_of_range("begin: past the committed tokens"));
+        }
+        GatherOutput out = gather_output(self, kv, layout, dtype, n);
+        check(unlocked(s, [&](ModelKvCache& mc) -> Status {
+          PAGEDKV_RETURN_IF_ERROR(
+              mc.gather_layer(id, layer, out.key, out.value, out.dtype, out.layout, begin, n));
+          return mc.synchronize();
+        }));
+        return gather_result(kv, std::move(out));
+      },
+      nb::arg("id"), nb::arg("layer"), nb::arg("layout") = "token_major",
+      nb::arg("dtype") = nb::none(), nb::arg("begin") = 0, nb::arg("num_tokens") = -1,
+      "Packs positions [begin, begin + num_tokens) of model layer `layer` of a sequence into new "
+      "arrays, as KvCache.gather_layer; (latents, None) for a latent group. OutOfRangeError for "
+      "positions a window group no longer holds.");
+  cls.def(
+      "layer_kv",
+      [](nb::handle self, int32_t layer) {
+        PyModelCache& s = nb::cast<PyModelCache&>(self);
+        const LayerGroup lg = layer_group(*s.model, layer);
+        return layer_views(self, s.model->group(lg.group), lg.layer);
+      },
+      nb::arg("layer"),
+      "(K, V) zero-copy views of model layer `layer` in its group's device pool, as "
+      "KvCache.layer_kv; (latents, None) for a latent group. OutOfRangeError.");
+  cls.def(
+      "synchronize",
+      [](PyModelCache& s) {
+        check(unlocked(s, [&](ModelKvCache& mc) { return mc.synchronize(); }));
+      },
+      "Blocks until the model's queued work (kernels and transfers) is done.");
+
+  // ---- queries ----
+  cls.def(
+      "contains",
+      [](PyModelCache& s, SequenceId id) {
+        return unlocked(s, [&](ModelKvCache& mc) { return mc.contains(id); });
+      },
+      nb::arg("id"), "Whether the sequence exists (offloaded ones included).");
+  cls.def(
+      "length",
+      [](PyModelCache& s, SequenceId id) {
+        return value_or_throw(unlocked(s, [&](ModelKvCache& mc) { return mc.length(id); }));
+      },
+      nb::arg("id"), "Committed token count (the same in every group). NotFoundError.");
+  cls.def(
+      "pending",
+      [](PyModelCache& s, SequenceId id) {
+        return value_or_throw(unlocked(s, [&](ModelKvCache& mc) { return mc.pending(id); }));
+      },
+      nb::arg("id"), "Reserved, uncommitted token count. NotFoundError.");
+  cls.def(
+      "held_blocks",
+      [](PyModelCache& s, SequenceId id, int32_t g) {
+        return value_or_throw(unlocked(s, [&](ModelKvCache& mc) { return mc.held_blocks(id, g); }));
+      },
+      nb::arg("id"), nb::arg("group"),
+      "Blocks the sequence holds in group `group` (not those that fell out of its window). "
+      "NotFoundError, OutOfRangeError.");
+  cls.def(
+      "held_bytes",
+      [](PyModelCache& s, SequenceId id) {
+        return value_or_throw(unlocked(s, [&](ModelKvCache& mc) { return mc.held_bytes(id); }));
+      },
+      nb::arg("id"),
+      "Bytes of the blocks the sequence holds over all groups, on either tier. NotFoundError.");
+  cls.def(
+      "check_invariants",
+      [](PyModelCache& s) {
+        check(unlocked(s, [&](ModelKvCache& mc) { return mc.check_invariants(); }));
+      },
+      "Every group's invariants, and every sequence in every group with the same length and "
+      "reservation; InternalError names the first broken one.");
+}
+
+}  // namespace pagedkv::python
