@@ -163,7 +163,8 @@ class KvCache {
                   DType input_dtype, int64_t row_stride = 0);
   /// Writes one layer's K/V of every token of a built batch through its slot mapping, in one
   /// launch: `key`/`value` are [batch.host->slot_mapping.size(), kv_heads, head_dim] (padding
-  /// rows are skipped). kFailedPrecondition for a batch that a later call made stale.
+  /// rows are skipped). kFailedPrecondition for a batch that a later call made stale,
+  /// kInvalidArgument for one another cache built.
   Status write_kv_batch(const DeviceBatch& batch, int32_t layer, const void* key, const void* value,
                         DType input_dtype, int64_t row_stride = 0);
   /// As write_kv_batch, for every layer in one launch: `key`/`value` are
@@ -241,6 +242,10 @@ class KvCache {
   /// Builds a step's metadata for device-resident sequences and uploads it asynchronously.
   StatusOr<DeviceBatch> build_batch(const std::vector<SequenceId>& ids,
                                     const BatchOptions& options = {});
+  /// Whether `batch` came from this cache's build_batch (of any generation).
+  bool built_here(const DeviceBatch& batch) const {
+    return batch.host != nullptr && batch.host == built_host_;
+  }
   /// The device view of a built batch, to pass by value to an attention kernel: the CSR form
   /// when the batch was built with BatchOptions::build_csr, else the block-table form. fp8
   /// pools take their dequantisation `scales` here. Valid as long as `batch` is.
@@ -295,7 +300,8 @@ class KvCache {
   // `failure`; when that fails too, the cache is marked unusable and that error returned.
   Status recover(const Status& failure, core::TierPlan& plan, int64_t moves_done);
   Status order_block_reuse(const std::vector<int64_t>& slots);
-  // kFailedPrecondition unless `batch` is the last one built and nothing changed since.
+  // kInvalidArgument for another cache's batch; kFailedPrecondition unless `batch` is the last
+  // one built and nothing changed since.
   Status check_batch_current(const DeviceBatch& batch) const;
   // commit() without the NVTX range and the broken check.
   Status commit_tokens(SequenceId id, const TokenId* tokens, int64_t n);
@@ -333,6 +339,9 @@ class KvCache {
   // can change a reservation or a block; write_kv_batch refuses a batch of another generation.
   std::unique_ptr<runtime::UploadLease> batch_upload_;
   uint64_t generation_ = 0;
+  // The host metadata this cache's batches point to (the control plane's, one per cache): a
+  // batch pointing elsewhere was built by another cache.
+  const BatchMetadata* built_host_ = nullptr;
   std::unordered_map<SequenceId, uint64_t> last_job_;
   std::vector<SequenceId> evicted_;
   Status broken_;  // set when a failed call could not be taken back

@@ -81,7 +81,7 @@ class ModelKvCache {
   Status write_kv(SequenceId id, int32_t layer, const void* key, const void* value,
                   DType input_dtype, int64_t row_stride = 0);
   /// KvCache::write_kv_batch of model layer `layer` through its group's batch.
-  /// kInvalidArgument when `batch` has another number of groups.
+  /// kInvalidArgument when `batch` has another number of groups or another cache built it.
   Status write_kv_batch(const ModelBatch& batch, int32_t layer, const void* key, const void* value,
                         DType input_dtype, int64_t row_stride = 0);
   /// Commits in every group (checked in full first, so an error commits nothing).
@@ -166,7 +166,7 @@ class ModelKvCache {
   ModelKvCache() = default;
   // kOutOfRange for a group index outside [0, num_groups()).
   Status check_group(int32_t g) const;
-  // kInvalidArgument for a batch of another number of groups.
+  // kInvalidArgument for a batch of another number of groups, or one another cache built.
   Status check_batch(const ModelBatch& batch) const;
   // Erases from every group the sequences some group dropped, into evicted_.
   void sync_evictions();

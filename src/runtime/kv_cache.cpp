@@ -313,6 +313,9 @@ Status KvCache::write_kv(SequenceId id, int32_t layer, const void* key, const vo
 }
 
 Status KvCache::check_batch_current(const DeviceBatch& batch) const {
+  if (batch.host != nullptr && !built_here(batch)) {
+    return invalid_argument("the DeviceBatch was built by another cache");
+  }
   if (batch.host == nullptr || batch.generation != generation_) {
     return failed_precondition(
         "the DeviceBatch is stale: build_batch again after reserving, committing or moving "
@@ -492,6 +495,7 @@ StatusOr<DeviceBatch> KvCache::build_batch(const std::vector<SequenceId>& ids,
   // The host metadata every DeviceBatch points to has just been rewritten: an earlier batch is
   // stale from here on, even if the upload below fails (found by tests/fuzz).
   ++generation_;
+  built_host_ = m;
   // One packed upload: every array lives until the next build_batch (DeviceBatch's contract).
   PAGEDKV_ASSIGN_OR_RETURN(
       runtime::UploadLease up,

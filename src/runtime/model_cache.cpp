@@ -119,6 +119,12 @@ Status ModelKvCache::check_batch(const ModelBatch& batch) const {
     return invalid_argument("batch: " + std::to_string(batch.groups.size()) +
                             " groups, the model has " + std::to_string(num_groups()));
   }
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    if (!group(g).built_here(batch.groups[static_cast<size_t>(g)])) {
+      return invalid_argument("batch: " + group_name(config_, g) +
+                              "'s batch was not built by this model's build_batch");
+    }
+  }
   return ok_status();
 }
 

@@ -14,6 +14,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pagedkv/cache.hpp"
@@ -369,6 +370,26 @@ TEST_P(ModelCacheTest, BadCallsAreClearErrorsThatChangeNothing) {
                    StatusCode::kInvalidArgument, "groups, the model has 2", before);
     expect_refused(cache_->device_view(*bad, 0).status(), StatusCode::kInvalidArgument,
                    "groups, the model has 2", before);
+  }
+  // Group batches swapped, and a batch another model of the same shape built: the group counts
+  // match, the owners do not.
+  ModelBatch swapped = *batch;
+  std::swap(swapped.groups[0], swapped.groups[1]);
+  auto other = ModelKvCache::create(config_, [&] {
+    ModelKvCacheOptions o;
+    o.cache.backend = backend_.get();
+    return o;
+  }());
+  ASSERT_TRUE(other.ok()) << other.status().to_string();
+  ASSERT_TRUE((*other)->add_sequence(1, iota_tokens(40, 10)).ok());
+  ASSERT_TRUE((*other)->reserve(1, 1).ok());
+  auto foreign = (*other)->build_batch({1});
+  ASSERT_TRUE(foreign.ok()) << foreign.status().to_string();
+  for (const ModelBatch* bad : {&swapped, &*foreign}) {
+    expect_refused(cache_->write_kv_batch(*bad, 0, k.data(), v.data(), DType::kFloat16),
+                   StatusCode::kInvalidArgument, "not built by this model's build_batch", before);
+    expect_refused(cache_->device_view(*bad, 1).status(), StatusCode::kInvalidArgument,
+                   "not built by this model's build_batch", before);
   }
   for (int32_t g : {-1, 2}) {
     expect_refused(cache_->device_view(*batch, g).status(), StatusCode::kOutOfRange,

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -482,6 +483,53 @@ TEST(StaleBatchTest, AFailedBuildBatchMakesTheEarlierBatchStale) {
   EXPECT_EQ(kv->fork(77, 78).code(), StatusCode::kNotFound);
   EXPECT_TRUE(kv->write_kv_batch(*second, 0, k.data(), v.data(), DType::kFloat16).ok());
   EXPECT_TRUE(kv->check_invariants().ok());
+}
+
+// Two caches with the same sequences in the same state build batches of the same generation:
+// only the owner check tells them apart, and a batch of one written through the other would
+// land at the first cache's slots in the second's pool.
+TEST(StaleBatchTest, ABatchAnotherCacheBuiltIsRefused) {
+  auto cpu = create_cpu_backend();
+  KvCacheOptions o;
+  o.backend = cpu.get();
+  auto a = std::move(KvCache::create(step_config(), o)).value();
+  auto b = std::move(KvCache::create(step_config(), o)).value();
+  for (KvCache* kv : {a.get(), b.get()}) {
+    ASSERT_TRUE(kv->add_sequence(1, {}).ok());
+    ASSERT_TRUE(kv->reserve_batch({1}, 2).ok());
+  }
+  auto from_a = a->build_batch({1});
+  auto from_b = b->build_batch({1});
+  ASSERT_TRUE(from_a.ok() && from_b.ok());
+  ASSERT_EQ(from_a->generation, from_b->generation);
+  EXPECT_TRUE(a->built_here(*from_a));
+  EXPECT_FALSE(a->built_here(*from_b));
+  // Two tokens of every layer, all ones.
+  const size_t elems = 3 * 2 * size_t(2 * 24);
+  const std::vector<uint16_t> ones(elems, 0x3C00);
+  DeviceBuffer k(*cpu, elems * 2), v(*cpu, elems * 2);
+  k.upload(ones);
+  v.upload(ones);
+  const PoolRef pool = a->device_pool();
+  const auto pool_bytes = [&] {
+    std::vector<uint16_t> all(static_cast<size_t>(pool.layout.block_elems() * pool.num_blocks));
+    EXPECT_TRUE(a->synchronize().ok());
+    EXPECT_TRUE(
+        cpu->copy_async(all.data(), pool.data, all.size() * 2, CopyKind::kDeviceToHost, Stream{})
+            .ok());
+    EXPECT_TRUE(cpu->synchronize_stream(Stream{}).ok());
+    return all;
+  };
+  const std::vector<uint16_t> before = pool_bytes();
+  const Status st = a->write_kv_batch(*from_b, 0, k.data(), v.data(), DType::kFloat16);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("built by another cache"), std::string::npos) << st.message();
+  EXPECT_EQ(a->write_kv_batch_all_layers(*from_b, k.data(), v.data(), DType::kFloat16).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(pool_bytes() == before) << "a refused write changed the pool";
+  EXPECT_TRUE(a->write_kv_batch(*from_a, 0, k.data(), v.data(), DType::kFloat16).ok());
+  EXPECT_FALSE(pool_bytes() == before) << "the owner's batch writes";
+  EXPECT_TRUE(a->check_invariants().ok());
 }
 
 TEST(CallerStreamTest, SeedKvCacheQueuesOnTheCallersStreamInBothModes) {
