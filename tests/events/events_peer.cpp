@@ -1,7 +1,7 @@
 // pagedkv_events_peer: a KvCache with an EventPublisher on 127.0.0.1, driven line by line on
-// stdin by the Python consumer tests (subscriber_test.py, dynamo_bridge_test.py), which start
-// it, read the endpoints it prints, and stop it. Every command publishes what it caused and
-// answers one line: "ok key=value ..." or "error <message>".
+// stdin by the Python consumer tests (subscriber_test.py, model_subscriber_test.py,
+// dynamo_bridge_test.py), which start it, read the endpoints it prints, and stop it. Every
+// command publishes what it caused and answers one line: "ok key=value ..." or "error <message>".
 //
 //   workload <seed> <min_wire_events>   random adds, extends, finishes, erases, offloads,
 //                                       restores and prefetches under pressure, until at least
