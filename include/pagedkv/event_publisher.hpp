@@ -1,4 +1,5 @@
-// EventPublisher: publishes a KvCache's block events on a ZeroMQ PUB socket the way vLLM does,
+// EventPublisher: publishes the block events of a KvCache, or of a hybrid model's ModelKvCache
+// (each event tagged with its KV group), on a ZeroMQ PUB socket the way vLLM does,
 // so KV-aware routers (Dynamo's KV router, llm-d, sgl-router) can follow which prefixes this
 // cache holds and on which tier. Optional: built as pagedkv_events when ZeroMQ and msgpack are
 // found (PAGEDKV_BUILD_EVENTS). docs/events.md describes the wire format.
@@ -21,11 +22,13 @@
 #include <vector>
 
 #include "pagedkv/control_types.hpp"
+#include "pagedkv/events/wire.hpp"
 #include "pagedkv/status.hpp"
 
 namespace pagedkv {
 
 class KvCache;
+class ModelKvCache;
 
 /// Where and how to publish.
 struct EventPublisherOptions {
@@ -75,6 +78,17 @@ class EventPublisher {
   /// Publishes `events` as one message (see publish(KvCache&)). kInvalidArgument from the
   /// encoder (nothing sent); kUnavailable when ZeroMQ refuses the send.
   StatusOr<int64_t> publish(const std::vector<ControlEvent>& events);
+  /// Drains every group of a hybrid model (ModelKvCache::drain_events) and publishes the events
+  /// as one message; with two or more groups each block event carries its group as vLLM's
+  /// `group_idx` (stored ones also the group's kind and window; docs/events.md), with one the
+  /// message is what publish(KvCache&) sends. kInvalidArgument, nothing drained, when the
+  /// model's block_size is not the publisher's; otherwise as publish(KvCache&).
+  StatusOr<int64_t> publish(ModelKvCache& model);
+  /// Publishes `events` of the groups described by `groups` (indexed by ControlEvent::group;
+  /// events::wire_groups gives them for a config) as one message. kInvalidArgument from the
+  /// encoder, also for an event of a group outside `groups`.
+  StatusOr<int64_t> publish(const std::vector<ControlEvent>& events,
+                            const std::vector<events::WireGroup>& groups);
 
   /// The bound PUB endpoint, e.g. "tcp://127.0.0.1:41234".
   const std::string& endpoint() const;

@@ -55,8 +55,9 @@ class ModelKvCache {
 
   const CacheConfig& config() const { return config_; }
   int32_t num_groups() const { return static_cast<int32_t>(groups_.size()); }
-  /// A group's cache, for what this class does not route (stats, events, pools). Calls that
-  /// change sequences must go through the ModelKvCache, or the groups fall out of step.
+  /// A group's cache, for what this class does not route (stats, pools). Calls that change
+  /// sequences must go through the ModelKvCache, or the groups fall out of step; events drained
+  /// here carry group 0 (use drain_events() for the group tag).
   KvCache& group(int32_t g) { return *groups_[static_cast<size_t>(g)]; }
   const KvCache& group(int32_t g) const { return *groups_[static_cast<size_t>(g)]; }
   /// The group and in-group index of a model layer. kOutOfRange.
@@ -161,6 +162,16 @@ class ModelKvCache {
   /// Every group's invariants, and that every sequence is in every group with the same length
   /// and reservation.
   Status check_invariants() const;
+
+  // ---- events ----
+
+  /// Every group's control events since the last drain, each with its group index in
+  /// ControlEvent::group. Order: first the kEventsDropped event of every group whose event ring
+  /// overflowed, in group order; then group 0's other events oldest first, then group 1's, and
+  /// so on. Only the order inside a group means anything (no event of one group is about a
+  /// block of another); the resyncs come first so that a reader that forgets every group on one
+  /// (vLLM's AllBlocksCleared names no group) keeps the events drained with it.
+  std::vector<ControlEvent> drain_events();
 
  private:
   ModelKvCache() = default;

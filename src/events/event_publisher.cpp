@@ -14,6 +14,7 @@
 #include "events/replay_buffer.hpp"
 #include "pagedkv/cache.hpp"
 #include "pagedkv/events/wire.hpp"
+#include "pagedkv/model_cache.hpp"
 
 namespace pagedkv {
 
@@ -47,6 +48,9 @@ struct EventPublisher::Impl {
 
   void serve_replay();
   void answer(const zmq::message_t& identity, int64_t start);
+  // Encodes `events` with `wire_options` and sends them as the next message (publish()).
+  StatusOr<int64_t> send(const std::vector<ControlEvent>& events,
+                         const events::WireOptions& wire_options);
 };
 
 void EventPublisher::Impl::answer(const zmq::message_t& identity, int64_t start) {
@@ -156,8 +160,30 @@ StatusOr<std::unique_ptr<EventPublisher>> EventPublisher::create(
 
 StatusOr<int64_t> EventPublisher::publish(KvCache& cache) { return publish(cache.drain_events()); }
 
+StatusOr<int64_t> EventPublisher::publish(ModelKvCache& model) {
+  if (model.config().block_size != impl_->wire.block_size) {
+    return invalid_argument("EventPublisher: the model's block_size is " +
+                            std::to_string(model.config().block_size) + ", the publisher's " +
+                            std::to_string(impl_->wire.block_size));
+  }
+  return publish(model.drain_events(), events::wire_groups(model.config()));
+}
+
+StatusOr<int64_t> EventPublisher::publish(const std::vector<ControlEvent>& events,
+                                          const std::vector<events::WireGroup>& groups) {
+  // A copy: the replay thread reads impl_->wire for its resync answers.
+  events::WireOptions wire = impl_->wire;
+  wire.groups = groups;
+  return impl_->send(events, wire);
+}
+
 StatusOr<int64_t> EventPublisher::publish(const std::vector<ControlEvent>& events) {
-  Impl& m = *impl_;
+  return impl_->send(events, impl_->wire);
+}
+
+StatusOr<int64_t> EventPublisher::Impl::send(const std::vector<ControlEvent>& events,
+                                             const events::WireOptions& wire_options) {
+  Impl& m = *this;
   const std::vector<ControlEvent>* batch = &events;
   std::vector<ControlEvent> with_clear;
   if (m.resync_next) {
@@ -169,7 +195,7 @@ StatusOr<int64_t> EventPublisher::publish(const std::vector<ControlEvent>& event
   }
   events::WireCounts counts;
   const double ts = m.options.clock ? m.options.clock() : wall_clock_seconds();
-  Status s = events::encode_batch(*batch, ts, m.wire, &m.payload, &counts);
+  Status s = events::encode_batch(*batch, ts, wire_options, &m.payload, &counts);
   if (!s.ok()) {
     m.resync_next = true;
     return s;

@@ -5,6 +5,7 @@
 // shortest integer form, as msgspec does, so a decoded and re-encoded batch is the same bytes.
 #include "pagedkv/events/wire.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #define MSGPACK_NO_BOOST 1
@@ -39,10 +40,18 @@ void pack_str(Packer& pk, const char* s) {
   pk.pack_str_body(s, static_cast<uint32_t>(n));
 }
 
+// A batch of a hybrid model: block events say which group they belong to.
+bool tags_groups(const WireOptions& o) { return o.groups.size() > 1; }
+
 // BlockStored {type, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
-// lora_name}: the eight fields of vLLM's struct that have no default.
+// lora_name}: the eight fields of vLLM's struct that have no default. A hybrid model's events
+// add, after `extra_keys` (None: omitted), `group_idx`, `kv_cache_spec_kind` and
+// `kv_cache_spec_sliding_window`, each omitted where vLLM leaves it None.
 void pack_stored(Packer& pk, const ControlEvent& e, const WireOptions& o) {
-  pk.pack_map(8);
+  const WireGroup* g = tags_groups(o) ? &o.groups[static_cast<size_t>(e.group)] : nullptr;
+  const uint32_t group_fields =
+      g == nullptr ? 0u : 1u + (g->kind.empty() ? 0u : 1u) + (g->sliding_window > 0 ? 1u : 0u);
+  pk.pack_map(8 + group_fields);
   pack_str(pk, "type");
   pack_str(pk, "BlockStored");
   pack_str(pk, "block_hashes");
@@ -69,11 +78,22 @@ void pack_stored(Packer& pk, const ControlEvent& e, const WireOptions& o) {
   pack_str(pk, medium_name(e.tier));
   pack_str(pk, "lora_name");
   pk.pack_nil();
+  if (g == nullptr) return;
+  pack_str(pk, "group_idx");
+  pk.pack_int32(e.group);
+  if (!g->kind.empty()) {
+    pack_str(pk, "kv_cache_spec_kind");
+    pack_str(pk, g->kind.c_str());
+  }
+  if (g->sliding_window > 0) {
+    pack_str(pk, "kv_cache_spec_sliding_window");
+    pk.pack_int32(g->sliding_window);
+  }
 }
 
-// BlockRemoved {type, block_hashes, medium}.
-void pack_removed(Packer& pk, const ControlEvent& e) {
-  pk.pack_map(3);
+// BlockRemoved {type, block_hashes, medium}, plus `group_idx` for a hybrid model.
+void pack_removed(Packer& pk, const ControlEvent& e, const WireOptions& o) {
+  pk.pack_map(tags_groups(o) ? 4 : 3);
   pack_str(pk, "type");
   pack_str(pk, "BlockRemoved");
   pack_str(pk, "block_hashes");
@@ -81,6 +101,9 @@ void pack_removed(Packer& pk, const ControlEvent& e) {
   pk.pack_uint64(e.block_hash);
   pack_str(pk, "medium");
   pack_str(pk, medium_name(e.tier));
+  if (!tags_groups(o)) return;
+  pack_str(pk, "group_idx");
+  pk.pack_int32(e.group);
 }
 
 void pack_cleared(Packer& pk) {
@@ -103,6 +126,24 @@ const char* medium_name(Tier tier) {
   return "GPU";
 }
 
+std::vector<WireGroup> wire_groups(const CacheConfig& config) {
+  auto describe = [](KvKind kind, int32_t window) {
+    const bool latent = kind == KvKind::kLatent;
+    WireGroup w;
+    if (window > 0) {
+      w.kind = latent ? "sliding_window_mla" : "sliding_window";
+      w.sliding_window = window;
+    } else {
+      w.kind = latent ? "mla_attention" : "full_attention";
+    }
+    return w;
+  };
+  std::vector<WireGroup> out;
+  if (config.groups.empty()) out.push_back(describe(config.kv_kind, config.sliding_window));
+  for (const KvGroup& g : config.groups) out.push_back(describe(g.kv_kind, g.sliding_window));
+  return out;
+}
+
 uint64_t root_hash(NamespaceId ns) { return core::PrefixIndex::root_hash(ns); }
 
 std::string sequence_bytes(int64_t seq) {
@@ -123,9 +164,15 @@ Status encode_batch(const std::vector<ControlEvent>& events, double timestamp,
     return invalid_argument("encode_batch: data_parallel_rank must be >= 0, got " +
                             std::to_string(options.data_parallel_rank));
   }
+  const size_t num_groups = std::max<size_t>(options.groups.size(), 1);
   WireCounts c;
   for (size_t i = 0; i < events.size(); ++i) {
     const ControlEvent& e = events[i];
+    if (e.group < 0 || static_cast<size_t>(e.group) >= num_groups) {
+      return invalid_argument("encode_batch: event " + std::to_string(i) + " belongs to group " +
+                              std::to_string(e.group) + ", the batch has " +
+                              std::to_string(num_groups) + " group(s)");
+    }
     if (e.kind == EventKind::kBlockStored &&
         e.tokens.size() != static_cast<size_t>(options.block_size)) {
       return invalid_argument("encode_batch: event " + std::to_string(i) + " stores " +
@@ -159,7 +206,7 @@ Status encode_batch(const std::vector<ControlEvent>& events, double timestamp,
         pack_stored(pk, e, options);
         break;
       case EventKind::kBlockRemoved:
-        pack_removed(pk, e);
+        pack_removed(pk, e, options);
         break;
       case EventKind::kEventsDropped:
         pack_cleared(pk);

@@ -2,6 +2,7 @@
 #include "pagedkv/model_cache.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <string>
 
 #include "common/nvtx.hpp"
@@ -534,6 +535,23 @@ Status ModelKvCache::check_invariants() const {
     }
   }
   return ok_status();
+}
+
+// ---------------------------------------------------------------- events
+
+std::vector<ControlEvent> ModelKvCache::drain_events() {
+  std::vector<ControlEvent> resyncs;
+  std::vector<ControlEvent> events;
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    for (ControlEvent& e : group(g).drain_events()) {
+      e.group = g;
+      (e.kind == EventKind::kEventsDropped ? resyncs : events).push_back(std::move(e));
+    }
+  }
+  if (resyncs.empty()) return events;
+  resyncs.insert(resyncs.end(), std::make_move_iterator(events.begin()),
+                 std::make_move_iterator(events.end()));
+  return resyncs;
 }
 
 }  // namespace pagedkv

@@ -1,7 +1,7 @@
 // pagedkv_events_peer: a KvCache with an EventPublisher on 127.0.0.1, driven line by line on
-// stdin by the Python consumer tests (subscriber_test.py, dynamo_bridge_test.py), which start
-// it, read the endpoints it prints, and stop it. Every command publishes what it caused and
-// answers one line: "ok key=value ..." or "error <message>".
+// stdin by the Python consumer tests (subscriber_test.py, model_subscriber_test.py,
+// dynamo_bridge_test.py), which start it, read the endpoints it prints, and stop it. Every
+// command publishes what it caused and answers one line: "ok key=value ..." or "error <message>".
 //
 //   workload <seed> <min_wire_events>   random adds, extends, finishes, erases, offloads,
 //                                       restores and prefetches under pressure, until at least
@@ -12,6 +12,10 @@
 //                                       (erase would drop the cached blocks it matched):
 //                                       answers the prefix-hit blocks pagedkv's index found
 //   quit
+//
+// With --model, the cache is a two-group ModelKvCache (group 0 full attention, group 1 a sliding
+// window of 4 blocks, each with the --device-blocks and --host-blocks pools) and its events go
+// out tagged with their group (model_subscriber_test.py); answers' counts are the groups' sums.
 #include <cstdio>
 #include <iostream>
 #include <random>
@@ -21,13 +25,32 @@
 
 #include "pagedkv/cache.hpp"
 #include "pagedkv/event_publisher.hpp"
+#include "pagedkv/model_cache.hpp"
 
 namespace {
 
 using namespace pagedkv;
 
+ControlStats stats_of(const KvCache& kv) { return kv.stats(); }
+
+ControlStats stats_of(const ModelKvCache& m) {
+  ControlStats sum;
+  for (int32_t g = 0; g < m.num_groups(); ++g) {
+    const ControlStats s = m.group(g).stats();
+    sum.blocks_demoted += s.blocks_demoted;
+    sum.host_blocks_dropped += s.host_blocks_dropped;
+    sum.blocks_evicted += s.blocks_evicted;
+    sum.blocks_offloaded += s.blocks_offloaded;
+    sum.blocks_restored += s.blocks_restored;
+    sum.prefix_hit_blocks += s.prefix_hit_blocks;
+    sum.prefix_host_hit_blocks += s.prefix_host_hit_blocks;
+  }
+  return sum;
+}
+
+template <typename Cache>
 struct Peer {
-  std::unique_ptr<KvCache> kv;
+  std::unique_ptr<Cache> kv;
   std::unique_ptr<EventPublisher> pub;
   std::vector<SequenceId> live;  // workload sequences
   SequenceId next_id = 1000000;
@@ -134,13 +157,13 @@ struct Peer {
         s = add(id, ns, t, &cached);
         if (s.ok()) out << "ok cached=" << cached;
       } else {
-        const ControlStats a = kv->stats();
+        const ControlStats a = stats_of(*kv);
         SequenceOptions o;
         o.ns = ns;
         auto c = kv->add_sequence(next_id, t, o);
         s = c.status();
         if (s.ok()) {
-          const ControlStats b = kv->stats();
+          const ControlStats b = stats_of(*kv);
           s = kv->finish(next_id);
           out << "ok hit_blocks=" << b.prefix_hit_blocks - a.prefix_hit_blocks
               << " host_hit_blocks=" << b.prefix_host_hit_blocks - a.prefix_host_hit_blocks
@@ -161,7 +184,7 @@ struct Peer {
     }
     if (s.ok()) s = publish();
     if (!s.ok()) return "error " + s.message();
-    const ControlStats st = kv->stats();
+    const ControlStats st = stats_of(*kv);
     out << " demoted=" << st.blocks_demoted << " host_dropped=" << st.host_blocks_dropped
         << " evicted_blocks=" << st.blocks_evicted << " offloaded=" << st.blocks_offloaded
         << " restored=" << st.blocks_restored;
@@ -176,6 +199,34 @@ int64_t arg(int argc, char** argv, const std::string& name, int64_t def) {
   return def;
 }
 
+bool has_flag(int argc, char** argv, const std::string& name) {
+  for (int i = 1; i < argc; ++i) {
+    if (name == argv[i]) return true;
+  }
+  return false;
+}
+
+template <typename Cache>
+int serve(Peer<Cache>& peer, int argc, char** argv, int32_t block_size) {
+  EventPublisherOptions o;
+  o.replay_endpoint = "tcp://127.0.0.1:*";
+  o.replay_buffer = static_cast<size_t>(arg(argc, argv, "--replay-buffer", 10000));
+  auto pub = EventPublisher::create(block_size, o);
+  if (!pub.ok()) {
+    std::cerr << "events_peer: " << pub.status().message() << "\n";
+    return 1;
+  }
+  peer.pub = std::move(*pub);
+  std::cout << "ready endpoint=" << peer.pub->endpoint()
+            << " replay=" << peer.pub->replay_endpoint() << " block_size=" << block_size
+            << std::endl;
+  for (std::string line; std::getline(std::cin, line);) {
+    if (line == "quit") break;
+    std::cout << peer.run(line) << std::endl;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -188,28 +239,35 @@ int main(int argc, char** argv) {
   c.num_host_blocks = arg(argc, argv, "--host-blocks", 32);
   c.max_sequence_length = 256;
   c.backend = BackendKind::kCpu;
-  Peer peer;
+  if (has_flag(argc, argv, "--model")) {
+    c.num_layers = 2;
+    KvGroup full;
+    full.name = "full";
+    full.layers = {0};
+    full.num_kv_heads = 1;
+    full.head_dim = 8;
+    full.num_device_blocks = c.num_device_blocks;
+    full.num_host_blocks = c.num_host_blocks;
+    KvGroup window = full;
+    window.name = "window";
+    window.layers = {1};
+    window.sliding_window = 4 * c.block_size;
+    c.groups = {full, window};
+    Peer<ModelKvCache> peer;
+    auto m = ModelKvCache::create(c);
+    if (!m.ok()) {
+      std::cerr << "events_peer: " << m.status().message() << "\n";
+      return 1;
+    }
+    peer.kv = std::move(*m);
+    return serve(peer, argc, argv, c.block_size);
+  }
+  Peer<KvCache> peer;
   auto kv = KvCache::create(c);
   if (!kv.ok()) {
     std::cerr << "events_peer: " << kv.status().message() << "\n";
     return 1;
   }
   peer.kv = std::move(*kv);
-  EventPublisherOptions o;
-  o.replay_endpoint = "tcp://127.0.0.1:*";
-  o.replay_buffer = static_cast<size_t>(arg(argc, argv, "--replay-buffer", 10000));
-  auto pub = EventPublisher::create(c.block_size, o);
-  if (!pub.ok()) {
-    std::cerr << "events_peer: " << pub.status().message() << "\n";
-    return 1;
-  }
-  peer.pub = std::move(*pub);
-  std::cout << "ready endpoint=" << peer.pub->endpoint()
-            << " replay=" << peer.pub->replay_endpoint() << " block_size=" << c.block_size
-            << std::endl;
-  for (std::string line; std::getline(std::cin, line);) {
-    if (line == "quit") break;
-    std::cout << peer.run(line) << std::endl;
-  }
-  return 0;
+  return serve(peer, argc, argv, c.block_size);
 }

@@ -1,7 +1,7 @@
 """Starts pagedkv_events_peer, talks to it line by line, and stops it (also on failure).
 
-Shared by subscriber_test.py and dynamo_bridge_test.py. Everything is on 127.0.0.1: the peer
-binds its PUB and replay sockets to ports the OS picks and prints them.
+Shared by subscriber_test.py, model_subscriber_test.py and dynamo_bridge_test.py. Everything is
+on 127.0.0.1: the peer binds its PUB and replay sockets to ports the OS picks and prints them.
 """
 
 import os

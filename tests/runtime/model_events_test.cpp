@@ -1,0 +1,228 @@
+// ModelKvCache::drain_events: every group's block events tagged with the group. A two-group
+// model (group 0 full attention, group 1 sliding window 64, block size 16): stores in both
+// groups carry their group; blocks the window group released and later evicted are removed
+// with group 1 while group 0 keeps them; an overflowed event ring shows its resync with its
+// group, ahead of every other event of the drain; a one-group model drains what a KvCache does.
+// Expected hashes come from the reference formula (events/block_hash_reference.hpp), expected
+// events from the calls made, never from the code under test.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "events/block_hash_reference.hpp"
+#include "pagedkv/cache.hpp"
+#include "pagedkv/model_cache.hpp"
+
+namespace pagedkv {
+namespace {
+
+constexpr int32_t kBlock = 16;
+constexpr int32_t kWindow = 64;
+constexpr int32_t kFull = 0;      // group index of the full-attention layers
+constexpr int32_t kWindowed = 1;  // group index of the sliding-window layers
+
+// Layers 0 and 2 full attention (group 0), 1 and 3 sliding window 64 (group 1). The window
+// group's pool is 8 blocks: a 128-token prefill fills it, and what it releases is evicted by
+// the next sequence.
+CacheConfig two_groups() {
+  CacheConfig c;
+  c.num_layers = 4;
+  c.block_size = kBlock;
+  c.backend = BackendKind::kCpu;
+  KvGroup full;
+  full.name = "full";
+  full.layers = {0, 2};
+  full.num_kv_heads = 1;
+  full.head_dim = 8;
+  full.num_device_blocks = 64;
+  KvGroup window;
+  window.name = "window";
+  window.layers = {1, 3};
+  window.num_kv_heads = 1;
+  window.head_dim = 8;
+  window.sliding_window = kWindow;
+  window.num_device_blocks = 8;
+  c.groups = {full, window};
+  return c;
+}
+
+std::vector<TokenId> tokens(int n, TokenId first, TokenId step) {
+  std::vector<TokenId> t;
+  for (int i = 0; i < n; ++i) t.push_back(first + step * i);
+  return t;
+}
+
+// The chained hashes of a prompt's full blocks in namespace 0.
+std::vector<uint64_t> ref_hashes(const std::vector<TokenId>& prompt) {
+  std::vector<uint64_t> out;
+  uint64_t parent = testing::ref_root_hash(0);
+  for (size_t b = 0; b + kBlock <= prompt.size(); b += kBlock) {
+    parent = testing::ref_block_hash(
+        parent, std::vector<TokenId>(prompt.begin() + static_cast<std::ptrdiff_t>(b),
+                                     prompt.begin() + static_cast<std::ptrdiff_t>(b + kBlock)));
+    out.push_back(parent);
+  }
+  return out;
+}
+
+// add_sequence, reserve and commit of the whole prompt (nothing cached is expected).
+void prefill(ModelKvCache& m, SequenceId id, const std::vector<TokenId>& prompt) {
+  auto cached = m.add_sequence(id, prompt);
+  ASSERT_TRUE(cached.ok()) << cached.status().to_string();
+  ASSERT_EQ(*cached, 0);
+  auto slots = m.reserve(id, static_cast<int64_t>(prompt.size()));
+  ASSERT_TRUE(slots.ok()) << slots.status().to_string();
+  ASSERT_TRUE(m.commit(id, prompt).ok());
+  ASSERT_TRUE(m.check_invariants().ok()) << m.check_invariants().to_string();
+}
+
+std::string describe(const ControlEvent& e) {
+  return "kind " + std::to_string(static_cast<int>(e.kind)) + " group " + std::to_string(e.group) +
+         " hash " + std::to_string(e.block_hash);
+}
+
+// `e` is the device-tier store of block `b` of `prompt` in `group`.
+void expect_stored(const ControlEvent& e, int32_t group, const std::vector<TokenId>& prompt,
+                   size_t b) {
+  const std::vector<uint64_t> h = ref_hashes(prompt);
+  EXPECT_EQ(e.kind, EventKind::kBlockStored) << describe(e);
+  EXPECT_EQ(e.group, group) << describe(e);
+  EXPECT_EQ(e.tier, Tier::kDevice);
+  EXPECT_EQ(e.block_hash, h[b]) << "block " << b;
+  EXPECT_EQ(e.parent_hash, b == 0 ? testing::ref_root_hash(0) : h[b - 1]) << "block " << b;
+  EXPECT_EQ(e.tokens,
+            std::vector<TokenId>(prompt.begin() + static_cast<std::ptrdiff_t>(b * kBlock),
+                                 prompt.begin() + static_cast<std::ptrdiff_t>((b + 1) * kBlock)));
+}
+
+const std::vector<TokenId> kPromptA = tokens(128, 1000, 7);  // 8 blocks
+const std::vector<TokenId> kPromptB = tokens(64, 50000, 3);  // 4 blocks
+
+TEST(ModelKvCacheEvents, StoresCarryTheirGroupGroupsInOrder) {
+  auto m = ModelKvCache::create(two_groups());
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  prefill(**m, 1, kPromptA);
+  const std::vector<ControlEvent> ev = (*m)->drain_events();
+  // Both groups stored the 8 full blocks: group 0's first, then group 1's, each in order.
+  ASSERT_EQ(ev.size(), 16u);
+  for (size_t b = 0; b < 8; ++b) {
+    expect_stored(ev[b], kFull, kPromptA, b);
+    expect_stored(ev[8 + b], kWindowed, kPromptA, b);
+  }
+  EXPECT_TRUE((*m)->drain_events().empty());
+  for (int32_t g = 0; g < 2; ++g) EXPECT_TRUE((*m)->group(g).drain_events().empty());
+}
+
+TEST(ModelKvCacheEvents, BlocksTheWindowReleasedAreEvictedWithTheWindowGroup) {
+  auto m = ModelKvCache::create(two_groups());
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  prefill(**m, 1, kPromptA);
+  ASSERT_EQ((*m)->drain_events().size(), 16u);
+  // At 128 tokens the window (64) needs blocks 4..7 only: blocks 0..3 of the window group are
+  // released into its prefix cache, and its pool of 8 has no free block left. Sequence 2's 4
+  // blocks evict exactly those 4 there; the full group (64 blocks) evicts nothing.
+  prefill(**m, 2, kPromptB);
+  const std::vector<ControlEvent> ev = (*m)->drain_events();
+  const std::vector<uint64_t> a = ref_hashes(kPromptA);
+  ASSERT_EQ(ev.size(), 12u);
+  for (size_t b = 0; b < 4; ++b) expect_stored(ev[b], kFull, kPromptB, b);
+  // Group 1: the removals (during reserve) before the stores (at commit).
+  std::set<uint64_t> removed;
+  for (size_t i = 4; i < 8; ++i) {
+    EXPECT_EQ(ev[i].kind, EventKind::kBlockRemoved) << describe(ev[i]);
+    EXPECT_EQ(ev[i].group, kWindowed) << describe(ev[i]);
+    EXPECT_EQ(ev[i].tier, Tier::kDevice);
+    removed.insert(ev[i].block_hash);
+  }
+  EXPECT_EQ(removed, std::set<uint64_t>(a.begin(), a.begin() + 4));
+  for (size_t b = 0; b < 4; ++b) expect_stored(ev[8 + b], kWindowed, kPromptB, b);
+  // The full group still holds every block of A: a prompt of A and one more token hits all 8
+  // there.
+  for (const ControlEvent& e : ev) {
+    EXPECT_FALSE(e.group == kFull && e.kind == EventKind::kBlockRemoved) << describe(e);
+  }
+  std::vector<TokenId> longer = kPromptA;
+  longer.push_back(7);
+  auto hit = (*m)->group(kFull).cached_prefix(longer);
+  ASSERT_TRUE(hit.ok()) << hit.status().to_string();
+  EXPECT_EQ(*hit, 128);
+}
+
+TEST(ModelKvCacheEvents, AnOverflowedGroupResyncsWithItsGroupAheadOfTheRest) {
+  ModelKvCacheOptions o;
+  o.cache.event_capacity = 6;
+  auto m = ModelKvCache::create(two_groups(), o);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  // 8 stores in each group overflow both rings by 2: both resyncs first, in group order, then
+  // each group's 6 newest events.
+  prefill(**m, 1, kPromptA);
+  std::vector<ControlEvent> ev = (*m)->drain_events();
+  ASSERT_EQ(ev.size(), 14u);
+  for (int32_t g = 0; g < 2; ++g) {
+    EXPECT_EQ(ev[static_cast<size_t>(g)].kind, EventKind::kEventsDropped);
+    EXPECT_EQ(ev[static_cast<size_t>(g)].group, g);
+    EXPECT_EQ(ev[static_cast<size_t>(g)].dropped_events, 2);
+  }
+  for (size_t b = 2; b < 8; ++b) {
+    expect_stored(ev[b], kFull, kPromptA, b);
+    expect_stored(ev[6 + b], kWindowed, kPromptA, b);
+  }
+  // Sequence 2: group 0 records 4 stores (fits), group 1 4 removals and 4 stores (2 dropped).
+  prefill(**m, 2, kPromptB);
+  ev = (*m)->drain_events();
+  ASSERT_EQ(ev.size(), 11u);
+  EXPECT_EQ(ev[0].kind, EventKind::kEventsDropped);
+  EXPECT_EQ(ev[0].group, kWindowed);
+  EXPECT_EQ(ev[0].dropped_events, 2);
+  for (size_t b = 0; b < 4; ++b) expect_stored(ev[1 + b], kFull, kPromptB, b);
+  const std::vector<uint64_t> a = ref_hashes(kPromptA);
+  for (size_t i = 5; i < 7; ++i) {
+    EXPECT_EQ(ev[i].kind, EventKind::kBlockRemoved) << describe(ev[i]);
+    EXPECT_EQ(ev[i].group, kWindowed);
+    EXPECT_NE(std::find(a.begin(), a.begin() + 4, ev[i].block_hash), a.begin() + 4);
+  }
+  for (size_t b = 0; b < 4; ++b) expect_stored(ev[7 + b], kWindowed, kPromptB, b);
+}
+
+TEST(ModelKvCacheEvents, OneGroupDrainsWhatItsKvCacheDrains) {
+  CacheConfig c;
+  c.num_layers = 2;
+  c.num_kv_heads = 1;
+  c.head_dim = 8;
+  c.block_size = kBlock;
+  c.num_device_blocks = 8;
+  c.backend = BackendKind::kCpu;
+  auto m = ModelKvCache::create(c);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  auto kv = KvCache::create(c);
+  ASSERT_TRUE(kv.ok()) << kv.status().to_string();
+  // Two prompts of 8 blocks in a pool of 8: the second evicts the first's cached blocks.
+  for (SequenceId id : {SequenceId{1}, SequenceId{2}}) {
+    const std::vector<TokenId> p = id == 1 ? kPromptA : tokens(128, 9000, 5);
+    prefill(**m, id, p);
+    ASSERT_TRUE((*kv)->add_sequence(id, p).ok());
+    ASSERT_TRUE((*kv)->reserve(id, 128).ok());
+    ASSERT_TRUE((*kv)->commit(id, p).ok());
+    ASSERT_TRUE((*m)->finish(id).ok());
+    ASSERT_TRUE((*kv)->finish(id).ok());
+  }
+  const std::vector<ControlEvent> got = (*m)->drain_events();
+  const std::vector<ControlEvent> want = (*kv)->drain_events();
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(got.size(), 24u);  // 8 stored, 8 removed, 8 stored
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].group, 0);
+    EXPECT_EQ(got[i].kind, want[i].kind) << i;
+    EXPECT_EQ(got[i].tier, want[i].tier) << i;
+    EXPECT_EQ(got[i].block_hash, want[i].block_hash) << i;
+    EXPECT_EQ(got[i].parent_hash, want[i].parent_hash) << i;
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << i;
+  }
+}
+
+}  // namespace
+}  // namespace pagedkv
