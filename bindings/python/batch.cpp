@@ -84,6 +84,7 @@ nb::object building(nb::handle self, const Ids& ids, Fn&& fn) {
   check(unlocked(s, [&](KvCache& kv) -> Status {
     b->serial = ++s.batch_serial;
     PAGEDKV_ASSIGN_OR_RETURN(b->device, fn(kv));
+    b->built_host = b->device.host;
     b->host = *b->device.host;
     b->device.host = &b->host;
     return ok_status();
@@ -155,7 +156,7 @@ void register_batch(nb::module_& m, nb::class_<PyCache>& cls) {
         const KvInput &k = in.first, &v = in.second;
         check(unlocked(s, [&](KvCache& kv) -> Status {
           PAGEDKV_RETURN_IF_ERROR(
-              kv.write_kv_batch(b.device, layer, k.data, v.data, k.dtype, k.row_stride));
+              kv.write_kv_batch(b.as_built(), layer, k.data, v.data, k.dtype, k.row_stride));
           return k.host_memory ? kv.synchronize() : ok_status();
         }));
       },

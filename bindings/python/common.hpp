@@ -79,15 +79,24 @@ struct PyBatch {
   uint64_t serial = 0;
   int device_type = 0;  // DLPack device type of the owner's backend
   int32_t group = -1;   // the group of a ModelKvCache's batch; -1 for a KvCache's
-  DeviceBatch device;
+  DeviceBatch device;   // its host pointer leads to `host`, this batch's own copy
   BatchMetadata host;
+  // The cache's metadata the built DeviceBatch pointed to: KvCache::built_here compares it.
+  const BatchMetadata* built_host = nullptr;
   std::vector<SequenceId> ids;
 
   bool current() const { return *serial_source == serial; }
+  /// The DeviceBatch as the cache built it, for the C++ calls that check KvCache::built_here;
+  /// they read its host metadata only while it is current (then equal to `host`).
+  DeviceBatch as_built() const {
+    DeviceBatch d = device;
+    d.host = built_host;
+    return d;
+  }
 };
 
 /// One ModelKvCache::build_batch: a PyBatch per group (Python objects, held here) and the
-/// ModelBatch the C++ calls take, whose host pointers lead into those objects' copies.
+/// ModelBatch the C++ calls take (each group's batch as built: PyBatch::as_built).
 struct PyModelBatch {
   nb::object cache;
   const PyModelCache* owner = nullptr;

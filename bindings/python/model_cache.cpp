@@ -85,6 +85,7 @@ PyModelBatch* build_model_batch(nb::handle self, const Ids& ids, const BatchOpti
     for (const DeviceBatch& d : mb.groups) {
       auto p = std::make_unique<PyBatch>();
       p->device = d;
+      p->built_host = d.host;
       p->host = *d.host;
       p->device.host = &p->host;
       parts.push_back(std::move(p));
@@ -106,7 +107,7 @@ PyModelBatch* build_model_batch(nb::handle self, const Ids& ids, const BatchOpti
     p.device_type = dev;
     p.group = static_cast<int32_t>(g);
     p.ids = ids;
-    out->device.groups.push_back(p.device);  // its host pointer leads into p, which `out` holds
+    out->device.groups.push_back(p.as_built());  // for write_kv_batch (ModelKvCache checks it)
     out->groups.push_back(nb::cast(parts[g].release(), nb::rv_policy::take_ownership));
   }
   return out.release();  // Python owns it (rv_policy::automatic takes a pointer's ownership)
