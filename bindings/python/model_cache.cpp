@@ -171,10 +171,16 @@ void register_group(nb::module_& m) {
       .def(
           "drain_events",
           [](PyModelGroup& g) {
-            return unlocked(*g.owner,
-                            [&](ModelKvCache& m) { return m.group(g.index).drain_events(); });
+            std::vector<ControlEvent> events = unlocked(
+                *g.owner, [&](ModelKvCache& m) { return m.group(g.index).drain_events(); });
+            // The group's KvCache tags its events 0, as any KvCache does; a caller of the view
+            // of group g reads g, as from ModelKvCache.drain_events.
+            for (ControlEvent& e : events) e.group = g.index;
+            return events;
           },
-          "The group's control events since its last drain (events do not name their group).")
+          "This group's control events since they were last drained (here or by "
+          "ModelKvCache.drain_events, which reads the same events), oldest first, each with "
+          ".group = this group's index.")
       .def(
           "block_locations",
           [](PyModelGroup& g, SequenceId id) {
@@ -526,6 +532,16 @@ void register_model_cache(nb::module_& m) {
       },
       "Every group's invariants, and every sequence in every group with the same length and "
       "reservation; InternalError names the first broken one.");
+
+  // ---- events ----
+  cls.def(
+      "drain_events",
+      [](PyModelCache& s) {
+        return unlocked(s, [&](ModelKvCache& mc) { return mc.drain_events(); });
+      },
+      "Every group's control events since the last drain, each with its group index in .group. "
+      "Order: the EVENTS_DROPPED event of every group whose event ring overflowed, in group "
+      "order; then group 0's other events oldest first, then group 1's, and so on.");
 }
 
 }  // namespace pagedkv::python

@@ -106,12 +106,16 @@ void register_types(nb::module_& m) {
       .def_ro("ns", &ControlEvent::ns)
       .def_ro("tokens", &ControlEvent::tokens)
       .def_ro("dropped_events", &ControlEvent::dropped_events)
+      .def_ro("group", &ControlEvent::group,
+              "The KV group whose cache recorded the event: 0 from a KvCache, the group's index "
+              "in CacheConfig.groups from a ModelKvCache (or one of its ModelGroup views).")
       .def("__repr__", [](nb::handle e) -> nb::str {
         return nb::str(
-                   "ControlEvent(kind={}, tier={}, sequence={}, block_hash={:#x}, "
+                   "ControlEvent(kind={}, group={}, tier={}, sequence={}, block_hash={:#x}, "
                    "tokens={}, dropped_events={})")
-            .format(e.attr("kind"), e.attr("tier"), e.attr("sequence"), e.attr("block_hash"),
-                    nb::len(nb::object(e.attr("tokens"))), e.attr("dropped_events"));
+            .format(e.attr("kind"), e.attr("group"), e.attr("tier"), e.attr("sequence"),
+                    e.attr("block_hash"), nb::len(nb::object(e.attr("tokens"))),
+                    e.attr("dropped_events"));
       });
 }
 

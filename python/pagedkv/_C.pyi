@@ -331,6 +331,12 @@ class ControlEvent:
     @property
     def dropped_events(self) -> int: ...
 
+    @property
+    def group(self) -> int:
+        """
+        The KV group whose cache recorded the event: 0 from a KvCache, the group's index in CacheConfig.groups from a ModelKvCache (or one of its ModelGroup views).
+        """
+
     def __repr__(self) -> str: ...
 
 class _DeviceMemory:
@@ -585,7 +591,7 @@ class ModelGroup:
 
     def drain_events(self) -> list[ControlEvent]:
         """
-        The group's control events since its last drain (events do not name their group).
+        This group's control events since they were last drained (here or by ModelKvCache.drain_events, which reads the same events), oldest first, each with .group = this group's index.
         """
 
     def block_locations(self, id: int) -> list[tuple[Tier, int]]:
@@ -764,4 +770,9 @@ class _ModelKvCache:
     def check_invariants(self) -> None:
         """
         Every group's invariants, and every sequence in every group with the same length and reservation; InternalError names the first broken one.
+        """
+
+    def drain_events(self) -> list[ControlEvent]:
+        """
+        Every group's control events since the last drain, each with its group index in .group. Order: the EVENTS_DROPPED event of every group whose event ring overflowed, in group order; then group 0's other events oldest first, then group 1's, and so on.
         """
