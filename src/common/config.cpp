@@ -1,5 +1,6 @@
 #include "pagedkv/config.hpp"
 
+#include <algorithm>
 #include <limits>
 #include <string>
 #include <vector>
@@ -75,6 +76,69 @@ int64_t CacheConfig::page_bytes() const {
 int64_t CacheConfig::block_bytes() const {
   int64_t page = -1, block = -1;
   return checked_sizes(*this, &page, &block) == nullptr ? block : -1;
+}
+
+namespace {
+// For exact products of a byte budget and a block count (both int64).
+__extension__ using Wide = __int128;
+}  // namespace
+
+int64_t CacheConfig::blocks_per_sequence(int64_t context) const {
+  const int64_t bs = block_size;
+  const int64_t held = context / bs + 1;  // the blocks of context + 1 tokens
+  if (sliding_window == 0) return held;
+  return held - std::max<int64_t>(0, context - sliding_window) / bs;
+}
+
+StatusOr<CacheConfig> CacheConfig::with_pools(int64_t device_bytes, int64_t host_bytes,
+                                              int64_t context) const {
+  if (device_bytes < 0 || host_bytes < 0) {
+    return invalid_argument("with_pools: budgets must be >= 0 bytes, got " +
+                            std::to_string(device_bytes) + " device and " +
+                            std::to_string(host_bytes) + " host");
+  }
+  if (context < 1) {
+    return invalid_argument("with_pools: context must be >= 1 token, got " +
+                            std::to_string(context));
+  }
+  if (block_size < 1) return invalid_argument("block_size: must be >= 1");
+  CacheConfig c = *this;
+  // What a sequence of `context` tokens holds in each group, in bytes: the shares of the budget.
+  // Exact integer arithmetic, so a budget of n such sequences gives each group n of them.
+  std::vector<int64_t> per_seq(static_cast<size_t>(num_groups()));
+  std::vector<int64_t> block(per_seq.size());
+  Wide total = 0;
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    const CacheConfig gc = group_config(g);
+    const size_t i = static_cast<size_t>(g);
+    block[i] = gc.block_bytes();
+    if (block[i] <= 0) {
+      return invalid_argument(
+          (groups.empty() ? std::string() : "groups[" + std::to_string(g) + "]: ") +
+          "with_pools: the block bytes of this shape overflow or are 0");
+    }
+    per_seq[i] = gc.blocks_per_sequence(context);
+    total += static_cast<Wide>(per_seq[i]) * block[i];
+  }
+  if (groups.empty()) {
+    c.num_device_blocks = device_bytes / block[0];
+    c.num_host_blocks = host_bytes / block[0];
+    return c;
+  }
+  // Group g's share of `bytes`, in its blocks: bytes * (per_seq * block / total) / block.
+  const auto blocks_of = [&](int64_t bytes, size_t g) {
+    return static_cast<int64_t>(static_cast<Wide>(bytes) * per_seq[g] / total);
+  };
+  c.num_device_blocks = 0;
+  c.num_host_blocks = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    KvGroup& k = c.groups[g];
+    k.num_device_blocks = std::max<int64_t>(1, blocks_of(device_bytes, g));
+    k.num_host_blocks = blocks_of(host_bytes, g);
+    c.num_device_blocks += k.num_device_blocks;
+    c.num_host_blocks += k.num_host_blocks;
+  }
+  return c;
 }
 
 CacheConfig CacheConfig::group_config(int32_t g) const {

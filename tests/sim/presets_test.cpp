@@ -44,7 +44,7 @@ TEST(Presets, EveryPresetGivesAValidConfig) {
   for (const ModelShape& m : model_presets()) {
     CacheConfig c;
     ASSERT_TRUE(apply_model(m, &c).ok()) << m.name;
-    split_pools(int64_t{4} << 30, int64_t{1} << 30, 4096, &c);
+    c = c.with_pools(int64_t{4} << 30, int64_t{1} << 30, 4096).value();
     EXPECT_TRUE(c.validate().ok()) << m.name << ": " << c.validate().to_string();
     EXPECT_EQ(c.num_groups(), m.sliding_window > 0 ? 2 : 1) << m.name;
   }
@@ -171,8 +171,8 @@ TEST(Cli, TheLlamaPresetReproducesTodaysReport) {
   EXPECT_EQ(j["stats"]["host_blocks_dropped"].get<int64_t>(), 2067);
 }
 
-// blocks_per_sequence matches what a window control plane holds, prefilled a block at a time
-// and then decoding token by token, and never exceeds ceil(W / block_size) + 1.
+// CacheConfig::blocks_per_sequence matches what a window control plane holds, prefilled a block at
+// a time and then decoding token by token, and never exceeds ceil(W / block_size) + 1.
 TEST(Capacity, AWindowGroupHoldsAtMostItsWindowPlusOneBlock) {
   for (const int32_t window : {16, 100, 128, 1024}) {
     CacheConfig c;
@@ -193,14 +193,14 @@ TEST(Capacity, AWindowGroupHoldsAtMostItsWindowPlusOneBlock) {
       const auto blocks = cp->block_locations(1).value();
       const int64_t held = std::count_if(blocks.begin(), blocks.end(),
                                          [](const BlockLocation& b) { return b.block >= 0; });
-      ASSERT_EQ(held, blocks_per_sequence(c, length)) << "window " << window << " at " << length;
+      ASSERT_EQ(held, c.blocks_per_sequence(length)) << "window " << window << " at " << length;
       ASSERT_LE(held, bound) << "window " << window << " at " << length;
       ASSERT_TRUE(cp->commit(1, &token, 1).ok());
     }
     // Far past the window: the window's blocks (ceil(W / block_size)) and, when the window does
     // not start on a block boundary or the next token opens a block, one more.
-    EXPECT_GE(blocks_per_sequence(c, 1 << 20), ceil_div(window, c.block_size)) << window;
-    EXPECT_LE(blocks_per_sequence(c, 1 << 20), bound) << window;
+    EXPECT_GE(c.blocks_per_sequence(1 << 20), ceil_div(window, c.block_size)) << window;
+    EXPECT_LE(c.blocks_per_sequence(1 << 20), bound) << window;
   }
 }
 

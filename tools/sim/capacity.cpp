@@ -78,7 +78,7 @@ SequenceMemory sequence_memory(const CacheConfig& config, int64_t context) {
     gm.layers = c.num_layers;
     gm.sliding_window = c.sliding_window;
     gm.block_bytes = c.block_bytes();
-    gm.blocks = blocks_per_sequence(c, context);
+    gm.blocks = c.blocks_per_sequence(context);
     gm.bytes = gm.blocks * gm.block_bytes;
     m.bytes += gm.bytes;
     m.groups.push_back(gm);
@@ -86,7 +86,7 @@ SequenceMemory sequence_memory(const CacheConfig& config, int64_t context) {
   const CacheConfig u = uniform_config(config);
   for (int32_t g = 0; g < u.num_groups(); ++g) {
     const CacheConfig c = u.group_config(g);
-    m.uniform_bytes += blocks_per_sequence(c, context) * c.block_bytes();
+    m.uniform_bytes += c.blocks_per_sequence(context) * c.block_bytes();
   }
   return m;
 }
@@ -99,11 +99,10 @@ StatusOr<Capacity> measure_capacity(const CacheConfig& config, int64_t context,
   cap.context = context;
   cap.budget_bytes = budget_bytes;
   cap.memory = sequence_memory(config, context);
-  CacheConfig model = config;
-  split_pools(budget_bytes, 0, context, &model);
-  CacheConfig uniform = uniform_config(config);
-  split_pools(budget_bytes, 0, context, &uniform);
-  // A pool below one block holds nothing (split_pools keeps at least one block per group).
+  PAGEDKV_ASSIGN_OR_RETURN(const CacheConfig model, config.with_pools(budget_bytes, 0, context));
+  PAGEDKV_ASSIGN_OR_RETURN(const CacheConfig uniform,
+                           uniform_config(config).with_pools(budget_bytes, 0, context));
+  // A pool below one block holds nothing (with_pools keeps at least one block per group).
   if (uniform.num_device_blocks > 0) {
     PAGEDKV_ASSIGN_OR_RETURN(cap.uniform_sequences, fill(uniform, context));
   }

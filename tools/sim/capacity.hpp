@@ -19,7 +19,7 @@ struct GroupMemory {
   int32_t layers = 0;
   int32_t sliding_window = 0;  // 0: full attention
   int64_t block_bytes = 0;
-  int64_t blocks = 0;  // blocks_per_sequence
+  int64_t blocks = 0;  // CacheConfig::blocks_per_sequence
   int64_t bytes = 0;   // blocks x block_bytes
 };
 
@@ -49,10 +49,10 @@ struct Capacity {
 
 /// How many decoding sequences of `context` tokens fit in `budget_bytes` of device memory:
 /// one core::ControlPlane per group (no host tier, no eviction, the budget split in proportion
-/// to what a sequence takes in each group, split_pools), each sequence prefilled a block at a
-/// time in every group (so a window group releases blocks as they fall out of its window) and
-/// its next token reserved, until a group is out of blocks; then the same for the uniform
-/// cache. kInvalidArgument for a context below 1 or a budget below 1 byte.
+/// to what a sequence takes in each group, CacheConfig::with_pools), each sequence prefilled a
+/// block at a time in every group (so a window group releases blocks as they fall out of its
+/// window) and its next token reserved, until a group is out of blocks; then the same for the
+/// uniform cache. kInvalidArgument for a context below 1 or a budget below 1 byte.
 StatusOr<Capacity> measure_capacity(const CacheConfig& config, int64_t context,
                                     int64_t budget_bytes);
 

@@ -231,7 +231,7 @@ Status build_config(const Options& o, CacheConfig* c, std::string* model_name, B
     // A first split so that the config validates; run_cli splits again for the workload.
     if (o.device_blocks < 0 || o.host_blocks < 0)
       return invalid_argument("device-blocks/host-blocks: must be >= 0");
-    split_pools(budget->device_bytes, budget->host_bytes, 1, c);
+    PAGEDKV_ASSIGN_OR_RETURN(*c, c->with_pools(budget->device_bytes, budget->host_bytes, 1));
     return c->validate();
   }
   // The block size depends on the shape, so GiB turn into blocks only now.
@@ -258,7 +258,7 @@ Status size_memory(const Options& o, const Budget& budget, const std::vector<Req
   const int64_t mean =
       requests.empty() ? 1 : std::max<int64_t>(1, total / static_cast<int64_t>(requests.size()));
   if (!c->groups.empty()) {
-    split_pools(budget.device_bytes, budget.host_bytes, mean, c);
+    PAGEDKV_ASSIGN_OR_RETURN(*c, c->with_pools(budget.device_bytes, budget.host_bytes, mean));
     PAGEDKV_RETURN_IF_ERROR(c->validate());
     info->pools_context = mean;
   }

@@ -134,43 +134,6 @@ int64_t uniform_block_bytes(const CacheConfig& config) {
   return bytes;
 }
 
-int64_t blocks_per_sequence(const CacheConfig& group, int64_t context) {
-  const int64_t bs = group.block_size;
-  const int64_t held = context / bs + 1;  // the blocks of context + 1 tokens
-  if (group.sliding_window == 0) return held;
-  return held - std::max<int64_t>(0, context - group.sliding_window) / bs;
-}
-
-void split_pools(int64_t device_bytes, int64_t host_bytes, int64_t context, CacheConfig* c) {
-  if (c->groups.empty()) {
-    const int64_t bb = std::max<int64_t>(c->block_bytes(), 1);
-    c->num_device_blocks = device_bytes / bb;
-    c->num_host_blocks = host_bytes / bb;
-    return;
-  }
-  // Bytes a sequence of `context` tokens takes in each group: the shares of the budget.
-  std::vector<double> need(c->groups.size());
-  double total = 0;
-  for (int32_t g = 0; g < c->num_groups(); ++g) {
-    const CacheConfig gc = c->group_config(g);
-    need[static_cast<size_t>(g)] = static_cast<double>(blocks_per_sequence(gc, context)) *
-                                   static_cast<double>(std::max<int64_t>(gc.block_bytes(), 1));
-    total += need[static_cast<size_t>(g)];
-  }
-  c->num_device_blocks = 0;
-  c->num_host_blocks = 0;
-  for (int32_t g = 0; g < c->num_groups(); ++g) {
-    KvGroup& k = c->groups[static_cast<size_t>(g)];
-    const double share = need[static_cast<size_t>(g)] / total;
-    const double bb = static_cast<double>(std::max<int64_t>(c->group_config(g).block_bytes(), 1));
-    k.num_device_blocks =
-        std::max<int64_t>(1, static_cast<int64_t>(std::floor(device_bytes * share / bb)));
-    k.num_host_blocks = static_cast<int64_t>(std::floor(host_bytes * share / bb));
-    c->num_device_blocks += k.num_device_blocks;
-    c->num_host_blocks += k.num_host_blocks;
-  }
-}
-
 int64_t blocks_in_gib(double gib, int64_t block_bytes) {
   if (gib <= 0 || block_bytes <= 0) return 0;
   return static_cast<int64_t>(std::floor(gib * 1073741824.0 / static_cast<double>(block_bytes)));

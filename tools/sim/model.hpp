@@ -41,7 +41,8 @@ std::string shape_summary(const ModelShape& m);
 
 /// Sets the model shape of `config` from `m`: the top-level fields for a uniform or MLA model
 /// (no groups, as before presets had groups), else two groups, "window" and "full", each with
-/// its layers. Pool sizes are left to split_pools(). kInvalidArgument when the shape is bad.
+/// its layers. Pool sizes are left to CacheConfig::with_pools(). kInvalidArgument when the shape is
+/// bad.
 Status apply_model(const ModelShape& m, CacheConfig* config);
 
 /// The uniform cache of the same model: every layer full attention (groups without their
@@ -51,18 +52,6 @@ CacheConfig uniform_config(const CacheConfig& config);
 
 /// Bytes of one block of the model's uniform cache (uniform_config), -1 on overflow.
 int64_t uniform_block_bytes(const CacheConfig& config);
-
-/// Blocks a decoding sequence holds in a one-group config: `context` committed tokens and the
-/// slot of the next token reserved. With a window, only the blocks holding the last
-/// `sliding_window` tokens and the next one: at most ceil(window / block_size) + 1.
-int64_t blocks_per_sequence(const CacheConfig& group, int64_t context);
-
-/// Splits `device_bytes` and `host_bytes` between the groups of `config` in proportion to what a
-/// sequence of `context` tokens takes in each (blocks_per_sequence x block bytes), rounding each
-/// group's blocks down (at least 1 device block each). Without groups: the bytes in blocks of
-/// the one config. The top-level num_device_blocks / num_host_blocks become the totals over the
-/// groups (what reports and charts draw as the capacity in blocks).
-void split_pools(int64_t device_bytes, int64_t host_bytes, int64_t context, CacheConfig* config);
 
 /// Blocks of `block_bytes` that fit in `gib` GiB (rounded down), at least 0.
 int64_t blocks_in_gib(double gib, int64_t block_bytes);
