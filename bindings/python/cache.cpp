@@ -14,11 +14,14 @@ using Ids = std::vector<SequenceId>;
 
 // __init__: the instance is constructed only once the cache exists, so a failed create()
 // leaves no half-made object behind.
-void init_cache(PyCache* self, const CacheConfig& config, bool enable_events,
-                size_t event_capacity) {
+void init_cache(PyCache* self, const CacheConfig& config, bool enable_events, size_t event_capacity,
+                nb::handle storage, int64_t storage_staging_blocks) {
   KvCacheOptions options;
   options.enable_events = enable_events;
   options.event_capacity = event_capacity;
+  StoreClaim claim(self, {storage}, {"storage"});
+  options.storage = claim.tiers()[0];
+  options.storage_staging_blocks = storage_staging_blocks;
   auto kv = [&] {
     nb::gil_scoped_release release;
     return KvCache::create(config, std::move(options));
@@ -26,6 +29,7 @@ void init_cache(PyCache* self, const CacheConfig& config, bool enable_events,
   if (!kv.ok()) throw StatusError(kv.status());
   new (self) PyCache();
   self->kv = std::move(*kv);
+  claim.commit(&self->stores);
 }
 
 }  // namespace
@@ -33,8 +37,10 @@ void init_cache(PyCache* self, const CacheConfig& config, bool enable_events,
 nb::class_<PyCache> register_cache(nb::module_& m) {
   nb::class_<PyCache> cls(m, "_KvCache", "The C++ KvCache (use pagedkv.KvCache).");
   cls.def("__init__", &init_cache, nb::arg("config"), nb::arg("enable_events") = true,
-          nb::arg("event_capacity") = 65536,
-          "Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)).");
+          nb::arg("event_capacity") = 65536, nb::arg("storage").none() = nb::none(),
+          nb::arg("storage_staging_blocks") = 64,
+          "Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)); "
+          "`storage` a FileTier or RedisTier of the config's layout, which the cache holds.");
   cls.def_prop_ro("config", [](PyCache& s) { return s.kv->config(); });
   cls.def_prop_ro("backend_description", [](PyCache& s) { return s.kv->backend().description(); });
   cls.def_prop_ro("device_type", [](PyCache& s) { return backend_device_type(*s.kv); });
@@ -179,6 +185,51 @@ nb::class_<PyCache> register_cache(nb::module_& m) {
       "synchronize",
       [](PyCache& s) { check(unlocked(s, [&](KvCache& kv) { return kv.synchronize(); })); },
       "Blocks until the cache's queued work (kernels and transfers) is done.");
+
+  // ---- storage tier ----
+  cls.def_prop_ro(
+      "storage", [](PyCache& s) { return s.stores[0]; },
+      "The storage tier (FileTier or RedisTier) the cache was created with, or None.");
+  cls.def(
+      "fetch_from_storage",
+      [](PyCache& s, const std::vector<TokenId>& prompt, NamespaceId ns) {
+        SequenceOptions o;
+        o.ns = ns;
+        return value_or_throw(
+            unlocked(s, [&](KvCache& kv) { return kv.fetch_from_storage(prompt, o); }));
+      },
+      nb::arg("prompt"), nb::arg("ns") = 0,
+      "Starts bringing the blocks the storage tier holds after the prompt's cached prefix into "
+      "free host slots; returns how many blocks are on their way (0 without a storage tier). "
+      "Never waits: they become prefix hits once landed (poll_storage, flush_storage). "
+      "OutOfRangeError for a prompt past max_sequence_length.");
+  cls.def(
+      "fetch_prefix_from_storage",
+      [](PyCache& s, const std::vector<TokenId>& prompt, int64_t max_cached, NamespaceId ns) {
+        SequenceOptions o;
+        o.ns = ns;
+        const StorageFetch f = value_or_throw(unlocked(
+            s, [&](KvCache& kv) { return kv.fetch_prefix_from_storage(prompt, o, max_cached); }));
+        return std::make_pair(f.blocks, f.reach);
+      },
+      nb::arg("prompt"), nb::arg("max_cached") = -1, nb::arg("ns") = 0,
+      "fetch_from_storage for a hit of at most max_cached tokens (-1: no bound); returns "
+      "(blocks on their way, tokens a hit reaches once they land). InvalidArgumentError for "
+      "max_cached < -1.");
+  cls.def(
+      "poll_storage",
+      [](PyCache& s) { check(unlocked(s, [&](KvCache& kv) { return kv.poll_storage(); })); },
+      "Lands finished storage reads (now prefix hits) and hands staged write-backs to the "
+      "store. Never waits; add_sequence, reserve and reserve_batch do it too.");
+  cls.def(
+      "storage_in_flight",
+      [](PyCache& s) { return unlocked(s, [&](KvCache& kv) { return kv.storage_in_flight(); }); },
+      "Blocks fetched from storage that have not landed yet.");
+  cls.def(
+      "flush_storage",
+      [](PyCache& s) { check(unlocked(s, [&](KvCache& kv) { return kv.flush_storage(); })); },
+      "Waits (without the GIL) until every staged write-back and storage read has finished and "
+      "landed.");
 
   // ---- queries and observability ----
   cls.def(

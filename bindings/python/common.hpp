@@ -21,6 +21,7 @@
 #include "pagedkv/cache.hpp"
 #include "pagedkv/model_cache.hpp"
 #include "pagedkv/status.hpp"
+#include "pagedkv/storage_tier.hpp"
 
 namespace pagedkv::python {
 
@@ -53,6 +54,21 @@ T value_or_throw(StatusOr<T>&& s) {
   throw StatusError(invalid_argument(std::move(message)));
 }
 
+/// The object Python holds for a storage tier (pagedkv.FileTier, pagedkv.RedisTier). A store
+/// serves one cache (KvCacheOptions::storage): `user` names it while it lives.
+struct PyStore {
+  std::unique_ptr<StorageTier> tier;
+  // The PyCache or PyModelCache this store serves, or null. Read and written with the GIL held.
+  const void* user = nullptr;
+};
+
+/// A cache's storage tiers (the Python objects, one per group, None where a group has none),
+/// held so that every store outlives the cache that uses it; the cache's destructor destroys
+/// the C++ cache first, then release_stores().
+using HeldStores = std::vector<nb::object>;
+/// Frees the stores of a destroyed cache for another cache and drops the references (GIL held).
+void release_stores(HeldStores& stores);
+
 /// The object Python holds. KvCache has one owner thread and no lock of its own: every call
 /// takes `mu` after releasing the GIL, so Python threads may share a cache.
 struct PyCache {
@@ -60,6 +76,12 @@ struct PyCache {
   std::mutex mu;
   // build_batch calls so far: a batch's device arrays die at the next. Read without the lock.
   std::atomic<uint64_t> batch_serial{0};
+  HeldStores stores;  // [the storage tier or None]
+
+  ~PyCache() {
+    kv.reset();  // drains its store: the store must still be alive
+    release_stores(stores);
+  }
 };
 
 /// The object Python holds for a ModelKvCache; the same locking as PyCache.
@@ -67,6 +89,12 @@ struct PyModelCache {
   std::unique_ptr<ModelKvCache> model;
   std::mutex mu;
   std::atomic<uint64_t> batch_serial{0};  // model build_batch calls so far
+  HeldStores stores;                      // per group: its storage tier or None
+
+  ~PyModelCache() {
+    model.reset();
+    release_stores(stores);
+  }
 };
 
 /// One build_batch of a KvCache, or one group's part of a ModelKvCache's: the device arrays
@@ -195,6 +223,32 @@ std::pair<DlArray, std::optional<DlArray>> gather_result(const KvCache& kv, Gath
 /// Every counter of ControlStats as a dict ("device" and "host" tier dicts included).
 nb::dict stats_dict(const ControlStats& s);
 
+// ---- storage tiers (storage.cpp) ----
+
+/// Claims the stores of a cache being created: `objs[i]` is a FileTier, RedisTier or None
+/// (`what[i]` names the argument in messages). Returns the C++ stores (null for None).
+/// InvalidArgumentError for another type or a store that already serves another cache; the
+/// claim is taken back unless commit() is called once the cache exists, so a failed create
+/// leaves every store free.
+class StoreClaim {
+ public:
+  StoreClaim(const void* cache, const std::vector<nb::handle>& objs,
+             const std::vector<std::string>& what);
+  ~StoreClaim();
+  StoreClaim(const StoreClaim&) = delete;
+  StoreClaim& operator=(const StoreClaim&) = delete;
+
+  const std::vector<StorageTier*>& tiers() const { return tiers_; }
+  /// The cache exists: it holds the stores from now on (in `held`).
+  void commit(HeldStores* held);
+
+ private:
+  std::vector<PyStore*> claimed_;    // stores this claim marked (each once)
+  std::vector<nb::object> objects_;  // one per input, None included
+  std::vector<StorageTier*> tiers_;
+  bool committed_ = false;
+};
+
 // ---- registration, one per translation unit ----
 void register_errors(nb::module_& m);
 void register_types(nb::module_& m);
@@ -203,5 +257,6 @@ nb::class_<PyCache> register_cache(nb::module_& m);
 void register_batch(nb::module_& m, nb::class_<PyCache>& cls);
 void register_reference(nb::module_& m, nb::class_<PyCache>& cls);
 void register_model_cache(nb::module_& m);
+void register_storage(nb::module_& m);
 
 }  // namespace pagedkv::python

@@ -16,6 +16,10 @@ sed -i \
   -e 's/\(def groups(self)\) -> list\[object\]:/\1 -> list[Batch]:/' \
   -e 's/\(def __getitem__(self, group: int)\) -> object:/\1 -> Batch:/' \
   -e 's/\(def pool_info(self)\) -> dict:/\1 -> dict[str, Any]:/' \
+  -e '/^class _ModelKvCache:/,/^class /s/storage: object | None = None/storage: Sequence[StorageTier | None] | None = None/' \
+  -e 's/storage: object | None = None/storage: StorageTier | None = None/' \
+  -e 's/\(def storage(self)\) -> object:/\1 -> StorageTier | None:/' \
+  -e 's/\(def storage(self)\) -> list:/\1 -> list[StorageTier | None]:/' \
   "$out"
 grep -q '^from typing import.*\bAny\b' "$out" || sed -i '0,/^import /s//from typing import Any\nimport /' "$out"
 grep -q '^import numpy' "$out" || sed -i '0,/^import /s//import numpy\nimport /' "$out"

@@ -49,11 +49,27 @@ void check_group(const ModelKvCache& m, int32_t g) {
   }
 }
 
+// `storage`: None, or one FileTier, RedisTier or None per group.
 void init_model(PyModelCache* self, const CacheConfig& config, bool enable_events,
-                size_t event_capacity) {
+                size_t event_capacity, nb::handle storage, int64_t storage_staging_blocks) {
   ModelKvCacheOptions options;
   options.cache.enable_events = enable_events;
   options.cache.event_capacity = event_capacity;
+  options.cache.storage_staging_blocks = storage_staging_blocks;
+  std::vector<nb::handle> stores;
+  std::vector<std::string> what;
+  if (!storage.is_none()) {
+    if (!nb::isinstance<nb::sequence>(storage) || nb::isinstance<nb::str>(storage)) {
+      throw_invalid("storage: a list of one store (FileTier, RedisTier or None) per group, got " +
+                    nb::cast<std::string>(storage.type().attr("__name__")));
+    }
+    for (nb::handle h : storage) {
+      what.push_back("storage[" + std::to_string(stores.size()) + "]");
+      stores.push_back(h);
+    }
+  }
+  StoreClaim claim(self, stores, what);
+  options.storage = claim.tiers();
   auto model = [&] {
     nb::gil_scoped_release release;
     return ModelKvCache::create(config, std::move(options));
@@ -61,6 +77,7 @@ void init_model(PyModelCache* self, const CacheConfig& config, bool enable_event
   if (!model.ok()) throw StatusError(model.status());
   new (self) PyModelCache();
   self->model = std::move(*model);
+  claim.commit(&self->stores);
 }
 
 // The ModelBatch of `obj`, checked to be one of this model's. kInvalidArgument otherwise.
@@ -239,8 +256,11 @@ void register_model_cache(nb::module_& m) {
   nb::class_<PyModelCache> cls(m, "_ModelKvCache",
                                "The C++ ModelKvCache (use pagedkv.ModelKvCache).");
   cls.def("__init__", &init_model, nb::arg("config"), nb::arg("enable_events") = true,
-          nb::arg("event_capacity") = 65536,
-          "Creates one KvCache per KV group of a C++ CacheConfig (use pagedkv.ModelKvCache).");
+          nb::arg("event_capacity") = 65536, nb::arg("storage").none() = nb::none(),
+          nb::arg("storage_staging_blocks") = 64,
+          "Creates one KvCache per KV group of a C++ CacheConfig (use pagedkv.ModelKvCache); "
+          "`storage` None or one store (or None) per group, each of its group's layout and its "
+          "own model id; the model holds them.");
   cls.def_prop_ro("config", [](PyModelCache& s) { return s.model->config(); });
   cls.def_prop_ro("num_groups", [](PyModelCache& s) { return s.model->num_groups(); });
   cls.def_prop_ro("backend_description",
@@ -490,6 +510,49 @@ void register_model_cache(nb::module_& m) {
         check(unlocked(s, [&](ModelKvCache& mc) { return mc.synchronize(); }));
       },
       "Blocks until the model's queued work (kernels and transfers) is done.");
+
+  // ---- storage tiers ----
+  cls.def_prop_ro(
+      "storage",
+      [](PyModelCache& s) {
+        nb::list out;
+        for (size_t g = 0; g < size_t(s.model->num_groups()); ++g) {
+          out.append(g < s.stores.size() ? s.stores[g] : nb::none());
+        }
+        return out;
+      },
+      "Each group's storage tier (FileTier or RedisTier) or None, in group order.");
+  cls.def(
+      "fetch_from_storage",
+      [](PyModelCache& s, const std::vector<TokenId>& prompt, NamespaceId ns) {
+        SequenceOptions o;
+        o.ns = ns;
+        return value_or_throw(
+            unlocked(s, [&](ModelKvCache& mc) { return mc.fetch_from_storage(prompt, o); }));
+      },
+      nb::arg("prompt"), nb::arg("ns") = 0,
+      "Starts bringing back from the groups' stores what a prefix hit of the prompt needs: the "
+      "full-attention groups the blocks after their cached prefix, then the window groups the "
+      "blocks their window lacks at the hit the full groups reach (all or none). Returns the "
+      "blocks on their way over all groups; never waits.");
+  cls.def(
+      "poll_storage",
+      [](PyModelCache& s) {
+        check(unlocked(s, [&](ModelKvCache& mc) { return mc.poll_storage(); }));
+      },
+      "KvCache.poll_storage in every group.");
+  cls.def(
+      "storage_in_flight",
+      [](PyModelCache& s) {
+        return unlocked(s, [&](ModelKvCache& mc) { return mc.storage_in_flight(); });
+      },
+      "Blocks fetched from storage that have not landed yet, over all groups.");
+  cls.def(
+      "flush_storage",
+      [](PyModelCache& s) {
+        check(unlocked(s, [&](ModelKvCache& mc) { return mc.flush_storage(); }));
+      },
+      "KvCache.flush_storage in every group (waits without the GIL).");
 
   // ---- queries ----
   cls.def(

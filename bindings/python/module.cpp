@@ -11,4 +11,5 @@ NB_MODULE(_C, m) {
   register_batch(m, cache);
   register_reference(m, cache);
   register_model_cache(m);
+  register_storage(m);
 }

@@ -45,7 +45,10 @@ void register_types(nb::module_& m) {
       .value("AUTO", BackendKind::kAuto)
       .value("CPU", BackendKind::kCpu)
       .value("CUDA", BackendKind::kCuda);
-  nb::enum_<Tier>(m, "Tier").value("DEVICE", Tier::kDevice).value("HOST", Tier::kHost);
+  nb::enum_<Tier>(m, "Tier", "Where a block's bytes live; STORAGE appears only in events.")
+      .value("DEVICE", Tier::kDevice)
+      .value("HOST", Tier::kHost)
+      .value("STORAGE", Tier::kStorage);
   nb::enum_<SequenceResidency>(m, "SequenceResidency")
       .value("DEVICE", SequenceResidency::kDevice)
       .value("IN_FLIGHT", SequenceResidency::kInFlight)

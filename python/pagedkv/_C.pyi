@@ -94,9 +94,13 @@ class BackendKind(enum.Enum):
     CUDA = 2
 
 class Tier(enum.Enum):
+    """Where a block's bytes live; STORAGE appears only in events."""
+
     DEVICE = 0
 
     HOST = 1
+
+    STORAGE = 2
 
 class SequenceResidency(enum.Enum):
     DEVICE = 0
@@ -345,9 +349,9 @@ class _DeviceMemory:
 class _KvCache:
     """The C++ KvCache (use pagedkv.KvCache)."""
 
-    def __init__(self, config: _CacheConfig, enable_events: bool = True, event_capacity: int = 65536) -> None:
+    def __init__(self, config: _CacheConfig, enable_events: bool = True, event_capacity: int = 65536, storage: StorageTier | None = None, storage_staging_blocks: int = 64) -> None:
         """
-        Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)).
+        Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)); `storage` a FileTier or RedisTier of the config's layout, which the cache holds.
         """
 
     @property
@@ -434,6 +438,35 @@ class _KvCache:
 
     def synchronize(self) -> None:
         """Blocks until the cache's queued work (kernels and transfers) is done."""
+
+    @property
+    def storage(self) -> StorageTier | None:
+        """
+        The storage tier (FileTier or RedisTier) the cache was created with, or None.
+        """
+
+    def fetch_from_storage(self, prompt: Sequence[int], ns: int = 0) -> int:
+        """
+        Starts bringing the blocks the storage tier holds after the prompt's cached prefix into free host slots; returns how many blocks are on their way (0 without a storage tier). Never waits: they become prefix hits once landed (poll_storage, flush_storage). OutOfRangeError for a prompt past max_sequence_length.
+        """
+
+    def fetch_prefix_from_storage(self, prompt: Sequence[int], max_cached: int = -1, ns: int = 0) -> tuple[int, int]:
+        """
+        fetch_from_storage for a hit of at most max_cached tokens (-1: no bound); returns (blocks on their way, tokens a hit reaches once they land). InvalidArgumentError for max_cached < -1.
+        """
+
+    def poll_storage(self) -> None:
+        """
+        Lands finished storage reads (now prefix hits) and hands staged write-backs to the store. Never waits; add_sequence, reserve and reserve_batch do it too.
+        """
+
+    def storage_in_flight(self) -> int:
+        """Blocks fetched from storage that have not landed yet."""
+
+    def flush_storage(self) -> None:
+        """
+        Waits (without the GIL) until every staged write-back and storage read has finished and landed.
+        """
 
     def contains(self, id: int) -> bool:
         """Whether the sequence exists (offloaded ones included)."""
@@ -629,9 +662,9 @@ class ModelBatch:
 class _ModelKvCache:
     """The C++ ModelKvCache (use pagedkv.ModelKvCache)."""
 
-    def __init__(self, config: _CacheConfig, enable_events: bool = True, event_capacity: int = 65536) -> None:
+    def __init__(self, config: _CacheConfig, enable_events: bool = True, event_capacity: int = 65536, storage: Sequence[StorageTier | None] | None = None, storage_staging_blocks: int = 64) -> None:
         """
-        Creates one KvCache per KV group of a C++ CacheConfig (use pagedkv.ModelKvCache).
+        Creates one KvCache per KV group of a C++ CacheConfig (use pagedkv.ModelKvCache); `storage` None or one store (or None) per group, each of its group's layout and its own model id; the model holds them.
         """
 
     @property
@@ -748,6 +781,26 @@ class _ModelKvCache:
     def synchronize(self) -> None:
         """Blocks until the model's queued work (kernels and transfers) is done."""
 
+    @property
+    def storage(self) -> list[StorageTier | None]:
+        """
+        Each group's storage tier (FileTier or RedisTier) or None, in group order.
+        """
+
+    def fetch_from_storage(self, prompt: Sequence[int], ns: int = 0) -> int:
+        """
+        Starts bringing back from the groups' stores what a prefix hit of the prompt needs: the full-attention groups the blocks after their cached prefix, then the window groups the blocks their window lacks at the hit the full groups reach (all or none). Returns the blocks on their way over all groups; never waits.
+        """
+
+    def poll_storage(self) -> None:
+        """KvCache.poll_storage in every group."""
+
+    def storage_in_flight(self) -> int:
+        """Blocks fetched from storage that have not landed yet, over all groups."""
+
+    def flush_storage(self) -> None:
+        """KvCache.flush_storage in every group (waits without the GIL)."""
+
     def contains(self, id: int) -> bool:
         """Whether the sequence exists (offloaded ones included)."""
 
@@ -776,3 +829,139 @@ class _ModelKvCache:
         """
         Every group's control events since the last drain, each with its group index in .group. Order: the EVENTS_DROPPED event of every group whose event ring overflowed, in group order; then group 0's other events oldest first, then group 1's, and so on.
         """
+
+class StorageLayout:
+    """
+    What a stored block's bytes mean (shape, dtype, page layout, kind, model id); any difference makes a different store namespace.
+    """
+
+    def __init__(self) -> None: ...
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @num_layers.setter
+    def num_layers(self, arg: int, /) -> None: ...
+
+    @property
+    def num_kv_heads(self) -> int: ...
+
+    @num_kv_heads.setter
+    def num_kv_heads(self, arg: int, /) -> None: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @head_dim.setter
+    def head_dim(self, arg: int, /) -> None: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    @block_size.setter
+    def block_size(self, arg: int, /) -> None: ...
+
+    @property
+    def dtype(self) -> DType: ...
+
+    @dtype.setter
+    def dtype(self, arg: DType, /) -> None: ...
+
+    @property
+    def page_layout(self) -> PageLayout: ...
+
+    @page_layout.setter
+    def page_layout(self, arg: PageLayout, /) -> None: ...
+
+    @property
+    def kv_kind(self) -> KvKind: ...
+
+    @kv_kind.setter
+    def kv_kind(self, arg: KvKind, /) -> None: ...
+
+    @property
+    def rope_dim(self) -> int: ...
+
+    @rope_dim.setter
+    def rope_dim(self, arg: int, /) -> None: ...
+
+    @property
+    def model_id(self) -> str: ...
+
+    @model_id.setter
+    def model_id(self, arg: str, /) -> None: ...
+
+    @property
+    def block_bytes(self) -> int: ...
+
+    @block_bytes.setter
+    def block_bytes(self, arg: int, /) -> None: ...
+
+    @staticmethod
+    def from_config(config: object, model_id: str, group: int | None = None) -> StorageLayout:
+        """
+        The layout of a CacheConfig (or of its group `group`, required for a config of several KV groups). InvalidArgumentError, OutOfRangeError for a bad group.
+        """
+
+    def fingerprint(self) -> int:
+        """A stable 64-bit digest of every field (docs/storage.md)."""
+
+    def __eq__(self, arg: StorageLayout, /) -> bool: ...
+
+    def __repr__(self) -> str: ...
+
+class StorageTier:
+    """
+    A store of whole KV blocks behind a cache's host tier (FileTier, RedisTier). It serves one cache at a time; the cache keeps it alive.
+    """
+
+    @property
+    def medium(self) -> str:
+        """'DISK' or 'REDIS'."""
+
+    @property
+    def layout(self) -> StorageLayout:
+        """The StorageLayout every block of the store has (a copy)."""
+
+    @property
+    def in_use(self) -> bool:
+        """Whether a live cache uses the store."""
+
+    def stats(self) -> dict[str, Any]:
+        """
+        Counters since the store was created, as a dict: puts, gets, bytes_written, bytes_read, failed_puts, failed_gets, rejected_puts, removed (blocks unless bytes).
+        """
+
+class FileTier(StorageTier):
+    """
+    The file store: one directory of block files, which outlives the process (a restart on the same directory and layout finds its blocks). docs/storage.md.
+    """
+
+    def __init__(self, layout_or_config: object, directory: str, *, model_id: str | None = None, group: int | None = None, max_bytes: int = 0, fsync: bool = False, max_queued_blocks: int = 4096, threads: int = 2) -> None:
+        """
+        A store in `directory` (created when missing) for the blocks of a StorageLayout, or of a CacheConfig (group `group` of a model's config) and `model_id`. max_bytes bounds it (least recently used blocks go; 0: no bound); fsync makes every block survive a power loss. InvalidArgumentError for a bad layout or option, UnavailableError when the directory cannot be created or written.
+        """
+
+    @property
+    def directory(self) -> str:
+        """The store's directory."""
+
+    @property
+    def max_bytes(self) -> int:
+        """The size bound (0: none)."""
+
+    def __repr__(self) -> str: ...
+
+class RedisTier(StorageTier):
+    """The Redis (or Valkey) store, shared between replicas. docs/storage.md."""
+
+    def __init__(self, layout_or_config: object, *, model_id: str | None = None, group: int | None = None, host: str = '127.0.0.1', port: int = 6379, timeout_ms: int = 1000, key_prefix: str = 'pagedkv', max_queued_blocks: int = 4096, threads: int = 2) -> None:
+        """
+        A store on the server at host:port, created even when it cannot be reached yet (lookups miss until it can). UnimplementedError when this build has no hiredis; InvalidArgumentError for a bad layout or option.
+        """
+
+    @property
+    def address(self) -> str:
+        """host:port of the server."""
+
+    def __repr__(self) -> str: ...

@@ -12,12 +12,16 @@
 A hybrid model (sliding-window and full-attention layers, MLA latents) is a ModelKvCache over a
 CacheConfig whose `groups` lists KvGroup entries; see docs/python.md and docs/hybrid-models.md.
 
+A storage tier behind the host tier (FileTier: a directory that outlives the process; RedisTier)
+is given at creation: KvCache(..., storage=FileTier(config, dir, model_id="m")), or one store
+per group for a ModelKvCache (storage=[...]); see docs/python.md (Storage tiers).
+
 Every failed call raises a subclass of PagedKvError (one per status code) and changes nothing.
 See docs/python.md.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from . import _C
 from .config import (
@@ -48,9 +52,13 @@ Batch = _C.Batch
 BatchArrays = _C.BatchArrays
 ControlEvent = _C.ControlEvent
 EventKind = _C.EventKind
+FileTier = _C.FileTier
 ModelBatch = _C.ModelBatch
 ModelGroup = _C.ModelGroup
+RedisTier = _C.RedisTier
 SequenceResidency = _C.SequenceResidency
+StorageLayout = _C.StorageLayout
+StorageTier = _C.StorageTier
 Tier = _C.Tier
 
 __version__ = "0.1.0"
@@ -73,17 +81,22 @@ def _config(config: Optional[CacheConfig], fields: dict) -> CacheConfig:
 
 
 class KvCache(_C._KvCache):
-    """A paged KV cache: the control plane, the device pool and (optionally) a host tier.
+    """A paged KV cache: the control plane, the device pool and (optionally) a host tier and a
+    storage tier behind it.
 
-    KvCache(config=None, *, enable_events=True, event_capacity=65536, **fields): `config` is a
-    CacheConfig; keyword fields override it (or build one). The methods are the C++ KvCache's
-    (include/pagedkv/cache.hpp), called directly: see pagedkv/_C.pyi for each.
+    KvCache(config=None, *, enable_events=True, event_capacity=65536, storage=None,
+    storage_staging_blocks=64, **fields): `config` is a CacheConfig; keyword fields override it
+    (or build one). `storage` is a FileTier or RedisTier of the config's layout (the cache needs
+    a host tier); the cache holds it, and it serves no other cache meanwhile. The methods are
+    the C++ KvCache's (include/pagedkv/cache.hpp), called directly: see pagedkv/_C.pyi for each.
     """
 
     def __init__(self, config: Optional[CacheConfig] = None, *, enable_events: bool = True,
-                 event_capacity: int = 65536, **fields: Any) -> None:
+                 event_capacity: int = 65536, storage: Optional[StorageTier] = None,
+                 storage_staging_blocks: int = 64, **fields: Any) -> None:
         config = _config(config, fields)
-        super().__init__(config._to_cpp(), enable_events, event_capacity)
+        super().__init__(config._to_cpp(), enable_events, event_capacity, storage,
+                         storage_staging_blocks)
         self._python_config = config
 
     @property
@@ -97,15 +110,21 @@ class ModelKvCache(_C._ModelKvCache):
     window next to full attention, or MLA latents. One KvCache per group, kept in step; layers
     are routed to their group.
 
-    ModelKvCache(config=None, *, enable_events=True, event_capacity=65536, **fields), as
-    KvCache. The methods are the C++ ModelKvCache's (include/pagedkv/model_cache.hpp);
-    group(g) is a read-only view of one group (pools, stats, events).
+    ModelKvCache(config=None, *, enable_events=True, event_capacity=65536, storage=None,
+    storage_staging_blocks=64, **fields), as KvCache; `storage` is None or one store (FileTier,
+    RedisTier or None) per group, each of its group's layout and with its own model id
+    (FileTier(config, dir, model_id="m/full", group=0)). The methods are the C++
+    ModelKvCache's (include/pagedkv/model_cache.hpp); group(g) is a read-only view of one
+    group (pools, stats, events).
     """
 
     def __init__(self, config: Optional[CacheConfig] = None, *, enable_events: bool = True,
-                 event_capacity: int = 65536, **fields: Any) -> None:
+                 event_capacity: int = 65536,
+                 storage: Optional[Sequence[Optional[StorageTier]]] = None,
+                 storage_staging_blocks: int = 64, **fields: Any) -> None:
         config = _config(config, fields)
-        super().__init__(config._to_cpp(), enable_events, event_capacity)
+        super().__init__(config._to_cpp(), enable_events, event_capacity, storage,
+                         storage_staging_blocks)
         self._python_config = config
 
     @property
@@ -122,8 +141,8 @@ class ModelKvCache(_C._ModelKvCache):
 __all__ = [
     "AlreadyExistsError", "BackendKind", "Batch", "BatchArrays", "CacheConfig", "CacheMode",
     "ControlEvent", "DType", "EventKind", "EvictionPolicy", "FailedPreconditionError",
-    "InternalError", "InvalidArgumentError", "KvCache", "KvGroup", "KvKind", "ModelBatch",
-    "ModelGroup", "ModelKvCache", "NotFoundError", "OutOfRangeError", "PageLayout",
-    "PagedKvError", "ResourceExhaustedError", "SequenceResidency", "StatusCode", "Tier",
-    "UnavailableError", "UnimplementedError",
+    "FileTier", "InternalError", "InvalidArgumentError", "KvCache", "KvGroup", "KvKind",
+    "ModelBatch", "ModelGroup", "ModelKvCache", "NotFoundError", "OutOfRangeError", "PageLayout",
+    "PagedKvError", "RedisTier", "ResourceExhaustedError", "SequenceResidency", "StatusCode",
+    "StorageLayout", "StorageTier", "Tier", "UnavailableError", "UnimplementedError",
 ]
