@@ -96,7 +96,16 @@ void register_types(nb::module_& m) {
       .def_rw("groups", &CacheConfig::groups)
       .def("num_groups", &CacheConfig::num_groups)
       .def("block_bytes", &CacheConfig::block_bytes)
-      .def("page_bytes", &CacheConfig::page_bytes);
+      .def("page_bytes", &CacheConfig::page_bytes)
+      .def("group_config", &CacheConfig::group_config, nb::arg("g"),
+           "The one-group config of group g (g below num_groups(): the caller checks).")
+      .def("blocks_per_sequence", &CacheConfig::blocks_per_sequence, nb::arg("context"))
+      .def(
+          "with_pools",
+          [](const CacheConfig& c, int64_t device_bytes, int64_t host_bytes, int64_t context) {
+            return value_or_throw(c.with_pools(device_bytes, host_bytes, context));
+          },
+          nb::arg("device_bytes"), nb::arg("host_bytes"), nb::arg("context"));
 
   nb::class_<ControlEvent>(m, "ControlEvent",
                            "One control-plane event: block stored/removed on a tier, sequence "

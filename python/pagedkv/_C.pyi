@@ -306,6 +306,15 @@ class _CacheConfig:
 
     def page_bytes(self) -> int: ...
 
+    def group_config(self, g: int) -> _CacheConfig:
+        """
+        The one-group config of group g (g below num_groups(): the caller checks).
+        """
+
+    def blocks_per_sequence(self, context: int) -> int: ...
+
+    def with_pools(self, device_bytes: int, host_bytes: int, context: int) -> _CacheConfig: ...
+
 class ControlEvent:
     """
     One control-plane event: block stored/removed on a tier, sequence evicted/offloaded/restored, or events dropped (resync).

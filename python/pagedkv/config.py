@@ -9,7 +9,7 @@ the group: "groups[1] (window): sliding_window: ...").
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Sequence, Union
+from typing import Any, List, Optional, Sequence, Union
 
 from . import _C
 
@@ -164,3 +164,32 @@ class CacheConfig:
             return value
 
         return _fill(_C._CacheConfig(), self, convert)
+
+    def with_pools(self, device_bytes: int, host_bytes: int, context: int) -> "CacheConfig":
+        """A copy with the pools sized from byte budgets (C++ CacheConfig::with_pools): without
+        groups the budgets in whole blocks; with groups each budget split so that every group
+        fills at the same number of sequences of `context` tokens (at least one device block
+        each). InvalidArgumentError for a negative budget or context < 1."""
+        sized = self._to_cpp().with_pools(device_bytes, host_bytes, context)
+        groups = [
+            dataclasses.replace(g if isinstance(g, KvGroup) else KvGroup(**g),
+                                num_device_blocks=cg.num_device_blocks,
+                                num_host_blocks=cg.num_host_blocks)
+            for g, cg in zip(self.groups, sized.groups)
+        ]
+        return dataclasses.replace(self, groups=groups,
+                                   num_device_blocks=sized.num_device_blocks,
+                                   num_host_blocks=sized.num_host_blocks)
+
+    def blocks_per_sequence(self, context: int, group: Optional[int] = None) -> int:
+        """Blocks a decoding sequence of `context` tokens holds in the config, or in group
+        `group` of a model (a window group only those of its window)."""
+        if group is None:
+            if self.groups:
+                raise _invalid("blocks_per_sequence: a model of several groups: name the group")
+            return self._to_cpp().blocks_per_sequence(context)
+        cpp = self._to_cpp()
+        if not 0 <= group < cpp.num_groups():
+            raise _invalid(f"blocks_per_sequence: group {group} outside the model's "
+                           f"{cpp.num_groups()} groups")
+        return cpp.group_config(group).blocks_per_sequence(context)
