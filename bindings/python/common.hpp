@@ -97,6 +97,14 @@ struct PyModelCache {
   }
 };
 
+/// The options of a build_batch(ids, csr, pad_slots_to) call.
+inline BatchOptions batch_options(bool csr, int64_t pad_slots_to) {
+  BatchOptions o;
+  o.build_csr = csr;
+  o.pad_slots_to = pad_slots_to;
+  return o;
+}
+
 /// One build_batch of a KvCache, or one group's part of a ModelKvCache's: the device arrays
 /// live in the cache's upload arena until the next build_batch; the host copies belong to this
 /// object.
@@ -222,6 +230,10 @@ GatherOutput gather_output(nb::handle owner, KvCache& kv, const std::string& lay
 std::pair<DlArray, std::optional<DlArray>> gather_result(const KvCache& kv, GatherOutput&& out);
 /// Every counter of ControlStats as a dict ("device" and "host" tier dicts included).
 nb::dict stats_dict(const ControlStats& s);
+/// The pools' sizes and allocation times as a dict (KvCache.pool_info, ModelGroup.pool_info).
+nb::dict pool_info_dict(const PoolInfo& p);
+/// block_locations as Python gives them: (tier, physical block id) pairs.
+std::vector<std::pair<Tier, int32_t>> location_pairs(const std::vector<BlockLocation>& locations);
 
 // ---- storage tiers (storage.cpp) ----
 
