@@ -13,8 +13,7 @@ namespace {
 
 using Ids = std::vector<SequenceId>;
 
-// __init__: the instance is constructed only once the cache exists, so a failed create()
-// leaves no half-made object behind.
+// __init__ (construct_cache: the instance is constructed only once the cache exists).
 void init_cache(PyCache* self, const CacheConfig& config, bool enable_events, size_t event_capacity,
                 nb::handle storage, int64_t storage_staging_blocks) {
   KvCacheOptions options;
@@ -23,14 +22,8 @@ void init_cache(PyCache* self, const CacheConfig& config, bool enable_events, si
   StoreClaim claim(self, {storage}, {"storage"});
   options.storage = claim.tiers()[0];
   options.storage_staging_blocks = storage_staging_blocks;
-  auto kv = [&] {
-    nb::gil_scoped_release release;
-    return KvCache::create(config, std::move(options));
-  }();
-  if (!kv.ok()) throw StatusError(kv.status());
-  new (self) PyCache();
-  self->kv = std::move(*kv);
-  claim.commit(&self->stores);
+  construct_cache(self, &PyCache::kv, claim,
+                  [&] { return KvCache::create(config, std::move(options)); });
 }
 
 }  // namespace

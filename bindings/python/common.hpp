@@ -261,6 +261,22 @@ class StoreClaim {
   bool committed_ = false;
 };
 
+/// The end of a cache wrapper's __init__: makes the C++ cache with `create` (without the GIL),
+/// and only once it exists the wrapper `self` holding it in `member` and the stores of `claim`,
+/// so a failed create() leaves no half-made object behind.
+template <typename Wrapper, typename Cache, typename Create>
+void construct_cache(Wrapper* self, std::unique_ptr<Cache> Wrapper::*member, StoreClaim& claim,
+                     Create&& create) {
+  auto made = [&] {
+    nb::gil_scoped_release release;
+    return create();
+  }();
+  if (!made.ok()) throw StatusError(made.status());
+  new (self) Wrapper();
+  self->*member = std::move(*made);
+  claim.commit(&self->stores);
+}
+
 // ---- registration, one per translation unit ----
 void register_errors(nb::module_& m);
 void register_types(nb::module_& m);

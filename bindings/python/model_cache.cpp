@@ -71,14 +71,8 @@ void init_model(PyModelCache* self, const CacheConfig& config, bool enable_event
   }
   StoreClaim claim(self, stores, what);
   options.storage = claim.tiers();
-  auto model = [&] {
-    nb::gil_scoped_release release;
-    return ModelKvCache::create(config, std::move(options));
-  }();
-  if (!model.ok()) throw StatusError(model.status());
-  new (self) PyModelCache();
-  self->model = std::move(*model);
-  claim.commit(&self->stores);
+  construct_cache(self, &PyModelCache::model, claim,
+                  [&] { return ModelKvCache::create(config, std::move(options)); });
 }
 
 // The ModelBatch of `obj`, checked to be one of this model's. kInvalidArgument otherwise.
