@@ -7,6 +7,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "common.hpp"
+#include "forwarders.hpp"
 #include "pagedkv/batch_formats.hpp"
 
 namespace pagedkv::python {
@@ -139,9 +140,7 @@ void register_batch(nb::module_& m, nb::class_<PyCache>& cls) {
   cls.def(
       "build_batch",
       [](nb::handle self, const Ids& ids, bool csr, int64_t pad_slots_to) {
-        BatchOptions o;
-        o.build_csr = csr;
-        o.pad_slots_to = pad_slots_to;
+        const BatchOptions o = batch_options(csr, pad_slots_to);
         return building(self, ids, [&](KvCache& kv) { return kv.build_batch(ids, o); });
       },
       nb::arg("ids"), nb::arg("csr") = false, nb::arg("pad_slots_to") = 0,
@@ -154,11 +153,9 @@ void register_batch(nb::module_& m, nb::class_<PyCache>& cls) {
         const std::pair<KvInput, KvInput> in =
             kv_batch_inputs(*s.kv, key, value, b.host.slot_mapping.size(), "");
         const KvInput &k = in.first, &v = in.second;
-        check(unlocked(s, [&](KvCache& kv) -> Status {
-          PAGEDKV_RETURN_IF_ERROR(
-              kv.write_kv_batch(b.as_built(), layer, k.data, v.data, k.dtype, k.row_stride));
-          return k.host_memory ? kv.synchronize() : ok_status();
-        }));
+        write_and_wait(s, k, [&](KvCache& kv) {
+          return kv.write_kv_batch(b.as_built(), layer, k.data, v.data, k.dtype, k.row_stride);
+        });
       },
       nb::arg("batch"), nb::arg("layer"), nb::arg("key"), nb::arg("value").none() = nb::none(),
       "Writes one layer's K/V of every token of the current batch through its slot mapping in one "

@@ -97,6 +97,14 @@ struct PyModelCache {
   }
 };
 
+/// The options of a build_batch(ids, csr, pad_slots_to) call.
+inline BatchOptions batch_options(bool csr, int64_t pad_slots_to) {
+  BatchOptions o;
+  o.build_csr = csr;
+  o.pad_slots_to = pad_slots_to;
+  return o;
+}
+
 /// One build_batch of a KvCache, or one group's part of a ModelKvCache's: the device arrays
 /// live in the cache's upload arena until the next build_batch; the host copies belong to this
 /// object.
@@ -222,6 +230,10 @@ GatherOutput gather_output(nb::handle owner, KvCache& kv, const std::string& lay
 std::pair<DlArray, std::optional<DlArray>> gather_result(const KvCache& kv, GatherOutput&& out);
 /// Every counter of ControlStats as a dict ("device" and "host" tier dicts included).
 nb::dict stats_dict(const ControlStats& s);
+/// The pools' sizes and allocation times as a dict (KvCache.pool_info, ModelGroup.pool_info).
+nb::dict pool_info_dict(const PoolInfo& p);
+/// block_locations as Python gives them: (tier, physical block id) pairs.
+std::vector<std::pair<Tier, int32_t>> location_pairs(const std::vector<BlockLocation>& locations);
 
 // ---- storage tiers (storage.cpp) ----
 
@@ -248,6 +260,22 @@ class StoreClaim {
   std::vector<StorageTier*> tiers_;
   bool committed_ = false;
 };
+
+/// The end of a cache wrapper's __init__: makes the C++ cache with `create` (without the GIL),
+/// and only once it exists the wrapper `self` holding it in `member` and the stores of `claim`,
+/// so a failed create() leaves no half-made object behind.
+template <typename Wrapper, typename Cache, typename Create>
+void construct_cache(Wrapper* self, std::unique_ptr<Cache> Wrapper::*member, StoreClaim& claim,
+                     Create&& create) {
+  auto made = [&] {
+    nb::gil_scoped_release release;
+    return create();
+  }();
+  if (!made.ok()) throw StatusError(made.status());
+  new (self) Wrapper();
+  self->*member = std::move(*made);
+  claim.commit(&self->stores);
+}
 
 // ---- registration, one per translation unit ----
 void register_errors(nb::module_& m);

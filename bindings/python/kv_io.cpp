@@ -174,4 +174,19 @@ nb::dict stats_dict(const ControlStats& s) {
   return d;
 }
 
+nb::dict pool_info_dict(const PoolInfo& p) {
+  nb::dict d;
+  d["device_bytes"] = p.device_bytes;
+  d["host_bytes"] = p.host_bytes;
+  d["device_alloc_ms"] = p.device_alloc_ms;
+  d["host_alloc_ms"] = p.host_alloc_ms;
+  return d;
+}
+
+std::vector<std::pair<Tier, int32_t>> location_pairs(const std::vector<BlockLocation>& locations) {
+  std::vector<std::pair<Tier, int32_t>> out;
+  for (const BlockLocation& l : locations) out.emplace_back(l.tier, l.block);
+  return out;
+}
+
 }  // namespace pagedkv::python

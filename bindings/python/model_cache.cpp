@@ -7,6 +7,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "common.hpp"
+#include "forwarders.hpp"
 
 namespace pagedkv::python {
 namespace {
@@ -70,14 +71,8 @@ void init_model(PyModelCache* self, const CacheConfig& config, bool enable_event
   }
   StoreClaim claim(self, stores, what);
   options.storage = claim.tiers();
-  auto model = [&] {
-    nb::gil_scoped_release release;
-    return ModelKvCache::create(config, std::move(options));
-  }();
-  if (!model.ok()) throw StatusError(model.status());
-  new (self) PyModelCache();
-  self->model = std::move(*model);
-  claim.commit(&self->stores);
+  construct_cache(self, &PyModelCache::model, claim,
+                  [&] { return ModelKvCache::create(config, std::move(options)); });
 }
 
 // The ModelBatch of `obj`, checked to be one of this model's. kInvalidArgument otherwise.
@@ -157,16 +152,7 @@ void register_group(nb::module_& m) {
           "config", [](const PyModelGroup& g) { return g.kv().config(); },
           "The group's one-group config (its layers numbered from 0).")
       .def_prop_ro(
-          "pool_info",
-          [](const PyModelGroup& g) {
-            nb::dict d;
-            const PoolInfo& p = g.kv().pool_info();
-            d["device_bytes"] = p.device_bytes;
-            d["host_bytes"] = p.host_bytes;
-            d["device_alloc_ms"] = p.device_alloc_ms;
-            d["host_alloc_ms"] = p.host_alloc_ms;
-            return d;
-          },
+          "pool_info", [](const PyModelGroup& g) { return pool_info_dict(g.kv().pool_info()); },
           "Bytes of the group's pools and their allocation times.")
       .def(
           "layer_kv",
@@ -201,11 +187,8 @@ void register_group(nb::module_& m) {
       .def(
           "block_locations",
           [](PyModelGroup& g, SequenceId id) {
-            auto locs = value_or_throw(unlocked(
-                *g.owner, [&](ModelKvCache& m) { return m.group(g.index).block_locations(id); }));
-            std::vector<std::pair<Tier, int32_t>> out;
-            for (const BlockLocation& l : locs) out.emplace_back(l.tier, l.block);
-            return out;
+            return location_pairs(value_or_throw(unlocked(
+                *g.owner, [&](ModelKvCache& m) { return m.group(g.index).block_locations(id); })));
           },
           nb::arg("id"),
           "(Tier, physical block id) of each block of the sequence in this group; -1 for a block "
@@ -286,23 +269,7 @@ void register_model_cache(nb::module_& m) {
       "alive. OutOfRangeError.");
 
   // ---- sequences ----
-  cls.def(
-      "add_sequence",
-      [](PyModelCache& s, SequenceId id, const std::vector<TokenId>& prompt, int32_t priority,
-         NamespaceId ns, int32_t retention_priority, int64_t retention_duration_ns) {
-        SequenceOptions o;
-        o.priority = priority;
-        o.ns = ns;
-        o.retention_priority = retention_priority;
-        o.retention_duration_ns = retention_duration_ns;
-        return value_or_throw(
-            unlocked(s, [&](ModelKvCache& mc) { return mc.add_sequence(id, prompt, o); }));
-      },
-      nb::arg("id"), nb::arg("prompt"), nb::arg("priority") = 0, nb::arg("ns") = 0,
-      nb::arg("retention_priority") = kDefaultRetentionPriority,
-      nb::arg("retention_duration_ns") = 0,
-      "Adds a sequence to every group; returns the prompt tokens every group can supply from its "
-      "prefix cache. AlreadyExistsError, InvalidArgumentError.");
+  def_add_sequence(cls);
   cls.def(
       "reserve",
       [](PyModelCache& s, SequenceId id, int64_t n) {
@@ -324,103 +291,16 @@ void register_model_cache(nb::module_& m) {
       nb::arg("ids"), nb::arg("n_each") = 1,
       "Reserves n_each tokens for each of ids (distinct) in every group; the slots are in the "
       "next build_batch's slot_mapping of each group.");
-  cls.def(
-      "commit",
-      [](PyModelCache& s, SequenceId id, const std::vector<TokenId>& tokens) {
-        check(unlocked(s, [&](ModelKvCache& mc) { return mc.commit(id, tokens); }));
-      },
-      nb::arg("id"), nb::arg("tokens"),
-      "Commits in every group (checked in full first). FailedPreconditionError when nothing is "
-      "reserved or a group offloaded the sequence after its reserve (restore it first).");
-  cls.def(
-      "commit_batch",
-      [](PyModelCache& s, const Ids& ids, const std::vector<TokenId>& tokens, int64_t n_each) {
-        check(unlocked(s, [&](ModelKvCache& mc) { return mc.commit_batch(ids, tokens, n_each); }));
-      },
-      nb::arg("ids"), nb::arg("tokens"), nb::arg("n_each") = 1,
-      "Commits n_each tokens for each of ids in every group; tokens holds them sequence after "
-      "sequence.");
-  cls.def(
-      "rollback",
-      [](PyModelCache& s, SequenceId id, int64_t length) {
-        check(unlocked(s, [&](ModelKvCache& mc) { return mc.rollback(id, length); }));
-      },
-      nb::arg("id"), nb::arg("length"),
-      "Shortens the sequence in every group. FailedPreconditionError, nothing changed, when a "
-      "window group no longer holds what the shorter length needs.");
-  cls.def(
-      "fork",
-      [](PyModelCache& s, SequenceId parent, SequenceId child) {
-        check(unlocked(s, [&](ModelKvCache& mc) { return mc.fork(parent, child); }));
-      },
-      nb::arg("parent"), nb::arg("child"), "Forks the sequence in every group.");
-  cls.def(
-      "finish",
-      [](PyModelCache& s, SequenceId id) {
-        check(unlocked(s, [&](ModelKvCache& mc) { return mc.finish(id); }));
-      },
-      nb::arg("id"), "Removes the sequence; its full blocks stay cached for later prompts.");
-  cls.def(
-      "erase",
-      [](PyModelCache& s, SequenceId id) {
-        check(unlocked(s, [&](ModelKvCache& mc) { return mc.erase(id); }));
-      },
-      nb::arg("id"), "Removes the sequence and the blocks only it held.");
-  cls.def(
-      "set_active",
-      [](PyModelCache& s, const Ids& ids) {
-        check(unlocked(s, [&](ModelKvCache& mc) { return mc.set_active(ids); }));
-      },
-      nb::arg("ids"), "Replaces the active set (never evicted or offloaded) in every group.");
-  cls.def(
-      "set_priority",
-      [](PyModelCache& s, SequenceId id, int32_t priority) {
-        check(unlocked(s, [&](ModelKvCache& mc) { return mc.set_priority(id, priority); }));
-      },
-      nb::arg("id"), nb::arg("priority"), "Sets the sequence's scheduling priority.");
+  def_lifecycle_calls(cls);
 
   // ---- tiers ----
-  cls.def(
-      "offload",
-      [](PyModelCache& s, SequenceId id) {
-        check(unlocked(s, [&](ModelKvCache& mc) { return mc.offload(id); }));
-      },
-      nb::arg("id"),
-      "Offloads the sequence in every group (a window group moves its window only); on an "
-      "error the groups that went ahead restore it.");
-  cls.def(
-      "restore",
-      [](PyModelCache& s, SequenceId id) {
-        check(unlocked(s, [&](ModelKvCache& mc) { return mc.restore(id); }));
-      },
-      nb::arg("id"), "Restores the sequence in every group where it is offloaded.");
-  cls.def(
-      "prefetch",
-      [](PyModelCache& s, const Ids& ids) {
-        check(unlocked(s, [&](ModelKvCache& mc) { return mc.prefetch(ids); }));
-      },
-      nb::arg("ids"), "KvCache.prefetch in every group.");
-  cls.def(
-      "residency",
-      [](PyModelCache& s, SequenceId id) {
-        return value_or_throw(unlocked(s, [&](ModelKvCache& mc) { return mc.residency(id); }));
-      },
-      nb::arg("id"), "The least ready residency over the groups. NotFoundError.");
-  cls.def(
-      "drain_evicted_sequences",
-      [](PyModelCache& s) {
-        return unlocked(s, [&](ModelKvCache& mc) { return mc.drain_evicted_sequences(); });
-      },
-      "Sequences some group dropped to make room since the last call (gone from every group).");
+  def_tier_calls(cls);
 
   // ---- reading ----
   cls.def(
       "build_batch",
       [](nb::handle self, const Ids& ids, bool csr, int64_t pad_slots_to) {
-        BatchOptions o;
-        o.build_csr = csr;
-        o.pad_slots_to = pad_slots_to;
-        return build_model_batch(self, ids, o);
+        return build_model_batch(self, ids, batch_options(csr, pad_slots_to));
       },
       nb::arg("ids"), nb::arg("csr") = false, nb::arg("pad_slots_to") = 0,
       "Builds a step's batch metadata in every group; returns a ModelBatch (batch[g] is group "
@@ -431,17 +311,7 @@ void register_model_cache(nb::module_& m) {
         const LayerGroup lg = layer_group(*s.model, layer);
         const std::pair<KvInput, KvInput> in =
             kv_inputs(s.model->group(lg.group), key, value, where(*s.model, lg.group));
-        const KvInput &k = in.first, &v = in.second;
-        check(unlocked(s, [&](ModelKvCache& mc) -> Status {
-          PAGEDKV_ASSIGN_OR_RETURN(int64_t pending, mc.pending(id));
-          if (pending != k.rows) {
-            return invalid_argument("key: " + std::to_string(k.rows) + " tokens, but sequence " +
-                                    std::to_string(id) + " has " + std::to_string(pending) +
-                                    " reserved");
-          }
-          PAGEDKV_RETURN_IF_ERROR(mc.write_kv(id, layer, k.data, v.data, k.dtype, k.row_stride));
-          return k.host_memory ? mc.synchronize() : ok_status();
-        }));
+        write_reserved_kv(s, id, layer, in.first, in.second);
       },
       nb::arg("id"), nb::arg("layer"), nb::arg("key"), nb::arg("value").none() = nb::none(),
       "Writes model layer `layer` of the reserved tokens into its group: key/value [pending, "
@@ -457,11 +327,9 @@ void register_model_cache(nb::module_& m) {
             kv_batch_inputs(s.model->group(lg.group), key, value, part.host.slot_mapping.size(),
                             where(*s.model, lg.group));
         const KvInput &k = in.first, &v = in.second;
-        check(unlocked(s, [&](ModelKvCache& mc) -> Status {
-          PAGEDKV_RETURN_IF_ERROR(
-              mc.write_kv_batch(b.device, layer, k.data, v.data, k.dtype, k.row_stride));
-          return k.host_memory ? mc.synchronize() : ok_status();
-        }));
+        write_and_wait(s, k, [&](ModelKvCache& mc) {
+          return mc.write_kv_batch(b.device, layer, k.data, v.data, k.dtype, k.row_stride);
+        });
       },
       nb::arg("batch"), nb::arg("layer"), nb::arg("key"), nb::arg("value").none() = nb::none(),
       "Writes model layer `layer` of every token of the current ModelBatch through its group's "
@@ -472,22 +340,9 @@ void register_model_cache(nb::module_& m) {
       [](nb::handle self, SequenceId id, int32_t layer, const std::string& layout,
          std::optional<DType> dtype, int64_t begin, int64_t num_tokens) {
         PyModelCache& s = nb::cast<PyModelCache&>(self);
-        const LayerGroup lg = layer_group(*s.model, layer);
-        KvCache& kv = s.model->group(lg.group);
-        int64_t n = num_tokens;
-        if (n < 0) {
-          const int64_t length =
-              value_or_throw(unlocked(s, [&](ModelKvCache& mc) { return mc.length(id); }));
-          n = length - begin;
-          if (n < 0) throw StatusError(out_of_range("begin: past the committed tokens"));
-        }
-        GatherOutput out = gather_output(self, kv, layout, dtype, n);
-        check(unlocked(s, [&](ModelKvCache& mc) -> Status {
-          PAGEDKV_RETURN_IF_ERROR(
-              mc.gather_layer(id, layer, out.key, out.value, out.dtype, out.layout, begin, n));
-          return mc.synchronize();
-        }));
-        return gather_result(kv, std::move(out));
+        KvCache& kv = s.model->group(layer_group(*s.model, layer).group);
+        return gather_to_arrays<PyModelCache>(self, kv, id, layer, layout, dtype, begin,
+                                              num_tokens);
       },
       nb::arg("id"), nb::arg("layer"), nb::arg("layout") = "token_major",
       nb::arg("dtype") = nb::none(), nb::arg("begin") = 0, nb::arg("num_tokens") = -1,
@@ -504,12 +359,7 @@ void register_model_cache(nb::module_& m) {
       nb::arg("layer"),
       "(K, V) zero-copy views of model layer `layer` in its group's device pool, as "
       "KvCache.layer_kv; (latents, None) for a latent group. OutOfRangeError.");
-  cls.def(
-      "synchronize",
-      [](PyModelCache& s) {
-        check(unlocked(s, [&](ModelKvCache& mc) { return mc.synchronize(); }));
-      },
-      "Blocks until the model's queued work (kernels and transfers) is done.");
+  def_synchronize(cls);
 
   // ---- storage tiers ----
   cls.def_prop_ro(
@@ -522,57 +372,11 @@ void register_model_cache(nb::module_& m) {
         return out;
       },
       "Each group's storage tier (FileTier or RedisTier) or None, in group order.");
-  cls.def(
-      "fetch_from_storage",
-      [](PyModelCache& s, const std::vector<TokenId>& prompt, NamespaceId ns) {
-        SequenceOptions o;
-        o.ns = ns;
-        return value_or_throw(
-            unlocked(s, [&](ModelKvCache& mc) { return mc.fetch_from_storage(prompt, o); }));
-      },
-      nb::arg("prompt"), nb::arg("ns") = 0,
-      "Starts bringing back from the groups' stores what a prefix hit of the prompt needs: the "
-      "full-attention groups the blocks after their cached prefix, then the window groups the "
-      "blocks their window lacks at the hit the full groups reach (all or none). Returns the "
-      "blocks on their way over all groups; never waits.");
-  cls.def(
-      "poll_storage",
-      [](PyModelCache& s) {
-        check(unlocked(s, [&](ModelKvCache& mc) { return mc.poll_storage(); }));
-      },
-      "KvCache.poll_storage in every group.");
-  cls.def(
-      "storage_in_flight",
-      [](PyModelCache& s) {
-        return unlocked(s, [&](ModelKvCache& mc) { return mc.storage_in_flight(); });
-      },
-      "Blocks fetched from storage that have not landed yet, over all groups.");
-  cls.def(
-      "flush_storage",
-      [](PyModelCache& s) {
-        check(unlocked(s, [&](ModelKvCache& mc) { return mc.flush_storage(); }));
-      },
-      "KvCache.flush_storage in every group (waits without the GIL).");
+  def_fetch_from_storage(cls);
+  def_storage_progress(cls);
 
   // ---- queries ----
-  cls.def(
-      "contains",
-      [](PyModelCache& s, SequenceId id) {
-        return unlocked(s, [&](ModelKvCache& mc) { return mc.contains(id); });
-      },
-      nb::arg("id"), "Whether the sequence exists (offloaded ones included).");
-  cls.def(
-      "length",
-      [](PyModelCache& s, SequenceId id) {
-        return value_or_throw(unlocked(s, [&](ModelKvCache& mc) { return mc.length(id); }));
-      },
-      nb::arg("id"), "Committed token count (the same in every group). NotFoundError.");
-  cls.def(
-      "pending",
-      [](PyModelCache& s, SequenceId id) {
-        return value_or_throw(unlocked(s, [&](ModelKvCache& mc) { return mc.pending(id); }));
-      },
-      nb::arg("id"), "Reserved, uncommitted token count. NotFoundError.");
+  def_sequence_queries(cls);
   cls.def(
       "held_blocks",
       [](PyModelCache& s, SequenceId id, int32_t g) {
@@ -588,23 +392,10 @@ void register_model_cache(nb::module_& m) {
       },
       nb::arg("id"),
       "Bytes of the blocks the sequence holds over all groups, on either tier. NotFoundError.");
-  cls.def(
-      "check_invariants",
-      [](PyModelCache& s) {
-        check(unlocked(s, [&](ModelKvCache& mc) { return mc.check_invariants(); }));
-      },
-      "Every group's invariants, and every sequence in every group with the same length and "
-      "reservation; InternalError names the first broken one.");
+  def_check_invariants(cls);
 
   // ---- events ----
-  cls.def(
-      "drain_events",
-      [](PyModelCache& s) {
-        return unlocked(s, [&](ModelKvCache& mc) { return mc.drain_events(); });
-      },
-      "Every group's control events since the last drain, each with its group index in .group. "
-      "Order: the EVENTS_DROPPED event of every group whose event ring overflowed, in group "
-      "order; then group 0's other events oldest first, then group 1's, and so on.");
+  def_drain_events(cls);
 }
 
 }  // namespace pagedkv::python

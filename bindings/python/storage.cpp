@@ -66,9 +66,14 @@ StorageLayout layout_of(nb::handle obj, const std::optional<std::string>& model_
                                     *model_id);
 }
 
-// Moves a freshly made store into the instance under construction.
-template <typename T>
-void construct(T* self, StatusOr<std::unique_ptr<StorageTier>>&& tier, decltype(T::options) o) {
+// Makes the store of `layout` with `make` (without the GIL: a file store's restart lists its
+// directory) and moves it into the instance under construction.
+template <typename T, typename Make>
+void construct(T* self, const StorageLayout& layout, decltype(T::options) o, Make make) {
+  auto tier = [&] {
+    nb::gil_scoped_release release;
+    return make(layout, o);
+  }();
   if (!tier.ok()) throw StatusError(tier.status());
   new (self) T();
   self->tier = std::move(tier).value();
@@ -85,11 +90,7 @@ void init_file_tier(PyFileTier* self, nb::handle layout_or_config, const std::st
   o.fsync = fsync;
   o.max_queued_blocks = max_queued_blocks;
   o.threads = threads;
-  auto tier = [&] {
-    nb::gil_scoped_release release;  // a restart lists the directory
-    return make_file_tier(layout, o);
-  }();
-  construct(self, std::move(tier), std::move(o));
+  construct(self, layout, std::move(o), &make_file_tier);
 }
 
 void init_redis_tier(PyRedisTier* self, nb::handle layout_or_config,
@@ -104,11 +105,7 @@ void init_redis_tier(PyRedisTier* self, nb::handle layout_or_config,
   o.key_prefix = key_prefix;
   o.max_queued_blocks = max_queued_blocks;
   o.threads = threads;
-  auto tier = [&] {
-    nb::gil_scoped_release release;
-    return make_redis_tier(layout, o);
-  }();
-  construct(self, std::move(tier), std::move(o));
+  construct(self, layout, std::move(o), &make_redis_tier);
 }
 
 nb::dict storage_stats_dict(const StorageStats& s) {

@@ -21,7 +21,7 @@ See docs/python.md.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from . import _C
 from .config import (
@@ -80,6 +80,16 @@ def _config(config: Optional[CacheConfig], fields: dict) -> CacheConfig:
     return config
 
 
+def _create(cache: Any, base_init: Callable[..., None], config: Optional[CacheConfig],
+            fields: dict, *args: Any) -> None:
+    """The __init__ of a KvCache or ModelKvCache: `base_init` (its super().__init__) creates the
+    C++ cache from `config` with keyword `fields` replacing its own and `args`; the cache keeps
+    the config."""
+    config = _config(config, fields)
+    base_init(config._to_cpp(), *args)
+    cache._python_config = config
+
+
 class KvCache(_C._KvCache):
     """A paged KV cache: the control plane, the device pool and (optionally) a host tier and a
     storage tier behind it.
@@ -94,10 +104,8 @@ class KvCache(_C._KvCache):
     def __init__(self, config: Optional[CacheConfig] = None, *, enable_events: bool = True,
                  event_capacity: int = 65536, storage: Optional[StorageTier] = None,
                  storage_staging_blocks: int = 64, **fields: Any) -> None:
-        config = _config(config, fields)
-        super().__init__(config._to_cpp(), enable_events, event_capacity, storage,
-                         storage_staging_blocks)
-        self._python_config = config
+        _create(self, super().__init__, config, fields, enable_events, event_capacity, storage,
+                storage_staging_blocks)
 
     @property
     def cache_config(self) -> CacheConfig:
@@ -122,10 +130,8 @@ class ModelKvCache(_C._ModelKvCache):
                  event_capacity: int = 65536,
                  storage: Optional[Sequence[Optional[StorageTier]]] = None,
                  storage_staging_blocks: int = 64, **fields: Any) -> None:
-        config = _config(config, fields)
-        super().__init__(config._to_cpp(), enable_events, event_capacity, storage,
-                         storage_staging_blocks)
-        self._python_config = config
+        _create(self, super().__init__, config, fields, enable_events, event_capacity, storage,
+                storage_staging_blocks)
 
     @property
     def cache_config(self) -> CacheConfig:
