@@ -63,10 +63,14 @@ struct StorageFetch {
 struct StorageCompletion {
   uint64_t job = 0;
   /// Puts: every block stored (a failed put leaves nothing visible). Gets: every block read and
-  /// its checksum verified; a failed get wrote garbage into nothing the caller may read.
+  /// its checksum verified.
   bool ok = false;
   /// Why it failed (empty when ok).
   std::string error;
+  /// Gets: how many blocks, from the first, were read and verified (all of them when ok). The
+  /// caller may use those even when the get failed; what a failed block's destination and
+  /// every later one hold is unspecified. Puts: 0.
+  size_t blocks_ok = 0;
 };
 
 /// Counters of a store since it was created.

@@ -202,6 +202,11 @@ class ControlPlane {
   /// blocks stand alone); not ok frees them all. Returns how many blocks became prefix-cache
   /// blocks. kNotFound for an unknown arrival.
   StatusOr<int64_t> finish_arrival(uint64_t arrival, bool ok);
+  /// finish_arrival() of a read whose first `intact` blocks arrived read and verified and the
+  /// rest did not (StorageCompletion::blocks_ok): with full attention those join the index (the
+  /// ones after them would not be reachable), with a window only all of them (a window with a
+  /// hole is no hit). kNotFound for an unknown arrival, kInvalidArgument for intact < 0.
+  StatusOr<int64_t> finish_arrival_partly(uint64_t arrival, int64_t intact);
   /// Records that a block the host tier dropped is now kept by the storage tier (an event
   /// kBlockStored on Tier::kStorage, for routers).
   void record_stored_in_storage(const DroppedBlock& block);

@@ -154,7 +154,14 @@ StatusOr<Arrival> ControlPlane::begin_arrival(const StorageLookup& lookup, int64
 }
 
 StatusOr<int64_t> ControlPlane::finish_arrival(uint64_t arrival, bool ok) {
+  return finish_arrival_partly(arrival, ok ? INT64_MAX : 0);
+}
+
+StatusOr<int64_t> ControlPlane::finish_arrival_partly(uint64_t arrival, int64_t intact) {
   PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("finish_arrival"));
+  if (intact < 0) {
+    return invalid_argument("finish_arrival: " + std::to_string(intact) + " intact blocks");
+  }
   auto it = arrivals_.find(arrival);
   if (it == arrivals_.end()) {
     return not_found("finish_arrival: arrival " + std::to_string(arrival) + " is not in flight");
@@ -162,8 +169,11 @@ StatusOr<int64_t> ControlPlane::finish_arrival(uint64_t arrival, bool ok) {
   const ArrivalRecord record = std::move(it->second);
   arrivals_.erase(it);
   const StorageLookup& l = record.lookup;
+  const size_t good = static_cast<size_t>(std::min<int64_t>(
+      intact, static_cast<int64_t>(record.blocks.size())));  // blocks [0, good) arrived intact
   int64_t registered = 0;
   if (!l.prefix_hashes.empty()) {
+    const bool ok = good == record.blocks.size();
     // A window cache's flat blocks: each stands alone under the hash of the prefix before it.
     for (size_t i = 0; i < record.blocks.size(); ++i) {
       const LogicalId id = record.blocks[i];
@@ -193,7 +203,7 @@ StatusOr<int64_t> ControlPlane::finish_arrival(uint64_t arrival, bool ok) {
     BlockInfo& b = blocks_[id];
     b.ref = 0;
     const TokenId* tokens = &l.tokens[i * static_cast<size_t>(block_size_)];
-    if (ok && chained) {
+    if (i < good && chained) {
       const NodeId existing = index_.find(parent, l.ns, tokens);
       if (existing >= 0) {
         // Computed (or fetched) again meanwhile: the index keeps one block per prefix.

@@ -166,14 +166,14 @@ Status StorageLink::collect(core::ControlPlane& control) {
     auto read = reads_.find(c.job);
     if (read == reads_.end()) continue;  // not this link's job (a store serves one cache)
     const int64_t n = static_cast<int64_t>(read->second.keys.size());
-    if (c.ok) {
-      bytes_read_ += n * block_bytes_;
-    } else {
-      failed_blocks_ += n;  // a failed or corrupt read is a miss, never garbage
-    }
+    // The blocks before the first failed or corrupt one are good; the rest are a miss, never
+    // garbage.
+    const int64_t intact = c.ok ? n : std::min<int64_t>(static_cast<int64_t>(c.blocks_ok), n);
+    bytes_read_ += intact * block_bytes_;
+    failed_blocks_ += n - intact;
     const uint64_t arrival = read->second.arrival;
     reads_.erase(read);
-    PAGEDKV_RETURN_IF_ERROR(control.finish_arrival(arrival, c.ok).status());
+    PAGEDKV_RETURN_IF_ERROR(control.finish_arrival_partly(arrival, intact).status());
   }
   return ok_status();
 }

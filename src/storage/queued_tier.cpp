@@ -16,6 +16,7 @@ struct QueuedStorageTier::Job {
   std::vector<StorageKey> keys;
   std::vector<std::unique_ptr<unsigned char[]>> stored;  // puts: header + payload per block
   std::vector<void*> dsts;                               // gets
+  std::vector<uint8_t> block_ok;                         // gets: block i read and verified
   size_t remaining = 0;
   size_t failed = 0;
   std::string first_error;
@@ -144,6 +145,7 @@ StatusOr<uint64_t> QueuedStorageTier::submit_get(const std::vector<StorageKey>& 
   job->kind = Kind::kGet;
   job->keys = keys;
   job->dsts = blocks;
+  job->block_ok.assign(keys.size(), 0);
   return enqueue(std::move(job));
 }
 
@@ -271,6 +273,7 @@ void QueuedStorageTier::run_task(int thread, const Task& task) {
 
   std::lock_guard<std::mutex> lock(mu_);
   if (job.kind == Kind::kPut) --queued_put_blocks_;
+  if (job.kind == Kind::kGet) job.block_ok[task.index] = error.empty() ? 1 : 0;
   if (!error.empty()) {
     if (job.failed++ == 0) {
       job.first_error = "block " + std::to_string(task.index) + " " + key_name(key) + ": " + error;
@@ -280,6 +283,10 @@ void QueuedStorageTier::run_task(int thread, const Task& task) {
     StorageCompletion c;
     c.job = job.id;
     c.ok = job.failed == 0;
+    if (job.kind == Kind::kGet) {
+      c.blocks_ok = static_cast<size_t>(
+          std::find(job.block_ok.begin(), job.block_ok.end(), uint8_t{0}) - job.block_ok.begin());
+    }
     if (!c.ok) {
       c.error = std::string(job.kind == Kind::kPut ? "put" : "get") + ": " +
                 std::to_string(job.failed) + " of " + std::to_string(job.keys.size()) +

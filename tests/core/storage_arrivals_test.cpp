@@ -95,6 +95,24 @@ TEST_F(StorageArrivalsTest, AGoodReadBecomesCachedHostBlocksThatAPromptHits) {
   EXPECT_FALSE(cp_->residency(2)->offloaded);
 }
 
+// A read that failed at its second block: the first joins the index and a prompt hits it, the
+// second's slot is free again.
+TEST_F(StorageArrivalsTest, APartlyGoodReadRegistersTheBlocksBeforeTheFirstBadOne) {
+  auto a = cp_->begin_arrival(lookup(), 2);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(cp_->finish_arrival_partly(a->id, -1).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cp_->arrivals_in_flight(), 1) << "a refused call keeps the arrival";
+  EXPECT_EQ(*cp_->finish_arrival_partly(a->id, 1), 1);
+  PAGEDKV_EXPECT_INV(*cp_);
+  const ControlStats st = cp_->stats();
+  EXPECT_EQ(st.storage_hit_blocks, 1);
+  EXPECT_EQ(st.host.cached_blocks, 1);
+  EXPECT_EQ(st.host.free_blocks, 3);
+  EXPECT_EQ(*cp_->add_sequence(2, prompt_), 12) << "blocks 0 and 1 cached, block 2 arrived";
+  EXPECT_EQ(cp_->block_locations(2)->at(2), (BlockLocation{Tier::kHost, a->host_blocks[0]}));
+  PAGEDKV_EXPECT_INV(*cp_);
+}
+
 TEST_F(StorageArrivalsTest, AFailedReadRegistersNothingAndFreesItsSlots) {
   auto a = cp_->begin_arrival(lookup(), 2);
   ASSERT_TRUE(a.ok());

@@ -184,6 +184,20 @@ TEST_F(StorageWindowTest, AWindowLookupIsRefusedByAFullAttentionArrivalAndTheOth
   PAGEDKV_EXPECT_INV(*full);
 }
 
+// Two of the window's three blocks arrived intact: no hit can use them, so none is kept.
+TEST_F(StorageWindowTest, APartlyGoodWindowRegistersNothing) {
+  auto a = cp_->begin_arrival(lookup(), 3);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(*cp_->finish_arrival_partly(a->id, 2), 0);
+  EXPECT_EQ(cp_->stats().host.cached_blocks, 0);
+  EXPECT_EQ(cp_->stats().host.free_blocks, 8);
+  PAGEDKV_EXPECT_INV(*cp_);
+  auto b = cp_->begin_arrival(lookup(), 3);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(*cp_->finish_arrival_partly(b->id, 3), 3) << "all three: the window is whole";
+  EXPECT_EQ(*cp_->cached_prefix(prompt_, 0), 23);
+}
+
 TEST_F(StorageWindowTest, StorageReachCountsOnlyACompleteWindow) {
   const StorageLookup l = lookup();
   EXPECT_EQ(cp_->storage_reach(l, 3), 23);

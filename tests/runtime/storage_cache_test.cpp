@@ -288,6 +288,54 @@ TEST_F(StorageCacheTest, ACorruptBlockFileIsAMissNeverGarbage) {
   expect_invariants();
 }
 
+// Only prompt 0's second block file rots: the read of both lands the first (a hit of one block,
+// the first cache's bytes), the second is a miss.
+TEST_F(StorageCacheTest, ACorruptSecondBlockLeavesTheFirstAHit) {
+  open(small_config());
+  push_through_to_storage(6);
+  const std::vector<TokenId> p0 = prompt(0);
+  const std::vector<TokenId> second(p0.begin() + 4, p0.begin() + 8);
+  uint64_t hash = 0;
+  for (const ControlEvent& e : cache_->drain_events()) {
+    if (e.kind == EventKind::kBlockStored && e.tier == Tier::kStorage && e.tokens == second) {
+      hash = e.block_hash;
+    }
+  }
+  ASSERT_NE(hash, 0u) << "prompt 0's second block was written back";
+  char name[17];
+  std::snprintf(name, sizeof(name), "%016llx", static_cast<unsigned long long>(hash));
+  open(small_config());
+  int corrupted = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(dir_)) {
+    if (!entry.is_regular_file() ||
+        entry.path().filename().string().find(name) == std::string::npos) {
+      continue;
+    }
+    std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(entry.file_size() / 2);
+    f.seekg(at);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x5a);
+    f.seekp(at);
+    f.write(&c, 1);
+    ++corrupted;
+  }
+  ASSERT_EQ(corrupted, 1);
+  EXPECT_EQ(*cache_->fetch_from_storage(p0), 2);
+  ASSERT_OK(cache_->flush_storage());
+  expect_invariants();
+  const ControlStats st = cache_->stats();
+  EXPECT_EQ(st.storage_hit_blocks, 1);
+  EXPECT_EQ(st.storage_failed_blocks, 1);
+  EXPECT_EQ(st.storage_bytes_read, config_.block_bytes());
+  EXPECT_EQ(st.host.cached_blocks, 1);
+  EXPECT_EQ(*cache_->add_sequence(42, p0), 4);
+  ASSERT_TRUE(cache_->reserve(42, 1).ok());
+  expect_invariants();
+  expect_model_bytes(42, p0, 4);
+}
+
 TEST_F(StorageCacheTest, AFullWriteBackQueueDropsBlocksAndCountsThem) {
   open(small_config(), /*staging=*/1);
   push_through_to_storage(8);

@@ -275,6 +275,32 @@ TEST_P(StoreTest, GetOfAMissingBlockFailsTheJob) {
   EXPECT_NE(c.error.find("not stored"), std::string::npos) << c.error;
   EXPECT_EQ(tier->stats().failed_gets, 1);
   EXPECT_EQ(tier->stats().gets, 2);
+  EXPECT_EQ(c.blocks_ok, 1u) << "block 0 is good, block 1 is missing";
+  EXPECT_EQ(out[0], blocks[0]);
+}
+
+// A get that fails at block 2 of 5 says that blocks 0 and 1 are good, and they hold exactly
+// what was put (the caller may use them); a get that succeeds says all are.
+TEST_P(StoreTest, AFailedGetSaysHowManyLeadingBlocksAreGood) {
+  const StorageLayout layout = odd_layout();
+  auto tier = make(layout);
+  ASSERT_NE(tier, nullptr);
+  const auto keys = keys_from(0xbadb10c, 5);
+  const auto blocks = random_blocks(5, layout.block_bytes, 11);
+  ASSERT_TRUE(finish(*tier, tier->submit_put(keys, cptrs(blocks))).ok);
+  auto all = poisoned(5, layout.block_bytes);
+  const StorageCompletion good = finish(*tier, tier->submit_get(keys, ptrs(all)));
+  EXPECT_TRUE(good.ok);
+  EXPECT_EQ(good.blocks_ok, 5u);
+  env_->write_raw(layout, keys[2], flip(env_->raw(layout, keys[2]).value(), 48 + 100));
+  auto out = poisoned(5, layout.block_bytes);
+  const StorageCompletion c = finish(*tier, tier->submit_get(keys, ptrs(out)));
+  EXPECT_FALSE(c.ok);
+  EXPECT_EQ(c.blocks_ok, 2u) << c.error;
+  EXPECT_EQ(out[0], blocks[0]);
+  EXPECT_EQ(out[1], blocks[1]);
+  const StorageCompletion put = finish(*tier, tier->submit_put({keys[0]}, cptrs({blocks[0]})));
+  EXPECT_EQ(put.blocks_ok, 0u) << "puts say nothing of blocks read";
 }
 
 // A corrupt, truncated or foreign stored block reads as a failed get: the completion says so
