@@ -79,7 +79,11 @@ struct PyCache {
   HeldStores stores;  // [the storage tier or None]
 
   ~PyCache() {
-    kv.reset();  // drains its store: the store must still be alive
+    {
+      // Draining the store may wait on disk or a server; nothing else refers to the cache now.
+      nb::gil_scoped_release unlocked;
+      kv.reset();  // the store must still be alive
+    }
     release_stores(stores);
   }
 };
@@ -92,7 +96,10 @@ struct PyModelCache {
   HeldStores stores;                      // per group: its storage tier or None
 
   ~PyModelCache() {
-    model.reset();
+    {
+      nb::gil_scoped_release unlocked;  // as ~PyCache
+      model.reset();
+    }
     release_stores(stores);
   }
 };

@@ -149,9 +149,10 @@ StoreClaim::StoreClaim(const void* cache, const std::vector<nb::handle>& objs,
         tiers_.push_back(nullptr);
         continue;
       }
-      if (!nb::isinstance<PyStore>(objs[i])) {
+      if (!nb::isinstance<PyStore>(objs[i]) || !nb::inst_ready(objs[i])) {
         throw_invalid(what[i] + ": expected a pagedkv.FileTier or RedisTier (or None), got " +
-                      python_type(objs[i]));
+                      (nb::isinstance<PyStore>(objs[i]) ? "one whose __init__ did not run"
+                                                        : python_type(objs[i])));
       }
       PyStore* s = nb::inst_ptr<PyStore>(objs[i]);
       // The same store twice for one cache is the C++ create()'s to refuse (it names both).
@@ -208,9 +209,15 @@ void register_storage(nb::module_& m) {
           "several KV groups). InvalidArgumentError, OutOfRangeError for a bad group.")
       .def("fingerprint", &StorageLayout::fingerprint,
            "A stable 64-bit digest of every field (docs/storage.md).")
-      .def("__eq__",
-           [](const StorageLayout& a, const StorageLayout& b) {
-             return a.fingerprint() == b.fingerprint() && a.block_bytes == b.block_bytes;
+      .def(
+          "__eq__",
+          [](const StorageLayout& a, const StorageLayout& b) {
+            return a.fingerprint() == b.fingerprint() && a.block_bytes == b.block_bytes;
+          },
+          nb::is_operator())
+      .def("__hash__",
+           [](const StorageLayout& l) {
+             return static_cast<size_t>(l.fingerprint() ^ static_cast<uint64_t>(l.block_bytes));
            })
       .def("__repr__", &layout_repr);
 

@@ -97,9 +97,27 @@ void register_types(nb::module_& m) {
       .def("num_groups", &CacheConfig::num_groups)
       .def("block_bytes", &CacheConfig::block_bytes)
       .def("page_bytes", &CacheConfig::page_bytes)
-      .def("group_config", &CacheConfig::group_config, nb::arg("g"),
-           "The one-group config of group g (g below num_groups(): the caller checks).")
-      .def("blocks_per_sequence", &CacheConfig::blocks_per_sequence, nb::arg("context"))
+      .def(
+          "group_config",
+          [](const CacheConfig& c, int32_t g) {
+            if (g < 0 || g >= c.num_groups()) {
+              check(out_of_range("group " + std::to_string(g) + " outside the config's " +
+                                 std::to_string(c.num_groups()) + " groups"));
+            }
+            return c.group_config(g);
+          },
+          nb::arg("g"), "The one-group config of group g. OutOfRangeError.")
+      .def(
+          "blocks_per_sequence",
+          [](const CacheConfig& c, int64_t context) {
+            if (c.block_size < 1 || c.sliding_window < 0 || context < 0) {
+              check(
+                  invalid_argument("blocks_per_sequence: needs block_size >= 1, "
+                                   "sliding_window >= 0 and context >= 0"));
+            }
+            return c.blocks_per_sequence(context);
+          },
+          nb::arg("context"))
       .def(
           "with_pools",
           [](const CacheConfig& c, int64_t device_bytes, int64_t host_bytes, int64_t context) {

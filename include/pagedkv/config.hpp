@@ -133,15 +133,17 @@ struct CacheConfig {
   /// Blocks a decoding sequence holds in this one-group config (a group_config(g) of a model):
   /// `context` committed tokens and the slot of the next one reserved, context / block_size + 1;
   /// with a sliding window only those holding the last `sliding_window` tokens and the next
-  /// one, at most ceil(sliding_window / block_size) + 1.
+  /// one, at most ceil(sliding_window / block_size) + 1. Needs block_size >= 1,
+  /// sliding_window >= 0 and context >= 0 (a validated config).
   int64_t blocks_per_sequence(int64_t context) const;
   /// This config with its pools sized from byte budgets. Without groups: the budgets in blocks
   /// (rounded down). With groups: each budget split between them in proportion to the bytes a
   /// sequence of `context` tokens holds in each (blocks_per_sequence x block bytes), so that
   /// all groups fill at the same number of such sequences, each group's blocks rounded down and
   /// at least one device block; the top-level num_device_blocks / num_host_blocks become the
-  /// totals. kInvalidArgument for a negative budget, context < 1, or a shape whose block bytes
-  /// overflow (naming the group). The result is not validated: validate() (or create) does.
+  /// totals. kInvalidArgument for a negative budget, context < 1, block_size < 1, a negative
+  /// window or a shape whose block bytes overflow (naming the group). The result is not
+  /// validated: validate() (or create) does.
   StatusOr<CacheConfig> with_pools(int64_t device_bytes, int64_t host_bytes, int64_t context) const;
   /// Bytes of one page (one layer's keys, values or latents of one block); -1 when that overflows
   /// int64.

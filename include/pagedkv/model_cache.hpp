@@ -123,7 +123,9 @@ class ModelKvCache {
   /// the window groups, each fetching the blocks its window lacks for the longest hit the
   /// full-attention groups reach (all or none). Returns the blocks on their way over all
   /// groups. As KvCache::fetch_from_storage, it never waits: a scheduler that wants the hit
-  /// waits for storage_in_flight() to drop before add_sequence.
+  /// waits for storage_in_flight() to drop before add_sequence. When a group's fetch fails, the
+  /// error names it and the groups before it may have reads in flight, which land as prefix
+  /// cache as usual.
   StatusOr<int64_t> fetch_from_storage(const std::vector<TokenId>& prompt,
                                        const SequenceOptions& options = {});
   /// KvCache::poll_storage in every group.

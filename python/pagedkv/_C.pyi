@@ -307,9 +307,7 @@ class _CacheConfig:
     def page_bytes(self) -> int: ...
 
     def group_config(self, g: int) -> _CacheConfig:
-        """
-        The one-group config of group g (g below num_groups(): the caller checks).
-        """
+        """The one-group config of group g. OutOfRangeError."""
 
     def blocks_per_sequence(self, context: int) -> int: ...
 
@@ -916,6 +914,8 @@ class StorageLayout:
         """A stable 64-bit digest of every field (docs/storage.md)."""
 
     def __eq__(self, arg: StorageLayout, /) -> bool: ...
+
+    def __hash__(self) -> int: ...
 
     def __repr__(self) -> str: ...
 

@@ -184,12 +184,9 @@ class CacheConfig:
     def blocks_per_sequence(self, context: int, group: Optional[int] = None) -> int:
         """Blocks a decoding sequence of `context` tokens holds in the config, or in group
         `group` of a model (a window group only those of its window)."""
-        if group is None:
-            if self.groups:
-                raise _invalid("blocks_per_sequence: a model of several groups: name the group")
-            return self._to_cpp().blocks_per_sequence(context)
         cpp = self._to_cpp()
-        if not 0 <= group < cpp.num_groups():
-            raise _invalid(f"blocks_per_sequence: group {group} outside the model's "
-                           f"{cpp.num_groups()} groups")
+        if group is None:
+            if cpp.num_groups() > 1:
+                raise _invalid("blocks_per_sequence: a model of several groups: name the group")
+            group = 0
         return cpp.group_config(group).blocks_per_sequence(context)

@@ -117,7 +117,12 @@ StatusOr<CacheConfig> CacheConfig::with_pools(int64_t device_bytes, int64_t host
           (groups.empty() ? std::string() : "groups[" + std::to_string(g) + "]: ") +
           "with_pools: the block bytes of this shape overflow or are 0");
     }
-    per_seq[i] = gc.blocks_per_sequence(context);
+    if (gc.sliding_window < 0) {
+      return invalid_argument(
+          (groups.empty() ? std::string() : "groups[" + std::to_string(g) + "]: ") +
+          "sliding_window: must be >= 0, got " + std::to_string(gc.sliding_window));
+    }
+    per_seq[i] = gc.blocks_per_sequence(context);  // >= 1: a window >= 0 keeps the next slot
     total += static_cast<Wide>(per_seq[i]) * block[i];
   }
   if (groups.empty()) {

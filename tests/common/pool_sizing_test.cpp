@@ -120,6 +120,12 @@ TEST(PoolSizing, BadBudgetsAndContextsAreRefusedByName) {
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(r.status().message().find(k.text), std::string::npos) << r.status().message();
   }
+  CacheConfig negative = c;
+  negative.groups[0].sliding_window = -16;  // would make a sequence hold no block
+  auto w = negative.with_pools(1 << 20, 0, 16);
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("groups[0]: sliding_window"), std::string::npos)
+      << w.status().message();
   CacheConfig overflow = c;
   overflow.groups[1].head_dim = 1 << 30;
   overflow.groups[1].num_kv_heads = 1 << 30;

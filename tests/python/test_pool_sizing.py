@@ -76,5 +76,13 @@ def test_bad_input_is_refused():
         c.with_pools(1 << 20, 0, 0)
     with pytest.raises(pagedkv.InvalidArgumentError, match="name the group"):
         c.blocks_per_sequence(100)
-    with pytest.raises(pagedkv.InvalidArgumentError, match="group 2 outside"):
+    with pytest.raises(pagedkv.OutOfRangeError, match="group 2 outside"):
         c.blocks_per_sequence(100, group=2)
+    with pytest.raises(pagedkv.InvalidArgumentError, match="block_size >= 1"):
+        pagedkv.CacheConfig(block_size=0).blocks_per_sequence(10)
+    with pytest.raises(pagedkv.InvalidArgumentError, match="context >= 0"):
+        pagedkv.CacheConfig().blocks_per_sequence(-1)
+    bad_window = gemma_like()
+    bad_window.groups[0].sliding_window = -16
+    with pytest.raises(pagedkv.InvalidArgumentError, match=r"groups\[0\]: sliding_window"):
+        bad_window.with_pools(1 << 20, 0, 16)
