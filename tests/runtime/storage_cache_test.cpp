@@ -140,6 +140,28 @@ class StorageCacheTest : public ::testing::Test {
     }
   }
 
+  // Flips one byte in the middle of every stored block file whose name contains `name` (every
+  // one for ""); returns how many.
+  int corrupt_files(const std::string& name) {
+    int corrupted = 0;
+    for (const auto& entry : fs::recursive_directory_iterator(dir_)) {
+      if (!entry.is_regular_file() || entry.file_size() < 64 ||
+          entry.path().filename().string().find(name) == std::string::npos) {
+        continue;
+      }
+      std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+      const auto at = static_cast<std::streamoff>(entry.file_size() / 2);
+      f.seekg(at);
+      char c = 0;
+      f.read(&c, 1);
+      c = static_cast<char>(c ^ 0x5a);
+      f.seekp(at);
+      f.write(&c, 1);
+      ++corrupted;
+    }
+    return corrupted;
+  }
+
   // Fills the cache with prompts 0..count-1 so that the oldest ones' blocks are demoted to the
   // host and then dropped from it, i.e. written back.
   void push_through_to_storage(int count) {
@@ -260,20 +282,7 @@ TEST_F(StorageCacheTest, ACorruptBlockFileIsAMissNeverGarbage) {
   push_through_to_storage(6);
   open(small_config());  // the restarted store lists the blocks; then they rot on disk
   // Flip one byte in the middle of every stored block file.
-  int corrupted = 0;
-  for (const auto& entry : fs::recursive_directory_iterator(dir_)) {
-    if (!entry.is_regular_file() || entry.file_size() < 64) continue;
-    std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
-    const auto at = static_cast<std::streamoff>(entry.file_size() / 2);
-    f.seekg(at);
-    char c = 0;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x5a);
-    f.seekp(at);
-    f.write(&c, 1);
-    ++corrupted;
-  }
-  ASSERT_GT(corrupted, 0);
+  ASSERT_GT(corrupt_files(""), 0);
   auto fetched = cache_->fetch_from_storage(prompt(0));
   ASSERT_TRUE(fetched.ok()) << fetched.status().to_string();
   ASSERT_EQ(*fetched, 2) << "the store still lists both blocks: the read finds the damage";
@@ -305,23 +314,7 @@ TEST_F(StorageCacheTest, ACorruptSecondBlockLeavesTheFirstAHit) {
   char name[17];
   std::snprintf(name, sizeof(name), "%016llx", static_cast<unsigned long long>(hash));
   open(small_config());
-  int corrupted = 0;
-  for (const auto& entry : fs::recursive_directory_iterator(dir_)) {
-    if (!entry.is_regular_file() ||
-        entry.path().filename().string().find(name) == std::string::npos) {
-      continue;
-    }
-    std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
-    const auto at = static_cast<std::streamoff>(entry.file_size() / 2);
-    f.seekg(at);
-    char c = 0;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x5a);
-    f.seekp(at);
-    f.write(&c, 1);
-    ++corrupted;
-  }
-  ASSERT_EQ(corrupted, 1);
+  ASSERT_EQ(corrupt_files(name), 1);
   EXPECT_EQ(*cache_->fetch_from_storage(p0), 2);
   ASSERT_OK(cache_->flush_storage());
   expect_invariants();
