@@ -40,9 +40,10 @@ inline size_t kernel_params_size(KernelId id) {
 /// A short name for logs and NVTX ranges.
 inline const char* kernel_name(KernelId id) {
   switch (id) {
+// The name without its leading 'k' (indexing, not `+ 1`, which clang reads as a mistake).
 #define PAGEDKV_NAME_CASE(name, Body) \
   case KernelId::name:                \
-    return #name + 1;
+    return &(#name)[1];
     PAGEDKV_KERNEL_LIST(PAGEDKV_NAME_CASE)
 #undef PAGEDKV_NAME_CASE
     default:

@@ -154,7 +154,9 @@ class SeedModesFixture : public ::testing::Test {
             out.value[l][static_cast<size_t>((h * n + p) * kDim + d)] = v[h * kDim + d];
           }
       }
-      if (advance) EXPECT_TRUE(cache_->advance_sequence(id).ok());
+      if (advance) {
+        EXPECT_TRUE(cache_->advance_sequence(id).ok());
+      }
       if (after) after(p);
     }
     return out;
