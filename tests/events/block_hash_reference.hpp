@@ -28,4 +28,17 @@ inline uint64_t ref_block_hash(uint64_t parent, const std::vector<int32_t>& toke
   return ref_mix(h + tokens.size());
 }
 
+// The chained hashes of a prompt's full blocks of `block_size` tokens in namespace 0.
+inline std::vector<uint64_t> ref_prompt_hashes(const std::vector<int32_t>& prompt,
+                                               size_t block_size) {
+  std::vector<uint64_t> out;
+  uint64_t parent = ref_root_hash(0);
+  for (size_t b = 0; b + block_size <= prompt.size(); b += block_size) {
+    parent = ref_block_hash(
+        parent, std::vector<int32_t>(prompt.begin() + b, prompt.begin() + b + block_size));
+    out.push_back(parent);
+  }
+  return out;
+}
+
 }  // namespace pagedkv::testing

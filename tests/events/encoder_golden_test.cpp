@@ -9,37 +9,13 @@
 
 #include "block_hash_reference.hpp"
 #include "pagedkv/events/wire.hpp"
+#include "wire_test_util.hpp"
 
 namespace pagedkv {
 namespace {
 
-// Bytes from hex ("a4 0f ..."), so the golden message reads as the msgpack spec writes it.
-std::string H(const char* hex) {
-  std::string out;
-  int nibbles = 0;
-  unsigned v = 0;
-  for (const char* p = hex; *p; ++p) {
-    if (*p == ' ') continue;
-    v = v * 16 + static_cast<unsigned>(*p <= '9' ? *p - '0' : *p - 'a' + 10);
-    if (++nibbles == 2) {
-      out.push_back(static_cast<char>(v));
-      nibbles = 0;
-      v = 0;
-    }
-  }
-  return out;
-}
-
-std::string hex_of(const std::string& b) {
-  static const char* d = "0123456789abcdef";
-  std::string s;
-  for (unsigned char c : b) {
-    s += d[c >> 4];
-    s += d[c & 15];
-    s += ' ';
-  }
-  return s;
-}
+using testing::H;
+using testing::hex_of;
 
 ControlEvent stored(Tier tier, NamespaceId ns, uint64_t hash, uint64_t parent,
                     std::vector<TokenId> tokens) {

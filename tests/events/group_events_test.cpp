@@ -22,36 +22,13 @@
 #include "pagedkv/event_publisher.hpp"
 #include "pagedkv/events/wire.hpp"
 #include "pagedkv/model_cache.hpp"
+#include "wire_test_util.hpp"
 
 namespace pagedkv {
 namespace {
 
-std::string H(const char* hex) {
-  std::string out;
-  int nibbles = 0;
-  unsigned v = 0;
-  for (const char* p = hex; *p; ++p) {
-    if (*p == ' ') continue;
-    v = v * 16 + static_cast<unsigned>(*p <= '9' ? *p - '0' : *p - 'a' + 10);
-    if (++nibbles == 2) {
-      out.push_back(static_cast<char>(v));
-      nibbles = 0;
-      v = 0;
-    }
-  }
-  return out;
-}
-
-std::string hex_of(const std::string& b) {
-  static const char* d = "0123456789abcdef";
-  std::string s;
-  for (unsigned char c : b) {
-    s += d[c >> 4];
-    s += d[c & 15];
-    s += ' ';
-  }
-  return s;
-}
+using testing::H;
+using testing::hex_of;
 
 ControlEvent stored(int32_t group, uint64_t hash, uint64_t parent, std::vector<TokenId> tokens) {
   ControlEvent e;
@@ -204,15 +181,7 @@ std::vector<TokenId> tokens(int n, TokenId first, TokenId step) {
 }
 
 std::vector<uint64_t> ref_hashes(const std::vector<TokenId>& prompt) {
-  std::vector<uint64_t> out;
-  uint64_t parent = testing::ref_root_hash(0);
-  for (size_t b = 0; b + kBlock <= prompt.size(); b += kBlock) {
-    parent = testing::ref_block_hash(
-        parent, std::vector<TokenId>(prompt.begin() + static_cast<std::ptrdiff_t>(b),
-                                     prompt.begin() + static_cast<std::ptrdiff_t>(b + kBlock)));
-    out.push_back(parent);
-  }
-  return out;
+  return testing::ref_prompt_hashes(prompt, kBlock);
 }
 
 template <typename Cache>

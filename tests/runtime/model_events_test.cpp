@@ -56,17 +56,8 @@ std::vector<TokenId> tokens(int n, TokenId first, TokenId step) {
   return t;
 }
 
-// The chained hashes of a prompt's full blocks in namespace 0.
 std::vector<uint64_t> ref_hashes(const std::vector<TokenId>& prompt) {
-  std::vector<uint64_t> out;
-  uint64_t parent = testing::ref_root_hash(0);
-  for (size_t b = 0; b + kBlock <= prompt.size(); b += kBlock) {
-    parent = testing::ref_block_hash(
-        parent, std::vector<TokenId>(prompt.begin() + static_cast<std::ptrdiff_t>(b),
-                                     prompt.begin() + static_cast<std::ptrdiff_t>(b + kBlock)));
-    out.push_back(parent);
-  }
-  return out;
+  return testing::ref_prompt_hashes(prompt, kBlock);
 }
 
 // add_sequence, reserve and commit of the whole prompt (nothing cached is expected).
