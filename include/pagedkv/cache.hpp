@@ -180,6 +180,10 @@ class KvCache {
   /// kFailedPrecondition), so an error commits nothing.
   Status commit_batch(const std::vector<SequenceId>& ids, const std::vector<TokenId>& tokens,
                       int64_t n_each = 1);
+  /// The checks of commit_batch() alone: ok exactly when that call would succeed, and nothing
+  /// changes either way (a caller that commits to several caches checks all of them first).
+  Status check_commit_batch(const std::vector<SequenceId>& ids, const std::vector<TokenId>& tokens,
+                            int64_t n_each = 1);
   /// Shortens a sequence to `length` tokens (speculative decoding).
   Status rollback(SequenceId id, int64_t length);
   /// Creates `child` sharing every block of `parent`.

@@ -134,6 +134,10 @@ class ControlPlane {
   /// after sequence. Everything is checked first (kInvalidArgument, kNotFound,
   /// kFailedPrecondition), so an error commits nothing.
   Status commit_batch(const std::vector<SequenceId>& ids, const TokenId* tokens, int64_t n_each);
+  /// The checks of commit_batch() alone: ok exactly when that call would succeed. Changes
+  /// nothing (it memoises the resolved ids, as every batch call does).
+  Status check_commit_batch(const std::vector<SequenceId>& ids, const TokenId* tokens,
+                            int64_t n_each);
   /// Shortens the committed length to `length` and drops the reservation; blocks past it are
   /// released. kNotFound, kOutOfRange (negative or longer than the sequence).
   Status rollback(SequenceId id, int64_t length);
@@ -340,6 +344,10 @@ class ControlPlane {
   // check_offloaded kFailedPrecondition, in id order); a repeat of the last successful ids
   // while no sequence was destroyed reuses the pointers.
   Status resolve(const std::vector<SequenceId>& ids, bool check_offloaded, const char* what);
+  // kFailedPrecondition when `n` tokens are more than the sequence reserved.
+  Status check_commit_count(const Sequence& s, int64_t n, const char* what) const;
+  // The effect of a checked commit: appends the tokens, indexes completed blocks, trims the window.
+  void append_committed(Sequence* s, const TokenId* tokens, int64_t n);
   void release_block(LogicalId id, const Sequence& owner);
   void release_tail(Sequence* s, size_t keep);
   void unlist(LogicalId id);

@@ -143,13 +143,25 @@ Status ControlPlane::commit(SequenceId id, const TokenId* tokens, int64_t n) {
   if (s == nullptr) return unknown(id);
   if (n < 0) return invalid_argument("commit: n must be >= 0");
   if (n > 0 && tokens == nullptr) return invalid_argument("commit: tokens is null");
-  if (n > s->pending) {
-    return failed_precondition("commit: " + std::to_string(n) + " tokens but only " +
-                               std::to_string(s->pending) + " reserved for " + seq_name(id));
-  }
+  PAGEDKV_RETURN_IF_ERROR(check_commit_count(*s, n, "commit"));
   if (s->offloaded) return failed_precondition("commit: " + seq_name(id) + " is offloaded");
+  append_committed(s, tokens, n);
+  return ok_status();
+}
+
+Status ControlPlane::check_commit_count(const Sequence& s, int64_t n, const char* what) const {
+  if (n <= s.pending) return ok_status();
+  return failed_precondition(std::string(what) + ": " + std::to_string(n) + " tokens but only " +
+                             std::to_string(s.pending) + " reserved for " + seq_name(s.id));
+}
+
+void ControlPlane::append_committed(Sequence* s, const TokenId* tokens, int64_t n) {
   const int64_t old_len = s->length();
-  s->tokens.insert(s->tokens.end(), tokens, tokens + n);
+  if (n == 1) {
+    s->tokens.push_back(*tokens);  // the decode step's case, without a ranged insert
+  } else {
+    s->tokens.insert(s->tokens.end(), tokens, tokens + n);
+  }
   s->pending -= n;
   touch(s);
   if (config_.enable_prefix_caching) {
@@ -159,34 +171,34 @@ Status ControlPlane::commit(SequenceId id, const TokenId* tokens, int64_t n) {
     }
   }
   if (window_ > 0) trim_window(s);
-  return ok_status();
 }
 
 Status ControlPlane::commit_batch(const std::vector<SequenceId>& ids, const TokenId* tokens,
                                   int64_t n_each) {
+  PAGEDKV_RETURN_IF_ERROR(check_commit_batch(ids, tokens, n_each));
+  // check_commit_batch resolved `ids`; nothing below can fail.
+  const size_t rows = resolved_.size();
+  for (size_t i = 0; i < rows; ++i) {
+    if (i + 4 < rows) __builtin_prefetch(resolved_[i + 4]);
+    append_committed(resolved_[i], tokens + static_cast<int64_t>(i) * n_each, n_each);
+  }
+  return ok_status();
+}
+
+Status ControlPlane::check_commit_batch(const std::vector<SequenceId>& ids, const TokenId* tokens,
+                                        int64_t n_each) {
   PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("commit_batch"));
   if (n_each < 0) return invalid_argument("commit_batch: n_each must be >= 0");
   if (n_each > 0 && !ids.empty() && tokens == nullptr) {
     return invalid_argument("commit_batch: tokens is null");
   }
-  std::vector<SequenceId> sorted(ids);
-  std::sort(sorted.begin(), sorted.end());
-  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
-    return invalid_argument("commit_batch: ids are not distinct");
-  }
-  for (SequenceId id : ids) {
-    const Sequence* s = seqs_.find(id);
-    if (s == nullptr) return unknown(id);
-    if (n_each > s->pending) {
-      return failed_precondition("commit_batch: " + std::to_string(n_each) + " tokens but only " +
-                                 std::to_string(s->pending) + " reserved for " + seq_name(id));
-    }
-    if (s->offloaded) return failed_precondition("commit_batch: " + seq_name(id) + " is offloaded");
-  }
-  // Nothing below can fail: commit() checks only what was checked above.
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const Status st = commit(ids[i], tokens + static_cast<int64_t>(i) * n_each, n_each);
-    if (!st.ok()) return internal_error("commit_batch failed after its checks: " + st.message());
+  // A decode step commits the batch reserve_batch and build_batch resolved: the memo skips the
+  // id lookups (and the duplicate check it already passed).
+  PAGEDKV_RETURN_IF_ERROR(resolve(ids, /*check_offloaded=*/false, "commit_batch"));
+  for (const Sequence* s : resolved_) {  // in commit()'s order of checks
+    PAGEDKV_RETURN_IF_ERROR(check_commit_count(*s, n_each, "commit_batch"));
+    if (s->offloaded)
+      return failed_precondition("commit_batch: " + seq_name(s->id) + " is offloaded");
   }
   return ok_status();
 }

@@ -370,9 +370,8 @@ Status KvCache::commit_tokens(SequenceId id, const TokenId* tokens, int64_t n) {
   return ok_status();
 }
 
-Status KvCache::commit_batch(const std::vector<SequenceId>& ids, const std::vector<TokenId>& tokens,
-                             int64_t n_each) {
-  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::commit_batch");
+Status KvCache::check_commit_batch(const std::vector<SequenceId>& ids,
+                                   const std::vector<TokenId>& tokens, int64_t n_each) {
   PAGEDKV_RETURN_IF_ERROR(broken_);
   if (n_each < 0) return invalid_argument("commit_batch: n_each must be >= 0");
   const bool sized = n_each == 0 ? tokens.empty()
@@ -383,6 +382,13 @@ Status KvCache::commit_batch(const std::vector<SequenceId>& ids, const std::vect
                             std::to_string(ids.size()) + " sequences of " + std::to_string(n_each) +
                             " each");
   }
+  return control_->check_commit_batch(ids, tokens.data(), n_each);
+}
+
+Status KvCache::commit_batch(const std::vector<SequenceId>& ids, const std::vector<TokenId>& tokens,
+                             int64_t n_each) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::commit_batch");
+  PAGEDKV_RETURN_IF_ERROR(check_commit_batch(ids, tokens, n_each));
   PAGEDKV_RETURN_IF_ERROR(control_->commit_batch(ids, tokens.data(), n_each));
   ++generation_;
   if (!slot_uploads_.empty()) {

@@ -300,7 +300,11 @@ Status ModelKvCache::commit(SequenceId id, const std::vector<TokenId>& tokens) {
 
 Status ModelKvCache::commit_batch(const std::vector<SequenceId>& ids,
                                   const std::vector<TokenId>& tokens, int64_t n_each) {
-  for (SequenceId id : ids) PAGEDKV_RETURN_IF_ERROR(check_reserved_on_device(id, "commit_batch"));
+  // Every group checks before any commits, so that an error commits nothing anywhere. The
+  // checks memoise the resolved ids, so the commits below look nothing up again.
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    PAGEDKV_RETURN_IF_ERROR(in_group(config_, g, group(g).check_commit_batch(ids, tokens, n_each)));
+  }
   for (int32_t g = 0; g < num_groups(); ++g) {
     const Status st = group(g).commit_batch(ids, tokens, n_each);
     if (!st.ok()) {

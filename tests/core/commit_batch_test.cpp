@@ -1,0 +1,208 @@
+// commit_batch(): the same tokens, tables, prefix index, counters and events as commit() per id
+// on a random workload (prefix sharing, forks, windows, rollbacks, eviction), including batches
+// that are not the one reserve_batch just resolved; every refusal commits nothing, also when
+// the resolved-id memo of the step is reused (a member rolled back, offloaded, finished or
+// listed in another order); check_commit_batch() answers as commit_batch() would and changes
+// nothing.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "core_test_util.hpp"
+
+namespace pagedkv {
+namespace core {
+namespace {
+
+using testing_util::iota_tokens;
+using testing_util::make_cp;
+using testing_util::tiny_config;
+
+using EventKey = std::tuple<EventKind, SequenceId, uint64_t, uint64_t, std::vector<TokenId>>;
+
+std::vector<EventKey> event_keys(ControlPlane* cp) {
+  std::vector<EventKey> out;
+  for (const ControlEvent& e : cp->drain_events()) {
+    out.emplace_back(e.kind, e.sequence, e.block_hash, e.parent_hash, e.tokens);
+  }
+  return out;
+}
+
+void expect_same(ControlPlane* a, ControlPlane* b, const std::vector<SequenceId>& ids) {
+  for (SequenceId id : ids) {
+    ASSERT_EQ(a->contains(id), b->contains(id)) << id;
+    if (!a->contains(id)) continue;
+    EXPECT_EQ(*a->block_locations(id), *b->block_locations(id)) << id;
+    EXPECT_EQ(*a->length(id), *b->length(id)) << id;
+    EXPECT_EQ(*a->pending(id), *b->pending(id)) << id;
+  }
+  const ControlStats sa = a->stats();
+  const ControlStats sb = b->stats();
+  EXPECT_EQ(sa.device.free_blocks, sb.device.free_blocks);
+  EXPECT_EQ(sa.device.cached_blocks, sb.device.cached_blocks);
+  EXPECT_EQ(sa.blocks_evicted, sb.blocks_evicted);
+  EXPECT_EQ(sa.window_released_blocks, sb.window_released_blocks);
+  EXPECT_EQ(event_keys(a), event_keys(b));
+  PAGEDKV_EXPECT_INV(*a);
+  PAGEDKV_EXPECT_INV(*b);
+}
+
+class CommitBatchRandom : public ::testing::TestWithParam<int32_t> {};  // sliding window
+
+TEST_P(CommitBatchRandom, MatchesPerSequenceCommit) {
+  int batches = 0;
+  int registered = 0;
+  for (uint32_t seed = 1; seed <= 8; ++seed) {
+    std::mt19937 rng(seed);
+    CacheConfig c = tiny_config(4, 80);
+    c.sliding_window = GetParam();
+    auto one = make_cp(c);  // commit() per id
+    auto bat = make_cp(c);  // commit_batch()
+    std::vector<SequenceId> live;
+    SequenceId next_id = 1;
+    auto both = [&](auto&& op) {
+      const Status x = op(*one);
+      const Status y = op(*bat);
+      ASSERT_EQ(x.code(), y.code()) << x.to_string() << " / " << y.to_string();
+    };
+    for (int step = 0; step < 300; ++step) {
+      const int op = static_cast<int>(rng() % 8);
+      if (op == 0 || live.size() < 3) {
+        // Prompts of three families, so that commits complete blocks others already hold.
+        const int len = static_cast<int>(rng() % 10);
+        const std::vector<TokenId> p = iota_tokens(len, static_cast<TokenId>(100 * (rng() % 3)));
+        const SequenceId id = next_id++;
+        auto x = one->add_sequence(id, p);
+        auto y = bat->add_sequence(id, p);
+        ASSERT_EQ(x.ok(), y.ok());
+        if (x.ok()) live.push_back(id);
+      } else if (op == 1) {
+        const SequenceId parent = live[rng() % live.size()];
+        const SequenceId child = next_id++;
+        both([&](ControlPlane& cp) { return cp.fork(parent, child); });
+        if (one->contains(child)) live.push_back(child);
+      } else if (op == 2) {
+        const size_t i = rng() % live.size();
+        const SequenceId id = live[i];
+        both([&](ControlPlane& cp) { return cp.finish(id); });
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        // A decode-like step over a random subset: reserve_batch, then the commit of some of the
+        // reserved tokens, per id on one plane and in one call on the other. Half the time the
+        // commit lists the members in another order than the reserve (no memo hit).
+        std::vector<SequenceId> ids;
+        for (SequenceId id : live) {
+          if (rng() % 2 == 0) ids.push_back(id);
+        }
+        const int64_t n = 1 + static_cast<int64_t>(rng() % 3);
+        ReserveResult r1, r2;
+        const Status x = one->reserve_batch(ids, n, &r1);
+        const Status y = bat->reserve_batch(ids, n, &r2);
+        ASSERT_EQ(x.code(), y.code()) << x.to_string() << " / " << y.to_string();
+        if (!x.ok()) continue;
+        for (const SequenceId id : r1.transfers.evicted) {
+          live.erase(std::find(live.begin(), live.end(), id));
+        }
+        if (rng() % 2 == 0) std::shuffle(ids.begin(), ids.end(), rng);
+        const int64_t k = static_cast<int64_t>(rng() % static_cast<uint32_t>(n + 1));
+        std::vector<TokenId> toks;
+        for (size_t i = 0; i < ids.size() * static_cast<size_t>(k); ++i) {
+          toks.push_back(static_cast<TokenId>(rng() % 5));  // few values: blocks repeat
+        }
+        for (size_t i = 0; i < ids.size(); ++i) {
+          PAGEDKV_ASSERT_OK(one->commit(ids[i], toks.data() + i * static_cast<size_t>(k), k));
+        }
+        PAGEDKV_ASSERT_OK(bat->commit_batch(ids, toks.data(), k));
+        ++batches;
+      }
+      expect_same(one.get(), bat.get(), live);
+      if (HasFailure()) return;
+    }
+    registered += static_cast<int>(one->stats().device.cached_blocks);
+  }
+  EXPECT_GT(batches, 1000);
+  EXPECT_GT(registered, 0);  // commits completed blocks that stayed cached
+}
+
+INSTANTIATE_TEST_SUITE_P(Windows, CommitBatchRandom, ::testing::Values(0, 8));
+
+// Two sequences in a decode step: reserve_batch({1, 2}, 2) resolves the batch the commit reuses.
+class CommitBatchRefusals : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cp_ = make_cp(tiny_config(4, 16, /*host=*/16));
+    ASSERT_TRUE(cp_->add_sequence(1, iota_tokens(3, 0)).ok());
+    ASSERT_TRUE(cp_->add_sequence(2, iota_tokens(5, 10)).ok());
+    PAGEDKV_ASSERT_OK(cp_->reserve_into(1, 3, &r_));
+    PAGEDKV_ASSERT_OK(cp_->commit(1, iota_tokens(3, 0)));
+    PAGEDKV_ASSERT_OK(cp_->reserve_into(2, 5, &r_));
+    PAGEDKV_ASSERT_OK(cp_->commit(2, iota_tokens(5, 10)));
+    PAGEDKV_ASSERT_OK(cp_->reserve_batch({1, 2}, 2, &r_));
+  }
+  // The call is refused with `code`, check_commit_batch says the same first, and nothing moved.
+  void expect_refused(const std::vector<SequenceId>& ids, const std::vector<TokenId>& toks,
+                      int64_t n, StatusCode code) {
+    const int64_t len1 = *cp_->length(1);
+    const int64_t pend1 = *cp_->pending(1);
+    const ControlStats before = cp_->stats();
+    EXPECT_EQ(cp_->check_commit_batch(ids, toks.data(), n).code(), code);
+    EXPECT_EQ(cp_->commit_batch(ids, toks.data(), n).code(), code);
+    EXPECT_EQ(*cp_->length(1), len1);
+    EXPECT_EQ(*cp_->pending(1), pend1);
+    EXPECT_EQ(cp_->stats().device.cached_blocks, before.device.cached_blocks);
+    PAGEDKV_EXPECT_INV(*cp_);
+  }
+  std::unique_ptr<ControlPlane> cp_;
+  ReserveResult r_;
+};
+
+TEST_F(CommitBatchRefusals, AMemberRolledBackSinceTheReserve) {
+  PAGEDKV_ASSERT_OK(cp_->rollback(2, 5));  // drops its reservation; the memo stays valid
+  expect_refused({1, 2}, {7, 7, 8, 8}, 2, StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*cp_->length(2), 5);
+}
+
+TEST_F(CommitBatchRefusals, AMemberOffloadedSinceTheReserve) {
+  ASSERT_TRUE(cp_->offload(2).ok());
+  expect_refused({1, 2}, {7, 7, 8, 8}, 2, StatusCode::kFailedPrecondition);
+  const Status st = cp_->commit_batch({1, 2}, std::vector<TokenId>{7, 7, 8, 8}.data(), 2);
+  EXPECT_NE(st.message().find("offloaded"), std::string::npos) << st.message();
+}
+
+TEST_F(CommitBatchRefusals, AMemberFinishedSinceTheReserve) {
+  PAGEDKV_ASSERT_OK(cp_->finish(2));
+  expect_refused({1, 2}, {7, 7, 8, 8}, 2, StatusCode::kNotFound);
+}
+
+TEST_F(CommitBatchRefusals, BadBatches) {
+  expect_refused({1, 2, 1}, {7, 7, 8, 8, 9, 9}, 2, StatusCode::kInvalidArgument);  // twice
+  expect_refused({1, 99}, {7, 7, 8, 8}, 2, StatusCode::kNotFound);
+  expect_refused({1, 2}, {7, 7, 7, 8, 8, 8}, 3, StatusCode::kFailedPrecondition);  // > reserved
+  expect_refused({1, 2}, {}, -1, StatusCode::kInvalidArgument);
+  EXPECT_EQ(cp_->commit_batch({1, 2}, nullptr, 1).code(), StatusCode::kInvalidArgument);
+  // After all of these the step's own commit still goes through, in the order it was reserved.
+  PAGEDKV_ASSERT_OK(cp_->commit_batch({1, 2}, std::vector<TokenId>{3, 4, 14, 15}.data(), 2));
+  EXPECT_EQ(*cp_->length(1), 5);
+  EXPECT_EQ(*cp_->length(2), 7);
+  PAGEDKV_EXPECT_INV(*cp_);
+}
+
+TEST_F(CommitBatchRefusals, TokensGoToTheirMemberInAnyOrder) {
+  // Listed in the other order than reserve_batch's: sequence 2 (10..14) gets {15, 16} and
+  // sequence 1 (0..2) gets {3, 4}; swapped, neither would continue its own run of ids.
+  PAGEDKV_ASSERT_OK(cp_->commit_batch({2, 1}, std::vector<TokenId>{15, 16, 3, 4}.data(), 2));
+  EXPECT_EQ(*cp_->cached_prefix(iota_tokens(9, 10), 0), 4);  // 10..13; 14..16 fill 3 of 4
+  EXPECT_EQ(*cp_->length(2), 7);
+  EXPECT_EQ(*cp_->length(1), 5);
+  PAGEDKV_ASSERT_OK(cp_->reserve_batch({1, 2}, 1, &r_));
+  PAGEDKV_ASSERT_OK(cp_->commit_batch({1, 2}, std::vector<TokenId>{5, 17}.data(), 1));
+  EXPECT_EQ(*cp_->cached_prefix(iota_tokens(9, 10), 0), 8);  // 10..17: two blocks
+  EXPECT_EQ(*cp_->cached_prefix(iota_tokens(6, 0), 0), 4);   // 0..3 (4 5 fill half the next)
+  PAGEDKV_EXPECT_INV(*cp_);
+}
+
+}  // namespace
+}  // namespace core
+}  // namespace pagedkv
