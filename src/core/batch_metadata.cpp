@@ -71,6 +71,7 @@ Status BatchMetadataBuilder::build(const std::vector<Sequence*>& rows, const Blo
     RowState& st = row_state_[static_cast<size_t>(r)];
     const int32_t n = static_cast<int32_t>(s.blocks.size());
     int32_t from = 0;
+    int32_t clear_from = 0;  // entries from here to the first live one are -1
     if (st.num_blocks < 0 || st.arrival != s.arrival) {
       std::fill(row + n, row + stride, -1);  // unknown content or another sequence
     } else {
@@ -84,18 +85,22 @@ Status BatchMetadataBuilder::build(const std::vector<Sequence*>& rows, const Blo
                    : 0;
       }
       from = static_cast<int32_t>(std::min<int64_t>(keep, n));
+      // A window trims its first entries without a new table version (the entries after them
+      // stay): those that left since the row was written become -1 here.
+      clear_from = std::min(from, st.first_live);
       if (st.num_blocks > n) std::fill(row + n, row + st.num_blocks, -1);
     }
     // Blocks that fell out of a sliding window have no page: -1, like the padding.
     const int32_t live =
         static_cast<int32_t>(std::min<size_t>(s.first_live, static_cast<size_t>(n)));
-    for (int32_t i = from; i < live; ++i) row[i] = -1;
+    for (int32_t i = clear_from; i < live; ++i) row[i] = -1;
     for (int32_t i = std::max(from, live); i < n; ++i) {
       row[i] = blocks[s.blocks[static_cast<size_t>(i)]].phys;
     }
     st.arrival = s.arrival;
     st.version = s.table_version;
     st.num_blocks = n;
+    st.first_live = live;
     // This row is now the only one that could hold an older version of s (a sequence appears
     // once per batch; rows of earlier batches with an older version get rewritten in full).
     s.base_version = s.table_version;

@@ -34,6 +34,7 @@ class BatchMetadataBuilder {
     uint64_t arrival = 0;  // unique per sequence incarnation
     uint64_t version = 0;
     int32_t num_blocks = -1;  // -1: row content unknown
+    int32_t first_live = 0;   // the sequence's first_live when the row was written
   };
   void relayout(int32_t max_blocks);
 

@@ -108,7 +108,8 @@ void ControlPlane::trim_window(Sequence* s) {
     s->blocks[i] = kNoBlock;
   }
   counters_.window_released_blocks += static_cast<int64_t>(first - s->first_live);
-  s->mark_changed(s->first_live);
+  // No new table version: the entries after `first` are unchanged, and a batch row clears the
+  // trimmed ones by the first_live it was written with (batch_metadata.cpp).
   s->first_live = first;
 }
 

@@ -324,6 +324,8 @@ class ControlPlane {
   void after_tier_change(LogicalId id, Tier from, bool announce = true);
   // Frees one device slot from the cached blocks (requires one to be evictable).
   void evict_one(Transfers* out);
+  // Prefetches what evicting the victims listed after `victim` will read (tiers.cpp).
+  void prefetch_victims_after(LogicalId victim) const;
   void relist_parked();
   // Drops the first cached leaf of tier `t`'s queue (reported in out->host_drops for the
   // write-back when asked to); false when there is none.

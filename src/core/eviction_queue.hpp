@@ -37,6 +37,12 @@ class EvictionQueue {
   /// The next victim, or kNoBlock when empty.
   LogicalId front() const;
   int64_t size() const { return size_; }
+  /// The block listed after `id` in its priority list (the next victim when `id` is the front
+  /// and the lists hold the order), or kNoBlock. A hint for prefetching, nothing more.
+  LogicalId next_in_list(LogicalId id) const {
+    const BlockInfo& b = (*blocks_)[id];
+    return b.in_heap ? kNoBlock : b.q_next;
+  }
 
   /// Registers the block's expiry deadline (when it has one and a non-default priority).
   void schedule_expiry(LogicalId id);

@@ -63,6 +63,12 @@ class PrefixIndex {
   NodeId insert_flat(uint64_t parent_hash, NamespaceId ns, const TokenId* tokens, LogicalId block);
   /// Removes a leaf.
   void remove(NodeId node);
+  /// Prefetch hints for a coming remove(): the node's record, and (once that has arrived) the
+  /// hash-map slot its hash lives in.
+  void prefetch_node(NodeId n) const { __builtin_prefetch(&nodes_[static_cast<size_t>(n)]); }
+  void prefetch_slot(NodeId n) const {
+    __builtin_prefetch(&slots_[nodes_[static_cast<size_t>(n)].hash & mask_]);
+  }
 
   const PrefixNode& node(NodeId n) const { return nodes_[static_cast<size_t>(n)]; }
   /// The block_size token ids of a node.

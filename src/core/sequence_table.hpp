@@ -33,7 +33,9 @@ struct alignas(64) Sequence {
   uint64_t table_version = 0;  // bumped whenever an existing table entry changes
   uint64_t batch_mark = 0;     // duplicate detection in build_batch
   // Entries [0, changed_from) are the same at every table version in [base_version,
-  // table_version], so a batch row built at such a version only rewrites from there.
+  // table_version], so a batch row built at such a version only rewrites from there. The one
+  // change without a version: a sliding window turning its first entries into kNoBlock
+  // (first_live grows), which rows track themselves.
   uint64_t base_version = 0;
   size_t changed_from = SIZE_MAX;
   SequenceId id = 0;

@@ -135,6 +135,7 @@ void ControlPlane::evict_one(Transfers* out) {
       relist_parked();
       continue;
     }
+    prefetch_victims_after(id);
     device.queue().erase(id);
     if (spec.demotes && below.slot_at_hand()) {
       make_room(spec.demote_to, 1, out);
@@ -154,6 +155,22 @@ void ControlPlane::evict_one(Transfers* out) {
     ++counters_.blocks_evicted;
     return;
   }
+}
+
+void ControlPlane::prefetch_victims_after(LogicalId victim) const {
+  // An eviction's time is its cache misses: the block record, the prefix node and the hash slot
+  // of the victim, each needed before the next can be found. The next victims are the ones
+  // listed after this one, so each eviction fetches the next victim's slot, the one after's
+  // node and the record after that, each from a line an earlier eviction fetched.
+  const EvictionQueue& queue = tier(Tier::kDevice).queue();
+  const LogicalId v2 = queue.next_in_list(victim);
+  if (v2 == kNoBlock) return;
+  const LogicalId v3 = queue.next_in_list(v2);
+  if (blocks_[v2].node >= 0) index_.prefetch_slot(blocks_[v2].node);
+  if (v3 == kNoBlock) return;
+  if (blocks_[v3].node >= 0) index_.prefetch_node(blocks_[v3].node);
+  const LogicalId v4 = queue.next_in_list(v3);
+  if (v4 != kNoBlock) __builtin_prefetch(&blocks_[v4]);
 }
 
 LogicalId ControlPlane::take_device_block(Transfers* out) {
