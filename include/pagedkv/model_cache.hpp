@@ -85,6 +85,13 @@ class ModelKvCache {
   /// kInvalidArgument when `batch` has another number of groups or another cache built it.
   Status write_kv_batch(const ModelBatch& batch, int32_t layer, const void* key, const void* value,
                         DType input_dtype, int64_t row_stride = 0);
+  /// KvCache::write_kv_batch_all_layers in group `g`: every layer of the group in one launch,
+  /// `key`/`value` [group layers][tokens, kv_heads, head_dim] in the order CacheConfig::groups
+  /// lists the group's layers (a latent group: keys only, `value` null). kOutOfRange for a group
+  /// outside the model, kInvalidArgument for a batch write_kv_batch refuses.
+  Status write_kv_batch_all_layers(const ModelBatch& batch, int32_t g, const void* key,
+                                   const void* value, DType input_dtype, int64_t row_stride = 0,
+                                   int64_t layer_stride = 0);
   /// Commits in every group (checked in full first, so an error commits nothing).
   /// kFailedPrecondition when a group offloaded the sequence to make room after its reserve
   /// (groups pick their victims on their own): restore() it, then commit.

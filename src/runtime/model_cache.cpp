@@ -267,6 +267,16 @@ Status ModelKvCache::write_kv_batch(const ModelBatch& batch, int32_t layer, cons
                                                  lg.layer, key, value, input_dtype, row_stride));
 }
 
+Status ModelKvCache::write_kv_batch_all_layers(const ModelBatch& batch, int32_t g, const void* key,
+                                               const void* value, DType input_dtype,
+                                               int64_t row_stride, int64_t layer_stride) {
+  PAGEDKV_RETURN_IF_ERROR(check_group(g));
+  PAGEDKV_RETURN_IF_ERROR(check_batch(batch));
+  return in_group(config_, g,
+                  group(g).write_kv_batch_all_layers(batch.groups[static_cast<size_t>(g)], key,
+                                                     value, input_dtype, row_stride, layer_stride));
+}
+
 Status ModelKvCache::check_reserved_on_device(SequenceId id, const char* what) const {
   for (int32_t g = 1; g < num_groups(); ++g) {
     const StatusOr<int64_t> pend = group(g).pending(id);

@@ -394,6 +394,13 @@ TEST_P(ModelCacheTest, BadCallsAreClearErrorsThatChangeNothing) {
   for (int32_t g : {-1, 2}) {
     expect_refused(cache_->device_view(*batch, g).status(), StatusCode::kOutOfRange,
                    "outside the model's 2 groups", before);
+    expect_refused(
+        cache_->write_kv_batch_all_layers(*batch, g, k.data(), v.data(), DType::kFloat16),
+        StatusCode::kOutOfRange, "outside the model's 2 groups", before);
+  }
+  for (const ModelBatch* bad : {&swapped, &*foreign, &fewer}) {
+    expect_refused(cache_->write_kv_batch_all_layers(*bad, 0, k.data(), v.data(), DType::kFloat16),
+                   StatusCode::kInvalidArgument, "batch: ", before);
   }
   for (int32_t layer : {-1, 6}) {
     const std::string want = "layer " + std::to_string(layer) + " outside the model's 6 layers";
@@ -438,6 +445,51 @@ TEST_P(ModelCacheTest, BadCallsAreClearErrorsThatChangeNothing) {
   ASSERT_TRUE(cache_->commit_batch({1, 2}, {77, 77}).ok());
   ref_[1].push_back(77);
   ref_[2].push_back(77);
+  invariants();
+  EXPECT_EQ(check_gather(1), "");
+  EXPECT_EQ(check_gather(2), "");
+}
+
+TEST_P(ModelCacheTest, WriteKvBatchAllLayersWritesEachGroupsLayersInOneCall) {
+  // Each group lists its layers out of the model's order: the inputs follow the group's list.
+  CacheConfig c = two_groups(32, 32);
+  c.groups[0].layers = {4, 0, 2};
+  c.groups[1].layers = {3, 5, 1};
+  make(c);
+  ASSERT_FALSE(HasFatalFailure());
+  Status appended;
+  ASSERT_EQ(*add_and_prefill(1, iota_tokens(40, 10), &appended), 0);
+  ASSERT_TRUE(appended.ok());
+  ASSERT_EQ(*add_and_prefill(2, iota_tokens(90, 500), &appended), 0);
+  ASSERT_TRUE(appended.ok());
+  const std::vector<SequenceId> ids = {2, 1};
+  const std::vector<TokenId> next = {88, 77};
+  ASSERT_TRUE(cache_->reserve_batch(ids, 1).ok());
+  auto batch = cache_->build_batch(ids);
+  ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+  for (int32_t g = 0; g < cache_->num_groups(); ++g) {
+    // [group layers][batch rows][row], the layers in the group's list order.
+    std::vector<uint16_t> kr, vr;
+    for (int32_t layer : config_.groups[static_cast<size_t>(g)].layers) {
+      for (size_t i = 0; i < ids.size(); ++i) {
+        const int64_t pos = static_cast<int64_t>(ref_[ids[i]].size());
+        const auto a = model_rows(gconf(g), layer, 0, {next[i]}, pos);
+        const auto b = model_rows(gconf(g), layer, 1, {next[i]}, pos);
+        kr.insert(kr.end(), a.begin(), a.end());
+        vr.insert(vr.end(), b.begin(), b.end());
+      }
+    }
+    DeviceBuffer dk(*backend_, kr.size() * 2), dv(*backend_, vr.size() * 2);
+    dk.upload(kr);
+    dv.upload(vr);
+    const Status st =
+        cache_->write_kv_batch_all_layers(*batch, g, dk.data(), dv.data(), DType::kFloat16);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    ASSERT_TRUE(cache_->synchronize().ok());
+  }
+  ASSERT_TRUE(cache_->commit_batch(ids, next).ok());
+  ref_[2].push_back(88);
+  ref_[1].push_back(77);
   invariants();
   EXPECT_EQ(check_gather(1), "");
   EXPECT_EQ(check_gather(2), "");
