@@ -16,6 +16,7 @@ namespace pagedkv {
 namespace core {
 namespace {
 
+using testing_util::expect_same_code;
 using testing_util::iota_tokens;
 using testing_util::make_cp;
 using testing_util::tiny_config;
@@ -62,11 +63,7 @@ TEST_P(CommitBatchRandom, MatchesPerSequenceCommit) {
     auto bat = make_cp(c);  // commit_batch()
     std::vector<SequenceId> live;
     SequenceId next_id = 1;
-    auto both = [&](auto&& op) {
-      const Status x = op(*one);
-      const Status y = op(*bat);
-      ASSERT_EQ(x.code(), y.code()) << x.to_string() << " / " << y.to_string();
-    };
+    auto both = [&](auto&& op) { expect_same_code(*one, *bat, op); };
     for (int step = 0; step < 300; ++step) {
       const int op = static_cast<int>(rng() % 8);
       if (op == 0 || live.size() < 3) {

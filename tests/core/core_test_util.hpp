@@ -60,6 +60,15 @@ inline std::unique_ptr<ControlPlane> make_cp(const CacheConfig& c, Clock clock =
   return std::move(r).value();
 }
 
+/// Runs `op` on two planes driven alike (a per-id path against a batched one); both calls must
+/// answer with the same status code.
+template <typename Op>
+void expect_same_code(ControlPlane& a, ControlPlane& b, Op&& op) {
+  const Status x = op(a);
+  const Status y = op(b);
+  ASSERT_EQ(x.code(), y.code()) << x.to_string() << " / " << y.to_string();
+}
+
 /// Token ids [start, start + n).
 inline std::vector<TokenId> iota_tokens(int n, TokenId start) {
   std::vector<TokenId> t(static_cast<size_t>(n));

@@ -16,6 +16,7 @@ namespace pagedkv {
 namespace core {
 namespace {
 
+using testing_util::expect_same_code;
 using testing_util::iota_tokens;
 using testing_util::make_cp;
 using testing_util::tiny_config;
@@ -53,11 +54,7 @@ TEST(ReserveBatch, MatchesPerSequenceReserveOnRandomWorkload) {
     int pressured = 0;
     int64_t cow_before = 0;
     auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
-    auto both = [&](auto&& op) {
-      const Status x = op(*seq);
-      const Status y = op(*bat);
-      ASSERT_EQ(x.code(), y.code()) << x.to_string() << " / " << y.to_string();
-    };
+    auto both = [&](auto&& op) { expect_same_code(*seq, *bat, op); };
     for (int step = 0; step < 400; ++step) {
       const int op = static_cast<int>(rng() % 10);
       if (op == 0 || live.size() < 3) {

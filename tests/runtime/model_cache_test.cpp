@@ -112,6 +112,15 @@ class ModelCacheTest : public testing::ModelCacheHarness {
     invariants();
   }
 
+  // Sequences 1 (40 tokens) and 2 (90), prefilled with no hit.
+  void add_two_sequences() {
+    Status appended;
+    ASSERT_EQ(*add_and_prefill(1, iota_tokens(40, 10), &appended), 0);
+    ASSERT_TRUE(appended.ok());
+    ASSERT_EQ(*add_and_prefill(2, iota_tokens(90, 500), &appended), 0);
+    ASSERT_TRUE(appended.ok());
+  }
+
   // One decode step of `id` by hand: checks the blocks held after the reserve and the commit.
   void decode_and_check_memory(SequenceId id, TokenId token) {
     const int64_t len = static_cast<int64_t>(ref_[id].size());
@@ -346,11 +355,7 @@ TEST_P(ModelCacheTest, MalformedModelsAreRefusedByGroupAndField) {
 TEST_P(ModelCacheTest, BadCallsAreClearErrorsThatChangeNothing) {
   make(two_groups(32, 32));
   ASSERT_FALSE(HasFatalFailure());
-  Status appended;
-  ASSERT_EQ(*add_and_prefill(1, iota_tokens(40, 10), &appended), 0);
-  ASSERT_TRUE(appended.ok());
-  ASSERT_EQ(*add_and_prefill(2, iota_tokens(90, 500), &appended), 0);
-  ASSERT_TRUE(appended.ok());
+  ASSERT_NO_FATAL_FAILURE(add_two_sequences());
   ASSERT_TRUE(cache_->reserve_batch({1, 2}, 1).ok());
   auto batch = cache_->build_batch({1, 2});
   ASSERT_TRUE(batch.ok()) << batch.status().to_string();
@@ -457,11 +462,7 @@ TEST_P(ModelCacheTest, WriteKvBatchAllLayersWritesEachGroupsLayersInOneCall) {
   c.groups[1].layers = {3, 5, 1};
   make(c);
   ASSERT_FALSE(HasFatalFailure());
-  Status appended;
-  ASSERT_EQ(*add_and_prefill(1, iota_tokens(40, 10), &appended), 0);
-  ASSERT_TRUE(appended.ok());
-  ASSERT_EQ(*add_and_prefill(2, iota_tokens(90, 500), &appended), 0);
-  ASSERT_TRUE(appended.ok());
+  ASSERT_NO_FATAL_FAILURE(add_two_sequences());
   const std::vector<SequenceId> ids = {2, 1};
   const std::vector<TokenId> next = {88, 77};
   ASSERT_TRUE(cache_->reserve_batch(ids, 1).ok());
