@@ -162,6 +162,22 @@ void register_batch(nb::module_& m, nb::class_<PyCache>& cls) {
       "launch; key/value [len(slot_mapping), heads, dim] (padding rows skipped); value=None for a "
       "latent (MLA) cache.");
 
+  cls.def(
+      "write_kv_batch_all_layers",
+      [](PyCache& s, PyBatch& b, nb::handle key, nb::handle value) {
+        if (b.owner != &s) throw_invalid("batch: built by another cache");
+        const std::pair<KvInput, KvInput> in =
+            kv_all_layers_inputs(*s.kv, key, value, b.host.slot_mapping.size(), "");
+        const KvInput &k = in.first, &v = in.second;
+        write_and_wait(s, k, [&](KvCache& kv) {
+          return kv.write_kv_batch_all_layers(b.as_built(), k.data, v.data, k.dtype, k.row_stride,
+                                              k.layer_stride);
+        });
+      },
+      nb::arg("batch"), nb::arg("key"), nb::arg("value").none() = nb::none(),
+      "write_kv_batch of every layer in one launch: key/value [num_layers, len(slot_mapping), "
+      "heads, dim] (any layer and row strides; value=None for a latent cache).");
+
   // ---- attention-kernel formats (pagedkv/batch_formats.hpp) ----
   cls.def(
       "build_batch_into",

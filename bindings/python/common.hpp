@@ -205,6 +205,7 @@ struct KvInput {
   int64_t rows = 0;
   int64_t row_stride = 0;
   bool host_memory = false;
+  int64_t layer_stride = 0;  // elements between layers of an all-layers input (0: one layer)
 };
 /// The key and value inputs of a write_kv into `kv` (one group's cache): `value` must be None
 /// for a latent (MLA) cache and an array otherwise; `where` prefixes the messages ("" or
@@ -214,6 +215,11 @@ std::pair<KvInput, KvInput> kv_inputs(const KvCache& kv, nb::handle key, nb::han
 /// The key and value inputs of a write_kv_batch into `kv`: [rows, heads, dim] each.
 std::pair<KvInput, KvInput> kv_batch_inputs(const KvCache& kv, nb::handle key, nb::handle value,
                                             size_t rows, const std::string& where);
+/// The inputs of a write_kv_batch_all_layers into `kv`: [num_layers, rows, heads, dim] each,
+/// each token's [heads, dim] contiguous, any row and layer strides.
+std::pair<KvInput, KvInput> kv_all_layers_inputs(const KvCache& kv, nb::handle key,
+                                                 nb::handle value, size_t rows,
+                                                 const std::string& where);
 /// "token_major"/"nhd" or "head_major"/"hnd"; kInvalidArgument otherwise.
 PackedLayout parse_packed(const std::string& s);
 /// (K, V) zero-copy views of one layer of `kv`'s device pool, owned by `owner`; a latent pool

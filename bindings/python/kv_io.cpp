@@ -26,27 +26,43 @@ void put(nb::dict& d, const char* name, const TierStats& t) {
 
 bool is_latent(const KvCache& kv) { return kv.config().kv_kind == KvKind::kLatent; }
 
-KvInput kv_input(const KvCache& kv, nb::handle obj, const std::string& where, const char* what) {
+// [tokens, heads, dim], or with `layered` [every layer of the cache, tokens, heads, dim].
+KvInput kv_input(const KvCache& kv, nb::handle obj, const std::string& where, const char* what,
+                 bool layered = false) {
   const std::string name = where + what;
   nb::ndarray<> a = as_array(obj, name.c_str());
   check_device(kv, a, name.c_str());
   const CacheConfig& c = kv.config();
-  if (a.ndim() != 3 || a.shape(1) != size_t(c.num_kv_heads) || a.shape(2) != size_t(c.head_dim)) {
-    throw_invalid(name + ": shape must be [tokens, " + std::to_string(c.num_kv_heads) + ", " +
-                  std::to_string(c.head_dim) + "]");
+  const size_t t = layered ? 1 : 0;  // the token axis
+  if (a.ndim() != t + 3 || (layered && a.shape(0) != size_t(c.num_layers)) ||
+      a.shape(t + 1) != size_t(c.num_kv_heads) || a.shape(t + 2) != size_t(c.head_dim)) {
+    throw_invalid(name + ": shape must be [" +
+                  (layered ? std::to_string(c.num_layers) + " layers, " : std::string()) +
+                  "tokens, " + std::to_string(c.num_kv_heads) + ", " + std::to_string(c.head_dim) +
+                  "]");
   }
-  if (a.shape(0) > 0 &&
-      ((c.head_dim > 1 && a.stride(2) != 1) || (c.num_kv_heads > 1 && a.stride(1) != c.head_dim) ||
-       (a.shape(0) > 1 && a.stride(0) < int64_t{c.num_kv_heads} * c.head_dim))) {
+  const size_t rows = a.shape(t);
+  const int64_t row_elems = int64_t{c.num_kv_heads} * c.head_dim;
+  if (rows > 0 && ((c.head_dim > 1 && a.stride(t + 2) != 1) ||
+                   (c.num_kv_heads > 1 && a.stride(t + 1) != c.head_dim) ||
+                   (rows > 1 && a.stride(t) < row_elems))) {
     throw_invalid(name + ": each token's [heads, dim] must be contiguous (any row stride)");
   }
-  const int64_t row_stride = a.shape(0) > 1 ? a.stride(0) : int64_t{c.num_kv_heads} * c.head_dim;
-  return {a,
-          a.data(),
-          from_dlpack(a.dtype(), name.c_str()),
-          static_cast<int64_t>(a.shape(0)),
-          row_stride,
-          a.device_type() == static_cast<int>(nb::device::cpu::value)};
+  KvInput in{a,
+             a.data(),
+             from_dlpack(a.dtype(), name.c_str()),
+             static_cast<int64_t>(rows),
+             rows > 1 ? a.stride(t) : row_elems,
+             a.device_type() == static_cast<int>(nb::device::cpu::value)};
+  if (layered && a.shape(0) > 1 && rows > 0) {
+    in.layer_stride = a.stride(0);
+    // The last row of a layer must end before the next layer begins.
+    if (in.layer_stride < (in.rows - 1) * in.row_stride + row_elems) {
+      throw_invalid(name + ": layers overlap (layer stride " + std::to_string(in.layer_stride) +
+                    " elements)");
+    }
+  }
+  return in;
 }
 
 // A view of one layer's keys (or latents) or values of the whole pool, in the page layout's
@@ -66,31 +82,54 @@ DlArray pool_view(nb::handle owner, const KvCache& kv, int32_t layer, KvPart par
 
 }  // namespace
 
-std::pair<KvInput, KvInput> kv_inputs(const KvCache& kv, nb::handle key, nb::handle value,
-                                      const std::string& where) {
+namespace {
+
+std::pair<KvInput, KvInput> key_value_inputs(const KvCache& kv, nb::handle key, nb::handle value,
+                                             const std::string& where, bool layered) {
   if (is_latent(kv)) {
     // The pool has one page per layer (the latents): a value has nowhere to go.
     if (!value.is_none()) {
       throw_invalid(where + "value: a latent (MLA) cache stores no values; pass None");
     }
-    return {kv_input(kv, key, where, "key"), KvInput{}};
+    return {kv_input(kv, key, where, "key", layered), KvInput{}};
   }
   if (value.is_none()) throw_invalid(where + "value: required (a key/value cache)");
-  KvInput k = kv_input(kv, key, where, "key");
-  KvInput v = kv_input(kv, value, where, "value");
-  if (k.dtype != v.dtype || k.rows != v.rows || k.row_stride != v.row_stride) {
-    throw_invalid(where + "value: dtype, token count and row stride must equal key's");
+  KvInput k = kv_input(kv, key, where, "key", layered);
+  KvInput v = kv_input(kv, value, where, "value", layered);
+  if (k.dtype != v.dtype || k.rows != v.rows || k.row_stride != v.row_stride ||
+      k.layer_stride != v.layer_stride) {
+    throw_invalid(where + "value: dtype, token count and strides must equal key's");
   }
   return {std::move(k), std::move(v)};
 }
 
-std::pair<KvInput, KvInput> kv_batch_inputs(const KvCache& kv, nb::handle key, nb::handle value,
-                                            size_t rows, const std::string& where) {
-  std::pair<KvInput, KvInput> in = kv_inputs(kv, key, value, where);
-  if (in.first.rows != int64_t(rows)) {
-    throw_invalid(where + "key: " + std::to_string(in.first.rows) + " rows, the batch has " +
+// kInvalidArgument unless the inputs hold a row per slot of the batch.
+void check_batch_rows(const KvInput& k, size_t rows, const std::string& where) {
+  if (k.rows != int64_t(rows)) {
+    throw_invalid(where + "key: " + std::to_string(k.rows) + " rows, the batch has " +
                   std::to_string(rows) + " slots (len(slot_mapping))");
   }
+}
+
+}  // namespace
+
+std::pair<KvInput, KvInput> kv_inputs(const KvCache& kv, nb::handle key, nb::handle value,
+                                      const std::string& where) {
+  return key_value_inputs(kv, key, value, where, /*layered=*/false);
+}
+
+std::pair<KvInput, KvInput> kv_batch_inputs(const KvCache& kv, nb::handle key, nb::handle value,
+                                            size_t rows, const std::string& where) {
+  std::pair<KvInput, KvInput> in = key_value_inputs(kv, key, value, where, /*layered=*/false);
+  check_batch_rows(in.first, rows, where);
+  return in;
+}
+
+std::pair<KvInput, KvInput> kv_all_layers_inputs(const KvCache& kv, nb::handle key,
+                                                 nb::handle value, size_t rows,
+                                                 const std::string& where) {
+  std::pair<KvInput, KvInput> in = key_value_inputs(kv, key, value, where, /*layered=*/true);
+  check_batch_rows(in.first, rows, where);
   return in;
 }
 

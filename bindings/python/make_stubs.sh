@@ -13,6 +13,7 @@ sed -i \
   -e 's/\(def append_indices(.*\)) -> tuple:/\1) -> tuple[NDArray[numpy.int32], NDArray[numpy.int32], NDArray[numpy.int32]]:/' \
   -e 's/\(def stats(self)\) -> dict:/\1 -> dict[str, Any]:/' \
   -e 's/\(def write_kv_batch(self, batch: \)object,/\1ModelBatch,/' \
+  -e 's/\(def write_kv_batch_all_layers(self, batch: \)object,/\1ModelBatch,/' \
   -e 's/\(def groups(self)\) -> list\[object\]:/\1 -> list[Batch]:/' \
   -e 's/\(def __getitem__(self, group: int)\) -> object:/\1 -> Batch:/' \
   -e 's/\(def pool_info(self)\) -> dict:/\1 -> dict[str, Any]:/' \

@@ -336,6 +336,29 @@ void register_model_cache(nb::module_& m) {
       "slot mapping; key/value [len(batch[group].host.slot_mapping), heads, dim] (value=None for "
       "a latent group).");
   cls.def(
+      "write_kv_batch_all_layers",
+      [](PyModelCache& s, nb::handle batch, int32_t group, nb::handle key, nb::handle value) {
+        PyModelBatch& b = model_batch(s, batch);
+        if (group < 0 || group >= s.model->num_groups()) {
+          throw StatusError(out_of_range("group " + std::to_string(group) +
+                                         " outside the model's " +
+                                         std::to_string(s.model->num_groups()) + " groups"));
+        }
+        const PyBatch& part = nb::cast<const PyBatch&>(b.groups[size_t(group)]);
+        const std::pair<KvInput, KvInput> in =
+            kv_all_layers_inputs(s.model->group(group), key, value, part.host.slot_mapping.size(),
+                                 where(*s.model, group));
+        const KvInput &k = in.first, &v = in.second;
+        write_and_wait(s, k, [&](ModelKvCache& mc) {
+          return mc.write_kv_batch_all_layers(b.device, group, k.data, v.data, k.dtype,
+                                              k.row_stride, k.layer_stride);
+        });
+      },
+      nb::arg("batch"), nb::arg("group"), nb::arg("key"), nb::arg("value").none() = nb::none(),
+      "Writes every layer of group `group` of the current ModelBatch in one launch: key/value "
+      "[len(group.layers), len(batch[group].host.slot_mapping), heads, dim], the layers in the "
+      "order the group lists them (value=None for a latent group).");
+  cls.def(
       "gather_layer",
       [](nb::handle self, SequenceId id, int32_t layer, const std::string& layout,
          std::optional<DType> dtype, int64_t begin, int64_t num_tokens) {

@@ -529,6 +529,11 @@ class _KvCache:
         Writes one layer's K/V of every token of the current batch through its slot mapping in one launch; key/value [len(slot_mapping), heads, dim] (padding rows skipped); value=None for a latent (MLA) cache.
         """
 
+    def write_kv_batch_all_layers(self, batch: Batch, key: object, value: object | None = None) -> None:
+        """
+        write_kv_batch of every layer in one launch: key/value [num_layers, len(slot_mapping), heads, dim] (any layer and row strides; value=None for a latent cache).
+        """
+
     def build_batch_into(self, ids: Sequence[int], kv_indptr: object, kv_indices: object, kv_last_page_len: object) -> tuple[Batch, NDArray[numpy.int32], NDArray[numpy.int32]]:
         """
         FlashInfer CUDA-graph mode: builds the batch and copies its CSR arrays (int32) into caller-owned fixed-address buffers; returns (batch, host kv_indptr, host kv_last_page_len) for plan(). Capacities are checked first.
@@ -773,6 +778,11 @@ class _ModelKvCache:
     def write_kv_batch(self, batch: ModelBatch, layer: int, key: object, value: object | None = None) -> None:
         """
         Writes model layer `layer` of every token of the current ModelBatch through its group's slot mapping; key/value [len(batch[group].host.slot_mapping), heads, dim] (value=None for a latent group).
+        """
+
+    def write_kv_batch_all_layers(self, batch: ModelBatch, group: int, key: object, value: object | None = None) -> None:
+        """
+        Writes every layer of group `group` of the current ModelBatch in one launch: key/value [len(group.layers), len(batch[group].host.slot_mapping), heads, dim], the layers in the order the group lists them (value=None for a latent group).
         """
 
     def gather_layer(self, id: int, layer: int, layout: str = 'token_major', dtype: DType | None = None, begin: int = 0, num_tokens: int = -1) -> tuple[Any, Any | None]:

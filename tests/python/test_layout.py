@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import pagedkv
-from conftest import make_cache, random_kv
+from conftest import make_cache, random_kv, snapshot
 
 L, H, D, BS, NB = 3, 2, 8, 4, 32
 
@@ -90,3 +90,51 @@ def test_write_kv_batch_writes_every_row_through_the_slot_mapping(cache, rng):
     cache.write_kv_batch(batch, 0, k, v)
     kp = np.from_dlpack(cache.layer_kv(0)[0])
     np.testing.assert_array_equal(kp[slots // 4, slots % 4], k[:3])  # padding rows skipped
+
+
+def test_write_kv_batch_all_layers_equals_a_write_per_layer(rng):
+    # Two caches in one state: the same rows go in layer by layer on one and in one call on the
+    # other, from a slice of a wider buffer (a layer stride other than rows x row).
+    caches = [make_cache(num_layers=3), make_cache(num_layers=3)]
+    ids = [1, 2, 3]
+    batches, slots = [], None
+    for cache in caches:
+        for i in ids:
+            cache.add_sequence(i, [10 * i, 10 * i + 1, 10 * i + 2])
+            cache.reserve(i, 3)
+            cache.commit(i, [10 * i, 10 * i + 1, 10 * i + 2])
+        slots = cache.reserve_batch(ids, 2)
+        batches.append(cache.build_batch(ids, pad_slots_to=8))
+    wide = rng.standard_normal((2, 3, 11, 2, 8)).astype(np.float32)
+    k, v = wide[0, :, :8], wide[1, :, :8]
+    for layer in range(3):
+        caches[0].write_kv_batch(batches[0], layer, np.ascontiguousarray(k[layer]),
+                                 np.ascontiguousarray(v[layer]))
+    caches[1].write_kv_batch_all_layers(batches[1], k, v)
+    for layer in range(3):
+        parts = [[np.from_dlpack(p) for p in c.layer_kv(layer)] for c in caches]
+        for got, per_layer, rows in zip(parts[1], parts[0], (k, v)):
+            np.testing.assert_array_equal(got[slots // 4, slots % 4], rows[layer][:6])
+            np.testing.assert_array_equal(per_layer[slots // 4, slots % 4], rows[layer][:6])
+
+
+def test_write_kv_batch_all_layers_refusals_change_nothing(cache, rng):
+    other = make_cache()
+    for c in (cache, other):
+        c.add_sequence(1, [1, 2, 3])
+        c.reserve_batch([1], 2)
+    batch = cache.build_batch([1])
+    foreign = other.build_batch([1])
+    k = rng.standard_normal((2, 2, 2, 8)).astype(np.float32)
+    before = snapshot(cache, [1])
+    with pytest.raises(pagedkv.InvalidArgumentError, match="another cache"):
+        cache.write_kv_batch_all_layers(foreign, k, k)
+    with pytest.raises(pagedkv.InvalidArgumentError, match=r"\[2 layers, tokens, 2, 8\]"):
+        cache.write_kv_batch_all_layers(batch, k[0], k[0])
+    with pytest.raises(pagedkv.InvalidArgumentError, match="2 slots"):
+        cache.write_kv_batch_all_layers(batch, k[:, :1], k[:, :1])
+    sparse = np.zeros((2, 4, 2, 8), np.float32)[:, ::2]  # every other row: another row stride
+    with pytest.raises(pagedkv.InvalidArgumentError, match="strides must equal"):
+        cache.write_kv_batch_all_layers(batch, k, sparse)
+    assert snapshot(cache, [1]) == before
+    cache.check_invariants()

@@ -131,6 +131,27 @@ class Model:
         self.cache.check_invariants()
         return batch
 
+    def decode_step_all_layers(self, ids, tokens):
+        """decode_step with each group's layers written in one write_kv_batch_all_layers call,
+        the inputs stacked in the order the group lists its layers."""
+        self.cache.reserve_batch(ids, 1)
+        batch = self.cache.build_batch(ids)
+        for g, group in enumerate(self.groups):
+            rows = [self.random(layer, len(ids)) for layer in group.layers]
+            k = np.stack([r[0] for r in rows])
+            v = None if rows[0][1] is None else np.stack([r[1] for r in rows])
+            self.cache.write_kv_batch_all_layers(batch, g, k, v)
+            self.cache.check_invariants()
+            for j, layer in enumerate(group.layers):
+                self.check_pool_at_slots(layer, batch[g].host.slot_mapping, k[j],
+                                         None if v is None else v[j])
+                for i, id in enumerate(ids):
+                    self.rows[(id, layer)].append((k[j][i], None if v is None else v[j][i]))
+        self.cache.commit_batch(ids, tokens)
+        for id, t in zip(ids, tokens):
+            self.tokens[id].append(t)
+        self.cache.check_invariants()
+
     def check_pool_at_slots(self, layer, slots, k, v):
         """The layer's pool views hold what was written, at the slots the cache gave."""
         self.cache.synchronize()
@@ -568,3 +589,48 @@ def test_group_views_keep_the_model_alive(rng):
     assert np.array_equal(got, want)
     assert group.stats()["sequences"] == 1 and group.name == "full"
     assert len(batch[0].host.seq_lens) == 1 and batch.is_current
+
+
+@pytest.mark.parametrize("make_config", [
+    # The full group lists its layers out of the model's order: the input follows the list.
+    lambda: two_group_config(groups=[full_group(layers=[2, 0]), window_group()]),
+    mla_config,
+])
+def test_write_kv_batch_all_layers_writes_a_groups_layers_in_one_call(make_config, rng):
+    m = Model(make_config(), rng)
+    for id, n in ((1, 30), (2, 70)):
+        prompt = [1000 * id + t for t in range(n)]
+        m.add(id, prompt)
+        m.prefill(id, prompt)
+    for step in range(20):
+        m.decode_step_all_layers([2, 1], [500 + step, 600 + step])
+    for id in (1, 2):
+        length = m.cache.length(id)
+        for layer in range(m.num_layers):
+            window = m.groups[m.group_of[layer]].sliding_window
+            m.check_gather(id, layer, begin=first_held_position(length) if window else 0)
+
+
+def test_write_kv_batch_all_layers_refusals_change_nothing(two_group, rng):
+    m = two_group
+    cache = m.cache
+    cache.reserve_batch([1, 2, 3], 1)
+    batch = cache.build_batch([1, 2, 3])
+    k = rng.standard_normal((2, 3, 2, 8)).astype(np.float32)  # the full group's shape
+    before = m.snapshot([1, 2, 3])
+    with pytest.raises(pagedkv.OutOfRangeError, match="outside the model's 2 groups"):
+        cache.write_kv_batch_all_layers(batch, 2, k, k)
+    with pytest.raises(pagedkv.InvalidArgumentError, match=r"shape must be \[2 layers, tokens"):
+        cache.write_kv_batch_all_layers(batch, 0, k[:1], k[:1])
+    with pytest.raises(pagedkv.InvalidArgumentError, match="3 slots"):
+        cache.write_kv_batch_all_layers(batch, 0, k[:, :2], k[:, :2])
+    with pytest.raises(pagedkv.InvalidArgumentError, match="value: required"):
+        cache.write_kv_batch_all_layers(batch, 0, k, None)
+    with pytest.raises(pagedkv.InvalidArgumentError, match="shape must be"):
+        cache.write_kv_batch_all_layers(batch, 1, k, k)  # the window group is 1 x 16, fp16
+    overlapping = np.lib.stride_tricks.as_strided(k, shape=k.shape,
+                                                  strides=(16 * 4,) + k.strides[1:])
+    with pytest.raises(pagedkv.InvalidArgumentError, match="layers overlap"):
+        cache.write_kv_batch_all_layers(batch, 0, overlapping, overlapping)
+    assert m.snapshot([1, 2, 3]) == before
+    cache.check_invariants()
