@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "core/control_plane.hpp"
@@ -59,22 +60,34 @@ constexpr int32_t kDecodeBs = 16;
 constexpr int64_t kDecodePrompt = 100;
 constexpr int64_t kDecodeSteps = 256;  // then roll back, so memory stays bounded
 
-// `seqs` active sequences with a committed 100-token prompt each; returns their ids.
-std::vector<SequenceId> decode_setup(ControlPlane* cp, int64_t seqs) {
+// The prompt length of sequence `s`: 100 tokens, or with `staggered` 100 + s % 16, so that the
+// sequences fill a block on different steps, as a server's do, instead of all on the same one.
+int64_t prompt_length(SequenceId s, bool staggered) {
+  return kDecodePrompt + (staggered ? static_cast<int64_t>(s % kDecodeBs) : 0);
+}
+
+// The prompt of sequence `s` (distinct per sequence).
+std::vector<TokenId> decode_prompt(SequenceId s, bool staggered) {
+  return tokens(prompt_length(s, staggered), static_cast<TokenId>(s * 1000));
+}
+
+// `seqs` active sequences with a committed prompt each (prompt_length); returns their ids.
+std::vector<SequenceId> decode_setup(ControlPlane* cp, int64_t seqs, bool staggered = false) {
   std::vector<SequenceId> ids;
-  for (int64_t s = 0; s < seqs; ++s) {
-    const auto p = tokens(kDecodePrompt, static_cast<TokenId>(s * 1000));
-    (void)cp->add_sequence(static_cast<SequenceId>(s), p).value();
-    (void)cp->reserve(static_cast<SequenceId>(s), kDecodePrompt).value();
-    (void)cp->commit(static_cast<SequenceId>(s), p);
-    ids.push_back(static_cast<SequenceId>(s));
+  for (SequenceId s = 0; s < static_cast<SequenceId>(seqs); ++s) {
+    const auto p = decode_prompt(s, staggered);
+    (void)cp->add_sequence(s, p).value();
+    (void)cp->reserve(s, static_cast<int64_t>(p.size())).value();
+    (void)cp->commit(s, p);
+    ids.push_back(s);
   }
   (void)cp->set_active(ids);
   return ids;
 }
 
-std::unique_ptr<ControlPlane> decode_plane(int64_t seqs) {
-  return make(seqs * ((kDecodePrompt + kDecodeSteps) / kDecodeBs + 2), kDecodeBs, true);
+std::unique_ptr<ControlPlane> decode_plane(int64_t seqs, bool staggered = false) {
+  const int64_t longest = prompt_length(kDecodeBs - 1, staggered) + kDecodeSteps;
+  return make(seqs * (longest / kDecodeBs + 2), kDecodeBs, true);
 }
 
 // The decode step for `seqs` running sequences: reserve one slot each (reserve_batch
@@ -159,8 +172,9 @@ constexpr double kGoalVsOneGroup = 1.5;
 
 void BM_DecodeStepTwoGroups(benchmark::State& state) {
   const int64_t seqs = state.range(0);
-  auto one = decode_plane(seqs);  // the one-group reference
-  auto full = decode_plane(seqs);
+  const bool staggered = state.range(1) != 0;
+  auto one = decode_plane(seqs, staggered);  // the one-group reference
+  auto full = decode_plane(seqs, staggered);
   CacheConfig wc;
   wc.block_size = kDecodeBs;
   wc.sliding_window = kDecodeWindow;
@@ -168,9 +182,9 @@ void BM_DecodeStepTwoGroups(benchmark::State& state) {
   ControlOptions wo;
   wo.enable_events = false;
   auto window = std::move(ControlPlane::create(wc, wo)).value();
-  const std::vector<SequenceId> ids = decode_setup(one.get(), seqs);
-  (void)decode_setup(full.get(), seqs);
-  (void)decode_setup(window.get(), seqs);
+  const std::vector<SequenceId> ids = decode_setup(one.get(), seqs, staggered);
+  (void)decode_setup(full.get(), seqs, staggered);
+  (void)decode_setup(window.get(), seqs, staggered);
   int64_t step = 0;
   const TokenId next = 7;
   ReserveResult rr_one, rr_full, rr_window;
@@ -212,11 +226,12 @@ void BM_DecodeStepTwoGroups(benchmark::State& state) {
       // The window plane no longer holds the prompt's first blocks: it starts its sequences
       // again (rollback to 0, then the prompt), the others roll back to the prompt.
       for (SequenceId id : ids) {
-        (void)one->rollback(id, kDecodePrompt);
-        (void)full->rollback(id, kDecodePrompt);
+        const auto p = decode_prompt(id, staggered);
+        const auto len = static_cast<int64_t>(p.size());
+        (void)one->rollback(id, len);
+        (void)full->rollback(id, len);
         (void)window->rollback(id, 0);
-        const auto p = tokens(kDecodePrompt, static_cast<TokenId>(id * 1000));
-        (void)window->reserve(id, kDecodePrompt).value();
+        (void)window->reserve(id, len).value();
         (void)window->commit(id, p);
       }
       step = 0;
@@ -232,12 +247,16 @@ void BM_DecodeStepTwoGroups(benchmark::State& state) {
   state.counters["with_commit_vs_one_group"] =
       static_cast<double>(two_ns + two_commit_ns) /
       static_cast<double>(std::max<int64_t>(one_ns + one_commit_ns, 1));
-  state.SetLabel(ratio <= kGoalVsOneGroup ? "goal <= 1.5x one group: met"
-                                          : "goal <= 1.5x one group: NOT met");
+  state.SetLabel(std::string(staggered ? "staggered" : "lockstep") +
+                 (ratio <= kGoalVsOneGroup ? "; goal <= 1.5x one group: met"
+                                           : "; goal <= 1.5x one group: NOT met"));
 }
+// Second argument: 0 every prompt is 100 tokens (all sequences fill a block on the same step:
+// the window plane evicts 1,024 blocks in one step of 16), 1 staggered prompts (prompt_length).
 BENCHMARK(BM_DecodeStepTwoGroups)
-    ->Arg(1024)
-    ->Arg(4096)
+    ->Args({1024, 0})
+    ->Args({4096, 0})
+    ->Args({1024, 1})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -197,8 +197,9 @@ Status ControlPlane::check_commit_batch(const std::vector<SequenceId>& ids, cons
   PAGEDKV_RETURN_IF_ERROR(resolve(ids, /*check_offloaded=*/false, "commit_batch"));
   for (const Sequence* s : resolved_) {  // in commit()'s order of checks
     PAGEDKV_RETURN_IF_ERROR(check_commit_count(*s, n_each, "commit_batch"));
-    if (s->offloaded)
+    if (s->offloaded) {
       return failed_precondition("commit_batch: " + seq_name(s->id) + " is offloaded");
+    }
   }
   return ok_status();
 }

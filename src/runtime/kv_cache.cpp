@@ -21,6 +21,22 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// kInvalidArgument unless `tokens` holds `n_each` tokens for each of `ids` (the commit_batch
+// checks that need no sequence).
+Status check_commit_tokens(const std::vector<SequenceId>& ids, const std::vector<TokenId>& tokens,
+                           int64_t n_each) {
+  if (n_each < 0) return invalid_argument("commit_batch: n_each must be >= 0");
+  const bool sized = n_each == 0 ? tokens.empty()
+                                 : tokens.size() % static_cast<size_t>(n_each) == 0 &&
+                                       tokens.size() / static_cast<size_t>(n_each) == ids.size();
+  if (!sized) {
+    return invalid_argument("commit_batch: " + std::to_string(tokens.size()) + " tokens for " +
+                            std::to_string(ids.size()) + " sequences of " + std::to_string(n_each) +
+                            " each");
+  }
+  return ok_status();
+}
+
 template <typename T>
 runtime::UploadPart part(const std::vector<T>& v) {
   return {v.data(), v.size() * sizeof(T)};
@@ -373,22 +389,16 @@ Status KvCache::commit_tokens(SequenceId id, const TokenId* tokens, int64_t n) {
 Status KvCache::check_commit_batch(const std::vector<SequenceId>& ids,
                                    const std::vector<TokenId>& tokens, int64_t n_each) {
   PAGEDKV_RETURN_IF_ERROR(broken_);
-  if (n_each < 0) return invalid_argument("commit_batch: n_each must be >= 0");
-  const bool sized = n_each == 0 ? tokens.empty()
-                                 : tokens.size() % static_cast<size_t>(n_each) == 0 &&
-                                       tokens.size() / static_cast<size_t>(n_each) == ids.size();
-  if (!sized) {
-    return invalid_argument("commit_batch: " + std::to_string(tokens.size()) + " tokens for " +
-                            std::to_string(ids.size()) + " sequences of " + std::to_string(n_each) +
-                            " each");
-  }
+  PAGEDKV_RETURN_IF_ERROR(check_commit_tokens(ids, tokens, n_each));
   return control_->check_commit_batch(ids, tokens.data(), n_each);
 }
 
 Status KvCache::commit_batch(const std::vector<SequenceId>& ids, const std::vector<TokenId>& tokens,
                              int64_t n_each) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::commit_batch");
-  PAGEDKV_RETURN_IF_ERROR(check_commit_batch(ids, tokens, n_each));
+  PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(check_commit_tokens(ids, tokens, n_each));
+  // The control plane checks every member before it commits any.
   PAGEDKV_RETURN_IF_ERROR(control_->commit_batch(ids, tokens.data(), n_each));
   ++generation_;
   if (!slot_uploads_.empty()) {
