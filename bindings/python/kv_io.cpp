@@ -80,10 +80,6 @@ DlArray pool_view(nb::handle owner, const KvCache& kv, int32_t layer, KvPart par
   return DlArray(base, 4, shape, owner, strides, to_dlpack(pool.dtype), backend_device_type(kv), 0);
 }
 
-}  // namespace
-
-namespace {
-
 std::pair<KvInput, KvInput> key_value_inputs(const KvCache& kv, nb::handle key, nb::handle value,
                                              const std::string& where, bool layered) {
   if (is_latent(kv)) {
