@@ -143,7 +143,8 @@ TEST(SlidingWindow, FullAttentionMatchesModelAndANeverTrimmingWindow) {
 // Adds sharing prefixes (with bounds), chunked and single-token reserve/commit, forks,
 // finishes, erases, offload/restore and rollbacks (valid and not) on W = 48, block 16, a small
 // pool and a host tier. After each operation: invariants, every table's shape, the decode bound,
-// the released-block count against a model, and cached_prefix against add_sequence.
+// the released-block count against a model, cached_prefix against add_sequence, and the batch
+// rows of the resident sequences against their tables.
 TEST(SlidingWindow, RandomOperationsKeepTheWindow) {
   const int64_t w = 48;
   const int64_t bs = 16;
@@ -164,7 +165,7 @@ TEST(SlidingWindow, RandomOperationsKeepTheWindow) {
     std::map<SequenceId, Model> seqs;
     int64_t released_total = 0;
     SequenceId next_id = 1;
-    int adds = 0, hits = 0, rollbacks_refused = 0, offloads = 0;
+    int adds = 0, hits = 0, rollbacks_refused = 0, offloads = 0, batches = 0;
     auto next_tokens = [&](Model& m, int64_t n) {
       while (static_cast<int64_t>(m.stream.size()) < m.len + n) {
         m.stream.push_back(static_cast<TokenId>(pick(4) + 1));
@@ -293,11 +294,30 @@ TEST(SlidingWindow, RandomOperationsKeepTheWindow) {
         }
       }
       ASSERT_EQ(cp->stats().window_released_blocks, released_total) << "op " << op;
+      // The batch rows of the resident sequences equal their tables (-1 for blocks out of the
+      // window and past the end), also when a row is kept from the last build and only updated.
+      std::vector<SequenceId> resident;
+      for (const auto& kv : seqs) {
+        if (!cp->residency(kv.first)->offloaded) resident.push_back(kv.first);
+      }
+      if (pick(4) == 0) std::shuffle(resident.begin(), resident.end(), rng);
+      auto md = cp->build_batch(resident);
+      ASSERT_TRUE(md.ok()) << md.status().to_string();
+      const auto stride = static_cast<size_t>((*md)->max_blocks);
+      for (size_t r = 0; r < resident.size(); ++r) {
+        const std::vector<BlockLocation> t = *cp->block_locations(resident[r]);
+        for (size_t i = 0; i < stride; ++i) {
+          ASSERT_EQ((*md)->block_tables[r * stride + i], i < t.size() ? t[i].block : -1)
+              << "op " << op << " row " << r << " entry " << i;
+        }
+      }
+      ++batches;
     }
     // The run reached what it is meant to test.
     EXPECT_GT(hits, adds / 10);
     EXPECT_GT(rollbacks_refused, 0);
     EXPECT_GT(offloads, 0);
+    EXPECT_EQ(batches, 3000);
     EXPECT_GT(cp->stats().blocks_evicted + cp->stats().blocks_demoted, 0);
   }
 }
