@@ -1,0 +1,337 @@
+// A model of the decode step's memory traffic, not the product: it answers which design of the
+// control plane could bring a two-group step (full attention + window 128) within 1.5x of the
+// one-group step (issue #17's goal for BM_DecodeStepTwoGroups) before anyone rewrites src/core.
+//
+// Per sequence it does what ControlPlane::reserve_batch and build_batch do in a decode step at
+// 1,024 sequences: read the sequence record, check the block the next token lands in (its table
+// entry and block record), take a block when one fills, save the record in the journal, touch
+// it, append the slot, then write the batch row, the length and the slot mapping. Groups are
+//   * separate: one plane per group, as ModelKvCache keeps them today (each with its own records),
+//   * fused: one plane whose sequence record holds a table per group (one lookup, one journal
+//     entry, one touch per sequence; the per-group work stays per group),
+// and three forms of the per-group work:
+//   * as today: the table entry and block record of the write position are read every step,
+//     build_batch rereads every record and rewrites each row's changes;
+//   * cursor: the record keeps the physical block being filled (valid while only this sequence
+//     holds it), so a step reads no table entry or block record until a block fills;
+//   * cursor + rows: reserve also keeps the batch rows (it writes an entry when it takes a
+//     block, a commit clears the entries leaving a window), so building the batch is a copy of
+//     the reserved slots.
+// No eviction (blocks leaving the window go back to a free list), no copy-on-write, no events:
+// the model times the part every step pays. Thread CPU time; the ratios compare planes stepped
+// in the same loop. The step's functions are never inlined, so that every plane runs the same code
+// whatever the compiler decides for the loop around them.
+#include <time.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kBlock = 16;
+constexpr int64_t kPrompt = 100;
+constexpr int64_t kWindow = 128;
+constexpr int kSteps = 256;  // then back to the prompt, as the benchmark does
+
+int64_t cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+enum class Form { kToday, kCursor, kCursorRows };
+
+struct BlockRecord {  // the size and fields of core::BlockInfo
+  int32_t phys = -1, ref = 0, node = -1, device_children = 0, retention = 0, prev = -1, next = -1;
+  int64_t expiry = 0;
+  uint64_t generation = 0, last_access = 0;
+};
+
+struct GroupTable {  // one group's part of a sequence record
+  std::vector<int32_t> blocks;
+  size_t first_live = 0;
+  uint64_t version = 0;
+  int32_t cursor = -1;  // physical block being filled, when kept
+};
+
+template <int G>
+struct alignas(64) SequenceRecord {
+  std::vector<int32_t> tokens;
+  int64_t pending = 0;
+  bool offloaded = false;
+  uint64_t last_used = 0, arrival = 0, id = 0;
+  GroupTable group[G];
+  char options[40];  // the rest of core::Sequence
+};
+
+struct Saved {  // core::Journal::SavedSequence
+  uint64_t id, last_used;
+  int32_t pending;
+  uint32_t blocks;
+  int32_t cow_index, cow_source;
+  uint32_t tail_begin;
+  uint16_t tail_size;
+  bool offloaded;
+};
+
+struct RowState {
+  uint64_t arrival = ~uint64_t{0}, version = 0;
+  int32_t num_blocks = -1, first_live = 0;
+};
+
+struct GroupPool {  // one group's blocks and batch rows
+  int64_t window;
+  std::vector<BlockRecord> blocks;
+  std::vector<int32_t> free_list;
+  static constexpr int32_t kStride = 32;
+  std::vector<int32_t> rows;
+  std::vector<RowState> row_state;
+  std::vector<int64_t> slots, slot_mapping;
+  std::vector<int32_t> seq_lens;
+  GroupPool(int64_t window, int64_t num_blocks, int64_t seqs)
+      : window(window), blocks(static_cast<size_t>(num_blocks)) {
+    for (int64_t b = num_blocks - 1; b >= 0; --b) free_list.push_back(static_cast<int32_t>(b));
+    for (int64_t b = 0; b < num_blocks; ++b) blocks[b].phys = static_cast<int32_t>(b);
+    rows.assign(static_cast<size_t>(seqs * kStride), -1);
+    row_state.resize(static_cast<size_t>(seqs));
+    seq_lens.resize(static_cast<size_t>(seqs));
+  }
+  int32_t take() {
+    const int32_t b = free_list.back();
+    free_list.pop_back();
+    blocks[b].ref = 1;
+    return b;
+  }
+  void give_back(int32_t b) {
+    blocks[b].ref = 0;
+    free_list.push_back(b);
+  }
+};
+
+// A control plane over G groups with its own sequence records.
+template <int G, Form F>
+class Plane {
+ public:
+  Plane(int64_t seqs, const int64_t (&windows)[G]) {
+    for (int g = 0; g < G; ++g) pools_.emplace_back(windows[g], seqs * 24, seqs);
+    for (int64_t s = 0; s < seqs; ++s) {
+      auto r = std::make_unique<SequenceRecord<G>>();
+      r->id = r->arrival = static_cast<uint64_t>(s);
+      r->tokens.reserve(kPrompt + kSteps);
+      seqs_.push_back(std::move(r));
+    }
+    restart();
+  }
+
+  // reserve_batch(ids, 1) + build_batch(ids); returns thread CPU ns.
+  [[gnu::noinline]] int64_t step() {
+    const int64_t t0 = cpu_ns();
+    reserve();
+    build();
+    return cpu_ns() - t0;
+  }
+
+  // commit_batch of one token each: the window releases the blocks that left it.
+  [[gnu::noinline]] void commit() {
+    for (size_t i = 0; i < seqs_.size(); ++i) {
+      SequenceRecord<G>& s = *seqs_[i];
+      s.tokens.push_back(7);
+      s.pending = 0;
+      s.last_used = ++tick_;
+      const int64_t len = static_cast<int64_t>(s.tokens.size());
+      for (int g = 0; g < G; ++g) {
+        GroupPool& pool = pools_[static_cast<size_t>(g)];
+        GroupTable& t = s.group[g];
+        if (pool.window == 0) continue;
+        const size_t first = static_cast<size_t>(std::max<int64_t>(0, len - pool.window) / kBlock);
+        for (size_t b = t.first_live; b < first; ++b) {
+          pool.give_back(t.blocks[b]);
+          t.blocks[b] = -1;
+          if (F == Form::kCursorRows) pool.rows[i * GroupPool::kStride + b] = -1;
+        }
+        t.first_live = std::max(t.first_live, first);
+      }
+    }
+  }
+
+  // Every sequence back to its prompt (untimed).
+  void restart() {
+    for (size_t i = 0; i < seqs_.size(); ++i) {
+      SequenceRecord<G>& s = *seqs_[i];
+      s.tokens.resize(kPrompt);
+      for (int g = 0; g < G; ++g) {
+        GroupPool& pool = pools_[static_cast<size_t>(g)];
+        GroupTable& t = s.group[g];
+        for (int32_t b : t.blocks)
+          if (b >= 0) pool.give_back(b);
+        t.blocks.clear();
+        for (int64_t b = 0; b * kBlock < kPrompt; ++b) t.blocks.push_back(pool.take());
+        t.first_live = 0;
+        ++t.version;
+        t.cursor = pool.blocks[t.blocks.back()].phys;
+        for (int32_t k = 0; k < GroupPool::kStride; ++k) {
+          const size_t e = i * GroupPool::kStride + static_cast<size_t>(k);
+          pool.rows[e] =
+              k < static_cast<int32_t>(t.blocks.size()) ? pool.blocks[t.blocks[k]].phys : -1;
+        }
+      }
+    }
+  }
+
+ private:
+  [[gnu::noinline]] void reserve() {
+    const size_t n = seqs_.size();
+    // Pass 1: an upper bound of the blocks needed (the records only).
+    int64_t upper = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (i + 8 < n) __builtin_prefetch(seqs_[i + 8].get());
+      const SequenceRecord<G>& s = *seqs_[i];
+      const int64_t len = static_cast<int64_t>(s.tokens.size());
+      for (int g = 0; g < G; ++g) {
+        const int64_t cur = static_cast<int64_t>(s.group[g].blocks.size());
+        upper += std::max<int64_t>((len + kBlock) / kBlock - cur, 0) + (len / kBlock < cur);
+      }
+    }
+    sink_ += upper;
+    journal_.clear();
+    for (GroupPool& pool : pools_) pool.slots.clear();
+    // Pass 2: apply.
+    for (size_t i = 0; i < n; ++i) {
+      if (F != Form::kToday) {
+        if (i + 4 < n) __builtin_prefetch(seqs_[i + 4].get());
+      } else {
+        if (i + 8 < n) {
+          const SequenceRecord<G>& a = *seqs_[i + 8];
+          const size_t wb = a.tokens.size() / kBlock;
+          for (int g = 0; g < G; ++g)
+            if (wb < a.group[g].blocks.size()) __builtin_prefetch(&a.group[g].blocks[wb]);
+        }
+        if (i + 4 < n) {
+          const SequenceRecord<G>& a = *seqs_[i + 4];
+          const size_t wb = a.tokens.size() / kBlock;
+          for (int g = 0; g < G; ++g)
+            if (wb < a.group[g].blocks.size())
+              __builtin_prefetch(&pools_[static_cast<size_t>(g)].blocks[a.group[g].blocks[wb]]);
+        }
+      }
+      SequenceRecord<G>& s = *seqs_[i];
+      const int64_t len = static_cast<int64_t>(s.tokens.size());
+      journal_.push_back(Saved{s.id, s.last_used, static_cast<int32_t>(s.pending),
+                               static_cast<uint32_t>(s.group[0].blocks.size()), -1, -1, 0, 0,
+                               s.offloaded});
+      const size_t wb = static_cast<size_t>(len / kBlock);
+      for (int g = 0; g < G; ++g) {
+        GroupPool& pool = pools_[static_cast<size_t>(g)];
+        GroupTable& t = s.group[g];
+        if (F != Form::kToday && wb < t.blocks.size() && t.cursor >= 0) {
+          pool.slots.push_back(int64_t{t.cursor} * kBlock + len % kBlock);
+          continue;
+        }
+        if (wb < t.blocks.size()) {
+          const BlockRecord& b = pool.blocks[t.blocks[wb]];
+          sink_ += b.ref > 1 || b.node >= 0;  // would copy on write
+        } else {
+          t.blocks.push_back(pool.take());
+          t.cursor = pool.blocks[t.blocks.back()].phys;
+          if (F == Form::kCursorRows) pool.rows[i * GroupPool::kStride + wb] = t.cursor;
+        }
+        pool.slots.push_back(int64_t{pool.blocks[t.blocks[wb]].phys} * kBlock + len % kBlock);
+      }
+      s.pending = 1;
+      s.last_used = ++tick_;
+      if (F == Form::kCursorRows) pools_[0].seq_lens[i] = static_cast<int32_t>(len + 1);
+    }
+  }
+
+  [[gnu::noinline]] void build() {
+    if (F == Form::kCursorRows) {
+      // Rows and lengths are current: the slot mapping is the reserved slots (one length array
+      // serves every group).
+      for (GroupPool& pool : pools_) pool.slot_mapping.assign(pool.slots.begin(), pool.slots.end());
+      return;
+    }
+    for (GroupPool& pool : pools_) pool.slot_mapping.clear();
+    const size_t n = seqs_.size();
+    for (size_t r = 0; r < n; ++r) {
+      if (r + 4 < n) __builtin_prefetch(seqs_[r + 4].get());
+      SequenceRecord<G>& s = *seqs_[r];
+      const int64_t len = static_cast<int64_t>(s.tokens.size());
+      for (int g = 0; g < G; ++g) {
+        GroupPool& pool = pools_[static_cast<size_t>(g)];
+        GroupTable& t = s.group[g];
+        int32_t* row = &pool.rows[r * GroupPool::kStride];
+        RowState& st = pool.row_state[r];
+        const int32_t nb = static_cast<int32_t>(t.blocks.size());
+        int32_t from = 0;
+        int32_t clear_from = 0;
+        if (st.num_blocks < 0 || st.arrival != s.arrival || st.version != t.version) {
+          std::fill(row + nb, row + GroupPool::kStride, -1);
+        } else {
+          from = std::min(st.num_blocks, nb);
+          clear_from = std::min(from, st.first_live);
+        }
+        const int32_t live = static_cast<int32_t>(std::min<size_t>(t.first_live, size_t(nb)));
+        for (int32_t k = clear_from; k < live; ++k) row[k] = -1;
+        for (int32_t k = std::max(from, live); k < nb; ++k) row[k] = pool.blocks[t.blocks[k]].phys;
+        st = RowState{s.arrival, t.version, nb, live};
+        pool.seq_lens[r] = static_cast<int32_t>(len + s.pending);
+        for (int64_t p = len; p < len + s.pending; ++p)
+          pool.slot_mapping.push_back(int64_t{row[p / kBlock]} * kBlock + p % kBlock);
+      }
+    }
+  }
+
+  std::vector<GroupPool> pools_;
+  std::vector<std::unique_ptr<SequenceRecord<G>>> seqs_;
+  std::vector<Saved> journal_;
+  uint64_t tick_ = 0;
+  int64_t sink_ = 0;  // what the model computes and nobody reads, kept from the optimiser
+};
+
+// One form: a one-group plane, two separate planes (full, window) and a fused two-group plane,
+// stepped in the same loop. Prints ns a sequence and the ratios to one group.
+template <Form F>
+void run(const char* name, int64_t seqs, int reps) {
+  Plane<1, F> one(seqs, {0});
+  Plane<1, F> full(seqs, {0});
+  Plane<1, F> window(seqs, {kWindow});
+  Plane<2, F> fused(seqs, {0, kWindow});
+  int64_t t_one = 0, t_separate = 0, t_fused = 0;
+  for (int rep = 0; rep < reps; ++rep) {
+    for (int step = 0; step < kSteps; ++step) {
+      t_one += one.step();
+      t_separate += full.step() + window.step();
+      t_fused += fused.step();
+      one.commit();
+      full.commit();
+      window.commit();
+      fused.commit();
+    }
+    one.restart();
+    full.restart();
+    window.restart();
+    fused.restart();
+  }
+  const double per = static_cast<double>(reps) * kSteps * static_cast<double>(seqs);
+  std::printf("%-13s %9.1f %9.1f %7.2fx %9.1f %7.2fx\n", name, t_one / per, t_separate / per,
+              static_cast<double>(t_separate) / t_one, t_fused / per,
+              static_cast<double>(t_fused) / t_one);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t seqs = argc > 1 ? std::atoll(argv[1]) : 1024;
+  const int reps = argc > 2 ? std::atoi(argv[2]) : 20;
+  std::printf("decode step model, %lld sequences, ns a sequence (reserve + build)\n",
+              static_cast<long long>(seqs));
+  std::printf("%-13s %9s %9s %8s %9s %8s\n", "form", "one", "separate", "ratio", "fused", "ratio");
+  run<Form::kToday>("as today", seqs, reps);
+  run<Form::kCursor>("cursor", seqs, reps);
+  run<Form::kCursorRows>("cursor + rows", seqs, reps);
+  return 0;
+}
