@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -413,7 +414,11 @@ TEST_P(ModelCacheRandom, HybridModelEveryReadMatchesTheReference) {
   constexpr int64_t kOps = 3000;  // per seed
   const auto start = std::chrono::steady_clock::now();
   RunCounters total;
-  for (uint64_t seed : {1, 2, 3}) {
+  // PAGEDKV_HYBRID_SEEDS=<n> runs seeds 1..n (default 3) for a longer search.
+  const char* env = std::getenv("PAGEDKV_HYBRID_SEEDS");
+  const uint64_t seeds =
+      env != nullptr ? std::max<uint64_t>(1, std::strtoull(env, nullptr, 10)) : 3;
+  for (uint64_t seed = 1; seed <= seeds; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     make(hybrid_config());
     ASSERT_FALSE(HasFatalFailure());
