@@ -154,6 +154,12 @@ class KvCache {
   /// once and never takes a member. Returns every slot, grouped by sequence in `ids` order. An
   /// error (kNotFound, kInvalidArgument, kOutOfRange, kResourceExhausted) changes nothing.
   StatusOr<std::vector<int64_t>> reserve_batch(const std::vector<SequenceId>& ids, int64_t n_each);
+  /// As reserve_batch(), with the slots written into `*slots` (replacing its contents; its
+  /// storage is reused, so a decode step that keeps one vector allocates nothing), or not
+  /// returned at all when `slots` is null (build_batch() gives them as the slot mapping). On
+  /// error `*slots` is empty.
+  Status reserve_batch_into(const std::vector<SequenceId>& ids, int64_t n_each,
+                            std::vector<int64_t>* slots);
   /// Writes the keys and values of the tokens reserved by the last reserve() into one layer.
   /// `key`/`value` are device pointers to [n, kv_heads, head_dim] with `row_stride` elements
   /// between tokens (0: packed). A latent (MLA) cache takes the latents as `key` and a null
@@ -329,6 +335,9 @@ class KvCache {
   // Per device block: the transfer job that last read it (an offload). A write into the block
   // must be ordered after that job; 0 when none is pending.
   std::vector<uint64_t> block_read_by_job_;
+  // How many entries of block_read_by_job_ are not 0: with none, a write needs no ordering and
+  // order_block_reuse() looks nothing up (the usual decode step, with no offload in flight).
+  int64_t blocks_read_pending_ = 0;
   // Per sequence: the slots its last write_kv uploaded, and the region holding them. A cache of
   // an upload, not a copy of the reservation: the control plane's sequence table owns the slots,
   // write_kv asks it for them every time and uploads again when they differ (after a commit, a

@@ -186,8 +186,10 @@ Status KvCache::run_transfers(const Transfers& t, Submitted* out) {
     PAGEDKV_RETURN_IF_ERROR(ticket.status());
     out->ticket = *ticket;
     for (const BlockMove& m : t.moves) {
-      if (m.src_tier == Tier::kDevice)
-        block_read_by_job_[static_cast<size_t>(m.src_block)] = *ticket;
+      if (m.src_tier != Tier::kDevice) continue;
+      uint64_t& job = block_read_by_job_[static_cast<size_t>(m.src_block)];
+      blocks_read_pending_ += job == 0 ? 1 : 0;
+      job = *ticket;
     }
     // Restored blocks are read on the compute stream: it waits for the copies. Offloaded ones
     // only constrain later writes into their device blocks (order_block_reuse).
@@ -260,6 +262,7 @@ Status KvCache::recover(const Status& failure, core::TierPlan& plan, int64_t mov
 }
 
 Status KvCache::order_block_reuse(const std::vector<int64_t>& slots) {
+  if (blocks_read_pending_ == 0) return ok_status();
   runtime::TransferTicket latest = 0;
   for (int64_t slot : slots) {
     latest = std::max<runtime::TransferTicket>(
@@ -268,7 +271,11 @@ Status KvCache::order_block_reuse(const std::vector<int64_t>& slots) {
   if (latest == 0) return ok_status();
   PAGEDKV_RETURN_IF_ERROR(transfers_->order_after(latest, compute_));
   // Once ordered, later writes on the compute stream follow the job too.
-  for (int64_t slot : slots) block_read_by_job_[static_cast<size_t>(slot / config_.block_size)] = 0;
+  for (int64_t slot : slots) {
+    uint64_t& job = block_read_by_job_[static_cast<size_t>(slot / config_.block_size)];
+    blocks_read_pending_ -= job != 0 ? 1 : 0;
+    job = 0;
+  }
   return ok_status();
 }
 
@@ -284,13 +291,22 @@ StatusOr<std::vector<int64_t>> KvCache::reserve(SequenceId id, int64_t n) {
 
 StatusOr<std::vector<int64_t>> KvCache::reserve_batch(const std::vector<SequenceId>& ids,
                                                       int64_t n_each) {
+  std::vector<int64_t> slots;
+  PAGEDKV_RETURN_IF_ERROR(reserve_batch_into(ids, n_each, &slots));
+  return slots;
+}
+
+Status KvCache::reserve_batch_into(const std::vector<SequenceId>& ids, int64_t n_each,
+                                   std::vector<int64_t>* slots) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::reserve_batch");
+  if (slots != nullptr) slots->clear();  // what an error leaves
   PAGEDKV_RETURN_IF_ERROR(broken_);
   poll_storage_quietly();
   PAGEDKV_ASSIGN_OR_RETURN(core::TierPlan plan, control_->plan_reserve_batch(ids, n_each));
-  std::vector<int64_t> slots = plan.slots();
-  PAGEDKV_RETURN_IF_ERROR(carry_out(plan));
-  return slots;
+  if (slots != nullptr) slots->assign(plan.slots().begin(), plan.slots().end());
+  const Status st = carry_out(plan);
+  if (!st.ok() && slots != nullptr) slots->clear();
+  return st;
 }
 
 StatusOr<const int64_t*> KvCache::device_slots(SequenceId id, int64_t* count) {

@@ -240,11 +240,12 @@ StatusOr<std::vector<std::vector<int64_t>>> ModelKvCache::reserve(SequenceId id,
 Status ModelKvCache::reserve_batch(const std::vector<SequenceId>& ids, int64_t n_each) {
   PAGEDKV_NVTX_RANGE("pagedkv::ModelKvCache::reserve_batch");
   for (int32_t g = 0; g < num_groups(); ++g) {
-    StatusOr<std::vector<int64_t>> s = group(g).reserve_batch(ids, n_each);
-    if (!s.ok()) {
+    // The slots are not returned: build_batch gives each group's as its slot mapping.
+    const Status st = group(g).reserve_batch_into(ids, n_each, nullptr);
+    if (!st.ok()) {
       if (g > 0) drop_reservations(ids, num_groups());
       sync_evictions();
-      return in_group(config_, g, s.status());
+      return in_group(config_, g, st);
     }
   }
   sync_evictions();
@@ -310,15 +311,21 @@ Status ModelKvCache::commit(SequenceId id, const std::vector<TokenId>& tokens) {
 
 Status ModelKvCache::commit_batch(const std::vector<SequenceId>& ids,
                                   const std::vector<TokenId>& tokens, int64_t n_each) {
-  // Every group checks before any commits, so that an error commits nothing anywhere. The
-  // checks memoise the resolved ids, so the commits below look nothing up again.
-  for (int32_t g = 0; g < num_groups(); ++g) {
-    PAGEDKV_RETURN_IF_ERROR(in_group(config_, g, group(g).check_commit_batch(ids, tokens, n_each)));
+  // Every group after the first checks before any commits, so that an error commits nothing
+  // anywhere; group 0's commit_batch checks its own members before it commits any. The checks
+  // memoise the resolved ids, so the commits below look nothing up again.
+  for (int32_t g = 1; g < num_groups(); ++g) {
+    const Status st = group(g).check_commit_batch(ids, tokens, n_each);
+    if (st.ok()) continue;
+    // The first group's error when it has one too (a bad id or count fails everywhere), as a
+    // check of every group in order would report.
+    const Status first = group(0).check_commit_batch(ids, tokens, n_each);
+    return first.ok() ? in_group(config_, g, st) : in_group(config_, 0, first);
   }
   for (int32_t g = 0; g < num_groups(); ++g) {
     const Status st = group(g).commit_batch(ids, tokens, n_each);
     if (!st.ok()) {
-      return g == 0 ? st
+      return g == 0 ? in_group(config_, 0, st)
                     : internal_error("commit_batch failed in " + group_name(config_, g) +
                                      " after group 0 took it: " + st.message());
     }

@@ -369,6 +369,53 @@ TEST(BatchedStepTest, ReserveBatchReturnsTheSlotsOfEachSequenceInOrder) {
   EXPECT_EQ(*kv->pending(4), 3);
 }
 
+// reserve_batch_into: the same slots as the sequences' reservations, written over what the
+// caller's vector held; none asked for with a null vector; an empty vector on error, which
+// changes nothing.
+TEST(BatchedStepTest, ReserveBatchIntoWritesTheSlotsIntoTheCallersVector) {
+  auto kv = std::move(KvCache::create(step_config())).value();
+  const std::vector<SequenceId> ids = {4, 9, 2};
+  for (SequenceId id : ids) ASSERT_TRUE(kv->add_sequence(id, {}).ok());
+  std::vector<int64_t> slots = {-5, -6, -7, -8};  // replaced, not appended to
+  ASSERT_TRUE(kv->reserve_batch_into(ids, 2, &slots).ok());
+  ASSERT_EQ(slots.size(), 6u);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto blocks = kv->block_locations(ids[i]);
+    ASSERT_TRUE(blocks.ok());
+    for (int64_t t = 0; t < 2; ++t) {
+      EXPECT_EQ(slots[i * 2 + size_t(t)], int64_t{(*blocks)[0].block} * 4 + t);
+    }
+  }
+  // A later step with the same vector: the next slots of each sequence.
+  ASSERT_TRUE(kv->commit_batch(ids, {1, 2, 3, 4, 5, 6}, 2).ok());
+  ASSERT_TRUE(kv->reserve_batch_into(ids, 1, &slots).ok());
+  ASSERT_EQ(slots.size(), 3u);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto blocks = kv->block_locations(ids[i]);
+    ASSERT_TRUE(blocks.ok());
+    EXPECT_EQ(slots[i], int64_t{(*blocks)[0].block} * 4 + 2);
+    EXPECT_EQ(*kv->pending(ids[i]), 1);
+  }
+  // Null: reserved all the same.
+  ASSERT_TRUE(kv->commit_batch(ids, {7, 8, 9}, 1).ok());
+  ASSERT_TRUE(kv->reserve_batch_into(ids, 1, nullptr).ok());
+  for (SequenceId id : ids) EXPECT_EQ(*kv->pending(id), 1);
+  auto built = kv->build_batch(ids);
+  ASSERT_TRUE(built.ok());
+  ASSERT_EQ(built->host->slot_mapping.size(), 3u);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto blocks = kv->block_locations(ids[i]);
+    ASSERT_TRUE(blocks.ok());
+    EXPECT_EQ(built->host->slot_mapping[i], int64_t{(*blocks)[0].block} * 4 + 3);
+  }
+  // An unknown id: an error, the vector emptied, every reservation as it was.
+  const Status st = kv->reserve_batch_into({4, 77}, 2, &slots);
+  EXPECT_EQ(st.code(), StatusCode::kNotFound);
+  EXPECT_TRUE(slots.empty());
+  for (SequenceId id : ids) EXPECT_EQ(*kv->pending(id), 1);
+  EXPECT_TRUE(kv->check_invariants().ok());
+}
+
 }  // namespace
 }  // namespace pagedkv
 

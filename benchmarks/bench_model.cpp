@@ -1,0 +1,166 @@
+// The decode step of a model through the public ModelKvCache API: the control part of the step
+// (reserve_batch + build_batch, then commit_batch) of a model of two KV groups (gpt-oss-like:
+// a full-attention group and a window-128 group) against the same step of a one-group model in
+// the same run, stepped alternately on the same sequences. This is BM_DecodeStepTwoGroups of
+// pagedkv_bench_control one layer up: it adds what the runtime does per group (the tier plan,
+// the batch upload, the checks of a model-wide call), so vs_one_group is the ratio a server
+// sees for the control part of its step. No data-plane calls: the model is tiny (one layer of
+// one 8-wide head per group, CPU backend), so that only the control work is timed.
+//
+// Counters (ns a sequence, thread CPU time): ns_per_seq (two groups: reserve_batch +
+// build_batch), one_group_ns_per_seq, vs_one_group (their ratio), commit_ns_per_seq and
+// one_group_commit_ns_per_seq (commit_batch alone), with_commit_vs_one_group (the ratio over
+// the whole control part of the step).
+#include <benchmark/benchmark.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "pagedkv/model_cache.hpp"
+
+namespace pagedkv {
+namespace {
+
+constexpr int32_t kBlock = 16;
+constexpr int64_t kPrompt = 100;
+constexpr int64_t kSteps = 256;  // then back to the prompt, so memory stays bounded
+constexpr int32_t kWindow = 128;
+
+int64_t cpu_now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// The prompt length of sequence `s`: 100 tokens, or with `staggered` 100 + s % 16, so that the
+// sequences fill a block on different steps.
+int64_t prompt_length(SequenceId s, bool staggered) {
+  return kPrompt + (staggered ? static_cast<int64_t>(s % kBlock) : 0);
+}
+
+std::vector<TokenId> prompt(SequenceId s, bool staggered) {
+  std::vector<TokenId> t(static_cast<size_t>(prompt_length(s, staggered)));
+  std::iota(t.begin(), t.end(), static_cast<TokenId>(s * 1000));
+  return t;
+}
+
+KvGroup tiny_group(const char* name, int32_t layer, int32_t window, int64_t blocks) {
+  KvGroup g;
+  g.name = name;
+  g.layers = {layer};
+  g.num_kv_heads = 1;
+  g.head_dim = 8;
+  g.sliding_window = window;
+  g.num_device_blocks = blocks;
+  return g;
+}
+
+// A model of `seqs` decoding sequences: one full group, or a full and a window-128 group. The
+// full pool holds every sequence at its longest; the window pool its window and a few blocks
+// more, so the window group evicts cached blocks as a tight pool does.
+std::unique_ptr<ModelKvCache> make_model(int64_t seqs, bool two_groups, bool staggered) {
+  const int64_t longest = prompt_length(kBlock - 1, staggered) + kSteps;
+  CacheConfig c;
+  c.num_layers = two_groups ? 2 : 1;
+  c.block_size = kBlock;
+  c.max_sequence_length = 1 << 20;
+  c.backend = BackendKind::kCpu;
+  c.groups.push_back(tiny_group("full", 0, 0, seqs * (longest / kBlock + 2)));
+  if (two_groups) {
+    c.groups.push_back(tiny_group("window", 1, kWindow, seqs * ((kWindow + kPrompt) / kBlock + 3)));
+  }
+  ModelKvCacheOptions o;
+  o.cache.enable_events = false;  // as pagedkv_bench_control: decisions, not event records
+  auto model = ModelKvCache::create(c, o);
+  if (!model.ok()) return nullptr;
+  std::vector<SequenceId> ids;
+  for (SequenceId s = 0; s < static_cast<SequenceId>(seqs); ++s) {
+    const auto p = prompt(s, staggered);
+    if (!(*model)->add_sequence(s, p).ok() ||
+        !(*model)->reserve(s, static_cast<int64_t>(p.size())).ok() ||
+        !(*model)->commit(s, p).ok()) {
+      return nullptr;
+    }
+    ids.push_back(s);
+  }
+  if (!(*model)->set_active(ids).ok()) return nullptr;
+  return std::move(*model);
+}
+
+void BM_ModelDecodeStep(benchmark::State& state) {
+  const int64_t seqs = state.range(0);
+  const bool staggered = state.range(1) != 0;
+  auto one = make_model(seqs, false, staggered);
+  auto two = make_model(seqs, true, staggered);
+  if (one == nullptr || two == nullptr) {
+    state.SkipWithError("could not set up the models");
+    return;
+  }
+  std::vector<SequenceId> ids(static_cast<size_t>(seqs));
+  std::iota(ids.begin(), ids.end(), SequenceId{0});
+  const std::vector<TokenId> sampled(ids.size(), 7);
+  int64_t one_ns = 0, two_ns = 0, one_commit_ns = 0, two_commit_ns = 0;
+  int64_t step = 0;
+  bool failed = false;
+  for (auto _ : state) {
+    // Each model's step, timed apart: reserve + build, then the commit.
+    int64_t* step_ns[2] = {&one_ns, &two_ns};
+    int64_t* commit_ns[2] = {&one_commit_ns, &two_commit_ns};
+    ModelKvCache* models[2] = {one.get(), two.get()};
+    for (int m = 0; m < 2; ++m) {
+      const int64_t t0 = cpu_now_ns();
+      failed |= !models[m]->reserve_batch(ids, 1).ok();
+      failed |= !models[m]->build_batch(ids).ok();
+      const int64_t t1 = cpu_now_ns();
+      failed |= !models[m]->commit_batch(ids, sampled, 1).ok();
+      const int64_t t2 = cpu_now_ns();
+      *step_ns[m] += t1 - t0;
+      *commit_ns[m] += t2 - t1;
+      if (m == 1) state.SetIterationTime(static_cast<double>(t1 - t0) * 1e-9);
+    }
+    if (++step == kSteps) {
+      // Back to the prompt: the window group no longer holds the prompt's first blocks, so
+      // each sequence starts again from nothing, untimed.
+      for (SequenceId id : ids) {
+        const auto p = prompt(id, staggered);
+        for (ModelKvCache* m : models) {
+          failed |= !m->rollback(id, 0).ok();
+          failed |= !m->reserve(id, static_cast<int64_t>(p.size())).ok();
+          failed |= !m->commit(id, p).ok();
+        }
+      }
+      step = 0;
+    }
+  }
+  if (failed) {
+    state.SkipWithError("a call failed");
+    return;
+  }
+  const double n = static_cast<double>(state.iterations() * seqs);
+  const double ratio =
+      static_cast<double>(two_ns) / static_cast<double>(std::max<int64_t>(one_ns, 1));
+  state.counters["ns_per_seq"] = static_cast<double>(two_ns) / n;
+  state.counters["one_group_ns_per_seq"] = static_cast<double>(one_ns) / n;
+  state.counters["vs_one_group"] = ratio;
+  state.counters["commit_ns_per_seq"] = static_cast<double>(two_commit_ns) / n;
+  state.counters["one_group_commit_ns_per_seq"] = static_cast<double>(one_commit_ns) / n;
+  state.counters["with_commit_vs_one_group"] =
+      static_cast<double>(two_ns + two_commit_ns) /
+      static_cast<double>(std::max<int64_t>(one_ns + one_commit_ns, 1));
+  state.SetLabel(staggered ? "staggered" : "lockstep");
+}
+BENCHMARK(BM_ModelDecodeStep)
+    ->Args({1024, 0})
+    ->Args({1024, 1})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace pagedkv
+
+BENCHMARK_MAIN();
