@@ -119,18 +119,26 @@ struct GroupPool {  // one group's blocks and batch rows
   }
 };
 
+// `seqs` empty sequence records with ids 0, 1, ..., room for a run's tokens reserved.
+template <typename Record>
+std::vector<std::unique_ptr<Record>> make_records(int64_t seqs) {
+  std::vector<std::unique_ptr<Record>> out;
+  for (int64_t s = 0; s < seqs; ++s) {
+    auto r = std::make_unique<Record>();
+    r->id = r->arrival = static_cast<uint64_t>(s);
+    r->tokens.reserve(kPrompt + kSteps);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 // A control plane over G groups with its own sequence records.
 template <int G, Form F>
 class Plane {
  public:
   Plane(int64_t seqs, const int64_t (&windows)[G]) {
     for (int g = 0; g < G; ++g) pools_.emplace_back(windows[g], seqs * 24, seqs);
-    for (int64_t s = 0; s < seqs; ++s) {
-      auto r = std::make_unique<SequenceRecord<G>>();
-      r->id = r->arrival = static_cast<uint64_t>(s);
-      r->tokens.reserve(kPrompt + kSteps);
-      seqs_.push_back(std::move(r));
-    }
+    seqs_ = make_records<SequenceRecord<G>>(seqs);
     restart();
   }
 
@@ -320,12 +328,7 @@ class SharedPlane {
       row_state_[g].resize(static_cast<size_t>(seqs));
       seq_lens_[g].resize(static_cast<size_t>(seqs));
     }
-    for (int64_t s = 0; s < seqs; ++s) {
-      auto r = std::make_unique<Record>();
-      r->id = r->arrival = static_cast<uint64_t>(s);
-      r->tokens.reserve(kPrompt + kSteps);
-      seqs_.push_back(std::move(r));
-    }
+    seqs_ = make_records<Record>(seqs);
     restart();
   }
 
