@@ -139,17 +139,15 @@ void ControlPlane::register_full_block(Sequence* s, size_t i) {
   const NamespaceId ns = s->options.ns;
   const TokenId* tokens = &s->tokens[i * static_cast<size_t>(block_size_)];
   // A window cache keeps flat nodes (prefix_index.hpp): keyed by the prefix's hash, no parent.
-  const uint64_t parent_hash = index_.prefix_hash(parent, ns);
-  const NodeId existing =
-      window_ > 0 ? index_.find_flat(parent_hash, ns, tokens) : index_.find(parent, ns, tokens);
+  // One hash and one probe of the map, whether the block is new or found (the insert reuses
+  // the lookup's).
+  const PrefixIndex::Lookup at =
+      window_ > 0 ? index_.lookup_flat(index_.prefix_hash(parent, ns), ns, tokens)
+                  : index_.lookup(parent, ns, tokens);
+  const NodeId existing = at.found;
   if (existing < 0) {
-    if (window_ > 0) {
-      blocks_[ours].node = index_.insert_flat(parent_hash, ns, tokens, ours);
-      emit_block_event(EventKind::kBlockStored, blocks_[ours].node);
-      return;
-    }
-    blocks_[ours].node = index_.insert(parent, ns, tokens, ours);
-    if (parent != kRootNode) ++blocks_[index_.node(parent).block].device_children;
+    blocks_[ours].node = index_.insert(at, ours);
+    if (window_ == 0 && parent != kRootNode) ++blocks_[index_.node(parent).block].device_children;
     emit_block_event(EventKind::kBlockStored, blocks_[ours].node);
     return;
   }

@@ -76,54 +76,63 @@ bool PrefixIndex::same_key(NodeId n, NodeId parent, uint64_t parent_hash, Namesp
              0;
 }
 
-NodeId PrefixIndex::find_hashed(NodeId parent, uint64_t parent_hash, NamespaceId ns,
-                                const TokenId* tokens) const {
-  const uint64_t h = chain_hash(parent_hash, tokens);
-  for (NodeId n = slots_[probe(h)].node; n >= 0;
-       n = nodes_[static_cast<size_t>(n)].next_same_hash) {
-    if (same_key(n, parent, parent_hash, ns, tokens)) return n;
+PrefixIndex::Lookup PrefixIndex::lookup_hashed(NodeId parent, uint64_t parent_hash, NamespaceId ns,
+                                               const TokenId* tokens) const {
+  Lookup at;
+  at.parent = parent;
+  at.parent_hash = parent_hash;
+  at.ns = ns;
+  at.tokens = tokens;
+  at.hash = chain_hash(parent_hash, tokens);
+  at.slot = probe(at.hash);
+  at.changes = changes_;
+  for (NodeId n = slots_[at.slot].node; n >= 0; n = nodes_[static_cast<size_t>(n)].next_same_hash) {
+    if (same_key(n, parent, parent_hash, ns, tokens)) {
+      at.found = n;
+      break;
+    }
   }
-  return -1;
+  return at;
 }
 
 NodeId PrefixIndex::find(NodeId parent, NamespaceId ns, const TokenId* tokens) const {
-  return find_hashed(parent, prefix_hash(parent, ns), ns, tokens);
+  return lookup(parent, ns, tokens).found;
 }
 
 NodeId PrefixIndex::find_flat(uint64_t parent_hash, NamespaceId ns, const TokenId* tokens) const {
-  return find_hashed(kRootNode, parent_hash, ns, tokens);
+  return lookup_flat(parent_hash, ns, tokens).found;
 }
 
 NodeId PrefixIndex::insert(NodeId parent, NamespaceId ns, const TokenId* tokens, LogicalId block) {
-  return insert_hashed(parent, prefix_hash(parent, ns), ns, tokens, block);
+  return insert(lookup(parent, ns, tokens), block);
 }
 
 NodeId PrefixIndex::insert_flat(uint64_t parent_hash, NamespaceId ns, const TokenId* tokens,
                                 LogicalId block) {
-  return insert_hashed(kRootNode, parent_hash, ns, tokens, block);
+  return insert(lookup_flat(parent_hash, ns, tokens), block);
 }
 
-NodeId PrefixIndex::insert_hashed(NodeId parent, uint64_t parent_hash, NamespaceId ns,
-                                  const TokenId* tokens, LogicalId block) {
-  assert(!free_nodes_.empty());
+NodeId PrefixIndex::insert(const Lookup& missing, LogicalId block) {
+  assert(missing.found < 0 && missing.changes == changes_ && !free_nodes_.empty());
   const NodeId n = free_nodes_.back();
   free_nodes_.pop_back();
   PrefixNode& x = nodes_[static_cast<size_t>(n)];
   x = PrefixNode();
-  x.parent = parent;
+  x.parent = missing.parent;
   x.block = block;
-  x.ns = ns;
-  x.parent_hash = parent_hash;
-  x.hash = chain_hash(x.parent_hash, tokens);
+  x.ns = missing.ns;
+  x.parent_hash = missing.parent_hash;
+  x.hash = missing.hash;
   x.live = true;
-  std::memcpy(&tokens_[static_cast<size_t>(n) * static_cast<size_t>(block_size_)], tokens,
+  std::memcpy(&tokens_[static_cast<size_t>(n) * static_cast<size_t>(block_size_)], missing.tokens,
               sizeof(TokenId) * static_cast<size_t>(block_size_));
-  Slot& slot = slots_[probe(x.hash)];
+  Slot& slot = slots_[missing.slot];
   x.next_same_hash = slot.node;  // -1 for a new hash; else n heads the collision chain
   slot.lo = static_cast<uint32_t>(x.hash);
   slot.node = n;
-  if (parent != kRootNode) ++nodes_[static_cast<size_t>(parent)].children;
+  if (missing.parent != kRootNode) ++nodes_[static_cast<size_t>(missing.parent)].children;
   ++size_;
+  ++changes_;
   return n;
 }
 
@@ -151,6 +160,7 @@ void PrefixIndex::remove(NodeId n) {
   x.block = kNoBlock;
   free_nodes_.push_back(n);
   --size_;
+  ++changes_;
 }
 
 bool PrefixIndex::reachable(NodeId n) const {

@@ -61,6 +61,28 @@ class PrefixIndex {
   NodeId find_flat(uint64_t parent_hash, NamespaceId ns, const TokenId* tokens) const;
   /// Adds a flat node (which must not exist) for `block`; returns its id.
   NodeId insert_flat(uint64_t parent_hash, NamespaceId ns, const TokenId* tokens, LogicalId block);
+  /// Where a key is, or would go: the node holding it (or -1) with the key's chained hash and
+  /// hash-map slot, so that inserting a key a lookup did not find computes neither again.
+  struct Lookup {
+    NodeId found = -1;
+    NodeId parent = kRootNode;
+    uint64_t parent_hash = 0;
+    NamespaceId ns = 0;
+    const TokenId* tokens = nullptr;  // the caller's block_size ids, read again by insert()
+    uint64_t hash = 0;
+    size_t slot = 0;
+    uint64_t changes = 0;  // the index's change count when looked up
+  };
+  /// find() and find_flat(), answering with the Lookup.
+  Lookup lookup(NodeId parent, NamespaceId ns, const TokenId* tokens) const {
+    return lookup_hashed(parent, prefix_hash(parent, ns), ns, tokens);
+  }
+  Lookup lookup_flat(uint64_t parent_hash, NamespaceId ns, const TokenId* tokens) const {
+    return lookup_hashed(kRootNode, parent_hash, ns, tokens);
+  }
+  /// Adds the key of a lookup that found nothing, for `block`, with nothing inserted or removed
+  /// since the lookup (asserted); returns its id. The same as insert() / insert_flat() of the key.
+  NodeId insert(const Lookup& missing, LogicalId block);
   /// Removes a leaf.
   void remove(NodeId node);
   /// Prefetch hints for a coming remove(): the node's record, and (once that has arrived) the
@@ -84,10 +106,8 @@ class PrefixIndex {
  private:
   bool same_key(NodeId n, NodeId parent, uint64_t parent_hash, NamespaceId ns,
                 const TokenId* tokens) const;
-  NodeId find_hashed(NodeId parent, uint64_t parent_hash, NamespaceId ns,
-                     const TokenId* tokens) const;
-  NodeId insert_hashed(NodeId parent, uint64_t parent_hash, NamespaceId ns, const TokenId* tokens,
-                       LogicalId block);
+  Lookup lookup_hashed(NodeId parent, uint64_t parent_hash, NamespaceId ns,
+                       const TokenId* tokens) const;
 
   // One slot of the hash map: the low 32 bits of a chained hash (which also give the home slot)
   // and the first node of that hash's collision chain; node < 0 marks an empty slot.
@@ -101,6 +121,7 @@ class PrefixIndex {
 
   int32_t block_size_;
   int64_t size_ = 0;
+  uint64_t changes_ = 0;  // inserts and removes so far (a Lookup is valid while it is unchanged)
   std::vector<PrefixNode> nodes_;
   std::vector<TokenId> tokens_;
   std::vector<NodeId> free_nodes_;

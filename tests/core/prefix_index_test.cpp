@@ -1,0 +1,101 @@
+// PrefixIndex's lookup-then-insert: a lookup that misses gives the key's hash and map slot, and
+// inserting from it gives the node a plain insert of the key gives (same hash, found by find,
+// under the same parent); on random keys with removals in between, an index filled through
+// lookups answers every find as one filled through plain inserts.
+#include "core/prefix_index.hpp"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+namespace pagedkv {
+namespace core {
+namespace {
+
+constexpr int32_t kBlock = 4;
+
+TEST(PrefixIndexTest, InsertFromAMissedLookupIsThePlainInsert) {
+  PrefixIndex index(kBlock, 16);
+  const std::vector<TokenId> a = {1, 2, 3, 4};
+  const std::vector<TokenId> b = {5, 6, 7, 8};
+
+  const PrefixIndex::Lookup miss = index.lookup(kRootNode, 0, a.data());
+  EXPECT_LT(miss.found, 0);
+  EXPECT_EQ(miss.hash, index.chain_hash(PrefixIndex::root_hash(0), a.data()));
+  const NodeId first = index.insert(miss, /*block=*/7);
+  EXPECT_EQ(index.find(kRootNode, 0, a.data()), first);
+  EXPECT_EQ(index.node(first).hash, miss.hash);
+  EXPECT_EQ(index.node(first).block, 7);
+  EXPECT_EQ(index.node(first).parent, kRootNode);
+
+  // A child through a lookup, and the same key through a plain insert in a second index.
+  const PrefixIndex::Lookup child_miss = index.lookup(first, 0, b.data());
+  const NodeId child = index.insert(child_miss, 8);
+  EXPECT_EQ(index.node(first).children, 1);
+  EXPECT_EQ(index.node(child).parent, first);
+  EXPECT_EQ(index.node(child).parent_hash, index.node(first).hash);
+  PrefixIndex plain(kBlock, 16);
+  const NodeId plain_child = plain.insert(plain.insert(kRootNode, 0, a.data(), 7), 0, b.data(), 8);
+  EXPECT_EQ(plain.node(plain_child).hash, index.node(child).hash);
+
+  // Found now: the same node, hash and slot as the lookup that missed.
+  const PrefixIndex::Lookup hit = index.lookup(first, 0, b.data());
+  EXPECT_EQ(hit.found, child);
+  EXPECT_EQ(hit.hash, child_miss.hash);
+  EXPECT_EQ(hit.slot, child_miss.slot);
+
+  // Flat keys: the prefix's hash instead of a parent node; another namespace is another key.
+  const uint64_t prefix = index.node(child).hash;
+  const PrefixIndex::Lookup flat_miss = index.lookup_flat(prefix, 0, a.data());
+  EXPECT_LT(flat_miss.found, 0);
+  const NodeId flat = index.insert(flat_miss, 9);
+  EXPECT_EQ(index.find_flat(prefix, 0, a.data()), flat);
+  EXPECT_EQ(index.node(flat).parent, kRootNode);
+  EXPECT_LT(index.find_flat(prefix, 1, a.data()), 0);
+  EXPECT_EQ(index.size(), 3);
+}
+
+TEST(PrefixIndexTest, IndexFilledThroughLookupsAnswersAsOneFilledByPlainInserts) {
+  // Few distinct tokens, so keys repeat (lookups that hit) and many share a home slot.
+  std::mt19937 rng(17);
+  std::uniform_int_distribution<TokenId> token(0, 3);
+  constexpr int64_t kMax = 256;
+  PrefixIndex looked(kBlock, kMax);
+  PrefixIndex plain(kBlock, kMax);
+  std::vector<NodeId> looked_nodes, plain_nodes;  // live first blocks, in the same order
+  for (int step = 0; step < 4000; ++step) {
+    std::vector<TokenId> t(kBlock);
+    for (TokenId& x : t) x = token(rng);
+    const bool remove = !looked_nodes.empty() && (rng() % 3 == 0 || looked.size() == kMax);
+    if (remove) {
+      const size_t i = rng() % looked_nodes.size();
+      looked.remove(looked_nodes[i]);
+      plain.remove(plain_nodes[i]);
+      looked_nodes.erase(looked_nodes.begin() + static_cast<std::ptrdiff_t>(i));
+      plain_nodes.erase(plain_nodes.begin() + static_cast<std::ptrdiff_t>(i));
+      continue;
+    }
+    const PrefixIndex::Lookup at = looked.lookup(kRootNode, 0, t.data());
+    const NodeId plain_found = plain.find(kRootNode, 0, t.data());
+    ASSERT_EQ(at.found >= 0, plain_found >= 0) << "step " << step;
+    if (at.found >= 0) {
+      EXPECT_EQ(looked.node(at.found).hash, plain.node(plain_found).hash);
+      continue;
+    }
+    looked_nodes.push_back(looked.insert(at, static_cast<LogicalId>(step)));
+    plain_nodes.push_back(plain.insert(kRootNode, 0, t.data(), static_cast<LogicalId>(step)));
+  }
+  // Every live key is found in both, at the block it was inserted with.
+  ASSERT_EQ(looked.size(), plain.size());
+  for (size_t i = 0; i < looked_nodes.size(); ++i) {
+    const NodeId n = looked.find(kRootNode, 0, looked.tokens(looked_nodes[i]));
+    ASSERT_EQ(n, looked_nodes[i]);
+    EXPECT_TRUE(looked.reachable(n));
+    EXPECT_EQ(looked.node(n).block, plain.node(plain_nodes[i]).block);
+  }
+}
+
+}  // namespace
+}  // namespace core
+}  // namespace pagedkv
