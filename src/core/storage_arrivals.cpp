@@ -179,16 +179,14 @@ StatusOr<int64_t> ControlPlane::finish_arrival_partly(uint64_t arrival, int64_t 
       const LogicalId id = record.blocks[i];
       blocks_[id].ref = 0;
       const TokenId* tokens = &l.tokens[i * static_cast<size_t>(block_size_)];
-      if (!ok || index_.find_flat(l.prefix_hashes[i], l.ns, tokens) >= 0) {
-        blocks_.release(id);  // failed, or computed (or fetched) again meanwhile
-        continue;
-      }
-      const NodeId node = index_.insert_flat(l.prefix_hashes[i], l.ns, tokens, id);
-      if (index_.node(node).hash != l.hashes[i]) {
-        remove_node(node);  // the lookup's hashes came from this index: a broken caller
+      const PrefixIndex::Lookup at = index_.lookup_flat(l.prefix_hashes[i], l.ns, tokens);
+      // Failed, computed (or fetched) again meanwhile, or a key the index would not give the
+      // block (the lookup's hashes came from this index: a broken caller).
+      if (!ok || at.found >= 0 || at.hash != l.hashes[i]) {
         blocks_.release(id);
         continue;
       }
+      const NodeId node = index_.insert(at, id);
       register_arrived(id, node);
       ++registered;
     }
@@ -204,22 +202,21 @@ StatusOr<int64_t> ControlPlane::finish_arrival_partly(uint64_t arrival, int64_t 
     b.ref = 0;
     const TokenId* tokens = &l.tokens[i * static_cast<size_t>(block_size_)];
     if (i < good && chained) {
-      const NodeId existing = index_.find(parent, l.ns, tokens);
-      if (existing >= 0) {
+      const PrefixIndex::Lookup at = index_.lookup(parent, l.ns, tokens);
+      if (at.found >= 0) {
         // Computed (or fetched) again meanwhile: the index keeps one block per prefix.
         blocks_.release(id);
-        parent = existing;
+        parent = at.found;
         continue;
       }
-      if (parent != kRootNode) unlist(index_.node(parent).block);  // no longer a host leaf
-      const NodeId node = index_.insert(parent, l.ns, tokens, id);
-      if (index_.node(node).hash != l.hashes[i]) {
+      if (at.hash != l.hashes[i]) {
         // The lookup's hashes were computed by this index: a mismatch means a broken caller.
-        remove_node(node);
         blocks_.release(id);
         chained = false;
         continue;
       }
+      if (parent != kRootNode) unlist(index_.node(parent).block);  // no longer a host leaf
+      const NodeId node = index_.insert(at, id);
       register_arrived(id, node);
       if (parent != kRootNode) list_if_evictable(index_.node(parent).block);
       parent = node;

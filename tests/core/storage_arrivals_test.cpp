@@ -148,6 +148,29 @@ TEST_F(StorageArrivalsTest, APrefixEvictedMeanwhileOrABlockComputedMeanwhileIsNo
   EXPECT_EQ(cp_->stats().host.cached_blocks, 0);
 }
 
+// A lookup whose key for a block is not the hash the index gives it (a broken caller): that
+// block and the ones after it are freed, never indexed, and no event names them (no store, and
+// no removal of a block never announced); the blocks before it register as usual.
+TEST_F(StorageArrivalsTest, ABlockWhoseKeyIsNotItsIndexHashIsFreedWithoutAnEvent) {
+  StorageLookup l = lookup();
+  ASSERT_EQ(l.hashes.size(), 2u);
+  const uint64_t good = l.hashes[0];
+  l.hashes[1] ^= 1;
+  auto a = cp_->begin_arrival(l, 2);
+  ASSERT_TRUE(a.ok());
+  ASSERT_EQ(a->host_blocks.size(), 2u);
+  EXPECT_EQ(*cp_->finish_arrival(a->id, true), 1);
+  PAGEDKV_EXPECT_INV(*cp_);
+  const std::vector<ControlEvent> events = cp_->drain_events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, EventKind::kBlockStored);
+  EXPECT_EQ(events[0].block_hash, good);
+  EXPECT_EQ(cp_->stats().host.cached_blocks, 1);
+  EXPECT_EQ(cp_->stats().host.free_blocks, 3);
+  EXPECT_EQ(*cp_->add_sequence(2, prompt_), 12) << "blocks 0 and 1 cached, block 2 arrived";
+  PAGEDKV_EXPECT_INV(*cp_);
+}
+
 TEST_F(StorageArrivalsTest, AnArrivalTakesOnlyFreeHostSlotsAndWaitsForAnOpenPlan) {
   const StorageLookup l = lookup();
   EXPECT_EQ(cp_->begin_arrival(l, 3).status().code(), StatusCode::kInvalidArgument);

@@ -170,6 +170,25 @@ TEST_F(StorageWindowTest, AFailedReadOrABlockComputedMeanwhileRegistersNothing) 
   PAGEDKV_EXPECT_INV(*cp_);
 }
 
+// A listed block whose key is not the hash the cache gives it (a broken caller) is freed, never
+// indexed, and named by no event; the other flat blocks stand alone and register.
+TEST_F(StorageWindowTest, AFlatBlockWhoseKeyIsNotItsHashIsFreedWithoutAnEvent) {
+  StorageLookup l = lookup();
+  ASSERT_EQ(l.hashes.size(), 3u);
+  l.hashes[1] ^= 1;
+  cp_->drain_events();
+  EXPECT_EQ(arrive(l), 2);
+  std::vector<uint64_t> stored;
+  for (const ControlEvent& e : cp_->drain_events()) {
+    EXPECT_EQ(e.kind, EventKind::kBlockStored);
+    stored.push_back(e.block_hash);
+  }
+  EXPECT_EQ(stored, (std::vector<uint64_t>{keys_.hash[3], keys_.hash[5]}));
+  EXPECT_EQ(cp_->stats().host.cached_blocks, 2);
+  EXPECT_EQ(cp_->stats().host.free_blocks, 6);
+  EXPECT_EQ(*cp_->cached_prefix(prompt_, 0), 0) << "a window with a hole is no hit";
+}
+
 TEST_F(StorageWindowTest, AWindowLookupIsRefusedByAFullAttentionArrivalAndTheOtherWayRound) {
   StorageLookup flat = lookup();
   flat.prefix_hashes.clear();  // not flat any more: not this cache's
