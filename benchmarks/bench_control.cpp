@@ -3,7 +3,6 @@
 // step in the same run (target: at most 1.5x), prefix matching, and eviction under pressure at
 // growing cache sizes (target: the cost per eviction at 1M cached blocks within 2x of that at 1K).
 #include <benchmark/benchmark.h>
-#include <time.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -12,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/cpu_time.hpp"
 #include "core/control_plane.hpp"
 
 namespace pagedkv {
@@ -35,26 +35,8 @@ std::vector<TokenId> tokens(int64_t n, TokenId start) {
   return t;
 }
 
-// Thread CPU time in ns: the build machine is shared, so wall time would count other jobs.
-int64_t cpu_now_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
-// What an empty cpu_now_ns() interval measures (the clock is a syscall here, ~0.5 us), so that
-// short timed parts can subtract it. Minimum of many tries.
-int64_t cpu_clock_overhead_ns() {
-  static const int64_t overhead = [] {
-    int64_t best = INT64_MAX;
-    for (int i = 0; i < 2000; ++i) {
-      const int64_t t0 = cpu_now_ns();
-      best = std::min(best, cpu_now_ns() - t0);
-    }
-    return best;
-  }();
-  return overhead;
-}
+using bench::cpu_clock_overhead_ns;
+using bench::cpu_now_ns;
 
 constexpr int32_t kDecodeBs = 16;
 constexpr int64_t kDecodePrompt = 100;

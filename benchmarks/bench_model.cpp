@@ -7,12 +7,20 @@
 // sees for the control part of its step. No data-plane calls: the model is tiny (one layer of
 // one 8-wide head per group, CPU backend), so that only the control work is timed.
 //
-// Counters (ns a sequence, thread CPU time): ns_per_seq (two groups: reserve_batch +
-// build_batch), one_group_ns_per_seq, vs_one_group (their ratio), commit_ns_per_seq and
+// Every 256 steps the sequences go back to their prompts (untimed). As in
+// pagedkv_bench_control, every cycle samples the same tokens, so from the second cycle on a
+// full block's key is one the index already holds (the commit takes the cached block and frees
+// its own) and only the window group evicts. The third argument 1 samples other tokens each
+// cycle instead: every block is a new key, and the full group's pool, which then holds the
+// earlier cycles' blocks as cached blocks, evicts one for each new block, as a server's pool
+// under load does. The two models take turns going first.
+//
+// Time is the two-group model's reserve_batch + build_batch (manual time). Counters (ns a
+// sequence, thread CPU time less the clock's own cost): ns_per_seq (the same),
+// one_group_ns_per_seq, vs_one_group (their ratio), commit_ns_per_seq and
 // one_group_commit_ns_per_seq (commit_batch alone), with_commit_vs_one_group (the ratio over
 // the whole control part of the step).
 #include <benchmark/benchmark.h>
-#include <time.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -21,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/cpu_time.hpp"
 #include "pagedkv/model_cache.hpp"
 
 namespace pagedkv {
@@ -31,11 +40,8 @@ constexpr int64_t kPrompt = 100;
 constexpr int64_t kSteps = 256;  // then back to the prompt, so memory stays bounded
 constexpr int32_t kWindow = 128;
 
-int64_t cpu_now_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
+using bench::cpu_interval_ns;
+using bench::cpu_now_ns;
 
 // The prompt length of sequence `s`: 100 tokens, or with `staggered` 100 + s % 16, so that the
 // sequences fill a block on different steps.
@@ -95,6 +101,7 @@ std::unique_ptr<ModelKvCache> make_model(int64_t seqs, bool two_groups, bool sta
 void BM_ModelDecodeStep(benchmark::State& state) {
   const int64_t seqs = state.range(0);
   const bool staggered = state.range(1) != 0;
+  const bool fresh_tokens = state.range(2) != 0;
   auto one = make_model(seqs, false, staggered);
   auto two = make_model(seqs, true, staggered);
   if (one == nullptr || two == nullptr) {
@@ -103,27 +110,31 @@ void BM_ModelDecodeStep(benchmark::State& state) {
   }
   std::vector<SequenceId> ids(static_cast<size_t>(seqs));
   std::iota(ids.begin(), ids.end(), SequenceId{0});
-  const std::vector<TokenId> sampled(ids.size(), 7);
-  int64_t one_ns = 0, two_ns = 0, one_commit_ns = 0, two_commit_ns = 0;
+  std::vector<TokenId> sampled(ids.size(), 7);
+  ModelKvCache* models[2] = {one.get(), two.get()};
+  int64_t step_ns[2] = {0, 0}, commit_ns[2] = {0, 0};
   int64_t step = 0;
+  int64_t iteration = 0;
   bool failed = false;
   for (auto _ : state) {
     // Each model's step, timed apart: reserve + build, then the commit.
-    int64_t* step_ns[2] = {&one_ns, &two_ns};
-    int64_t* commit_ns[2] = {&one_commit_ns, &two_commit_ns};
-    ModelKvCache* models[2] = {one.get(), two.get()};
-    for (int m = 0; m < 2; ++m) {
+    for (int turn = 0; turn < 2; ++turn) {
+      const int m = (turn + static_cast<int>(iteration & 1)) % 2;
       const int64_t t0 = cpu_now_ns();
       failed |= !models[m]->reserve_batch(ids, 1).ok();
       failed |= !models[m]->build_batch(ids).ok();
       const int64_t t1 = cpu_now_ns();
       failed |= !models[m]->commit_batch(ids, sampled, 1).ok();
       const int64_t t2 = cpu_now_ns();
-      *step_ns[m] += t1 - t0;
-      *commit_ns[m] += t2 - t1;
-      if (m == 1) state.SetIterationTime(static_cast<double>(t1 - t0) * 1e-9);
+      step_ns[m] += cpu_interval_ns(t0, t1);
+      commit_ns[m] += cpu_interval_ns(t1, t2);
+      if (m == 1) state.SetIterationTime(static_cast<double>(cpu_interval_ns(t0, t1)) * 1e-9);
     }
+    ++iteration;
     if (++step == kSteps) {
+      if (fresh_tokens) {
+        for (TokenId& t : sampled) ++t;  // the next cycle's blocks are new keys
+      }
       // Back to the prompt: the window group no longer holds the prompt's first blocks, so
       // each sequence starts again from nothing, untimed.
       for (SequenceId id : ids) {
@@ -142,21 +153,23 @@ void BM_ModelDecodeStep(benchmark::State& state) {
     return;
   }
   const double n = static_cast<double>(state.iterations() * seqs);
-  const double ratio =
-      static_cast<double>(two_ns) / static_cast<double>(std::max<int64_t>(one_ns, 1));
-  state.counters["ns_per_seq"] = static_cast<double>(two_ns) / n;
-  state.counters["one_group_ns_per_seq"] = static_cast<double>(one_ns) / n;
-  state.counters["vs_one_group"] = ratio;
-  state.counters["commit_ns_per_seq"] = static_cast<double>(two_commit_ns) / n;
-  state.counters["one_group_commit_ns_per_seq"] = static_cast<double>(one_commit_ns) / n;
+  const auto ratio = [](int64_t a, int64_t b) {
+    return static_cast<double>(a) / static_cast<double>(std::max<int64_t>(b, 1));
+  };
+  state.counters["ns_per_seq"] = static_cast<double>(step_ns[1]) / n;
+  state.counters["one_group_ns_per_seq"] = static_cast<double>(step_ns[0]) / n;
+  state.counters["vs_one_group"] = ratio(step_ns[1], step_ns[0]);
+  state.counters["commit_ns_per_seq"] = static_cast<double>(commit_ns[1]) / n;
+  state.counters["one_group_commit_ns_per_seq"] = static_cast<double>(commit_ns[0]) / n;
   state.counters["with_commit_vs_one_group"] =
-      static_cast<double>(two_ns + two_commit_ns) /
-      static_cast<double>(std::max<int64_t>(one_ns + one_commit_ns, 1));
-  state.SetLabel(staggered ? "staggered" : "lockstep");
+      ratio(step_ns[1] + commit_ns[1], step_ns[0] + commit_ns[0]);
+  state.SetLabel(std::string(staggered ? "staggered" : "lockstep") +
+                 (fresh_tokens ? ", new tokens each cycle" : ""));
 }
 BENCHMARK(BM_ModelDecodeStep)
-    ->Args({1024, 0})
-    ->Args({1024, 1})
+    ->Args({1024, 0, 0})
+    ->Args({1024, 1, 0})
+    ->Args({1024, 1, 1})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

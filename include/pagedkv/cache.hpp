@@ -310,6 +310,8 @@ class KvCache {
   // `failure`; when that fails too, the cache is marked unusable and that error returned.
   Status recover(const Status& failure, core::TierPlan& plan, int64_t moves_done);
   Status order_block_reuse(const std::vector<int64_t>& slots);
+  // Clears the block_read_by_job_ entries of the jobs that have completed.
+  void retire_completed_reads();
   // kInvalidArgument for another cache's batch; kFailedPrecondition unless `batch` is the last
   // one built and nothing changed since.
   Status check_batch_current(const DeviceBatch& batch) const;
@@ -338,6 +340,13 @@ class KvCache {
   // How many entries of block_read_by_job_ are not 0: with none, a write needs no ordering and
   // order_block_reuse() looks nothing up (the usual decode step, with no offload in flight).
   int64_t blocks_read_pending_ = 0;
+  // The jobs that set entries of block_read_by_job_, with the blocks they read: once a job has
+  // completed, the entries it still holds are cleared (retire_completed_reads()).
+  struct PendingRead {
+    uint64_t job = 0;
+    std::vector<int32_t> blocks;
+  };
+  std::vector<PendingRead> pending_reads_;
   // Per sequence: the slots its last write_kv uploaded, and the region holding them. A cache of
   // an upload, not a copy of the reservation: the control plane's sequence table owns the slots,
   // write_kv asks it for them every time and uploads again when they differ (after a commit, a

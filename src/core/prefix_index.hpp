@@ -51,16 +51,6 @@ class PrefixIndex {
   NodeId find(NodeId parent, NamespaceId ns, const TokenId* tokens) const;
   /// Adds a child (which must not exist) for `block`; returns its id.
   NodeId insert(NodeId parent, NamespaceId ns, const TokenId* tokens, LogicalId block);
-
-  // Flat nodes (sliding-window caches): a node per block keyed by the chained hash of the prefix
-  // before it, with no parent node, so that any block can be evicted on its own while the blocks
-  // after it stay cached (a window needs only the last blocks of a prefix). Their parent is
-  // kRootNode and their parent_hash whatever prefix they continue.
-
-  /// The flat node holding `tokens` after the prefix whose chained hash is `parent_hash`, or -1.
-  NodeId find_flat(uint64_t parent_hash, NamespaceId ns, const TokenId* tokens) const;
-  /// Adds a flat node (which must not exist) for `block`; returns its id.
-  NodeId insert_flat(uint64_t parent_hash, NamespaceId ns, const TokenId* tokens, LogicalId block);
   /// Where a key is, or would go: the node holding it (or -1) with the key's chained hash and
   /// hash-map slot, so that inserting a key a lookup did not find computes neither again.
   struct Lookup {
@@ -73,16 +63,28 @@ class PrefixIndex {
     size_t slot = 0;
     uint64_t changes = 0;  // the index's change count when looked up
   };
-  /// find() and find_flat(), answering with the Lookup.
+  /// find() answering with the Lookup.
   Lookup lookup(NodeId parent, NamespaceId ns, const TokenId* tokens) const {
     return lookup_hashed(parent, prefix_hash(parent, ns), ns, tokens);
   }
+  /// Adds the key of a lookup (lookup() or lookup_flat()) that found nothing, for `block`, with
+  /// nothing inserted or removed since (asserted); returns its id. The same as insert() or
+  /// insert_flat() of the key.
+  NodeId insert(const Lookup& missing, LogicalId block);
+
+  // Flat nodes (sliding-window caches): a node per block keyed by the chained hash of the prefix
+  // before it, with no parent node, so that any block can be evicted on its own while the blocks
+  // after it stay cached (a window needs only the last blocks of a prefix). Their parent is
+  // kRootNode and their parent_hash whatever prefix they continue.
+
+  /// The flat node holding `tokens` after the prefix whose chained hash is `parent_hash`, or -1.
+  NodeId find_flat(uint64_t parent_hash, NamespaceId ns, const TokenId* tokens) const;
+  /// find_flat() answering with the Lookup.
   Lookup lookup_flat(uint64_t parent_hash, NamespaceId ns, const TokenId* tokens) const {
     return lookup_hashed(kRootNode, parent_hash, ns, tokens);
   }
-  /// Adds the key of a lookup that found nothing, for `block`, with nothing inserted or removed
-  /// since the lookup (asserted); returns its id. The same as insert() / insert_flat() of the key.
-  NodeId insert(const Lookup& missing, LogicalId block);
+  /// Adds a flat node (which must not exist) for `block`; returns its id.
+  NodeId insert_flat(uint64_t parent_hash, NamespaceId ns, const TokenId* tokens, LogicalId block);
   /// Removes a leaf.
   void remove(NodeId node);
   /// Prefetch hints for a coming remove(): the node's record, and (once that has arrived) the

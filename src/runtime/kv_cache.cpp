@@ -185,12 +185,15 @@ Status KvCache::run_transfers(const Transfers& t, Submitted* out) {
         transfers_->submit(t.moves, compute_, &out->moves_done);
     PAGEDKV_RETURN_IF_ERROR(ticket.status());
     out->ticket = *ticket;
+    PendingRead read{*ticket, {}};
     for (const BlockMove& m : t.moves) {
       if (m.src_tier != Tier::kDevice) continue;
       uint64_t& job = block_read_by_job_[static_cast<size_t>(m.src_block)];
       blocks_read_pending_ += job == 0 ? 1 : 0;
       job = *ticket;
+      read.blocks.push_back(m.src_block);
     }
+    if (!read.blocks.empty()) pending_reads_.push_back(std::move(read));
     // Restored blocks are read on the compute stream: it waits for the copies. Offloaded ones
     // only constrain later writes into their device blocks (order_block_reuse).
     const bool restores = std::any_of(t.moves.begin(), t.moves.end(), [](const BlockMove& m) {
@@ -261,7 +264,27 @@ Status KvCache::recover(const Status& failure, core::TierPlan& plan, int64_t mov
   return Status(failure.code(), failure.message() + " (nothing changed)");
 }
 
+void KvCache::retire_completed_reads() {
+  // Jobs may complete out of order (a copy stream per direction): each is asked on its own. An
+  // entry a later job took over, or an ordered write cleared, is left alone.
+  auto done = [this](const PendingRead& r) {
+    const StatusOr<bool> complete = transfers_->is_complete(r.job);
+    if (!complete.ok() || !*complete) return false;
+    for (int32_t b : r.blocks) {
+      uint64_t& job = block_read_by_job_[static_cast<size_t>(b)];
+      if (job != r.job) continue;
+      job = 0;
+      --blocks_read_pending_;
+    }
+    return true;
+  };
+  pending_reads_.erase(std::remove_if(pending_reads_.begin(), pending_reads_.end(), done),
+                       pending_reads_.end());
+}
+
 Status KvCache::order_block_reuse(const std::vector<int64_t>& slots) {
+  if (blocks_read_pending_ == 0) return ok_status();
+  retire_completed_reads();
   if (blocks_read_pending_ == 0) return ok_status();
   runtime::TransferTicket latest = 0;
   for (int64_t slot : slots) {

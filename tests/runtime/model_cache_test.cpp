@@ -430,6 +430,14 @@ TEST_P(ModelCacheTest, BadCallsAreClearErrorsThatChangeNothing) {
   expect_refused(cache_->commit(1, {1, 2}), StatusCode::kFailedPrecondition, "reserved", before);
   expect_refused(cache_->add_sequence(2, {1}).status(), StatusCode::kAlreadyExists, "2", before);
   expect_refused(cache_->fork(1, 2), StatusCode::kAlreadyExists, "2", before);
+  // A commit_batch every group refuses is reported as group 0's error, whichever group checks
+  // first.
+  expect_refused(cache_->commit_batch({1, 7}, {77, 77}), StatusCode::kNotFound,
+                 "group 0 (full): ", before);
+  expect_refused(cache_->commit_batch({1, 2}, {77, 77, 77, 77}, 2), StatusCode::kFailedPrecondition,
+                 "group 0 (full): ", before);
+  expect_refused(cache_->commit_batch({1, 2}, {77}), StatusCode::kInvalidArgument,
+                 "group 0 (full): ", before);
 
   // The batch still works: the step goes through and reads back.
   for (int32_t layer = 0; layer < 6; ++layer) {
