@@ -530,7 +530,7 @@ class SharedPlane {
 };
 
 // One form: a one-group plane, two separate planes (full, window) and a fused two-group plane,
-// stepped in the same loop; then, in a second loop of as many planes, a one-group plane again
+// stepped in the same loop; then, in a second loop of three planes, a one-group plane again
 // and the shared-block planes of one and two groups (not in the "rows" form). Prints ns a
 // sequence and the ratios: the separate and fused planes to the first loop's one-group plane,
 // the shared plane to its own one-group form and ("vs one") to the second loop's one-group plane.
