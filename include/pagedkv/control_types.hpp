@@ -29,8 +29,10 @@ inline constexpr int32_t kDefaultRetentionPriority = 35;
 struct BlockCopy {
   int32_t src_block = -1;
   int32_t dst_block = -1;
+  /// The KV group whose pool both pages are in (CacheConfig::groups index; 0 with one group).
+  int32_t group = 0;
   friend bool operator==(const BlockCopy& a, const BlockCopy& b) {
-    return a.src_block == b.src_block && a.dst_block == b.dst_block;
+    return a.src_block == b.src_block && a.dst_block == b.dst_block && a.group == b.group;
   }
 };
 

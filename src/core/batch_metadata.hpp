@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/block_allocator.hpp"
+#include "core/group_pages.hpp"
 #include "core/sequence_table.hpp"
 #include "pagedkv/control_types.hpp"
 #include "pagedkv/status.hpp"
@@ -24,6 +25,14 @@ class BatchMetadataBuilder {
   /// kOutOfRange, changing nothing, when a count would overflow int32.
   Status build(const std::vector<Sequence*>& rows, const BlockAllocator& blocks,
                const BatchOptions& options);
+  /// build() of a plane whose groups share the blocks: this builder writes the full group's
+  /// rows (`blocks`), `window_builders`[w] window group w's (`pages`[w], -1 before each
+  /// sequence's group_first_live[w]), all in one pass over the rows. Every group's sizes are
+  /// checked first, so an error changes none of them.
+  Status build_groups(const std::vector<Sequence*>& rows, const BlockAllocator& blocks,
+                      const std::vector<GroupPages>* pages,
+                      std::vector<BatchMetadataBuilder>* window_builders,
+                      const BatchOptions& options);
   /// The metadata of the last successful build.
   const BatchMetadata& metadata() const { return md_; }
   /// Forgets the cached rows (the next build rewrites every row).
@@ -37,6 +46,22 @@ class BatchMetadataBuilder {
     int32_t first_live = 0;   // the sequence's first_live when the row was written
   };
   void relayout(int32_t max_blocks);
+  struct Sizes {
+    int64_t batch = 0;
+    int64_t total_slots = 0;
+    int64_t total_blocks = 0;
+    int64_t widest = 0;
+  };
+  // The steps of a build: the sizes (and int32 checks) of the rows, the table width this
+  // builder needs for them, its buffers laid out, one row written, the padding and CSR.
+  static Status measure(const std::vector<Sequence*>& rows, const BatchOptions& options,
+                        Sizes* out);
+  Status fit(const Sizes& sizes, int64_t* max_blocks) const;
+  void begin(const Sizes& sizes, int64_t max_blocks, const BatchOptions& options);
+  template <typename PageOf>
+  void write_row(int32_t r, const Sequence& s, size_t first_live, PageOf page_of);
+  void end(const Sizes& sizes, const BatchOptions& options);
+  static void mark_seen(Sequence* s);
 
   int32_t block_size_;
   BlockDivider bdiv_;

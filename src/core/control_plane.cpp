@@ -4,6 +4,7 @@
 #include "core/control_plane.hpp"
 
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <string>
 
@@ -13,6 +14,48 @@ namespace pagedkv {
 namespace core {
 
 namespace {
+
+// A config with groups: one full-attention group, whose blocks the window groups share, at most
+// Sequence::kMaxWindowGroups window groups, and no host tier yet. Sets `*full`.
+Status check_shared_groups(const CacheConfig& config, int32_t* full) {
+  const auto name = [&config](size_t g) {
+    return "groups[" + std::to_string(g) + "] (" + config.groups[g].name + ")";
+  };
+  if (config.groups.size() == 1) {
+    return invalid_argument("groups: one group: create the plane from config.group_config(0)");
+  }
+  int32_t windows = 0;
+  for (size_t g = 0; g < config.groups.size(); ++g) {
+    const KvGroup& k = config.groups[g];
+    if (k.num_host_blocks != 0) {
+      return invalid_argument(name(g) +
+                              ": num_host_blocks: a plane of several groups has no host tier "
+                              "yet: must be 0, got " +
+                              std::to_string(k.num_host_blocks));
+    }
+    if (k.sliding_window > 0) {
+      ++windows;
+    } else if (*full >= 0) {
+      return invalid_argument(name(g) +
+                              ": a plane of several groups shares the blocks of one "
+                              "full-attention group, and " +
+                              name(static_cast<size_t>(*full)) + " is one too");
+    } else {
+      *full = static_cast<int32_t>(g);
+    }
+  }
+  if (*full < 0) {
+    return invalid_argument(
+        "groups: a plane of several groups needs one full-attention group (sliding_window 0) "
+        "whose blocks the window groups share; every group here has a window");
+  }
+  if (windows > Sequence::kMaxWindowGroups) {
+    return invalid_argument("groups: a plane of several groups holds at most " +
+                            std::to_string(Sequence::kMaxWindowGroups) + " window groups, got " +
+                            std::to_string(windows));
+  }
+  return ok_status();
+}
 
 int64_t default_clock() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -28,15 +71,26 @@ StatusOr<std::unique_ptr<ControlPlane>> ControlPlane::create(const CacheConfig& 
   if (config.mode != CacheMode::kPaged) {
     return invalid_argument("mode: ControlPlane is the paged control plane; use DenseAllocator");
   }
-  if (!config.groups.empty()) {
-    return invalid_argument(
-        "groups: a control plane holds one KV group; create one per group "
-        "from config.group_config(g)");
-  }
   if (options.event_capacity == 0) {
     return invalid_argument("event_capacity must be >= 1 (set enable_events = false for none)");
   }
-  return std::unique_ptr<ControlPlane>(new ControlPlane(config, std::move(options)));
+  if (config.groups.empty()) {
+    return std::unique_ptr<ControlPlane>(new ControlPlane(config, std::move(options)));
+  }
+  int32_t full = -1;
+  PAGEDKV_RETURN_IF_ERROR(check_shared_groups(config, &full));
+  auto cp = std::unique_ptr<ControlPlane>(
+      new ControlPlane(config.group_config(full), std::move(options)));
+  cp->num_groups_ = static_cast<int32_t>(config.groups.size());
+  cp->full_group_ = full;
+  for (int32_t g = 0; g < cp->num_groups_; ++g) {
+    if (g == full) continue;
+    const KvGroup& k = config.groups[static_cast<size_t>(g)];
+    cp->groups_.emplace_back(g, k.sliding_window, config.block_size, k.num_device_blocks,
+                             cp->blocks_.num_logical());
+    cp->group_batch_.emplace_back(config.block_size);
+  }
+  return cp;
 }
 
 ControlPlane::ControlPlane(const CacheConfig& config, ControlOptions options)
@@ -77,7 +131,7 @@ void ControlPlane::release_block(LogicalId id, const Sequence& owner) {
   if (--b.ref > 0) return;
   b.last_access = ++tick_;
   if (b.node < 0) {
-    blocks_.release(id);
+    release_logical(id);
     return;
   }
   // A registered block stays cached in its tier for later prompts.
@@ -89,8 +143,14 @@ void ControlPlane::release_block(LogicalId id, const Sequence& owner) {
   list_if_evictable(id);
 }
 
+void ControlPlane::release_logical(LogicalId id) {
+  for (GroupPages& g : groups_) g.release(id);
+  blocks_.release(id);
+}
+
 void ControlPlane::release_tail(Sequence* s, size_t keep) {
   for (size_t i = s->blocks.size(); i > std::max(keep, s->first_live); --i) {
+    if (!groups_.empty()) drop_group_pages(*s, i - 1, s->blocks[i - 1]);
     release_block(s->blocks[i - 1], *s);
   }
   if (s->blocks.size() > keep) {
@@ -98,6 +158,9 @@ void ControlPlane::release_tail(Sequence* s, size_t keep) {
     s->mark_changed(keep);
   }
   s->first_live = std::min(s->first_live, keep);
+  for (size_t w = 0; w < groups_.size(); ++w) {
+    s->group_first_live[w] = static_cast<uint32_t>(std::min<size_t>(s->group_first_live[w], keep));
+  }
 }
 
 void ControlPlane::trim_window(Sequence* s) {
@@ -156,6 +219,8 @@ void ControlPlane::register_full_block(Sequence* s, size_t i) {
   // (same tokens, same keys and values), so the index keeps one block per prefix. On the host:
   // keep ours unregistered; the offloaded copy stays the registered one.
   if (blocks_[theirs].tier != Tier::kDevice) return;
+  // Likewise when a window group evicted the cached block's page and ours is shared.
+  if (!groups_.empty() && !group_pages_can_swap(*s, i, ours, theirs)) return;
   BlockInfo& t = blocks_[theirs];
   if (t.ref++ == 0) {
     tier(Tier::kDevice).remove_cached();
@@ -164,6 +229,7 @@ void ControlPlane::register_full_block(Sequence* s, size_t i) {
   t.last_access = ++tick_;
   s->blocks[i] = theirs;
   s->mark_changed(i);
+  if (!groups_.empty()) swap_group_pages(*s, i, ours, theirs);
   release_block(ours, *s);
 }
 
@@ -284,8 +350,29 @@ StatusOr<const BatchMetadata*> ControlPlane::build_batch(const std::vector<Seque
                                                          const BatchOptions& options) {
   PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("build_batch"));
   PAGEDKV_RETURN_IF_ERROR(resolve(ids, /*check_offloaded=*/true, "batch"));
-  PAGEDKV_RETURN_IF_ERROR(batch_.build(resolved_, blocks_, options));
+  if (groups_.empty()) {
+    PAGEDKV_RETURN_IF_ERROR(batch_.build(resolved_, blocks_, options));
+  } else {
+    PAGEDKV_RETURN_IF_ERROR(
+        batch_.build_groups(resolved_, blocks_, &groups_, &group_batch_, options));
+  }
   return &batch_.metadata();
+}
+
+const BatchMetadata& ControlPlane::group_batch(int32_t g) const {
+  assert(g >= 0 && g < num_groups_);
+  if (g == full_group_) return batch_.metadata();
+  return group_batch_[static_cast<size_t>(g < full_group_ ? g : g - 1)].metadata();
+}
+
+ControlPlane::GroupPageCounts ControlPlane::group_pages(int32_t g) const {
+  assert(g >= 0 && g < num_groups_);
+  if (g == full_group_) {
+    return GroupPageCounts{blocks_.capacity(Tier::kDevice) - blocks_.free_count(Tier::kDevice),
+                           tier(Tier::kDevice).cached_blocks(), counters_.blocks_evicted};
+  }
+  const GroupPages& p = groups_[static_cast<size_t>(g < full_group_ ? g : g - 1)];
+  return GroupPageCounts{p.capacity() - p.free_count(), p.cached_count(), p.evicted()};
 }
 
 ControlStats ControlPlane::stats() const {

@@ -19,6 +19,7 @@
 #include "core/block_allocator.hpp"
 #include "core/event_ring.hpp"
 #include "core/eviction_queue.hpp"
+#include "core/group_pages.hpp"
 #include "core/journal.hpp"
 #include "core/prefix_index.hpp"
 #include "core/sequence_table.hpp"
@@ -80,10 +81,21 @@ struct Arrival {
 };
 
 /// The paged control plane (see the file comment).
+///
+/// Several KV groups: a config with `groups` (at least two) gives one plane whose groups share
+/// the logical blocks. Every group of a model has the same block size, so a sequence's blocks
+/// start and end at the same tokens in every group: the plane keeps one block table per
+/// sequence, the full-attention group's, and each sliding-window group keeps a page of its own
+/// pool for the blocks a holder still attends to (GroupPages). A decode step reads each
+/// sequence's record, table entry and block record once for all groups. Not built yet for such
+/// a plane: a host tier (every group's num_host_blocks must be 0, so nothing is offloaded,
+/// restored or arrives from a store) and the plan_* forms (kFailedPrecondition). The plain
+/// calls, their checks and their errors are the one-group plane's.
 class ControlPlane {
  public:
   /// Validates `config` (which must be paged mode) and `options` (kInvalidArgument) and builds
-  /// empty pools.
+  /// empty pools. With `groups`: exactly one full-attention group and at most
+  /// Sequence::kMaxWindowGroups sliding-window groups, no host tier (kInvalidArgument).
   static StatusOr<std::unique_ptr<ControlPlane>> create(const CacheConfig& config,
                                                         ControlOptions options = {});
 
@@ -243,6 +255,23 @@ class ControlPlane {
   /// step (reserve_batch then build_batch on the same ids) looks every id up once at most.
   StatusOr<const BatchMetadata*> build_batch(const std::vector<SequenceId>& ids,
                                              const BatchOptions& options = {});
+  /// Groups in the plane: 1, or the config's groups.
+  int32_t num_groups() const { return num_groups_; }
+  /// The config index of the group whose blocks the others share (0 with one group). Its
+  /// physical ids are the ones every other call reports (slots, block locations, transfers).
+  int32_t full_group() const { return full_group_; }
+  /// The metadata of group `g` (a config index) from the last build_batch(): the returned one
+  /// for full_group(), the window group's own block tables, CSR and slot mapping for the others
+  /// (-1 for blocks out of its window). Requires 0 <= g < num_groups().
+  const BatchMetadata& group_batch(int32_t g) const;
+  /// Group `g`'s pages: in use (held or cached), cached, and cached pages evicted so far (a
+  /// window group's evictions of its pages alone; the full group's are blocks_evicted).
+  struct GroupPageCounts {
+    int64_t used = 0;
+    int64_t cached = 0;
+    int64_t evicted = 0;
+  };
+  GroupPageCounts group_pages(int32_t g) const;
 
   /// Current counters.
   ControlStats stats() const;
@@ -252,6 +281,7 @@ class ControlPlane {
   /// Recounts every reference and state; names the first broken invariant (kInternal).
   Status check_invariants() const;
 
+  /// The config of the full-attention group (the whole config with one group).
   const CacheConfig& config() const { return config_; }
 
  private:
@@ -270,6 +300,8 @@ class ControlPlane {
   // The plain form of offload, restore and prefetch: `run(&out)`, then the journal is closed.
   template <typename Run>
   StatusOr<Transfers> keep_at_once(const char* what, Run run);
+  // kFailedPrecondition for the plan form of `what` on a plane with window groups.
+  Status check_plan_form(const char* what) const;
   // Empties plan_result_ (keeping its storage) for a new plan.
   void reset_plan_result();
   // Opens a plan over plan_result_ when `st` is ok; else closes the journal and returns `st`.
@@ -301,6 +333,10 @@ class ControlPlane {
   // sequence whose batch_mark equals it.
   Status plan_device_blocks(int64_t need, const Sequence* protect, VictimPlan* plan,
                             uint64_t protect_mark = 0);
+  // As plan_device_blocks() for the window groups: `need` new pages in each, adding drops of
+  // inactive sequences (never offloads: such a plane has no host tier) to `plan`.
+  Status plan_group_pages(int64_t need, const Sequence* protect, VictimPlan* plan,
+                          uint64_t protect_mark = 0);
   void apply_plan(const VictimPlan& plan, Transfers* out);
   LogicalId take_device_block(Transfers* out);
   int64_t exclusive_device_blocks(const Sequence& s) const;
@@ -353,6 +389,27 @@ class ControlPlane {
   void release_block(LogicalId id, const Sequence& owner);
   void release_tail(Sequence* s, size_t keep);
   void unlist(LogicalId id);
+  // Frees a logical block with no reference and no node, and its window groups' pages.
+  void release_logical(LogicalId id);
+  // shared_groups.cpp: the window groups' holders. The sequence holds (or stops holding) `b` at
+  // table index `i`; each window group whose window covers `i` counts it.
+  void hold_group_pages(const Sequence& s, size_t i, LogicalId b);
+  void drop_group_pages(const Sequence& s, size_t i, LogicalId b);
+  // A registration that finds the block `theirs` already indexed for `ours`, at index `i` of
+  // `s`: whether every window group whose window covers `i` can serve it (theirs has a page, or
+  // only `s` holds ours', which theirs then takes over), and the swap of the holders there.
+  bool group_pages_can_swap(const Sequence& s, size_t i, LogicalId ours, LogicalId theirs) const;
+  void swap_group_pages(const Sequence& s, size_t i, LogicalId ours, LogicalId theirs);
+  // Whether a hit of `c` tokens over `found` finds every window group's in-window pages.
+  bool group_pages_cover(const std::vector<LogicalId>& found, int64_t c) const;
+  // The window groups drop the blocks that left their windows (commit).
+  void trim_group_windows(Sequence* s);
+  // A new block's pages in every window group, and the copies a copy-on-write needs there.
+  void take_group_pages(LogicalId id);
+  void copy_group_pages(LogicalId src, LogicalId dst, Transfers* out) const;
+  Status check_group_windows_rollback(const Sequence& s, int64_t length) const;
+  void set_group_first_live(Sequence* s, int64_t length);
+  Status check_group_invariants() const;
   void touch(Sequence* s);
   void update_victim(Sequence* s);
   void register_full_block(Sequence* s, size_t index);
@@ -390,6 +447,10 @@ class ControlPlane {
   bool report_host_drops_;
   int64_t block_size_;
   int64_t window_;  // config_.sliding_window: 0 for full attention
+  int32_t num_groups_ = 1;
+  int32_t full_group_ = 0;
+  std::vector<GroupPages> groups_;  // the window groups sharing the blocks (none: one group)
+  std::vector<BatchMetadataBuilder> group_batch_;  // theirs, in the same order
   BlockDivider bdiv_;
   BlockAllocator blocks_;
   PrefixIndex index_;
@@ -407,9 +468,16 @@ class ControlPlane {
   uint64_t tick_ = 0;
   uint64_t batch_epoch_ = 0;
   ControlStats counters_;
-  // Copy-on-write sources whose reference a reserve drops once all its blocks are taken, so
-  // that no source is evicted (and overwritten) within the call that copies it.
-  std::vector<std::pair<Sequence*, LogicalId>> deferred_release_;
+  // Copy-on-write sources (and dropped tails) whose reference a reserve drops once all its
+  // blocks are taken, so that no source is evicted (and overwritten) within the call that
+  // copies it; with the table index it had, for the window groups' holders.
+  struct DeferredRelease {
+    Sequence* owner;
+    LogicalId block;
+    size_t index;
+    bool pages_only;  // the reference is gone already; only the window groups' holds are left
+  };
+  std::vector<DeferredRelease> deferred_release_;
   void flush_deferred_releases();
   // Cached device blocks taken out of the device queue while they had host children and no
   // host room.

@@ -235,7 +235,7 @@ Status ControlPlane::check_invariants() const {
       return broken("node " + str(n) + " device-resident children count");
     }
   }
-  return ok_status();
+  return check_group_invariants();
 }
 
 }  // namespace core

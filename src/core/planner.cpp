@@ -3,6 +3,7 @@
 // to the host tier while it has room (free, or held by cached host blocks), (3) drop inactive
 // sequences, (4) fail. It plans first (counting only) and applies after, so a request
 // that cannot be met changes nothing. Victims come from ordered sets, never from scans.
+#include <algorithm>
 #include <string>
 #include <unordered_map>
 
@@ -77,6 +78,60 @@ Status ControlPlane::plan_device_blocks(int64_t need, const Sequence* protect, V
   return resource_exhausted("out of device blocks: need " + std::to_string(need) + ", " +
                             std::to_string(avail) +
                             " obtainable by evicting, offloading and dropping inactive sequences");
+}
+
+Status ControlPlane::plan_group_pages(int64_t need, const Sequence* protect, VictimPlan* plan,
+                                      uint64_t protect_mark) {
+  // Pages each window group will have once the plan is applied: the drops already planned
+  // (for the full group) give back the pages only they held, each further victim likewise.
+  const size_t ng = groups_.size();
+  std::vector<int64_t> room(ng);
+  for (size_t w = 0; w < ng; ++w) room[w] = groups_[w].room();
+  std::vector<std::unordered_map<LogicalId, int32_t>> dropped(ng);
+  const auto gains = [&](const Sequence& v, bool keep) {
+    int64_t useful = 0;
+    for (size_t w = 0; w < ng; ++w) {
+      int64_t gain = 0;
+      for (size_t i = v.group_first_live[w]; i < v.blocks.size(); ++i) {
+        const LogicalId b = v.blocks[i];
+        const int32_t d = ++dropped[w][b];
+        gain += groups_[w].holders(b) - d == 0 ? 1 : 0;
+      }
+      if (!keep) {
+        for (size_t i = v.group_first_live[w]; i < v.blocks.size(); ++i) --dropped[w][v.blocks[i]];
+      } else {
+        room[w] += gain;
+      }
+      if (room[w] < need) useful += gain;
+    }
+    return useful;
+  };
+  const auto short_group = [&]() -> int64_t {
+    for (size_t w = 0; w < ng; ++w) {
+      if (room[w] < need) return static_cast<int64_t>(w);
+    }
+    return -1;
+  };
+  for (const Sequence* v : plan->drop) (void)gains(*v, true);
+  if (short_group() < 0) return ok_status();
+  if (config_.eviction_policy != EvictionPolicy::kNone) {
+    for (const auto& key : seqs_.victims()) {
+      Sequence* v = seqs_.find(std::get<2>(key));
+      if (v == protect || (protect_mark != 0 && v->batch_mark == protect_mark)) continue;
+      if (std::find(plan->drop.begin(), plan->drop.end(), v) != plan->drop.end()) continue;
+      if (gains(*v, false) == 0) continue;  // frees no page a short group needs
+      (void)gains(*v, true);
+      plan->drop.push_back(v);
+      plan->order.push_back(false);
+      if (short_group() < 0) return ok_status();
+    }
+  }
+  const GroupPages& g = groups_[static_cast<size_t>(short_group())];
+  return resource_exhausted("out of pages in group " + std::to_string(g.config_index()) +
+                            " (window " + std::to_string(g.window()) + "): need " +
+                            std::to_string(need) + ", " +
+                            std::to_string(room[static_cast<size_t>(short_group())]) +
+                            " free, cached or held by inactive sequences");
 }
 
 void ControlPlane::apply_plan(const VictimPlan& plan, Transfers* out) {

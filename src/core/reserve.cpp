@@ -56,11 +56,12 @@ void ControlPlane::apply_reserve(Sequence* s, int64_t n, const ReserveNeed& need
     s->mark_changed(s->blocks.size());
     BlockInfo& info = blocks_[tail];
     if (info.ref == 1 && info.node < 0) {
+      if (!groups_.empty()) drop_group_pages(*s, s->blocks.size(), tail);
       info.ref = 0;
       journal_.release(tail, blocks_[tail]);
-      blocks_.release(tail);
+      release_logical(tail);
     } else {
-      deferred_release_.emplace_back(s, tail);
+      deferred_release_.push_back(DeferredRelease{s, tail, s->blocks.size(), false});
     }
   }
   if (need.cow) {
@@ -68,14 +69,19 @@ void ControlPlane::apply_reserve(Sequence* s, int64_t n, const ReserveNeed& need
     saved.cow_index = static_cast<int32_t>(need.write_block);
     saved.cow_source = src;
     const LogicalId dst = take_device_block(&out);
-    out.copies.push_back(BlockCopy{blocks_[src].phys, blocks_[dst].phys});
+    out.copies.push_back(BlockCopy{blocks_[src].phys, blocks_[dst].phys, full_group_});
+    if (!groups_.empty()) copy_group_pages(src, dst, &out);
     s->blocks[need.write_block] = dst;
     s->mark_changed(need.write_block);
     if (blocks_[src].ref > 1) {
       --blocks_[src].ref;  // still held by others: nothing can evict it
       journal_.unref(src);
+      // Its window groups' pages may have no other holder: they go at the end of the call.
+      if (!groups_.empty()) {
+        deferred_release_.push_back(DeferredRelease{s, src, need.write_block, true});
+      }
     } else {
-      deferred_release_.emplace_back(s, src);
+      deferred_release_.push_back(DeferredRelease{s, src, need.write_block, false});
     }
     ++counters_.copy_on_write;
   }
@@ -97,6 +103,10 @@ Status ControlPlane::run_reserve(SequenceId id, int64_t n, ReserveResult* result
   const ReserveNeed need = reserve_need(*s, n);
   VictimPlan plan;
   PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(need.device_blocks(), s, &plan));
+  if (!groups_.empty()) {
+    // No host tier: every block the reserve takes is a new page in each window group too.
+    PAGEDKV_RETURN_IF_ERROR(plan_group_pages(need.device_blocks(), s, &plan));
+  }
   begin_journal();
   apply_plan(plan, &result->transfers);
   apply_reserve(s, n, need, result);
@@ -134,15 +144,27 @@ Status ControlPlane::run_reserve_batch(const std::vector<SequenceId>& ids, int64
   // exceeds what is available), so applying in order equals reserve_into() per id.
   begin_journal();
   const int64_t avail = device_available();
-  if (upper > avail) {
-    int64_t need = 0;
-    for (const Sequence* s : resolved_) need += reserve_need(*s, n_each).device_blocks();
-    if (need > avail) {
-      VictimPlan plan;
-      PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(need, nullptr, &plan, resolved_epoch_));
-      apply_plan(plan, &result->transfers);
+  int64_t need = -1;  // computed when the bound does not fit
+  const auto exact_need = [&] {
+    if (need < 0) {
+      need = 0;
+      for (const Sequence* s : resolved_) need += reserve_need(*s, n_each).device_blocks();
+    }
+    return need;
+  };
+  VictimPlan plan;
+  if (upper > avail && exact_need() > avail) {
+    PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(need, nullptr, &plan, resolved_epoch_));
+  }
+  if (!groups_.empty()) {
+    // No host tier: every block a member takes is a new page in each window group too.
+    bool fits = true;
+    for (const GroupPages& g : groups_) fits = fits && g.room() >= upper;
+    if (!fits) {
+      PAGEDKV_RETURN_IF_ERROR(plan_group_pages(exact_need(), nullptr, &plan, resolved_epoch_));
     }
   }
+  if (!plan.order.empty()) apply_plan(plan, &result->transfers);
   for (size_t i = 0; i < rows; ++i) {
     // The tables and the blocks they write are scattered: fetch a few rows ahead, the table
     // entry first, then (once it has arrived) the block record.

@@ -18,20 +18,24 @@ namespace pagedkv {
 namespace core {
 
 /// One sequence. Cache-line aligned, with what a decode step reads (reserve, build, commit)
-/// in the first two lines.
+/// in the first two lines (the window groups' bounds and the flags share the padding after
+/// first_live; batch_mark, read when a batch is resolved anew, starts the third).
 struct alignas(64) Sequence {
   std::vector<TokenId> tokens;    // committed tokens
   std::vector<LogicalId> blocks;  // logical block table, covers committed + pending tokens
   // Blocks [0, first_live) fell out of the sliding window: kNoBlock (always 0 without one).
   size_t first_live = 0;
-  int64_t pending = 0;  // reserved, not yet committed tokens
+  // A plane with window groups sharing the blocks (GroupPages): per window group, the first
+  // table index whose page the sequence holds in that group.
+  static constexpr int kMaxWindowGroups = 3;
+  uint32_t group_first_live[kMaxWindowGroups] = {};
   bool active = false;
   bool offloaded = false;
   bool is_victim = false;      // in the victim set
+  int64_t pending = 0;         // reserved, not yet committed tokens
   uint64_t last_used = 0;      // tick of the last reserve/commit/add (LRU)
   uint64_t arrival = 0;        // unique, increasing: real arrival order (FIFO)
   uint64_t table_version = 0;  // bumped whenever an existing table entry changes
-  uint64_t batch_mark = 0;     // duplicate detection in build_batch
   // Entries [0, changed_from) are the same at every table version in [base_version,
   // table_version], so a batch row built at such a version only rewrites from there. The one
   // change without a version: a sliding window turning its first entries into kNoBlock
@@ -39,6 +43,7 @@ struct alignas(64) Sequence {
   uint64_t base_version = 0;
   size_t changed_from = SIZE_MAX;
   SequenceId id = 0;
+  uint64_t batch_mark = 0;  // duplicate detection in build_batch
   SequenceOptions options;
   std::tuple<int32_t, uint64_t, SequenceId> victim_key{};
 

@@ -47,7 +47,7 @@ int64_t ControlPlane::match_prefix(const std::vector<TokenId>& prompt, Namespace
     const size_t end = static_cast<size_t>(bdiv_.ceil_div(c));
     bool usable = true;
     for (size_t i = first; i < end && usable; ++i) usable = found[i] != kNoBlock;
-    if (!usable) continue;
+    if (!usable || (!groups_.empty() && !group_pages_cover(found, c))) continue;
     if (blocks != nullptr) {
       blocks->assign(found.begin(), found.begin() + static_cast<std::ptrdiff_t>(end));
       std::fill(blocks->begin(), blocks->begin() + static_cast<std::ptrdiff_t>(first), kNoBlock);
@@ -106,6 +106,10 @@ StatusOr<int64_t> ControlPlane::add_sequence(SequenceId id, const std::vector<To
   s->tokens.assign(prompt.begin(), prompt.begin() + cached);
   s->blocks = matched;
   s->first_live = window_first_block(cached);
+  if (!groups_.empty()) {
+    set_group_first_live(s, cached);
+    for (size_t i = 0; i < matched.size(); ++i) hold_group_pages(*s, i, matched[i]);
+  }
   bool on_host = false;
   for (size_t i = s->first_live; i < matched.size(); ++i) {
     BlockInfo& info = blocks_[matched[i]];
@@ -171,6 +175,7 @@ void ControlPlane::append_committed(Sequence* s, const TokenId* tokens, int64_t 
     }
   }
   if (window_ > 0) trim_window(s);
+  if (!groups_.empty()) trim_group_windows(s);
 }
 
 Status ControlPlane::commit_batch(const std::vector<SequenceId>& ids, const TokenId* tokens,
@@ -220,6 +225,7 @@ Status ControlPlane::rollback(SequenceId id, int64_t length) {
         "can roll back to is " +
         std::to_string(static_cast<int64_t>(s->first_live) * block_size_ + window_) + " (or 0)");
   }
+  if (!groups_.empty()) PAGEDKV_RETURN_IF_ERROR(check_group_windows_rollback(*s, length));
   s->tokens.resize(static_cast<size_t>(length));
   s->pending = 0;
   release_tail(s, static_cast<size_t>((length + block_size_ - 1) / block_size_));
@@ -241,6 +247,12 @@ Status ControlPlane::fork(SequenceId parent, SequenceId child) {
   c->blocks.assign(p->blocks.begin(), p->blocks.begin() + static_cast<std::ptrdiff_t>(keep));
   c->first_live = std::min(p->first_live, keep);
   for (LogicalId b : c->live_blocks()) ++blocks_[b].ref;  // held by the parent: never 0 -> 1
+  for (size_t w = 0; w < groups_.size(); ++w) {
+    c->group_first_live[w] = static_cast<uint32_t>(std::min<size_t>(p->group_first_live[w], keep));
+  }
+  for (size_t i = 0; i < c->blocks.size(); ++i) {
+    if (!groups_.empty()) hold_group_pages(*c, i, c->blocks[i]);
+  }
   c->arrival = ++tick_;
   c->last_used = c->arrival;
   update_victim(c);
@@ -277,7 +289,7 @@ Status ControlPlane::erase(SequenceId id) {
     unlist(b);
     tier(info.tier).remove_cached();
     remove_node(info.node);
-    blocks_.release(b);
+    release_logical(b);
   }
   return ok_status();
 }

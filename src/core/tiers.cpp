@@ -72,7 +72,7 @@ bool ControlPlane::drop_lru(Tier t, Transfers* out) {
                                            std::vector<TokenId>(tokens, tokens + block_size_)});
   }
   remove_node(blocks_[id].node);
-  blocks_.release(id);
+  release_logical(id);
   ++counters_.host_blocks_dropped;
   return true;
 }
@@ -101,7 +101,7 @@ bool ControlPlane::drop_device_cached() {
     }
     device.remove_cached();
     remove_node(blocks_[id].node);
-    blocks_.release(id);
+    release_logical(id);
     ++counters_.blocks_evicted;
     return true;
   }
@@ -151,7 +151,7 @@ void ControlPlane::evict_one(Transfers* out) {
     }
     device.remove_cached();
     remove_node(blocks_[id].node);
-    blocks_.release(id);
+    release_logical(id);
     ++counters_.blocks_evicted;
     return;
   }
@@ -177,6 +177,7 @@ LogicalId ControlPlane::take_device_block(Transfers* out) {
   if (blocks_.free_count(Tier::kDevice) == 0) evict_one(out);
   const LogicalId id = blocks_.allocate(Tier::kDevice);
   journal_.allocation(id);
+  if (!groups_.empty()) take_group_pages(id);
   return id;
 }
 

@@ -16,10 +16,12 @@ namespace core {
 void ControlPlane::begin_journal() { journal_.begin(counters_, events_.next_sequence()); }
 
 void ControlPlane::flush_deferred_releases() {
-  for (const auto& [owner, id] : deferred_release_) {
-    const BlockInfo& b = blocks_[id];
-    journal_.released.push_back(Journal::Released{id, b.tier, b.phys});
-    release_block(id, *owner);
+  for (const DeferredRelease& d : deferred_release_) {
+    if (!groups_.empty()) drop_group_pages(*d.owner, d.index, d.block);
+    if (d.pages_only) continue;
+    const BlockInfo& b = blocks_[d.block];
+    journal_.released.push_back(Journal::Released{d.block, b.tier, b.phys});
+    release_block(d.block, *d.owner);
   }
   deferred_release_.clear();
 }

@@ -1,0 +1,96 @@
+// The pages of one sliding-window KV group in a control plane whose groups share the logical
+// blocks (control_plane.hpp, "several KV groups"). The plane's logical block table is the full
+// attention group's; a window group keeps a page of its own pool only for the blocks some
+// holder still attends to, plus cached pages a later prefix hit can reuse.
+//
+// Per logical block: the page (or -1) and the holders that need it (sequences holding the block
+// at a table index inside their window). A page nobody needs stays while its block is in the
+// prefix index (cached, listed least recently released first, evicted page by page when the
+// pool runs dry) and is freed at once otherwise. O(1) per operation; no allocation after
+// construction. Which block owns a page is not kept: only check_invariants() asks, and it
+// recounts.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/block_allocator.hpp"
+
+namespace pagedkv {
+namespace core {
+
+class GroupPages {
+ public:
+  /// `window` tokens (> 0), a pool of `num_pages`, logical ids in [0, num_logical).
+  GroupPages(int32_t config_index, int64_t window, int64_t block_size, int64_t num_pages,
+             int64_t num_logical);
+
+  /// The group's index in CacheConfig::groups.
+  int32_t config_index() const { return config_index_; }
+  int64_t window() const { return window_; }
+  /// The first table index a sequence of `length` committed tokens still attends to.
+  size_t first_block(int64_t length) const {
+    return static_cast<size_t>(bdiv_.div(std::max<int64_t>(0, length - window_)));
+  }
+
+  /// The page of logical block `b`, or -1.
+  int32_t page(LogicalId b) const { return rec_[static_cast<size_t>(b)].page; }
+  /// Holders that need the page of `b`.
+  int32_t holders(LogicalId b) const { return rec_[static_cast<size_t>(b)].holders; }
+  /// Whether the page of `b` is cached: kept with no holder, listed for eviction. (A page
+  /// without holders is always cached: an unindexed block's page is freed with its last one.)
+  bool cached(LogicalId b) const {
+    const Record& r = rec_[static_cast<size_t>(b)];
+    return r.page >= 0 && r.holders == 0;
+  }
+  int64_t capacity() const { return num_pages_; }
+  int64_t free_count() const { return static_cast<int64_t>(free_.size()); }
+  int64_t cached_count() const { return cached_; }
+  /// Pages a reserve can have: free or cached.
+  int64_t room() const { return free_count() + cached_; }
+  /// Cached pages evicted so far.
+  int64_t evicted() const { return evicted_; }
+  /// Whether the cached list, walked from its head, holds exactly the cached pages in order
+  /// (for invariant checks). O(cached pages).
+  bool list_consistent() const;
+
+  /// Gives the new logical block `b` a page with one holder, evicting the least recently
+  /// cached page when none is free. Requires room() > 0 and no page for `b`.
+  void take(LogicalId b);
+  /// One more holder of `b`'s page (which must exist); a cached page is no longer cached.
+  void hold(LogicalId b);
+  /// One holder fewer. The last one leaves the page cached when `registered` (the block is in
+  /// the prefix index), else frees it.
+  void drop(LogicalId b, bool registered);
+  /// Hands the page of `from`, held by one holder, to `to`, which has none, with that holder:
+  /// two blocks of the same tokens after the same prefix hold the same keys and values.
+  void adopt(LogicalId from, LogicalId to);
+  /// The logical block `b` is gone: its page, if any, is freed (it has no holder).
+  void release(LogicalId b);
+
+ private:
+  // One record per logical block, so that an eviction touches the victim's line and the
+  // next victim's (the list links) and nothing else.
+  struct Record {
+    int32_t page = -1;
+    int32_t holders = 0;
+    LogicalId prev = kNoBlock;  // cached list, least recently cached first
+    LogicalId next = kNoBlock;
+  };
+  void link_tail(LogicalId b);
+  void unlink(LogicalId b);
+
+  int32_t config_index_;
+  int64_t window_;
+  BlockDivider bdiv_;
+  int64_t num_pages_;
+  std::vector<Record> rec_;  // by logical id
+  LogicalId head_ = kNoBlock, tail_ = kNoBlock;
+  int64_t cached_ = 0;
+  int64_t evicted_ = 0;
+  std::vector<int32_t> free_;
+};
+
+}  // namespace core
+}  // namespace pagedkv

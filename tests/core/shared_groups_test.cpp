@@ -1,0 +1,582 @@
+// A control plane whose KV groups share the logical blocks: one full-attention group and
+// sliding-window groups with pools of their own (GroupPages). The random test keeps a model of
+// every group's memory: each written slot holds a stamp of the prefix it was computed from, and
+// after every call each sequence must read, through its group's block table, the stamps of its
+// own tokens over the positions that group attends to (all for full attention, the last W for a
+// window). Copy-on-write copies are applied per group; prefix hits, forks, rollbacks, evictions
+// and drops all go through the same check, with check_invariants().
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core_test_util.hpp"
+
+namespace pagedkv {
+namespace core {
+namespace {
+
+using namespace testing_util;  // NOLINT
+
+KvGroup group(const std::string& name, int32_t window, int64_t device, int32_t layer) {
+  KvGroup k;
+  k.name = name;
+  k.layers = {layer};
+  k.num_kv_heads = 2;
+  k.head_dim = 8;
+  k.sliding_window = window;
+  k.num_device_blocks = device;
+  return k;
+}
+
+// A model of `windows.size()` window groups (listed first) and one full group, block size `bs`.
+CacheConfig shared_config(int32_t bs, int64_t full_blocks, const std::vector<int32_t>& windows,
+                          int64_t window_pages) {
+  CacheConfig c = tiny_config(bs, full_blocks);
+  std::vector<KvGroup> groups;
+  for (size_t w = 0; w < windows.size(); ++w) {
+    groups.push_back(
+        group("local" + std::to_string(w), windows[w], window_pages, static_cast<int32_t>(w)));
+  }
+  groups.push_back(group("global", 0, full_blocks, static_cast<int32_t>(windows.size())));
+  c.num_layers = static_cast<int32_t>(groups.size());
+  c.groups = groups;
+  return c;
+}
+
+TEST(SharedGroups, ConfigErrors) {
+  CacheConfig c = shared_config(16, 64, {64}, 16);
+  EXPECT_TRUE(ControlPlane::create(c).ok());
+
+  CacheConfig host = c;
+  host.groups[0].num_host_blocks = 8;
+  auto r = ControlPlane::create(host);
+  ASSERT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("groups[0] (local0): num_host_blocks"), std::string::npos)
+      << r.status().to_string();
+
+  CacheConfig two_full = c;
+  two_full.groups[0].sliding_window = 0;
+  r = ControlPlane::create(two_full);
+  ASSERT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("is one too"), std::string::npos) << r.status().to_string();
+
+  CacheConfig no_full = c;
+  no_full.groups[1].sliding_window = 32;
+  r = ControlPlane::create(no_full);
+  ASSERT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("needs one full-attention group"), std::string::npos);
+
+  CacheConfig many = shared_config(16, 64, {32, 64, 128, 256}, 16);
+  r = ControlPlane::create(many);
+  ASSERT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("at most 3 window groups"), std::string::npos);
+
+  CacheConfig one = c;
+  one.groups.erase(one.groups.begin());
+  one.groups[0].layers = {0, 1};
+  r = ControlPlane::create(one);
+  ASSERT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("group_config(0)"), std::string::npos);
+}
+
+TEST(SharedGroups, PlansAreRefusedAndChangeNothing) {
+  auto cp = make_cp(shared_config(4, 32, {8}, 16));
+  ASSERT_TRUE(cp->add_sequence(1, iota_tokens(6, 1)).ok());
+  const auto r = cp->plan_reserve(1, 6);
+  ASSERT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("several KV groups"), std::string::npos);
+  EXPECT_EQ(cp->plan_reserve_batch({1}, 1).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(cp->plan_open());
+  EXPECT_EQ(cp->pending(1).value(), 0);
+  EXPECT_EQ(cp->group_pages(0).used, 0);
+  PAGEDKV_EXPECT_INV(*cp);
+}
+
+TEST(SharedGroups, WindowGroupOutOfPagesIsAnErrorThatChangesNothing) {
+  // Two pages in the window group: a third block cannot be had there, although the full group
+  // has room. Nothing changes, and the error names the group.
+  auto cp = make_cp(shared_config(4, 32, {8}, 2));
+  ASSERT_TRUE(cp->add_sequence(1, {}).ok());
+  ASSERT_TRUE(cp->reserve(1, 8).ok());
+  const auto r = cp->reserve(1, 12);
+  ASSERT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(r.status().message().find("out of pages in group 0 (window 8)"), std::string::npos)
+      << r.status().to_string();
+  EXPECT_EQ(cp->pending(1).value(), 8);
+  EXPECT_EQ(cp->group_pages(0).used, 2);
+  ReserveResult rr;
+  EXPECT_EQ(cp->reserve_batch({1}, 12, &rr).code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(rr.slots.empty());
+  PAGEDKV_EXPECT_INV(*cp);
+}
+
+TEST(SharedGroups, WindowGroupPressureDropsAnInactiveSequence) {
+  // The full group has room; the window group's two pages are held by an inactive sequence,
+  // which is dropped for the active one's reserve, as a one-group plane drops for its blocks.
+  auto cp = make_cp(shared_config(4, 32, {8}, 2));
+  ASSERT_TRUE(cp->add_sequence(1, {}).ok());
+  ASSERT_TRUE(cp->reserve(1, 8).ok());
+  ASSERT_TRUE(cp->add_sequence(2, {}).ok());
+  PAGEDKV_ASSERT_OK(cp->set_active({2}));
+  auto r = cp->reserve(2, 4);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r.value().transfers.evicted, std::vector<SequenceId>{1});
+  EXPECT_FALSE(cp->contains(1));
+  EXPECT_EQ(cp->stats().sequences_evicted, 1);
+  PAGEDKV_EXPECT_INV(*cp);
+  // A batch member is never dropped for the batch.
+  ASSERT_TRUE(cp->add_sequence(3, {}).ok());
+  ReserveResult rr;
+  EXPECT_EQ(cp->reserve_batch({2, 3}, 8, &rr).code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(cp->contains(3));
+  PAGEDKV_EXPECT_INV(*cp);
+}
+
+TEST(SharedGroups, RollbackIntoAReleasedWindowNamesTheGroup) {
+  auto cp = make_cp(shared_config(4, 64, {8}, 16));
+  ASSERT_TRUE(cp->add_sequence(1, {}).ok());
+  ASSERT_TRUE(cp->reserve(1, 22).ok());
+  ASSERT_TRUE(cp->commit(1, iota_tokens(22, 1)).ok());  // the window group holds blocks 3-5
+  const auto held = [&cp] { return cp->group_pages(0).used - cp->group_pages(0).cached; };
+  EXPECT_EQ(held(), 3);
+  EXPECT_EQ(cp->group_pages(0).cached, 3);  // blocks 0-2 left the window, indexed: cached
+  for (int64_t to : {10, 19}) {
+    const Status st = cp->rollback(1, to);
+    ASSERT_EQ(st.code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(st.message().find("in group 0 (they fell out of its sliding window); the shortest "
+                                "length it can roll back to is 20"),
+              std::string::npos)
+        << st.to_string();
+    EXPECT_EQ(cp->length(1).value(), 22);
+  }
+  PAGEDKV_ASSERT_OK(cp->rollback(1, 20));  // its window starts at block 3, still held
+  EXPECT_EQ(held(), 2);                    // block 5 (two tokens, not indexed) was freed
+  EXPECT_EQ(cp->group_pages(0).cached, 3);
+  PAGEDKV_ASSERT_OK(cp->rollback(1, 0));
+  EXPECT_EQ(held(), 0);
+  EXPECT_EQ(cp->group_pages(0).cached, 5);
+  PAGEDKV_EXPECT_INV(*cp);
+}
+
+// A cached block whose window page was evicted, and a sequence that computes the same block
+// again: registering it finds the indexed block, which takes over the new block's window page
+// (the same tokens after the same prefix: the same keys and values), so the sequence and the
+// index share one block again. When another sequence holds the new block too (forked before the
+// block filled), its page cannot move: the block stays the sequence's own, unindexed.
+std::unique_ptr<ControlPlane> cached_block_without_window_page() {
+  // Block size 4, window 4 (a sequence holds at most 2 window pages), 4 window pages.
+  auto cp = make_cp(shared_config(4, 32, {4}, 4));
+  const std::vector<TokenId> t = iota_tokens(8, 50);
+  EXPECT_TRUE(cp->add_sequence(1, {}).ok());
+  EXPECT_TRUE(cp->reserve(1, 8).ok());
+  EXPECT_TRUE(cp->commit(1, t).ok());
+  EXPECT_TRUE(cp->finish(1).ok());  // blocks 0 and 1 cached, with their window pages
+  EXPECT_EQ(cp->group_pages(0).cached, 2);
+  EXPECT_TRUE(cp->add_sequence(2, {}).ok());
+  EXPECT_TRUE(cp->reserve(2, 16).ok());  // four window pages: both cached ones evicted
+  EXPECT_EQ(cp->group_pages(0).evicted, 2);
+  EXPECT_TRUE(cp->finish(2).ok());  // nothing committed: its pages are freed
+  EXPECT_EQ(cp->group_pages(0).used, 0);
+  EXPECT_EQ(cp->cached_prefix(iota_tokens(9, 50), 0).value(), 0);  // no window page: no hit
+  return cp;
+}
+
+TEST(SharedGroups, ARegisteredBlockTakesOverTheWindowPageOfTheSameTokens) {
+  auto cp = cached_block_without_window_page();
+  const std::vector<TokenId> t = iota_tokens(8, 50);
+  ASSERT_TRUE(cp->add_sequence(3, {}).ok());
+  ASSERT_TRUE(cp->reserve(3, 4).ok());
+  ASSERT_TRUE(cp->build_batch({3}).ok());
+  const int32_t page = cp->group_batch(0).block_tables[0];
+  const int32_t own_block = cp->group_batch(1).block_tables[0];
+  PAGEDKV_ASSERT_OK(cp->commit(3, t.data(), 4));
+  ASSERT_TRUE(cp->build_batch({3}).ok());
+  EXPECT_EQ(cp->group_batch(0).block_tables[0], page);       // the same window page
+  EXPECT_NE(cp->group_batch(1).block_tables[0], own_block);  // the indexed full block
+  EXPECT_EQ(cp->stats().device.used_blocks, 1);              // its own one was freed
+  PAGEDKV_EXPECT_INV(*cp);
+  PAGEDKV_ASSERT_OK(cp->finish(3));
+  EXPECT_EQ(cp->cached_prefix(iota_tokens(5, 50), 0).value(), 4);  // a hit again
+  PAGEDKV_EXPECT_INV(*cp);
+}
+
+TEST(SharedGroups, AWindowPageTwoSequencesHoldIsNotTakenOver) {
+  auto cp = cached_block_without_window_page();
+  const std::vector<TokenId> t = iota_tokens(8, 50);
+  ASSERT_TRUE(cp->add_sequence(3, {}).ok());
+  ASSERT_TRUE(cp->reserve(3, 4).ok());
+  PAGEDKV_ASSERT_OK(cp->commit(3, t.data(), 2));
+  PAGEDKV_ASSERT_OK(cp->fork(3, 4));  // holds block 0 too, with two tokens
+  ASSERT_TRUE(cp->build_batch({3, 4}).ok());
+  const int32_t own_block = cp->group_batch(1).block_tables[0];
+  PAGEDKV_ASSERT_OK(cp->commit(3, t.data() + 2, 2));
+  ASSERT_TRUE(cp->build_batch({3, 4}).ok());
+  const BatchMetadata& full = cp->group_batch(1);
+  EXPECT_EQ(full.block_tables[0], own_block);  // not swapped for the indexed one
+  EXPECT_EQ(full.block_tables[static_cast<size_t>(full.max_blocks)], own_block);
+  EXPECT_EQ(cp->group_pages(0).used, 1);
+  PAGEDKV_EXPECT_INV(*cp);
+}
+
+// A shared plane whose window group never trims (a window longer than any sequence, a pool as
+// large as the full group's) decides exactly as a one-group plane: the same hits, slots,
+// copies, drops and full-group tables under the same random calls, and the window group's
+// tables hold a page wherever the full group's hold a block.
+TEST(SharedGroups, AWindowThatNeverTrimsLeavesTheFullGroupAsOneGroup) {
+  const int32_t bs = 4;
+  for (uint32_t seed = 31; seed <= 34; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    auto one = make_cp(tiny_config(bs, 48));
+    auto shared = make_cp(shared_config(bs, 48, {1 << 14}, 48));
+    std::mt19937 rng(seed);
+    auto pick = [&rng](int64_t n) {
+      return static_cast<int64_t>(rng() % static_cast<uint64_t>(n));
+    };
+    std::vector<TokenId> stream;
+    for (int i = 0; i < 200; ++i) stream.push_back(static_cast<TokenId>(pick(3) + 1));
+    std::vector<SequenceId> live;
+    SequenceId next_id = 1;
+    for (int op = 0; op < 1500; ++op) {
+      const int64_t kind = live.empty() ? 0 : pick(8);
+      if (kind <= 1) {
+        std::vector<TokenId> prompt(stream.begin(), stream.begin() + 1 + pick(40));
+        const SequenceId id = next_id++;
+        const auto a = one->add_sequence(id, prompt);
+        const auto b = shared->add_sequence(id, prompt);
+        ASSERT_TRUE(a.ok() && b.ok());
+        ASSERT_EQ(a.value(), b.value());
+        live.push_back(id);
+        // Its prompt is prefilled, so that later prompts hit it.
+        const int64_t rest = static_cast<int64_t>(prompt.size()) - a.value();
+        const auto ra = one->reserve(id, rest);
+        const auto rb = shared->reserve(id, rest);
+        ASSERT_EQ(ra.status().code(), rb.status().code());
+        if (ra.ok()) {
+          ASSERT_EQ(ra.value().slots, rb.value().slots);
+          ASSERT_EQ(ra.value().transfers.evicted, rb.value().transfers.evicted);
+          for (SequenceId v : ra.value().transfers.evicted) {
+            live.erase(std::find(live.begin(), live.end(), v));
+          }
+          PAGEDKV_ASSERT_OK(one->commit(id, prompt.data() + a.value(), rest));
+          PAGEDKV_ASSERT_OK(shared->commit(id, prompt.data() + a.value(), rest));
+        }
+      } else if (kind <= 4) {
+        std::vector<SequenceId> ids;
+        for (SequenceId id : live) {
+          if (pick(2) == 0) ids.push_back(id);
+        }
+        if (ids.empty()) ids.push_back(live[0]);
+        const int64_t n = 1 + pick(6);
+        ReserveResult ra, rb;
+        const Status sa = one->reserve_batch(ids, n, &ra);
+        const Status sb = shared->reserve_batch(ids, n, &rb);
+        ASSERT_EQ(sa.code(), sb.code()) << sa.to_string() << " / " << sb.to_string();
+        if (!sa.ok()) continue;
+        ASSERT_EQ(ra.slots, rb.slots);
+        ASSERT_EQ(ra.transfers.evicted, rb.transfers.evicted);
+        std::vector<BlockCopy> full_copies;
+        for (BlockCopy c : rb.transfers.copies) {
+          if (c.group == shared->full_group())
+            full_copies.push_back(BlockCopy{c.src_block, c.dst_block});
+        }
+        ASSERT_EQ(ra.transfers.copies, full_copies);
+        ASSERT_EQ(rb.transfers.copies.size(), 2 * full_copies.size());
+        for (SequenceId id : ra.transfers.evicted)
+          live.erase(std::find(live.begin(), live.end(), id));
+        std::vector<TokenId> t(ids.size() * static_cast<size_t>(n));
+        for (auto& x : t) x = static_cast<TokenId>(pick(3) + 1);
+        PAGEDKV_ASSERT_OK(one->commit_batch(ids, t.data(), n));
+        PAGEDKV_ASSERT_OK(shared->commit_batch(ids, t.data(), n));
+      } else if (kind == 5) {
+        const SequenceId id = live[static_cast<size_t>(pick(static_cast<int64_t>(live.size())))];
+        const int64_t to = pick(one->length(id).value() + 1);
+        ASSERT_EQ(one->rollback(id, to).code(), shared->rollback(id, to).code());
+      } else if (kind == 6) {
+        const SequenceId id = live[static_cast<size_t>(pick(static_cast<int64_t>(live.size())))];
+        PAGEDKV_ASSERT_OK(one->fork(id, next_id));
+        PAGEDKV_ASSERT_OK(shared->fork(id, next_id));
+        live.push_back(next_id++);
+      } else {
+        const size_t i = static_cast<size_t>(pick(static_cast<int64_t>(live.size())));
+        PAGEDKV_ASSERT_OK(one->finish(live[i]));
+        PAGEDKV_ASSERT_OK(shared->finish(live[i]));
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+      PAGEDKV_EXPECT_INV(*one);
+      PAGEDKV_EXPECT_INV(*shared);
+      if (live.empty()) continue;
+      ASSERT_TRUE(one->build_batch(live).ok());
+      ASSERT_TRUE(shared->build_batch(live).ok());
+      const BatchMetadata& a = *one->build_batch(live).value();
+      const BatchMetadata& full = shared->group_batch(shared->full_group());
+      const BatchMetadata& window = shared->group_batch(0);
+      ASSERT_EQ(a.slot_mapping, full.slot_mapping);
+      ASSERT_EQ(a.seq_lens, window.seq_lens);
+      for (size_t r = 0; r < live.size(); ++r) {
+        for (int32_t i = 0; i < a.max_blocks; ++i) {
+          const int32_t x = a.block_tables[r * static_cast<size_t>(a.max_blocks) + i];
+          ASSERT_EQ(x, full.block_tables[r * static_cast<size_t>(full.max_blocks) + i]);
+          ASSERT_EQ(x >= 0,
+                    window.block_tables[r * static_cast<size_t>(window.max_blocks) + i] >= 0);
+        }
+      }
+    }
+    EXPECT_GT(one->stats().prefix_hit_blocks, 0);
+    EXPECT_GT(one->stats().copy_on_write, 0);
+  }
+}
+
+// ---------------------------------------------------------------- the random model
+
+uint64_t mix(uint64_t h, TokenId t) {
+  h ^= static_cast<uint64_t>(t) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  return h * 0xff51afd7ed558ccdULL;
+}
+
+struct Model {
+  int32_t bs;
+  std::vector<int64_t> windows;            // per config group; 0: full
+  std::vector<std::vector<uint64_t>> mem;  // per config group, per slot
+  std::map<SequenceId, std::vector<TokenId>> tokens;
+
+  // Stamps of every prefix of `t`: stamp[p] is what position p's slot holds.
+  static std::vector<uint64_t> stamps(const std::vector<TokenId>& t) {
+    std::vector<uint64_t> s(t.size());
+    uint64_t h = 1;
+    for (size_t p = 0; p < t.size(); ++p) s[p] = h = mix(h, t[p]);
+    return s;
+  }
+
+  void apply_copies(const Transfers& t) {
+    for (const BlockCopy& c : t.copies) {
+      auto& m = mem[static_cast<size_t>(c.group)];
+      for (int32_t o = 0; o < bs; ++o) {
+        m[static_cast<size_t>(c.dst_block) * bs + o] = m[static_cast<size_t>(c.src_block) * bs + o];
+      }
+    }
+  }
+};
+
+// Every sequence reads its stamps through every group's table, over what that group attends
+// to; a decoding sequence (nothing reserved) holds at most ceil(W / bs) + 1 window pages.
+void verify(ControlPlane& cp, const Model& m) {
+  PAGEDKV_EXPECT_INV(cp);
+  std::vector<SequenceId> ids;
+  for (const auto& kv : m.tokens) ids.push_back(kv.first);
+  auto md = cp.build_batch(ids);
+  ASSERT_TRUE(md.ok()) << md.status().to_string();
+  for (int32_t g = 0; g < cp.num_groups(); ++g) {
+    const BatchMetadata& b = cp.group_batch(g);
+    ASSERT_EQ(b.batch_size, static_cast<int32_t>(ids.size()));
+    const int64_t w = m.windows[static_cast<size_t>(g)];
+    for (size_t r = 0; r < ids.size(); ++r) {
+      const std::vector<TokenId>& t = m.tokens.at(ids[r]);
+      const std::vector<uint64_t> st = Model::stamps(t);
+      const int64_t len = static_cast<int64_t>(t.size());
+      const int32_t* row = &b.block_tables[r * static_cast<size_t>(b.max_blocks)];
+      const int64_t from = w == 0 ? 0 : std::max<int64_t>(0, len - w);
+      for (int64_t p = from; p < len; ++p) {
+        const int32_t page = row[p / m.bs];
+        ASSERT_GE(page, 0) << "group " << g << " sequence " << ids[r] << " position " << p;
+        ASSERT_EQ(m.mem[static_cast<size_t>(g)][static_cast<size_t>(page) * m.bs + p % m.bs],
+                  st[static_cast<size_t>(p)])
+            << "group " << g << " sequence " << ids[r] << " position " << p << " of " << len;
+      }
+      if (w > 0 && cp.pending(ids[r]).value() == 0) {
+        int64_t held = 0;
+        for (int32_t i = 0; i < b.max_blocks; ++i) held += row[i] >= 0 ? 1 : 0;
+        ASSERT_LE(held, (w + m.bs - 1) / m.bs + 1) << "group " << g << " sequence " << ids[r];
+      }
+    }
+  }
+}
+
+// Writes stamps for `n` reserved positions of each of `ids` (slots from the groups' batch
+// metadata), then commits the first `k` of `next` each.
+void write_and_commit(ControlPlane& cp, Model& m, const std::vector<SequenceId>& ids, int64_t n,
+                      int64_t k, const std::vector<std::vector<TokenId>>& next) {
+  auto md = cp.build_batch(ids);
+  ASSERT_TRUE(md.ok()) << md.status().to_string();
+  for (int32_t g = 0; g < cp.num_groups(); ++g) {
+    const BatchMetadata& b = cp.group_batch(g);
+    ASSERT_EQ(b.slot_mapping.size(), ids.size() * static_cast<size_t>(n));
+    for (size_t r = 0; r < ids.size(); ++r) {
+      std::vector<TokenId> t = m.tokens.at(ids[r]);
+      t.insert(t.end(), next[r].begin(), next[r].end());
+      const std::vector<uint64_t> st = Model::stamps(t);
+      const size_t len = m.tokens.at(ids[r]).size();
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t slot = b.slot_mapping[r * static_cast<size_t>(n) + static_cast<size_t>(j)];
+        ASSERT_GE(slot, 0);
+        m.mem[static_cast<size_t>(g)][static_cast<size_t>(slot)] = st[len + static_cast<size_t>(j)];
+      }
+    }
+  }
+  for (size_t r = 0; r < ids.size(); ++r) {
+    PAGEDKV_ASSERT_OK(cp.commit(ids[r], next[r].data(), k));
+    auto& t = m.tokens[ids[r]];
+    t.insert(t.end(), next[r].begin(), next[r].begin() + k);
+  }
+}
+
+void forget_evicted(Model& m, const Transfers& t) {
+  for (SequenceId id : t.evicted) m.tokens.erase(id);
+}
+
+void run_random(uint32_t seed, int32_t bs, const std::vector<int32_t>& windows, int64_t full_blocks,
+                int64_t window_pages, int ops) {
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  CacheConfig c = shared_config(bs, full_blocks, windows, window_pages);
+  c.max_sequence_length = 1 << 16;
+  auto cp = make_cp(c);
+  Model m;
+  m.bs = bs;
+  for (int32_t w : windows) m.windows.push_back(w);
+  m.windows.push_back(0);
+  for (size_t g = 0; g < m.windows.size(); ++g) {
+    const int64_t pages = m.windows[g] == 0 ? full_blocks : window_pages;
+    m.mem.emplace_back(static_cast<size_t>(pages * bs), 0);
+  }
+  ASSERT_EQ(cp->full_group(), static_cast<int32_t>(windows.size()));
+  std::mt19937 rng(seed);
+  auto pick = [&rng](int64_t n) { return static_cast<int64_t>(rng() % static_cast<uint64_t>(n)); };
+  std::vector<std::vector<TokenId>> streams(3);
+  for (auto& s : streams) {
+    for (int i = 0; i < 400; ++i) s.push_back(static_cast<TokenId>(pick(3) + 1));
+  }
+  auto random_tokens = [&](int64_t n) {
+    std::vector<TokenId> t(static_cast<size_t>(n));
+    for (auto& x : t) x = static_cast<TokenId>(pick(3) + 1);
+    return t;
+  };
+  auto random_live = [&]() {
+    auto it = m.tokens.begin();
+    std::advance(it, pick(static_cast<int64_t>(m.tokens.size())));
+    return it->first;
+  };
+  SequenceId next_id = 1;
+  int hits = 0, cows = 0;
+  for (int op = 0; op < ops; ++op) {
+    const int64_t kind = m.tokens.empty() ? 0 : pick(10);
+    if (kind <= 1) {  // a new sequence: a prefix of a stream, its uncached part prefilled
+      const auto& s = streams[static_cast<size_t>(pick(3))];
+      std::vector<TokenId> prompt(s.begin(), s.begin() + 1 + pick(3 * bs * 4));
+      if (pick(4) == 0) prompt.back() = static_cast<TokenId>(pick(3) + 1);
+      const SequenceId id = next_id++;
+      auto added = cp->add_sequence(id, prompt);
+      ASSERT_TRUE(added.ok()) << added.status().to_string();
+      const int64_t cached = added.value();
+      hits += cached > 0;
+      m.tokens[id] = std::vector<TokenId>(prompt.begin(), prompt.begin() + cached);
+      verify(*cp, m);  // the hit reads right before anything is written
+      const int64_t rest = static_cast<int64_t>(prompt.size()) - cached;
+      auto rr = cp->reserve(id, rest);
+      if (!rr.ok()) {
+        ASSERT_EQ(rr.status().code(), StatusCode::kResourceExhausted) << rr.status().to_string();
+        PAGEDKV_ASSERT_OK(cp->finish(id));
+        m.tokens.erase(id);
+      } else {
+        cows += !rr.value().transfers.copies.empty();
+        m.apply_copies(rr.value().transfers);
+        forget_evicted(m, rr.value().transfers);
+        write_and_commit(*cp, m, {id}, rest, rest,
+                         {std::vector<TokenId>(prompt.begin() + cached, prompt.end())});
+      }
+    } else if (kind <= 5) {  // a decode step (or chunk) over some sequences
+      std::vector<SequenceId> ids;
+      for (const auto& kv : m.tokens) {
+        if (pick(3) != 0) ids.push_back(kv.first);
+      }
+      if (ids.empty()) ids.push_back(random_live());
+      const int64_t n = pick(4) == 0 ? 1 + pick(2 * bs) : 1;
+      ReserveResult rr;
+      const Status st = cp->reserve_batch(ids, n, &rr);
+      if (!st.ok()) {
+        ASSERT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
+        verify(*cp, m);
+        continue;
+      }
+      cows += !rr.transfers.copies.empty();
+      m.apply_copies(rr.transfers);
+      for (SequenceId id : rr.transfers.evicted) {
+        ASSERT_EQ(std::find(ids.begin(), ids.end(), id), ids.end()) << "a member was dropped";
+      }
+      forget_evicted(m, rr.transfers);
+      std::vector<std::vector<TokenId>> next;
+      for (size_t r = 0; r < ids.size(); ++r) next.push_back(random_tokens(n));
+      write_and_commit(*cp, m, ids, n, pick(3) == 0 ? pick(n + 1) : n, next);
+    } else if (kind == 6) {  // rollback (refused when a window no longer holds the tokens)
+      const SequenceId id = random_live();
+      const int64_t len = static_cast<int64_t>(m.tokens[id].size());
+      const int64_t to = pick(len + 1);
+      const Status st = cp->rollback(id, to);
+      if (st.ok()) {
+        m.tokens[id].resize(static_cast<size_t>(to));
+      } else {
+        ASSERT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.to_string();
+      }
+    } else if (kind == 7) {
+      const SequenceId parent = random_live();
+      const SequenceId child = next_id++;
+      PAGEDKV_ASSERT_OK(cp->fork(parent, child));
+      m.tokens[child] = m.tokens[parent];
+    } else if (kind == 8) {
+      const SequenceId id = random_live();
+      PAGEDKV_ASSERT_OK(cp->finish(id));
+      m.tokens.erase(id);
+    } else {
+      const SequenceId id = random_live();
+      PAGEDKV_ASSERT_OK(cp->erase(id));
+      m.tokens.erase(id);
+    }
+    verify(*cp, m);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  // The run reached what it is for: prefix hits, copies-on-write, window pages evicted.
+  const ControlStats st = cp->stats();
+  int64_t page_evictions = 0;
+  for (size_t w = 0; w < windows.size(); ++w) {
+    page_evictions += cp->group_pages(static_cast<int32_t>(w)).evicted;
+  }
+  std::printf(
+      "seed %u: %d hits, %d copies, %lld evicted, %lld pages evicted, %lld dropped, "
+      "%lld released\n",
+      seed, hits, cows, static_cast<long long>(st.blocks_evicted),
+      static_cast<long long>(page_evictions), static_cast<long long>(st.sequences_evicted),
+      static_cast<long long>(st.window_released_blocks));
+  EXPECT_GT(hits, 5);
+  EXPECT_GT(cows, 0);
+  EXPECT_GT(st.sequences_evicted, 0);
+  if (window_pages < full_blocks) EXPECT_GT(page_evictions, 0);
+}
+
+TEST(SharedGroups, RandomOneWindowGroupAgainstAModelOfEveryGroupsMemory) {
+  for (uint32_t seed = 1; seed <= 6; ++seed) {
+    run_random(seed, 4, {8}, 64, 40, 1500);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+TEST(SharedGroups, RandomTwoWindowGroupsAgainstAModelOfEveryGroupsMemory) {
+  for (uint32_t seed = 11; seed <= 14; ++seed) {
+    run_random(seed, 4, {4, 12}, 64, 48, 1500);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+TEST(SharedGroups, RandomAmpleWindowPoolsKeepCachedPages) {
+  for (uint32_t seed = 21; seed <= 23; ++seed) {
+    run_random(seed, 3, {6}, 120, 120, 1500);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+}  // namespace
+}  // namespace core
+}  // namespace pagedkv
