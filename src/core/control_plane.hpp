@@ -89,8 +89,8 @@ struct Arrival {
 /// pool for the blocks a holder still attends to (GroupPages). A decode step reads each
 /// sequence's record, table entry and block record once for all groups. Not built yet for such
 /// a plane: a host tier (every group's num_host_blocks must be 0, so nothing is offloaded,
-/// restored or arrives from a store) and the plan_* forms (kFailedPrecondition). The plain
-/// calls, their checks and their errors are the one-group plane's.
+/// restored or arrives from a store). The calls, their checks and their errors are the
+/// one-group plane's; a plan's undo restores the window groups' pages too.
 class ControlPlane {
  public:
   /// Validates `config` (which must be paged mode) and `options` (kInvalidArgument) and builds
@@ -300,8 +300,6 @@ class ControlPlane {
   // The plain form of offload, restore and prefetch: `run(&out)`, then the journal is closed.
   template <typename Run>
   StatusOr<Transfers> keep_at_once(const char* what, Run run);
-  // kFailedPrecondition for the plan form of `what` on a plane with window groups.
-  Status check_plan_form(const char* what) const;
   // Empties plan_result_ (keeping its storage) for a new plan.
   void reset_plan_result();
   // Opens a plan over plan_result_ when `st` is ok; else closes the journal and returns `st`.
@@ -394,7 +392,8 @@ class ControlPlane {
   // shared_groups.cpp: the window groups' holders. The sequence holds (or stops holding) `b` at
   // table index `i`; each window group whose window covers `i` counts it.
   void hold_group_pages(const Sequence& s, size_t i, LogicalId b);
-  void drop_group_pages(const Sequence& s, size_t i, LogicalId b);
+  // `undoable`: a drop the plan's undo takes back (journaled with the page it had).
+  void drop_group_pages(const Sequence& s, size_t i, LogicalId b, bool undoable = false);
   // A registration that finds the block `theirs` already indexed for `ours`, at index `i` of
   // `s`: whether every window group whose window covers `i` can serve it (theirs has a page, or
   // only `s` holds ours', which theirs then takes over), and the swap of the holders there.
@@ -406,6 +405,8 @@ class ControlPlane {
   void trim_group_windows(Sequence* s);
   // A new block's pages in every window group, and the copies a copy-on-write needs there.
   void take_group_pages(LogicalId id);
+  // A plan's undo of the journaled takes and drops (undo_log.cpp calls it).
+  void undo_group_ops();
   void copy_group_pages(LogicalId src, LogicalId dst, Transfers* out) const;
   Status check_group_windows_rollback(const Sequence& s, int64_t length) const;
   void set_group_first_live(Sequence* s, int64_t length);

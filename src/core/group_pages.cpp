@@ -69,6 +69,30 @@ void GroupPages::adopt(LogicalId from, LogicalId to) {
   f.holders = 0;
 }
 
+void GroupPages::untake(LogicalId b) {
+  Record& r = rec_[static_cast<size_t>(b)];
+  assert(r.page >= 0 && r.holders == 1);
+  r.holders = 0;
+  free_.push_back(r.page);
+  r.page = -1;
+}
+
+void GroupPages::undrop(LogicalId b, int32_t page) {
+  Record& r = rec_[static_cast<size_t>(b)];
+  if (r.page >= 0) {
+    assert(r.page == page);
+    hold(b);
+    return;
+  }
+  // The drop freed it: take that page back from the free stack (O(free pages), as
+  // BlockAllocator::reacquire).
+  auto it = std::find(free_.begin(), free_.end(), page);
+  assert(it != free_.end());
+  free_.erase(it);
+  r.page = page;
+  r.holders = 1;
+}
+
 void GroupPages::release(LogicalId b) {
   Record& r = rec_[static_cast<size_t>(b)];
   if (r.page < 0) return;

@@ -66,6 +66,10 @@ class GroupPages {
   /// Hands the page of `from`, held by one holder, to `to`, which has none, with that holder:
   /// two blocks of the same tokens after the same prefix hold the same keys and values.
   void adopt(LogicalId from, LogicalId to);
+  /// Undoes take(b): its page is free again (the page it evicted, if any, stays evicted).
+  void untake(LogicalId b);
+  /// Undoes drop(b): the hold comes back, on `page`, which must be b's or free.
+  void undrop(LogicalId b, int32_t page);
   /// The logical block `b` is gone: its page, if any, is freed (it has no holder).
   void release(LogicalId b);
 

@@ -37,6 +37,14 @@ struct Journal {
     uint16_t tail_size = 0;
     bool offloaded = false;
   };
+  // A window group's page taken for a new block, or a hold on one dropped (with the page it
+  // had), by the call's own reservation (a plane of several groups, shared_groups.cpp).
+  struct GroupOp {
+    bool take = false;
+    int32_t group = 0;  // index among the plane's window groups
+    LogicalId block = kNoBlock;
+    int32_t page = -1;
+  };
   struct Released {
     LogicalId block = kNoBlock;
     Tier tier = Tier::kDevice;
@@ -49,8 +57,9 @@ struct Journal {
   std::vector<SavedSequence> sequences;
   std::vector<LogicalId> tails;
   std::vector<Released> released;  // references dropped at the end of the call
-  ControlStats counters;           // the counters before the call
-  uint64_t first_event = 0;        // sequence number of the call's first event
+  std::vector<GroupOp> group_ops;
+  ControlStats counters;     // the counters before the call
+  uint64_t first_event = 0;  // sequence number of the call's first event
 
   /// Starts recording a call; `counters` and `first_event` are the state it starts from.
   void begin(const ControlStats& before, uint64_t first_event_seq) {
@@ -59,6 +68,7 @@ struct Journal {
     sequences.clear();
     tails.clear();
     released.clear();
+    group_ops.clear();
     counters = before;
     first_event = first_event_seq;
   }

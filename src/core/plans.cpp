@@ -75,13 +75,6 @@ void ControlPlane::reset_plan_result() {
   plan_result_.slots.clear();
 }
 
-Status ControlPlane::check_plan_form(const char* what) const {
-  if (groups_.empty()) return ok_status();
-  return failed_precondition(std::string("plan_") + what +
-                             ": not built yet for a plane with several KV groups; use the plain "
-                             "call (a plan's undo does not restore the window groups' pages)");
-}
-
 StatusOr<TierPlan> ControlPlane::open_plan(const Status& st) {
   if (!st.ok()) {
     close_journal();  // nothing changed: the call failed before applying anything
@@ -92,7 +85,6 @@ StatusOr<TierPlan> ControlPlane::open_plan(const Status& st) {
 
 StatusOr<TierPlan> ControlPlane::plan_reserve(SequenceId id, int64_t n) {
   PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("reserve"));
-  PAGEDKV_RETURN_IF_ERROR(check_plan_form("reserve"));
   reset_plan_result();
   return open_plan(run_reserve(id, n, &plan_result_));
 }
@@ -100,28 +92,24 @@ StatusOr<TierPlan> ControlPlane::plan_reserve(SequenceId id, int64_t n) {
 StatusOr<TierPlan> ControlPlane::plan_reserve_batch(const std::vector<SequenceId>& ids,
                                                     int64_t n_each) {
   PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("reserve_batch"));
-  PAGEDKV_RETURN_IF_ERROR(check_plan_form("reserve_batch"));
   reset_plan_result();
   return open_plan(run_reserve_batch(ids, n_each, &plan_result_));
 }
 
 StatusOr<TierPlan> ControlPlane::plan_offload(SequenceId id) {
   PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("offload"));
-  PAGEDKV_RETURN_IF_ERROR(check_plan_form("offload"));
   reset_plan_result();
   return open_plan(run_offload(id, &plan_result_.transfers));
 }
 
 StatusOr<TierPlan> ControlPlane::plan_restore(SequenceId id) {
   PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("restore"));
-  PAGEDKV_RETURN_IF_ERROR(check_plan_form("restore"));
   reset_plan_result();
   return open_plan(run_restore(id, &plan_result_.transfers));
 }
 
 StatusOr<TierPlan> ControlPlane::plan_prefetch(const std::vector<SequenceId>& ids) {
   PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("prefetch"));
-  PAGEDKV_RETURN_IF_ERROR(check_plan_form("prefetch"));
   reset_plan_result();
   return open_plan(run_prefetch(ids, &plan_result_.transfers));
 }

@@ -56,7 +56,7 @@ void ControlPlane::apply_reserve(Sequence* s, int64_t n, const ReserveNeed& need
     s->mark_changed(s->blocks.size());
     BlockInfo& info = blocks_[tail];
     if (info.ref == 1 && info.node < 0) {
-      if (!groups_.empty()) drop_group_pages(*s, s->blocks.size(), tail);
+      if (!groups_.empty()) drop_group_pages(*s, s->blocks.size(), tail, /*undoable=*/true);
       info.ref = 0;
       journal_.release(tail, blocks_[tail]);
       release_logical(tail);

@@ -23,10 +23,15 @@ void ControlPlane::hold_group_pages(const Sequence& s, size_t i, LogicalId b) {
   }
 }
 
-void ControlPlane::drop_group_pages(const Sequence& s, size_t i, LogicalId b) {
+void ControlPlane::drop_group_pages(const Sequence& s, size_t i, LogicalId b, bool undoable) {
   const bool registered = blocks_[b].node >= 0;
   for (size_t w = 0; w < groups_.size(); ++w) {
-    if (i >= s.group_first_live[w]) groups_[w].drop(b, registered);
+    if (i < s.group_first_live[w]) continue;
+    if (undoable) {
+      journal_.group_ops.push_back(
+          Journal::GroupOp{false, static_cast<int32_t>(w), b, groups_[w].page(b)});
+    }
+    groups_[w].drop(b, registered);
   }
 }
 
@@ -86,7 +91,24 @@ void ControlPlane::trim_group_windows(Sequence* s) {
 }
 
 void ControlPlane::take_group_pages(LogicalId id) {
-  for (GroupPages& g : groups_) g.take(id);
+  for (size_t w = 0; w < groups_.size(); ++w) {
+    groups_[w].take(id);
+    journal_.group_ops.push_back(
+        Journal::GroupOp{true, static_cast<int32_t>(w), id, groups_[w].page(id)});
+  }
+}
+
+void ControlPlane::undo_group_ops() {
+  // Newest first: a page a drop freed was only ever taken again by a later take of the call,
+  // which is undone first. Pages taken by evicting cached ones stay taken from them.
+  for (auto it = journal_.group_ops.rbegin(); it != journal_.group_ops.rend(); ++it) {
+    GroupPages& g = groups_[static_cast<size_t>(it->group)];
+    if (it->take) {
+      g.untake(it->block);
+    } else {
+      g.undrop(it->block, it->page);
+    }
+  }
 }
 
 void ControlPlane::copy_group_pages(LogicalId src, LogicalId dst, Transfers* out) const {

@@ -85,19 +85,6 @@ TEST(SharedGroups, ConfigErrors) {
   EXPECT_NE(r.status().message().find("group_config(0)"), std::string::npos);
 }
 
-TEST(SharedGroups, PlansAreRefusedAndChangeNothing) {
-  auto cp = make_cp(shared_config(4, 32, {8}, 16));
-  ASSERT_TRUE(cp->add_sequence(1, iota_tokens(6, 1)).ok());
-  const auto r = cp->plan_reserve(1, 6);
-  ASSERT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(r.status().message().find("several KV groups"), std::string::npos);
-  EXPECT_EQ(cp->plan_reserve_batch({1}, 1).status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_FALSE(cp->plan_open());
-  EXPECT_EQ(cp->pending(1).value(), 0);
-  EXPECT_EQ(cp->group_pages(0).used, 0);
-  PAGEDKV_EXPECT_INV(*cp);
-}
-
 TEST(SharedGroups, WindowGroupOutOfPagesIsAnErrorThatChangesNothing) {
   // Two pages in the window group: a third block cannot be had there, although the full group
   // has room. Nothing changes, and the error names the group.
@@ -425,6 +412,28 @@ void write_and_commit(ControlPlane& cp, Model& m, const std::vector<SequenceId>&
   }
 }
 
+// Every group's rows (block tables, lengths) and each sequence's reservation: what a plan's
+// undo must leave as it found it.
+using Rows = std::vector<std::vector<int32_t>>;
+Rows rows_of(ControlPlane& cp, const Model& m) {
+  std::vector<SequenceId> ids;
+  Rows out;
+  for (const auto& kv : m.tokens) {
+    ids.push_back(kv.first);
+    out.push_back({static_cast<int32_t>(cp.pending(kv.first).value())});
+  }
+  EXPECT_TRUE(cp.build_batch(ids).ok());
+  for (int32_t g = 0; g < cp.num_groups(); ++g) {
+    const BatchMetadata& b = cp.group_batch(g);
+    for (size_t r = 0; r < ids.size(); ++r) {
+      const int32_t* row = &b.block_tables[r * static_cast<size_t>(b.max_blocks)];
+      out[r].insert(out[r].end(), row, row + b.max_blocks);
+      out[r].push_back(b.seq_lens[r]);
+    }
+  }
+  return out;
+}
+
 void forget_evicted(Model& m, const Transfers& t) {
   for (SequenceId id : t.evicted) m.tokens.erase(id);
 }
@@ -461,7 +470,7 @@ void run_random(uint32_t seed, int32_t bs, const std::vector<int32_t>& windows, 
     return it->first;
   };
   SequenceId next_id = 1;
-  int hits = 0, cows = 0;
+  int hits = 0, cows = 0, undone = 0;
   for (int op = 0; op < ops; ++op) {
     const int64_t kind = m.tokens.empty() ? 0 : pick(10);
     if (kind <= 1) {  // a new sequence: a prefix of a stream, its uncached part prefilled
@@ -496,7 +505,31 @@ void run_random(uint32_t seed, int32_t bs, const std::vector<int32_t>& windows, 
       if (ids.empty()) ids.push_back(random_live());
       const int64_t n = pick(4) == 0 ? 1 + pick(2 * bs) : 1;
       ReserveResult rr;
-      const Status st = cp->reserve_batch(ids, n, &rr);
+      Status st;
+      if (pick(3) == 0) {
+        // The runtime's form: a plan, undone (as when the data plane fails) or kept.
+        const Rows before = rows_of(*cp, m);
+        auto plan = cp->plan_reserve_batch(ids, n);
+        st = plan.status();
+        if (plan.ok() && pick(2) == 0) {
+          forget_evicted(m, plan.value().transfers());  // drops stay when a plan is undone
+          const bool dropped = !plan.value().transfers().evicted.empty();
+          (void)plan.value().undo(0);
+          ++undone;
+          verify(*cp, m);
+          if (!dropped) {
+            ASSERT_EQ(rows_of(*cp, m), before) << "the undo left the tables changed";
+          }
+          continue;
+        }
+        if (plan.ok()) {
+          rr.transfers = plan.value().transfers();
+          rr.slots = plan.value().slots();
+          plan.value().commit();
+        }
+      } else {
+        st = cp->reserve_batch(ids, n, &rr);
+      }
       if (!st.ok()) {
         ASSERT_EQ(st.code(), StatusCode::kResourceExhausted) << st.to_string();
         verify(*cp, m);
@@ -552,6 +585,7 @@ void run_random(uint32_t seed, int32_t bs, const std::vector<int32_t>& windows, 
       static_cast<long long>(st.window_released_blocks));
   EXPECT_GT(hits, 5);
   EXPECT_GT(cows, 0);
+  EXPECT_GT(undone, 20);
   EXPECT_GT(st.sequences_evicted, 0);
   if (window_pages < full_blocks) EXPECT_GT(page_evictions, 0);
 }
