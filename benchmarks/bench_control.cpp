@@ -153,6 +153,38 @@ BENCHMARK(BM_DecodeStepPerCall)->RangeMultiplier(4)->Range(64, 4096)->Unit(bench
 constexpr int32_t kDecodeWindow = 128;
 constexpr double kGoalVsOneGroup = 1.5;
 
+// A plane with a window no longer holds the prompt's first blocks after kDecodeSteps: it starts
+// the sequence again (rollback to 0, then the prompt); planes without one roll back to it.
+void restart_with_window(ControlPlane* cp, SequenceId id, const std::vector<TokenId>& prompt) {
+  (void)cp->rollback(id, 0);
+  (void)cp->reserve(id, static_cast<int64_t>(prompt.size())).value();
+  (void)cp->commit(id, prompt);
+}
+
+// The counters and label of a two-group step against the one-group step of the same run.
+void report_vs_one_group(benchmark::State& state, int64_t seqs, bool staggered, int64_t two_ns,
+                         int64_t one_ns, int64_t two_commit_ns, int64_t one_commit_ns) {
+  const double n = static_cast<double>(state.iterations() * seqs);
+  const double ratio =
+      static_cast<double>(two_ns) / static_cast<double>(std::max<int64_t>(one_ns, 1));
+  state.counters["ns_per_seq"] = static_cast<double>(two_ns) / n;
+  state.counters["one_group_ns_per_seq"] = static_cast<double>(one_ns) / n;
+  state.counters["vs_one_group"] = ratio;
+  state.counters["with_commit_vs_one_group"] =
+      static_cast<double>(two_ns + two_commit_ns) /
+      static_cast<double>(std::max<int64_t>(one_ns + one_commit_ns, 1));
+  state.SetLabel(std::string(staggered ? "staggered" : "lockstep") +
+                 (ratio <= kGoalVsOneGroup ? "; goal <= 1.5x one group: met"
+                                           : "; goal <= 1.5x one group: NOT met"));
+}
+
+// Second argument: 0 every prompt is 100 tokens (all sequences fill a block on the same step:
+// the window group evicts 1,024 blocks in one step of 16), 1 staggered prompts (prompt_length).
+void two_group_cases(benchmark::internal::Benchmark* b) {
+  b->Args({1024, 0})->Args({4096, 0})->Args({1024, 1});
+  b->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+
 void BM_DecodeStepTwoGroups(benchmark::State& state) {
   const int64_t seqs = state.range(0);
   const bool staggered = state.range(1) != 0;
@@ -206,42 +238,20 @@ void BM_DecodeStepTwoGroups(benchmark::State& state) {
     one_commit_ns += std::max<int64_t>(t3 - t0 - overhead, 0);
     two_commit_ns += std::max<int64_t>(t4 - t3 - overhead, 0);
     if (++step == kDecodeSteps) {
-      // The window plane no longer holds the prompt's first blocks: it starts its sequences
-      // again (rollback to 0, then the prompt), the others roll back to the prompt.
       for (SequenceId id : ids) {
         const auto p = decode_prompt(id, staggered);
-        const auto len = static_cast<int64_t>(p.size());
-        (void)one->rollback(id, len);
-        (void)full->rollback(id, len);
-        (void)window->rollback(id, 0);
-        (void)window->reserve(id, len).value();
-        (void)window->commit(id, p);
+        (void)one->rollback(id, static_cast<int64_t>(p.size()));
+        (void)full->rollback(id, static_cast<int64_t>(p.size()));
+        restart_with_window(window.get(), id, p);
       }
       step = 0;
     }
   }
-  const double n = static_cast<double>(state.iterations() * seqs);
-  const double ratio =
-      static_cast<double>(two_ns) / static_cast<double>(std::max<int64_t>(one_ns, 1));
-  state.counters["ns_per_seq"] = static_cast<double>(two_ns) / n;
-  state.counters["one_group_ns_per_seq"] = static_cast<double>(one_ns) / n;
-  state.counters["window_ns_per_seq"] = static_cast<double>(window_ns) / n;
-  state.counters["vs_one_group"] = ratio;
-  state.counters["with_commit_vs_one_group"] =
-      static_cast<double>(two_ns + two_commit_ns) /
-      static_cast<double>(std::max<int64_t>(one_ns + one_commit_ns, 1));
-  state.SetLabel(std::string(staggered ? "staggered" : "lockstep") +
-                 (ratio <= kGoalVsOneGroup ? "; goal <= 1.5x one group: met"
-                                           : "; goal <= 1.5x one group: NOT met"));
+  report_vs_one_group(state, seqs, staggered, two_ns, one_ns, two_commit_ns, one_commit_ns);
+  state.counters["window_ns_per_seq"] =
+      static_cast<double>(window_ns) / static_cast<double>(state.iterations() * seqs);
 }
-// Second argument: 0 every prompt is 100 tokens (all sequences fill a block on the same step:
-// the window plane evicts 1,024 blocks in one step of 16), 1 staggered prompts (prompt_length).
-BENCHMARK(BM_DecodeStepTwoGroups)
-    ->Args({1024, 0})
-    ->Args({4096, 0})
-    ->Args({1024, 1})
-    ->UseManualTime()
-    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeStepTwoGroups)->Apply(two_group_cases);
 
 // The same model (full attention + window 128) in one plane whose groups share the logical
 // blocks (ControlPlane with CacheConfig::groups): one reserve_batch and one build_batch serve
@@ -310,39 +320,18 @@ void BM_DecodeStepSharedGroups(benchmark::State& state) {
     one_first = !one_first;
     state.SetIterationTime(static_cast<double>(dt) * 1e-9);
     if (++step == kDecodeSteps) {
-      // The window group no longer holds the prompt's first blocks: the shared plane starts its
-      // sequences again (rollback to 0, then the prompt), the one-group plane rolls back.
       for (SequenceId id : ids) {
         const auto p = decode_prompt(id, staggered);
-        const auto len = static_cast<int64_t>(p.size());
-        (void)one->rollback(id, len);
-        (void)shared->rollback(id, 0);
-        (void)shared->reserve(id, len).value();
-        (void)shared->commit(id, p);
+        (void)one->rollback(id, static_cast<int64_t>(p.size()));
+        restart_with_window(shared.get(), id, p);
       }
       step = 0;
     }
   }
-  const double n = static_cast<double>(state.iterations() * seqs);
-  const double ratio =
-      static_cast<double>(shared_ns) / static_cast<double>(std::max<int64_t>(one_ns, 1));
-  state.counters["ns_per_seq"] = static_cast<double>(shared_ns) / n;
-  state.counters["one_group_ns_per_seq"] = static_cast<double>(one_ns) / n;
-  state.counters["vs_one_group"] = ratio;
-  state.counters["with_commit_vs_one_group"] =
-      static_cast<double>(shared_ns + shared_commit_ns) /
-      static_cast<double>(std::max<int64_t>(one_ns + one_commit_ns, 1));
+  report_vs_one_group(state, seqs, staggered, shared_ns, one_ns, shared_commit_ns, one_commit_ns);
   state.counters["window_pages_evicted"] = static_cast<double>(shared->group_pages(0).evicted);
-  state.SetLabel(std::string(staggered ? "staggered" : "lockstep") +
-                 (ratio <= kGoalVsOneGroup ? "; goal <= 1.5x one group: met"
-                                           : "; goal <= 1.5x one group: NOT met"));
 }
-BENCHMARK(BM_DecodeStepSharedGroups)
-    ->Args({1024, 0})
-    ->Args({4096, 0})
-    ->Args({1024, 1})
-    ->UseManualTime()
-    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeStepSharedGroups)->Apply(two_group_cases);
 
 // As BM_DecodeStep with the commits timed too: reserve_batch + build_batch + the commit of one
 // token per sequence, per id (`commit`) or in one call (`commit_batch`, a server's step).
