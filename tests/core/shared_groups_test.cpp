@@ -604,6 +604,14 @@ TEST(SharedGroups, RandomTwoWindowGroupsAgainstAModelOfEveryGroupsMemory) {
   }
 }
 
+// The shape: block size 16, a window of 64 (at most 5 pages a decoding sequence).
+TEST(SharedGroups, RandomWindow64OfBlocks16) {
+  for (uint32_t seed = 41; seed <= 43; ++seed) {
+    run_random(seed, 16, {64}, 96, 48, 1000);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
 TEST(SharedGroups, RandomAmpleWindowPoolsKeepCachedPages) {
   for (uint32_t seed = 21; seed <= 23; ++seed) {
     run_random(seed, 3, {6}, 120, 120, 1500);
