@@ -181,6 +181,9 @@ void ControlPlane::remove_node(NodeId node) {
   const LogicalId id = x.block;
   const NodeId parent = x.parent;
   emit_block_event(EventKind::kBlockRemoved, node);
+  for (const GroupPages& g : groups_) {
+    if (g.page(id) >= 0) emit_page_event(EventKind::kBlockRemoved, id, g);
+  }
   if (parent != kRootNode && blocks_[id].tier == Tier::kDevice) {
     --blocks_[index_.node(parent).block].device_children;
   }
@@ -212,6 +215,9 @@ void ControlPlane::register_full_block(Sequence* s, size_t i) {
     blocks_[ours].node = index_.insert(at, ours);
     if (window_ == 0 && parent != kRootNode) ++blocks_[index_.node(parent).block].device_children;
     emit_block_event(EventKind::kBlockStored, blocks_[ours].node);
+    for (const GroupPages& g : groups_) {
+      if (g.page(ours) >= 0) emit_page_event(EventKind::kBlockStored, ours, g);
+    }
     return;
   }
   const LogicalId theirs = index_.node(existing).block;
@@ -233,12 +239,14 @@ void ControlPlane::register_full_block(Sequence* s, size_t i) {
   release_block(ours, *s);
 }
 
-void ControlPlane::emit_block_event(EventKind kind, NodeId node, Tier tier, bool revocable) {
+void ControlPlane::emit_block_event(EventKind kind, NodeId node, Tier tier, bool revocable,
+                                    int32_t group) {
   if (!events_enabled_) return;
   const PrefixNode& x = index_.node(node);
   ControlEvent e;
   e.kind = kind;
   e.tier = tier;
+  e.group = group < 0 ? full_group_ : group;
   e.block_hash = x.hash;
   e.parent_hash = x.parent_hash;
   e.ns = x.ns;
@@ -254,6 +262,7 @@ void ControlPlane::emit_sequence_event(EventKind kind, SequenceId id, bool revoc
   ControlEvent e;
   e.kind = kind;
   e.sequence = id;
+  e.group = full_group_;
   events_.push(std::move(e), revocable);
 }
 

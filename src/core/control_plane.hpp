@@ -434,7 +434,10 @@ class ControlPlane {
   void remove_node(NodeId node);
   // A block event on `tier` (default: the tier the block is on now). A revocable event goes
   // with its call when the call is undone (EventRing::erase_revocable_since).
-  void emit_block_event(EventKind kind, NodeId node, Tier tier, bool revocable);
+  // `group`: a window group's event (its config index); -1: the full group's.
+  void emit_block_event(EventKind kind, NodeId node, Tier tier, bool revocable, int32_t group = -1);
+  // A window group's page of the indexed block `b` was stored (cached from now on) or removed.
+  void emit_page_event(EventKind kind, LogicalId b, const GroupPages& g);
   void emit_block_event(EventKind kind, NodeId node) {
     emit_block_event(kind, node, blocks_[index_.node(node).block].tier, false);
   }

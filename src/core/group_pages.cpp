@@ -18,12 +18,13 @@ GroupPages::GroupPages(int32_t config_index, int64_t window, int64_t block_size,
   for (int64_t p = num_pages - 1; p >= 0; --p) free_.push_back(static_cast<int32_t>(p));
 }
 
-void GroupPages::take(LogicalId b) {
+LogicalId GroupPages::take(LogicalId b) {
   Record& r = rec_[static_cast<size_t>(b)];
   assert(r.page < 0 && room() > 0);
+  LogicalId victim = kNoBlock;
   if (free_.empty()) {
     // Evict the least recently cached page and hand it over at once.
-    const LogicalId victim = head_;
+    victim = head_;
     Record& v = rec_[static_cast<size_t>(victim)];
     unlink(victim);
     r.page = v.page;
@@ -39,6 +40,7 @@ void GroupPages::take(LogicalId b) {
     free_.pop_back();
   }
   r.holders = 1;
+  return victim;
 }
 
 void GroupPages::hold(LogicalId b) {

@@ -56,8 +56,9 @@ class GroupPages {
   bool list_consistent() const;
 
   /// Gives the new logical block `b` a page with one holder, evicting the least recently
-  /// cached page when none is free. Requires room() > 0 and no page for `b`.
-  void take(LogicalId b);
+  /// cached page when none is free; returns the block whose page it evicted, or kNoBlock.
+  /// Requires room() > 0 and no page for `b`.
+  LogicalId take(LogicalId b);
   /// One more holder of `b`'s page (which must exist); a cached page is no longer cached.
   void hold(LogicalId b);
   /// One holder fewer. The last one leaves the page cached when `registered` (the block is in

@@ -54,6 +54,7 @@ void ControlPlane::swap_group_pages(const Sequence& s, size_t i, LogicalId ours,
       g.drop(ours, ours_registered);
     } else {
       g.adopt(ours, theirs);  // a window page of theirs was evicted: ours has the same bytes
+      emit_page_event(EventKind::kBlockStored, theirs, g);
     }
   }
 }
@@ -90,9 +91,15 @@ void ControlPlane::trim_group_windows(Sequence* s) {
   }
 }
 
+void ControlPlane::emit_page_event(EventKind kind, LogicalId b, const GroupPages& g) {
+  if (!events_enabled_) return;  // before reading the block: an eviction's record is cold
+  emit_block_event(kind, blocks_[b].node, Tier::kDevice, /*revocable=*/false, g.config_index());
+}
+
 void ControlPlane::take_group_pages(LogicalId id) {
   for (size_t w = 0; w < groups_.size(); ++w) {
-    groups_[w].take(id);
+    const LogicalId evicted = groups_[w].take(id);
+    if (evicted != kNoBlock) emit_page_event(EventKind::kBlockRemoved, evicted, groups_[w]);
     journal_.group_ops.push_back(
         Journal::GroupOp{true, static_cast<int32_t>(w), id, groups_[w].page(id)});
   }

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -156,8 +157,20 @@ TEST(SharedGroups, RollbackIntoAReleasedWindowNamesTheGroup) {
 // (the same tokens after the same prefix: the same keys and values), so the sequence and the
 // index share one block again. When another sequence holds the new block too (forked before the
 // block filled), its page cannot move: the block stays the sequence's own, unindexed.
+// Block events by (kind, group), in order.
+std::vector<std::pair<EventKind, int32_t>> block_events(ControlPlane& cp) {
+  std::vector<std::pair<EventKind, int32_t>> out;
+  for (const ControlEvent& e : cp.drain_events()) {
+    if (e.kind == EventKind::kBlockStored || e.kind == EventKind::kBlockRemoved) {
+      out.emplace_back(e.kind, e.group);
+    }
+  }
+  return out;
+}
+
 std::unique_ptr<ControlPlane> cached_block_without_window_page() {
-  // Block size 4, window 4 (a sequence holds at most 2 window pages), 4 window pages.
+  // Block size 4, window 4 (a sequence holds at most 2 window pages), 4 window pages; the
+  // window group is groups[0], the full group groups[1]. Each group's events name it.
   auto cp = make_cp(shared_config(4, 32, {4}, 4));
   const std::vector<TokenId> t = iota_tokens(8, 50);
   EXPECT_TRUE(cp->add_sequence(1, {}).ok());
@@ -165,9 +178,15 @@ std::unique_ptr<ControlPlane> cached_block_without_window_page() {
   EXPECT_TRUE(cp->commit(1, t).ok());
   EXPECT_TRUE(cp->finish(1).ok());  // blocks 0 and 1 cached, with their window pages
   EXPECT_EQ(cp->group_pages(0).cached, 2);
+  using P = std::pair<EventKind, int32_t>;
+  const P full_stored{EventKind::kBlockStored, 1}, window_stored{EventKind::kBlockStored, 0};
+  EXPECT_EQ(block_events(*cp),
+            (std::vector<P>{full_stored, window_stored, full_stored, window_stored}));
   EXPECT_TRUE(cp->add_sequence(2, {}).ok());
   EXPECT_TRUE(cp->reserve(2, 16).ok());  // four window pages: both cached ones evicted
   EXPECT_EQ(cp->group_pages(0).evicted, 2);
+  const P window_removed{EventKind::kBlockRemoved, 0};
+  EXPECT_EQ(block_events(*cp), (std::vector<P>{window_removed, window_removed}));
   EXPECT_TRUE(cp->finish(2).ok());  // nothing committed: its pages are freed
   EXPECT_EQ(cp->group_pages(0).used, 0);
   EXPECT_EQ(cp->cached_prefix(iota_tokens(9, 50), 0).value(), 0);  // no window page: no hit
@@ -187,6 +206,9 @@ TEST(SharedGroups, ARegisteredBlockTakesOverTheWindowPageOfTheSameTokens) {
   EXPECT_EQ(cp->group_batch(0).block_tables[0], page);       // the same window page
   EXPECT_NE(cp->group_batch(1).block_tables[0], own_block);  // the indexed full block
   EXPECT_EQ(cp->stats().device.used_blocks, 1);              // its own one was freed
+  // The indexed block is a window group's again.
+  EXPECT_EQ(block_events(*cp),
+            (std::vector<std::pair<EventKind, int32_t>>{{EventKind::kBlockStored, 0}}));
   PAGEDKV_EXPECT_INV(*cp);
   PAGEDKV_ASSERT_OK(cp->finish(3));
   EXPECT_EQ(cp->cached_prefix(iota_tokens(5, 50), 0).value(), 4);  // a hit again
@@ -434,6 +456,21 @@ Rows rows_of(ControlPlane& cp, const Model& m) {
   return out;
 }
 
+// What a router keeps from the events: per group, the block hashes stored and not removed
+// since. Each group's events must make sense on their own: nothing stored twice, nothing
+// removed that was not stored.
+void check_events(ControlPlane& cp, std::set<std::pair<int32_t, uint64_t>>* announced) {
+  for (const ControlEvent& e : cp.drain_events()) {
+    ASSERT_NE(e.kind, EventKind::kEventsDropped);
+    const std::pair<int32_t, uint64_t> key{e.group, e.block_hash};
+    if (e.kind == EventKind::kBlockStored) {
+      ASSERT_TRUE(announced->insert(key).second) << "group " << e.group << " stored twice";
+    } else if (e.kind == EventKind::kBlockRemoved) {
+      ASSERT_EQ(announced->erase(key), 1u) << "group " << e.group << " removed an unknown block";
+    }
+  }
+}
+
 void forget_evicted(Model& m, const Transfers& t) {
   for (SequenceId id : t.evicted) m.tokens.erase(id);
 }
@@ -471,6 +508,7 @@ void run_random(uint32_t seed, int32_t bs, const std::vector<int32_t>& windows, 
   };
   SequenceId next_id = 1;
   int hits = 0, cows = 0, undone = 0;
+  std::set<std::pair<int32_t, uint64_t>> announced;  // (group, block hash) a router holds
   for (int op = 0; op < ops; ++op) {
     const int64_t kind = m.tokens.empty() ? 0 : pick(10);
     if (kind <= 1) {  // a new sequence: a prefix of a stream, its uncached part prefilled
@@ -569,6 +607,7 @@ void run_random(uint32_t seed, int32_t bs, const std::vector<int32_t>& windows, 
       m.tokens.erase(id);
     }
     verify(*cp, m);
+    check_events(*cp, &announced);
     if (::testing::Test::HasFatalFailure()) return;
   }
   // The run reached what it is for: prefix hits, copies-on-write, window pages evicted.
