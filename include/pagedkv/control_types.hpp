@@ -254,7 +254,8 @@ struct ControlEvent {
   /// kEventsDropped: how many events were lost just before the ones that follow it.
   int64_t dropped_events = 0;
   /// The KV group (CacheConfig::groups index) whose cache recorded the event: 0 from a
-  /// KvCache, the group's index from ModelKvCache::drain_events. The same block hash in two
+  /// KvCache, the group's index from ModelKvCache::drain_events and from a control plane of
+  /// several groups. The same block hash in two
   /// groups names two different blocks (each group holds its own layers' KV).
   int32_t group = 0;
 };
