@@ -46,6 +46,8 @@ class GroupPages {
   }
   int64_t capacity() const { return num_pages_; }
   int64_t free_count() const { return static_cast<int64_t>(free_.size()); }
+  /// The free pages (for invariant checks).
+  const std::vector<int32_t>& free_pages() const { return free_; }
   int64_t cached_count() const { return cached_; }
   /// Pages a reserve can have: free or cached.
   int64_t room() const { return free_count() + cached_; }

@@ -194,6 +194,14 @@ Status ControlPlane::check_group_invariants() const {
         ++cached;
       }
     }
+    // Every free page is in range, nobody's, and free once.
+    for (const int32_t p : g.free_pages()) {
+      if (p < 0 || p >= g.capacity() || owner[static_cast<size_t>(p)] != kNoBlock) {
+        return broken(name + ": free page " + std::to_string(p) +
+                      " is out of range, owned or free twice");
+      }
+      owner[static_cast<size_t>(p)] = -2;  // seen free
+    }
     if (owned + g.free_count() != g.capacity()) {
       return broken(name + ": pages owned " + std::to_string(owned) + " + free " +
                     std::to_string(g.free_count()) + " != " + std::to_string(g.capacity()));
