@@ -1,6 +1,7 @@
-// A model of the decode step's memory traffic, not the product: it answers which design of the
+// A model of the decode step's memory traffic, not the product: it answered which design of the
 // control plane could bring a two-group step (full attention + window 128) within 1.5x of the
-// one-group step (issue #17's goal for BM_DecodeStepTwoGroups) before anyone rewrites src/core.
+// one-group step (issue #17's goal) before src/core was changed. Its "shared blocks" design is
+// the one built (ControlPlane with CacheConfig::groups; BM_DecodeStepSharedGroups measures it).
 //
 // Per sequence it does what ControlPlane::reserve_batch and build_batch do in a decode step at
 // 1,024 sequences: read the sequence record, check the block the next token lands in (its table
