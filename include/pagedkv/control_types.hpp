@@ -42,9 +42,11 @@ struct BlockMove {
   int32_t src_block = -1;
   Tier dst_tier = Tier::kHost;
   int32_t dst_block = -1;
+  /// The KV group whose pools both blocks are in (CacheConfig::groups index; 0 with one group).
+  int32_t group = 0;
   friend bool operator==(const BlockMove& a, const BlockMove& b) {
     return a.src_tier == b.src_tier && a.src_block == b.src_block && a.dst_tier == b.dst_tier &&
-           a.dst_block == b.dst_block;
+           a.dst_block == b.dst_block && a.group == b.group;
   }
 };
 

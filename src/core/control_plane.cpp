@@ -15,8 +15,8 @@ namespace core {
 
 namespace {
 
-// A config with groups: one full-attention group, whose blocks the window groups share, at most
-// Sequence::kMaxWindowGroups window groups, and no host tier yet. Sets `*full`.
+// A config with groups: one full-attention group, whose blocks the window groups share, and at
+// most Sequence::kMaxWindowGroups window groups. Sets `*full`.
 Status check_shared_groups(const CacheConfig& config, int32_t* full) {
   const auto name = [&config](size_t g) {
     return "groups[" + std::to_string(g) + "] (" + config.groups[g].name + ")";
@@ -27,12 +27,6 @@ Status check_shared_groups(const CacheConfig& config, int32_t* full) {
   int32_t windows = 0;
   for (size_t g = 0; g < config.groups.size(); ++g) {
     const KvGroup& k = config.groups[g];
-    if (k.num_host_blocks != 0) {
-      return invalid_argument(name(g) +
-                              ": num_host_blocks: a plane of several groups has no host tier "
-                              "yet: must be 0, got " +
-                              std::to_string(k.num_host_blocks));
-    }
     if (k.sliding_window > 0) {
       ++windows;
     } else if (*full >= 0) {
@@ -87,7 +81,7 @@ StatusOr<std::unique_ptr<ControlPlane>> ControlPlane::create(const CacheConfig& 
     if (g == full) continue;
     const KvGroup& k = config.groups[static_cast<size_t>(g)];
     cp->groups_.emplace_back(g, k.sliding_window, config.block_size, k.num_device_blocks,
-                             cp->blocks_.num_logical());
+                             k.num_host_blocks, cp->blocks_.num_logical());
     cp->group_batch_.emplace_back(config.block_size);
   }
   return cp;
@@ -144,7 +138,7 @@ void ControlPlane::release_block(LogicalId id, const Sequence& owner) {
 }
 
 void ControlPlane::release_logical(LogicalId id) {
-  for (GroupPages& g : groups_) g.release(id);
+  for (GroupPages& g : groups_) g.release(id, blocks_[id].tier);
   blocks_.release(id);
 }
 

@@ -87,15 +87,16 @@ struct Arrival {
 /// start and end at the same tokens in every group: the plane keeps one block table per
 /// sequence, the full-attention group's, and each sliding-window group keeps a page of its own
 /// pool for the blocks a holder still attends to (GroupPages). A decode step reads each
-/// sequence's record, table entry and block record once for all groups. Not built yet for such
-/// a plane: a host tier (every group's num_host_blocks must be 0, so nothing is offloaded,
-/// restored or arrives from a store). The calls, their checks and their errors are the
-/// one-group plane's; a plan's undo restores the window groups' pages too.
+/// sequence's record, table entry and block record once for all groups. A window group's page
+/// is in the pool of the tier its block is on (an offload or restore moves held pages, named by
+/// group in Transfers::moves; pages are cached on the device only). The calls, their checks and
+/// their errors are the one-group plane's; a plan's undo restores the window groups' pages too.
+/// Blocks arriving from a store have no window pages (a hit needs its window's pages).
 class ControlPlane {
  public:
   /// Validates `config` (which must be paged mode) and `options` (kInvalidArgument) and builds
   /// empty pools. With `groups`: exactly one full-attention group and at most
-  /// Sequence::kMaxWindowGroups sliding-window groups, no host tier (kInvalidArgument).
+  /// Sequence::kMaxWindowGroups sliding-window groups (kInvalidArgument).
   static StatusOr<std::unique_ptr<ControlPlane>> create(const CacheConfig& config,
                                                         ControlOptions options = {});
 
@@ -331,10 +332,14 @@ class ControlPlane {
   // sequence whose batch_mark equals it.
   Status plan_device_blocks(int64_t need, const Sequence* protect, VictimPlan* plan,
                             uint64_t protect_mark = 0);
-  // As plan_device_blocks() for the window groups: `need` new pages in each, adding drops of
-  // inactive sequences (never offloads: such a plane has no host tier) to `plan`.
-  Status plan_group_pages(int64_t need, const Sequence* protect, VictimPlan* plan,
-                          uint64_t protect_mark = 0);
+  // As plan_device_blocks() for the window groups: `need`[w] device pages in window group w,
+  // adding drops of inactive sequences to `plan` (the full group's offloads and drops there
+  // already count).
+  Status plan_group_pages(const std::vector<int64_t>& need, const Sequence* protect,
+                          VictimPlan* plan, uint64_t protect_mark = 0);
+  // The device pages reserving `n` more tokens of `s` takes in each window group, added to
+  // `*need`: one per new block, and the held pages of its blocks on the host.
+  void add_group_need(const Sequence& s, const ReserveNeed& n, std::vector<int64_t>* need) const;
   void apply_plan(const VictimPlan& plan, Transfers* out);
   LogicalId take_device_block(Transfers* out);
   int64_t exclusive_device_blocks(const Sequence& s) const;
@@ -405,8 +410,15 @@ class ControlPlane {
   void trim_group_windows(Sequence* s);
   // A new block's pages in every window group, and the copies a copy-on-write needs there.
   void take_group_pages(LogicalId id);
-  // A plan's undo of the journaled takes and drops (undo_log.cpp calls it).
-  void undo_group_ops();
+  // The held window pages of `id` follow it from tier `from` to `to` (moves named by group);
+  // cached ones are released instead (pages are cached on the device only).
+  void move_group_pages(LogicalId id, Tier from, Tier to, Transfers* out);
+  // Window group w's pages of the blocks `s` holds there that are on tier `t` (only those of
+  // blocks it holds alone, when `exclusive`).
+  int64_t group_pages_on(const Sequence& s, size_t w, Tier t, bool exclusive) const;
+  // A plan's undo of the journaled takes, drops and moves (undo_log.cpp calls it), adding the
+  // inverse of the moves among the first `moves_done` to `*inverse`.
+  void undo_group_ops(int64_t moves_done, std::vector<BlockMove>* inverse);
   void copy_group_pages(LogicalId src, LogicalId dst, Transfers* out) const;
   Status check_group_windows_rollback(const Sequence& s, int64_t length) const;
   void set_group_first_live(Sequence* s, int64_t length);
@@ -437,7 +449,8 @@ class ControlPlane {
   // `group`: a window group's event (its config index); -1: the full group's.
   void emit_block_event(EventKind kind, NodeId node, Tier tier, bool revocable, int32_t group = -1);
   // A window group's page of the indexed block `b` was stored (cached from now on) or removed.
-  void emit_page_event(EventKind kind, LogicalId b, const GroupPages& g);
+  void emit_page_event(EventKind kind, LogicalId b, const GroupPages& g, Tier tier = Tier::kDevice,
+                       bool revocable = false);
   void emit_block_event(EventKind kind, NodeId node) {
     emit_block_event(kind, node, blocks_[index_.node(node).block].tier, false);
   }

@@ -6,39 +6,49 @@
 namespace pagedkv {
 namespace core {
 
-GroupPages::GroupPages(int32_t config_index, int64_t window, int64_t block_size, int64_t num_pages,
-                       int64_t num_logical)
+GroupPages::GroupPages(int32_t config_index, int64_t window, int64_t block_size,
+                       int64_t device_pages, int64_t host_pages, int64_t num_logical)
     : config_index_(config_index),
       window_(window),
       bdiv_(block_size),
-      num_pages_(num_pages),
+      num_pages_{device_pages, host_pages},
       rec_(static_cast<size_t>(num_logical)) {
   // Descending, so that pops hand out 0, 1, 2, ... on a fresh pool (as BlockAllocator).
-  free_.reserve(static_cast<size_t>(num_pages));
-  for (int64_t p = num_pages - 1; p >= 0; --p) free_.push_back(static_cast<int32_t>(p));
+  for (int t = 0; t < kNumTiers; ++t) {
+    free_[t].reserve(static_cast<size_t>(num_pages_[t]));
+    for (int64_t p = num_pages_[t] - 1; p >= 0; --p) free_[t].push_back(static_cast<int32_t>(p));
+  }
+}
+
+int32_t GroupPages::take_device_page(LogicalId* evicted) {
+  std::vector<int32_t>& free = free_[idx(Tier::kDevice)];
+  if (free.empty()) {
+    // Evict the least recently cached page and hand it over at once.
+    const LogicalId victim = head_;
+    Record& v = rec_[static_cast<size_t>(victim)];
+    unlink(victim);
+    const int32_t p = v.page;
+    v.page = -1;
+    ++evicted_;
+    *evicted = victim;
+    // The next eviction starts from the new head's successor: fetch it now.
+    if (head_ != kNoBlock) {
+      const LogicalId after = rec_[static_cast<size_t>(head_)].next;
+      if (after != kNoBlock) __builtin_prefetch(&rec_[static_cast<size_t>(after)]);
+    }
+    return p;
+  }
+  *evicted = kNoBlock;
+  const int32_t p = free.back();
+  free.pop_back();
+  return p;
 }
 
 LogicalId GroupPages::take(LogicalId b) {
   Record& r = rec_[static_cast<size_t>(b)];
   assert(r.page < 0 && room() > 0);
   LogicalId victim = kNoBlock;
-  if (free_.empty()) {
-    // Evict the least recently cached page and hand it over at once.
-    victim = head_;
-    Record& v = rec_[static_cast<size_t>(victim)];
-    unlink(victim);
-    r.page = v.page;
-    v.page = -1;
-    ++evicted_;
-    // The next eviction starts from the new head's successor: fetch it now.
-    if (head_ != kNoBlock) {
-      const LogicalId after = rec_[static_cast<size_t>(head_)].next;
-      if (after != kNoBlock) __builtin_prefetch(&rec_[static_cast<size_t>(after)]);
-    }
-  } else {
-    r.page = free_.back();
-    free_.pop_back();
-  }
+  r.page = take_device_page(&victim);
   r.holders = 1;
   return victim;
 }
@@ -49,14 +59,14 @@ void GroupPages::hold(LogicalId b) {
   if (r.holders++ == 0) unlink(b);
 }
 
-void GroupPages::drop(LogicalId b, bool registered) {
+void GroupPages::drop(LogicalId b, bool cacheable, Tier t) {
   Record& r = rec_[static_cast<size_t>(b)];
   assert(r.holders > 0);
   if (--r.holders > 0) return;
-  if (registered) {
+  if (cacheable) {
     link_tail(b);
   } else {
-    free_.push_back(r.page);
+    free_[idx(t)].push_back(r.page);
     r.page = -1;
   }
 }
@@ -71,36 +81,66 @@ void GroupPages::adopt(LogicalId from, LogicalId to) {
   f.holders = 0;
 }
 
+int32_t GroupPages::move(LogicalId b, Tier from, Tier to, LogicalId* evicted) {
+  Record& r = rec_[static_cast<size_t>(b)];
+  assert(r.page >= 0 && r.holders > 0 && from != to);
+  int32_t p = -1;
+  if (to == Tier::kDevice) {
+    p = take_device_page(evicted);
+  } else {
+    assert(!free_[idx(to)].empty());
+    *evicted = kNoBlock;
+    p = free_[idx(to)].back();
+    free_[idx(to)].pop_back();
+  }
+  free_[idx(from)].push_back(r.page);
+  r.page = p;
+  return p;
+}
+
+void GroupPages::reclaim(Tier t, int32_t page) {
+  std::vector<int32_t>& free = free_[idx(t)];
+  auto it = std::find(free.begin(), free.end(), page);
+  assert(it != free.end());
+  free.erase(it);
+}
+
+void GroupPages::move_back(LogicalId b, Tier now, Tier to, int32_t page) {
+  Record& r = rec_[static_cast<size_t>(b)];
+  assert(r.page >= 0 && r.holders > 0);
+  free_[idx(now)].push_back(r.page);
+  reclaim(to, page);
+  r.page = page;
+}
+
 void GroupPages::untake(LogicalId b) {
   Record& r = rec_[static_cast<size_t>(b)];
   assert(r.page >= 0 && r.holders == 1);
   r.holders = 0;
-  free_.push_back(r.page);
+  free_[idx(Tier::kDevice)].push_back(r.page);
   r.page = -1;
 }
 
-void GroupPages::undrop(LogicalId b, int32_t page) {
+void GroupPages::undrop(LogicalId b, int32_t page, Tier t) {
   Record& r = rec_[static_cast<size_t>(b)];
   if (r.page >= 0) {
     assert(r.page == page);
     hold(b);
     return;
   }
-  // The drop freed it: take that page back from the free stack (O(free pages), as
-  // BlockAllocator::reacquire).
-  auto it = std::find(free_.begin(), free_.end(), page);
-  assert(it != free_.end());
-  free_.erase(it);
+  // The drop freed it: take that page back (nothing later in the call reused it, or that use
+  // was undone first).
+  reclaim(t, page);
   r.page = page;
   r.holders = 1;
 }
 
-void GroupPages::release(LogicalId b) {
+void GroupPages::release(LogicalId b, Tier t) {
   Record& r = rec_[static_cast<size_t>(b)];
   if (r.page < 0) return;
   assert(r.holders == 0);
-  unlink(b);
-  free_.push_back(r.page);
+  if (t == Tier::kDevice) unlink(b);  // a page without holders is cached only on the device
+  free_[idx(t)].push_back(r.page);
   r.page = -1;
 }
 

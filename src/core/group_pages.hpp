@@ -22,9 +22,10 @@ namespace core {
 
 class GroupPages {
  public:
-  /// `window` tokens (> 0), a pool of `num_pages`, logical ids in [0, num_logical).
-  GroupPages(int32_t config_index, int64_t window, int64_t block_size, int64_t num_pages,
-             int64_t num_logical);
+  /// `window` tokens (> 0), pools of `device_pages` and `host_pages`, logical ids in
+  /// [0, num_logical).
+  GroupPages(int32_t config_index, int64_t window, int64_t block_size, int64_t device_pages,
+             int64_t host_pages, int64_t num_logical);
 
   /// The group's index in CacheConfig::groups.
   int32_t config_index() const { return config_index_; }
@@ -34,47 +35,55 @@ class GroupPages {
     return static_cast<size_t>(bdiv_.div(std::max<int64_t>(0, length - window_)));
   }
 
-  /// The page of logical block `b`, or -1.
+  /// The page of logical block `b` (in the pool of the tier the block is on), or -1.
   int32_t page(LogicalId b) const { return rec_[static_cast<size_t>(b)].page; }
   /// Holders that need the page of `b`.
   int32_t holders(LogicalId b) const { return rec_[static_cast<size_t>(b)].holders; }
-  /// Whether the page of `b` is cached: kept with no holder, listed for eviction. (A page
-  /// without holders is always cached: an unindexed block's page is freed with its last one.)
+  /// Whether the page of `b` is cached: kept with no holder, listed for eviction. Only device
+  /// pages are: a page without holders is freed unless its block is indexed and on the device.
   bool cached(LogicalId b) const {
     const Record& r = rec_[static_cast<size_t>(b)];
     return r.page >= 0 && r.holders == 0;
   }
-  int64_t capacity() const { return num_pages_; }
-  int64_t free_count() const { return static_cast<int64_t>(free_.size()); }
-  /// The free pages (for invariant checks).
-  const std::vector<int32_t>& free_pages() const { return free_; }
+  int64_t capacity(Tier t = Tier::kDevice) const { return num_pages_[idx(t)]; }
+  int64_t free_count(Tier t = Tier::kDevice) const {
+    return static_cast<int64_t>(free_[idx(t)].size());
+  }
+  /// The free pages of a tier (for invariant checks).
+  const std::vector<int32_t>& free_pages(Tier t) const { return free_[idx(t)]; }
   int64_t cached_count() const { return cached_; }
-  /// Pages a reserve can have: free or cached.
-  int64_t room() const { return free_count() + cached_; }
+  /// Device pages a reserve can have: free or cached.
+  int64_t room() const { return free_count(Tier::kDevice) + cached_; }
   /// Cached pages evicted so far.
   int64_t evicted() const { return evicted_; }
   /// Whether the cached list, walked from its head, holds exactly the cached pages in order
   /// (for invariant checks). O(cached pages).
   bool list_consistent() const;
 
-  /// Gives the new logical block `b` a page with one holder, evicting the least recently
-  /// cached page when none is free; returns the block whose page it evicted, or kNoBlock.
-  /// Requires room() > 0 and no page for `b`.
+  /// Gives the new (device) logical block `b` a page with one holder, evicting the least
+  /// recently cached page when none is free; returns the block whose page it evicted, or
+  /// kNoBlock. Requires room() > 0 and no page for `b`.
   LogicalId take(LogicalId b);
   /// One more holder of `b`'s page (which must exist); a cached page is no longer cached.
   void hold(LogicalId b);
-  /// One holder fewer. The last one leaves the page cached when `registered` (the block is in
-  /// the prefix index), else frees it.
-  void drop(LogicalId b, bool registered);
+  /// One holder fewer. The last one leaves the page cached when `cacheable` (the block is
+  /// indexed and on the device), else frees it into tier `t`'s pool.
+  void drop(LogicalId b, bool cacheable, Tier t);
   /// Hands the page of `from`, held by one holder, to `to`, which has none, with that holder:
   /// two blocks of the same tokens after the same prefix hold the same keys and values.
   void adopt(LogicalId from, LogicalId to);
+  /// The held page of `b` follows its block from tier `from` to `to`: a page there is taken
+  /// (on the device as take() does, `*evicted` the block whose cached page it evicted, or
+  /// kNoBlock; on the host one must be free), the old one freed. Returns the new page.
+  int32_t move(LogicalId b, Tier from, Tier to, LogicalId* evicted);
+  /// Undoes move(): `b`'s page, now in tier `now`, goes back to the free page `page` of `to`.
+  void move_back(LogicalId b, Tier now, Tier to, int32_t page);
   /// Undoes take(b): its page is free again (the page it evicted, if any, stays evicted).
   void untake(LogicalId b);
-  /// Undoes drop(b): the hold comes back, on `page`, which must be b's or free.
-  void undrop(LogicalId b, int32_t page);
-  /// The logical block `b` is gone: its page, if any, is freed (it has no holder).
-  void release(LogicalId b);
+  /// Undoes drop(b): the hold comes back, on `page` of tier `t`, which must be b's or free.
+  void undrop(LogicalId b, int32_t page, Tier t);
+  /// The logical block `b`, on tier `t`, is gone: its page, if any, is freed (it has no holder).
+  void release(LogicalId b, Tier t);
 
  private:
   // One record per logical block, so that an eviction touches the victim's line and the
@@ -85,18 +94,23 @@ class GroupPages {
     LogicalId prev = kNoBlock;  // cached list, least recently cached first
     LogicalId next = kNoBlock;
   };
+  static size_t idx(Tier t) { return static_cast<size_t>(t); }
   void link_tail(LogicalId b);
   void unlink(LogicalId b);
+  // A free device page, evicting the least recently cached one when none is free.
+  int32_t take_device_page(LogicalId* evicted);
+  // Takes the free page `page` of tier `t` out of its free stack. O(free pages).
+  void reclaim(Tier t, int32_t page);
 
   int32_t config_index_;
   int64_t window_;
   BlockDivider bdiv_;
-  int64_t num_pages_;
+  int64_t num_pages_[kNumTiers];
   std::vector<Record> rec_;  // by logical id
   LogicalId head_ = kNoBlock, tail_ = kNoBlock;
   int64_t cached_ = 0;
   int64_t evicted_ = 0;
-  std::vector<int32_t> free_;
+  std::vector<int32_t> free_[kNumTiers];
 };
 
 }  // namespace core

@@ -22,6 +22,7 @@ struct Journal {
     LogicalId block = kNoBlock;
     Tier from_tier = Tier::kDevice;  // kMove: where it came from; kRelease: where it was
     int32_t from_phys = -1;
+    int32_t move_index = -1;  // kMove: its place in the call's Transfers::moves
   };
   // A sequence's state before the call (plain data: a decode step saves one per member). Its
   // table is recovered from the old length, the copy-on-write source and the dropped tail
@@ -37,13 +38,17 @@ struct Journal {
     uint16_t tail_size = 0;
     bool offloaded = false;
   };
-  // A window group's page taken for a new block, or a hold on one dropped (with the page it
-  // had), by the call's own reservation (a plane of several groups, shared_groups.cpp).
+  // A window group's page taken for a new block, a hold on one dropped (with the page it had),
+  // or a held page moved with its block (from `page` on `tier`), by the call (a plane of
+  // several groups, shared_groups.cpp).
+  enum class GroupOpKind : uint8_t { kTake, kDrop, kMove };
   struct GroupOp {
-    bool take = false;
+    GroupOpKind kind = GroupOpKind::kTake;
+    Tier tier = Tier::kDevice;
     int32_t group = 0;  // index among the plane's window groups
     LogicalId block = kNoBlock;
     int32_t page = -1;
+    int32_t move_index = -1;  // kMove: its place in the call's Transfers::moves
   };
   struct Released {
     LogicalId block = kNoBlock;
@@ -72,13 +77,13 @@ struct Journal {
     counters = before;
     first_event = first_event_seq;
   }
-  void allocation(LogicalId id) { ops.push_back(Op{OpKind::kAllocate, id, Tier::kDevice, -1}); }
+  void allocation(LogicalId id) { ops.push_back(Op{OpKind::kAllocate, id, Tier::kDevice, -1, -1}); }
   void release(LogicalId id, const BlockInfo& b) {
-    ops.push_back(Op{OpKind::kRelease, id, b.tier, b.phys});
+    ops.push_back(Op{OpKind::kRelease, id, b.tier, b.phys, -1});
   }
-  void unref(LogicalId id) { ops.push_back(Op{OpKind::kUnref, id, Tier::kDevice, -1}); }
-  void move(LogicalId id, const BlockMove& m) {
-    ops.push_back(Op{OpKind::kMove, id, m.src_tier, m.src_block});
+  void unref(LogicalId id) { ops.push_back(Op{OpKind::kUnref, id, Tier::kDevice, -1, -1}); }
+  void move(LogicalId id, const BlockMove& m, size_t move_index) {
+    ops.push_back(Op{OpKind::kMove, id, m.src_tier, m.src_block, static_cast<int32_t>(move_index)});
   }
   /// Saves a sequence's state the first time the call touches it. A call touches each sequence
   /// in one stretch (a reserve restores, then reserves), so a repeat is the latest entry.

@@ -36,6 +36,18 @@ Status ControlPlane::plan_device_blocks(int64_t need, const Sequence* protect, V
                               std::to_string(avail) + " free or evictable (eviction policy none)");
   }
   int64_t host_room = tier(Tier::kHost).room();  // where offloads go
+  // Each window group's free host pages, for the held pages an offload moves there.
+  std::vector<int64_t> group_host(groups_.size());
+  for (size_t w = 0; w < groups_.size(); ++w) group_host[w] = groups_[w].free_count(Tier::kHost);
+  const auto groups_take = [&](const Sequence& v) {
+    for (size_t w = 0; w < groups_.size(); ++w) {
+      if (group_pages_on(v, w, Tier::kDevice, true) > group_host[w]) return false;
+    }
+    for (size_t w = 0; w < groups_.size(); ++w) {
+      group_host[w] -= group_pages_on(v, w, Tier::kDevice, true);
+    }
+    return true;
+  };
   // References that planned drops will release, so later victims are counted right.
   std::unordered_map<LogicalId, int32_t> dropped_refs;
   for (const auto& key : seqs_.victims()) {
@@ -52,7 +64,7 @@ Status ControlPlane::plan_device_blocks(int64_t need, const Sequence* protect, V
         }
         e += ref == 1 ? 1 : 0;
       }
-      if (e > 0 && e <= host_room) {
+      if (e > 0 && e <= host_room && groups_take(*v)) {
         host_room -= e;
         avail += e;
         plan->offload.push_back(v);
@@ -80,10 +92,11 @@ Status ControlPlane::plan_device_blocks(int64_t need, const Sequence* protect, V
                             " obtainable by evicting, offloading and dropping inactive sequences");
 }
 
-Status ControlPlane::plan_group_pages(int64_t need, const Sequence* protect, VictimPlan* plan,
-                                      uint64_t protect_mark) {
-  // Pages each window group will have once the plan is applied: the drops already planned
-  // (for the full group) give back the pages only they held, each further victim likewise.
+Status ControlPlane::plan_group_pages(const std::vector<int64_t>& need, const Sequence* protect,
+                                      VictimPlan* plan, uint64_t protect_mark) {
+  // Device pages each window group will have once the plan is applied: sequences planned to
+  // go (for the full group) give back the pages only they held (an offload moves its own to
+  // the host), each further victim likewise.
   const size_t ng = groups_.size();
   std::vector<int64_t> room(ng);
   for (size_t w = 0; w < ng; ++w) room[w] = groups_[w].room();
@@ -95,30 +108,36 @@ Status ControlPlane::plan_group_pages(int64_t need, const Sequence* protect, Vic
       for (size_t i = v.group_first_live[w]; i < v.blocks.size(); ++i) {
         const LogicalId b = v.blocks[i];
         const int32_t d = ++dropped[w][b];
-        gain += groups_[w].holders(b) - d == 0 ? 1 : 0;
+        gain += groups_[w].holders(b) - d == 0 && blocks_[b].tier == Tier::kDevice ? 1 : 0;
       }
       if (!keep) {
         for (size_t i = v.group_first_live[w]; i < v.blocks.size(); ++i) --dropped[w][v.blocks[i]];
       } else {
         room[w] += gain;
       }
-      if (room[w] < need) useful += gain;
+      if (room[w] < need[w]) useful += gain;
     }
     return useful;
   };
   const auto short_group = [&]() -> int64_t {
     for (size_t w = 0; w < ng; ++w) {
-      if (room[w] < need) return static_cast<int64_t>(w);
+      if (room[w] < need[w]) return static_cast<int64_t>(w);
     }
     return -1;
   };
   for (const Sequence* v : plan->drop) (void)gains(*v, true);
+  for (const Sequence* v : plan->offload) {
+    for (size_t w = 0; w < ng; ++w) room[w] += group_pages_on(*v, w, Tier::kDevice, true);
+  }
   if (short_group() < 0) return ok_status();
   if (config_.eviction_policy != EvictionPolicy::kNone) {
     for (const auto& key : seqs_.victims()) {
       Sequence* v = seqs_.find(std::get<2>(key));
       if (v == protect || (protect_mark != 0 && v->batch_mark == protect_mark)) continue;
       if (std::find(plan->drop.begin(), plan->drop.end(), v) != plan->drop.end()) continue;
+      if (std::find(plan->offload.begin(), plan->offload.end(), v) != plan->offload.end()) {
+        continue;
+      }
       if (gains(*v, false) == 0) continue;  // frees no page a short group needs
       (void)gains(*v, true);
       plan->drop.push_back(v);
@@ -126,11 +145,11 @@ Status ControlPlane::plan_group_pages(int64_t need, const Sequence* protect, Vic
       if (short_group() < 0) return ok_status();
     }
   }
-  const GroupPages& g = groups_[static_cast<size_t>(short_group())];
+  const size_t w = static_cast<size_t>(short_group());
+  const GroupPages& g = groups_[w];
   return resource_exhausted("out of pages in group " + std::to_string(g.config_index()) +
                             " (window " + std::to_string(g.window()) + "): need " +
-                            std::to_string(need) + ", " +
-                            std::to_string(room[static_cast<size_t>(short_group())]) +
+                            std::to_string(need[w]) + ", " + std::to_string(room[w]) +
                             " free, cached or held by inactive sequences");
 }
 

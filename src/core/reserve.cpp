@@ -104,8 +104,9 @@ Status ControlPlane::run_reserve(SequenceId id, int64_t n, ReserveResult* result
   VictimPlan plan;
   PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(need.device_blocks(), s, &plan));
   if (!groups_.empty()) {
-    // No host tier: every block the reserve takes is a new page in each window group too.
-    PAGEDKV_RETURN_IF_ERROR(plan_group_pages(need.device_blocks(), s, &plan));
+    std::vector<int64_t> pages(groups_.size(), 0);
+    add_group_need(*s, need, &pages);
+    PAGEDKV_RETURN_IF_ERROR(plan_group_pages(pages, s, &plan));
   }
   begin_journal();
   apply_plan(plan, &result->transfers);
@@ -157,11 +158,14 @@ Status ControlPlane::run_reserve_batch(const std::vector<SequenceId>& ids, int64
     PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(need, nullptr, &plan, resolved_epoch_));
   }
   if (!groups_.empty()) {
-    // No host tier: every block a member takes is a new page in each window group too.
+    // Every block a member takes (and every held page it restores) is a page in each window
+    // group too: `upper` bounds them.
     bool fits = true;
     for (const GroupPages& g : groups_) fits = fits && g.room() >= upper;
     if (!fits) {
-      PAGEDKV_RETURN_IF_ERROR(plan_group_pages(exact_need(), nullptr, &plan, resolved_epoch_));
+      std::vector<int64_t> pages(groups_.size(), 0);
+      for (const Sequence* s : resolved_) add_group_need(*s, reserve_need(*s, n_each), &pages);
+      PAGEDKV_RETURN_IF_ERROR(plan_group_pages(pages, nullptr, &plan, resolved_epoch_));
     }
   }
   if (!plan.order.empty()) apply_plan(plan, &result->transfers);

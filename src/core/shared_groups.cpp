@@ -24,14 +24,19 @@ void ControlPlane::hold_group_pages(const Sequence& s, size_t i, LogicalId b) {
 }
 
 void ControlPlane::drop_group_pages(const Sequence& s, size_t i, LogicalId b, bool undoable) {
-  const bool registered = blocks_[b].node >= 0;
+  const Tier t = blocks_[b].tier;
+  const bool cacheable = blocks_[b].node >= 0 && t == Tier::kDevice;
   for (size_t w = 0; w < groups_.size(); ++w) {
     if (i < s.group_first_live[w]) continue;
     if (undoable) {
-      journal_.group_ops.push_back(
-          Journal::GroupOp{false, static_cast<int32_t>(w), b, groups_[w].page(b)});
+      journal_.group_ops.push_back(Journal::GroupOp{
+          Journal::GroupOpKind::kDrop, t, static_cast<int32_t>(w), b, groups_[w].page(b), -1});
     }
-    groups_[w].drop(b, registered);
+    groups_[w].drop(b, cacheable, t);
+    // An indexed block's page announced on the host goes with its last holder there.
+    if (blocks_[b].node >= 0 && groups_[w].page(b) < 0) {
+      emit_page_event(EventKind::kBlockRemoved, b, groups_[w], t, /*revocable=*/undoable);
+    }
   }
 }
 
@@ -51,7 +56,7 @@ void ControlPlane::swap_group_pages(const Sequence& s, size_t i, LogicalId ours,
     if (i < s.group_first_live[w]) continue;
     if (g.page(theirs) >= 0) {
       g.hold(theirs);
-      g.drop(ours, ours_registered);
+      g.drop(ours, ours_registered, Tier::kDevice);
     } else {
       g.adopt(ours, theirs);  // a window page of theirs was evicted: ours has the same bytes
       emit_page_event(EventKind::kBlockStored, theirs, g);
@@ -83,37 +88,95 @@ void ControlPlane::trim_group_windows(Sequence* s) {
     const size_t from = s->group_first_live[w];
     if (first <= from) continue;
     for (size_t i = from; i < first; ++i) {
-      const LogicalId b = s->blocks[i];
-      g.drop(b, blocks_[b].node >= 0);
+      const BlockInfo& b = blocks_[s->blocks[i]];
+      g.drop(s->blocks[i], b.node >= 0 && b.tier == Tier::kDevice, b.tier);
     }
     counters_.window_released_blocks += static_cast<int64_t>(first - from);
     s->group_first_live[w] = static_cast<uint32_t>(first);
   }
 }
 
-void ControlPlane::emit_page_event(EventKind kind, LogicalId b, const GroupPages& g) {
+void ControlPlane::emit_page_event(EventKind kind, LogicalId b, const GroupPages& g, Tier tier,
+                                   bool revocable) {
   if (!events_enabled_) return;  // before reading the block: an eviction's record is cold
-  emit_block_event(kind, blocks_[b].node, Tier::kDevice, /*revocable=*/false, g.config_index());
+  emit_block_event(kind, blocks_[b].node, tier, revocable, g.config_index());
 }
 
 void ControlPlane::take_group_pages(LogicalId id) {
   for (size_t w = 0; w < groups_.size(); ++w) {
     const LogicalId evicted = groups_[w].take(id);
     if (evicted != kNoBlock) emit_page_event(EventKind::kBlockRemoved, evicted, groups_[w]);
-    journal_.group_ops.push_back(
-        Journal::GroupOp{true, static_cast<int32_t>(w), id, groups_[w].page(id)});
+    journal_.group_ops.push_back(Journal::GroupOp{Journal::GroupOpKind::kTake, Tier::kDevice,
+                                                  static_cast<int32_t>(w), id, groups_[w].page(id),
+                                                  -1});
   }
 }
 
-void ControlPlane::undo_group_ops() {
-  // Newest first: a page a drop freed was only ever taken again by a later take of the call,
-  // which is undone first. Pages taken by evicting cached ones stay taken from them.
+void ControlPlane::move_group_pages(LogicalId id, Tier from, Tier to, Transfers* out) {
+  const bool registered = blocks_[id].node >= 0;
+  for (size_t w = 0; w < groups_.size(); ++w) {
+    GroupPages& g = groups_[w];
+    const int32_t src = g.page(id);
+    if (src < 0) continue;
+    if (g.holders(id) == 0) {
+      // A cached page (the block is demoted): pages are cached on the device only.
+      g.release(id, from);
+      emit_page_event(EventKind::kBlockRemoved, id, g, from);
+      continue;
+    }
+    LogicalId evicted = kNoBlock;
+    const int32_t dst = g.move(id, from, to, &evicted);
+    if (evicted != kNoBlock) emit_page_event(EventKind::kBlockRemoved, evicted, g);
+    journal_.group_ops.push_back(Journal::GroupOp{Journal::GroupOpKind::kMove, from,
+                                                  static_cast<int32_t>(w), id, src,
+                                                  static_cast<int32_t>(out->moves.size())});
+    out->moves.push_back(BlockMove{from, src, to, dst, g.config_index()});
+    if (registered) {  // as the full group's tier change: stored there, then gone from here
+      emit_page_event(EventKind::kBlockStored, id, g, to, /*revocable=*/true);
+      emit_page_event(EventKind::kBlockRemoved, id, g, from, /*revocable=*/true);
+    }
+  }
+}
+
+void ControlPlane::add_group_need(const Sequence& s, const ReserveNeed& n,
+                                  std::vector<int64_t>* need) const {
+  for (size_t w = 0; w < groups_.size(); ++w) {
+    (*need)[w] += n.new_blocks + (n.cow ? 1 : 0) +
+                  (s.offloaded ? group_pages_on(s, w, Tier::kHost, false) : 0);
+  }
+}
+
+int64_t ControlPlane::group_pages_on(const Sequence& s, size_t w, Tier t, bool exclusive) const {
+  int64_t n = 0;
+  for (size_t i = s.group_first_live[w]; i < s.blocks.size(); ++i) {
+    const LogicalId b = s.blocks[i];
+    const BlockInfo& info = blocks_[b];
+    if (info.tier == t && groups_[w].page(b) >= 0 && (!exclusive || info.ref == 1)) ++n;
+  }
+  return n;
+}
+
+void ControlPlane::undo_group_ops(int64_t moves_done, std::vector<BlockMove>* inverse) {
+  // Newest first: a page a drop or a move freed was only ever taken again by a later take or
+  // move of the call, which is undone first. Pages taken by evicting cached ones stay taken.
   for (auto it = journal_.group_ops.rbegin(); it != journal_.group_ops.rend(); ++it) {
     GroupPages& g = groups_[static_cast<size_t>(it->group)];
-    if (it->take) {
-      g.untake(it->block);
-    } else {
-      g.undrop(it->block, it->page);
+    switch (it->kind) {
+      case Journal::GroupOpKind::kTake:
+        g.untake(it->block);
+        break;
+      case Journal::GroupOpKind::kDrop:
+        g.undrop(it->block, it->page, it->tier);
+        break;
+      case Journal::GroupOpKind::kMove: {
+        const Tier now = it->tier == Tier::kDevice ? Tier::kHost : Tier::kDevice;
+        if (it->move_index < moves_done) {
+          inverse->push_back(
+              BlockMove{now, g.page(it->block), it->tier, it->page, g.config_index()});
+        }
+        g.move_back(it->block, now, it->tier, it->page);
+        break;
+      }
     }
   }
 }
@@ -159,9 +222,12 @@ Status ControlPlane::check_group_invariants() const {
         ++holders[static_cast<size_t>(s.blocks[i])];
       }
     }
-    int64_t owned = 0;
+    int64_t owned[kNumTiers] = {0, 0};
     int64_t cached = 0;
-    std::vector<LogicalId> owner(static_cast<size_t>(g.capacity()), kNoBlock);
+    std::vector<LogicalId> owner[kNumTiers];
+    for (int t = 0; t < kNumTiers; ++t) {
+      owner[t].assign(static_cast<size_t>(g.capacity(static_cast<Tier>(t))), kNoBlock);
+    }
     for (LogicalId b = 0; b < nlog; ++b) {
       const size_t i = static_cast<size_t>(b);
       const int32_t p = g.page(b);
@@ -176,35 +242,42 @@ Status ControlPlane::check_group_invariants() const {
         }
         continue;
       }
-      ++owned;
       if (!blocks_.live(b)) {
         return broken(name + ": free block " + std::to_string(b) + " has a page");
       }
-      if (p >= g.capacity() || owner[static_cast<size_t>(p)] != kNoBlock) {
+      // A page is in the pool of the tier its block is on.
+      const int t = static_cast<int>(blocks_[b].tier);
+      ++owned[t];
+      if (p >= g.capacity(blocks_[b].tier) || owner[t][static_cast<size_t>(p)] != kNoBlock) {
         return broken(name + ": page " + std::to_string(p) + " of block " + std::to_string(b) +
                       " is out of range or another block's too");
       }
-      owner[static_cast<size_t>(p)] = b;
-      // Nobody attends to it: it is kept only as a cached page of an indexed block.
+      owner[t][static_cast<size_t>(p)] = b;
+      // Nobody attends to it: it is kept only as a cached device page of an indexed block.
       if (holders[i] == 0) {
-        if (blocks_[b].node < 0) {
+        if (blocks_[b].node < 0 || blocks_[b].tier != Tier::kDevice) {
           return broken(name + ": block " + std::to_string(b) +
-                        " keeps a page nobody holds, and is not in the prefix index");
+                        " keeps a page nobody holds, off the device or out of the index");
         }
         ++cached;
       }
     }
-    // Every free page is in range, nobody's, and free once.
-    for (const int32_t p : g.free_pages()) {
-      if (p < 0 || p >= g.capacity() || owner[static_cast<size_t>(p)] != kNoBlock) {
-        return broken(name + ": free page " + std::to_string(p) +
-                      " is out of range, owned or free twice");
+    for (int t = 0; t < kNumTiers; ++t) {
+      // Every free page is in range, nobody's, and free once.
+      for (const int32_t p : g.free_pages(static_cast<Tier>(t))) {
+        if (p < 0 || p >= g.capacity(static_cast<Tier>(t)) ||
+            owner[t][static_cast<size_t>(p)] != kNoBlock) {
+          return broken(name + ": free page " + std::to_string(p) + " of tier " +
+                        std::to_string(t) + " is out of range, owned or free twice");
+        }
+        owner[t][static_cast<size_t>(p)] = -2;  // seen free
       }
-      owner[static_cast<size_t>(p)] = -2;  // seen free
-    }
-    if (owned + g.free_count() != g.capacity()) {
-      return broken(name + ": pages owned " + std::to_string(owned) + " + free " +
-                    std::to_string(g.free_count()) + " != " + std::to_string(g.capacity()));
+      if (owned[t] + g.free_count(static_cast<Tier>(t)) != g.capacity(static_cast<Tier>(t))) {
+        return broken(name + ": tier " + std::to_string(t) + " pages owned " +
+                      std::to_string(owned[t]) + " + free " +
+                      std::to_string(g.free_count(static_cast<Tier>(t))) +
+                      " != " + std::to_string(g.capacity(static_cast<Tier>(t))));
+      }
     }
     if (cached != g.cached_count() || !g.list_consistent()) {
       return broken(name + ": " + std::to_string(g.cached_count()) + " cached pages counted, " +

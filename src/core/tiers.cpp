@@ -23,10 +23,12 @@ void ControlPlane::list_if_evictable(LogicalId id) {
 
 void ControlPlane::move_block(LogicalId id, Tier dst, Transfers* out) {
   if (blocks_[id].listed) tier(blocks_[id].tier).queue().erase(id);
-  const BlockMove m = blocks_.move(id, dst);
-  journal_.move(id, m);
+  BlockMove m = blocks_.move(id, dst);
+  m.group = full_group_;
+  journal_.move(id, m, out->moves.size());
   out->moves.push_back(m);
   after_tier_change(id, m.src_tier);
+  if (!groups_.empty()) move_group_pages(id, m.src_tier, dst, out);
 }
 
 void ControlPlane::after_tier_change(LogicalId id, Tier from, bool announce) {
@@ -237,6 +239,15 @@ Status ControlPlane::run_offload(SequenceId id, Transfers* out) {
                               " host blocks, " + std::to_string(tier(Tier::kHost).room()) +
                               " free or held by cached blocks");
   }
+  for (size_t w = 0; w < groups_.size(); ++w) {
+    const int64_t pages = group_pages_on(*s, w, Tier::kDevice, /*exclusive=*/true);
+    const GroupPages& g = groups_[w];
+    if (pages > g.free_count(Tier::kHost)) {
+      return resource_exhausted("offload: " + seq_name(id) + " needs " + std::to_string(pages) +
+                                " host pages in group " + std::to_string(g.config_index()) + ", " +
+                                std::to_string(g.free_count(Tier::kHost)) + " free");
+    }
+  }
   begin_journal();
   do_offload(s, out);
   return ok_status();
@@ -250,6 +261,12 @@ Status ControlPlane::run_restore(SequenceId id, Transfers* out) {
   for (LogicalId b : s->live_blocks()) host_blocks += blocks_[b].tier == Tier::kHost ? 1 : 0;
   VictimPlan plan;
   PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(host_blocks, s, &plan));
+  if (!groups_.empty()) {
+    std::vector<int64_t> pages(groups_.size());
+    for (size_t w = 0; w < groups_.size(); ++w)
+      pages[w] = group_pages_on(*s, w, Tier::kHost, false);
+    PAGEDKV_RETURN_IF_ERROR(plan_group_pages(pages, s, &plan));
+  }
   begin_journal();
   apply_plan(plan, out);
   do_restore(s, out);
@@ -267,6 +284,11 @@ Status ControlPlane::run_prefetch(const std::vector<SequenceId>& ids, Transfers*
     int64_t host_blocks = 0;
     for (LogicalId b : s->live_blocks()) host_blocks += blocks_[b].tier == Tier::kHost ? 1 : 0;
     if (host_blocks > device_available()) continue;
+    bool pages_fit = true;
+    for (size_t w = 0; w < groups_.size(); ++w) {
+      pages_fit = pages_fit && group_pages_on(*s, w, Tier::kHost, false) <= groups_[w].room();
+    }
+    if (!pages_fit) continue;
     do_restore(s, out);
   }
   return ok_status();

@@ -31,7 +31,7 @@ std::vector<BlockMove> ControlPlane::undo_plan(int64_t moves_done) {
   if (!journal_.open) return inverse;
   journal_.open = false;
 
-  undo_group_ops();
+  undo_group_ops(moves_done, &inverse);
   // References dropped at the end of the call come back first (nothing reused their slots).
   for (auto it = journal_.released.rbegin(); it != journal_.released.rend(); ++it) {
     if (blocks_.live(it->block)) {
@@ -45,8 +45,6 @@ std::vector<BlockMove> ControlPlane::undo_plan(int64_t moves_done) {
     }
   }
 
-  int64_t move_index = 0;
-  for (const Journal::Op& op : journal_.ops) move_index += op.kind == Journal::OpKind::kMove;
   for (auto it = journal_.ops.rbegin(); it != journal_.ops.rend(); ++it) {
     const LogicalId id = it->block;
     if (it->kind == Journal::OpKind::kAllocate) {
@@ -64,14 +62,13 @@ std::vector<BlockMove> ControlPlane::undo_plan(int64_t moves_done) {
       ++blocks_[id].ref;
       continue;
     }
-    --move_index;
     // A demoted cached block may have been dropped from the host tier later in the call.
     if (!blocks_.live(id)) continue;
     const BlockInfo& b = blocks_[id];
     const Tier now_tier = b.tier;
     const int32_t now_phys = b.phys;
-    if (move_index < moves_done) {
-      inverse.push_back(BlockMove{now_tier, now_phys, it->from_tier, it->from_phys});
+    if (it->move_index < moves_done) {
+      inverse.push_back(BlockMove{now_tier, now_phys, it->from_tier, it->from_phys, full_group_});
     }
     unlist(id);
     blocks_.move_to(id, it->from_tier, it->from_phys);
