@@ -365,7 +365,7 @@ StatusOr<const BatchMetadata*> ControlPlane::build_batch(const std::vector<Seque
 const BatchMetadata& ControlPlane::group_batch(int32_t g) const {
   assert(g >= 0 && g < num_groups_);
   if (g == full_group_) return batch_.metadata();
-  return group_batch_[static_cast<size_t>(g < full_group_ ? g : g - 1)].metadata();
+  return group_batch_[window_index(g)].metadata();
 }
 
 ControlPlane::GroupPageCounts ControlPlane::group_pages(int32_t g) const {
@@ -374,7 +374,7 @@ ControlPlane::GroupPageCounts ControlPlane::group_pages(int32_t g) const {
     return GroupPageCounts{blocks_.capacity(Tier::kDevice) - blocks_.free_count(Tier::kDevice),
                            tier(Tier::kDevice).cached_blocks(), counters_.blocks_evicted};
   }
-  const GroupPages& p = groups_[static_cast<size_t>(g < full_group_ ? g : g - 1)];
+  const GroupPages& p = groups_[window_index(g)];
   return GroupPageCounts{p.capacity() - p.free_count(), p.cached_count(), p.evicted()};
 }
 

@@ -410,6 +410,8 @@ class ControlPlane {
   void trim_group_windows(Sequence* s);
   // A new block's pages in every window group, and the copies a copy-on-write needs there.
   void take_group_pages(LogicalId id);
+  // The index among groups_ of config group `g` (not the full group).
+  size_t window_index(int32_t g) const { return static_cast<size_t>(g < full_group_ ? g : g - 1); }
   // The held window pages of `id` follow it from tier `from` to `to` (moves named by group);
   // cached ones are released instead (pages are cached on the device only).
   void move_group_pages(LogicalId id, Tier from, Tier to, Transfers* out);

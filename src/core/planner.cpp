@@ -39,13 +39,13 @@ Status ControlPlane::plan_device_blocks(int64_t need, const Sequence* protect, V
   // Each window group's free host pages, for the held pages an offload moves there.
   std::vector<int64_t> group_host(groups_.size());
   for (size_t w = 0; w < groups_.size(); ++w) group_host[w] = groups_[w].free_count(Tier::kHost);
+  std::vector<int64_t> pages(groups_.size());
   const auto groups_take = [&](const Sequence& v) {
     for (size_t w = 0; w < groups_.size(); ++w) {
-      if (group_pages_on(v, w, Tier::kDevice, true) > group_host[w]) return false;
+      pages[w] = group_pages_on(v, w, Tier::kDevice, true);
+      if (pages[w] > group_host[w]) return false;
     }
-    for (size_t w = 0; w < groups_.size(); ++w) {
-      group_host[w] -= group_pages_on(v, w, Tier::kDevice, true);
-    }
+    for (size_t w = 0; w < groups_.size(); ++w) group_host[w] -= pages[w];
     return true;
   };
   // References that planned drops will release, so later victims are counted right.

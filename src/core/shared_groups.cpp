@@ -50,13 +50,13 @@ bool ControlPlane::group_pages_can_swap(const Sequence& s, size_t i, LogicalId o
 }
 
 void ControlPlane::swap_group_pages(const Sequence& s, size_t i, LogicalId ours, LogicalId theirs) {
-  const bool ours_registered = blocks_[ours].node >= 0;
+  // `ours` is not indexed (register_full_block returns first when it is): its pages are freed.
   for (size_t w = 0; w < groups_.size(); ++w) {
     GroupPages& g = groups_[w];
     if (i < s.group_first_live[w]) continue;
     if (g.page(theirs) >= 0) {
       g.hold(theirs);
-      g.drop(ours, ours_registered, Tier::kDevice);
+      g.drop(ours, /*cacheable=*/false, Tier::kDevice);
     } else {
       g.adopt(ours, theirs);  // a window page of theirs was evicted: ours has the same bytes
       emit_page_event(EventKind::kBlockStored, theirs, g);

@@ -753,59 +753,45 @@ void run_random(uint32_t seed, const Shape& shape, int ops) {
   if (tight) EXPECT_GT(page_evictions, 0);
 }
 
-TEST(SharedGroups, RandomOneWindowGroupAgainstAModelOfEveryGroupsMemory) {
-  for (uint32_t seed = 1; seed <= 6; ++seed) {
-    run_random(seed, Shape{4, {{8, 40}}, 64, 1}, 1500);
+// run_random() for seeds first..last, stopping at the first fatal failure.
+void run_seeds(uint32_t first, uint32_t last, const Shape& shape, int ops) {
+  for (uint32_t seed = first; seed <= last; ++seed) {
+    run_random(seed, shape, ops);
     if (::testing::Test::HasFatalFailure()) return;
   }
 }
 
+TEST(SharedGroups, RandomOneWindowGroupAgainstAModelOfEveryGroupsMemory) {
+  run_seeds(1, 6, Shape{4, {{8, 40}}, 64, 1}, 1500);
+}
+
 TEST(SharedGroups, RandomTwoWindowGroupsAgainstAModelOfEveryGroupsMemory) {
-  for (uint32_t seed = 11; seed <= 14; ++seed) {
-    run_random(seed, Shape{4, {{4, 48}, {12, 48}}, 64, 2}, 1500);
-    if (::testing::Test::HasFatalFailure()) return;
-  }
+  run_seeds(11, 14, Shape{4, {{4, 48}, {12, 48}}, 64, 2}, 1500);
 }
 
 // The shape: block size 16, a window of 64 (at most 5 pages a decoding sequence).
 TEST(SharedGroups, RandomWindow64OfBlocks16) {
-  for (uint32_t seed = 41; seed <= 43; ++seed) {
-    run_random(seed, Shape{16, {{64, 48}}, 96, 1}, 1000);
-    if (::testing::Test::HasFatalFailure()) return;
-  }
+  run_seeds(41, 43, Shape{16, {{64, 48}}, 96, 1}, 1000);
 }
 
 // The full group listed first and in the middle, three windows (two not a multiple of the
 // block size), pools of different sizes.
 TEST(SharedGroups, RandomThreeWindowsAroundTheFullGroup) {
-  for (uint32_t seed = 51; seed <= 53; ++seed) {
-    run_random(seed, Shape{4, {{5, 40}, {9, 56}, {4, 30}}, 64, 0}, 1200);
-    if (::testing::Test::HasFatalFailure()) return;
-  }
-  for (uint32_t seed = 54; seed <= 56; ++seed) {
-    run_random(seed, Shape{4, {{5, 40}, {9, 56}, {4, 30}}, 64, 2}, 1200);
-    if (::testing::Test::HasFatalFailure()) return;
-  }
+  run_seeds(51, 53, Shape{4, {{5, 40}, {9, 56}, {4, 30}}, 64, 0}, 1200);
+  if (HasFatalFailure()) return;
+  run_seeds(54, 56, Shape{4, {{5, 40}, {9, 56}, {4, 30}}, 64, 2}, 1200);
 }
 
 // Every group with a host pool: offloads, restores, prefetches, prefix hits on offloaded
 // blocks, demotions, and plans undone after part of their moves ran.
 TEST(SharedGroups, RandomWithAHostTier) {
-  for (uint32_t seed = 61; seed <= 64; ++seed) {
-    run_random(seed, Shape{4, {{8, 40}}, 64, 1, 48}, 1500);
-    if (::testing::Test::HasFatalFailure()) return;
-  }
-  for (uint32_t seed = 65; seed <= 67; ++seed) {
-    run_random(seed, Shape{4, {{5, 40}, {12, 56}}, 64, 0, 40}, 1500);
-    if (::testing::Test::HasFatalFailure()) return;
-  }
+  run_seeds(61, 64, Shape{4, {{8, 40}}, 64, 1, 48}, 1500);
+  if (HasFatalFailure()) return;
+  run_seeds(65, 67, Shape{4, {{5, 40}, {12, 56}}, 64, 0, 40}, 1500);
 }
 
 TEST(SharedGroups, RandomAmpleWindowPoolsKeepCachedPages) {
-  for (uint32_t seed = 21; seed <= 23; ++seed) {
-    run_random(seed, Shape{3, {{6, 120}}, 120, 1}, 1500);
-    if (::testing::Test::HasFatalFailure()) return;
-  }
+  run_seeds(21, 23, Shape{3, {{6, 120}}, 120, 1}, 1500);
 }
 
 }  // namespace
