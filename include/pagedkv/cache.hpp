@@ -10,6 +10,14 @@
 // so every sequence keeps its data where it was and stays usable; only cached blocks nobody
 // referenced that it evicted, and victims it dropped (drain_evicted_sequences), stay gone. If
 // even that repair fails, every later call returns the kInternal error that says so.
+//
+// Several KV groups (a config with `groups`: one full-attention group and up to three
+// sliding-window groups, as gpt-oss and Gemma 2/3 have) live in one KvCache whose groups share
+// the logical blocks (core::ControlPlane, "several KV groups"): one sequence table, prefix tree
+// and planner for all of them, and per group its own device and host pools. The calls are the
+// one-group calls; layer indices are the model's (CacheConfig::groups lists each group's), each
+// group has its own batch (build_batches) and device view, and ModelKvCache offers the same
+// cache with the model-level calls (ModelKvCacheOptions::share_blocks).
 #pragma once
 
 #include <cstdint>
@@ -95,6 +103,8 @@ enum class SequenceResidency : uint8_t {
 struct DeviceBatch {
   const BatchMetadata* host = nullptr;  // the host copy the arrays were uploaded from
   uint64_t generation = 0;              // which build_batch made it
+  /// The KV group whose pool the tables index (CacheConfig::groups index; 0 with one group).
+  int32_t group = 0;
   const int64_t* slot_mapping = nullptr;
   const int32_t* block_tables = nullptr;
   const int32_t* seq_lens = nullptr;
@@ -103,7 +113,13 @@ struct DeviceBatch {
   const int32_t* last_page_len = nullptr;
 };
 
-/// Bytes the pools took and how long they took to allocate.
+/// Where a model layer lives: its KV group and its index among the group's layers.
+struct LayerGroup {
+  int32_t group = 0;
+  int32_t layer = 0;  // the layer's index inside its group
+};
+
+/// Bytes the pools took (over every group) and how long they took to allocate.
 struct PoolInfo {
   int64_t device_bytes = 0;
   int64_t host_bytes = 0;
@@ -116,20 +132,37 @@ struct PoolInfo {
 class KvCache {
  public:
   /// Validates the config (paged mode), creates or borrows the backend, allocates the device
-  /// pool and, when num_host_blocks > 0, the pinned host pool, once. kInvalidArgument names the
-  /// field; kResourceExhausted when a pool cannot be had; kUnimplemented for dense mode.
+  /// pool and, when num_host_blocks > 0, the pinned host pool, once (per group). kInvalidArgument
+  /// names the field (also for groups other than one full-attention group and at most three
+  /// window groups); kResourceExhausted when a pool cannot be had; kUnimplemented for dense
+  /// mode, and for a storage tier with several groups (not built yet).
   static StatusOr<std::unique_ptr<KvCache>> create(const CacheConfig& config,
                                                    KvCacheOptions options = {});
   ~KvCache();
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
 
+  /// The config as given (with one group given as groups[0]: that group's config).
   const CacheConfig& config() const { return config_; }
   Backend& backend() { return *backend_; }
   Stream compute_stream() const { return compute_; }
   const PoolInfo& pool_info() const { return pool_info_; }
-  /// The device pool as the data-plane ops see it (for callers that launch ops themselves).
-  PoolRef device_pool() const;
+  /// The full-attention group's device pool (the only one with one group) as the data-plane ops
+  /// see it (for callers that launch ops themselves).
+  PoolRef device_pool() const { return device_pool(full_group_); }
+
+  // ---- KV groups (one without CacheConfig::groups) ----
+
+  int32_t num_groups() const { return static_cast<int32_t>(groups_.size()); }
+  /// The group whose blocks every other group shares: the one block_locations(id), slot() and
+  /// the slots reserve() returns describe (0 with one group).
+  int32_t full_group() const { return full_group_; }
+  /// Group `g`'s one-group config (CacheConfig::group_config). Requires 0 <= g < num_groups().
+  const CacheConfig& group_config(int32_t g) const;
+  /// Group `g`'s device pool. Requires 0 <= g < num_groups().
+  PoolRef device_pool(int32_t g) const;
+  /// The group and in-group index of a model layer. kOutOfRange.
+  StatusOr<LayerGroup> layer_group(int32_t layer) const;
 
   // ---- sequences (see core::ControlPlane for the full contract of each) ----
 
@@ -160,7 +193,8 @@ class KvCache {
   /// error `*slots` is empty.
   Status reserve_batch_into(const std::vector<SequenceId>& ids, int64_t n_each,
                             std::vector<int64_t>* slots);
-  /// Writes the keys and values of the tokens reserved by the last reserve() into one layer.
+  /// Writes the keys and values of the tokens reserved by the last reserve() into one layer (a
+  /// model layer: with several groups, into its group's pool at that group's slots).
   /// `key`/`value` are device pointers to [n, kv_heads, head_dim] with `row_stride` elements
   /// between tokens (0: packed). A latent (MLA) cache takes the latents as `key` and a null
   /// `value` (non-null: kInvalidArgument), here and in every call below that takes values.
@@ -170,12 +204,12 @@ class KvCache {
   /// Writes one layer's K/V of every token of a built batch through its slot mapping, in one
   /// launch: `key`/`value` are [batch.host->slot_mapping.size(), kv_heads, head_dim] (padding
   /// rows are skipped). kFailedPrecondition for a batch that a later call made stale,
-  /// kInvalidArgument for one another cache built.
+  /// kInvalidArgument for one another cache built or one of another group than the layer's.
   Status write_kv_batch(const DeviceBatch& batch, int32_t layer, const void* key, const void* value,
                         DType input_dtype, int64_t row_stride = 0);
-  /// As write_kv_batch, for every layer in one launch: `key`/`value` are
-  /// [num_layers][tokens, kv_heads, head_dim] with `layer_stride` elements between layers
-  /// (0: tokens * row_stride).
+  /// As write_kv_batch, for every layer of the batch's group in one launch: `key`/`value` are
+  /// [group layers][tokens, kv_heads, head_dim], in the order CacheConfig::groups lists the
+  /// group's layers, with `layer_stride` elements between layers (0: tokens * row_stride).
   Status write_kv_batch_all_layers(const DeviceBatch& batch, const void* key, const void* value,
                                    DType input_dtype, int64_t row_stride = 0,
                                    int64_t layer_stride = 0);
@@ -250,18 +284,24 @@ class KvCache {
   // ---- reading and batch metadata ----
 
   /// Builds a step's metadata for device-resident sequences and uploads it asynchronously.
+  /// kInvalidArgument with several groups: build_batches() gives each group's.
   StatusOr<DeviceBatch> build_batch(const std::vector<SequenceId>& ids,
                                     const BatchOptions& options = {});
+  /// build_batch() for every group at once: one DeviceBatch per group, in group order, each
+  /// with its group's block tables, CSR and slot mapping (-1 in a window group's tables for the
+  /// blocks out of its window). One group: one batch, build_batch()'s.
+  StatusOr<std::vector<DeviceBatch>> build_batches(const std::vector<SequenceId>& ids,
+                                                   const BatchOptions& options = {});
   /// Whether `batch` came from this cache's build_batch (of any generation).
-  bool built_here(const DeviceBatch& batch) const {
-    return batch.host != nullptr && batch.host == built_host_;
-  }
+  bool built_here(const DeviceBatch& batch) const;
   /// The device view of a built batch, to pass by value to an attention kernel: the CSR form
-  /// when the batch was built with BatchOptions::build_csr, else the block-table form. fp8
-  /// pools take their dequantisation `scales` here. Valid as long as `batch` is.
+  /// when the batch was built with BatchOptions::build_csr, else the block-table form, over its
+  /// group's pool (with its sliding_window). fp8 pools take their dequantisation `scales` here.
+  /// Valid as long as `batch` is.
   device::PagedKvView device_view(const DeviceBatch& batch, KvScales scales = {}) const;
-  /// Packs positions [position_begin, position_begin + num_tokens) of one layer of a sequence
-  /// into device buffers (`num_tokens` < 0: to the end of the committed tokens).
+  /// Packs positions [position_begin, position_begin + num_tokens) of one (model) layer of a
+  /// sequence into device buffers (`num_tokens` < 0: to the end of the committed tokens).
+  /// kOutOfRange for positions a window group no longer holds.
   Status gather_layer(SequenceId id, int32_t layer, void* key_out, void* value_out,
                       DType packed_dtype, PackedLayout packed_layout, int64_t position_begin = 0,
                       int64_t num_tokens = -1);
@@ -278,11 +318,17 @@ class KvCache {
   StatusOr<int64_t> pending(SequenceId id) const;
   /// Tier and physical id of each block of the sequence (reserved ones included). kNotFound.
   StatusOr<std::vector<BlockLocation>> block_locations(SequenceId id) const;
+  /// As block_locations() in group `g`: a window group's pages, -1 for the blocks out of its
+  /// window. kOutOfRange for a group outside the cache, kNotFound.
+  StatusOr<std::vector<BlockLocation>> block_locations(SequenceId id, int32_t g) const;
   /// The device slot (`block * block_size + offset`) of a committed or reserved position. The
   /// control plane owns every reservation and its slots; ask here rather than keep the slots
   /// reserve() returned, which an offload or restore moves. kNotFound, kOutOfRange (past the
   /// reserved positions), kFailedPrecondition (offloaded: restore it first).
   StatusOr<int64_t> slot(SequenceId id, int64_t position) const;
+  /// The slots of the sequence's reserved positions in group `g`'s pool (in position order).
+  /// kOutOfRange for a bad group, kNotFound, kFailedPrecondition (offloaded).
+  StatusOr<std::vector<int64_t>> reserved_slots(SequenceId id, int32_t g) const;
 
   // ---- observability ----
 
@@ -309,7 +355,20 @@ class KvCache {
   // Takes a failed plan back (control plane undone, queued moves copied back) and returns
   // `failure`; when that fails too, the cache is marked unusable and that error returned.
   Status recover(const Status& failure, core::TierPlan& plan, int64_t moves_done);
-  Status order_block_reuse(const std::vector<int64_t>& slots);
+  // Orders the compute stream after the offloads still reading the device blocks of group
+  // `g` that `slots` (of that group's pool) write.
+  Status order_block_reuse(int32_t g, const std::vector<int64_t>& slots);
+  // Orders the compute stream after every offload still reading a block of group `g`.
+  Status order_group_reuse(int32_t g);
+  // kOutOfRange unless 0 <= g < num_groups().
+  Status check_group(int32_t g) const;
+  // Forgets the uploaded slots of `id`'s reservation in every group.
+  void forget_slot_uploads(SequenceId id);
+  // Uploads group `g`'s metadata `m` of the batch being built into `*out`.
+  Status upload_batch(int32_t g, const BatchMetadata& m, const BatchOptions& options,
+                      DeviceBatch* out);
+  // Runs the block copies of a plan, group by group.
+  Status run_copies(const std::vector<BlockCopy>& copies);
   // Clears the block_read_by_job_ entries of the jobs that have completed.
   void retire_completed_reads();
   // kInvalidArgument for another cache's batch; kFailedPrecondition unless `batch` is the last
@@ -320,33 +379,9 @@ class KvCache {
   // poll_storage() inside another call: a failure is logged, not returned (it is not that
   // call's; poll_storage() and flush_storage() report it).
   void poll_storage_quietly();
-  // The device copy of the slots of a sequence's reservation, for write_kv.
-  StatusOr<const int64_t*> device_slots(SequenceId id, int64_t* count);
+  // The device copy of the slots of a sequence's reservation in group `g`, for write_kv.
+  StatusOr<const int64_t*> device_slots(SequenceId id, int32_t g, int64_t* count);
 
-  CacheConfig config_;
-  std::unique_ptr<Backend> owned_backend_;
-  Backend* backend_ = nullptr;
-  Stream compute_{};
-  void* device_pool_ = nullptr;
-  void* host_pool_ = nullptr;
-  PoolInfo pool_info_;
-  std::unique_ptr<core::ControlPlane> control_;
-  std::unique_ptr<runtime::TransferEngine> transfers_;
-  std::unique_ptr<runtime::StorageLink> storage_;  // null without a storage tier
-  std::unique_ptr<runtime::UploadArena> uploads_;
-  // Per device block: the transfer job that last read it (an offload). A write into the block
-  // must be ordered after that job; 0 when none is pending.
-  std::vector<uint64_t> block_read_by_job_;
-  // How many entries of block_read_by_job_ are not 0: with none, a write needs no ordering and
-  // order_block_reuse() looks nothing up (the usual decode step, with no offload in flight).
-  int64_t blocks_read_pending_ = 0;
-  // The jobs that set entries of block_read_by_job_, with the blocks they read: once a job has
-  // completed, the entries it still holds are cleared (retire_completed_reads()).
-  struct PendingRead {
-    uint64_t job = 0;
-    std::vector<int32_t> blocks;
-  };
-  std::vector<PendingRead> pending_reads_;
   // Per sequence: the slots its last write_kv uploaded, and the region holding them. A cache of
   // an upload, not a copy of the reservation: the control plane's sequence table owns the slots,
   // write_kv asks it for them every time and uploads again when they differ (after a commit, a
@@ -355,15 +390,50 @@ class KvCache {
     std::vector<int64_t> slots;
     std::unique_ptr<runtime::UploadLease> lease;
   };
-  std::unordered_map<SequenceId, SlotUpload> slot_uploads_;
+  // One KV group's pools and what the data plane keeps for them.
+  struct GroupPool {
+    CacheConfig config;  // CacheConfig::group_config of the group
+    void* device = nullptr;
+    void* host = nullptr;
+    // Per device block: the transfer job that last read it (an offload). A write into the block
+    // must be ordered after that job; 0 when none is pending.
+    std::vector<uint64_t> read_by_job;
+    // How many entries of read_by_job are not 0: with none, a write needs no ordering and
+    // order_block_reuse() looks nothing up (the usual decode step, with no offload in flight).
+    int64_t reads_pending = 0;
+    std::unordered_map<SequenceId, SlotUpload> slot_uploads;
+    // The host metadata this group's batches point to (the control plane's): a batch pointing
+    // elsewhere was built by another cache.
+    const BatchMetadata* built = nullptr;
+  };
+
+  CacheConfig config_;
+  std::unique_ptr<Backend> owned_backend_;
+  Backend* backend_ = nullptr;
+  Stream compute_{};
+  std::vector<GroupPool> groups_;  // by CacheConfig::groups index
+  int32_t full_group_ = 0;
+  std::vector<LayerGroup> layers_;  // by model layer
+  PoolInfo pool_info_;
+  std::unique_ptr<core::ControlPlane> control_;
+  std::unique_ptr<runtime::TransferEngine> transfers_;
+  std::unique_ptr<runtime::StorageLink> storage_;  // null without a storage tier
+  std::unique_ptr<runtime::UploadArena> uploads_;
+  // The jobs that set entries of a group's read_by_job, with the blocks they read: once a job
+  // has completed, the entries it still holds are cleared (retire_completed_reads()).
+  struct PendingRead {
+    uint64_t job = 0;
+    int32_t group = 0;
+    std::vector<int32_t> blocks;
+  };
+  std::vector<PendingRead> pending_reads_;
+  int64_t reads_pending_ = 0;  // the groups' reads_pending, summed
   std::vector<int64_t> slot_scratch_;
-  // The last build_batch's arrays. `generation_` moves on with build_batch and every call that
-  // can change a reservation or a block; write_kv_batch refuses a batch of another generation.
-  std::unique_ptr<runtime::UploadLease> batch_upload_;
+  // The last build_batch's arrays, one region per group. `generation_` moves on with
+  // build_batch and every call that can change a reservation or a block; write_kv_batch
+  // refuses a batch of another generation.
+  std::vector<std::unique_ptr<runtime::UploadLease>> batch_uploads_;
   uint64_t generation_ = 0;
-  // The host metadata this cache's batches point to (the control plane's, one per cache): a
-  // batch pointing elsewhere was built by another cache.
-  const BatchMetadata* built_host_ = nullptr;
   std::unordered_map<SequenceId, uint64_t> last_job_;
   std::vector<SequenceId> evicted_;
   Status broken_;  // set when a failed call could not be taken back

@@ -1,8 +1,14 @@
 // ModelKvCache: the cache of a model whose layers form several KV groups (CacheConfig::groups):
 // sliding-window layers next to full-attention ones (gpt-oss, Gemma 2/3), or an MLA latent
-// group (DeepSeek V2/V3, Kimi). Each group is a KvCache with its own pools, page shape and
-// window, and all of them share one backend and compute stream; this class keeps their
-// sequences in step and routes each model layer to its group.
+// group (DeepSeek V2/V3, Kimi). Each group has its own pools, page shape and window, and all of
+// them share one backend and compute stream; this class keeps their sequences in step and
+// routes each model layer to its group. Two ways to hold the groups:
+//  - separate planes (the default): each group is a KvCache of its own, with its own sequence
+//    table, prefix tree and planner, and group(g) is that cache;
+//  - shared blocks (ModelKvCacheOptions::share_blocks; one full-attention group and up to three
+//    window groups, no storage tiers): one KvCache holds every group (cache.hpp, "several KV
+//    groups"), so a sequence is looked up, planned and committed once for all groups. A decode
+//    step then costs about 1.3x one group's instead of 2.3x (docs/hybrid-models.md).
 //
 // A sequence lives in every group with the same committed length and reservation. A prefix hit
 // counts only as far as every group can supply it (all blocks for full attention, the blocks
@@ -30,17 +36,16 @@ struct ModelKvCacheOptions {
   /// layout fingerprint (a window group's block and a full group's block of the same tokens are
   /// different bytes under the same key): give each group's store its own model id.
   std::vector<StorageTier*> storage;
+  /// Hold every group in one KvCache whose groups share the logical blocks (see the file
+  /// comment). Needs one full-attention group and at most three window groups, and no storage
+  /// tier (kInvalidArgument, kUnimplemented). group(g) is then that one cache for every g: use
+  /// this class's per-group calls (group_config, block_locations, device_view) for a group.
+  bool share_blocks = false;
 };
 
 /// One step's batch metadata, one DeviceBatch per group (ModelKvCache::build_batch).
 struct ModelBatch {
   std::vector<DeviceBatch> groups;
-};
-
-/// Where a model layer lives.
-struct LayerGroup {
-  int32_t group = 0;
-  int32_t layer = 0;  // the layer's index inside its group
 };
 
 class ModelKvCache {
@@ -54,12 +59,25 @@ class ModelKvCache {
   ModelKvCache& operator=(const ModelKvCache&) = delete;
 
   const CacheConfig& config() const { return config_; }
-  int32_t num_groups() const { return static_cast<int32_t>(groups_.size()); }
+  int32_t num_groups() const { return config_.num_groups(); }
+  /// Whether the groups share one KvCache (ModelKvCacheOptions::share_blocks).
+  bool shares_blocks() const { return shared_; }
   /// A group's cache, for what this class does not route (stats, pools). Calls that change
   /// sequences must go through the ModelKvCache, or the groups fall out of step; events drained
-  /// here carry group 0 (use drain_events() for the group tag).
-  KvCache& group(int32_t g) { return *groups_[static_cast<size_t>(g)]; }
-  const KvCache& group(int32_t g) const { return *groups_[static_cast<size_t>(g)]; }
+  /// here carry group 0 (use drain_events() for the group tag). With shared blocks, the one
+  /// cache of every group.
+  KvCache& group(int32_t g) { return *groups_[shared_ ? 0 : static_cast<size_t>(g)]; }
+  const KvCache& group(int32_t g) const { return *groups_[shared_ ? 0 : static_cast<size_t>(g)]; }
+  /// Group `g`'s one-group config (CacheConfig::group_config). Requires 0 <= g < num_groups().
+  const CacheConfig& group_config(int32_t g) const {
+    return group_configs_[static_cast<size_t>(g)];
+  }
+  /// Group `g`'s device pool (requires 0 <= g < num_groups()).
+  PoolRef device_pool(int32_t g) const {
+    return shared_ ? groups_.front()->device_pool(g) : group(g).device_pool();
+  }
+  /// The stream every group's kernels and uploads run on.
+  Stream compute_stream() const { return groups_.front()->compute_stream(); }
   /// The group and in-group index of a model layer. kOutOfRange.
   StatusOr<LayerGroup> layer_group(int32_t layer) const;
 
@@ -69,7 +87,8 @@ class ModelKvCache {
   /// can supply. Returns that length (the committed length in every group).
   StatusOr<int64_t> add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
                                  const SequenceOptions& options = {});
-  /// Reserves the next `n` tokens in every group; returns each group's slots. When a group is
+  /// Reserves the next `n` tokens in every group; returns each group's slots (in its own pool).
+  /// When a group is
   /// out of blocks (kResourceExhausted), the reservation is dropped in every group (the
   /// sequence keeps its committed tokens; reserve again after freeing room); sequences the
   /// groups that went ahead offloaded stay offloaded (their data is kept).
@@ -165,6 +184,9 @@ class ModelKvCache {
   StatusOr<int64_t> pending(SequenceId id) const { return groups_.front()->pending(id); }
   /// Blocks the sequence holds in group `g` (not those that fell out of its window).
   StatusOr<int64_t> held_blocks(SequenceId id, int32_t g) const;
+  /// Tier and block (or page) of each of the sequence's blocks in group `g`, -1 for those out of
+  /// a window group's window. kOutOfRange for a bad group, kNotFound.
+  StatusOr<std::vector<BlockLocation>> block_locations(SequenceId id, int32_t g) const;
   /// Bytes of the blocks the sequence holds over all groups, on whichever tier they are (an
   /// offloaded sequence's host blocks count too; a shared block is counted in full).
   StatusOr<int64_t> held_bytes(SequenceId id) const;
@@ -184,6 +206,12 @@ class ModelKvCache {
 
  private:
   ModelKvCache() = default;
+  // The caches that hold the groups: one per group, or one for all with shared blocks. Calls
+  // that every group takes go to each of them.
+  int32_t num_planes() const { return static_cast<int32_t>(groups_.size()); }
+  // `st` with the group of plane `p` named in front of its message (with shared blocks the one
+  // cache names its groups itself).
+  Status in_group(int32_t p, const Status& st) const;
   // kOutOfRange for a group index outside [0, num_groups()).
   Status check_group(int32_t g) const;
   // kInvalidArgument for a batch of another number of groups, or one another cache built.
@@ -199,8 +227,10 @@ class ModelKvCache {
   Status check_rollback(SequenceId id, int64_t length) const;
 
   CacheConfig config_;
+  std::vector<CacheConfig> group_configs_;  // config_.group_config(g), by group
+  bool shared_ = false;
   std::unique_ptr<Backend> owned_backend_;
-  std::vector<std::unique_ptr<KvCache>> groups_;
+  std::vector<std::unique_ptr<KvCache>> groups_;  // the planes
   std::vector<LayerGroup> layers_;      // by model layer
   std::unordered_set<SequenceId> ids_;  // the model's sequences (for check_invariants)
   std::vector<SequenceId> evicted_;

@@ -249,6 +249,12 @@ class ControlPlane {
   /// Appends the slots of the sequence's reserved positions, in position order, to `*out`
   /// (nothing on error). kNotFound, kFailedPrecondition (offloaded).
   Status reserved_slots(SequenceId id, std::vector<int64_t>* out) const;
+  /// As block_locations() in group `g` (a config index): a window group's pages, -1 (on the
+  /// device tier) for the blocks outside its window. Requires 0 <= g < num_groups().
+  StatusOr<std::vector<BlockLocation>> group_block_locations(SequenceId id, int32_t g) const;
+  /// As reserved_slots() in group `g`: `page * block_size + offset` in a window group's pool.
+  /// Requires 0 <= g < num_groups().
+  Status group_reserved_slots(SequenceId id, int32_t g, std::vector<int64_t>* out) const;
 
   /// Builds the metadata of a step for `ids` (each device-resident, no duplicates). The result
   /// stays valid until the next build. kNotFound, kInvalidArgument, kFailedPrecondition

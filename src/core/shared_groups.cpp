@@ -2,6 +2,7 @@
 // holds their pages, what a hit, a rollback and a new block need from them, and their part of
 // check_invariants(). A sequence holds the page of its block at table index i in window group w
 // while i >= group_first_live[w]; a commit moves that bound as the window moves.
+#include <cassert>
 #include <string>
 #include <vector>
 
@@ -283,6 +284,45 @@ Status ControlPlane::check_group_invariants() const {
       return broken(name + ": " + std::to_string(g.cached_count()) + " cached pages counted, " +
                     std::to_string(cached) + " recounted, or their list is broken");
     }
+  }
+  return ok_status();
+}
+
+// ---------------------------------------------------------------- queries per group
+
+StatusOr<std::vector<BlockLocation>> ControlPlane::group_block_locations(SequenceId id,
+                                                                         int32_t g) const {
+  assert(g >= 0 && g < num_groups_);
+  if (g == full_group_) return block_locations(id);
+  const Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  const size_t w = window_index(g);
+  const GroupPages& pages = groups_[w];
+  std::vector<BlockLocation> out(s->blocks.size(), BlockLocation{Tier::kDevice, -1});
+  for (size_t i = s->group_first_live[w]; i < s->blocks.size(); ++i) {
+    const LogicalId b = s->blocks[i];
+    // A page's tier is its block's: the pages follow their blocks between tiers.
+    out[i] = BlockLocation{blocks_[b].tier, pages.page(b)};
+  }
+  return out;
+}
+
+Status ControlPlane::group_reserved_slots(SequenceId id, int32_t g,
+                                          std::vector<int64_t>* out) const {
+  assert(g >= 0 && g < num_groups_);
+  if (g == full_group_) return reserved_slots(id, out);
+  const Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  if (s->pending > 0 && s->offloaded) {
+    return failed_precondition("sequence " + std::to_string(id) +
+                               " is offloaded: restore it (or reserve again) before writing");
+  }
+  // Reserved positions are past the committed length, so inside every window.
+  const GroupPages& pages = groups_[window_index(g)];
+  const int64_t len = s->length();
+  for (int64_t p = len; p < len + s->pending; ++p) {
+    const LogicalId b = s->blocks[static_cast<size_t>(bdiv_.div(p))];
+    out->push_back(static_cast<int64_t>(pages.page(b)) * block_size_ + bdiv_.mod(p));
   }
   return ok_status();
 }

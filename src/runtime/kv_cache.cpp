@@ -48,13 +48,15 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
                                                    KvCacheOptions options) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::create");
   PAGEDKV_RETURN_IF_ERROR(model_config.validate());
-  if (model_config.num_groups() > 1) {
-    return invalid_argument("groups: a KvCache holds one KV group, this config has " +
-                            std::to_string(model_config.num_groups()) +
-                            "; ModelKvCache holds a model of several");
+  const int32_t num_groups = model_config.num_groups();
+  // One group given as groups[0]: that group's config. Several: the control plane checks their
+  // shape (one full-attention group and window groups).
+  const CacheConfig config = num_groups > 1 ? model_config : model_config.group_config(0);
+  if (num_groups > 1 && options.storage != nullptr) {
+    return unimplemented(
+        "storage: a storage tier for a cache of several groups is not built yet (window pages "
+        "in the storage tier); a ModelKvCache without share_blocks gives each group its own");
   }
-  // One group given as groups[0]: that group's config.
-  const CacheConfig config = model_config.group_config(0);
   if (options.transfer_kernel_block_bytes < 0) {
     return invalid_argument("transfer_kernel_block_bytes: negative (" +
                             std::to_string(options.transfer_kernel_block_bytes) + ")");
@@ -85,52 +87,72 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   control_options.event_capacity = options.event_capacity;
   control_options.report_host_drops = options.storage != nullptr;
   PAGEDKV_ASSIGN_OR_RETURN(cache->control_, core::ControlPlane::create(config, control_options));
-
-  const int64_t block_bytes = config.block_bytes();
-  auto t0 = std::chrono::steady_clock::now();
-  PAGEDKV_ASSIGN_OR_RETURN(
-      cache->device_pool_,
-      be.allocate_device(static_cast<size_t>(block_bytes * config.num_device_blocks)));
-  cache->pool_info_.device_bytes = block_bytes * config.num_device_blocks;
-  cache->pool_info_.device_alloc_ms = ms_since(t0);
-  if (config.num_host_blocks > 0) {
-    t0 = std::chrono::steady_clock::now();
-    PAGEDKV_ASSIGN_OR_RETURN(
-        cache->host_pool_,
-        be.allocate_pinned(static_cast<size_t>(block_bytes * config.num_host_blocks)));
-    cache->pool_info_.host_bytes = block_bytes * config.num_host_blocks;
-    cache->pool_info_.host_alloc_ms = ms_since(t0);
-  }
-  runtime::TierPools pools{cache->device_pool_, config.num_device_blocks, cache->host_pool_,
-                           config.num_host_blocks, block_bytes};
-  if (cache->host_pool_ != nullptr) {
-    // A host pool the device cannot address leaves the batched copy, which needs no mapping.
-    StatusOr<void*> mapped = be.mapped_device_pointer(cache->host_pool_);
-    if (mapped.ok()) {
-      pools.host_mapped = *mapped;
+  cache->full_group_ = cache->control_->full_group();
+  cache->layers_.resize(static_cast<size_t>(config.num_layers));
+  for (int32_t g = 0; g < num_groups; ++g) {
+    GroupPool pool;
+    pool.config = num_groups > 1 ? config.group_config(g) : config;
+    cache->groups_.push_back(std::move(pool));
+    if (num_groups == 1) {
+      for (int32_t l = 0; l < config.num_layers; ++l) cache->layers_[static_cast<size_t>(l)] = {0, l};
     } else {
-      detail::logger().info("KvCache: host pool not mapped ({}); transfers use batched copies",
-                            mapped.status().to_string());
+      const std::vector<int32_t>& layers = config.groups[static_cast<size_t>(g)].layers;
+      for (size_t i = 0; i < layers.size(); ++i) {
+        cache->layers_[static_cast<size_t>(layers[i])] = {g, static_cast<int32_t>(i)};
+      }
     }
+  }
+
+  std::vector<runtime::TierPools> pools;
+  for (GroupPool& group : cache->groups_) {
+    const CacheConfig& c = group.config;
+    const int64_t block_bytes = c.block_bytes();
+    auto t0 = std::chrono::steady_clock::now();
+    PAGEDKV_ASSIGN_OR_RETURN(
+        group.device, be.allocate_device(static_cast<size_t>(block_bytes * c.num_device_blocks)));
+    cache->pool_info_.device_bytes += block_bytes * c.num_device_blocks;
+    cache->pool_info_.device_alloc_ms += ms_since(t0);
+    if (c.num_host_blocks > 0) {
+      t0 = std::chrono::steady_clock::now();
+      PAGEDKV_ASSIGN_OR_RETURN(
+          group.host, be.allocate_pinned(static_cast<size_t>(block_bytes * c.num_host_blocks)));
+      cache->pool_info_.host_bytes += block_bytes * c.num_host_blocks;
+      cache->pool_info_.host_alloc_ms += ms_since(t0);
+    }
+    group.read_by_job.assign(static_cast<size_t>(c.num_device_blocks), 0);
+    runtime::TierPools p{group.device, c.num_device_blocks, group.host, c.num_host_blocks,
+                         block_bytes};
+    if (group.host != nullptr) {
+      // A host pool the device cannot address leaves the batched copy, which needs no mapping.
+      StatusOr<void*> mapped = be.mapped_device_pointer(group.host);
+      if (mapped.ok()) {
+        p.host_mapped = *mapped;
+        cache->pool_info_.host_mapped = true;
+      } else {
+        detail::logger().info("KvCache: host pool not mapped ({}); transfers use batched copies",
+                              mapped.status().to_string());
+      }
+    }
+    pools.push_back(p);
   }
   runtime::TransferOptions transfer_options;
   transfer_options.kernel_block_bytes = options.transfer_kernel_block_bytes;
   PAGEDKV_ASSIGN_OR_RETURN(cache->transfers_,
                            runtime::TransferEngine::create(be, pools, transfer_options));
-  cache->pool_info_.host_mapped = pools.host_mapped != nullptr;
   cache->pool_info_.transfer_kernel = cache->transfers_->uses_kernel();
   if (options.storage != nullptr) {
-    PAGEDKV_ASSIGN_OR_RETURN(cache->storage_, runtime::StorageLink::create(
-                                                  be, options.storage, config, cache->host_pool_,
-                                                  options.storage_staging_blocks));
+    PAGEDKV_ASSIGN_OR_RETURN(cache->storage_,
+                             runtime::StorageLink::create(be, options.storage, config,
+                                                          cache->groups_[0].host,
+                                                          options.storage_staging_blocks));
   }
   PAGEDKV_ASSIGN_OR_RETURN(cache->uploads_,
                            runtime::UploadArena::create(be, cache->compute_, kInitialUploadBytes));
-  cache->block_read_by_job_.assign(static_cast<size_t>(config.num_device_blocks), 0);
+  cache->batch_uploads_.resize(static_cast<size_t>(num_groups));
   detail::logger().info(
-      "KvCache: device pool {} blocks, {:.1f} MiB in {:.2f} ms; host pool {} blocks, {:.1f} MiB "
-      "pinned in {:.2f} ms; transfers by {}",
-      config.num_device_blocks, cache->pool_info_.device_bytes / 1048576.0,
+      "KvCache: {} group(s); device pools {} blocks, {:.1f} MiB in {:.2f} ms; host pools {} "
+      "blocks, {:.1f} MiB pinned in {:.2f} ms; transfers by {}",
+      num_groups, config.num_device_blocks, cache->pool_info_.device_bytes / 1048576.0,
       cache->pool_info_.device_alloc_ms, config.num_host_blocks,
       cache->pool_info_.host_bytes / 1048576.0, cache->pool_info_.host_alloc_ms,
       cache->pool_info_.transfer_kernel ? "copy kernel" : "batched copy");
@@ -140,18 +162,47 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
 KvCache::~KvCache() {
   if (backend_ == nullptr) return;
   backend_->synchronize_stream(compute_).ignore_error();  // queued kernels may use the pools
-  storage_.reset();       // waits for staging copies and the store's reads into the host pool
-  slot_uploads_.clear();  // their leases go back to the arena before it goes
-  batch_upload_.reset();
+  storage_.reset();  // waits for staging copies and the store's reads into the host pool
+  for (GroupPool& g : groups_) g.slot_uploads.clear();  // leases go back before the arena goes
+  batch_uploads_.clear();
   uploads_.reset();
   transfers_.reset();  // drains the copy stream
-  backend_->free_device(device_pool_);
-  backend_->free_pinned(host_pool_);
+  for (GroupPool& g : groups_) {
+    backend_->free_device(g.device);
+    backend_->free_pinned(g.host);
+  }
 }
 
-PoolRef KvCache::device_pool() const {
-  return PoolRef{device_pool_, config_.dtype, PoolLayout::from_config(config_),
-                 config_.num_device_blocks};
+const CacheConfig& KvCache::group_config(int32_t g) const {
+  return groups_[static_cast<size_t>(g)].config;
+}
+
+PoolRef KvCache::device_pool(int32_t g) const {
+  const GroupPool& p = groups_[static_cast<size_t>(g)];
+  return PoolRef{p.device, p.config.dtype, PoolLayout::from_config(p.config),
+                 p.config.num_device_blocks};
+}
+
+Status KvCache::check_group(int32_t g) const {
+  if (g < 0 || g >= num_groups()) {
+    return out_of_range("group " + std::to_string(g) + " outside the cache's " +
+                        std::to_string(num_groups()) + " groups");
+  }
+  return ok_status();
+}
+
+StatusOr<LayerGroup> KvCache::layer_group(int32_t layer) const {
+  if (layer < 0 || layer >= config_.num_layers) {
+    return out_of_range("layer " + std::to_string(layer) + " outside the model's " +
+                        std::to_string(config_.num_layers) + " layers");
+  }
+  return layers_[static_cast<size_t>(layer)];
+}
+
+void KvCache::forget_slot_uploads(SequenceId id) {
+  for (GroupPool& g : groups_) {
+    if (!g.slot_uploads.empty()) g.slot_uploads.erase(id);
+  }
 }
 
 StatusOr<int64_t> KvCache::add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
@@ -174,7 +225,7 @@ Status KvCache::run_transfers(const Transfers& t, Submitted* out) {
   // Dropped victims need no data and are not undone: record them before anything can fail.
   for (SequenceId id : t.evicted) {
     evicted_.push_back(id);
-    slot_uploads_.erase(id);
+    forget_slot_uploads(id);
   }
   // Dropped host blocks are copied out for the write-back before the moves reuse their slots.
   if (storage_ != nullptr) {
@@ -185,15 +236,24 @@ Status KvCache::run_transfers(const Transfers& t, Submitted* out) {
         transfers_->submit(t.moves, compute_, &out->moves_done);
     PAGEDKV_RETURN_IF_ERROR(ticket.status());
     out->ticket = *ticket;
-    PendingRead read{*ticket, {}};
+    const size_t first_read = pending_reads_.size();
     for (const BlockMove& m : t.moves) {
       if (m.src_tier != Tier::kDevice) continue;
-      uint64_t& job = block_read_by_job_[static_cast<size_t>(m.src_block)];
-      blocks_read_pending_ += job == 0 ? 1 : 0;
+      GroupPool& g = groups_[static_cast<size_t>(m.group)];
+      uint64_t& job = g.read_by_job[static_cast<size_t>(m.src_block)];
+      g.reads_pending += job == 0 ? 1 : 0;
+      reads_pending_ += job == 0 ? 1 : 0;
       job = *ticket;
-      read.blocks.push_back(m.src_block);
+      // One record per group the job reads from.
+      auto read = std::find_if(pending_reads_.begin() + static_cast<std::ptrdiff_t>(first_read),
+                               pending_reads_.end(),
+                               [&m](const PendingRead& r) { return r.group == m.group; });
+      if (read == pending_reads_.end()) {
+        pending_reads_.push_back(PendingRead{*ticket, m.group, {}});
+        read = pending_reads_.end() - 1;
+      }
+      read->blocks.push_back(m.src_block);
     }
-    if (!read.blocks.empty()) pending_reads_.push_back(std::move(read));
     // Restored blocks are read on the compute stream: it waits for the copies. Offloaded ones
     // only constrain later writes into their device blocks (order_block_reuse).
     const bool restores = std::any_of(t.moves.begin(), t.moves.end(), [](const BlockMove& m) {
@@ -201,22 +261,28 @@ Status KvCache::run_transfers(const Transfers& t, Submitted* out) {
     });
     if (restores) PAGEDKV_RETURN_IF_ERROR(transfers_->order_after(*ticket, compute_));
   }
-  if (!t.copies.empty()) {
+  return run_copies(t.copies);
+}
+
+Status KvCache::run_copies(const std::vector<BlockCopy>& copies) {
+  // One launch per group, each on its own pool.
+  for (int32_t g = 0; g < num_groups() && !copies.empty(); ++g) {
     std::vector<int32_t> pairs;
-    pairs.reserve(t.copies.size() * 2);
     std::vector<int64_t> written;
-    for (const BlockCopy& c : t.copies) {
+    for (const BlockCopy& c : copies) {
+      if (c.group != g) continue;
       pairs.push_back(c.src_block);
       pairs.push_back(c.dst_block);
       written.push_back(static_cast<int64_t>(c.dst_block) * config_.block_size);
     }
-    PAGEDKV_RETURN_IF_ERROR(order_block_reuse(written));
+    if (pairs.empty()) continue;
+    PAGEDKV_RETURN_IF_ERROR(order_block_reuse(g, written));
     PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease up, uploads_->upload({part(pairs)}));
     CopyBlocksArgs args;
     args.pairs = up.device<int32_t>(0);
     args.index_type = IndexType::kInt32;
-    args.num_pairs = static_cast<int64_t>(t.copies.size());
-    PAGEDKV_RETURN_IF_ERROR(copy_blocks(*backend_, device_pool(), args, compute_));
+    args.num_pairs = static_cast<int64_t>(written.size());
+    PAGEDKV_RETURN_IF_ERROR(copy_blocks(*backend_, device_pool(g), args, compute_));
   }
   return ok_status();
 }
@@ -270,11 +336,13 @@ void KvCache::retire_completed_reads() {
   auto done = [this](const PendingRead& r) {
     const StatusOr<bool> complete = transfers_->is_complete(r.job);
     if (!complete.ok() || !*complete) return false;
+    GroupPool& g = groups_[static_cast<size_t>(r.group)];
     for (int32_t b : r.blocks) {
-      uint64_t& job = block_read_by_job_[static_cast<size_t>(b)];
+      uint64_t& job = g.read_by_job[static_cast<size_t>(b)];
       if (job != r.job) continue;
       job = 0;
-      --blocks_read_pending_;
+      --g.reads_pending;
+      --reads_pending_;
     }
     return true;
   };
@@ -282,23 +350,43 @@ void KvCache::retire_completed_reads() {
                        pending_reads_.end());
 }
 
-Status KvCache::order_block_reuse(const std::vector<int64_t>& slots) {
-  if (blocks_read_pending_ == 0) return ok_status();
+Status KvCache::order_block_reuse(int32_t g, const std::vector<int64_t>& slots) {
+  GroupPool& group = groups_[static_cast<size_t>(g)];
+  if (group.reads_pending == 0) return ok_status();
   retire_completed_reads();
-  if (blocks_read_pending_ == 0) return ok_status();
+  if (group.reads_pending == 0) return ok_status();
   runtime::TransferTicket latest = 0;
   for (int64_t slot : slots) {
     latest = std::max<runtime::TransferTicket>(
-        latest, block_read_by_job_[static_cast<size_t>(slot / config_.block_size)]);
+        latest, group.read_by_job[static_cast<size_t>(slot / config_.block_size)]);
   }
   if (latest == 0) return ok_status();
   PAGEDKV_RETURN_IF_ERROR(transfers_->order_after(latest, compute_));
   // Once ordered, later writes on the compute stream follow the job too.
   for (int64_t slot : slots) {
-    uint64_t& job = block_read_by_job_[static_cast<size_t>(slot / config_.block_size)];
-    blocks_read_pending_ -= job != 0 ? 1 : 0;
+    uint64_t& job = group.read_by_job[static_cast<size_t>(slot / config_.block_size)];
+    group.reads_pending -= job != 0 ? 1 : 0;
+    reads_pending_ -= job != 0 ? 1 : 0;
     job = 0;
   }
+  return ok_status();
+}
+
+Status KvCache::order_group_reuse(int32_t g) {
+  GroupPool& group = groups_[static_cast<size_t>(g)];
+  if (group.reads_pending == 0) return ok_status();
+  retire_completed_reads();
+  if (group.reads_pending == 0) return ok_status();
+  runtime::TransferTicket latest = 0;
+  for (const PendingRead& r : pending_reads_) {
+    if (r.group == g) latest = std::max<runtime::TransferTicket>(latest, r.job);
+  }
+  PAGEDKV_RETURN_IF_ERROR(transfers_->order_after(latest, compute_));
+  // Every later write into the group's pool follows the jobs now (order_after covers the
+  // earlier jobs too).
+  std::fill(group.read_by_job.begin(), group.read_by_job.end(), 0);
+  reads_pending_ -= group.reads_pending;
+  group.reads_pending = 0;
   return ok_status();
 }
 
@@ -332,15 +420,15 @@ Status KvCache::reserve_batch_into(const std::vector<SequenceId>& ids, int64_t n
   return st;
 }
 
-StatusOr<const int64_t*> KvCache::device_slots(SequenceId id, int64_t* count) {
+StatusOr<const int64_t*> KvCache::device_slots(SequenceId id, int32_t g, int64_t* count) {
   slot_scratch_.clear();
-  PAGEDKV_RETURN_IF_ERROR(control_->reserved_slots(id, &slot_scratch_));
+  PAGEDKV_RETURN_IF_ERROR(control_->group_reserved_slots(id, g, &slot_scratch_));
   if (slot_scratch_.empty()) {
     return failed_precondition("sequence " + std::to_string(id) + ": nothing reserved to write");
   }
   // A block of the reservation may have been read by an offload that is still running.
-  PAGEDKV_RETURN_IF_ERROR(order_block_reuse(slot_scratch_));
-  SlotUpload& up = slot_uploads_[id];
+  PAGEDKV_RETURN_IF_ERROR(order_block_reuse(g, slot_scratch_));
+  SlotUpload& up = groups_[static_cast<size_t>(g)].slot_uploads[id];
   // Uploaded once per reservation, kept (leased) while the slots stay the same. An upload that
   // a failing op then ignores changes nothing observable.
   if (up.lease == nullptr || up.slots != slot_scratch_) {
@@ -357,14 +445,24 @@ Status KvCache::write_kv(SequenceId id, int32_t layer, const void* key, const vo
                          DType input_dtype, int64_t row_stride) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::write_kv");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  // One group: the op checks the layer, as it always has.
+  LayerGroup lg{0, layer};
+  if (num_groups() > 1) {
+    PAGEDKV_ASSIGN_OR_RETURN(lg, layer_group(layer));
+  }
   WriteKvArgs args;
-  PAGEDKV_ASSIGN_OR_RETURN(args.slot_mapping, device_slots(id, &args.num_tokens));
+  PAGEDKV_ASSIGN_OR_RETURN(args.slot_mapping, device_slots(id, lg.group, &args.num_tokens));
   args.key = key;
   args.value = value;
   args.input_dtype = input_dtype;
   args.row_stride = row_stride;
-  args.layer = layer;
-  return pagedkv::write_kv(*backend_, device_pool(), args, compute_);
+  args.layer = lg.layer;
+  return pagedkv::write_kv(*backend_, device_pool(lg.group), args, compute_);
+}
+
+bool KvCache::built_here(const DeviceBatch& batch) const {
+  return batch.host != nullptr && batch.group >= 0 && batch.group < num_groups() &&
+         batch.host == groups_[static_cast<size_t>(batch.group)].built;
 }
 
 Status KvCache::check_batch_current(const DeviceBatch& batch) const {
@@ -384,6 +482,15 @@ Status KvCache::write_kv_batch(const DeviceBatch& batch, int32_t layer, const vo
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::write_kv_batch");
   PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_RETURN_IF_ERROR(check_batch_current(batch));
+  LayerGroup lg{0, layer};
+  if (num_groups() > 1) {
+    PAGEDKV_ASSIGN_OR_RETURN(lg, layer_group(layer));
+    if (lg.group != batch.group) {
+      return invalid_argument("layer " + std::to_string(layer) + " is group " +
+                              std::to_string(lg.group) + "'s; the batch is group " +
+                              std::to_string(batch.group) + "'s");
+    }
+  }
   WriteKvArgs args;
   args.key = key;
   args.value = value;
@@ -391,8 +498,8 @@ Status KvCache::write_kv_batch(const DeviceBatch& batch, int32_t layer, const vo
   args.row_stride = row_stride;
   args.num_tokens = static_cast<int64_t>(batch.host->slot_mapping.size());
   args.slot_mapping = batch.slot_mapping;
-  args.layer = layer;
-  return pagedkv::write_kv(*backend_, device_pool(), args, compute_);
+  args.layer = lg.layer;
+  return pagedkv::write_kv(*backend_, device_pool(batch.group), args, compute_);
 }
 
 Status KvCache::write_kv_batch_all_layers(const DeviceBatch& batch, const void* key,
@@ -409,7 +516,7 @@ Status KvCache::write_kv_batch_all_layers(const DeviceBatch& batch, const void* 
   args.layer_stride = layer_stride;
   args.num_tokens = static_cast<int64_t>(batch.host->slot_mapping.size());
   args.slot_mapping = batch.slot_mapping;
-  return pagedkv::write_kv_all_layers(*backend_, device_pool(), args, compute_);
+  return pagedkv::write_kv_all_layers(*backend_, device_pool(batch.group), args, compute_);
 }
 
 Status KvCache::commit(SequenceId id, const std::vector<TokenId>& tokens) {
@@ -421,7 +528,7 @@ Status KvCache::commit(SequenceId id, const std::vector<TokenId>& tokens) {
 Status KvCache::commit_tokens(SequenceId id, const TokenId* tokens, int64_t n) {
   PAGEDKV_RETURN_IF_ERROR(control_->commit(id, tokens, n));
   ++generation_;
-  slot_uploads_.erase(id);  // the reservation shrank: its upload no longer matches
+  forget_slot_uploads(id);  // the reservation shrank: its upload no longer matches
   return ok_status();
 }
 
@@ -440,8 +547,9 @@ Status KvCache::commit_batch(const std::vector<SequenceId>& ids, const std::vect
   // The control plane checks every member before it commits any.
   PAGEDKV_RETURN_IF_ERROR(control_->commit_batch(ids, tokens.data(), n_each));
   ++generation_;
-  if (!slot_uploads_.empty()) {
-    for (SequenceId id : ids) slot_uploads_.erase(id);
+  for (GroupPool& g : groups_) {
+    if (g.slot_uploads.empty()) continue;
+    for (SequenceId id : ids) g.slot_uploads.erase(id);
   }
   return ok_status();
 }
@@ -451,7 +559,7 @@ Status KvCache::rollback(SequenceId id, int64_t length) {
   PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_RETURN_IF_ERROR(control_->rollback(id, length));
   ++generation_;
-  slot_uploads_.erase(id);
+  forget_slot_uploads(id);
   return ok_status();
 }
 
@@ -468,7 +576,7 @@ Status KvCache::finish(SequenceId id) {
   PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_RETURN_IF_ERROR(control_->finish(id));
   ++generation_;
-  slot_uploads_.erase(id);
+  forget_slot_uploads(id);
   last_job_.erase(id);
   return ok_status();
 }
@@ -478,7 +586,7 @@ Status KvCache::erase(SequenceId id) {
   PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_RETURN_IF_ERROR(control_->erase(id));
   ++generation_;
-  slot_uploads_.erase(id);
+  forget_slot_uploads(id);
   last_job_.erase(id);
   return ok_status();
 }
@@ -508,7 +616,12 @@ Status KvCache::carry_out(core::TierPlan& plan) {
   // taken back.
   Submitted sub;
   Status s = run_transfers(plan.transfers(), &sub);
-  if (s.ok()) s = order_block_reuse(plan.slots());
+  if (s.ok()) s = order_block_reuse(full_group_, plan.slots());
+  // A window group's new pages are not listed: a reservation that an offload in flight may
+  // still be reading from orders every write into that group's pool after it.
+  for (int32_t g = 0; g < num_groups() && s.ok() && !plan.slots().empty(); ++g) {
+    if (g != full_group_) s = order_group_reuse(g);
+  }
   if (!s.ok()) return recover(s, plan, sub.moves_done);
   note_transfers(plan.transfers(), sub.ticket);
   plan.commit();
@@ -546,33 +659,65 @@ StatusOr<DeviceBatch> KvCache::build_batch(const std::vector<SequenceId>& ids,
                                            const BatchOptions& options) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::build_batch");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  if (num_groups() > 1) {
+    return invalid_argument("build_batch: the cache holds " + std::to_string(num_groups()) +
+                            " KV groups: build_batches gives each group's batch");
+  }
   PAGEDKV_ASSIGN_OR_RETURN(const BatchMetadata* m, control_->build_batch(ids, options));
   // The host metadata every DeviceBatch points to has just been rewritten: an earlier batch is
   // stale from here on, even if the upload below fails (found by tests/fuzz).
   ++generation_;
-  built_host_ = m;
-  // One packed upload: every array lives until the next build_batch (DeviceBatch's contract).
-  PAGEDKV_ASSIGN_OR_RETURN(
-      runtime::UploadLease up,
-      uploads_->upload({part(m->slot_mapping), part(m->block_tables), part(m->seq_lens),
-                        part(m->indptr), part(m->indices), part(m->last_page_len)}));
   DeviceBatch out;
-  out.host = m;
-  out.generation = generation_;
-  out.slot_mapping = up.device<int64_t>(0);
-  out.block_tables = up.device<int32_t>(1);
-  out.seq_lens = up.device<int32_t>(2);
-  if (options.build_csr) {
-    out.indptr = up.device<int32_t>(3);
-    out.indices = up.device<int32_t>(4);
-    out.last_page_len = up.device<int32_t>(5);
-  }
-  batch_upload_ = std::make_unique<runtime::UploadLease>(std::move(up));
+  PAGEDKV_RETURN_IF_ERROR(upload_batch(0, *m, options, &out));
   return out;
 }
 
+StatusOr<std::vector<DeviceBatch>> KvCache::build_batches(const std::vector<SequenceId>& ids,
+                                                          const BatchOptions& options) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::build_batches");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_ASSIGN_OR_RETURN(const BatchMetadata* m, control_->build_batch(ids, options));
+  ++generation_;  // as in build_batch
+  std::vector<DeviceBatch> out(static_cast<size_t>(num_groups()));
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    const BatchMetadata& meta = g == full_group_ ? *m : control_->group_batch(g);
+    PAGEDKV_RETURN_IF_ERROR(upload_batch(g, meta, options, &out[static_cast<size_t>(g)]));
+  }
+  return out;
+}
+
+Status KvCache::upload_batch(int32_t g, const BatchMetadata& m, const BatchOptions& options,
+                             DeviceBatch* out) {
+  groups_[static_cast<size_t>(g)].built = &m;
+  // One packed upload: every array lives until the next build_batch (DeviceBatch's contract).
+  PAGEDKV_ASSIGN_OR_RETURN(
+      runtime::UploadLease up,
+      uploads_->upload({part(m.slot_mapping), part(m.block_tables), part(m.seq_lens),
+                        part(m.indptr), part(m.indices), part(m.last_page_len)}));
+  out->host = &m;
+  out->generation = generation_;
+  out->group = g;
+  out->slot_mapping = up.device<int64_t>(0);
+  out->block_tables = up.device<int32_t>(1);
+  out->seq_lens = up.device<int32_t>(2);
+  if (options.build_csr) {
+    out->indptr = up.device<int32_t>(3);
+    out->indices = up.device<int32_t>(4);
+    out->last_page_len = up.device<int32_t>(5);
+  }
+  std::unique_ptr<runtime::UploadLease>& lease = batch_uploads_[static_cast<size_t>(g)];
+  if (lease == nullptr) {
+    lease = std::make_unique<runtime::UploadLease>(std::move(up));
+  } else {
+    *lease = std::move(up);
+  }
+  return ok_status();
+}
+
 device::PagedKvView KvCache::device_view(const DeviceBatch& batch, KvScales scales) const {
-  const PoolRef pool = device_pool();
+  // A batch of no group of this cache (not built here) gets the full group's pool.
+  const int32_t g = batch.group >= 0 && batch.group < num_groups() ? batch.group : full_group_;
+  const PoolRef pool = device_pool(g);
   const int32_t batch_size = batch.host != nullptr ? batch.host->batch_size : 0;
   device::PagedKvView view =
       batch.indptr != nullptr
@@ -582,7 +727,7 @@ device::PagedKvView KvCache::device_view(const DeviceBatch& batch, KvScales scal
                                           batch.block_tables,
                                           batch.host != nullptr ? batch.host->max_blocks : 0,
                                           batch.seq_lens, batch_size, scales);
-  view.sliding_window = config_.sliding_window;
+  view.sliding_window = groups_[static_cast<size_t>(g)].config.sliding_window;
   return view;
 }
 
@@ -591,6 +736,10 @@ Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* 
                              int64_t num_tokens) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::gather_layer");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  LayerGroup lg{0, layer};
+  if (num_groups() > 1) {
+    PAGEDKV_ASSIGN_OR_RETURN(lg, layer_group(layer));
+  }
   PAGEDKV_ASSIGN_OR_RETURN(int64_t length, control_->length(id));
   // Compared as differences from `length`: position_begin + num_tokens can overflow int64 for
   // caller-supplied values (found by tests/fuzz).
@@ -610,18 +759,19 @@ Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* 
   args.value = value_out;
   args.packed_dtype = packed_dtype;
   args.packed_layout = packed_layout;
-  args.layer = layer;
+  args.layer = lg.layer;
   args.position_begin = position_begin;
   args.num_tokens = num_tokens;
   // An offloaded sequence is read only after a restore, as build_batch does, also when every
   // block it holds happens to be on the device (a fork that shares them all, say).
   PAGEDKV_ASSIGN_OR_RETURN(Residency residency, control_->residency(id));
-  PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, control_->block_locations(id));
+  PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks,
+                           control_->group_block_locations(id, lg.group));
   if (num_tokens > 0 &&
       blocks[static_cast<size_t>(position_begin / config_.block_size)].block < 0) {
     return out_of_range("sequence " + std::to_string(id) + ": position " +
                         std::to_string(position_begin) + " fell out of the sliding window (" +
-                        std::to_string(config_.sliding_window) + " tokens)");
+                        std::to_string(group_config(lg.group).sliding_window) + " tokens)");
   }
   const bool on_device = std::all_of(
       blocks.begin(), blocks.end(), [](const BlockLocation& b) { return b.tier == Tier::kDevice; });
@@ -635,7 +785,7 @@ Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* 
   PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease up, uploads_->upload({part(table)}));
   args.block_table = up.device<int32_t>(0);
   args.block_table_len = static_cast<int32_t>(table.size());
-  return pagedkv::gather_layer(*backend_, device_pool(), args, compute_);
+  return pagedkv::gather_layer(*backend_, device_pool(lg.group), args, compute_);
 }
 
 Status KvCache::synchronize() {
@@ -658,6 +808,18 @@ StatusOr<std::vector<BlockLocation>> KvCache::block_locations(SequenceId id) con
   return control_->block_locations(id);
 }
 
+StatusOr<std::vector<int64_t>> KvCache::reserved_slots(SequenceId id, int32_t g) const {
+  PAGEDKV_RETURN_IF_ERROR(check_group(g));
+  std::vector<int64_t> out;
+  PAGEDKV_RETURN_IF_ERROR(control_->group_reserved_slots(id, g, &out));
+  return out;
+}
+
+StatusOr<std::vector<BlockLocation>> KvCache::block_locations(SequenceId id, int32_t g) const {
+  PAGEDKV_RETURN_IF_ERROR(check_group(g));
+  return control_->group_block_locations(id, g);
+}
+
 ControlStats KvCache::stats() const {
   ControlStats st = control_->stats();
   if (storage_ != nullptr) storage_->add_stats(&st);
@@ -668,14 +830,17 @@ std::vector<ControlEvent> KvCache::drain_events() { return control_->drain_event
 
 Status KvCache::check_invariants() const {
   PAGEDKV_RETURN_IF_ERROR(control_->check_invariants());
-  int64_t leases = batch_upload_ != nullptr ? 1 : 0;
+  int64_t leases = 0;
+  for (const auto& lease : batch_uploads_) leases += lease != nullptr && lease->held() ? 1 : 0;
   if (control_->plan_open()) return internal_error("a tier plan was left open");
-  for (const auto& [id, upload] : slot_uploads_) {
-    if (!control_->contains(id)) {
-      return internal_error("an upload of slots is kept for sequence " + std::to_string(id) +
-                            ", which no longer exists");
+  for (const GroupPool& g : groups_) {
+    for (const auto& [id, upload] : g.slot_uploads) {
+      if (!control_->contains(id)) {
+        return internal_error("an upload of slots is kept for sequence " + std::to_string(id) +
+                              ", which no longer exists");
+      }
+      leases += upload.lease != nullptr ? 1 : 0;
     }
-    leases += upload.lease != nullptr ? 1 : 0;
   }
   // Every upload region still held belongs to the last batch or to a reservation's slots: a
   // call that leaked one would keep the arena from ever reusing its chunk.

@@ -20,7 +20,7 @@ std::string group_name(const CacheConfig& c, int32_t g) {
 }
 
 // `st` with the group named in front of its message.
-Status in_group(const CacheConfig& c, int32_t g, const Status& st) {
+Status named(const CacheConfig& c, int32_t g, const Status& st) {
   if (st.ok() || c.num_groups() == 1) return st;
   return Status(st.code(), group_name(c, g) + ": " + st.message());
 }
@@ -66,8 +66,17 @@ StatusOr<std::unique_ptr<ModelKvCache>> ModelKvCache::create(const CacheConfig& 
       }
     }
   }
+  const bool any_store = std::any_of(options.storage.begin(), options.storage.end(),
+                                     [](const StorageTier* t) { return t != nullptr; });
+  if (options.share_blocks && any_store) {
+    return unimplemented(
+        "storage: a model whose groups share blocks has no storage tier yet (window pages in the "
+        "storage tier are not built); leave share_blocks off to give each group its own");
+  }
   std::unique_ptr<ModelKvCache> cache(new ModelKvCache());
   cache->config_ = config;
+  cache->shared_ = options.share_blocks;
+  for (int32_t g = 0; g < n; ++g) cache->group_configs_.push_back(config.group_config(g));
   KvCacheOptions group_options = options.cache;
   if (group_options.backend == nullptr) {
     PAGEDKV_ASSIGN_OR_RETURN(cache->owned_backend_, create_backend(config.backend));
@@ -84,11 +93,20 @@ StatusOr<std::unique_ptr<ModelKvCache>> ModelKvCache::create(const CacheConfig& 
     group_options.native_compute_stream = nullptr;
   }
   cache->layers_.resize(static_cast<size_t>(config.num_layers));
+  if (cache->shared_) {
+    // One cache for every group; it checks their shape.
+    PAGEDKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> one, KvCache::create(config, group_options));
+    for (int32_t l = 0; l < config.num_layers; ++l) {
+      cache->layers_[static_cast<size_t>(l)] = *one->layer_group(l);
+    }
+    cache->groups_.push_back(std::move(one));
+    return cache;
+  }
   for (int32_t g = 0; g < n; ++g) {
     KvCacheOptions o = group_options;
     o.storage = options.storage.empty() ? nullptr : options.storage[static_cast<size_t>(g)];
     StatusOr<std::unique_ptr<KvCache>> group = KvCache::create(config.group_config(g), o);
-    if (!group.ok()) return in_group(config, g, group.status());
+    if (!group.ok()) return named(config, g, group.status());
     cache->groups_.push_back(std::move(*group));
     if (config.groups.empty()) {
       for (int32_t l = 0; l < config.num_layers; ++l)
@@ -107,6 +125,10 @@ ModelKvCache::~ModelKvCache() {
   groups_.clear();  // before the backend they use
 }
 
+Status ModelKvCache::in_group(int32_t p, const Status& st) const {
+  return shared_ ? st : named(config_, p, st);
+}
+
 Status ModelKvCache::check_group(int32_t g) const {
   if (g < 0 || g >= num_groups()) {
     return out_of_range("group " + std::to_string(g) + " outside the model's " +
@@ -121,7 +143,8 @@ Status ModelKvCache::check_batch(const ModelBatch& batch) const {
                             " groups, the model has " + std::to_string(num_groups()));
   }
   for (int32_t g = 0; g < num_groups(); ++g) {
-    if (!group(g).built_here(batch.groups[static_cast<size_t>(g)])) {
+    const DeviceBatch& b = batch.groups[static_cast<size_t>(g)];
+    if (!group(g).built_here(b) || (shared_ && b.group != g)) {
       return invalid_argument("batch: " + group_name(config_, g) +
                               "'s batch was not built by this model's build_batch");
     }
@@ -137,10 +160,10 @@ StatusOr<int64_t> ModelKvCache::fetch_from_storage(const std::vector<TokenId>& p
   int64_t reach = -1;  // no bound yet
   int64_t blocks = 0;
   for (const bool window : {false, true}) {
-    for (int32_t g = 0; g < num_groups(); ++g) {
+    for (int32_t g = 0; g < num_planes(); ++g) {
       if ((group(g).config().sliding_window > 0) != window) continue;
       StatusOr<StorageFetch> f = group(g).fetch_prefix_from_storage(prompt, options, reach);
-      if (!f.ok()) return in_group(config_, g, f.status());
+      if (!f.ok()) return in_group(g, f.status());
       blocks += f->blocks;
       if (!window) reach = reach < 0 ? f->reach : std::min(reach, f->reach);
     }
@@ -149,21 +172,21 @@ StatusOr<int64_t> ModelKvCache::fetch_from_storage(const std::vector<TokenId>& p
 }
 
 Status ModelKvCache::poll_storage() {
-  for (int32_t g = 0; g < num_groups(); ++g) {
-    PAGEDKV_RETURN_IF_ERROR(in_group(config_, g, group(g).poll_storage()));
+  for (int32_t g = 0; g < num_planes(); ++g) {
+    PAGEDKV_RETURN_IF_ERROR(in_group(g, group(g).poll_storage()));
   }
   return ok_status();
 }
 
 int64_t ModelKvCache::storage_in_flight() const {
   int64_t n = 0;
-  for (int32_t g = 0; g < num_groups(); ++g) n += group(g).storage_in_flight();
+  for (int32_t g = 0; g < num_planes(); ++g) n += group(g).storage_in_flight();
   return n;
 }
 
 Status ModelKvCache::flush_storage() {
-  for (int32_t g = 0; g < num_groups(); ++g) {
-    PAGEDKV_RETURN_IF_ERROR(in_group(config_, g, group(g).flush_storage()));
+  for (int32_t g = 0; g < num_planes(); ++g) {
+    PAGEDKV_RETURN_IF_ERROR(in_group(g, group(g).flush_storage()));
   }
   return ok_status();
 }
@@ -188,22 +211,22 @@ StatusOr<int64_t> ModelKvCache::add_sequence(SequenceId id, const std::vector<To
   int64_t agreed = static_cast<int64_t>(prompt.size());
   for (bool changed = true; changed;) {
     changed = false;
-    for (int32_t g = 0; g < num_groups(); ++g) {
+    for (int32_t g = 0; g < num_planes(); ++g) {
       StatusOr<int64_t> c = group(g).cached_prefix(prompt, options.ns, agreed);
-      if (!c.ok()) return in_group(config_, g, c.status());
+      if (!c.ok()) return in_group(g, c.status());
       if (*c < agreed) {
         agreed = *c;
         changed = true;
       }
     }
   }
-  for (int32_t g = 0; g < num_groups(); ++g) {
+  for (int32_t g = 0; g < num_planes(); ++g) {
     StatusOr<int64_t> c = group(g).add_sequence(id, prompt, options, agreed);
     if (c.ok() && *c == agreed) continue;
     for (int32_t h = 0; h <= g; ++h) {
       if (group(h).contains(id)) (void)group(h).erase(id);
     }
-    if (!c.ok()) return in_group(config_, g, c.status());
+    if (!c.ok()) return in_group(g, c.status());
     return internal_error(group_name(config_, g) + " shared " + std::to_string(*c) +
                           " tokens, not the " + std::to_string(agreed) + " every group agreed");
   }
@@ -223,13 +246,24 @@ void ModelKvCache::drop_reservations(const std::vector<SequenceId>& ids, int32_t
 StatusOr<std::vector<std::vector<int64_t>>> ModelKvCache::reserve(SequenceId id, int64_t n) {
   PAGEDKV_NVTX_RANGE("pagedkv::ModelKvCache::reserve");
   std::vector<std::vector<int64_t>> slots;
-  for (int32_t g = 0; g < num_groups(); ++g) {
+  if (shared_) {
+    KvCache& one = *groups_.front();
+    const Status st = one.reserve(id, n).status();
+    sync_evictions();
+    PAGEDKV_RETURN_IF_ERROR(st);
+    for (int32_t g = 0; g < num_groups(); ++g) {
+      PAGEDKV_ASSIGN_OR_RETURN(std::vector<int64_t> s, one.reserved_slots(id, g));
+      slots.push_back(std::move(s));
+    }
+    return slots;
+  }
+  for (int32_t g = 0; g < num_planes(); ++g) {
     StatusOr<std::vector<int64_t>> s = group(g).reserve(id, n);
     if (!s.ok()) {
       // Group 0 checks what every group would (id, n, length): nothing went ahead then.
-      if (g > 0) drop_reservations({id}, num_groups());
+      if (g > 0) drop_reservations({id}, num_planes());
       sync_evictions();
-      return in_group(config_, g, s.status());
+      return in_group(g, s.status());
     }
     slots.push_back(std::move(*s));
   }
@@ -239,13 +273,13 @@ StatusOr<std::vector<std::vector<int64_t>>> ModelKvCache::reserve(SequenceId id,
 
 Status ModelKvCache::reserve_batch(const std::vector<SequenceId>& ids, int64_t n_each) {
   PAGEDKV_NVTX_RANGE("pagedkv::ModelKvCache::reserve_batch");
-  for (int32_t g = 0; g < num_groups(); ++g) {
+  for (int32_t g = 0; g < num_planes(); ++g) {
     // The slots are not returned: build_batch gives each group's as its slot mapping.
     const Status st = group(g).reserve_batch_into(ids, n_each, nullptr);
     if (!st.ok()) {
-      if (g > 0) drop_reservations(ids, num_groups());
+      if (g > 0) drop_reservations(ids, num_planes());
       sync_evictions();
-      return in_group(config_, g, st);
+      return in_group(g, st);
     }
   }
   sync_evictions();
@@ -255,7 +289,8 @@ Status ModelKvCache::reserve_batch(const std::vector<SequenceId>& ids, int64_t n
 Status ModelKvCache::write_kv(SequenceId id, int32_t layer, const void* key, const void* value,
                               DType input_dtype, int64_t row_stride) {
   PAGEDKV_ASSIGN_OR_RETURN(LayerGroup lg, layer_group(layer));
-  return in_group(config_, lg.group,
+  if (shared_) return groups_.front()->write_kv(id, layer, key, value, input_dtype, row_stride);
+  return in_group(lg.group,
                   group(lg.group).write_kv(id, lg.layer, key, value, input_dtype, row_stride));
 }
 
@@ -263,7 +298,11 @@ Status ModelKvCache::write_kv_batch(const ModelBatch& batch, int32_t layer, cons
                                     const void* value, DType input_dtype, int64_t row_stride) {
   PAGEDKV_RETURN_IF_ERROR(check_batch(batch));
   PAGEDKV_ASSIGN_OR_RETURN(LayerGroup lg, layer_group(layer));
-  return in_group(config_, lg.group,
+  if (shared_) {
+    return groups_.front()->write_kv_batch(batch.groups[static_cast<size_t>(lg.group)], layer,
+                                           key, value, input_dtype, row_stride);
+  }
+  return in_group(lg.group,
                   group(lg.group).write_kv_batch(batch.groups[static_cast<size_t>(lg.group)],
                                                  lg.layer, key, value, input_dtype, row_stride));
 }
@@ -273,13 +312,13 @@ Status ModelKvCache::write_kv_batch_all_layers(const ModelBatch& batch, int32_t 
                                                int64_t row_stride, int64_t layer_stride) {
   PAGEDKV_RETURN_IF_ERROR(check_group(g));
   PAGEDKV_RETURN_IF_ERROR(check_batch(batch));
-  return in_group(config_, g,
+  return in_group(g,
                   group(g).write_kv_batch_all_layers(batch.groups[static_cast<size_t>(g)], key,
                                                      value, input_dtype, row_stride, layer_stride));
 }
 
 Status ModelKvCache::check_reserved_on_device(SequenceId id, const char* what) const {
-  for (int32_t g = 1; g < num_groups(); ++g) {
+  for (int32_t g = 1; g < num_planes(); ++g) {
     const StatusOr<int64_t> pend = group(g).pending(id);
     const StatusOr<int64_t> len = group(g).length(id);
     if (!pend.ok() || !len.ok() || *pend == 0) continue;  // group 0 reports these
@@ -298,7 +337,7 @@ Status ModelKvCache::commit(SequenceId id, const std::vector<TokenId>& tokens) {
   // Every group has the same reservation, so what group 0 accepts, all accept, except where a
   // group offloaded the sequence to make room for another (each group picks its own victims).
   PAGEDKV_RETURN_IF_ERROR(check_reserved_on_device(id, "commit"));
-  for (int32_t g = 0; g < num_groups(); ++g) {
+  for (int32_t g = 0; g < num_planes(); ++g) {
     const Status st = group(g).commit(id, tokens);
     if (!st.ok()) {
       return g == 0 ? st
@@ -314,18 +353,18 @@ Status ModelKvCache::commit_batch(const std::vector<SequenceId>& ids,
   // Every group after the first checks before any commits, so that an error commits nothing
   // anywhere; group 0's commit_batch checks its own members before it commits any. The checks
   // memoise the resolved ids, so the commits below look nothing up again.
-  for (int32_t g = 1; g < num_groups(); ++g) {
+  for (int32_t g = 1; g < num_planes(); ++g) {
     const Status st = group(g).check_commit_batch(ids, tokens, n_each);
     if (st.ok()) continue;
     // The first group's error when it has one too (a bad id or count fails everywhere), as a
     // check of every group in order would report.
     const Status first = group(0).check_commit_batch(ids, tokens, n_each);
-    return first.ok() ? in_group(config_, g, st) : in_group(config_, 0, first);
+    return first.ok() ? in_group(g, st) : in_group(0, first);
   }
-  for (int32_t g = 0; g < num_groups(); ++g) {
+  for (int32_t g = 0; g < num_planes(); ++g) {
     const Status st = group(g).commit_batch(ids, tokens, n_each);
     if (!st.ok()) {
-      return g == 0 ? in_group(config_, 0, st)
+      return g == 0 ? in_group(0, st)
                     : internal_error("commit_batch failed in " + group_name(config_, g) +
                                      " after group 0 took it: " + st.message());
     }
@@ -336,7 +375,7 @@ Status ModelKvCache::commit_batch(const std::vector<SequenceId>& ids,
 Status ModelKvCache::check_rollback(SequenceId id, int64_t length) const {
   PAGEDKV_ASSIGN_OR_RETURN(int64_t len, this->length(id));
   if (length <= 0 || length > len) return ok_status();  // 0 always works; group 0 checks range
-  for (int32_t g = 0; g < num_groups(); ++g) {
+  for (int32_t g = 0; g < num_planes(); ++g) {
     const CacheConfig& c = group(g).config();
     if (c.sliding_window == 0) continue;
     PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, group(g).block_locations(id));
@@ -353,7 +392,7 @@ Status ModelKvCache::check_rollback(SequenceId id, int64_t length) const {
 
 Status ModelKvCache::rollback(SequenceId id, int64_t length) {
   PAGEDKV_RETURN_IF_ERROR(check_rollback(id, length));
-  for (int32_t g = 0; g < num_groups(); ++g) {
+  for (int32_t g = 0; g < num_planes(); ++g) {
     const Status st = group(g).rollback(id, length);
     if (!st.ok()) {
       return g == 0 ? st
@@ -370,11 +409,11 @@ Status ModelKvCache::fork(SequenceId parent, SequenceId child) {
   if (r == SequenceResidency::kHost) {
     return failed_precondition("fork: sequence " + std::to_string(parent) + " is offloaded");
   }
-  for (int32_t g = 0; g < num_groups(); ++g) {
+  for (int32_t g = 0; g < num_planes(); ++g) {
     const Status st = group(g).fork(parent, child);
     if (!st.ok()) {
       for (int32_t h = 0; h < g; ++h) (void)group(h).erase(child);
-      return in_group(config_, g, st);
+      return in_group(g, st);
     }
   }
   ids_.insert(child);
@@ -384,24 +423,24 @@ Status ModelKvCache::fork(SequenceId parent, SequenceId child) {
 Status ModelKvCache::finish(SequenceId id) {
   PAGEDKV_RETURN_IF_ERROR(groups_.front()->finish(id));
   ids_.erase(id);
-  for (int32_t g = 1; g < num_groups(); ++g) PAGEDKV_RETURN_IF_ERROR(group(g).finish(id));
+  for (int32_t g = 1; g < num_planes(); ++g) PAGEDKV_RETURN_IF_ERROR(group(g).finish(id));
   return ok_status();
 }
 
 Status ModelKvCache::erase(SequenceId id) {
   PAGEDKV_RETURN_IF_ERROR(groups_.front()->erase(id));
   ids_.erase(id);
-  for (int32_t g = 1; g < num_groups(); ++g) PAGEDKV_RETURN_IF_ERROR(group(g).erase(id));
+  for (int32_t g = 1; g < num_planes(); ++g) PAGEDKV_RETURN_IF_ERROR(group(g).erase(id));
   return ok_status();
 }
 
 Status ModelKvCache::set_active(const std::vector<SequenceId>& ids) {
-  for (int32_t g = 0; g < num_groups(); ++g) PAGEDKV_RETURN_IF_ERROR(group(g).set_active(ids));
+  for (int32_t g = 0; g < num_planes(); ++g) PAGEDKV_RETURN_IF_ERROR(group(g).set_active(ids));
   return ok_status();
 }
 
 Status ModelKvCache::set_priority(SequenceId id, int32_t priority) {
-  for (int32_t g = 0; g < num_groups(); ++g) {
+  for (int32_t g = 0; g < num_planes(); ++g) {
     PAGEDKV_RETURN_IF_ERROR(group(g).set_priority(id, priority));
   }
   return ok_status();
@@ -410,12 +449,12 @@ Status ModelKvCache::set_priority(SequenceId id, int32_t priority) {
 // ---------------------------------------------------------------- tiers
 
 Status ModelKvCache::offload(SequenceId id) {
-  for (int32_t g = 0; g < num_groups(); ++g) {
+  for (int32_t g = 0; g < num_planes(); ++g) {
     const Status st = group(g).offload(id);
     if (!st.ok()) {
       for (int32_t h = 0; h < g; ++h) (void)group(h).restore(id);
       sync_evictions();
-      return in_group(config_, g, st);
+      return in_group(g, st);
     }
   }
   return ok_status();
@@ -424,13 +463,13 @@ Status ModelKvCache::offload(SequenceId id) {
 Status ModelKvCache::restore(SequenceId id) {
   if (!contains(id)) return not_found("sequence " + std::to_string(id) + " not found");
   bool any = false;
-  for (int32_t g = 0; g < num_groups(); ++g) {
+  for (int32_t g = 0; g < num_planes(); ++g) {
     PAGEDKV_ASSIGN_OR_RETURN(SequenceResidency r, group(g).residency(id));
     if (r != SequenceResidency::kHost) continue;
     any = true;
     const Status st = group(g).restore(id);
     sync_evictions();
-    if (!st.ok()) return in_group(config_, g, st);
+    if (!st.ok()) return in_group(g, st);
   }
   if (!any) {
     return failed_precondition("restore: sequence " + std::to_string(id) + " is not offloaded");
@@ -439,9 +478,9 @@ Status ModelKvCache::restore(SequenceId id) {
 }
 
 Status ModelKvCache::prefetch(const std::vector<SequenceId>& ids) {
-  for (int32_t g = 0; g < num_groups(); ++g) {
+  for (int32_t g = 0; g < num_planes(); ++g) {
     const Status st = group(g).prefetch(ids);
-    if (!st.ok()) return in_group(config_, g, st);
+    if (!st.ok()) return in_group(g, st);
   }
   sync_evictions();
   return ok_status();
@@ -449,7 +488,7 @@ Status ModelKvCache::prefetch(const std::vector<SequenceId>& ids) {
 
 StatusOr<SequenceResidency> ModelKvCache::residency(SequenceId id) {
   SequenceResidency worst = SequenceResidency::kDevice;
-  for (int32_t g = 0; g < num_groups(); ++g) {
+  for (int32_t g = 0; g < num_planes(); ++g) {
     PAGEDKV_ASSIGN_OR_RETURN(SequenceResidency r, group(g).residency(id));
     if (rank(r) > rank(worst)) worst = r;
   }
@@ -458,13 +497,13 @@ StatusOr<SequenceResidency> ModelKvCache::residency(SequenceId id) {
 
 void ModelKvCache::sync_evictions() {
   std::vector<SequenceId> dropped;
-  for (int32_t g = 0; g < num_groups(); ++g) {
+  for (int32_t g = 0; g < num_planes(); ++g) {
     for (SequenceId id : group(g).drain_evicted_sequences()) dropped.push_back(id);
   }
   std::unordered_set<SequenceId> seen;
   for (SequenceId id : dropped) {
     if (!seen.insert(id).second) continue;
-    for (int32_t g = 0; g < num_groups(); ++g) {
+    for (int32_t g = 0; g < num_planes(); ++g) {
       if (group(g).contains(id)) (void)group(g).erase(id);
     }
     ids_.erase(id);
@@ -484,9 +523,13 @@ std::vector<SequenceId> ModelKvCache::drain_evicted_sequences() {
 StatusOr<ModelBatch> ModelKvCache::build_batch(const std::vector<SequenceId>& ids,
                                                const BatchOptions& options) {
   ModelBatch batch;
+  if (shared_) {
+    PAGEDKV_ASSIGN_OR_RETURN(batch.groups, groups_.front()->build_batches(ids, options));
+    return batch;
+  }
   for (int32_t g = 0; g < num_groups(); ++g) {
     StatusOr<DeviceBatch> b = group(g).build_batch(ids, options);
-    if (!b.ok()) return in_group(config_, g, b.status());
+    if (!b.ok()) return in_group(g, b.status());
     batch.groups.push_back(*b);
   }
   return batch;
@@ -503,21 +546,30 @@ Status ModelKvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, v
                                   DType packed_dtype, PackedLayout packed_layout,
                                   int64_t position_begin, int64_t num_tokens) {
   PAGEDKV_ASSIGN_OR_RETURN(LayerGroup lg, layer_group(layer));
-  return in_group(config_, lg.group,
+  if (shared_) {
+    return groups_.front()->gather_layer(id, layer, key_out, value_out, packed_dtype,
+                                         packed_layout, position_begin, num_tokens);
+  }
+  return in_group(lg.group,
                   group(lg.group).gather_layer(id, lg.layer, key_out, value_out, packed_dtype,
                                                packed_layout, position_begin, num_tokens));
 }
 
 Status ModelKvCache::synchronize() {
-  for (int32_t g = 0; g < num_groups(); ++g) PAGEDKV_RETURN_IF_ERROR(group(g).synchronize());
+  for (int32_t g = 0; g < num_planes(); ++g) PAGEDKV_RETURN_IF_ERROR(group(g).synchronize());
   return ok_status();
 }
 
 // ---------------------------------------------------------------- queries
 
-StatusOr<int64_t> ModelKvCache::held_blocks(SequenceId id, int32_t g) const {
+StatusOr<std::vector<BlockLocation>> ModelKvCache::block_locations(SequenceId id,
+                                                                   int32_t g) const {
   PAGEDKV_RETURN_IF_ERROR(check_group(g));
-  PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, group(g).block_locations(id));
+  return shared_ ? groups_.front()->block_locations(id, g) : group(g).block_locations(id);
+}
+
+StatusOr<int64_t> ModelKvCache::held_blocks(SequenceId id, int32_t g) const {
+  PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, block_locations(id, g));
   return static_cast<int64_t>(std::count_if(blocks.begin(), blocks.end(),
                                             [](const BlockLocation& b) { return b.block >= 0; }));
 }
@@ -526,17 +578,17 @@ StatusOr<int64_t> ModelKvCache::held_bytes(SequenceId id) const {
   int64_t bytes = 0;
   for (int32_t g = 0; g < num_groups(); ++g) {
     PAGEDKV_ASSIGN_OR_RETURN(int64_t n, held_blocks(id, g));
-    bytes += n * group(g).config().block_bytes();
+    bytes += n * group_config(g).block_bytes();
   }
   return bytes;
 }
 
 Status ModelKvCache::check_invariants() const {
-  for (int32_t g = 0; g < num_groups(); ++g) {
-    PAGEDKV_RETURN_IF_ERROR(in_group(config_, g, group(g).check_invariants()));
+  for (int32_t g = 0; g < num_planes(); ++g) {
+    PAGEDKV_RETURN_IF_ERROR(in_group(g, group(g).check_invariants()));
   }
   // The groups in step: the same sequences, lengths and reservations.
-  for (int32_t g = 0; g < num_groups(); ++g) {
+  for (int32_t g = 0; g < num_planes(); ++g) {
     if (group(g).stats().sequences != static_cast<int64_t>(ids_.size())) {
       return internal_error("invariant: " + group_name(config_, g) + " holds " +
                             std::to_string(group(g).stats().sequences) + " sequences, the model " +
@@ -546,7 +598,7 @@ Status ModelKvCache::check_invariants() const {
   for (SequenceId id : ids_) {
     const StatusOr<int64_t> len = group(0).length(id);
     const StatusOr<int64_t> pend = group(0).pending(id);
-    for (int32_t g = 0; g < num_groups(); ++g) {
+    for (int32_t g = 0; g < num_planes(); ++g) {
       const StatusOr<int64_t> l = group(g).length(id);
       const StatusOr<int64_t> p = group(g).pending(id);
       if (!len.ok() || !l.ok() || *l != *len || !p.ok() || *p != *pend) {
@@ -563,9 +615,9 @@ Status ModelKvCache::check_invariants() const {
 std::vector<ControlEvent> ModelKvCache::drain_events() {
   std::vector<ControlEvent> resyncs;
   std::vector<ControlEvent> events;
-  for (int32_t g = 0; g < num_groups(); ++g) {
+  for (int32_t g = 0; g < num_planes(); ++g) {
     for (ControlEvent& e : group(g).drain_events()) {
-      e.group = g;
+      if (!shared_) e.group = g;  // the one cache of shared blocks names the group itself
       (e.kind == EventKind::kEventsDropped ? resyncs : events).push_back(std::move(e));
     }
   }

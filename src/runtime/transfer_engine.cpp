@@ -46,19 +46,32 @@ std::vector<CopyRun> merge_runs(const std::vector<BlockMove>& moves) {
 StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::create(Backend& backend,
                                                                  const TierPools& pools,
                                                                  const TransferOptions& options) {
-  if (pools.block_bytes <= 0) return invalid_argument("block_bytes: must be positive");
+  return create(backend, std::vector<TierPools>{pools}, options);
+}
+
+StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::create(
+    Backend& backend, const std::vector<TierPools>& all_pools, const TransferOptions& options) {
+  if (all_pools.empty()) return invalid_argument("pools: none");
   if (options.kernel_block_bytes < 0) {
     return invalid_argument("kernel_block_bytes: negative (" +
                             std::to_string(options.kernel_block_bytes) + ")");
   }
-  if (pools.host_mapped != nullptr && pools.host == nullptr) {
-    return invalid_argument("host pool: mapped address without a host pool");
-  }
-  if (pools.device == nullptr || pools.device_blocks <= 0) {
-    return invalid_argument("device pool: null or without blocks");
-  }
-  if ((pools.host == nullptr) != (pools.host_blocks <= 0)) {
-    return invalid_argument("host pool: pointer and block count disagree");
+  std::vector<bool> use_kernel;
+  for (size_t g = 0; g < all_pools.size(); ++g) {
+    const TierPools& pools = all_pools[g];
+    const std::string where = all_pools.size() == 1 ? "" : "group " + std::to_string(g) + ": ";
+    if (pools.block_bytes <= 0) return invalid_argument(where + "block_bytes: must be positive");
+    if (pools.host_mapped != nullptr && pools.host == nullptr) {
+      return invalid_argument(where + "host pool: mapped address without a host pool");
+    }
+    if (pools.device == nullptr || pools.device_blocks <= 0) {
+      return invalid_argument(where + "device pool: null or without blocks");
+    }
+    if ((pools.host == nullptr) != (pools.host_blocks <= 0)) {
+      return invalid_argument(where + "host pool: pointer and block count disagree");
+    }
+    use_kernel.push_back(pools.host_mapped != nullptr &&
+                         pools.block_bytes < options.kernel_block_bytes);
   }
   std::vector<Stream> streams;
   std::vector<Event> events;
@@ -82,17 +95,17 @@ StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::create(Backend& backen
     }
     events.push_back(*event);
   }
-  const bool use_kernel =
-      pools.host_mapped != nullptr && pools.block_bytes < options.kernel_block_bytes;
-  return std::unique_ptr<TransferEngine>(
-      new TransferEngine(backend, pools, use_kernel, streams[0], streams[1], events[0], events[1]));
+  return std::unique_ptr<TransferEngine>(new TransferEngine(backend, all_pools,
+                                                            std::move(use_kernel), streams[0],
+                                                            streams[1], events[0], events[1]));
 }
 
-TransferEngine::TransferEngine(Backend& backend, const TierPools& pools, bool use_kernel,
-                               Stream to_host, Stream to_device, Event ready, Event link)
+TransferEngine::TransferEngine(Backend& backend, std::vector<TierPools> pools,
+                               std::vector<bool> use_kernel, Stream to_host, Stream to_device,
+                               Event ready, Event link)
     : backend_(backend),
-      pools_(pools),
-      use_kernel_(use_kernel),
+      pools_(std::move(pools)),
+      use_kernel_(std::move(use_kernel)),
       streams_{to_host, to_device},
       ready_(ready),
       link_(link) {}
@@ -121,26 +134,37 @@ Status TransferEngine::synchronize() {
   return ok_status();
 }
 
-char* TransferEngine::kernel_address(Tier tier) const {
-  return static_cast<char*>(tier == Tier::kDevice ? pools_.device : pools_.host_mapped);
+bool TransferEngine::uses_kernel() const {
+  return std::find(use_kernel_.begin(), use_kernel_.end(), true) != use_kernel_.end();
 }
 
-int64_t TransferEngine::pool_blocks(Tier tier) const {
-  return tier == Tier::kDevice ? pools_.device_blocks : pools_.host_blocks;
+char* TransferEngine::kernel_address(int32_t group, Tier tier) const {
+  const TierPools& p = pools_[static_cast<size_t>(group)];
+  return static_cast<char*>(tier == Tier::kDevice ? p.device : p.host_mapped);
 }
 
-char* TransferEngine::block_address(Tier tier, int64_t block) const {
-  char* base = static_cast<char*>(tier == Tier::kDevice ? pools_.device : pools_.host);
-  return base + block * pools_.block_bytes;
+int64_t TransferEngine::pool_blocks(int32_t group, Tier tier) const {
+  const TierPools& p = pools_[static_cast<size_t>(group)];
+  return tier == Tier::kDevice ? p.device_blocks : p.host_blocks;
+}
+
+char* TransferEngine::block_address(int32_t group, Tier tier, int64_t block) const {
+  const TierPools& p = pools_[static_cast<size_t>(group)];
+  char* base = static_cast<char*>(tier == Tier::kDevice ? p.device : p.host);
+  return base + block * p.block_bytes;
 }
 
 Status TransferEngine::validate(const BlockMove& m) const {
+  if (m.group < 0 || m.group >= static_cast<int32_t>(pools_.size())) {
+    return out_of_range("block move: group " + std::to_string(m.group) + " outside the " +
+                        std::to_string(pools_.size()) + " the engine moves");
+  }
   for (auto [tier, block, what] : {std::make_tuple(m.src_tier, m.src_block, "source"),
                                    std::make_tuple(m.dst_tier, m.dst_block, "destination")}) {
     if (tier != Tier::kDevice && tier != Tier::kHost) {
       return invalid_argument(std::string("block move ") + what + ": unknown tier");
     }
-    const int64_t limit = tier == Tier::kDevice ? pools_.device_blocks : pools_.host_blocks;
+    const int64_t limit = pool_blocks(m.group, tier);
     if (block < 0 || block >= limit) {
       return out_of_range(std::string("block move ") + what + ": " + tier_name(tier) + " block " +
                           std::to_string(block) + " outside [0, " + std::to_string(limit) + ")");
@@ -259,17 +283,19 @@ class TransferEngine::Issuer {
   static int lane_of(const BlockMove& m) {
     return m.src_tier == Tier::kDevice ? kToHost : kToDevice;
   }
-  static uint64_t key(Tier tier, int64_t block) {
-    return (static_cast<uint64_t>(block) << 1) | (tier == Tier::kDevice ? 1u : 0u);
+  // Blocks of different groups are in different pools: the group is part of the key.
+  static uint64_t key(int32_t group, Tier tier, int64_t block) {
+    return (((static_cast<uint64_t>(block) << 8) | static_cast<uint64_t>(group)) << 1) |
+           (tier == Tier::kDevice ? 1u : 0u);
   }
   static bool conflicts(const Accesses& a, const BlockMove& m) {
-    auto src = a.find(key(m.src_tier, m.src_block));
+    auto src = a.find(key(m.group, m.src_tier, m.src_block));
     if (src != a.end() && (src->second & kWrite) != 0) return true;  // read after write
-    return a.count(key(m.dst_tier, m.dst_block)) != 0;               // write after read/write
+    return a.count(key(m.group, m.dst_tier, m.dst_block)) != 0;      // write after read/write
   }
   static void add(Accesses& a, const BlockMove& m) {
-    a[key(m.src_tier, m.src_block)] |= kRead;
-    a[key(m.dst_tier, m.dst_block)] |= kWrite;
+    a[key(m.group, m.src_tier, m.src_block)] |= kRead;
+    a[key(m.group, m.dst_tier, m.dst_block)] |= kWrite;
   }
 
   void step(const Status& s) {
@@ -316,55 +342,79 @@ class TransferEngine::Issuer {
     open_access_[d].clear();
   }
 
+  // Issues lane d's open batch: the moves of each group that takes the copy kernel as one
+  // launch, all the others as one copy_batch. The copies of a batch are unordered, so each
+  // group's moves go together, in list order, and merge into runs among themselves.
   void issue(int d) {
-    if (e_.use_kernel_) return issue_kernel(d);
-    std::vector<BlockMove> batch;
-    batch.reserve(open_[d].size());
-    for (size_t i : open_[d]) batch.push_back(moves_[i]);
+    std::vector<size_t> order = open_[d];
+    std::stable_sort(order.begin(), order.end(),
+                     [this](size_t a, size_t b) { return moves_[a].group < moves_[b].group; });
     std::vector<CopyRegion> regions;
+    std::vector<size_t> copied;  // the moves `regions` holds
     size_t bytes = 0;
-    for (const CopyRun& run : merge_runs(batch)) {
-      const size_t n = static_cast<size_t>(run.num_blocks * e_.pools_.block_bytes);
-      regions.push_back(CopyRegion{e_.block_address(run.dst_tier, run.dst_block),
-                                   e_.block_address(run.src_tier, run.src_block), n});
-      bytes += n;
+    for (size_t begin = 0, end = 0; begin < order.size(); begin = end) {
+      const int32_t group = moves_[order[begin]].group;
+      end = begin;
+      while (end < order.size() && moves_[order[end]].group == group) ++end;
+      const std::vector<size_t> part(order.begin() + static_cast<std::ptrdiff_t>(begin),
+                                     order.begin() + static_cast<std::ptrdiff_t>(end));
+      if (e_.use_kernel_[static_cast<size_t>(group)]) {
+        issue_kernel(d, group, part);
+        if (!status_.ok()) return;
+        continue;
+      }
+      std::vector<BlockMove> batch;
+      batch.reserve(part.size());
+      for (size_t i : part) batch.push_back(moves_[i]);
+      const int64_t block_bytes = e_.pools_[static_cast<size_t>(group)].block_bytes;
+      for (const CopyRun& run : merge_runs(batch)) {
+        const size_t n = static_cast<size_t>(run.num_blocks * block_bytes);
+        regions.push_back(CopyRegion{e_.block_address(group, run.dst_tier, run.dst_block),
+                                     e_.block_address(group, run.src_tier, run.src_block), n});
+        bytes += n;
+      }
+      copied.insert(copied.end(), part.begin(), part.end());
     }
-    const CopyKind kind = copy_kind(batch[0].src_tier, batch[0].dst_tier);
+    if (regions.empty()) return;
+    const BlockMove& first = moves_[copied[0]];
+    const CopyKind kind = copy_kind(first.src_tier, first.dst_tier);
     step(e_.backend_.copy_batch(regions.data(), regions.size(), kind, e_.streams_[d]));
     if (!status_.ok()) return;
-    for (size_t i : open_[d]) queued_[i] = true;
+    for (size_t i : copied) queued_[i] = true;
     ++e_.copies_issued_;
     e_.regions_issued_ += static_cast<int64_t>(regions.size());
     e_.bytes_moved_ += static_cast<int64_t>(bytes);
   }
 
-  // The batch as one launch of the block-copy body over its (source, destination) pairs, which
-  // the kernel reads from mapped pinned memory that the job keeps until it completes. No runs
-  // are merged: the kernel costs the same per block either way.
-  void issue_kernel(int d) {
-    const BlockMove& first = moves_[open_[d][0]];
-    const size_t n = open_[d].size();
+  // Group `group`'s moves `part` of a batch as one launch of the block-copy body over their
+  // (source, destination) pairs, which the kernel reads from mapped pinned memory that the job
+  // keeps until it completes. No runs are merged: the kernel costs the same per block either
+  // way.
+  void issue_kernel(int d, int32_t group, const std::vector<size_t>& part) {
+    const BlockMove& first = moves_[part[0]];
+    const size_t n = part.size();
     StatusOr<PairBuffer> buffer = e_.take_pairs(n * 2 * sizeof(int32_t));
     step(buffer.status());
     if (!status_.ok()) return;
     e_.issuing_pairs_.push_back(*buffer);
     auto* pairs = static_cast<int32_t*>(buffer->host);
     for (size_t k = 0; k < n; ++k) {
-      pairs[2 * k] = moves_[open_[d][k]].src_block;
-      pairs[2 * k + 1] = moves_[open_[d][k]].dst_block;
+      pairs[2 * k] = moves_[part[k]].src_block;
+      pairs[2 * k + 1] = moves_[part[k]].dst_block;
     }
+    const int64_t block_bytes = e_.pools_[static_cast<size_t>(group)].block_bytes;
     ops_detail::BlockCopyPools pools;
-    pools.dst = e_.kernel_address(first.dst_tier);
-    pools.dst_blocks = e_.pool_blocks(first.dst_tier);
-    pools.src = e_.kernel_address(first.src_tier);
-    pools.src_blocks = e_.pool_blocks(first.src_tier);
-    pools.block_bytes = e_.pools_.block_bytes;
+    pools.dst = e_.kernel_address(group, first.dst_tier);
+    pools.dst_blocks = e_.pool_blocks(group, first.dst_tier);
+    pools.src = e_.kernel_address(group, first.src_tier);
+    pools.src_blocks = e_.pool_blocks(group, first.src_tier);
+    pools.block_bytes = block_bytes;
     step(ops_detail::launch_copy_blocks(e_.backend_, pools, buffer->device, IndexType::kInt32,
                                         static_cast<int64_t>(n), e_.streams_[d]));
     if (!status_.ok()) return;
-    for (size_t i : open_[d]) queued_[i] = true;
+    for (size_t i : part) queued_[i] = true;
     ++e_.kernels_issued_;
-    e_.bytes_moved_ += static_cast<int64_t>(n) * e_.pools_.block_bytes;
+    e_.bytes_moved_ += static_cast<int64_t>(n) * block_bytes;
   }
 
   TransferEngine& e_;

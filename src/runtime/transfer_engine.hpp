@@ -77,6 +77,14 @@ class TransferEngine {
   /// pool without a host pool, or a negative kernel_block_bytes.
   static StatusOr<std::unique_ptr<TransferEngine>> create(Backend& backend, const TierPools& pools,
                                                           const TransferOptions& options = {});
+  /// One engine for the pools of several KV groups (a cache whose groups share the blocks):
+  /// `pools[g]` are group g's, and BlockMove::group names the pools of each move. One job may
+  /// move blocks of every group; its moves of one group are ordered as one pool's are, and moves
+  /// of different groups never depend on each other. The copy kernel serves the groups whose
+  /// blocks are below the threshold, one launch per group and batch.
+  static StatusOr<std::unique_ptr<TransferEngine>> create(Backend& backend,
+                                                          const std::vector<TierPools>& pools,
+                                                          const TransferOptions& options = {});
   ~TransferEngine();
   TransferEngine(const TransferEngine&) = delete;
   TransferEngine& operator=(const TransferEngine&) = delete;
@@ -113,8 +121,9 @@ class TransferEngine {
   /// Blocks the host until both copy streams are idle.
   Status synchronize();
 
-  /// True when jobs go through the copy kernel (a mapped host pool, blocks below the threshold).
-  bool uses_kernel() const { return use_kernel_; }
+  /// True when jobs of some group go through the copy kernel (a mapped host pool, blocks below
+  /// the threshold).
+  bool uses_kernel() const;
 
   /// Backend copy calls (copy_batch, one per direction and batch), the regions they held (runs
   /// of consecutive blocks), copy kernel launches (one per direction and batch) and the bytes
@@ -140,8 +149,8 @@ class TransferEngine {
     Event done;
     std::vector<PairBuffer> pairs;  // read by the job's kernels: reused once `done` completed
   };
-  TransferEngine(Backend& backend, const TierPools& pools, bool use_kernel, Stream to_host,
-                 Stream to_device, Event ready, Event link);
+  TransferEngine(Backend& backend, std::vector<TierPools> pools, std::vector<bool> use_kernel,
+                 Stream to_host, Stream to_device, Event ready, Event link);
   Status validate(const BlockMove& move) const;
   StatusOr<Event> take_event();
   // A pair buffer of at least `bytes` bytes for the job being issued (kept in issuing_pairs_).
@@ -149,14 +158,14 @@ class TransferEngine {
   void recycle_pairs(std::vector<PairBuffer>& buffers);
   void recycle_completed();
   const Job* find(TransferTicket ticket) const;
-  char* block_address(Tier tier, int64_t block) const;
+  char* block_address(int32_t group, Tier tier, int64_t block) const;
   // A pool's base as the copy kernel addresses it, and its block count.
-  char* kernel_address(Tier tier) const;
-  int64_t pool_blocks(Tier tier) const;
+  char* kernel_address(int32_t group, Tier tier) const;
+  int64_t pool_blocks(int32_t group, Tier tier) const;
 
   Backend& backend_;
-  TierPools pools_;
-  bool use_kernel_;
+  std::vector<TierPools> pools_;  // by group
+  std::vector<bool> use_kernel_;  // by group
   Stream streams_[2];          // by kToHost, kToDevice
   Event ready_;                // recorded on the caller's stream before each job
   Event link_;                 // recorded on one copy stream and at once waited on by the other

@@ -57,7 +57,7 @@ class ModelCacheHarness : public BackendParamTest {
     ASSERT_TRUE(st.ok()) << st.to_string();
   }
 
-  const CacheConfig& gconf(int32_t g) const { return cache_->group(g).config(); }
+  const CacheConfig& gconf(int32_t g) const { return cache_->group_config(g); }
   LayerGroup lg(int32_t layer) const { return *cache_->layer_group(layer); }
   bool latent(int32_t g) const { return gconf(g).kv_kind == KvKind::kLatent; }
   int64_t row_elems(int32_t g) const {
@@ -237,7 +237,7 @@ class ModelCacheHarness : public BackendParamTest {
       }
       if (bytes_checked != nullptr) *bytes_checked += static_cast<int64_t>(elems) * 2;
       // Positions in blocks the window group released are refused, not read.
-      auto blocks = cache_->group(g).block_locations(id);
+      auto blocks = cache_->block_locations(id, g);
       if (!blocks.ok()) return where + ": " + blocks.status().to_string();
       int64_t first_live = 0;
       while (first_live < static_cast<int64_t>(blocks->size()) &&
@@ -282,7 +282,7 @@ class ModelCacheHarness : public BackendParamTest {
         const int64_t len = static_cast<int64_t>(ref_.at(ids[r]).size());
         const std::string where = "group " + std::to_string(g) + " seq " + std::to_string(ids[r]);
         if (m.seq_lens[r] != len) return where + ": seq_len " + std::to_string(m.seq_lens[r]);
-        auto blocks = cache_->group(g).block_locations(ids[r]);
+        auto blocks = cache_->block_locations(ids[r], g);
         if (!blocks.ok()) return where + ": " + blocks.status().to_string();
         const int64_t nb = (len + bs - 1) / bs;
         for (int64_t i = 0; i < m.max_blocks; ++i) {
@@ -328,7 +328,7 @@ class ModelCacheHarness : public BackendParamTest {
       body.sm_scale = 1.0f / std::sqrt(static_cast<float>(dim));
       const KernelLaunch launch{KernelId::kDecodeAttention, &body, sizeof(body),
                                 static_cast<int64_t>(n) * q_heads};
-      const Stream stream = cache_->group(g).compute_stream();
+      const Stream stream = cache_->compute_stream();
       Status st = backend_->launch(launch, stream);
       if (st.ok()) st = backend_->synchronize_stream(stream);
       if (!st.ok()) return "decode attention: " + st.to_string();

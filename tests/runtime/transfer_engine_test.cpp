@@ -394,6 +394,72 @@ StatusOr<std::unique_ptr<TransferEngine>> make_engine(Backend& backend, const Po
   return TransferEngine::create(backend, p.mapped_pools(), options);
 }
 
+// Several groups' pools in one engine (a cache whose groups share the blocks): a job that
+// interleaves the groups' moves lands each in its own pools, whichever path each group takes
+// (both kernels, both batched copies, or one of each when the threshold lies between their
+// block sizes), and a batched copy merges each group's consecutive blocks into one run.
+TEST(TransferEngineGroups, InterleavedMovesLandInTheirGroupsPools) {
+  auto backend = create_cpu_backend();
+  constexpr int64_t kBlocks = 6;
+  const int64_t bytes[2] = {4096 + 64, 1024 + 32};
+  for (const int64_t threshold : {kAlwaysKernel, kNeverKernel, int64_t{2048}}) {
+    SCOPED_TRACE("kernel threshold " + std::to_string(threshold));
+    Pools a(*backend, kBlocks, kBlocks, bytes[0]), b(*backend, kBlocks, kBlocks, bytes[1]);
+    Pools* pools[2] = {&a, &b};
+    TransferOptions options;
+    options.kernel_block_bytes = threshold;
+    auto engine = TransferEngine::create(*backend, {a.mapped_pools(), b.mapped_pools()}, options);
+    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+    EXPECT_EQ((*engine)->uses_kernel(), threshold != kNeverKernel);
+    std::vector<uint8_t> want[2][3];
+    std::vector<BlockMove> out;
+    for (int32_t i = 0; i < 3; ++i) {
+      for (int32_t g = 0; g < 2; ++g) {
+        want[g][i] = pools[g]->fill_device(i, static_cast<uint32_t>(17 * g + i));
+        BlockMove m = offload(i, i + 2);
+        m.group = g;
+        out.push_back(m);
+      }
+    }
+    auto t = (*engine)->submit(out, Stream{});
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    ASSERT_TRUE((*engine)->wait(*t).ok());
+    if (threshold == kNeverKernel) {
+      EXPECT_EQ((*engine)->regions_issued(), 2) << "one run per group";
+    }
+    std::vector<BlockMove> back;
+    for (int32_t i = 0; i < 3; ++i) {
+      for (int32_t g = 0; g < 2; ++g) {
+        EXPECT_EQ(pools[g]->read(Tier::kHost, i + 2), want[g][i]) << "group " << g << " " << i;
+        BlockMove m = restore(i + 2, 5 - i);
+        m.group = g;
+        back.push_back(m);
+      }
+    }
+    t = (*engine)->submit(back, Stream{});
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    ASSERT_TRUE((*engine)->wait(*t).ok());
+    for (int32_t i = 0; i < 3; ++i) {
+      for (int32_t g = 0; g < 2; ++g) {
+        EXPECT_EQ(pools[g]->read(Tier::kDevice, 5 - i), want[g][i]) << "group " << g << " " << i;
+      }
+    }
+    // A move of a group the engine does not hold, or past that group's own pool, is refused
+    // before anything is queued.
+    const std::vector<uint8_t> before = a.read(Tier::kHost, 1);
+    BlockMove stray = offload(0, 0);
+    stray.group = 2;
+    EXPECT_EQ((*engine)->submit({offload(1, 1), stray}, Stream{}).status().code(),
+              StatusCode::kOutOfRange);
+    BlockMove past = offload(0, kBlocks);  // one past group 1's host pool
+    past.group = 1;
+    EXPECT_EQ((*engine)->submit({offload(1, 1), past}, Stream{}).status().code(),
+              StatusCode::kOutOfRange);
+    ASSERT_TRUE((*engine)->synchronize().ok());
+    EXPECT_EQ(a.read(Tier::kHost, 1), before);
+  }
+}
+
 TEST(TransferEngineCreate, ChoosesThePathByBlockBytesAndMapping) {
   auto backend = create_cpu_backend();
   Pools p(*backend, 4, 4, 4096);

@@ -1,0 +1,450 @@
+// A model's groups in one KvCache that shares the logical blocks (ModelKvCacheOptions::
+// share_blocks, KvCache created from a config with groups), case by case; the randomized run
+// is model_cache_random_test.cpp's HybridModelSharingBlocks. A window group's pages stay
+// bounded while the full group grows; each group's rows, slots and pool are its own; bad input
+// is a clear error that changes nothing; shapes one cache cannot hold are refused; events name
+// their group. check_invariants() after every step. On both backends (runtime_backends.hpp).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pagedkv/cache.hpp"
+#include "pagedkv/cpu_backend.hpp"
+#include "pagedkv/model_cache.hpp"
+#include "runtime/model_cache_harness.hpp"
+
+namespace pagedkv {
+namespace {
+
+using testing::DeviceBuffer;
+
+// Layers 1, 3, 5 sliding window 64 (group 0), 0, 2, 4 full attention (group 1), block 16: the
+// full group is not group 0, so a mix-up of group and plane indices shows.
+CacheConfig window_first(int64_t full_blocks, int64_t window_pages) {
+  CacheConfig c;
+  c.num_layers = 6;
+  c.block_size = 16;
+  KvGroup window;
+  window.name = "window";
+  window.layers = {1, 3, 5};
+  window.num_kv_heads = 1;
+  window.head_dim = 24;
+  window.sliding_window = 64;
+  window.num_device_blocks = window_pages;
+  KvGroup full;
+  full.name = "full";
+  full.layers = {0, 2, 4};
+  full.num_kv_heads = 2;
+  full.head_dim = 16;
+  full.num_device_blocks = full_blocks;
+  c.groups = {window, full};
+  return c;
+}
+
+constexpr int32_t kWindow = 0;
+constexpr int32_t kFull = 1;
+
+std::vector<TokenId> iota_tokens(int64_t n, TokenId first) {
+  std::vector<TokenId> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = first + static_cast<TokenId>(i);
+  return t;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+ModelKvCacheOptions sharing() {
+  ModelKvCacheOptions o;
+  o.share_blocks = true;
+  return o;
+}
+
+// What a refused call must leave alone: every group's pool bytes, and each sequence's length,
+// reservation and blocks in every group.
+struct Snapshot {
+  ControlStats stats;
+  std::vector<std::vector<uint8_t>> pools;
+  std::map<SequenceId, std::vector<int64_t>> lengths;  // length, pending
+  std::map<SequenceId, std::vector<std::vector<BlockLocation>>> blocks;
+  bool operator==(const Snapshot& o) const {
+    return stats == o.stats && pools == o.pools && lengths == o.lengths && blocks == o.blocks;
+  }
+};
+
+class SharedBlocksTest : public testing::ModelCacheHarness {
+ protected:
+  KvCache& one() { return cache_->group(0); }
+
+  Snapshot snapshot() {
+    Snapshot s;
+    EXPECT_TRUE(cache_->synchronize().ok());
+    s.stats = one().stats();
+    for (int32_t g = 0; g < cache_->num_groups(); ++g) {
+      const PoolRef pool = cache_->device_pool(g);
+      std::vector<uint8_t> bytes(static_cast<size_t>(pool.layout.block_elems() * pool.num_blocks) *
+                                 dtype_size(pool.dtype));
+      EXPECT_TRUE(
+          backend_
+              ->copy_async(bytes.data(), pool.data, bytes.size(), CopyKind::kDeviceToHost, Stream{})
+              .ok());
+      EXPECT_TRUE(backend_->synchronize_stream(Stream{}).ok());
+      s.pools.push_back(std::move(bytes));
+      for (const auto& [id, tokens] : ref_) {
+        s.blocks[id].push_back(*cache_->block_locations(id, g));
+      }
+    }
+    for (const auto& [id, tokens] : ref_) s.lengths[id] = {*cache_->length(id), *cache_->pending(id)};
+    return s;
+  }
+
+  void expect_refused(const Status& st, StatusCode code, const std::string& text,
+                      const Snapshot& before) {
+    EXPECT_EQ(st.code(), code) << st.to_string();
+    EXPECT_NE(st.message().find(text), std::string::npos) << st.message();
+    EXPECT_TRUE(snapshot() == before) << "a refused call changed the cache: " << st.to_string();
+    invariants();
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Backends, SharedBlocksTest, testing::runtime_backends(),
+                         testing::backend_param_name);
+
+// ---------------------------------------------------------------- shape and memory
+
+TEST_P(SharedBlocksTest, OneCacheHoldsEveryGroupsPoolAndRoutesItsLayers) {
+  make(window_first(64, 16), sharing());
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_TRUE(cache_->shares_blocks());
+  KvCache& kv = one();
+  EXPECT_EQ(kv.num_groups(), 2);
+  EXPECT_EQ(kv.full_group(), kFull);
+  EXPECT_EQ(kv.pool_info().device_bytes, 64 * gconf(kFull).block_bytes() +
+                                             16 * gconf(kWindow).block_bytes());
+  for (int32_t g : {kWindow, kFull}) {
+    EXPECT_EQ(kv.group_config(g).num_device_blocks, g == kFull ? 64 : 16);
+    EXPECT_EQ(kv.device_pool(g).num_blocks, g == kFull ? 64 : 16);
+  }
+  EXPECT_NE(kv.device_pool(kWindow).data, kv.device_pool(kFull).data);
+  for (int32_t layer = 0; layer < 6; ++layer) {
+    const LayerGroup l = *kv.layer_group(layer);
+    EXPECT_EQ(l.group, layer % 2 == 0 ? kFull : kWindow);
+    EXPECT_EQ(l.layer, layer / 2);
+  }
+  EXPECT_EQ(kv.layer_group(6).status().code(), StatusCode::kOutOfRange);
+}
+
+// The memory bound, through the one cache: a window-64 group holds at most
+// ceil(64 / 16) + 1 pages per sequence while the full group keeps every block, and each
+// group's reserved slots land in its own pool.
+TEST_P(SharedBlocksTest, WindowGroupHoldsAtMostFivePagesWhileTheFullGroupGrows) {
+  make(window_first(64, 16), sharing());
+  ASSERT_FALSE(HasFatalFailure());
+  Status appended;
+  ASSERT_EQ(*add_and_prefill(1, iota_tokens(10, 100), &appended), 0);
+  ASSERT_TRUE(appended.ok()) << appended.to_string();
+  int64_t most = 0;
+  for (int step = 0; step < 300; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const int64_t len = static_cast<int64_t>(ref_[1].size());
+    auto slots = cache_->reserve(1, 1);
+    ASSERT_TRUE(slots.ok()) << slots.status().to_string();
+    ASSERT_EQ(slots->size(), 2u);
+    for (int32_t g : {kWindow, kFull}) {
+      // The slot is in the page the group's table gives for the position.
+      const auto blocks = *cache_->block_locations(1, g);
+      const int64_t slot = (*slots)[static_cast<size_t>(g)][0];
+      EXPECT_EQ(slot, int64_t{blocks[static_cast<size_t>(len / 16)].block} * 16 + len % 16);
+    }
+    const int64_t window = *cache_->held_blocks(1, kWindow);
+    EXPECT_EQ(*cache_->held_blocks(1, kFull), ceil_div(len + 1, 16));
+    EXPECT_EQ(window, ceil_div(len + 1, 16) - window_first_block(kWindow, len));
+    EXPECT_LE(window, 64 / 16 + 1);
+    most = std::max(most, window);
+    ASSERT_TRUE(write_layers(1, {TokenId(1000 + step)}, len).ok());
+    ASSERT_TRUE(cache_->commit(1, {TokenId(1000 + step)}).ok());
+    ref_[1].push_back(1000 + step);
+    invariants();
+    if (step % 50 == 0) {
+      EXPECT_EQ(check_gather(1), "");
+    }
+  }
+  EXPECT_EQ(most, 5);
+  EXPECT_GT(one().stats().window_released_blocks, 10);
+  EXPECT_EQ(check_gather(1), "");
+  EXPECT_GT(out_of_range_checks_, 0);
+  std::mt19937_64 rng(1);
+  EXPECT_EQ(check_view({1}, true, rng), "");
+  EXPECT_EQ(check_view({1}, false, rng), "");
+}
+
+// ---------------------------------------------------------------- bad input
+
+TEST_P(SharedBlocksTest, BadCallsAreClearErrorsThatChangeNothing) {
+  make(window_first(32, 32), sharing());
+  ASSERT_FALSE(HasFatalFailure());
+  Status appended;
+  ASSERT_EQ(*add_and_prefill(1, iota_tokens(40, 10), &appended), 0);
+  ASSERT_TRUE(appended.ok());
+  ASSERT_EQ(*add_and_prefill(2, iota_tokens(90, 500), &appended), 0);
+  ASSERT_TRUE(appended.ok());
+  ASSERT_TRUE(cache_->reserve_batch({1, 2}, 1).ok());
+  auto batch = cache_->build_batch({1, 2});
+  ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+  ASSERT_EQ(batch->groups.size(), 2u);
+  for (int32_t g : {kWindow, kFull}) EXPECT_EQ(batch->groups[static_cast<size_t>(g)].group, g);
+  std::vector<uint16_t> rows(2 * 32, 0x3C00);
+  DeviceBuffer k(*backend_, rows.size() * 2), v(*backend_, rows.size() * 2);
+  k.upload(rows);
+  v.upload(rows);
+  const Snapshot before = snapshot();
+
+  // The groups' batches swapped: each is this cache's, of the other group.
+  ModelBatch swapped = *batch;
+  std::swap(swapped.groups[0], swapped.groups[1]);
+  expect_refused(cache_->write_kv_batch(swapped, 0, k.data(), v.data(), DType::kFloat16),
+                 StatusCode::kInvalidArgument, "not built by this model's build_batch", before);
+  expect_refused(cache_->device_view(swapped, kFull).status(), StatusCode::kInvalidArgument,
+                 "not built by this model's build_batch", before);
+  // The one cache itself: a layer of the other group's batch, the one-batch call, a bad group.
+  KvCache& kv = one();
+  expect_refused(kv.write_kv_batch(batch->groups[kWindow], 0, k.data(), v.data(), DType::kFloat16),
+                 StatusCode::kInvalidArgument, "layer 0 is group 1's; the batch is group 0's",
+                 before);
+  expect_refused(kv.build_batch({1, 2}).status(), StatusCode::kInvalidArgument, "build_batches",
+                 before);
+  for (int32_t g : {-1, 2}) {
+    expect_refused(kv.block_locations(1, g).status(), StatusCode::kOutOfRange,
+                   "outside the cache's 2 groups", before);
+    expect_refused(kv.reserved_slots(1, g).status(), StatusCode::kOutOfRange,
+                   "outside the cache's 2 groups", before);
+    expect_refused(cache_->block_locations(1, g).status(), StatusCode::kOutOfRange,
+                   "outside the model's 2 groups", before);
+  }
+  for (int32_t layer : {-1, 6}) {
+    const std::string want = "layer " + std::to_string(layer) + " outside the model's 6 layers";
+    expect_refused(kv.write_kv(1, layer, k.data(), v.data(), DType::kFloat16),
+                   StatusCode::kOutOfRange, want, before);
+    expect_refused(kv.write_kv_batch(batch->groups[kFull], layer, k.data(), v.data(),
+                                     DType::kFloat16),
+                   StatusCode::kOutOfRange, want, before);
+    expect_refused(kv.gather_layer(1, layer, k.data(), v.data(), DType::kFloat16,
+                                   PackedLayout::kTokenMajor, 39, 1),
+                   StatusCode::kOutOfRange, want, before);
+  }
+  // A window layer's positions the window released are refused; a full layer's are read.
+  expect_refused(cache_->gather_layer(2, 1, k.data(), v.data(), DType::kFloat16,
+                                      PackedLayout::kTokenMajor, 0, 1),
+                 StatusCode::kOutOfRange, "fell out of the sliding window (64 tokens)", before);
+  expect_refused(cache_->write_kv(7, 1, k.data(), v.data(), DType::kFloat16), StatusCode::kNotFound,
+                 "7", before);
+  expect_refused(cache_->commit(1, {1, 2}), StatusCode::kFailedPrecondition, "reserved", before);
+
+  // The batch still works: the step goes through and reads back.
+  for (int32_t layer = 0; layer < 6; ++layer) {
+    const int32_t g = lg(layer).group;
+    std::vector<uint16_t> kr, vr;
+    for (SequenceId id : {1, 2}) {
+      const auto a = testing::model_rows(gconf(g), layer, 0, {77}, int64_t(ref_[id].size()));
+      const auto b = testing::model_rows(gconf(g), layer, 1, {77}, int64_t(ref_[id].size()));
+      kr.insert(kr.end(), a.begin(), a.end());
+      vr.insert(vr.end(), b.begin(), b.end());
+    }
+    DeviceBuffer dk(*backend_, kr.size() * 2), dv(*backend_, vr.size() * 2);
+    dk.upload(kr);
+    dv.upload(vr);
+    ASSERT_TRUE(cache_->write_kv_batch(*batch, layer, dk.data(), dv.data(), DType::kFloat16).ok());
+    ASSERT_TRUE(cache_->synchronize().ok());
+  }
+  ASSERT_TRUE(cache_->commit_batch({1, 2}, {77, 77}).ok());
+  ref_[1].push_back(77);
+  ref_[2].push_back(77);
+  invariants();
+  EXPECT_EQ(check_gather(1), "");
+  EXPECT_EQ(check_gather(2), "");
+}
+
+class NullStorage : public StorageTier {
+ public:
+  const char* medium() const override { return "NULL"; }
+  const StorageLayout& layout() const override { return layout_; }
+  StatusOr<size_t> batch_exists(const std::vector<StorageKey>&) override { return size_t{0}; }
+  StatusOr<uint64_t> submit_put(const std::vector<StorageKey>&,
+                                const std::vector<const void*>&) override {
+    return uint64_t{0};
+  }
+  StatusOr<uint64_t> submit_get(const std::vector<StorageKey>&,
+                                const std::vector<void*>&) override {
+    return uint64_t{0};
+  }
+  std::vector<StorageCompletion> poll() override { return {}; }
+  void drain() override {}
+  Status remove(const std::vector<StorageKey>&) override { return ok_status(); }
+  StorageStats stats() const override { return {}; }
+
+ private:
+  StorageLayout layout_;
+};
+
+TEST_P(SharedBlocksTest, ShapesOneCacheCannotHoldAreRefused) {
+  auto backend = testing::make_backend(kind());
+  ASSERT_NE(backend, nullptr);
+  const auto refused = [&](CacheConfig c, ModelKvCacheOptions o) {
+    c.backend = kind();
+    o.cache.backend = backend.get();
+    o.share_blocks = true;
+    return ModelKvCache::create(c, std::move(o)).status();
+  };
+  CacheConfig two_full = window_first(8, 8);
+  two_full.groups[kWindow].sliding_window = 0;
+  Status st = refused(two_full, {});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("is one too"), std::string::npos) << st.message();
+  CacheConfig no_full = window_first(8, 8);
+  no_full.groups[kFull].sliding_window = 32;
+  st = refused(no_full, {});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("needs one full-attention group"), std::string::npos)
+      << st.message();
+  // Window pages in the storage tier are not built: a store is refused, on either class.
+  NullStorage store;
+  ModelKvCacheOptions with_store;
+  with_store.storage = {nullptr, &store};
+  st = refused(window_first(8, 8), with_store);
+  EXPECT_EQ(st.code(), StatusCode::kUnimplemented) << st.to_string();
+  KvCacheOptions kv_options;
+  kv_options.backend = backend.get();
+  kv_options.storage = &store;
+  CacheConfig c = window_first(8, 8);
+  c.backend = kind();
+  c.num_host_blocks = 8;
+  st = KvCache::create(c, kv_options).status();
+  EXPECT_EQ(st.code(), StatusCode::kUnimplemented) << st.to_string();
+  // Without a store, a null entry per group is fine.
+  ModelKvCacheOptions nulls;
+  nulls.storage = {nullptr, nullptr};
+  EXPECT_TRUE(refused(window_first(8, 8), nulls).ok());
+}
+
+// ---------------------------------------------------------------- ordering
+
+// Offloads A, at once writes B into the window pages (and blocks) A's offload freed, through a
+// batch (which, unlike write_kv, orders nothing itself), then swaps them on the device twice:
+// both read back exactly. The CPU backend's copies sleep 30 ms, so A's offload is still reading its
+// pages when B's reservation takes them: the reservation must order B's writes into both
+// groups' pools after that read.
+TEST_P(SharedBlocksTest, WindowPagesAnOffloadStillReadsAreWrittenAfterIt) {
+  if (kind() != BackendKind::kCpu) GTEST_SKIP() << "needs the CPU backend's copy delay";
+  CacheConfig c = window_first(16, 4);
+  c.backend = kind();
+  c.groups[kWindow].num_host_blocks = 8;
+  c.groups[kFull].num_host_blocks = 8;
+  cache_.reset();
+  ref_.clear();
+  CpuBackendOptions slow;
+  slow.copy_delay = std::chrono::milliseconds(30);
+  backend_ = create_cpu_backend(slow);
+  ModelKvCacheOptions o = sharing();
+  o.cache.backend = backend_.get();
+  o.cache.transfer_kernel_block_bytes = 0;  // batched copies, which sleep (the kernel does not)
+  auto made = ModelKvCache::create(c, o);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  cache_ = std::move(made).value();
+  config_ = c;
+
+  // A: 40 tokens, three pages of the window group's four.
+  Status appended;
+  ASSERT_EQ(*add_and_prefill(1, iota_tokens(40, 1000), &appended), 0);
+  ASSERT_TRUE(appended.ok()) << appended.to_string();
+  std::vector<int32_t> a_pages;
+  for (const BlockLocation& b : *cache_->block_locations(1, kWindow)) a_pages.push_back(b.block);
+  ASSERT_TRUE(cache_->offload(1).ok());
+  EXPECT_EQ(*cache_->residency(1), SequenceResidency::kInFlight);  // the copy is sleeping
+
+  // B: 40 tokens in one batched step, into at least two of A's former pages.
+  const std::vector<TokenId> b = iota_tokens(40, 2000);
+  ASSERT_EQ(*cache_->add_sequence(2, b), 0);
+  ref_[2] = {};
+  ASSERT_TRUE(cache_->reserve_batch({2}, 40).ok());
+  int reused = 0;
+  for (const BlockLocation& l : *cache_->block_locations(2, kWindow)) {
+    reused += std::count(a_pages.begin(), a_pages.end(), l.block) > 0 ? 1 : 0;
+  }
+  EXPECT_GE(reused, 2);
+  auto batch = cache_->build_batch({2});
+  ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+  std::vector<std::unique_ptr<DeviceBuffer>> keep;  // read by queued writes until synchronize
+  for (int32_t layer = 0; layer < 6; ++layer) {
+    const CacheConfig& gc = gconf(lg(layer).group);
+    const auto k = testing::model_rows(gc, layer, 0, b, 0);
+    const auto v = testing::model_rows(gc, layer, 1, b, 0);
+    keep.push_back(to_device(k.data(), k.size() * 2));
+    keep.push_back(to_device(v.data(), v.size() * 2));
+    ASSERT_TRUE(cache_->write_kv_batch(*batch, layer, keep[keep.size() - 2]->data(),
+                                       keep.back()->data(), DType::kFloat16)
+                    .ok());
+  }
+  ASSERT_TRUE(cache_->commit_batch({2}, b, 40).ok());
+  ref_[2] = b;
+  ASSERT_TRUE(cache_->synchronize().ok());
+  keep.clear();
+  invariants();
+
+  // The window group has pages for one of them: each goes to the host in turn.
+  for (const auto& [out, in] : {std::pair<SequenceId, SequenceId>{2, 1}, {1, 2}}) {
+    ASSERT_TRUE(cache_->offload(out).ok());
+    const Status st = cache_->restore(in);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    ASSERT_TRUE(cache_->synchronize().ok());
+    invariants();
+    EXPECT_EQ(check_gather(in), "") << "sequence " << in;
+  }
+  EXPECT_EQ(one().stats().sequences_offloaded, 3);
+}
+
+// ---------------------------------------------------------------- events
+
+// A router sees each group's blocks under that group's index: the full group's blocks as the
+// one-group cache announces them, the window group's pages of the blocks in its window.
+TEST_P(SharedBlocksTest, EventsNameTheirGroup) {
+  make(window_first(64, 16), sharing());
+  ASSERT_FALSE(HasFatalFailure());
+  Status appended;
+  ASSERT_EQ(*add_and_prefill(1, iota_tokens(160, 10), &appended), 0);  // 10 full blocks
+  ASSERT_TRUE(appended.ok());
+  ASSERT_TRUE(cache_->finish(1).ok());
+  ref_.erase(1);
+  invariants();
+  std::map<int32_t, int64_t> stored, removed;
+  for (const ControlEvent& e : cache_->drain_events()) {
+    ASSERT_TRUE(e.group == kWindow || e.group == kFull) << e.group;
+    if (e.kind == EventKind::kBlockStored) ++stored[e.group];
+    if (e.kind == EventKind::kBlockRemoved) ++removed[e.group];
+  }
+  // The prefill's one reservation gave every block a window page, and the pages out of the
+  // window stay cached while their blocks are indexed (a shorter prompt can hit them).
+  EXPECT_EQ(stored[kFull], 10);
+  EXPECT_EQ(stored[kWindow], 10);
+  EXPECT_EQ(removed[kFull] + removed[kWindow], 0);
+  // Another 160 tokens need 10 window pages of 16: four cached ones are evicted, in the window
+  // group only (the full group has room).
+  ASSERT_EQ(*add_and_prefill(2, iota_tokens(160, 5000), &appended), 0);
+  ASSERT_TRUE(appended.ok());
+  invariants();
+  stored.clear();
+  for (const ControlEvent& e : cache_->drain_events()) {
+    if (e.kind == EventKind::kBlockStored) ++stored[e.group];
+    if (e.kind == EventKind::kBlockRemoved) ++removed[e.group];
+  }
+  EXPECT_EQ(stored[kFull], 10);
+  EXPECT_EQ(stored[kWindow], 10);
+  EXPECT_EQ(removed[kFull], 0);
+  EXPECT_EQ(removed[kWindow], 4);
+}
+
+}  // namespace
+}  // namespace pagedkv
