@@ -130,6 +130,56 @@ Status ControlPlane::plan_group_pages(const std::vector<int64_t>& need, const Se
     for (size_t w = 0; w < ng; ++w) room[w] += group_pages_on(*v, w, Tier::kDevice, true);
   }
   if (short_group() < 0) return ok_status();
+  // A victim goes to the host tier, as for the full group, when every group's host pool has
+  // room for what its offload moves; else it is dropped. The room left is counted as if every
+  // planned drop came before the planned offloads, which can only make those move more (a block
+  // a drop leaves to one holder becomes that holder's own), so it never promises too much. A
+  // victim that shares a block with a planned drop is dropped too: what its offload would move
+  // then depends on the order.
+  std::unordered_map<LogicalId, int32_t> drop_refs;
+  for (const Sequence* v : plan->drop) {
+    for (LogicalId b : v->live_blocks()) ++drop_refs[b];
+  }
+  const auto own = [&](LogicalId b) {
+    auto it = drop_refs.find(b);
+    return blocks_[b].tier == Tier::kDevice &&
+           blocks_[b].ref - (it == drop_refs.end() ? 0 : it->second) == 1;
+  };
+  int64_t host_room = tier(Tier::kHost).room();
+  std::vector<int64_t> group_host(ng);
+  for (size_t w = 0; w < ng; ++w) group_host[w] = groups_[w].free_count(Tier::kHost);
+  for (const Sequence* v : plan->offload) {
+    for (size_t i = v->first_live; i < v->blocks.size(); ++i) {
+      const LogicalId b = v->blocks[i];
+      if (!own(b)) continue;
+      --host_room;
+      for (size_t w = 0; w < ng; ++w) {
+        group_host[w] -= i >= v->group_first_live[w] && groups_[w].page(b) >= 0 ? 1 : 0;
+      }
+    }
+  }
+  std::vector<int64_t> pages(ng);
+  const auto offloadable = [&](const Sequence& v) {
+    int64_t blocks = 0;
+    for (size_t i = v.first_live; i < v.blocks.size(); ++i) {
+      if (drop_refs.count(v.blocks[i]) != 0) return false;
+      blocks += own(v.blocks[i]) ? 1 : 0;
+    }
+    if (blocks == 0 || blocks > host_room) return false;
+    bool useful = false;
+    for (size_t w = 0; w < ng; ++w) {
+      pages[w] = group_pages_on(v, w, Tier::kDevice, true);
+      if (pages[w] > group_host[w]) return false;
+      useful |= pages[w] > 0 && room[w] < need[w];
+    }
+    if (!useful) return false;
+    host_room -= blocks;
+    for (size_t w = 0; w < ng; ++w) {
+      group_host[w] -= pages[w];
+      room[w] += pages[w];
+    }
+    return true;
+  };
   if (config_.eviction_policy != EvictionPolicy::kNone) {
     for (const auto& key : seqs_.victims()) {
       Sequence* v = seqs_.find(std::get<2>(key));
@@ -139,9 +189,16 @@ Status ControlPlane::plan_group_pages(const std::vector<int64_t>& need, const Se
         continue;
       }
       if (gains(*v, false) == 0) continue;  // frees no page a short group needs
+      if (offloadable(*v)) {
+        plan->offload.push_back(v);
+        plan->order.push_back(true);
+        if (short_group() < 0) return ok_status();
+        continue;
+      }
       (void)gains(*v, true);
       plan->drop.push_back(v);
       plan->order.push_back(false);
+      for (LogicalId b : v->live_blocks()) ++drop_refs[b];
       if (short_group() < 0) return ok_status();
     }
   }

@@ -125,6 +125,47 @@ TEST(SharedGroups, WindowGroupPressureDropsAnInactiveSequence) {
   PAGEDKV_EXPECT_INV(*cp);
 }
 
+// With host pools, an inactive sequence holding the window pages a reserve needs is offloaded,
+// pages and blocks, as a one-group plane offloads for its blocks; without room for its pages in
+// the window group's host pool it is dropped, even when the full group's host pool has room.
+TEST(SharedGroups, WindowGroupPressureOffloadsAnInactiveSequenceWhenEveryHostPoolHasRoom) {
+  for (const int64_t window_host_pages : {int64_t{2}, int64_t{1}}) {
+    SCOPED_TRACE("window host pages " + std::to_string(window_host_pages));
+    CacheConfig c = shared_config(4, 32, {8}, 2);
+    c.groups[0].num_host_blocks = window_host_pages;
+    c.groups[1].num_host_blocks = 8;
+    auto cp = make_cp(c);
+    ASSERT_TRUE(cp->add_sequence(1, {}).ok());
+    ASSERT_TRUE(cp->reserve(1, 8).ok());
+    ASSERT_TRUE(cp->commit(1, iota_tokens(8, 1)).ok());  // two blocks, both in the window
+    ASSERT_TRUE(cp->add_sequence(2, {}).ok());
+    PAGEDKV_ASSERT_OK(cp->set_active({2}));
+    auto r = cp->reserve(2, 4);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    const Transfers& t = r.value().transfers;
+    if (window_host_pages == 2) {
+      EXPECT_TRUE(t.evicted.empty());
+      EXPECT_EQ(t.offloaded, std::vector<SequenceId>{1});
+      int64_t full_moves = 0, window_moves = 0;
+      for (const BlockMove& m : t.moves) {
+        EXPECT_EQ(m.src_tier, Tier::kDevice);
+        EXPECT_EQ(m.dst_tier, Tier::kHost);
+        (m.group == 0 ? window_moves : full_moves) += 1;
+      }
+      EXPECT_EQ(full_moves, 2);
+      EXPECT_EQ(window_moves, 2);
+      EXPECT_TRUE(cp->contains(1));
+      EXPECT_TRUE(cp->residency(1).value().offloaded);
+      EXPECT_EQ(cp->stats().sequences_evicted, 0);
+    } else {
+      EXPECT_EQ(t.evicted, std::vector<SequenceId>{1});
+      EXPECT_TRUE(t.moves.empty());
+      EXPECT_FALSE(cp->contains(1));
+    }
+    PAGEDKV_EXPECT_INV(*cp);
+  }
+}
+
 TEST(SharedGroups, RollbackIntoAReleasedWindowNamesTheGroup) {
   auto cp = make_cp(shared_config(4, 64, {8}, 16));
   ASSERT_TRUE(cp->add_sequence(1, {}).ok());
@@ -744,7 +785,7 @@ void run_random(uint32_t seed, const Shape& shape, int ops) {
       static_cast<long long>(st.window_released_blocks));
   EXPECT_GT(hits, 5);
   EXPECT_GT(cows, 0);
-  EXPECT_GT(undone, 10);
+  EXPECT_GT(undone, 5);
   if (shape.host_blocks > 0) {
     EXPECT_GT(offloads, 20);
     EXPECT_GT(moved, 0);

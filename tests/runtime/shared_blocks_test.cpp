@@ -333,8 +333,8 @@ TEST_P(SharedBlocksTest, ShapesOneCacheCannotHoldAreRefused) {
 // ---------------------------------------------------------------- ordering
 
 // Offloads A, at once writes B into the window pages (and blocks) A's offload freed, through a
-// batch (which, unlike write_kv, orders nothing itself), then swaps them on the device twice:
-// both read back exactly. The CPU backend's copies sleep 30 ms, so A's offload is still reading its
+// batch (which, unlike write_kv, orders nothing itself), then restores A, which offloads B,
+// and B, which offloads A: both read back exactly. The CPU backend's copies sleep 30 ms, so A's offload is still reading its
 // pages when B's reservation takes them: the reservation must order B's writes into both
 // groups' pools after that read.
 TEST_P(SharedBlocksTest, WindowPagesAnOffloadStillReadsAreWrittenAfterIt) {
@@ -394,12 +394,15 @@ TEST_P(SharedBlocksTest, WindowPagesAnOffloadStillReadsAreWrittenAfterIt) {
   keep.clear();
   invariants();
 
-  // The window group has pages for one of them: each goes to the host in turn.
-  for (const auto& [out, in] : {std::pair<SequenceId, SequenceId>{2, 1}, {1, 2}}) {
-    ASSERT_TRUE(cache_->offload(out).ok());
+  // The window group has pages for one of them: restoring A offloads B to make room there
+  // (the full group has room for both), and the other way round.
+  for (const auto& [in, out] : {std::pair<SequenceId, SequenceId>{1, 2}, {2, 1}}) {
     const Status st = cache_->restore(in);
     ASSERT_TRUE(st.ok()) << st.to_string();
+    EXPECT_EQ(*cache_->residency(out), SequenceResidency::kInFlight);
     ASSERT_TRUE(cache_->synchronize().ok());
+    EXPECT_TRUE(cache_->drain_evicted_sequences().empty());
+    EXPECT_EQ(*cache_->residency(out), SequenceResidency::kHost);
     invariants();
     EXPECT_EQ(check_gather(in), "") << "sequence " << in;
   }
