@@ -427,7 +427,6 @@ class KvCache {
     std::vector<int32_t> blocks;
   };
   std::vector<PendingRead> pending_reads_;
-  int64_t reads_pending_ = 0;  // the groups' reads_pending, summed
   std::vector<int64_t> slot_scratch_;
   // The last build_batch's arrays, one region per group. `generation_` moves on with
   // build_batch and every call that can change a reservation or a block; write_kv_batch

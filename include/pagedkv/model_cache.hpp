@@ -231,8 +231,8 @@ class ModelKvCache {
   bool shared_ = false;
   std::unique_ptr<Backend> owned_backend_;
   std::vector<std::unique_ptr<KvCache>> groups_;  // the planes
-  std::vector<LayerGroup> layers_;      // by model layer
-  std::unordered_set<SequenceId> ids_;  // the model's sequences (for check_invariants)
+  std::vector<LayerGroup> layers_;                // by model layer
+  std::unordered_set<SequenceId> ids_;            // the model's sequences (for check_invariants)
   std::vector<SequenceId> evicted_;
 };
 

@@ -343,6 +343,10 @@ class ControlPlane {
   // already count).
   Status plan_group_pages(const std::vector<int64_t>& need, const Sequence* protect,
                           VictimPlan* plan, uint64_t protect_mark = 0);
+  // Whether each window group's `host_free` pages hold what offloading `v` moves there (its
+  // held pages of the device blocks only it references), written into `*pages`.
+  bool group_pages_fit(const Sequence& v, const std::vector<int64_t>& host_free,
+                       std::vector<int64_t>* pages) const;
   // The device pages reserving `n` more tokens of `s` takes in each window group, added to
   // `*need`: one per new block, and the held pages of its blocks on the host.
   void add_group_need(const Sequence& s, const ReserveNeed& n, std::vector<int64_t>* need) const;

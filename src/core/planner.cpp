@@ -18,6 +18,15 @@ int64_t ControlPlane::device_available() const {
   return tier(Tier::kDevice).room();
 }
 
+bool ControlPlane::group_pages_fit(const Sequence& v, const std::vector<int64_t>& host_free,
+                                   std::vector<int64_t>* pages) const {
+  for (size_t w = 0; w < groups_.size(); ++w) {
+    (*pages)[w] = group_pages_on(v, w, Tier::kDevice, true);
+    if ((*pages)[w] > host_free[w]) return false;
+  }
+  return true;
+}
+
 int64_t ControlPlane::exclusive_device_blocks(const Sequence& s) const {
   int64_t e = 0;
   for (LogicalId b : s.live_blocks()) {
@@ -41,10 +50,7 @@ Status ControlPlane::plan_device_blocks(int64_t need, const Sequence* protect, V
   for (size_t w = 0; w < groups_.size(); ++w) group_host[w] = groups_[w].free_count(Tier::kHost);
   std::vector<int64_t> pages(groups_.size());
   const auto groups_take = [&](const Sequence& v) {
-    for (size_t w = 0; w < groups_.size(); ++w) {
-      pages[w] = group_pages_on(v, w, Tier::kDevice, true);
-      if (pages[w] > group_host[w]) return false;
-    }
+    if (!group_pages_fit(v, group_host, &pages)) return false;
     for (size_t w = 0; w < groups_.size(); ++w) group_host[w] -= pages[w];
     return true;
   };
@@ -165,13 +171,9 @@ Status ControlPlane::plan_group_pages(const std::vector<int64_t>& need, const Se
       if (drop_refs.count(v.blocks[i]) != 0) return false;
       blocks += own(v.blocks[i]) ? 1 : 0;
     }
-    if (blocks == 0 || blocks > host_room) return false;
+    if (blocks == 0 || blocks > host_room || !group_pages_fit(v, group_host, &pages)) return false;
     bool useful = false;
-    for (size_t w = 0; w < ng; ++w) {
-      pages[w] = group_pages_on(v, w, Tier::kDevice, true);
-      if (pages[w] > group_host[w]) return false;
-      useful |= pages[w] > 0 && room[w] < need[w];
-    }
+    for (size_t w = 0; w < ng; ++w) useful |= pages[w] > 0 && room[w] < need[w];
     if (!useful) return false;
     host_room -= blocks;
     for (size_t w = 0; w < ng; ++w) {

@@ -94,7 +94,8 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
     pool.config = num_groups > 1 ? config.group_config(g) : config;
     cache->groups_.push_back(std::move(pool));
     if (num_groups == 1) {
-      for (int32_t l = 0; l < config.num_layers; ++l) cache->layers_[static_cast<size_t>(l)] = {0, l};
+      for (int32_t l = 0; l < config.num_layers; ++l)
+        cache->layers_[static_cast<size_t>(l)] = {0, l};
     } else {
       const std::vector<int32_t>& layers = config.groups[static_cast<size_t>(g)].layers;
       for (size_t i = 0; i < layers.size(); ++i) {
@@ -141,20 +142,25 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
                            runtime::TransferEngine::create(be, pools, transfer_options));
   cache->pool_info_.transfer_kernel = cache->transfers_->uses_kernel();
   if (options.storage != nullptr) {
-    PAGEDKV_ASSIGN_OR_RETURN(cache->storage_,
-                             runtime::StorageLink::create(be, options.storage, config,
-                                                          cache->groups_[0].host,
-                                                          options.storage_staging_blocks));
+    PAGEDKV_ASSIGN_OR_RETURN(
+        cache->storage_,
+        runtime::StorageLink::create(be, options.storage, config, cache->groups_[0].host,
+                                     options.storage_staging_blocks));
   }
   PAGEDKV_ASSIGN_OR_RETURN(cache->uploads_,
                            runtime::UploadArena::create(be, cache->compute_, kInitialUploadBytes));
   cache->batch_uploads_.resize(static_cast<size_t>(num_groups));
+  int64_t device_blocks = 0, host_blocks = 0;
+  for (const GroupPool& g : cache->groups_) {
+    device_blocks += g.config.num_device_blocks;
+    host_blocks += g.config.num_host_blocks;
+  }
   detail::logger().info(
       "KvCache: {} group(s); device pools {} blocks, {:.1f} MiB in {:.2f} ms; host pools {} "
       "blocks, {:.1f} MiB pinned in {:.2f} ms; transfers by {}",
-      num_groups, config.num_device_blocks, cache->pool_info_.device_bytes / 1048576.0,
-      cache->pool_info_.device_alloc_ms, config.num_host_blocks,
-      cache->pool_info_.host_bytes / 1048576.0, cache->pool_info_.host_alloc_ms,
+      num_groups, device_blocks, cache->pool_info_.device_bytes / 1048576.0,
+      cache->pool_info_.device_alloc_ms, host_blocks, cache->pool_info_.host_bytes / 1048576.0,
+      cache->pool_info_.host_alloc_ms,
       cache->pool_info_.transfer_kernel ? "copy kernel" : "batched copy");
   return cache;
 }
@@ -242,7 +248,6 @@ Status KvCache::run_transfers(const Transfers& t, Submitted* out) {
       GroupPool& g = groups_[static_cast<size_t>(m.group)];
       uint64_t& job = g.read_by_job[static_cast<size_t>(m.src_block)];
       g.reads_pending += job == 0 ? 1 : 0;
-      reads_pending_ += job == 0 ? 1 : 0;
       job = *ticket;
       // One record per group the job reads from.
       auto read = std::find_if(pending_reads_.begin() + static_cast<std::ptrdiff_t>(first_read),
@@ -342,7 +347,6 @@ void KvCache::retire_completed_reads() {
       if (job != r.job) continue;
       job = 0;
       --g.reads_pending;
-      --reads_pending_;
     }
     return true;
   };
@@ -366,7 +370,6 @@ Status KvCache::order_block_reuse(int32_t g, const std::vector<int64_t>& slots) 
   for (int64_t slot : slots) {
     uint64_t& job = group.read_by_job[static_cast<size_t>(slot / config_.block_size)];
     group.reads_pending -= job != 0 ? 1 : 0;
-    reads_pending_ -= job != 0 ? 1 : 0;
     job = 0;
   }
   return ok_status();
@@ -385,7 +388,6 @@ Status KvCache::order_group_reuse(int32_t g) {
   // Every later write into the group's pool follows the jobs now (order_after covers the
   // earlier jobs too).
   std::fill(group.read_by_job.begin(), group.read_by_job.end(), 0);
-  reads_pending_ -= group.reads_pending;
   group.reads_pending = 0;
   return ok_status();
 }

@@ -299,8 +299,8 @@ Status ModelKvCache::write_kv_batch(const ModelBatch& batch, int32_t layer, cons
   PAGEDKV_RETURN_IF_ERROR(check_batch(batch));
   PAGEDKV_ASSIGN_OR_RETURN(LayerGroup lg, layer_group(layer));
   if (shared_) {
-    return groups_.front()->write_kv_batch(batch.groups[static_cast<size_t>(lg.group)], layer,
-                                           key, value, input_dtype, row_stride);
+    return groups_.front()->write_kv_batch(batch.groups[static_cast<size_t>(lg.group)], layer, key,
+                                           value, input_dtype, row_stride);
   }
   return in_group(lg.group,
                   group(lg.group).write_kv_batch(batch.groups[static_cast<size_t>(lg.group)],
@@ -312,9 +312,9 @@ Status ModelKvCache::write_kv_batch_all_layers(const ModelBatch& batch, int32_t 
                                                int64_t row_stride, int64_t layer_stride) {
   PAGEDKV_RETURN_IF_ERROR(check_group(g));
   PAGEDKV_RETURN_IF_ERROR(check_batch(batch));
-  return in_group(g,
-                  group(g).write_kv_batch_all_layers(batch.groups[static_cast<size_t>(g)], key,
-                                                     value, input_dtype, row_stride, layer_stride));
+  return in_group(
+      g, group(g).write_kv_batch_all_layers(batch.groups[static_cast<size_t>(g)], key, value,
+                                            input_dtype, row_stride, layer_stride));
 }
 
 Status ModelKvCache::check_reserved_on_device(SequenceId id, const char* what) const {
@@ -547,8 +547,8 @@ Status ModelKvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, v
                                   int64_t position_begin, int64_t num_tokens) {
   PAGEDKV_ASSIGN_OR_RETURN(LayerGroup lg, layer_group(layer));
   if (shared_) {
-    return groups_.front()->gather_layer(id, layer, key_out, value_out, packed_dtype,
-                                         packed_layout, position_begin, num_tokens);
+    return groups_.front()->gather_layer(id, layer, key_out, value_out, packed_dtype, packed_layout,
+                                         position_begin, num_tokens);
   }
   return in_group(lg.group,
                   group(lg.group).gather_layer(id, lg.layer, key_out, value_out, packed_dtype,
@@ -562,8 +562,7 @@ Status ModelKvCache::synchronize() {
 
 // ---------------------------------------------------------------- queries
 
-StatusOr<std::vector<BlockLocation>> ModelKvCache::block_locations(SequenceId id,
-                                                                   int32_t g) const {
+StatusOr<std::vector<BlockLocation>> ModelKvCache::block_locations(SequenceId id, int32_t g) const {
   PAGEDKV_RETURN_IF_ERROR(check_group(g));
   return shared_ ? groups_.front()->block_locations(id, g) : group(g).block_locations(id);
 }

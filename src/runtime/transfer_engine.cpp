@@ -95,9 +95,8 @@ StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::create(
     }
     events.push_back(*event);
   }
-  return std::unique_ptr<TransferEngine>(new TransferEngine(backend, all_pools,
-                                                            std::move(use_kernel), streams[0],
-                                                            streams[1], events[0], events[1]));
+  return std::unique_ptr<TransferEngine>(new TransferEngine(
+      backend, all_pools, std::move(use_kernel), streams[0], streams[1], events[0], events[1]));
 }
 
 TransferEngine::TransferEngine(Backend& backend, std::vector<TierPools> pools,

@@ -166,10 +166,10 @@ class TransferEngine {
   Backend& backend_;
   std::vector<TierPools> pools_;  // by group
   std::vector<bool> use_kernel_;  // by group
-  Stream streams_[2];          // by kToHost, kToDevice
-  Event ready_;                // recorded on the caller's stream before each job
-  Event link_;                 // recorded on one copy stream and at once waited on by the other
-  std::deque<Job> in_flight_;  // oldest first
+  Stream streams_[2];             // by kToHost, kToDevice
+  Event ready_;                   // recorded on the caller's stream before each job
+  Event link_;                    // recorded on one copy stream and at once waited on by the other
+  std::deque<Job> in_flight_;     // oldest first
   std::vector<Event> spare_events_;
   std::vector<PairBuffer> issuing_pairs_;  // taken by the job being issued
   std::vector<PairBuffer> spare_pairs_;

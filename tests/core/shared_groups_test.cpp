@@ -791,7 +791,9 @@ void run_random(uint32_t seed, const Shape& shape, int ops) {
     EXPECT_GT(moved, 0);
   }
   EXPECT_GT(st.sequences_evicted, 0);
-  if (tight) EXPECT_GT(page_evictions, 0);
+  if (tight) {
+    EXPECT_GT(page_evictions, 0);
+  }
 }
 
 // run_random() for seeds first..last, stopping at the first fatal failure.

@@ -470,9 +470,7 @@ TEST_P(ModelCacheRandom, HybridModelEveryReadMatchesTheReference) { run_hybrid(f
 
 // The same model with its groups in one cache sharing the blocks (ModelKvCacheOptions::
 // share_blocks): the same reference, read paths and pressure.
-TEST_P(ModelCacheRandom, HybridModelSharingBlocksEveryReadMatchesTheReference) {
-  run_hybrid(true);
-}
+TEST_P(ModelCacheRandom, HybridModelSharingBlocksEveryReadMatchesTheReference) { run_hybrid(true); }
 
 TEST_P(ModelCacheRandom, MlaModelEveryReadMatchesTheReference) {
   constexpr int64_t kOps = 2000;

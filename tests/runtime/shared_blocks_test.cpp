@@ -99,7 +99,8 @@ class SharedBlocksTest : public testing::ModelCacheHarness {
         s.blocks[id].push_back(*cache_->block_locations(id, g));
       }
     }
-    for (const auto& [id, tokens] : ref_) s.lengths[id] = {*cache_->length(id), *cache_->pending(id)};
+    for (const auto& [id, tokens] : ref_)
+      s.lengths[id] = {*cache_->length(id), *cache_->pending(id)};
     return s;
   }
 
@@ -123,8 +124,8 @@ TEST_P(SharedBlocksTest, OneCacheHoldsEveryGroupsPoolAndRoutesItsLayers) {
   KvCache& kv = one();
   EXPECT_EQ(kv.num_groups(), 2);
   EXPECT_EQ(kv.full_group(), kFull);
-  EXPECT_EQ(kv.pool_info().device_bytes, 64 * gconf(kFull).block_bytes() +
-                                             16 * gconf(kWindow).block_bytes());
+  EXPECT_EQ(kv.pool_info().device_bytes,
+            64 * gconf(kFull).block_bytes() + 16 * gconf(kWindow).block_bytes());
   for (int32_t g : {kWindow, kFull}) {
     EXPECT_EQ(kv.group_config(g).num_device_blocks, g == kFull ? 64 : 16);
     EXPECT_EQ(kv.device_pool(g).num_blocks, g == kFull ? 64 : 16);
@@ -229,9 +230,9 @@ TEST_P(SharedBlocksTest, BadCallsAreClearErrorsThatChangeNothing) {
     const std::string want = "layer " + std::to_string(layer) + " outside the model's 6 layers";
     expect_refused(kv.write_kv(1, layer, k.data(), v.data(), DType::kFloat16),
                    StatusCode::kOutOfRange, want, before);
-    expect_refused(kv.write_kv_batch(batch->groups[kFull], layer, k.data(), v.data(),
-                                     DType::kFloat16),
-                   StatusCode::kOutOfRange, want, before);
+    expect_refused(
+        kv.write_kv_batch(batch->groups[kFull], layer, k.data(), v.data(), DType::kFloat16),
+        StatusCode::kOutOfRange, want, before);
     expect_refused(kv.gather_layer(1, layer, k.data(), v.data(), DType::kFloat16,
                                    PackedLayout::kTokenMajor, 39, 1),
                    StatusCode::kOutOfRange, want, before);
@@ -308,8 +309,7 @@ TEST_P(SharedBlocksTest, ShapesOneCacheCannotHoldAreRefused) {
   no_full.groups[kFull].sliding_window = 32;
   st = refused(no_full, {});
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("needs one full-attention group"), std::string::npos)
-      << st.message();
+  EXPECT_NE(st.message().find("needs one full-attention group"), std::string::npos) << st.message();
   // Window pages in the storage tier are not built: a store is refused, on either class.
   NullStorage store;
   ModelKvCacheOptions with_store;
@@ -334,9 +334,9 @@ TEST_P(SharedBlocksTest, ShapesOneCacheCannotHoldAreRefused) {
 
 // Offloads A, at once writes B into the window pages (and blocks) A's offload freed, through a
 // batch (which, unlike write_kv, orders nothing itself), then restores A, which offloads B,
-// and B, which offloads A: both read back exactly. The CPU backend's copies sleep 30 ms, so A's offload is still reading its
-// pages when B's reservation takes them: the reservation must order B's writes into both
-// groups' pools after that read.
+// and B, which offloads A: both read back exactly. The CPU backend's copies sleep 30 ms, so A's
+// offload is still reading its pages when B's reservation takes them: the reservation must order
+// B's writes into both groups' pools after that read.
 TEST_P(SharedBlocksTest, WindowPagesAnOffloadStillReadsAreWrittenAfterIt) {
   if (kind() != BackendKind::kCpu) GTEST_SKIP() << "needs the CPU backend's copy delay";
   CacheConfig c = window_first(16, 4);
@@ -361,7 +361,8 @@ TEST_P(SharedBlocksTest, WindowPagesAnOffloadStillReadsAreWrittenAfterIt) {
   ASSERT_EQ(*add_and_prefill(1, iota_tokens(40, 1000), &appended), 0);
   ASSERT_TRUE(appended.ok()) << appended.to_string();
   std::vector<int32_t> a_pages;
-  for (const BlockLocation& b : *cache_->block_locations(1, kWindow)) a_pages.push_back(b.block);
+  const std::vector<BlockLocation> a_blocks = *cache_->block_locations(1, kWindow);
+  for (const BlockLocation& b : a_blocks) a_pages.push_back(b.block);
   ASSERT_TRUE(cache_->offload(1).ok());
   EXPECT_EQ(*cache_->residency(1), SequenceResidency::kInFlight);  // the copy is sleeping
 
@@ -371,7 +372,8 @@ TEST_P(SharedBlocksTest, WindowPagesAnOffloadStillReadsAreWrittenAfterIt) {
   ref_[2] = {};
   ASSERT_TRUE(cache_->reserve_batch({2}, 40).ok());
   int reused = 0;
-  for (const BlockLocation& l : *cache_->block_locations(2, kWindow)) {
+  const std::vector<BlockLocation> b_blocks = *cache_->block_locations(2, kWindow);
+  for (const BlockLocation& l : b_blocks) {
     reused += std::count(a_pages.begin(), a_pages.end(), l.block) > 0 ? 1 : 0;
   }
   EXPECT_GE(reused, 2);
@@ -384,8 +386,9 @@ TEST_P(SharedBlocksTest, WindowPagesAnOffloadStillReadsAreWrittenAfterIt) {
     const auto v = testing::model_rows(gc, layer, 1, b, 0);
     keep.push_back(to_device(k.data(), k.size() * 2));
     keep.push_back(to_device(v.data(), v.size() * 2));
-    ASSERT_TRUE(cache_->write_kv_batch(*batch, layer, keep[keep.size() - 2]->data(),
-                                       keep.back()->data(), DType::kFloat16)
+    ASSERT_TRUE(cache_
+                    ->write_kv_batch(*batch, layer, keep[keep.size() - 2]->data(),
+                                     keep.back()->data(), DType::kFloat16)
                     .ok());
   }
   ASSERT_TRUE(cache_->commit_batch({2}, b, 40).ok());
