@@ -113,12 +113,6 @@ struct DeviceBatch {
   const int32_t* last_page_len = nullptr;
 };
 
-/// Where a model layer lives: its KV group and its index among the group's layers.
-struct LayerGroup {
-  int32_t group = 0;
-  int32_t layer = 0;  // the layer's index inside its group
-};
-
 /// Bytes the pools took (over every group) and how long they took to allocate.
 struct PoolInfo {
   int64_t device_bytes = 0;

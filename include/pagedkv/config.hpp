@@ -69,6 +69,12 @@ struct KvGroup {
 };
 
 /// Everything needed to create a cache. `validate()` names the first offending field.
+/// Where a model layer lives: its KV group and its index among the group's layers.
+struct LayerGroup {
+  int32_t group = 0;
+  int32_t layer = 0;  // the layer's index inside its group
+};
+
 struct CacheConfig {
   // Model shape.
   int32_t num_layers = 4;
@@ -120,6 +126,9 @@ struct CacheConfig {
   /// The one-group config of group `g` (its layers numbered 0 .. layers.size() - 1); the config
   /// itself without groups. `g` must be below num_groups().
   CacheConfig group_config(int32_t g) const;
+  /// Each model layer's group and index there, by model layer (without groups, group 0 and the
+  /// layer itself). Needs a validated config.
+  std::vector<LayerGroup> layer_groups() const;
 
   /// Ok, or kInvalidArgument whose message starts with the field name ("head_dim: ...", and for
   /// a group "groups[1] (window): sliding_window: ..."). A shape whose block, device pool, host
@@ -149,5 +158,8 @@ struct CacheConfig {
   /// int64.
   int64_t page_bytes() const;
 };
+
+/// `layers[layer]` of a CacheConfig::layer_groups(), or kOutOfRange naming the layer.
+StatusOr<LayerGroup> find_layer_group(const std::vector<LayerGroup>& layers, int32_t layer);
 
 }  // namespace pagedkv

@@ -146,6 +146,29 @@ StatusOr<CacheConfig> CacheConfig::with_pools(int64_t device_bytes, int64_t host
   return c;
 }
 
+std::vector<LayerGroup> CacheConfig::layer_groups() const {
+  std::vector<LayerGroup> out(static_cast<size_t>(num_layers));
+  if (groups.empty()) {
+    for (int32_t l = 0; l < num_layers; ++l) out[static_cast<size_t>(l)] = {0, l};
+    return out;
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::vector<int32_t>& layers = groups[g].layers;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      out[static_cast<size_t>(layers[i])] = {static_cast<int32_t>(g), static_cast<int32_t>(i)};
+    }
+  }
+  return out;
+}
+
+StatusOr<LayerGroup> find_layer_group(const std::vector<LayerGroup>& layers, int32_t layer) {
+  if (layer < 0 || static_cast<size_t>(layer) >= layers.size()) {
+    return out_of_range("layer " + std::to_string(layer) + " outside the model's " +
+                        std::to_string(layers.size()) + " layers");
+  }
+  return layers[static_cast<size_t>(layer)];
+}
+
 CacheConfig CacheConfig::group_config(int32_t g) const {
   CacheConfig c = *this;
   c.groups.clear();

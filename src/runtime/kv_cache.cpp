@@ -88,20 +88,11 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   control_options.report_host_drops = options.storage != nullptr;
   PAGEDKV_ASSIGN_OR_RETURN(cache->control_, core::ControlPlane::create(config, control_options));
   cache->full_group_ = cache->control_->full_group();
-  cache->layers_.resize(static_cast<size_t>(config.num_layers));
+  cache->layers_ = config.layer_groups();
   for (int32_t g = 0; g < num_groups; ++g) {
     GroupPool pool;
     pool.config = num_groups > 1 ? config.group_config(g) : config;
     cache->groups_.push_back(std::move(pool));
-    if (num_groups == 1) {
-      for (int32_t l = 0; l < config.num_layers; ++l)
-        cache->layers_[static_cast<size_t>(l)] = {0, l};
-    } else {
-      const std::vector<int32_t>& layers = config.groups[static_cast<size_t>(g)].layers;
-      for (size_t i = 0; i < layers.size(); ++i) {
-        cache->layers_[static_cast<size_t>(layers[i])] = {g, static_cast<int32_t>(i)};
-      }
-    }
   }
 
   std::vector<runtime::TierPools> pools;
@@ -198,11 +189,7 @@ Status KvCache::check_group(int32_t g) const {
 }
 
 StatusOr<LayerGroup> KvCache::layer_group(int32_t layer) const {
-  if (layer < 0 || layer >= config_.num_layers) {
-    return out_of_range("layer " + std::to_string(layer) + " outside the model's " +
-                        std::to_string(config_.num_layers) + " layers");
-  }
-  return layers_[static_cast<size_t>(layer)];
+  return find_layer_group(layers_, layer);
 }
 
 void KvCache::forget_slot_uploads(SequenceId id) {

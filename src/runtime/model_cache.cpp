@@ -92,13 +92,10 @@ StatusOr<std::unique_ptr<ModelKvCache>> ModelKvCache::create(const CacheConfig& 
         group_options.backend->wrap_stream(group_options.native_compute_stream));
     group_options.native_compute_stream = nullptr;
   }
-  cache->layers_.resize(static_cast<size_t>(config.num_layers));
+  cache->layers_ = config.layer_groups();
   if (cache->shared_) {
     // One cache for every group; it checks their shape.
     PAGEDKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> one, KvCache::create(config, group_options));
-    for (int32_t l = 0; l < config.num_layers; ++l) {
-      cache->layers_[static_cast<size_t>(l)] = *one->layer_group(l);
-    }
     cache->groups_.push_back(std::move(one));
     return cache;
   }
@@ -108,15 +105,6 @@ StatusOr<std::unique_ptr<ModelKvCache>> ModelKvCache::create(const CacheConfig& 
     StatusOr<std::unique_ptr<KvCache>> group = KvCache::create(config.group_config(g), o);
     if (!group.ok()) return named(config, g, group.status());
     cache->groups_.push_back(std::move(*group));
-    if (config.groups.empty()) {
-      for (int32_t l = 0; l < config.num_layers; ++l)
-        cache->layers_[static_cast<size_t>(l)] = {0, l};
-    } else {
-      const std::vector<int32_t>& layers = config.groups[static_cast<size_t>(g)].layers;
-      for (size_t i = 0; i < layers.size(); ++i) {
-        cache->layers_[static_cast<size_t>(layers[i])] = {g, static_cast<int32_t>(i)};
-      }
-    }
   }
   return cache;
 }
@@ -192,11 +180,7 @@ Status ModelKvCache::flush_storage() {
 }
 
 StatusOr<LayerGroup> ModelKvCache::layer_group(int32_t layer) const {
-  if (layer < 0 || layer >= config_.num_layers) {
-    return out_of_range("layer " + std::to_string(layer) + " outside the model's " +
-                        std::to_string(config_.num_layers) + " layers");
-  }
-  return layers_[static_cast<size_t>(layer)];
+  return find_layer_group(layers_, layer);
 }
 
 // ---------------------------------------------------------------- sequences

@@ -33,6 +33,28 @@
 
 namespace pagedkv::testing {
 
+/// Layers 0, 2, 4 full attention (group 0), 1, 3, 5 sliding window 64 (group 1), block 16.
+inline CacheConfig two_groups(int64_t full_blocks, int64_t window_blocks) {
+  CacheConfig c;
+  c.num_layers = 6;
+  c.block_size = 16;
+  KvGroup full;
+  full.name = "full";
+  full.layers = {0, 2, 4};
+  full.num_kv_heads = 2;
+  full.head_dim = 16;
+  full.num_device_blocks = full_blocks;
+  KvGroup window;
+  window.name = "window";
+  window.layers = {1, 3, 5};
+  window.num_kv_heads = 1;
+  window.head_dim = 24;
+  window.sliding_window = 64;
+  window.num_device_blocks = window_blocks;
+  c.groups = {full, window};
+  return c;
+}
+
 /// The ModelKvCache fixture (see the file comment), parameterized by backend.
 class ModelCacheHarness : public BackendParamTest {
  protected:

@@ -19,34 +19,14 @@
 
 #include "pagedkv/cache.hpp"
 #include "runtime/model_cache_harness.hpp"
+#include "runtime/null_storage.hpp"
 
 namespace pagedkv {
 namespace {
 
 using testing::DeviceBuffer;
 using testing::model_rows;
-
-// Layers 0, 2, 4 full attention (group 0), 1, 3, 5 sliding window 64 (group 1), block 16.
-CacheConfig two_groups(int64_t full_blocks, int64_t window_blocks) {
-  CacheConfig c;
-  c.num_layers = 6;
-  c.block_size = 16;
-  KvGroup full;
-  full.name = "full";
-  full.layers = {0, 2, 4};
-  full.num_kv_heads = 2;
-  full.head_dim = 16;
-  full.num_device_blocks = full_blocks;
-  KvGroup window;
-  window.name = "window";
-  window.layers = {1, 3, 5};
-  window.num_kv_heads = 1;
-  window.head_dim = 24;
-  window.sliding_window = 64;
-  window.num_device_blocks = window_blocks;
-  c.groups = {full, window};
-  return c;
-}
+using testing::two_groups;
 
 CacheConfig mla_model() {
   CacheConfig c;
@@ -292,28 +272,6 @@ TEST_P(ModelCachePrefixTest, FullGroupEvictionLowersTheAgreedHit) {
 
 // ---------------------------------------------------------------- bad input
 
-class NullStorage : public StorageTier {
- public:
-  const char* medium() const override { return "NULL"; }
-  const StorageLayout& layout() const override { return layout_; }
-  StatusOr<size_t> batch_exists(const std::vector<StorageKey>&) override { return size_t{0}; }
-  StatusOr<uint64_t> submit_put(const std::vector<StorageKey>&,
-                                const std::vector<const void*>&) override {
-    return uint64_t{0};
-  }
-  StatusOr<uint64_t> submit_get(const std::vector<StorageKey>&,
-                                const std::vector<void*>&) override {
-    return uint64_t{0};
-  }
-  std::vector<StorageCompletion> poll() override { return {}; }
-  void drain() override {}
-  Status remove(const std::vector<StorageKey>&) override { return ok_status(); }
-  StorageStats stats() const override { return {}; }
-
- private:
-  StorageLayout layout_;
-};
-
 TEST_P(ModelCacheTest, MalformedModelsAreRefusedByGroupAndField) {
   const auto expect_refused_config = [&](const CacheConfig& c, const std::string& want,
                                          ModelKvCacheOptions o = {}) {
@@ -346,7 +304,7 @@ TEST_P(ModelCacheTest, MalformedModelsAreRefusedByGroupAndField) {
   ModelKvCacheOptions o;
   o.storage = {nullptr};  // one tier for two groups
   expect_refused_config(two_groups(16, 16), "storage: 1 storage tiers for 2 groups", o);
-  NullStorage store;
+  testing::NullStorage store;
   o = {};
   o.cache.storage = &store;
   expect_refused_config(two_groups(16, 16), "storage: give a ModelKvCache its storage tiers", o);

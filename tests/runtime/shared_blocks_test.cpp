@@ -19,32 +19,19 @@
 #include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/model_cache.hpp"
 #include "runtime/model_cache_harness.hpp"
+#include "runtime/null_storage.hpp"
 
 namespace pagedkv {
 namespace {
 
 using testing::DeviceBuffer;
 
-// Layers 1, 3, 5 sliding window 64 (group 0), 0, 2, 4 full attention (group 1), block 16: the
-// full group is not group 0, so a mix-up of group and plane indices shows.
+// testing::two_groups with the window group listed first: layers 1, 3, 5 sliding window 64
+// (group 0), 0, 2, 4 full attention (group 1), block 16. The full group is not group 0, so a
+// mix-up of group and plane indices shows.
 CacheConfig window_first(int64_t full_blocks, int64_t window_pages) {
-  CacheConfig c;
-  c.num_layers = 6;
-  c.block_size = 16;
-  KvGroup window;
-  window.name = "window";
-  window.layers = {1, 3, 5};
-  window.num_kv_heads = 1;
-  window.head_dim = 24;
-  window.sliding_window = 64;
-  window.num_device_blocks = window_pages;
-  KvGroup full;
-  full.name = "full";
-  full.layers = {0, 2, 4};
-  full.num_kv_heads = 2;
-  full.head_dim = 16;
-  full.num_device_blocks = full_blocks;
-  c.groups = {window, full};
+  CacheConfig c = testing::two_groups(full_blocks, window_pages);
+  std::swap(c.groups[0], c.groups[1]);
   return c;
 }
 
@@ -269,28 +256,6 @@ TEST_P(SharedBlocksTest, BadCallsAreClearErrorsThatChangeNothing) {
   EXPECT_EQ(check_gather(2), "");
 }
 
-class NullStorage : public StorageTier {
- public:
-  const char* medium() const override { return "NULL"; }
-  const StorageLayout& layout() const override { return layout_; }
-  StatusOr<size_t> batch_exists(const std::vector<StorageKey>&) override { return size_t{0}; }
-  StatusOr<uint64_t> submit_put(const std::vector<StorageKey>&,
-                                const std::vector<const void*>&) override {
-    return uint64_t{0};
-  }
-  StatusOr<uint64_t> submit_get(const std::vector<StorageKey>&,
-                                const std::vector<void*>&) override {
-    return uint64_t{0};
-  }
-  std::vector<StorageCompletion> poll() override { return {}; }
-  void drain() override {}
-  Status remove(const std::vector<StorageKey>&) override { return ok_status(); }
-  StorageStats stats() const override { return {}; }
-
- private:
-  StorageLayout layout_;
-};
-
 TEST_P(SharedBlocksTest, ShapesOneCacheCannotHoldAreRefused) {
   auto backend = testing::make_backend(kind());
   ASSERT_NE(backend, nullptr);
@@ -311,7 +276,7 @@ TEST_P(SharedBlocksTest, ShapesOneCacheCannotHoldAreRefused) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("needs one full-attention group"), std::string::npos) << st.message();
   // Window pages in the storage tier are not built: a store is refused, on either class.
-  NullStorage store;
+  testing::NullStorage store;
   ModelKvCacheOptions with_store;
   with_store.storage = {nullptr, &store};
   st = refused(window_first(8, 8), with_store);
