@@ -155,6 +155,13 @@ class ModelCacheHarness : public BackendParamTest {
   Status decode_step(const std::vector<SequenceId>& ids, const std::vector<TokenId>& next) {
     PAGEDKV_RETURN_IF_ERROR(cache_->reserve_batch(ids, 1));
     PAGEDKV_ASSIGN_OR_RETURN(ModelBatch batch, cache_->build_batch(ids));
+    return write_and_commit(batch, ids, next);
+  }
+
+  /// The rest of a decode step of `ids`, reserved and built into `batch`: write_kv_batch of
+  /// every model layer, then commit_batch of `next`, keeping the reference in step.
+  Status write_and_commit(const ModelBatch& batch, const std::vector<SequenceId>& ids,
+                          const std::vector<TokenId>& next) {
     for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
       const int32_t g = lg(layer).group;
       const int64_t row = row_elems(g);
