@@ -7,8 +7,9 @@
 //    table, prefix tree and planner, and group(g) is that cache;
 //  - shared blocks (ModelKvCacheOptions::share_blocks; one full-attention group and up to three
 //    window groups, no storage tiers): one KvCache holds every group (cache.hpp, "several KV
-//    groups"), so a sequence is looked up, planned and committed once for all groups. A decode
-//    step then costs about 1.3x one group's instead of 2.3x (docs/hybrid-models.md).
+//    groups"), so a sequence is looked up, planned and committed once for all groups. The
+//    control part of a decode step then costs about 1.4x one group's instead of 2.3x
+//    (docs/hybrid-models.md).
 //
 // A sequence lives in every group with the same committed length and reservation. A prefix hit
 // counts only as far as every group can supply it (all blocks for full attention, the blocks
@@ -50,7 +51,8 @@ struct ModelBatch {
 
 class ModelKvCache {
  public:
-  /// Validates the config (groups or the one-group form) and creates one KvCache per group.
+  /// Validates the config (groups or the one-group form) and creates one KvCache per group, or
+  /// one for all of them with share_blocks.
   /// kInvalidArgument names the group and field; kResourceExhausted when a pool cannot be had.
   static StatusOr<std::unique_ptr<ModelKvCache>> create(const CacheConfig& config,
                                                         ModelKvCacheOptions options = {});
@@ -88,10 +90,9 @@ class ModelKvCache {
   StatusOr<int64_t> add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
                                  const SequenceOptions& options = {});
   /// Reserves the next `n` tokens in every group; returns each group's slots (in its own pool).
-  /// When a group is
-  /// out of blocks (kResourceExhausted), the reservation is dropped in every group (the
-  /// sequence keeps its committed tokens; reserve again after freeing room); sequences the
-  /// groups that went ahead offloaded stay offloaded (their data is kept).
+  /// When a group is out of blocks (kResourceExhausted), the reservation is dropped in every
+  /// group (the sequence keeps its committed tokens; reserve again after freeing room);
+  /// sequences the groups that went ahead offloaded stay offloaded (their data is kept).
   StatusOr<std::vector<std::vector<int64_t>>> reserve(SequenceId id, int64_t n);
   /// reserve() of `n_each` tokens for each of `ids`, one batched call per group; on
   /// kResourceExhausted the reservations of `ids` are dropped in every group.
