@@ -51,7 +51,11 @@ StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::create(Backend& backen
 
 StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::create(
     Backend& backend, const std::vector<TierPools>& all_pools, const TransferOptions& options) {
-  if (all_pools.empty()) return invalid_argument("pools: none");
+  // A block's dependency key holds its group in 8 bits.
+  if (all_pools.empty() || all_pools.size() > 256) {
+    return invalid_argument("pools: " + std::to_string(all_pools.size()) +
+                            " groups, the engine moves 1 to 256");
+  }
   if (options.kernel_block_bytes < 0) {
     return invalid_argument("kernel_block_bytes: negative (" +
                             std::to_string(options.kernel_block_bytes) + ")");

@@ -96,6 +96,28 @@ class ModelCacheHarness : public BackendParamTest {
     return w == 0 ? 0 : std::max<int64_t>(0, len - w);
   }
 
+  /// A refused call: `st` has `code` and a message containing `text`, `unchanged` (the
+  /// fixture's snapshot after the call equals the one before), and the invariants hold.
+  void expect_refusal(const Status& st, StatusCode code, const std::string& text,
+                      bool unchanged) const {
+    EXPECT_EQ(st.code(), code) << st.to_string();
+    EXPECT_NE(st.message().find(text), std::string::npos) << st.message();
+    EXPECT_TRUE(unchanged) << "a refused call changed the cache: " << st.to_string();
+    invariants();
+  }
+
+  /// The bytes of a device pool, read back after the work queued so far.
+  std::vector<uint8_t> pool_bytes(const PoolRef& pool) {
+    std::vector<uint8_t> bytes(static_cast<size_t>(pool.layout.block_elems() * pool.num_blocks) *
+                               dtype_size(pool.dtype));
+    EXPECT_TRUE(
+        backend_
+            ->copy_async(bytes.data(), pool.data, bytes.size(), CopyKind::kDeviceToHost, Stream{})
+            .ok());
+    EXPECT_TRUE(backend_->synchronize_stream(Stream{}).ok());
+    return bytes;
+  }
+
   /// Copies host bytes into a new device buffer.
   std::unique_ptr<DeviceBuffer> to_device(const void* data, size_t bytes) {
     auto d = std::make_unique<DeviceBuffer>(*backend_, bytes);

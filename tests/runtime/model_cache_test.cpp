@@ -66,15 +66,7 @@ class ModelCacheTest : public testing::ModelCacheHarness {
     for (int32_t g = 0; g < cache_->num_groups(); ++g) {
       KvCache& k = cache_->group(g);
       s.stats.push_back(k.stats());
-      const PoolRef pool = k.device_pool();
-      std::vector<uint8_t> bytes(static_cast<size_t>(pool.layout.block_elems() * pool.num_blocks) *
-                                 dtype_size(pool.dtype));
-      EXPECT_TRUE(
-          backend_
-              ->copy_async(bytes.data(), pool.data, bytes.size(), CopyKind::kDeviceToHost, Stream{})
-              .ok());
-      EXPECT_TRUE(backend_->synchronize_stream(Stream{}).ok());
-      s.pools.push_back(std::move(bytes));
+      s.pools.push_back(pool_bytes(k.device_pool()));
       for (const auto& [id, tokens] : ref_) {
         s.seqs[id].push_back({*k.length(id), *k.pending(id)});
         s.blocks[id].push_back(*k.block_locations(id));
@@ -86,10 +78,7 @@ class ModelCacheTest : public testing::ModelCacheHarness {
   // A refused call: `st` has `code` and a message containing `text`, and nothing changed.
   void expect_refused(const Status& st, StatusCode code, const std::string& text,
                       const Snapshot& before) {
-    EXPECT_EQ(st.code(), code) << st.to_string();
-    EXPECT_NE(st.message().find(text), std::string::npos) << st.message();
-    EXPECT_TRUE(snapshot() == before) << "a refused call changed the cache: " << st.to_string();
-    invariants();
+    expect_refusal(st, code, text, snapshot() == before);
   }
 
   // Sequences 1 (40 tokens) and 2 (90), prefilled with no hit.
