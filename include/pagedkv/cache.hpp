@@ -250,13 +250,20 @@ class KvCache {
   // ---- storage tier (KvCacheOptions::storage) ----
 
   /// Starts bringing the blocks the storage tier holds after `prompt`'s cached prefix (full
-  /// blocks, device or host) into free host slots; returns how many blocks are on their way (0
-  /// without a storage tier, or when the store holds none or cannot be reached). They become
-  /// prefix-cache blocks on the host tier when they have arrived and been verified (see
-  /// poll_storage()); a sequence added after that hits them (ControlStats::prefix_host_hit_blocks)
-  /// and they move to the device like any host hit. Never waits for the store; a scheduler that
-  /// wants the hit waits for storage_in_flight() to drop before add_sequence. kOutOfRange for a
-  /// prompt past max_sequence_length.
+  /// blocks, device or host) into host slots: free ones first, then those of the least recently
+  /// used cached host blocks, which are dropped (and written back) for them as for any arrival of
+  /// more valuable blocks; blocks sequences hold and the prefix being continued are never taken.
+  /// Returns how many blocks are on their way. It is 0 exactly when: there is no storage tier;
+  /// prefix caching is off; every full block of the prompt that a hit could use (one token is
+  /// always left to compute) is cached already; the store lacks the first block after the cached
+  /// prefix, or cannot be reached; no host slot can be had (the host tier is held by sequences;
+  /// with a sliding window, which takes free slots only, fewer are free than the window's missing
+  /// blocks, or the store lacks one of them). The blocks become prefix-cache blocks on the host
+  /// tier once they have arrived and been verified (see poll_storage()); a sequence added after
+  /// that hits them (ControlStats::prefix_host_hit_blocks) and they move to the device like any
+  /// host hit. Never waits for the store; a scheduler that wants the hit waits for
+  /// storage_in_flight() to drop before add_sequence. kOutOfRange for a prompt past
+  /// max_sequence_length.
   StatusOr<int64_t> fetch_from_storage(const std::vector<TokenId>& prompt,
                                        const SequenceOptions& options = {});
   /// fetch_from_storage() for a hit of at most `max_cached` tokens (-1: no bound), also saying

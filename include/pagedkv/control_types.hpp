@@ -25,6 +25,15 @@ inline constexpr int32_t kMinRetentionPriority = 0;
 inline constexpr int32_t kMaxRetentionPriority = 100;
 inline constexpr int32_t kDefaultRetentionPriority = 35;
 
+/// Where a block lives: its tier and physical block id there.
+struct BlockLocation {
+  Tier tier = Tier::kDevice;
+  int32_t block = -1;
+  friend bool operator==(const BlockLocation& a, const BlockLocation& b) {
+    return a.tier == b.tier && a.block == b.block;
+  }
+};
+
 /// Copy one device block into another (copy-on-write); physical device block ids.
 struct BlockCopy {
   int32_t src_block = -1;
@@ -56,7 +65,10 @@ struct DroppedBlock {
   uint64_t block_hash = 0;
   uint64_t parent_hash = 0;
   NamespaceId ns = 0;
-  int32_t host_block = -1;  // physical host slot holding the bytes until this call's moves run
+  /// Where the block's bytes are before the moves of the call that dropped it run: its host slot,
+  /// or, when that call moved it there (a demotion followed by a drop), the slot it came from,
+  /// usually on the device. The write-back copies from here, ahead of the call's moves.
+  BlockLocation source{Tier::kHost, -1};
   std::vector<TokenId> tokens;
 };
 
@@ -70,8 +82,9 @@ struct Transfers {
   std::vector<SequenceId> restored;
   std::vector<SequenceId> evicted;
   /// Cached host blocks the host LRU dropped to make room, when the control plane reports them
-  /// (a storage tier is attached): their bytes are still in their host slots, which the moves
-  /// of this call may overwrite, so the data plane copies them out first (write-back).
+  /// (a storage tier is attached): their bytes are at DroppedBlock::source until the moves of
+  /// this call run (which may overwrite it), so the data plane copies them out first
+  /// (write-back).
   std::vector<DroppedBlock> host_drops;
 
   bool empty() const {
@@ -99,15 +112,6 @@ struct ReserveResult {
   Transfers transfers;
   /// One device slot (`block * block_size + offset`) per reserved token, in position order.
   std::vector<int64_t> slots;
-};
-
-/// Where one logical block of a sequence lives now.
-struct BlockLocation {
-  Tier tier = Tier::kDevice;
-  int32_t block = -1;
-  friend bool operator==(const BlockLocation& a, const BlockLocation& b) {
-    return a.tier == b.tier && a.block == b.block;
-  }
 };
 
 /// Where a sequence's blocks are.

@@ -102,6 +102,7 @@ ControlPlane::ControlPlane(const CacheConfig& config, ControlOptions options)
   const std::vector<TierSpec> specs = tier_specs(config);
   tiers_.reserve(specs.size());
   for (const TierSpec& spec : specs) tiers_.emplace_back(&blocks_, spec);
+  if (report_host_drops_) origins_.resize(config.num_device_blocks, config.num_host_blocks);
 }
 
 Status ControlPlane::validate_options(const SequenceOptions& o) const {

@@ -23,6 +23,7 @@
 #include "core/journal.hpp"
 #include "core/prefix_index.hpp"
 #include "core/sequence_table.hpp"
+#include "core/slot_origins.hpp"
 #include "core/tier_plan.hpp"
 #include "core/tier_store.hpp"
 #include "pagedkv/config.hpp"
@@ -78,6 +79,10 @@ struct StorageLookup {
 struct Arrival {
   uint64_t id = 0;
   std::vector<int32_t> host_blocks;  // physical host ids, for the first host_blocks.size() blocks
+  /// Cached host blocks dropped to free those slots (reported with report_host_drops): their
+  /// bytes are in their slots until the store's read overwrites them, so a write-back copies
+  /// them out before the read is submitted.
+  std::vector<DroppedBlock> host_drops;
 };
 
 /// The paged control plane (see the file comment).
@@ -208,10 +213,15 @@ class ControlPlane {
   /// The longest hit the lookup's prompt reaches once the first `n` listed blocks have arrived:
   /// with a window, only all of them complete it.
   int64_t storage_reach(const StorageLookup& lookup, int64_t n) const;
-  /// Takes free host slots for the first `n` blocks of `lookup` (fewer when fewer are free: it
-  /// never drops anything for them), held until finish_arrival(). An empty result (none free,
-  /// n == 0, or the prefix the lookup continues is gone) holds nothing. kInvalidArgument for a
-  /// bad n.
+  /// Host slots an arrival could take now: the free ones and, with full attention, those of
+  /// cached host blocks (begin_arrival drops least recently used cached leaves for it).
+  int64_t arrival_room() const;
+  /// Takes host slots for the first `n` blocks of `lookup`, held until finish_arrival(): free
+  /// ones first, then, with full attention, slots of the least recently used cached host leaves
+  /// (dropped as the host LRU drops them, never the prefix the lookup continues nor a block a
+  /// sequence holds); a sliding-window cache takes free slots only. Fewer than `n` when fewer
+  /// can be had. An empty result (n == 0, no slot to be had, or the prefix the lookup continues
+  /// is gone) holds nothing. kInvalidArgument for a bad n.
   StatusOr<Arrival> begin_arrival(const StorageLookup& lookup, int64_t n);
   /// The store's answer for an arrival: `ok` registers its blocks in the prefix index as cached
   /// host blocks, so later prompts hit them (a block already indexed meanwhile, or, with full
@@ -225,10 +235,13 @@ class ControlPlane {
   /// hole is no hit). kNotFound for an unknown arrival, kInvalidArgument for intact < 0.
   StatusOr<int64_t> finish_arrival_partly(uint64_t arrival, int64_t intact);
   /// Records that a block the host tier dropped is now kept by the storage tier (an event
-  /// kBlockStored on Tier::kStorage, for routers).
+  /// kBlockStored on Tier::kStorage, for routers; runtime::StorageAnnouncer decides when).
   void record_stored_in_storage(const DroppedBlock& block);
   /// Arrivals begun and not finished.
   int64_t arrivals_in_flight() const { return static_cast<int64_t>(arrivals_.size()); }
+  /// Whether the prefix index holds a block of chained hash `hash` (on any tier): routers know
+  /// it from the events.
+  bool indexes_hash(uint64_t hash) const { return index_.contains_hash(hash); }
 
   // ---- queries ----
 
@@ -453,6 +466,9 @@ class ControlPlane {
   // storage_arrivals.cpp: storage_lookup() of a window cache (flat nodes).
   void storage_lookup_window(const std::vector<TokenId>& prompt, int64_t cap, int64_t max_blocks,
                              StorageLookup* out) const;
+  // Drops least recently used cached host leaves (never `parent`'s block) until `n` host slots
+  // are free or none is left to drop; the drops go to out->host_drops.
+  void make_arrival_room(NodeId parent, int64_t n, Arrival* out);
   // Registers an arrived block as a cached host block under `node` (already inserted).
   void register_arrived(LogicalId id, NodeId node);
   void remove_node(NodeId node);
@@ -513,6 +529,9 @@ class ControlPlane {
   std::vector<LogicalId> parked_;
 
   Journal journal_;
+  // Where the open call's moves took each slot's bytes from (kept when host drops are reported:
+  // the write-back reads a dropped block from its origin).
+  SlotOrigins origins_;
   // The transfers and slots of the open plan (reused: a decode step allocates nothing).
   ReserveResult plan_result_;
   // Blocks coming back from a store: held (ref 1, unregistered) until finish_arrival.

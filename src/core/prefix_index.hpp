@@ -87,6 +87,8 @@ class PrefixIndex {
   NodeId insert_flat(uint64_t parent_hash, NamespaceId ns, const TokenId* tokens, LogicalId block);
   /// Removes a leaf.
   void remove(NodeId node);
+  /// Whether a node of chained hash `hash` is indexed.
+  bool contains_hash(uint64_t hash) const { return slots_[probe(hash)].node >= 0; }
   /// Prefetch hints for a coming remove(): the node's record, and (once that has arrived) the
   /// hash-map slot its hash lives in.
   void prefetch_node(NodeId n) const { __builtin_prefetch(&nodes_[static_cast<size_t>(n)]); }

@@ -117,6 +117,31 @@ int64_t ControlPlane::storage_reach(const StorageLookup& lookup, int64_t n) cons
   return hit_of_blocks(lookup.first_block + n, block_size_, lookup.prompt_length, lookup.cap);
 }
 
+int64_t ControlPlane::arrival_room() const {
+  const TierStore& host = tier(Tier::kHost);
+  return window_ > 0 ? host.free_blocks() : host.room();
+}
+
+void ControlPlane::make_arrival_room(NodeId parent, int64_t n, Arrival* out) {
+  // Blocks a prompt is about to hit are worth more than the least recently used cached ones, as
+  // for any arrival on a tier. The prefix the arrival continues is pinned meanwhile: dropping
+  // other branches may make it a leaf.
+  LogicalId pinned = parent == kRootNode ? kNoBlock : index_.node(parent).block;
+  if (pinned != kNoBlock && blocks_[pinned].tier != Tier::kHost) pinned = kNoBlock;
+  if (pinned != kNoBlock) {
+    unlist(pinned);
+    ++blocks_[pinned].ref;
+  }
+  Transfers dropped;
+  while (tier(Tier::kHost).free_blocks() < n && drop_lru(Tier::kHost, &dropped)) {
+  }
+  if (pinned != kNoBlock) {
+    --blocks_[pinned].ref;
+    list_if_evictable(pinned);
+  }
+  out->host_drops = std::move(dropped.host_drops);
+}
+
 StatusOr<Arrival> ControlPlane::begin_arrival(const StorageLookup& lookup, int64_t n) {
   PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("begin_arrival"));
   const bool flat = !lookup.prefix_hashes.empty();
@@ -131,8 +156,10 @@ StatusOr<Arrival> ControlPlane::begin_arrival(const StorageLookup& lookup, int64
   const bool parent_alive = lookup.parent == kRootNode ||
                             (lookup.parent < index_.capacity() && index_.node(lookup.parent).live &&
                              index_.node(lookup.parent).hash == lookup.parent_hash);
+  if (!parent_alive || n == 0) return out;
+  if (!flat) make_arrival_room(lookup.parent, n, &out);
   const int64_t take = std::min(n, tier(Tier::kHost).free_blocks());
-  if (!parent_alive || take == 0) return out;
+  if (take == 0) return out;
   ArrivalRecord record;
   record.lookup.ns = lookup.ns;
   record.lookup.parent = lookup.parent;

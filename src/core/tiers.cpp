@@ -26,6 +26,7 @@ void ControlPlane::move_block(LogicalId id, Tier dst, Transfers* out) {
   BlockMove m = blocks_.move(id, dst);
   m.group = full_group_;
   journal_.move(id, m, out->moves.size());
+  if (report_host_drops_) origins_.record(m);
   out->moves.push_back(m);
   after_tier_change(id, m.src_tier);
   if (!groups_.empty()) move_group_pages(id, m.src_tier, dst, out);
@@ -67,10 +68,13 @@ bool ControlPlane::drop_lru(Tier t, Transfers* out) {
   store.queue().erase(id);
   store.remove_cached();
   if (report_host_drops_ && t == Tier::kHost) {
-    // Write-back: the bytes stay in the slot until this call's moves run.
+    // Write-back: the bytes are where they were when this call began until its moves run (a
+    // block demoted earlier in the call is still in its device block).
     const PrefixNode& x = index_.node(blocks_[id].node);
     const TokenId* tokens = index_.tokens(blocks_[id].node);
-    out->host_drops.push_back(DroppedBlock{x.hash, x.parent_hash, x.ns, blocks_[id].phys,
+    const BlockLocation source =
+        journal_.open ? origins_.origin(t, blocks_[id].phys) : BlockLocation{t, blocks_[id].phys};
+    out->host_drops.push_back(DroppedBlock{x.hash, x.parent_hash, x.ns, source,
                                            std::vector<TokenId>(tokens, tokens + block_size_)});
   }
   remove_node(blocks_[id].node);

@@ -13,7 +13,10 @@
 namespace pagedkv {
 namespace core {
 
-void ControlPlane::begin_journal() { journal_.begin(counters_, events_.next_sequence()); }
+void ControlPlane::begin_journal() {
+  journal_.begin(counters_, events_.next_sequence());
+  if (report_host_drops_) origins_.begin_call();
+}
 
 void ControlPlane::flush_deferred_releases() {
   for (const DeferredRelease& d : deferred_release_) {

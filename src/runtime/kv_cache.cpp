@@ -135,8 +135,8 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   if (options.storage != nullptr) {
     PAGEDKV_ASSIGN_OR_RETURN(
         cache->storage_,
-        runtime::StorageLink::create(be, options.storage, config, cache->groups_[0].host,
-                                     options.storage_staging_blocks));
+        runtime::StorageLink::create(be, options.storage, config, cache->groups_[0].device,
+                                     cache->groups_[0].host, options.storage_staging_blocks));
   }
   PAGEDKV_ASSIGN_OR_RETURN(cache->uploads_,
                            runtime::UploadArena::create(be, cache->compute_, kInitialUploadBytes));
@@ -222,7 +222,7 @@ Status KvCache::run_transfers(const Transfers& t, Submitted* out) {
   }
   // Dropped host blocks are copied out for the write-back before the moves reuse their slots.
   if (storage_ != nullptr) {
-    PAGEDKV_RETURN_IF_ERROR(storage_->stage(t.host_drops, transfers_->copy_stream()));
+    PAGEDKV_RETURN_IF_ERROR(storage_->stage(t.host_drops, transfers_->copy_stream(), compute_));
   }
   if (!t.moves.empty()) {
     StatusOr<runtime::TransferTicket> ticket =

@@ -24,7 +24,8 @@ StatusOr<StorageFetch> KvCache::fetch_prefix_from_storage(const std::vector<Toke
     PAGEDKV_ASSIGN_OR_RETURN(none.reach, control_->cached_prefix(prompt, options.ns, max_cached));
     return none;
   }
-  return storage_->fetch(*control_, prompt, options.ns, max_cached, transfers_->copy_stream());
+  return storage_->fetch(*control_, prompt, options.ns, max_cached, transfers_->copy_stream(),
+                         compute_);
 }
 
 Status KvCache::poll_storage() {

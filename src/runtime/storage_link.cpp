@@ -11,7 +11,7 @@ namespace runtime {
 
 StatusOr<std::unique_ptr<StorageLink>> StorageLink::create(Backend& backend, StorageTier* store,
                                                            const CacheConfig& config,
-                                                           void* host_pool,
+                                                           void* device_pool, void* host_pool,
                                                            int64_t staging_blocks) {
   if (config.num_host_blocks == 0 || host_pool == nullptr) {
     return invalid_argument(
@@ -29,7 +29,7 @@ StatusOr<std::unique_ptr<StorageLink>> StorageLink::create(Backend& backend, Sto
         "differs from the cache's");
   }
   std::unique_ptr<StorageLink> link(
-      new StorageLink(backend, store, config.block_bytes(), host_pool));
+      new StorageLink(backend, store, config.block_bytes(), device_pool, host_pool));
   PAGEDKV_ASSIGN_OR_RETURN(
       link->staging_,
       backend.allocate_pinned(static_cast<size_t>(staging_blocks * config.block_bytes())));
@@ -37,11 +37,18 @@ StatusOr<std::unique_ptr<StorageLink>> StorageLink::create(Backend& backend, Sto
   return link;
 }
 
-StorageLink::StorageLink(Backend& backend, StorageTier* store, int64_t block_bytes, void* host_pool)
-    : backend_(backend), store_(store), block_bytes_(block_bytes), host_pool_(host_pool) {}
+StorageLink::StorageLink(Backend& backend, StorageTier* store, int64_t block_bytes,
+                         void* device_pool, void* host_pool)
+    : backend_(backend),
+      store_(store),
+      block_bytes_(block_bytes),
+      device_pool_(device_pool),
+      host_pool_(host_pool) {}
 
 StorageLink::~StorageLink() {
-  for (const StagedBatch& b : staged_) backend_.synchronize_event(b.ready).ignore_error();
+  for (const StagedBatch& b : staged_) {
+    if (!b.ran) backend_.synchronize_event(b.ready).ignore_error();
+  }
   for (const PendingRead& r : waiting_reads_) backend_.synchronize_event(r.ready).ignore_error();
   store_->drain();  // its reads write into the host pool, its puts were copied already
   for (Event e : all_events_) backend_.destroy_event(e);
@@ -59,8 +66,21 @@ StatusOr<Event> StorageLink::take_event() {
   return e;
 }
 
-Status StorageLink::stage(const std::vector<DroppedBlock>& drops, Stream copy_stream) {
+Status StorageLink::stage(const std::vector<DroppedBlock>& drops, Stream copy_stream,
+                          Stream compute) {
   if (drops.empty()) return ok_status();
+  const bool from_device = std::any_of(drops.begin(), drops.end(), [](const DroppedBlock& d) {
+    return d.source.tier == Tier::kDevice;
+  });
+  if (from_device) {
+    // A block demoted and dropped within one call is read from its device block, which the
+    // compute stream may still be writing.
+    PAGEDKV_ASSIGN_OR_RETURN(Event written, take_event());
+    Status st = backend_.record_event(written, compute);
+    if (st.ok()) st = backend_.wait_event(copy_stream, written);
+    give_event(written);  // reusable at once: a wait captures the event's state when queued
+    PAGEDKV_RETURN_IF_ERROR(st);
+  }
   StagedBatch batch;
   for (const DroppedBlock& d : drops) {
     if (free_staging_.empty()) {
@@ -68,9 +88,10 @@ Status StorageLink::stage(const std::vector<DroppedBlock>& drops, Stream copy_st
       continue;
     }
     const int64_t slot = free_staging_.back();
-    const Status st = backend_.copy_async(
-        staging_slot(slot), static_cast<const char*>(host_pool_) + d.host_block * block_bytes_,
-        static_cast<size_t>(block_bytes_), CopyKind::kHostToHost, copy_stream);
+    const CopyKind kind =
+        d.source.tier == Tier::kDevice ? CopyKind::kDeviceToHost : CopyKind::kHostToHost;
+    const Status st = backend_.copy_async(staging_slot(slot), source_bytes(d.source),
+                                          static_cast<size_t>(block_bytes_), kind, copy_stream);
     if (!st.ok()) {
       // What was queued still runs; keep those slots until it has.
       ++writes_dropped_;
@@ -79,24 +100,45 @@ Status StorageLink::stage(const std::vector<DroppedBlock>& drops, Stream copy_st
     free_staging_.pop_back();
     batch.slots.push_back(slot);
     batch.blocks.push_back(d);
+    announcer_.put_started(d);
   }
   if (batch.slots.empty()) return ok_status();
-  PAGEDKV_ASSIGN_OR_RETURN(batch.ready, take_event());
-  const Status st = backend_.record_event(batch.ready, copy_stream);
-  if (!st.ok()) {
+  StatusOr<Event> ready = take_event();
+  Status st = ready.status();
+  if (st.ok()) st = backend_.record_event(*ready, copy_stream);
+  if (st.ok()) {
+    batch.ready = *ready;
+  } else {
+    if (ready.ok()) give_event(*ready);
     // Without the event nothing says when the copies ran: wait for the stream instead.
-    PAGEDKV_RETURN_IF_ERROR(backend_.synchronize_stream(copy_stream));
+    const Status synced = backend_.synchronize_stream(copy_stream);
+    if (!synced.ok()) {
+      // The copies may still run into their slots, which stay taken; the blocks are given up.
+      writes_dropped_ += static_cast<int64_t>(batch.blocks.size());
+      for (DroppedBlock& d : batch.blocks) announcer_.put_ended(std::move(d), false);
+      return synced;
+    }
+    batch.ran = true;
   }
   staged_.push_back(std::move(batch));
   return ok_status();
 }
 
+bool StorageLink::ran(Event e, Status* first_error) {
+  StatusOr<bool> done = backend_.query_event(e);
+  if (done.ok()) return *done;
+  if (first_error->ok()) *first_error = done.status();
+  return false;
+}
+
 Status StorageLink::send_staged() {
+  // The batches are compacted in place: an error (a failed query) keeps its batch for a later
+  // poll and is returned after the loop, never in the middle of the compaction.
+  Status error = ok_status();
   size_t kept = 0;
   for (size_t i = 0; i < staged_.size(); ++i) {
     StagedBatch& b = staged_[i];
-    PAGEDKV_ASSIGN_OR_RETURN(bool done, backend_.query_event(b.ready));
-    if (!done) {
+    if (!b.ran && !ran(b.ready, &error)) {
       if (kept != i) staged_[kept] = std::move(b);
       ++kept;
       continue;
@@ -109,10 +151,11 @@ Status StorageLink::send_staged() {
     }
     StatusOr<uint64_t> job = store_->submit_put(keys, bytes);  // copies the bytes
     for (int64_t s : b.slots) free_staging_.push_back(s);
-    give_event(b.ready);
+    if (!b.ran) give_event(b.ready);
     if (job.ok()) {
       puts_.emplace(*job, std::move(b.blocks));
     } else {
+      for (DroppedBlock& d : b.blocks) announcer_.put_ended(std::move(d), false);
       writes_dropped_ += static_cast<int64_t>(keys.size());
       if (job.status().code() != StatusCode::kResourceExhausted) {
         detail::logger().warn("storage: write-back of {} blocks failed: {}", keys.size(),
@@ -121,15 +164,15 @@ Status StorageLink::send_staged() {
     }
   }
   staged_.resize(kept);
-  return ok_status();
+  return error;
 }
 
 Status StorageLink::submit_reads(core::ControlPlane& control) {
+  Status error = ok_status();  // as in send_staged(): returned after the compaction
   size_t kept = 0;
   for (size_t i = 0; i < waiting_reads_.size(); ++i) {
     PendingRead& r = waiting_reads_[i];
-    PAGEDKV_ASSIGN_OR_RETURN(bool done, backend_.query_event(r.ready));
-    if (!done) {
+    if (!ran(r.ready, &error)) {
       if (kept != i) waiting_reads_[kept] = std::move(r);
       ++kept;
       continue;
@@ -141,10 +184,11 @@ Status StorageLink::submit_reads(core::ControlPlane& control) {
       continue;
     }
     failed_blocks_ += static_cast<int64_t>(r.keys.size());
-    PAGEDKV_RETURN_IF_ERROR(control.finish_arrival(r.arrival, false).status());
+    const Status st = control.finish_arrival(r.arrival, false).status();
+    if (!st.ok() && error.ok()) error = st;
   }
   waiting_reads_.resize(kept);
-  return ok_status();
+  return error;
 }
 
 Status StorageLink::collect(core::ControlPlane& control) {
@@ -155,11 +199,11 @@ Status StorageLink::collect(core::ControlPlane& control) {
       if (c.ok) {
         blocks_written_ += n;
         bytes_written_ += n * block_bytes_;
-        for (const DroppedBlock& b : put->second) control.record_stored_in_storage(b);
       } else {
         failed_blocks_ += n;
         detail::logger().warn("storage: write-back of {} blocks failed: {}", n, c.error);
       }
+      for (DroppedBlock& b : put->second) announcer_.put_ended(std::move(b), c.ok);
       puts_.erase(put);
       continue;
     }
@@ -175,7 +219,14 @@ Status StorageLink::collect(core::ControlPlane& control) {
     reads_.erase(read);
     PAGEDKV_RETURN_IF_ERROR(control.finish_arrival_partly(arrival, intact).status());
   }
+  announce(control);
   return ok_status();
+}
+
+void StorageLink::announce(core::ControlPlane& control) {
+  announcer_.announce([&](uint64_t hash) { return control.indexes_hash(hash); },
+                      [](NamespaceId ns) { return core::PrefixIndex::root_hash(ns); },
+                      [&](const DroppedBlock& b) { control.record_stored_in_storage(b); });
 }
 
 Status StorageLink::poll(core::ControlPlane& control) {
@@ -189,10 +240,9 @@ Status StorageLink::poll(core::ControlPlane& control) {
 
 StatusOr<StorageFetch> StorageLink::fetch(core::ControlPlane& control,
                                           const std::vector<TokenId>& prompt, NamespaceId ns,
-                                          int64_t max_cached, Stream copy_stream) {
-  const int64_t free_host = control.stats().host.free_blocks;
+                                          int64_t max_cached, Stream copy_stream, Stream compute) {
   PAGEDKV_ASSIGN_OR_RETURN(core::StorageLookup lookup,
-                           control.storage_lookup(prompt, ns, free_host, max_cached));
+                           control.storage_lookup(prompt, ns, control.arrival_room(), max_cached));
   StorageFetch out;
   out.reach = control.storage_reach(lookup, 0);
   if (lookup.hashes.empty()) return out;
@@ -205,7 +255,13 @@ StatusOr<StorageFetch> StorageLink::fetch(core::ControlPlane& control,
   if (!lookup.prefix_hashes.empty() && *held < keys.size()) return out;
   PAGEDKV_ASSIGN_OR_RETURN(core::Arrival arrival,
                            control.begin_arrival(lookup, static_cast<int64_t>(*held)));
-  if (arrival.host_blocks.empty()) return out;
+  // Cached host blocks dropped for the arrival's slots: copied out before the read is let in
+  // (the event below is recorded after these copies).
+  Status staged = stage(arrival.host_drops, copy_stream, compute);
+  if (arrival.host_blocks.empty()) {
+    PAGEDKV_RETURN_IF_ERROR(staged);
+    return out;
+  }
   PendingRead r;
   r.arrival = arrival.id;
   for (size_t i = 0; i < arrival.host_blocks.size(); ++i) {
@@ -213,7 +269,7 @@ StatusOr<StorageFetch> StorageLink::fetch(core::ControlPlane& control,
     r.dst.push_back(static_cast<char*>(host_pool_) + arrival.host_blocks[i] * block_bytes_);
   }
   StatusOr<Event> ready = take_event();
-  Status st = ready.status();
+  Status st = staged.ok() ? ready.status() : staged;
   if (st.ok()) st = backend_.record_event(*ready, copy_stream);
   if (!st.ok()) {
     if (ready.ok()) give_event(*ready);
@@ -230,8 +286,9 @@ StatusOr<StorageFetch> StorageLink::fetch(core::ControlPlane& control,
 
 Status StorageLink::flush(core::ControlPlane& control) {
   while (!staged_.empty() || !waiting_reads_.empty() || !puts_.empty() || !reads_.empty()) {
-    for (const StagedBatch& b : staged_)
-      PAGEDKV_RETURN_IF_ERROR(backend_.synchronize_event(b.ready));
+    for (const StagedBatch& b : staged_) {
+      if (!b.ran) PAGEDKV_RETURN_IF_ERROR(backend_.synchronize_event(b.ready));
+    }
     for (const PendingRead& r : waiting_reads_) {
       PAGEDKV_RETURN_IF_ERROR(backend_.synchronize_event(r.ready));
     }

@@ -1,18 +1,23 @@
 // StorageLink: what joins a KvCache to a StorageTier (include/pagedkv/storage_tier.hpp).
 //
 // Write-back: the control plane reports the cached host blocks its host LRU drops
-// (Transfers::host_drops). Their bytes are still in their host slots, which the same call's
-// moves may overwrite, so stage() queues copies of them into a pinned staging area on the copy
-// stream, before the call's moves; once those copies ran, poll() hands the bytes to the store
-// (which copies them) and frees the staging slots. With every staging slot taken, a dropped
-// block is simply not written back.
+// (Transfers::host_drops), each with where its bytes are until the same call's moves run
+// (DroppedBlock::source): its host slot, or the device block it was demoted from earlier in the
+// call. Those moves may overwrite the source, so stage() queues copies of the blocks into a
+// pinned staging area on the copy stream, before the call's moves (a device source also after
+// the compute stream's queued writes); once those copies ran, poll() hands the bytes to the
+// store (which copies them) and frees the staging slots. With every staging slot taken, a
+// dropped block is simply not written back.
 //
 // Read-back: fetch() asks the store which blocks after a prompt's cached prefix it holds and
-// takes free host slots for them (ControlPlane::begin_arrival). The store may write those slots
-// only after every copy already queued on the copy stream ran (a restore may still be reading a
-// slot's previous occupant), so the read is submitted by a later poll() once an event recorded
+// takes host slots for them (ControlPlane::begin_arrival: free ones, then those of the least
+// recently used cached host blocks, staged for write-back like any drop). The store may write those
+// slots only after every copy already queued on the copy stream ran (a restore may still be reading
+// a slot's previous occupant), so the read is submitted by a later poll() once an event recorded
 // then has completed. When the read finishes, poll() reports it (finish_arrival): the blocks
 // become cached host blocks, and prompts hit them like any host block.
+//
+// A finished put is announced on the storage tier once, parent first (StorageAnnouncer).
 //
 // Nothing here waits for the store; only flush() (tests, shutdown) does.
 #pragma once
@@ -28,46 +33,54 @@
 #include "pagedkv/control_types.hpp"
 #include "pagedkv/status.hpp"
 #include "pagedkv/storage_tier.hpp"
+#include "runtime/storage_announcer.hpp"
 
 namespace pagedkv {
 namespace runtime {
 
 class StorageLink {
  public:
-  /// `store` (not owned) must have the layout of `config`; `host_pool` holds the host tier.
-  /// kInvalidArgument for a layout that differs or a cache without a host tier;
-  /// kResourceExhausted when the staging area cannot be had.
+  /// `store` (not owned) must have the layout of `config`; `device_pool` and `host_pool` hold
+  /// the device and host tiers. kInvalidArgument for a layout that differs or a cache without a
+  /// host tier; kResourceExhausted when the staging area cannot be had.
   static StatusOr<std::unique_ptr<StorageLink>> create(Backend& backend, StorageTier* store,
-                                                       const CacheConfig& config, void* host_pool,
-                                                       int64_t staging_blocks);
+                                                       const CacheConfig& config, void* device_pool,
+                                                       void* host_pool, int64_t staging_blocks);
   /// Waits for the staging copies and every job of the store (they read or write the pools).
   ~StorageLink();
   StorageLink(const StorageLink&) = delete;
   StorageLink& operator=(const StorageLink&) = delete;
 
-  /// Queues, on `copy_stream`, the copies of dropped blocks out of their host slots. Call it
-  /// before the moves of the same plan are queued.
-  Status stage(const std::vector<DroppedBlock>& drops, Stream copy_stream);
+  /// Queues, on `copy_stream`, the copies of dropped blocks out of their sources; those on the
+  /// device after the work queued on `compute` so far (their last writes). Call it before the
+  /// moves of the same plan are queued: the plan's later writes into a device source wait for
+  /// that plan's transfer job, which starts after these copies.
+  Status stage(const std::vector<DroppedBlock>& drops, Stream copy_stream, Stream compute);
   /// Hands staged blocks whose copies ran to the store, submits reads whose slots are free of
   /// queued copies, and lands finished reads in the control plane. Never waits.
   Status poll(core::ControlPlane& control);
   /// Starts reading the blocks the store holds for a hit of at most `max_cached` tokens of
-  /// `prompt` (-1: no bound; see ControlPlane::storage_lookup) into free host slots; says how
-  /// many are on their way and how far a hit reaches once they land. A window's blocks are
-  /// fetched all or none.
+  /// `prompt` (-1: no bound; see ControlPlane::storage_lookup) into host slots (free ones, then
+  /// those of the least recently used cached host blocks, which are written back first: see
+  /// ControlPlane::begin_arrival); says how many are on their way and how far a hit reaches once
+  /// they land. A window's blocks are fetched all or none.
   StatusOr<StorageFetch> fetch(core::ControlPlane& control, const std::vector<TokenId>& prompt,
-                               NamespaceId ns, int64_t max_cached, Stream copy_stream);
+                               NamespaceId ns, int64_t max_cached, Stream copy_stream,
+                               Stream compute);
   /// poll() until nothing is staged, waiting or in flight.
   Status flush(core::ControlPlane& control);
   /// Adds the storage counters to `stats`.
   void add_stats(ControlStats* stats) const;
 
  private:
-  StorageLink(Backend& backend, StorageTier* store, int64_t block_bytes, void* host_pool);
+  StorageLink(Backend& backend, StorageTier* store, int64_t block_bytes, void* device_pool,
+              void* host_pool);
 
-  // Blocks copied into staging slots by copies that complete with `ready`.
+  // Blocks copied into staging slots by copies that complete with `ready` (or that ran already,
+  // when no event could be recorded and the stream was waited for instead).
   struct StagedBatch {
     Event ready{};
+    bool ran = false;
     std::vector<DroppedBlock> blocks;
     std::vector<int64_t> slots;
   };
@@ -79,15 +92,25 @@ class StorageLink {
     std::vector<void*> dst;
   };
   void* staging_slot(int64_t i) const { return static_cast<char*>(staging_) + i * block_bytes_; }
+  const char* source_bytes(const BlockLocation& at) const {
+    const void* pool = at.tier == Tier::kDevice ? device_pool_ : host_pool_;
+    return static_cast<const char*>(pool) + at.block * block_bytes_;
+  }
+  // Whether the work before `e` ran; a failed query answers false and is kept in `first_error`
+  // (when it holds none yet).
+  bool ran(Event e, Status* first_error);
   Status send_staged();
   Status submit_reads(core::ControlPlane& control);
   Status collect(core::ControlPlane& control);
+  // Announces the finished puts that can be (StorageAnnouncer).
+  void announce(core::ControlPlane& control);
   StatusOr<Event> take_event();
   void give_event(Event e) { spare_events_.push_back(e); }
 
   Backend& backend_;
   StorageTier* store_;
   int64_t block_bytes_;
+  void* device_pool_;
   void* host_pool_;
   void* staging_ = nullptr;
   std::vector<int64_t> free_staging_;
@@ -104,6 +127,8 @@ class StorageLink {
   int64_t bytes_read_ = 0;
   int64_t failed_blocks_ = 0;
   int64_t writes_dropped_ = 0;
+  // Which finished puts are announced on the storage tier, and when.
+  StorageAnnouncer announcer_;
 };
 
 }  // namespace runtime

@@ -1,10 +1,13 @@
 // Blocks coming back from a storage tier (storage_lookup, begin_arrival, finish_arrival): the
 // keys of a prompt's blocks after its cached prefix are the hashes the index would give them; an
-// arrival holds free host slots only; a good read joins the index as cached host blocks that
-// later prompts hit; a failed read, a prefix evicted meanwhile, or a block computed meanwhile
-// registers nothing twice. check_invariants() after every step.
+// arrival holds free host slots, or those of the least recently used cached host leaves (never
+// the prefix it continues, never a sequence's block); a good read joins the index as cached host
+// blocks that later prompts hit; a failed read, a prefix evicted meanwhile, or a block computed
+// meanwhile registers nothing twice. Also where a dropped block's bytes are when a call demotes
+// it and drops it again (DroppedBlock::source). check_invariants() after every step.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "core/control_plane.hpp"
@@ -171,7 +174,7 @@ TEST_F(StorageArrivalsTest, ABlockWhoseKeyIsNotItsIndexHashIsFreedWithoutAnEvent
   PAGEDKV_EXPECT_INV(*cp_);
 }
 
-TEST_F(StorageArrivalsTest, AnArrivalTakesOnlyFreeHostSlotsAndWaitsForAnOpenPlan) {
+TEST_F(StorageArrivalsTest, AnArrivalNeverTakesAnotherArrivalsSlotsAndWaitsForAnOpenPlan) {
   const StorageLookup l = lookup();
   EXPECT_EQ(cp_->begin_arrival(l, 3).status().code(), StatusCode::kInvalidArgument);
   auto a = cp_->begin_arrival(l, 2);
@@ -179,7 +182,7 @@ TEST_F(StorageArrivalsTest, AnArrivalTakesOnlyFreeHostSlotsAndWaitsForAnOpenPlan
   auto c = cp_->begin_arrival(l, 2);
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   EXPECT_EQ(a->host_blocks.size() + b->host_blocks.size(), 4u);
-  EXPECT_TRUE(c->host_blocks.empty()) << "no host slot is free: nothing is dropped for it";
+  EXPECT_TRUE(c->host_blocks.empty()) << "every host slot is held by an arrival";
   PAGEDKV_EXPECT_INV(*cp_);
   {
     auto plan = cp_->plan_reserve(1, 0);
@@ -194,6 +197,126 @@ TEST_F(StorageArrivalsTest, AnArrivalTakesOnlyFreeHostSlotsAndWaitsForAnOpenPlan
   EXPECT_EQ(*cp_->finish_arrival(a->id, true), 2);
   EXPECT_EQ(*cp_->finish_arrival(b->id, true), 0) << "the same blocks arrived with `a`";
   PAGEDKV_EXPECT_INV(*cp_);
+}
+
+// A plane that reports host drops (a storage tier is attached), device 8 blocks and host 4 of 4
+// tokens, every prompt computed and finished: P's first two blocks, then Q, R (two blocks each),
+// S (four) and U (two). S's and U's reserves demote the least recently used cached device blocks,
+// P's and then Q's, so the host tier is full of cached blocks: P0 P1 Q0 Q1 on the host, R S U on
+// the device.
+class WarmHostArrivalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ControlOptions o;
+    o.report_host_drops = true;
+    auto cp = ControlPlane::create(tiny_config(4, 8, 4), o);
+    ASSERT_TRUE(cp.ok()) << cp.status().to_string();
+    cp_ = std::move(cp).value();
+    prompt_ = iota_tokens(17, 500);
+    fill_and_finish(1, std::vector<TokenId>(prompt_.begin(), prompt_.begin() + 8));
+    fill_and_finish(2, iota_tokens(8, 2000));
+    fill_and_finish(3, iota_tokens(8, 3000));
+    fill_and_finish(4, iota_tokens(16, 4000));
+    fill_and_finish(5, iota_tokens(8, 5000));
+    ASSERT_EQ(cp_->stats().host.cached_blocks, 4);
+    ASSERT_EQ(cp_->stats().host.free_blocks, 0);
+    ASSERT_EQ(*cp_->cached_prefix(prompt_, 0), 8) << "P's blocks are on the host";
+    cp_->drain_events();
+  }
+
+  void fill_and_finish(SequenceId id, const std::vector<TokenId>& tokens) {
+    add_and_fill(*cp_, id, tokens);
+    ASSERT_TRUE(cp_->finish(id).ok());
+    PAGEDKV_EXPECT_INV(*cp_);
+  }
+
+  std::unique_ptr<ControlPlane> cp_;
+  std::vector<TokenId> prompt_;
+};
+
+TEST_F(WarmHostArrivalTest, AnArrivalDropsTheLeastRecentlyUsedCachedLeavesButNeverItsPrefix) {
+  EXPECT_EQ(cp_->arrival_room(), 4);
+  auto l = cp_->storage_lookup(prompt_, 0, cp_->arrival_room());
+  ASSERT_TRUE(l.ok());
+  ASSERT_EQ(l->hashes.size(), 2u) << "blocks 2 and 3 after the cached prefix";
+  auto a = cp_->begin_arrival(*l, 2);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  PAGEDKV_EXPECT_INV(*cp_);
+  ASSERT_EQ(a->host_blocks.size(), 2u);
+  // P1 is the least recently used leaf, but the arrival continues it: Q's two blocks go instead,
+  // leaf first, and the arrival takes their slots.
+  ASSERT_EQ(a->host_drops.size(), 2u);
+  const std::vector<TokenId> q = iota_tokens(8, 2000);
+  EXPECT_EQ(a->host_drops[0].tokens, std::vector<TokenId>(q.begin() + 4, q.end()));
+  EXPECT_EQ(a->host_drops[1].tokens, std::vector<TokenId>(q.begin(), q.begin() + 4));
+  std::vector<int32_t> dropped_slots;
+  for (const DroppedBlock& d : a->host_drops) {
+    EXPECT_EQ(d.source.tier, Tier::kHost) << "no call is open: the bytes are in their slots";
+    dropped_slots.push_back(d.source.block);
+  }
+  std::vector<int32_t> taken = a->host_blocks;
+  std::sort(taken.begin(), taken.end());
+  std::sort(dropped_slots.begin(), dropped_slots.end());
+  EXPECT_EQ(taken, dropped_slots);
+  EXPECT_EQ(cp_->stats().host_blocks_dropped, 2);
+  ASSERT_EQ(*cp_->finish_arrival(a->id, true), 2);
+  PAGEDKV_EXPECT_INV(*cp_);
+  EXPECT_EQ(*cp_->add_sequence(9, prompt_), 16) << "the whole prefix hits";
+  PAGEDKV_EXPECT_INV(*cp_);
+}
+
+TEST_F(WarmHostArrivalTest, AnArrivalNeverTakesTheSlotsOfASequencesBlocks) {
+  // A sequence offloaded to the host holds every host slot: nothing can be dropped for an
+  // arrival.
+  const std::vector<TokenId> v = iota_tokens(16, 7000);
+  ASSERT_TRUE(cp_->add_sequence(6, v).ok());
+  ASSERT_TRUE(cp_->reserve(6, 16).ok());
+  ASSERT_TRUE(cp_->commit(6, v).ok());
+  ASSERT_TRUE(cp_->offload(6).ok());
+  PAGEDKV_EXPECT_INV(*cp_);
+  ASSERT_EQ(cp_->stats().host.cached_blocks, 0);
+  EXPECT_EQ(cp_->arrival_room(), 0);
+  auto l = cp_->storage_lookup(iota_tokens(9, 9000), 0, 4);
+  ASSERT_TRUE(l.ok());
+  auto a = cp_->begin_arrival(*l, 2);
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(a->host_blocks.empty());
+  EXPECT_TRUE(a->host_drops.empty());
+  PAGEDKV_EXPECT_INV(*cp_);
+}
+
+TEST_F(WarmHostArrivalTest, ABlockDemotedAndDroppedInOneCallIsReadFromItsDeviceBlock) {
+  // A 25-token prompt needs seven device blocks: each eviction demotes the least recently used
+  // cached device block after dropping the host LRU. The host LRU orders by last use, so R's
+  // blocks, demoted early in the call, are dropped again later in the same call, before the
+  // call's moves have brought them to the host.
+  ASSERT_TRUE(cp_->add_sequence(7, iota_tokens(25, 8000)).ok());
+  auto r = cp_->reserve(7, 25);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  PAGEDKV_EXPECT_INV(*cp_);
+  std::vector<uint64_t> demoted;  // announced on the host tier by this call
+  for (const ControlEvent& e : cp_->drain_events()) {
+    if (e.kind == EventKind::kBlockStored && e.tier == Tier::kHost) demoted.push_back(e.block_hash);
+  }
+  const Transfers& t = r->transfers;
+  int from_device = 0;
+  for (const DroppedBlock& d : t.host_drops) {
+    const bool demoted_here =
+        std::find(demoted.begin(), demoted.end(), d.block_hash) != demoted.end();
+    if (!demoted_here) {
+      EXPECT_EQ(d.source.tier, Tier::kHost) << "a block on the host before the call";
+      continue;
+    }
+    ++from_device;
+    ASSERT_EQ(d.source.tier, Tier::kDevice) << "its bytes have not reached the host slot";
+    const bool is_a_demotion_source =
+        std::any_of(t.moves.begin(), t.moves.end(), [&](const BlockMove& m) {
+          return m.src_tier == Tier::kDevice && m.dst_tier == Tier::kHost &&
+                 m.src_block == d.source.block;
+        });
+    EXPECT_TRUE(is_a_demotion_source);
+  }
+  EXPECT_GE(from_device, 2) << "R's two blocks were demoted and dropped within the call";
 }
 
 }  // namespace

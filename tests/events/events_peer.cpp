@@ -16,6 +16,11 @@
 // With --model, the cache is a two-group ModelKvCache (group 0 full attention, group 1 a sliding
 // window of 4 blocks, each with the --device-blocks and --host-blocks pools) and its events go
 // out tagged with their group (model_subscriber_test.py); answers' counts are the groups' sums.
+//
+// With --storage-dir DIR, a FileTier on DIR sits behind the host tier (storage_subscriber_test.py):
+// every add first fetches the prompt's blocks from storage (and waits for them), and every command
+// then hands finished write-backs to the store (poll_storage; flush_storage every 8th workload op,
+// so puts finish in every order); answers also give storage_written and storage_hits.
 #include <cstdio>
 #include <iostream>
 #include <random>
@@ -26,6 +31,7 @@
 #include "pagedkv/cache.hpp"
 #include "pagedkv/event_publisher.hpp"
 #include "pagedkv/model_cache.hpp"
+#include "pagedkv/storage_tier.hpp"
 
 namespace {
 
@@ -48,10 +54,25 @@ ControlStats stats_of(const ModelKvCache& m) {
   return sum;
 }
 
+// The storage tier's calls: a ModelKvCache peer has none.
+Status fetch(KvCache& kv, const std::vector<TokenId>& t, const SequenceOptions& o) {
+  PAGEDKV_RETURN_IF_ERROR(kv.fetch_from_storage(t, o).status());
+  return kv.flush_storage();
+}
+Status fetch(ModelKvCache&, const std::vector<TokenId>&, const SequenceOptions&) {
+  return ok_status();
+}
+Status settle_storage(KvCache& kv, bool flush) {
+  return flush ? kv.flush_storage() : kv.poll_storage();
+}
+Status settle_storage(ModelKvCache&, bool) { return ok_status(); }
+
 template <typename Cache>
 struct Peer {
+  std::unique_ptr<StorageTier> store;  // outlives kv (declared first: destroyed last)
   std::unique_ptr<Cache> kv;
   std::unique_ptr<EventPublisher> pub;
+  int64_t settles = 0;           // storage settles of workload ops
   std::vector<SequenceId> live;  // workload sequences
   SequenceId next_id = 1000000;
 
@@ -61,6 +82,7 @@ struct Peer {
   Status add(SequenceId id, NamespaceId ns, const std::vector<TokenId>& tokens, int64_t* cached) {
     SequenceOptions o;
     o.ns = ns;
+    if (store != nullptr) PAGEDKV_RETURN_IF_ERROR(fetch(*kv, tokens, o));
     PAGEDKV_ASSIGN_OR_RETURN(int64_t c, kv->add_sequence(id, tokens, o));
     if (cached) *cached = c;
     const std::vector<TokenId> rest(tokens.begin() + c, tokens.end());
@@ -140,7 +162,8 @@ struct Peer {
       while (s.ok() && pub->counters().events - before.events < min_events) {
         workload_op(rng);
         ++ops;
-        s = publish();
+        if (store != nullptr) s = settle_storage(*kv, ++settles % 8 == 0);
+        if (s.ok()) s = publish();
       }
       const EventPublisherCounters after = pub->counters();
       out << "ok ops=" << ops << " events=" << after.events - before.events
@@ -182,12 +205,17 @@ struct Peer {
     } else {
       return "error unknown command: " + line;
     }
+    if (s.ok() && store != nullptr && cmd != "workload") s = settle_storage(*kv, true);
     if (s.ok()) s = publish();
     if (!s.ok()) return "error " + s.message();
     const ControlStats st = stats_of(*kv);
     out << " demoted=" << st.blocks_demoted << " host_dropped=" << st.host_blocks_dropped
         << " evicted_blocks=" << st.blocks_evicted << " offloaded=" << st.blocks_offloaded
         << " restored=" << st.blocks_restored;
+    if (store != nullptr) {
+      out << " storage_written=" << st.storage_blocks_written
+          << " storage_hits=" << st.storage_hit_blocks;
+    }
     return out.str();
   }
 };
@@ -197,6 +225,13 @@ int64_t arg(int argc, char** argv, const std::string& name, int64_t def) {
     if (name == argv[i]) return std::stoll(argv[i + 1]);
   }
   return def;
+}
+
+std::string text_arg(int argc, char** argv, const std::string& name) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (name == argv[i]) return argv[i + 1];
+  }
+  return "";
 }
 
 bool has_flag(int argc, char** argv, const std::string& name) {
@@ -263,7 +298,20 @@ int main(int argc, char** argv) {
     return serve(peer, argc, argv, c.block_size);
   }
   Peer<KvCache> peer;
-  auto kv = KvCache::create(c);
+  KvCacheOptions options;
+  const std::string dir = text_arg(argc, argv, "--storage-dir");
+  if (!dir.empty()) {
+    FileTierOptions fo;
+    fo.directory = dir;
+    auto store = make_file_tier(StorageLayout::from_config(c, "events-peer"), fo);
+    if (!store.ok()) {
+      std::cerr << "events_peer: " << store.status().message() << "\n";
+      return 1;
+    }
+    peer.store = std::move(*store);
+    options.storage = peer.store.get();
+  }
+  auto kv = KvCache::create(c, options);
   if (!kv.ok()) {
     std::cerr << "events_peer: " << kv.status().message() << "\n";
     return 1;

@@ -26,8 +26,8 @@ namespace {
 // Calls that move no block and no reservation: KvCache keeps a batch current across them.
 bool keeps_batch(const char* name) {
   static constexpr const char* kKeep[] = {
-      "write_kv",     "write_kv_batch", "write_kv_batch_all_layers", "set_active", "set_priority",
-      "gather_layer", "drain_events"};
+      "write_kv",     "write_kv_batch", "write_kv_batch_all_layers", "set_active",   "set_priority",
+      "gather_layer", "drain_events",   "fetch_from_storage",        "flush_storage"};
   for (const char* k : kKeep)
     if (std::strcmp(name, k) == 0) return true;
   return false;

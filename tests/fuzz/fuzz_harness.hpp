@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "fuzz_snapshot.hpp"
+#include "memory_store.hpp"
 #include "pagedkv/cache.hpp"
 #include "pagedkv/fault_injection.hpp"
 
@@ -154,6 +155,9 @@ class Harness {
   void build_batch(const Snapshot& before);
   void extend(const Snapshot& before);
   void bad_gather(const Snapshot& before);
+  // With a storage tier: fetches the prompt's blocks from it and waits for them, so that no
+  // arrival lands inside a later call (which, failing, must change nothing).
+  void fetch_from_storage(const std::vector<TokenId>& prompt, const SequenceOptions& options);
 
   // ---- batch_ops.cpp ----
   void batch_op(uint8_t byte, const Snapshot& before);
@@ -194,7 +198,8 @@ class Harness {
   Backend* inner_ = nullptr;                 // process-wide, see backends()
   FaultInjectionBackend* faults_ = nullptr;  // process-wide, wraps inner_; the cache's backend
   std::vector<std::unique_ptr<void, std::function<void(void*)>>> buffers_;
-  std::unique_ptr<KvCache> cache_;  // declared after the buffers: destroyed first
+  std::unique_ptr<MemoryStore> store_;  // the storage tier, when the input asks for one
+  std::unique_ptr<KvCache> cache_;      // declared after the buffers and store: destroyed first
   void* in_k_ = nullptr;
   void* in_v_ = nullptr;
   void* out_k_ = nullptr;

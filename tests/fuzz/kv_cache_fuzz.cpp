@@ -74,6 +74,13 @@ void Harness::run() {
   call_ = -1;
   // Every surviving, trustworthy sequence must still read back as the model says.
   for (auto& [id, m] : model_) verify(id, /*layout_major=*/0);
+  if (tracing() && store_ != nullptr) {
+    const ControlStats st = cache_->stats();
+    std::fprintf(stderr, "storage: %lld blocks written, %lld hit, %lld host drops\n",
+                 static_cast<long long>(st.storage_blocks_written),
+                 static_cast<long long>(st.storage_hit_blocks),
+                 static_cast<long long>(st.host_blocks_dropped));
+  }
 }
 
 bool Harness::create() {
@@ -104,21 +111,26 @@ bool Harness::create() {
   o.backend = faults_;
   o.clock = [this] { return now_ns_; };
   o.event_capacity = event_capacity_;
+  // c / 68 (spare until then): a storage tier behind the host tier, when there is one.
+  if ((c / 68) % 2 == 1 && config_.num_host_blocks > 0) {
+    store_ = std::make_unique<MemoryStore>(StorageLayout::from_config(config_, "fuzz"));
+    o.storage = store_.get();
+  }
   auto cache = KvCache::create(config_, o);
   if (!cache.ok()) fail("create: " + cache.status().to_string());
   cache_ = std::move(cache).value();
   if (tracing()) {
-    std::fprintf(stderr,
-                 "config: layers %d, kv_heads %d, head_dim %d, block_size %d, device blocks "
-                 "%lld, host blocks %lld, dtype %s, %s, eviction %s, prefix caching %s, "
-                 "prefixes on host %s, event capacity %zu\n",
-                 config_.num_layers, config_.num_kv_heads, config_.head_dim, config_.block_size,
-                 static_cast<long long>(config_.num_device_blocks),
-                 static_cast<long long>(config_.num_host_blocks), dtype_name(config_.dtype),
-                 page_layout_name(config_.page_layout),
-                 eviction_policy_name(config_.eviction_policy),
-                 config_.enable_prefix_caching ? "on" : "off",
-                 config_.cache_prefixes_on_host ? "on" : "off", event_capacity_);
+    std::fprintf(
+        stderr,
+        "config: layers %d, kv_heads %d, head_dim %d, block_size %d, device blocks "
+        "%lld, host blocks %lld, dtype %s, %s, eviction %s, prefix caching %s, "
+        "prefixes on host %s, event capacity %zu, storage %s\n",
+        config_.num_layers, config_.num_kv_heads, config_.head_dim, config_.block_size,
+        static_cast<long long>(config_.num_device_blocks),
+        static_cast<long long>(config_.num_host_blocks), dtype_name(config_.dtype),
+        page_layout_name(config_.page_layout), eviction_policy_name(config_.eviction_policy),
+        config_.enable_prefix_caching ? "on" : "off", config_.cache_prefixes_on_host ? "on" : "off",
+        event_capacity_, store_ != nullptr ? "memory" : "none");
   }
   row_ = static_cast<int64_t>(config_.num_kv_heads) * config_.head_dim;
   // Inputs: room for kMaxSeqLen rows of fp32 with a row stride of up to two rows.

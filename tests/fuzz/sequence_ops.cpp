@@ -32,6 +32,12 @@ void Harness::add(const Snapshot& before) {
          prompt.size(), p.c_str(), opts.priority, static_cast<unsigned long long>(opts.ns),
          opts.retention_priority, static_cast<long long>(opts.retention_duration_ns));
   }
+  if (store_ != nullptr) {
+    const std::string what = what_;
+    fetch_from_storage(prompt, opts);
+    what_ = what;
+  }
+  const Snapshot at_add = store_ != nullptr ? snapshot() : before;
   auto r = cache_->add_sequence(id, prompt, opts);
   if (r.ok()) {
     if (*r < 0 || *r > static_cast<int64_t>(prompt.size())) fail("add_sequence: bad hit length");
@@ -41,7 +47,21 @@ void Harness::add(const Snapshot& before) {
     // Bytes of a prefix hit are only as good as what the cached blocks were written with.
     model_[id] = std::move(m);
   }
-  after("add_sequence", r.status(), before);
+  after("add_sequence", r.status(), at_add);
+}
+
+void Harness::fetch_from_storage(const std::vector<TokenId>& prompt, const SequenceOptions& opts) {
+  const Snapshot before = snapshot();
+  note("(prompt[%zu])", prompt.size());
+  const StatusOr<int64_t> r = cache_->fetch_from_storage(prompt, opts);
+  if (r.ok() && (*r < 0 || *r > static_cast<int64_t>(prompt.size()))) {
+    fail(where("fetch_from_storage") + ": " + std::to_string(*r) + " blocks");
+  }
+  // It may drop cached host blocks for its slots (kept, like a plan's drops, when it fails).
+  after("fetch_from_storage", r.status(), before, /*moves_tiers=*/true);
+  const Status flushed = own_call("flush_storage", [&] { return cache_->flush_storage(); });
+  if (!flushed.ok()) fail(where("flush_storage") + ": " + flushed.to_string());
+  if (cache_->storage_in_flight() != 0) fail(where("flush_storage") + ": reads still in flight");
 }
 
 void Harness::reserve(const Snapshot& before) {

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -101,6 +102,12 @@ class StorageCacheTest : public ::testing::Test {
   // Adds a sequence, writes the model's K/V of its uncached tokens, commits, finishes it (its
   // full blocks stay cached).
   void compute_and_finish(SequenceId id, const std::vector<TokenId>& tokens) {
+    compute(id, tokens, /*finish=*/true);
+  }
+
+  // As compute_and_finish(); without `finish` the sequence stays, inactive (a victim the planner
+  // may offload).
+  void compute(SequenceId id, const std::vector<TokenId>& tokens, bool finish) {
     auto cached = cache_->add_sequence(id, tokens);
     ASSERT_TRUE(cached.ok()) << cached.status().to_string();
     const std::vector<TokenId> rest(tokens.begin() + *cached, tokens.end());
@@ -115,7 +122,7 @@ class StorageCacheTest : public ::testing::Test {
       ASSERT_OK(cache_->synchronize());
     }
     ASSERT_OK(cache_->commit(id, rest));
-    ASSERT_OK(cache_->finish(id));
+    if (finish) ASSERT_OK(cache_->finish(id));
     expect_invariants();
   }
 
@@ -337,6 +344,62 @@ TEST_F(StorageCacheTest, AFullWriteBackQueueDropsBlocksAndCountsThem) {
   EXPECT_EQ(st.storage_blocks_written + st.storage_writes_dropped, st.host_blocks_dropped);
   EXPECT_GT(st.storage_writes_dropped, 0) << "one staging slot cannot hold a call's two drops";
 }
+
+// A prompt of four full blocks, then enough other prompts that its blocks are demoted to a small
+// host tier and dropped from it to storage, some within one reserve: a block demoted into a host
+// slot that another block has just left, then dropped from that slot in the same call. The
+// write-back must store the block's own bytes (still in its device block when the drop is
+// staged), not the slot's previous occupant's: a restarted cache that hits the prefix reads back
+// exactly the model's K/V. Both cases failed before the fix (a block of the prefix came back
+// holding another block's bytes, with a valid checksum).
+struct WriteBackCase {
+  int64_t host_blocks;
+  int others;        // prompts computed after prompt 0
+  int other_length;  // their tokens
+  int finish_every;  // every n-th of them is finished; the rest stay (inactive), so offloads
+};
+
+class StorageWriteBackTest : public StorageCacheTest,
+                             public ::testing::WithParamInterface<WriteBackCase> {};
+
+TEST_P(StorageWriteBackTest, ARestartedCacheReadsBackTheDroppedBlocksOwnBytes) {
+  const WriteBackCase& w = GetParam();
+  CacheConfig c = small_config();
+  c.num_device_blocks = 8;
+  c.num_host_blocks = w.host_blocks;
+  open(c);
+  std::vector<TokenId> p0;
+  for (int i = 0; i < 17; ++i) p0.push_back(7000 + 13 * i);
+  compute_and_finish(1, p0);
+  for (int p = 1; p <= w.others; ++p) {
+    std::vector<TokenId> other;
+    for (int i = 0; i < w.other_length; ++i) other.push_back(100000 * p + i);
+    compute(static_cast<SequenceId>(p + 1), other, /*finish=*/p % w.finish_every == 0);
+  }
+  ASSERT_OK(cache_->flush_storage());
+  ASSERT_EQ(*cache_->cached_prefix(p0), 0) << "prompt 0 left both in-process tiers";
+  ASSERT_GE(cache_->stats().storage_blocks_written, 4);
+
+  open(c);  // a restart over the same directory
+  auto fetched = cache_->fetch_from_storage(p0);
+  ASSERT_TRUE(fetched.ok()) << fetched.status().to_string();
+  const int64_t blocks = std::min<int64_t>(4, c.num_host_blocks);
+  EXPECT_EQ(*fetched, blocks);
+  ASSERT_OK(cache_->flush_storage());
+  expect_invariants();
+  auto cached = cache_->add_sequence(42, p0);
+  ASSERT_TRUE(cached.ok()) << cached.status().to_string();
+  ASSERT_EQ(*cached, blocks * c.block_size);
+  ASSERT_TRUE(cache_->reserve(42, 1).ok());
+  expect_invariants();
+  expect_model_bytes(42, p0, *cached);
+}
+
+INSTANTIATE_TEST_SUITE_P(Pressure, StorageWriteBackTest,
+                         ::testing::Values(WriteBackCase{2, 6, 17, 1}, WriteBackCase{4, 6, 9, 3}),
+                         [](const ::testing::TestParamInfo<WriteBackCase>& i) {
+                           return std::to_string(i.param.host_blocks) + "HostBlocks";
+                         });
 
 TEST_F(StorageCacheTest, AStoreOfAnotherLayoutOrACacheWithoutAHostTierIsRefused) {
   CacheConfig c = small_config();

@@ -76,10 +76,7 @@ Status KvWorkload::init() {
     backend_ = owned_backend_.get();
   }
   io_ = options_.io_backend != nullptr ? options_.io_backend : backend_;
-  KvCacheOptions cache_options;
-  cache_options.backend = backend_;
-  cache_options.transfer_kernel_block_bytes = options_.transfer_kernel_block_bytes;
-  PAGEDKV_ASSIGN_OR_RETURN(cache_, KvCache::create(config_, cache_options));
+  PAGEDKV_RETURN_IF_ERROR(open_cache(options_.storage));
 
   // Gather buffers cover the longest sequence the device pool can hold.
   const int64_t row = static_cast<int64_t>(config_.num_kv_heads) * config_.head_dim;
@@ -116,6 +113,34 @@ Status KvWorkload::init() {
     prefixes_.push_back(std::move(prefix));
   }
   return ok_status();
+}
+
+Status KvWorkload::open_cache(StorageTier* storage) {
+  options_.storage = storage;
+  KvCacheOptions cache_options;
+  cache_options.backend = backend_;
+  cache_options.transfer_kernel_block_bytes = options_.transfer_kernel_block_bytes;
+  cache_options.storage = storage;
+  PAGEDKV_ASSIGN_OR_RETURN(cache_, KvCache::create(config_, cache_options));
+  return ok_status();
+}
+
+Status KvWorkload::stop_cache() {
+  Status s = ok_status();
+  if (cache_ != nullptr) {
+    s = sync_io();
+    if (s.ok()) s = retry([&] { return cache_->flush_storage(); });
+    if (!s.ok()) record_error(0, "flush_storage before a restart", s);
+  }
+  cache_.reset();
+  while (!live_.empty()) erase_index(live_.size() - 1);
+  return s;
+}
+
+Status KvWorkload::start_cache(StorageTier* storage) {
+  const Status s = retry([&] { return open_cache(storage); });
+  if (!s.ok()) record_error(0, "KvCache::create after a restart", s);
+  return s;
 }
 
 KvWorkload::~KvWorkload() {
@@ -352,6 +377,7 @@ void KvWorkload::add() {
 
   SequenceOptions seq_options;
   seq_options.priority = static_cast<int32_t>(rng_() % kPriorities);  // who is offloaded first
+  if (options_.storage != nullptr) fetch_from_storage(id, prompt, seq_options);
   const StatusOr<int64_t> cached = cache_->add_sequence(id, prompt, seq_options);
   const int64_t size = static_cast<int64_t>(prompt.size());
   if (!cached.ok()) {
@@ -380,6 +406,20 @@ void KvWorkload::add() {
   } else {
     record_error(id, "erase", s);  // it stays live with its cached tokens
   }
+}
+
+void KvWorkload::fetch_from_storage(SequenceId id, const std::vector<TokenId>& prompt,
+                                    const SequenceOptions& options) {
+  const bool wait = rng_() % 3 != 0;  // drawn before the call: the choices do not depend on it
+  const StatusOr<int64_t> fetched = cache_->fetch_from_storage(prompt, options);
+  if (!fetched.ok()) {
+    record_error(id, "fetch_from_storage", fetched.status());
+    return;
+  }
+  if (*fetched > 0) ++counters_.storage_fetches;
+  if (!wait) return;
+  const Status s = retry([&] { return cache_->flush_storage(); });
+  if (!s.ok()) record_error(id, "flush_storage", s);
 }
 
 void KvWorkload::extend(size_t index) {

@@ -82,6 +82,10 @@ struct WorkloadOptions {
   /// Stop run() at the first mismatch, invariant failure or error (the model may no longer
   /// describe the cache after one); false keeps going and keeps counting.
   bool stop_at_first_problem = true;
+  /// A storage tier behind the host tier (KvCacheOptions::storage; not owned). Each add first
+  /// fetches its prompt's blocks from it and, two times in three, waits for them
+  /// (flush_storage), so that its prefix hit includes them and the verifies read them.
+  StorageTier* storage = nullptr;
 };
 
 /// What a workload did and found.
@@ -100,6 +104,7 @@ struct WorkloadCounters {
   int64_t offload_calls = 0;       // successful explicit offload() calls
   int64_t restore_calls = 0;       // successful explicit restore() calls (verifies included)
   int64_t prefetch_calls = 0;      // successful prefetch() calls
+  int64_t storage_fetches = 0;     // fetch_from_storage() calls that started reading blocks
   std::string first_problem;       // step, op, sequence and status or position of the first
 };
 
@@ -118,6 +123,13 @@ class KvWorkload {
   void run(int64_t ops);
   /// Verifies every live sequence (restoring offloaded ones where there is room).
   void verify_all();
+  /// A restart over the same storage, in two halves: stop_cache() waits for the storage tier's
+  /// write-backs and destroys the cache (the model forgets every sequence); start_cache() builds
+  /// a new one on `storage` (a new store object on the same directory, as a new process would
+  /// open it; null: none). Between them the caller may replace the store. A failure is
+  /// recorded as an error and returned.
+  Status stop_cache();
+  Status start_cache(StorageTier* storage);
   /// Verifies one live sequence now; false when it is not in the model or could not be
   /// verified (no room to restore it, or a problem, which the counters record).
   bool verify_sequence(SequenceId id);
@@ -165,9 +177,15 @@ class KvWorkload {
 
   explicit KvWorkload(const WorkloadOptions& options);
   Status init();
+  // Creates the cache over `storage` (may be null).
+  Status open_cache(StorageTier* storage);
 
   void step();
   void add();
+  // Fetches the blocks of `prompt` the storage tier holds (for sequence `id`, about to be
+  // added), waiting for them two times in three.
+  void fetch_from_storage(SequenceId id, const std::vector<TokenId>& prompt,
+                          const SequenceOptions& options);
   void extend(size_t index);
   void rollback(size_t index);
   void fork(size_t index);
