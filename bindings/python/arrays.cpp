@@ -24,6 +24,10 @@ int backend_device_type(const KvCache& kv) {
              : static_cast<int>(nb::device::cpu::value);
 }
 
+int backend_device_id(const KvCache& kv) {
+  return const_cast<KvCache&>(kv).backend().device_ordinal();
+}
+
 nb::dlpack::dtype to_dlpack(DType t) {
   switch (t) {
     case DType::kFloat16:
@@ -55,10 +59,11 @@ nb::ndarray<> as_array(nb::handle obj, const char* what) {
 }
 
 void check_device(const KvCache& kv, const nb::ndarray<>& a, const char* what) {
-  if (a.device_type() != backend_device_type(kv)) {
-    throw_invalid(std::string(what) + ": the array lives on DLPack device type " +
-                  std::to_string(a.device_type()) + ", the cache's backend on " +
-                  std::to_string(backend_device_type(kv)));
+  if (a.device_type() != backend_device_type(kv) || a.device_id() != backend_device_id(kv)) {
+    throw_invalid(std::string(what) + ": the array lives on DLPack device (" +
+                  std::to_string(a.device_type()) + ", " + std::to_string(a.device_id()) +
+                  "), the cache's backend on (" + std::to_string(backend_device_type(kv)) + ", " +
+                  std::to_string(backend_device_id(kv)) + ")");
   }
 }
 

@@ -60,8 +60,8 @@ nb::object batch_array(const PyBatchArrays& a, const std::string& name) {
   const int dev = b.device_type;
   auto make = [&](const void* p, nb::dlpack::dtype t, size_t n0, int64_t n1) {
     const size_t shape[2] = {n0, n1 < 0 ? 0 : size_t(n1)};
-    return nb::cast(
-        DlArray(const_cast<void*>(p), n1 < 0 ? 1 : 2, shape, a.batch, nullptr, t, dev, 0));
+    return nb::cast(DlArray(const_cast<void*>(p), n1 < 0 ? 1 : 2, shape, a.batch, nullptr, t, dev,
+                            b.device_id));
   };
   const auto i32 = nb::dtype<int32_t>();
   if (name == "slot_mapping") {
@@ -94,6 +94,7 @@ nb::object building(nb::handle self, const Ids& ids, Fn&& fn) {
   b->owner = &s;
   b->serial_source = &s.batch_serial;
   b->device_type = backend_device_type(*s.kv);
+  b->device_id = backend_device_id(*s.kv);
   b->ids = ids;
   return nb::cast(b.release(), nb::rv_policy::take_ownership);
 }

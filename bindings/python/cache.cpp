@@ -13,12 +13,30 @@ namespace {
 
 using Ids = std::vector<SequenceId>;
 
+// A stream argument: None, a handle (int), or an object with a `cuda_stream` handle (torch's
+// Stream and ExternalStream, CuPy's). Null for None and for 0 (CUDA's legacy default stream,
+// with which the cache's own default stream is ordered anyway).
+void* stream_handle(nb::handle stream) {
+  if (stream.is_none()) return nullptr;
+  nb::handle h = nb::hasattr(stream, "cuda_stream") ? stream.attr("cuda_stream") : stream;
+  uintptr_t value = 0;
+  if (!nb::try_cast(h, value)) {
+    throw_invalid(
+        "stream: an int handle or an object with a `cuda_stream` handle, e.g. "
+        "torch.cuda.current_stream()");
+  }
+  return reinterpret_cast<void*>(value);
+}
+
 // __init__ (construct_cache: the instance is constructed only once the cache exists).
 void init_cache(PyCache* self, const CacheConfig& config, bool enable_events, size_t event_capacity,
-                nb::handle storage, int64_t storage_staging_blocks) {
+                nb::handle storage, int64_t storage_staging_blocks, int32_t device,
+                nb::handle stream) {
   KvCacheOptions options;
   options.enable_events = enable_events;
   options.event_capacity = event_capacity;
+  options.device = device;
+  options.native_compute_stream = stream_handle(stream);
   StoreClaim claim(self, {storage}, {"storage"});
   options.storage = claim.tiers()[0];
   options.storage_staging_blocks = storage_staging_blocks;
@@ -32,12 +50,27 @@ nb::class_<PyCache> register_cache(nb::module_& m) {
   nb::class_<PyCache> cls(m, "_KvCache", "The C++ KvCache (use pagedkv.KvCache).");
   cls.def("__init__", &init_cache, nb::arg("config"), nb::arg("enable_events") = true,
           nb::arg("event_capacity") = 65536, nb::arg("storage").none() = nb::none(),
-          nb::arg("storage_staging_blocks") = 64,
+          nb::arg("storage_staging_blocks") = 64, nb::arg("device") = -1,
+          nb::arg("stream").none() = nb::none(),
           "Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)); "
-          "`storage` a FileTier or RedisTier of the config's layout, which the cache holds.");
+          "`storage` a FileTier or RedisTier of the config's layout, which the cache holds; "
+          "`device` the CUDA device (-1: the current one); `stream` the caller's stream (an int "
+          "handle or an object with `cuda_stream`), on which the cache then queues its work.");
   cls.def_prop_ro("config", [](PyCache& s) { return s.kv->config(); });
   cls.def_prop_ro("backend_description", [](PyCache& s) { return s.kv->backend().description(); });
   cls.def_prop_ro("device_type", [](PyCache& s) { return backend_device_type(*s.kv); });
+  cls.def_prop_ro(
+      "device", [](PyCache& s) { return backend_device_id(*s.kv); },
+      "The device ordinal of the pools (DLPack's device_id of every export).");
+  cls.def_prop_ro(
+      "compute_stream",
+      [](PyCache& s) {
+        void* h = value_or_throw(s.kv->backend().native_stream(s.kv->compute_stream()));
+        return reinterpret_cast<uintptr_t>(h);
+      },
+      "The native handle of the stream the cache queues its work on (the `stream` it was given, "
+      "else its own; 0 for the CPU backend's own): torch.cuda.ExternalStream(cache.compute_stream) "
+      "lets torch wait_stream on it.");
   cls.def_prop_ro("pool_info", [](PyCache& s) { return pool_info_dict(s.kv->pool_info()); });
 
   // ---- sequences ----

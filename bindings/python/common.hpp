@@ -121,6 +121,7 @@ struct PyBatch {
   const std::atomic<uint64_t>* serial_source = nullptr;  // the owner's build_batch count
   uint64_t serial = 0;
   int device_type = 0;  // DLPack device type of the owner's backend
+  int device_id = 0;    // and its device ordinal
   int32_t group = -1;   // the group of a ModelKvCache's batch; -1 for a KvCache's
   DeviceBatch device;   // its host pointer leads to `host`, this batch's own copy
   BatchMetadata host;
@@ -170,6 +171,8 @@ auto unlocked(PyModelCache& self, Fn&& fn) {
 
 /// DLPack device type of the cache's backend memory (kDLCPU or kDLCUDA).
 int backend_device_type(const KvCache& kv);
+/// DLPack device id of the cache's backend memory (Backend::device_ordinal).
+int backend_device_id(const KvCache& kv);
 /// The DLPack dtype of a pagedkv dtype.
 nb::dlpack::dtype to_dlpack(DType t);
 /// The pagedkv dtype of a DLPack input; kInvalidArgument naming `what` if it has none.
@@ -179,7 +182,8 @@ nb::ndarray<> as_array(nb::handle obj, const char* what);
 /// `obj` as an array on the cache's device, of `dtype`, `ndim` dims, C-contiguous.
 nb::ndarray<> as_index_buffer(const KvCache& kv, nb::handle obj, nb::dlpack::dtype dtype,
                               size_t ndim, const char* what);
-/// kInvalidArgument unless `a` lives where the cache's backend computes.
+/// kInvalidArgument unless `a` lives where the cache's backend computes: the same DLPack device
+/// type and device id.
 void check_device(const KvCache& kv, const nb::ndarray<>& a, const char* what);
 /// A numpy array that owns `v`'s storage (no copy of the elements).
 template <typename T>

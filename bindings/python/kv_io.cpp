@@ -77,7 +77,8 @@ DlArray pool_view(nb::handle owner, const KvCache& kv, int32_t layer, KvPart par
   const int64_t strides[4] = {l.block_elems(), nhd ? l.token_stride() : l.head_stride(),
                               nhd ? l.head_stride() : l.token_stride(), 1};
   char* base = static_cast<char*>(pool.data) + l.page_offset(0, layer, part) * int64_t(elem);
-  return DlArray(base, 4, shape, owner, strides, to_dlpack(pool.dtype), backend_device_type(kv), 0);
+  return DlArray(base, 4, shape, owner, strides, to_dlpack(pool.dtype), backend_device_type(kv),
+                 backend_device_id(kv));
 }
 
 std::pair<KvInput, KvInput> key_value_inputs(const KvCache& kv, nb::handle key, nb::handle value,
@@ -168,9 +169,10 @@ std::pair<DlArray, std::optional<DlArray>> gather_result(const KvCache& kv, Gath
   const size_t shape_tm[3] = {len, h, d}, shape_hm[3] = {h, len, d};
   const size_t* shape = out.layout == PackedLayout::kTokenMajor ? shape_tm : shape_hm;
   const int dev = backend_device_type(kv);
-  DlArray k(out.key, 3, shape, out.key_mem, nullptr, to_dlpack(out.dtype), dev, 0);
+  const int id = backend_device_id(kv);
+  DlArray k(out.key, 3, shape, out.key_mem, nullptr, to_dlpack(out.dtype), dev, id);
   if (out.value == nullptr) return {k, std::nullopt};
-  return {k, DlArray(out.value, 3, shape, out.value_mem, nullptr, to_dlpack(out.dtype), dev, 0)};
+  return {k, DlArray(out.value, 3, shape, out.value_mem, nullptr, to_dlpack(out.dtype), dev, id)};
 }
 
 // Every counter of ControlStats; from its field list where the header has one, so a new counter

@@ -117,6 +117,7 @@ PyModelBatch* build_model_batch(nb::handle self, const Ids& ids, const BatchOpti
     p.serial_source = &s.batch_serial;
     p.serial = serial;
     p.device_type = dev;
+    p.device_id = backend_device_id(s.model->group(0));
     p.group = static_cast<int32_t>(g);
     p.ids = ids;
     out->device.groups.push_back(p.as_built());  // for write_kv_batch (ModelKvCache checks it)

@@ -44,7 +44,7 @@ void register_reference(nb::module_& m, nb::class_<PyCache>& cls) {
         }));
         const size_t shape[3] = {qa.shape(0), qa.shape(1), qa.shape(2)};
         return DlArray(out, 3, shape, mem, nullptr, nb::dtype<float>(), backend_device_type(*s.kv),
-                       0);
+                       backend_device_id(*s.kv));
       },
       nb::arg("batch"), nb::arg("q"), nb::arg("layer"), nb::arg("sm_scale"),
       "The C++ reference decode attention (kernels/decode_attention.hpp, the kernel of "

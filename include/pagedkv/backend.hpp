@@ -76,6 +76,9 @@ class Backend {
   virtual BackendKind kind() const = 0;
   /// A one-line description of the executor, e.g. "cuda: NVIDIA H200 (132 SMs, sm_90)".
   virtual std::string description() const = 0;
+  /// The device its memory and streams belong to: the CUDA device ordinal; on the CPU backend
+  /// the ordinal its options name (0 by default). DLPack exports carry it as `device_id`.
+  virtual int32_t device_ordinal() const { return 0; }
 
   /// Device memory (host memory on the CPU backend), 256-byte aligned.
   /// kResourceExhausted when it cannot be had; zero bytes is kInvalidArgument.
@@ -147,10 +150,12 @@ Status validate_copy_batch(const CopyRegion* regions, size_t count);
 
 /// Creates a backend. kAuto picks CUDA when this build has it and a device is present, else the
 /// CPU backend; the choice is logged once. kCuda without a device (or without CUDA in this build)
-/// is kUnavailable. A CUDA backend belongs to the device current when it is created: each of its
-/// calls makes that device current and gives the caller's back afterwards, so a process can hold
-/// one cache per GPU (cudaSetDevice(i), then create).
-StatusOr<std::unique_ptr<Backend>> create_backend(BackendKind kind = BackendKind::kAuto);
+/// is kUnavailable. A CUDA backend belongs to device `device` (-1: the device current when it is
+/// created): each of its calls makes that device current and gives the caller's back afterwards,
+/// so a process can hold one cache per GPU. A CPU backend reports `device` as its ordinal (-1:
+/// 0). kInvalidArgument for a device below -1 or (CUDA) not present.
+StatusOr<std::unique_ptr<Backend>> create_backend(BackendKind kind = BackendKind::kAuto,
+                                                  int32_t device = -1);
 
 /// True when this build includes the CUDA backend.
 bool cuda_backend_built();

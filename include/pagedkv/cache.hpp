@@ -54,8 +54,12 @@ inline constexpr int64_t kDefaultTransferKernelBlockBytes = int64_t{64} << 10;
 
 /// Options of a KvCache that are not part of the configuration.
 struct KvCacheOptions {
-  /// Executor to use; not owned, must outlive the cache. Null: create one from config.backend.
+  /// Executor to use; not owned, must outlive the cache. Null: create one from config.backend
+  /// on `device`.
   Backend* backend = nullptr;
+  /// The device of the backend the cache creates when `backend` is null (create_backend): a
+  /// CUDA ordinal, -1 for the device current at creation. Must be -1 with `backend`.
+  int32_t device = -1;
   /// Stream for the cache's kernels and uploads ({}: the backend's default stream, which on
   /// CUDA is a blocking stream, so work on the legacy stream 0 is ordered with it).
   Stream compute_stream{};

@@ -30,6 +30,9 @@ struct CpuBackendOptions {
   /// not yet complete, and copies or launches delayed by the options above always go through the
   /// worker (and so does everything queued behind them). False hands everything to the worker.
   bool run_inline_when_idle = true;
+  /// The ordinal device_ordinal() reports (DLPack's device_id of its memory): a stand-in for a
+  /// device other than 0 in tests of code that must carry the ordinal through.
+  int32_t device_ordinal = 0;
 };
 
 /// A CPU backend with the given options (create_backend(kCpu) uses the defaults).

@@ -356,9 +356,9 @@ class _DeviceMemory:
 class _KvCache:
     """The C++ KvCache (use pagedkv.KvCache)."""
 
-    def __init__(self, config: _CacheConfig, enable_events: bool = True, event_capacity: int = 65536, storage: StorageTier | None = None, storage_staging_blocks: int = 64) -> None:
+    def __init__(self, config: _CacheConfig, enable_events: bool = True, event_capacity: int = 65536, storage: StorageTier | None = None, storage_staging_blocks: int = 64, device: int = -1, stream: object | None = None) -> None:
         """
-        Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)); `storage` a FileTier or RedisTier of the config's layout, which the cache holds.
+        Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)); `storage` a FileTier or RedisTier of the config's layout, which the cache holds; `device` the CUDA device (-1: the current one); `stream` the caller's stream (an int handle or an object with `cuda_stream`), on which the cache then queues its work.
         """
 
     @property
@@ -369,6 +369,16 @@ class _KvCache:
 
     @property
     def device_type(self) -> int: ...
+
+    @property
+    def device(self) -> int:
+        """The device ordinal of the pools (DLPack's device_id of every export)."""
+
+    @property
+    def compute_stream(self) -> int:
+        """
+        The native handle of the stream the cache queues its work on (the `stream` it was given, else its own; 0 for the CPU backend's own): torch.cuda.ExternalStream(cache.compute_stream) lets torch wait_stream on it.
+        """
 
     @property
     def pool_info(self) -> dict[str, Any]: ...

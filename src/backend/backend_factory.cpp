@@ -1,5 +1,6 @@
 // Backend selection: explicit, or auto (CUDA when built in and a device is present, else CPU).
 #include <mutex>
+#include <string>
 
 #include "common/logging.hpp"
 #include "pagedkv/backend.hpp"
@@ -38,15 +39,21 @@ bool cuda_device_available() {
 #endif
 }
 
-StatusOr<std::unique_ptr<Backend>> create_backend(BackendKind kind) {
+StatusOr<std::unique_ptr<Backend>> create_backend(BackendKind kind, int32_t device) {
+  if (device < -1) {
+    return invalid_argument("device must be >= 0 (or -1: the current one), got " +
+                            std::to_string(device));
+  }
+  CpuBackendOptions cpu;
+  cpu.device_ordinal = device < 0 ? 0 : device;
   std::unique_ptr<Backend> backend;
   switch (kind) {
     case BackendKind::kCpu:
-      backend = create_cpu_backend();
+      backend = create_cpu_backend(cpu);
       break;
     case BackendKind::kCuda: {
 #if defined(PAGEDKV_WITH_CUDA)
-      PAGEDKV_ASSIGN_OR_RETURN(backend, cuda::create_cuda_backend());
+      PAGEDKV_ASSIGN_OR_RETURN(backend, cuda::create_cuda_backend(device));
 #else
       return unavailable(
           "the CUDA backend is not built in (configured with PAGEDKV_ENABLE_CUDA=OFF)");
@@ -56,11 +63,11 @@ StatusOr<std::unique_ptr<Backend>> create_backend(BackendKind kind) {
     case BackendKind::kAuto: {
 #if defined(PAGEDKV_WITH_CUDA)
       if (cuda::device_count() > 0) {
-        PAGEDKV_ASSIGN_OR_RETURN(backend, cuda::create_cuda_backend());
+        PAGEDKV_ASSIGN_OR_RETURN(backend, cuda::create_cuda_backend(device));
         break;
       }
 #endif
-      backend = create_cpu_backend();
+      backend = create_cpu_backend(cpu);
       break;
     }
     default:

@@ -109,6 +109,8 @@ LiveObjects FaultInjectionBackend::live() const {
 
 BackendKind FaultInjectionBackend::kind() const { return inner_.kind(); }
 
+int32_t FaultInjectionBackend::device_ordinal() const { return inner_.device_ordinal(); }
+
 std::string FaultInjectionBackend::description() const {
   return "fault injection over " + inner_.description();
 }

@@ -67,9 +67,12 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   std::unique_ptr<KvCache> cache(new KvCache());
   cache->config_ = config;
   if (options.backend != nullptr) {
+    if (options.device != -1) {
+      return invalid_argument("device: the cache is given a backend, which has its own device");
+    }
     cache->backend_ = options.backend;
   } else {
-    PAGEDKV_ASSIGN_OR_RETURN(cache->owned_backend_, create_backend(config.backend));
+    PAGEDKV_ASSIGN_OR_RETURN(cache->owned_backend_, create_backend(config.backend, options.device));
     cache->backend_ = cache->owned_backend_.get();
   }
   Backend& be = *cache->backend_;

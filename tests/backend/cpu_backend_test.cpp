@@ -13,6 +13,8 @@
 
 #include "kernels/basic_bodies.hpp"
 #include "pagedkv/backend.hpp"
+#include "pagedkv/cache.hpp"
+#include "pagedkv/fault_injection.hpp"
 #include "support/stream_gate.hpp"
 
 namespace pagedkv {
@@ -79,6 +81,40 @@ TEST(CpuBackend, MemoryLimitGivesResourceExhausted) {
   EXPECT_TRUE(b.ok());
   be->free_device(*b);
   EXPECT_EQ(be->allocate_pinned(2048).status().code(), StatusCode::kResourceExhausted);
+}
+
+// The device ordinal a backend reports, which the Python exports carry as DLPack's device_id:
+// the CPU backend takes one from its options (a stand-in for a GPU other than 0), create_backend
+// passes it on, the fault injector forwards its inner backend's, and a cache that is given a
+// backend refuses a device of its own.
+TEST(BackendSelection, TheDeviceOrdinalTravelsFromTheFactoryToTheCache) {
+  CpuBackendOptions o;
+  o.device_ordinal = 3;
+  EXPECT_EQ(create_cpu_backend(o)->device_ordinal(), 3);
+  EXPECT_EQ(create_cpu_backend()->device_ordinal(), 0);
+  auto two = create_backend(BackendKind::kCpu, 2);
+  ASSERT_TRUE(two.ok()) << two.status().to_string();
+  EXPECT_EQ((*two)->device_ordinal(), 2);
+  EXPECT_EQ((*create_backend(BackendKind::kCpu, -1))->device_ordinal(), 0);
+  EXPECT_EQ(create_backend(BackendKind::kCpu, -2).status().code(), StatusCode::kInvalidArgument);
+  FaultInjectionBackend faults(**two);
+  EXPECT_EQ(faults.device_ordinal(), 2);
+
+  CacheConfig c;
+  c.num_layers = 1;
+  c.num_kv_heads = 1;
+  c.head_dim = 8;
+  c.num_device_blocks = 4;
+  c.backend = BackendKind::kCpu;
+  KvCacheOptions own;
+  own.device = 1;
+  auto cache = KvCache::create(c, own);
+  ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+  EXPECT_EQ((*cache)->backend().device_ordinal(), 1);
+  KvCacheOptions given;
+  given.backend = two->get();
+  given.device = 1;
+  EXPECT_EQ(KvCache::create(c, given).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(BackendSelection, AutoPicksCudaOnlyWithADevice) {

@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -117,10 +118,23 @@ def test_python_threads_may_share_a_cache():
 
 
 def test_long_calls_release_the_gil():
-    cache = make_cache(num_layers=1, head_dim=4, block_size=16, num_device_blocks=4096)
-    ids = list(range(64))
-    for sid in ids:
-        cache.add_sequence(sid, [sid] * 4)
+    ids = list(range(256))
+
+    def cache_for(steps):  # every step adds a token to each sequence: room for all of them
+        blocks = len(ids) * ((4 + steps + 15) // 16 + 1)
+        c = make_cache(num_layers=1, head_dim=4, block_size=16, num_device_blocks=blocks,
+                       max_sequence_length=steps + 64)
+        for sid in ids:
+            c.add_sequence(sid, [sid] * 4)
+        return c
+
+    # One C++ call of at least 100 ms, sized by a measurement: a Release build runs a step of
+    # 256 sequences in tens of microseconds, a sanitizer build far slower.
+    probe = cache_for(800)
+    probe._bench_step_cpp(ids, 400)  # warm: the first call allocates
+    per_step = probe._bench_step_cpp(ids, 400) / 400
+    steps = max(400, int(0.15 / max(per_step, 1e-9)) + 1)
+    cache = cache_for(steps)
     counter, stop = [0], [False]
 
     def spin():  # runs only while the main thread does not hold the GIL
@@ -134,11 +148,16 @@ def test_long_calls_release_the_gil():
     thread = threading.Thread(target=spin)
     thread.start()
     try:
+        while counter[0] == 0:  # sleeping releases the GIL: wait until the spinner runs
+            time.sleep(0.001)
         before = counter[0]
-        cache._bench_step_cpp(ids, 400)  # tens of milliseconds inside one C++ call
+        start = time.perf_counter()
+        cache._bench_step_cpp(ids, steps)
+        took = time.perf_counter() - start
         during = counter[0] - before
     finally:
         stop[0] = True
         thread.join()
         sys.setswitchinterval(interval)
+    assert took >= 0.05, f"the call took {took * 1e3:.1f} ms, too short to tell"
     assert during > 0, "the Python thread never ran while the C++ call was in progress"

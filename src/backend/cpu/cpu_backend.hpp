@@ -21,6 +21,7 @@ class CpuBackend final : public Backend {
 
   BackendKind kind() const override { return BackendKind::kCpu; }
   std::string description() const override;
+  int32_t device_ordinal() const override { return options_.device_ordinal; }
 
   StatusOr<void*> allocate_device(size_t bytes) override;
   void free_device(void* ptr) override;

@@ -112,8 +112,9 @@ class CudaBackend final : public Backend {
     }
   }
   ~CudaBackend() override {
-    // Wrapped streams are the caller's: neither synchronized nor destroyed here.
-    cudaSetDevice(device_);
+    // Wrapped streams are the caller's: neither synchronized nor destroyed here. The caller's
+    // current device is given back afterwards.
+    DeviceGuard guard(device_);
     for (void* s : streams_) {
       cudaStreamSynchronize(static_cast<cudaStream_t>(s));
       cudaStreamDestroy(static_cast<cudaStream_t>(s));
@@ -125,6 +126,7 @@ class CudaBackend final : public Backend {
   }
 
   BackendKind kind() const override { return BackendKind::kCuda; }
+  int32_t device_ordinal() const override { return device_; }
 
   std::string description() const override {
     return std::string("cuda: ") + props_.name + " (" + std::to_string(props_.multiProcessorCount) +
@@ -427,10 +429,15 @@ int device_count() {
   return count;
 }
 
-StatusOr<std::unique_ptr<Backend>> create_cuda_backend() {
-  if (device_count() == 0) return unavailable("no CUDA device is present");
-  int device = 0;
-  PAGEDKV_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+StatusOr<std::unique_ptr<Backend>> create_cuda_backend(int device) {
+  const int count = device_count();
+  if (count == 0) return unavailable("no CUDA device is present");
+  if (device >= count) {
+    return invalid_argument("device " + std::to_string(device) + ": only " + std::to_string(count) +
+                            " CUDA devices are present");
+  }
+  if (device < 0) PAGEDKV_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  DeviceGuard guard(device);  // the stream below is the device's; the caller's device stays
   cudaDeviceProp props{};
   PAGEDKV_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, device));
   // A blocking stream: it is ordered with CUDA's legacy stream 0, so an application that runs

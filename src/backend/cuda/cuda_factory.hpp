@@ -10,7 +10,8 @@ namespace pagedkv::cuda {
 /// Number of CUDA devices visible to this process (0 when there is no driver or device).
 int device_count();
 
-/// A backend on the current CUDA device; kUnavailable when there is none.
-StatusOr<std::unique_ptr<Backend>> create_cuda_backend();
+/// A backend on CUDA device `device` (-1: the current one); kUnavailable when there is none,
+/// kInvalidArgument for a device that is not present.
+StatusOr<std::unique_ptr<Backend>> create_cuda_backend(int device = -1);
 
 }  // namespace pagedkv::cuda
