@@ -183,7 +183,7 @@ void register_batch(nb::module_& m, nb::class_<PyCache>& cls) {
   cls.def(
       "build_batch_into",
       [](nb::handle self, const Ids& ids, nb::handle kv_indptr, nb::handle kv_indices,
-         nb::handle kv_last_page_len) {
+         nb::handle kv_last_page_len, nb::handle slot_mapping) {
         PyCache& s = nb::cast<PyCache&>(self);
         const auto i32 = nb::dtype<int32_t>();
         nb::ndarray<> ip = as_index_buffer(*s.kv, kv_indptr, i32, 1, "kv_indptr");
@@ -196,6 +196,12 @@ void register_batch(nb::module_& m, nb::class_<PyCache>& cls) {
         buffers.kv_last_page_len = static_cast<int32_t*>(lp.data());
         buffers.max_batch = static_cast<int32_t>(std::min(ip.shape(0) - 1, lp.shape(0)));
         buffers.max_pages = static_cast<int64_t>(ix.shape(0));
+        if (!slot_mapping.is_none()) {
+          nb::ndarray<> sm =
+              as_index_buffer(*s.kv, slot_mapping, nb::dtype<int64_t>(), 1, "slot_mapping");
+          buffers.slot_mapping = static_cast<int64_t*>(sm.data());
+          buffers.num_slots = static_cast<int64_t>(sm.shape(0));
+        }
         const bool host = ip.device_type() == static_cast<int>(nb::device::cpu::value);
         CsrHostCopy copy;
         nb::object batch = building(self, ids, [&](KvCache& kv) -> StatusOr<DeviceBatch> {
@@ -208,9 +214,11 @@ void register_batch(nb::module_& m, nb::class_<PyCache>& cls) {
                               to_numpy(std::move(copy.kv_last_page_len)));
       },
       nb::arg("ids"), nb::arg("kv_indptr"), nb::arg("kv_indices"), nb::arg("kv_last_page_len"),
+      nb::arg("slot_mapping").none() = nb::none(),
       "FlashInfer CUDA-graph mode: builds the batch and copies its CSR arrays (int32) into "
-      "caller-owned fixed-address buffers; returns (batch, host kv_indptr, host kv_last_page_len) "
-      "for plan(). Capacities are checked first.");
+      "caller-owned fixed-address buffers, and its slot mapping (int64, padded with -1) into "
+      "`slot_mapping` when given (then write_kv_batch over the batch may be captured); returns "
+      "(batch, host kv_indptr, host kv_last_page_len) for plan(). Capacities are checked first.");
   cls.def(
       "append_indices",
       [](PyCache& s, PyBatch& b, nb::handle batch_indices, nb::handle positions) {

@@ -111,6 +111,14 @@ class Backend {
   /// Waits for the stream's work, then releases it. The default stream is not destroyed; a
   /// wrapped stream is forgotten (on CUDA without waiting and without destroying it).
   virtual void destroy_stream(Stream stream) = 0;
+  /// Whether `stream` is capturing a CUDA graph (cudaStreamIsCapturing, legal during a
+  /// capture): work queued on it now is recorded into the graph, not run, and allocations,
+  /// event queries, synchronizations and host functions may invalidate the capture. False on
+  /// the CPU backend. kInvalidArgument for an unknown stream.
+  virtual StatusOr<bool> is_capturing(Stream stream) {
+    (void)stream;
+    return false;
+  }
   virtual StatusOr<Event> create_event() = 0;
   virtual void destroy_event(Event event) = 0;
 

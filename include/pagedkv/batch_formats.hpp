@@ -22,6 +22,11 @@ struct CsrBuffers {
   int32_t* kv_last_page_len = nullptr;  // [max_batch]
   int32_t max_batch = 0;
   int64_t max_pages = 0;
+  /// Optional: the slot mapping, [num_slots] int64, -1 past the batch's tokens. When set, the
+  /// returned batch's slot_mapping is this buffer (DeviceBatch::caller_owned_slots), so
+  /// write_kv_batch over it may be captured in a CUDA graph.
+  int64_t* slot_mapping = nullptr;
+  int64_t num_slots = 0;
 };
 
 /// Host copies of the CSR arrays that FlashInfer's plan() reads on the host.
@@ -31,10 +36,11 @@ struct CsrHostCopy {
 };
 
 /// Builds the step's batch of `ids` (KvCache::build_batch with build_csr) and copies its CSR
-/// arrays into `buffers` on the compute stream; fills `host` (may be null). Entries past the
-/// batch are left as they were. kInvalidArgument for a null buffer or a capacity too small for
-/// the batch, kNotFound for an unknown id: both checked before build_batch, so the cache is
-/// unchanged; otherwise build_batch's own errors.
+/// arrays (and, when given, its slot mapping padded to num_slots) into `buffers` on the compute
+/// stream; fills `host` (may be null). Entries past the batch are left as they were.
+/// kInvalidArgument for a null buffer or a capacity too small for the batch, kNotFound for an
+/// unknown id: both checked before build_batch, so the cache is unchanged; otherwise
+/// build_batch's own errors.
 StatusOr<DeviceBatch> build_batch_into(KvCache& cache, const std::vector<SequenceId>& ids,
                                        const CsrBuffers& buffers, CsrHostCopy* host);
 
@@ -69,8 +75,10 @@ struct VllmBuffers {
 
 /// Builds the step's batch of `ids` (slot mapping padded with -1 to num_slots) and writes it in
 /// vLLM's form on the compute stream: row r of block_table holds sequence r's blocks then -1
-/// up to max_blocks; rows past the batch are left as they were. kInvalidArgument for a null
-/// buffer or a capacity too small, kNotFound for an unknown id: checked before build_batch, so
+/// up to max_blocks; rows past the batch are left as they were. The returned batch's
+/// slot_mapping is buffers.slot_mapping (DeviceBatch::caller_owned_slots): write_kv_batch over
+/// it may be captured in a CUDA graph, replayed after each step's build. kInvalidArgument for a
+/// null buffer or a capacity too small, kNotFound for an unknown id: checked before build_batch, so
 /// the cache is unchanged; otherwise build_batch's own errors.
 StatusOr<DeviceBatch> build_vllm_batch_into(KvCache& cache, const std::vector<SequenceId>& ids,
                                             const VllmBuffers& buffers);

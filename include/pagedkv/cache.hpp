@@ -115,6 +115,10 @@ struct DeviceBatch {
   const int32_t* indptr = nullptr;  // null unless BatchOptions::build_csr
   const int32_t* indices = nullptr;
   const int32_t* last_page_len = nullptr;
+  /// `slot_mapping` is the caller's own buffer (build_vllm_batch_into, build_batch_into given
+  /// one), at the same address every step and padded to the same length: write_kv_batch over
+  /// such a batch may be recorded into a CUDA graph and replayed after the next step's build.
+  bool caller_owned_slots = false;
 };
 
 /// Bytes the pools took (over every group) and how long they took to allocate.
@@ -381,6 +385,9 @@ class KvCache {
   Status check_batch_current(const DeviceBatch& batch) const;
   // commit() without the NVTX range and the broken check.
   Status commit_tokens(SequenceId id, const TokenId* tokens, int64_t n);
+  // kFailedPrecondition naming `what` when the compute stream is capturing a CUDA graph: the
+  // call would allocate, upload, query or synchronize, or record work a replay must not repeat.
+  Status refuse_in_capture(const char* what);
   // poll_storage() inside another call: a failure is logged, not returned (it is not that
   // call's; poll_storage() and flush_storage() report it).
   void poll_storage_quietly();

@@ -93,6 +93,14 @@ class FaultInjectionBackend final : public Backend {
   void record_copies(bool on);
   /// The copy calls recorded since recording started or reset_counts(), oldest first.
   std::vector<CopyCall> copy_calls() const;
+  /// Starts (or stops) acting as if every stream were capturing a CUDA graph: is_capturing()
+  /// answers true, and each call a capture must not see (allocations, create_event,
+  /// record_event, query_event, synchronize_*, launch_host_func, and host-to-device copies,
+  /// the uploads of host metadata) fails with kInternal "capture violation: ..." and is
+  /// counted; launches, device-to-device copies and waits on events go through.
+  void simulate_capture(bool on);
+  /// Calls refused while simulating a capture, since construction or reset_counts().
+  int64_t capture_violations() const;
 
   BackendKind kind() const override;
   std::string description() const override;
@@ -108,6 +116,7 @@ class FaultInjectionBackend final : public Backend {
   StatusOr<Stream> wrap_stream(void* native) override;
   StatusOr<void*> native_stream(Stream stream) override;
   void destroy_stream(Stream stream) override;
+  StatusOr<bool> is_capturing(Stream stream) override;
   StatusOr<Event> create_event() override;
   void destroy_event(Event event) override;
 
@@ -132,6 +141,8 @@ class FaultInjectionBackend final : public Backend {
   Status tick(FaultKind kind, const char* call);
   // Keeps `call` when recording; returns `status`.
   Status note_copy(CopyCall call, Status status);
+  // An error (and a count) when simulating a capture: `call` may not run inside one.
+  Status outside_capture(const char* call);
 
   Backend& inner_;
   std::array<Counter, kNumFaultKinds> counters_;
@@ -144,6 +155,8 @@ class FaultInjectionBackend final : public Backend {
   mutable std::mutex last_mutex_;
   std::string last_fault_;
   std::atomic<bool> record_copies_{false};
+  std::atomic<bool> capturing_{false};
+  std::atomic<int64_t> capture_violations_{0};
   mutable std::mutex copies_mutex_;
   std::vector<CopyCall> copy_calls_;
 };

@@ -544,9 +544,9 @@ class _KvCache:
         write_kv_batch of every layer in one launch: key/value [num_layers, len(slot_mapping), heads, dim] (any layer and row strides; value=None for a latent cache).
         """
 
-    def build_batch_into(self, ids: Sequence[int], kv_indptr: object, kv_indices: object, kv_last_page_len: object) -> tuple[Batch, NDArray[numpy.int32], NDArray[numpy.int32]]:
+    def build_batch_into(self, ids: Sequence[int], kv_indptr: object, kv_indices: object, kv_last_page_len: object, slot_mapping: object | None = None) -> tuple[Batch, NDArray[numpy.int32], NDArray[numpy.int32]]:
         """
-        FlashInfer CUDA-graph mode: builds the batch and copies its CSR arrays (int32) into caller-owned fixed-address buffers; returns (batch, host kv_indptr, host kv_last_page_len) for plan(). Capacities are checked first.
+        FlashInfer CUDA-graph mode: builds the batch and copies its CSR arrays (int32) into caller-owned fixed-address buffers, and its slot mapping (int64, padded with -1) into `slot_mapping` when given (then write_kv_batch over the batch may be captured); returns (batch, host kv_indptr, host kv_last_page_len) for plan(). Capacities are checked first.
         """
 
     def append_indices(self, batch: Batch, batch_indices: object | None = None, positions: object | None = None) -> tuple[NDArray[numpy.int32], NDArray[numpy.int32], NDArray[numpy.int32]]:

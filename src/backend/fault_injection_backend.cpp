@@ -54,6 +54,7 @@ void FaultInjectionBackend::reset_counts() {
     c.calls.store(0);
   }
   injected_.store(0);
+  capture_violations_.store(0);
   {
     std::lock_guard<std::mutex> lock(copies_mutex_);
     copy_calls_.clear();
@@ -95,6 +96,26 @@ Status FaultInjectionBackend::tick(FaultKind kind, const char* call) {
   return internal_error(std::move(message));
 }
 
+Status FaultInjectionBackend::outside_capture(const char* call) {
+  if (!capturing_.load()) return ok_status();
+  capture_violations_.fetch_add(1);
+  std::string message = std::string("capture violation: ") + call + " while capturing";
+  {
+    std::lock_guard<std::mutex> lock(last_mutex_);
+    last_fault_ = message;
+  }
+  return internal_error(std::move(message));
+}
+
+void FaultInjectionBackend::simulate_capture(bool on) { capturing_.store(on); }
+
+int64_t FaultInjectionBackend::capture_violations() const { return capture_violations_.load(); }
+
+StatusOr<bool> FaultInjectionBackend::is_capturing(Stream stream) {
+  if (capturing_.load()) return true;
+  return inner_.is_capturing(stream);
+}
+
 LiveObjects FaultInjectionBackend::live() const {
   LiveObjects out;
   out.device_allocations = live_device_.load();
@@ -116,6 +137,7 @@ std::string FaultInjectionBackend::description() const {
 }
 
 StatusOr<void*> FaultInjectionBackend::allocate_device(size_t bytes) {
+  PAGEDKV_RETURN_IF_ERROR(outside_capture("allocate_device"));
   PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kAllocation, "allocate_device"));
   StatusOr<void*> ptr = inner_.allocate_device(bytes);
   if (ptr.ok()) live_device_.fetch_add(1);
@@ -128,6 +150,7 @@ void FaultInjectionBackend::free_device(void* ptr) {
 }
 
 StatusOr<void*> FaultInjectionBackend::allocate_pinned(size_t bytes) {
+  PAGEDKV_RETURN_IF_ERROR(outside_capture("allocate_pinned"));
   PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kAllocation, "allocate_pinned"));
   StatusOr<void*> ptr = inner_.allocate_pinned(bytes);
   if (ptr.ok()) live_pinned_.fetch_add(1);
@@ -174,6 +197,7 @@ void FaultInjectionBackend::destroy_stream(Stream stream) {
 }
 
 StatusOr<Event> FaultInjectionBackend::create_event() {
+  PAGEDKV_RETURN_IF_ERROR(outside_capture("create_event"));
   PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kEvent, "create_event"));
   StatusOr<Event> event = inner_.create_event();
   if (event.ok()) live_events_.fetch_add(1);
@@ -186,6 +210,7 @@ void FaultInjectionBackend::destroy_event(Event event) {
 }
 
 Status FaultInjectionBackend::record_event(Event event, Stream stream) {
+  PAGEDKV_RETURN_IF_ERROR(outside_capture("record_event"));
   PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kEvent, "record_event"));
   return inner_.record_event(event, stream);
 }
@@ -196,16 +221,19 @@ Status FaultInjectionBackend::wait_event(Stream stream, Event event) {
 }
 
 StatusOr<bool> FaultInjectionBackend::query_event(Event event) {
+  PAGEDKV_RETURN_IF_ERROR(outside_capture("query_event"));
   PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kSync, "query_event"));
   return inner_.query_event(event);
 }
 
 Status FaultInjectionBackend::synchronize_event(Event event) {
+  PAGEDKV_RETURN_IF_ERROR(outside_capture("synchronize_event"));
   PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kSync, "synchronize_event"));
   return inner_.synchronize_event(event);
 }
 
 Status FaultInjectionBackend::synchronize_stream(Stream stream) {
+  PAGEDKV_RETURN_IF_ERROR(outside_capture("synchronize_stream"));
   PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kSync, "synchronize_stream"));
   return inner_.synchronize_stream(stream);
 }
@@ -213,7 +241,9 @@ Status FaultInjectionBackend::synchronize_stream(Stream stream) {
 Status FaultInjectionBackend::copy_async(void* dst, const void* src, size_t bytes, CopyKind kind,
                                          Stream stream) {
   const CopyCall call{/*batched=*/false, kind, stream, 1, bytes, false};
-  Status status = tick(FaultKind::kCopy, "copy_async");
+  Status status = kind == CopyKind::kHostToDevice ? outside_capture("copy_async (host to device)")
+                                                  : ok_status();
+  if (status.ok()) status = tick(FaultKind::kCopy, "copy_async");
   if (status.ok()) status = inner_.copy_async(dst, src, bytes, kind, stream);
   return note_copy(call, std::move(status));
 }
@@ -222,12 +252,15 @@ Status FaultInjectionBackend::copy_batch(const CopyRegion* regions, size_t count
                                          Stream stream) {
   CopyCall call{/*batched=*/true, kind, stream, count, 0, false};
   for (size_t i = 0; regions != nullptr && i < count; ++i) call.bytes += regions[i].bytes;
-  Status status = tick(FaultKind::kCopy, "copy_batch");
+  Status status = kind == CopyKind::kHostToDevice ? outside_capture("copy_batch (host to device)")
+                                                  : ok_status();
+  if (status.ok()) status = tick(FaultKind::kCopy, "copy_batch");
   if (status.ok()) status = inner_.copy_batch(regions, count, kind, stream);
   return note_copy(call, std::move(status));
 }
 
 Status FaultInjectionBackend::launch_host_func(Stream stream, std::function<void()> fn) {
+  PAGEDKV_RETURN_IF_ERROR(outside_capture("launch_host_func"));
   PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kLaunch, "launch_host_func"));
   return inner_.launch_host_func(stream, std::move(fn));
 }

@@ -45,6 +45,18 @@ Status upload_kept(KvCache& cache, const std::shared_ptr<T>& keep,
   return cache.backend().launch_host_func(cache.compute_stream(), [keep] {});
 }
 
+// Copies the batch's slot mapping (padded to num_slots) into the caller's buffer and points the
+// batch at it: the same address every step, so a captured write_kv_batch reads each step's.
+Status adopt_slot_mapping(KvCache& cache, int64_t* slot_mapping, int64_t num_slots,
+                          DeviceBatch* batch) {
+  PAGEDKV_RETURN_IF_ERROR(copy_on_compute(cache, slot_mapping, batch->slot_mapping,
+                                          static_cast<size_t>(num_slots) * sizeof(int64_t),
+                                          CopyKind::kDeviceToDevice));
+  batch->slot_mapping = slot_mapping;
+  batch->caller_owned_slots = true;
+  return ok_status();
+}
+
 Status copy_failed(const Status& s) {
   return Status(StatusCode::kInternal,
                 "copying the batch into the caller's buffers: " + s.to_string());
@@ -67,8 +79,14 @@ StatusOr<DeviceBatch> build_batch_into(KvCache& cache, const std::vector<Sequenc
     return invalid_argument("buffers.max_pages: " + std::to_string(buffers.max_pages) +
                             " pages, the batch has " + std::to_string(needs.pages));
   }
+  if (buffers.slot_mapping != nullptr &&
+      (needs.tokens > buffers.num_slots || buffers.num_slots <= 0)) {
+    return invalid_argument("buffers.num_slots: " + std::to_string(buffers.num_slots) +
+                            ", the batch writes " + std::to_string(needs.tokens) + " tokens");
+  }
   BatchOptions options;
   options.build_csr = true;
+  if (buffers.slot_mapping != nullptr) options.pad_slots_to = buffers.num_slots;
   PAGEDKV_ASSIGN_OR_RETURN(DeviceBatch batch, cache.build_batch(ids, options));
   const BatchMetadata& meta = *batch.host;
   const size_t rows = static_cast<size_t>(meta.batch_size);
@@ -82,6 +100,9 @@ StatusOr<DeviceBatch> build_batch_into(KvCache& cache, const std::vector<Sequenc
   if (s.ok() && rows > 0) {
     s = copy_on_compute(cache, buffers.kv_last_page_len, batch.last_page_len,
                         rows * sizeof(int32_t), CopyKind::kDeviceToDevice);
+  }
+  if (s.ok() && buffers.slot_mapping != nullptr) {
+    s = adopt_slot_mapping(cache, buffers.slot_mapping, buffers.num_slots, &batch);
   }
   if (!s.ok()) return copy_failed(s);
   if (host != nullptr) {
@@ -172,9 +193,7 @@ StatusOr<DeviceBatch> build_vllm_batch_into(KvCache& cache, const std::vector<Se
       (*table)[r * width + c] = meta.block_tables[r * static_cast<size_t>(meta.max_blocks) + c];
     }
   }
-  Status s = copy_on_compute(cache, buffers.slot_mapping, batch.slot_mapping,
-                             static_cast<size_t>(buffers.num_slots) * sizeof(int64_t),
-                             CopyKind::kDeviceToDevice);
+  Status s = adopt_slot_mapping(cache, buffers.slot_mapping, buffers.num_slots, &batch);
   if (s.ok() && rows > 0) {
     s = upload_kept(cache, table,
                     {{buffers.block_table, {table->data(), table->size() * sizeof(int32_t)}}});

@@ -201,10 +201,22 @@ void KvCache::forget_slot_uploads(SequenceId id) {
   }
 }
 
+Status KvCache::refuse_in_capture(const char* what) {
+  PAGEDKV_ASSIGN_OR_RETURN(const bool capturing, backend_->is_capturing(compute_));
+  if (!capturing) return ok_status();
+  return failed_precondition(
+      std::string(what) +
+      ": the compute stream is capturing a CUDA graph; only write_kv_batch and "
+      "write_kv_batch_all_layers over a batch whose slot mapping is caller-owned "
+      "(build_vllm_batch_into, or build_batch_into given a slot-mapping buffer) and the ops over "
+      "fixed buffers (ops.hpp) may be captured: call it before or after the capture");
+}
+
 StatusOr<int64_t> KvCache::add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
                                         const SequenceOptions& options, int64_t max_cached) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::add_sequence");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("add_sequence"));
   poll_storage_quietly();
   PAGEDKV_ASSIGN_OR_RETURN(int64_t cached, control_->add_sequence(id, prompt, options, max_cached));
   ++generation_;
@@ -385,6 +397,7 @@ Status KvCache::order_group_reuse(int32_t g) {
 StatusOr<std::vector<int64_t>> KvCache::reserve(SequenceId id, int64_t n) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::reserve");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("reserve"));
   poll_storage_quietly();
   PAGEDKV_ASSIGN_OR_RETURN(core::TierPlan plan, control_->plan_reserve(id, n));
   std::vector<int64_t> slots = plan.slots();
@@ -404,6 +417,7 @@ Status KvCache::reserve_batch_into(const std::vector<SequenceId>& ids, int64_t n
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::reserve_batch");
   if (slots != nullptr) slots->clear();  // what an error leaves
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("reserve_batch"));
   poll_storage_quietly();
   PAGEDKV_ASSIGN_OR_RETURN(core::TierPlan plan, control_->plan_reserve_batch(ids, n_each));
   if (slots != nullptr) slots->assign(plan.slots().begin(), plan.slots().end());
@@ -437,6 +451,7 @@ Status KvCache::write_kv(SequenceId id, int32_t layer, const void* key, const vo
                          DType input_dtype, int64_t row_stride) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::write_kv");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("write_kv"));
   // One group: the op checks the layer, as it always has.
   LayerGroup lg{0, layer};
   if (num_groups() > 1) {
@@ -474,6 +489,8 @@ Status KvCache::write_kv_batch(const DeviceBatch& batch, int32_t layer, const vo
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::write_kv_batch");
   PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_RETURN_IF_ERROR(check_batch_current(batch));
+  // A slot mapping in the upload arena is reused after the next build: a replay would read it.
+  if (!batch.caller_owned_slots) PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("write_kv_batch"));
   LayerGroup lg{0, layer};
   if (num_groups() > 1) {
     PAGEDKV_ASSIGN_OR_RETURN(lg, layer_group(layer));
@@ -500,6 +517,9 @@ Status KvCache::write_kv_batch_all_layers(const DeviceBatch& batch, const void* 
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::write_kv_batch_all_layers");
   PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_RETURN_IF_ERROR(check_batch_current(batch));
+  if (!batch.caller_owned_slots) {
+    PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("write_kv_batch_all_layers"));
+  }
   WriteKvAllLayersArgs args;
   args.key = key;
   args.value = value;
@@ -514,6 +534,7 @@ Status KvCache::write_kv_batch_all_layers(const DeviceBatch& batch, const void* 
 Status KvCache::commit(SequenceId id, const std::vector<TokenId>& tokens) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::commit");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("commit"));
   return commit_tokens(id, tokens.data(), static_cast<int64_t>(tokens.size()));
 }
 
@@ -535,6 +556,7 @@ Status KvCache::commit_batch(const std::vector<SequenceId>& ids, const std::vect
                              int64_t n_each) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::commit_batch");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("commit_batch"));
   PAGEDKV_RETURN_IF_ERROR(check_commit_tokens(ids, tokens, n_each));
   // The control plane checks every member before it commits any.
   PAGEDKV_RETURN_IF_ERROR(control_->commit_batch(ids, tokens.data(), n_each));
@@ -549,6 +571,7 @@ Status KvCache::commit_batch(const std::vector<SequenceId>& ids, const std::vect
 Status KvCache::rollback(SequenceId id, int64_t length) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::rollback");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("rollback"));
   PAGEDKV_RETURN_IF_ERROR(control_->rollback(id, length));
   ++generation_;
   forget_slot_uploads(id);
@@ -558,6 +581,7 @@ Status KvCache::rollback(SequenceId id, int64_t length) {
 Status KvCache::fork(SequenceId parent, SequenceId child) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::fork");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("fork"));
   PAGEDKV_RETURN_IF_ERROR(control_->fork(parent, child));
   ++generation_;
   return ok_status();
@@ -566,6 +590,7 @@ Status KvCache::fork(SequenceId parent, SequenceId child) {
 Status KvCache::finish(SequenceId id) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::finish");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("finish"));
   PAGEDKV_RETURN_IF_ERROR(control_->finish(id));
   ++generation_;
   forget_slot_uploads(id);
@@ -576,6 +601,7 @@ Status KvCache::finish(SequenceId id) {
 Status KvCache::erase(SequenceId id) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::erase");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("erase"));
   PAGEDKV_RETURN_IF_ERROR(control_->erase(id));
   ++generation_;
   forget_slot_uploads(id);
@@ -598,6 +624,7 @@ Status KvCache::set_priority(SequenceId id, int32_t priority) {
 Status KvCache::offload(SequenceId id) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::offload");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("offload"));
   PAGEDKV_ASSIGN_OR_RETURN(core::TierPlan plan, control_->plan_offload(id));
   return carry_out(plan);
 }
@@ -623,6 +650,7 @@ Status KvCache::carry_out(core::TierPlan& plan) {
 Status KvCache::restore(SequenceId id) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::restore");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("restore"));
   PAGEDKV_ASSIGN_OR_RETURN(core::TierPlan plan, control_->plan_restore(id));
   return carry_out(plan);
 }
@@ -630,11 +658,13 @@ Status KvCache::restore(SequenceId id) {
 Status KvCache::prefetch(const std::vector<SequenceId>& ids) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::prefetch");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("prefetch"));
   PAGEDKV_ASSIGN_OR_RETURN(core::TierPlan plan, control_->plan_prefetch(ids));
   return carry_out(plan);
 }
 
 StatusOr<SequenceResidency> KvCache::residency(SequenceId id) {
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("residency"));
   PAGEDKV_ASSIGN_OR_RETURN(Residency r, control_->residency(id));
   auto job = last_job_.find(id);
   if (job != last_job_.end()) {
@@ -651,6 +681,7 @@ StatusOr<DeviceBatch> KvCache::build_batch(const std::vector<SequenceId>& ids,
                                            const BatchOptions& options) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::build_batch");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("build_batch"));
   if (num_groups() > 1) {
     return invalid_argument("build_batch: the cache holds " + std::to_string(num_groups()) +
                             " KV groups: build_batches gives each group's batch");
@@ -668,6 +699,7 @@ StatusOr<std::vector<DeviceBatch>> KvCache::build_batches(const std::vector<Sequ
                                                           const BatchOptions& options) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::build_batches");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("build_batches"));
   PAGEDKV_ASSIGN_OR_RETURN(const BatchMetadata* m, control_->build_batch(ids, options));
   ++generation_;  // as in build_batch
   std::vector<DeviceBatch> out(static_cast<size_t>(num_groups()));
@@ -728,6 +760,7 @@ Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* 
                              int64_t num_tokens) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::gather_layer");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("gather_layer"));
   LayerGroup lg{0, layer};
   if (num_groups() > 1) {
     PAGEDKV_ASSIGN_OR_RETURN(lg, layer_group(layer));
@@ -782,6 +815,7 @@ Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* 
 
 Status KvCache::synchronize() {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::synchronize");
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("synchronize"));
   PAGEDKV_RETURN_IF_ERROR(transfers_->synchronize());
   return backend_->synchronize_stream(compute_);
 }

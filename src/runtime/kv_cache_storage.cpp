@@ -19,6 +19,7 @@ StatusOr<StorageFetch> KvCache::fetch_prefix_from_storage(const std::vector<Toke
                                                           int64_t max_cached) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::fetch_from_storage");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("fetch_from_storage"));
   if (storage_ == nullptr) {
     StorageFetch none;
     PAGEDKV_ASSIGN_OR_RETURN(none.reach, control_->cached_prefix(prompt, options.ns, max_cached));
@@ -30,6 +31,7 @@ StatusOr<StorageFetch> KvCache::fetch_prefix_from_storage(const std::vector<Toke
 
 Status KvCache::poll_storage() {
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("poll_storage"));
   if (storage_ == nullptr) return ok_status();
   return storage_->poll(*control_);
 }
@@ -45,6 +47,7 @@ int64_t KvCache::storage_in_flight() const { return control_->arrivals_in_flight
 Status KvCache::flush_storage() {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::flush_storage");
   PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("flush_storage"));
   if (storage_ == nullptr) return ok_status();
   return storage_->flush(*control_);
 }

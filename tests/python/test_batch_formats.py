@@ -134,6 +134,27 @@ def test_csr_into_fixed_buffers_and_host_copies_for_plan(tracker):
         tracker.erase(ids)
 
 
+def test_csr_into_fixed_buffers_with_the_slot_mapping_for_a_captured_write(tracker):
+    # With a slot-mapping buffer the batch's slot mapping is that buffer (the same memory every
+    # step, padded with -1): write_kv_batch over it may be captured in a CUDA graph.
+    cache = tracker.cache
+    indptr, indices, last = (np.empty(n, np.int32) for n in (65, 4096, 64))
+    slots = np.empty(128, np.int64)
+    for step in range(5):
+        ids = tracker.batch(int(tracker.rng.integers(1, 12)))
+        slots.fill(POISON)
+        batch, _, _ = cache.build_batch_into(ids, indptr, indices, last, slot_mapping=slots)
+        assert len(batch.host.slot_mapping) == len(slots), "padded to the buffer's length"
+        written = [s for sid in ids for s in tracker.pending[sid]]
+        np.testing.assert_array_equal(slots[:len(written)], written)
+        assert (slots[len(written):] == -1).all()
+        assert np.shares_memory(np.from_dlpack(batch.device.slot_mapping), slots)
+        tracker.erase(ids)
+    with pytest.raises(pagedkv.InvalidArgumentError, match="num_slots"):
+        cache.build_batch_into(tracker.batch(3), indptr, indices, last,
+                               slot_mapping=np.empty(0, np.int64))
+
+
 def test_append_indices_follow_get_batch_indices_positions(tracker):
     cache = tracker.cache
     dev_batch, dev_pos = np.empty(512, np.int32), np.empty(512, np.int32)

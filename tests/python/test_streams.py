@@ -8,6 +8,8 @@ Streams and devices).
   PAGEDKV_REQUIRE_CUDA=1).
 * Stream: `stream=` takes a handle or any object with `cuda_stream`; the cache queues its work on
   it and `compute_stream` gives the handle back.
+* CUDA graphs (twin only; the CPU form is tests/runtime/graph_capture_test.cpp): a step's
+  write_kv_batch over build_vllm_batch_into's buffers captured once and replayed.
 """
 
 from __future__ import annotations
@@ -173,3 +175,51 @@ def test_cuda_writes_on_torchs_stream_are_ordered_with_its_kernels(rng):
     gk, gv = cache.gather_layer(1, 0)
     side.synchronize()
     assert torch.all(torch.from_dlpack(gk) == 3.0) and torch.all(torch.from_dlpack(gv) == 5.0)
+
+
+def test_cuda_a_captured_decode_step_replays_with_each_steps_kv():
+    """A decode step's K/V writes captured once in a CUDA graph (over build_vllm_batch_into's
+    fixed buffers) and replayed for four steps with new K/V: the pool holds every step's."""
+    cuda_or_skip()
+    torch = pytest.importorskip("torch")
+    stream = torch.cuda.Stream()
+    cache = make_cache(backend="cuda", stream=stream)
+    ids, layers = [1, 2], cache.config.num_layers
+    heads, dim = cache.config.num_kv_heads, cache.config.head_dim
+    shape = (4, heads, dim)  # 4 slot rows: 2 tokens and 2 padding rows
+    block_table = torch.full((4, 16), -1, dtype=torch.int32, device="cuda")
+    slot_mapping = torch.full((4,), -1, dtype=torch.int64, device="cuda")
+    k_in = torch.zeros((layers,) + shape, device="cuda")
+    v_in = torch.zeros((layers,) + shape, device="cuda")
+    with torch.cuda.stream(stream):
+        for sid in ids:
+            cache.add_sequence(sid, [sid] * 5)
+            cache.reserve(sid, 5)
+            for layer in range(layers):
+                cache.write_kv(sid, layer, torch.zeros(5, heads, dim, device="cuda"),
+                               torch.zeros(5, heads, dim, device="cuda"))
+            cache.commit(sid, [sid] * 5)
+    graph, expected = torch.cuda.CUDAGraph(), []
+    for step in range(4):
+        cache.reserve_batch(ids, 1)
+        batch = cache.build_vllm_batch_into(ids, block_table, slot_mapping)
+        with torch.cuda.stream(stream):
+            k_in.copy_(torch.randn_like(k_in))
+            v_in.copy_(torch.randn_like(v_in))
+            expected.append((k_in[:, :2].clone(), v_in[:, :2].clone()))
+            if step == 0:
+                with torch.cuda.graph(graph, stream=stream):
+                    for layer in range(layers):
+                        cache.write_kv_batch(batch, layer, k_in[layer], v_in[layer])
+                    with pytest.raises(pagedkv.FailedPreconditionError, match="capturing"):
+                        cache.build_batch(ids)
+            graph.replay()
+        cache.commit_batch(ids, [7, 7], 1)
+    stream.synchronize()
+    for r, sid in enumerate(ids):
+        for layer in range(layers):
+            gk, gv = cache.gather_layer(sid, layer, begin=5, num_tokens=4)
+            got_k, got_v = torch.from_dlpack(gk), torch.from_dlpack(gv)
+            for step, (k, v) in enumerate(expected):
+                assert torch.equal(got_k[step], k[layer, r]), (sid, layer, step)
+                assert torch.equal(got_v[step], v[layer, r]), (sid, layer, step)

@@ -208,6 +208,14 @@ class CudaBackend final : public Backend {
     PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
     return static_cast<void*>(s);
   }
+  StatusOr<bool> is_capturing(Stream stream) override {
+    PAGEDKV_RETURN_IF_ERROR(alive());
+    const DeviceGuard guard(device_);
+    PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    PAGEDKV_CUDA_CHECK(cudaStreamIsCapturing(s, &status));
+    return status != cudaStreamCaptureStatusNone;
+  }
   void destroy_stream(Stream stream) override {
     if (wrapped_.erase(stream.handle) != 0) return;  // the caller's: forget it, nothing more
     if (streams_.erase(stream.handle) == 0) return;
