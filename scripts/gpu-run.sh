@@ -7,8 +7,11 @@
 #   device:  run(command="bash scripts/gpu-run.sh build/gpu-prep", carry=["build/gpu-prep"],
 #                timeout_s=600)
 #
-# One global deadline (PAGEDKV_GPU_BUDGET seconds, default 540) caps every step: a step gets
-# min(its own budget, time left) and is skipped when under 10 s are left. A row is appended to
+# One global deadline (PAGEDKV_GPU_BUDGET seconds, default 420, so that a 600 s call leaves room
+# for a short rerun) caps every step: a step gets min(its own budget, time left) and is skipped
+# when under 10 s are left. PAGEDKV_GPU_ONLY="tests_runtime bench_step" (names of rows, space- or
+# comma-separated) runs only those steps after the preflight: a rerun of what a first run cut
+# short or failed. A row is appended to
 # $OUT/summary.txt (and printed) as each step ends, so a kill at the tool's limit still leaves a
 # readable summary. At most three files land in $OUT: summary.txt, bench.txt (the cuda rows of
 # the benchmarks, ANSI colours stripped, refreshed after each benchmark) and logs.tgz (every
@@ -22,6 +25,9 @@
 # it is looked for on PATH, in $CUDA_HOME/bin and /usr/local/cuda*/bin.
 # A TERM or INT (the device tool's limit) stops the running step at once and still writes the
 # result row, bench.txt and logs.tgz.
+# A test step passes only when its binary exits 0, ran at least one test and, in a real run,
+# skipped none but those PAGEDKV_GPU_ALLOWED_SKIPS names (a regex over test names; by default
+# the tests that need the CPU backend by design).
 # Exit status: 0 when no row says FAIL and at least one step ran, 1 otherwise, 2 for bad usage.
 set -uo pipefail
 
@@ -31,7 +37,8 @@ repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # DIR/MANIFEST; a run whose tree differs says so (the bundle may be stale).
 source_hash() {
   (cd "$repo_root" &&
-    find CMakeLists.txt cmake include src tests examples tools benchmarks -type f -print0 2>/dev/null |
+    find CMakeLists.txt cmake include src kernels tests examples tools benchmarks bindings -type f \
+      -print0 2>/dev/null |
     LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
 }
 if [[ ${1:-} == --source-hash ]]; then source_hash; exit 0; fi
@@ -45,7 +52,10 @@ if [[ ! -d $B/lib || ! -x $B/examples/paged_decode_attention ]]; then
   echo "gpu-run: $B is not a bundle; run scripts/gpu-check --prepare $1 first" >&2
   exit 2
 fi
-budget=${PAGEDKV_GPU_BUDGET:-540}
+budget=${PAGEDKV_GPU_BUDGET:-420}
+only_list=${PAGEDKV_GPU_ONLY:-}
+only=" ${only_list//,/ } "
+allowed_skips=${PAGEDKV_GPU_ALLOWED_SKIPS:-'WindowPagesAnOffloadStillReadsAreWrittenAfterIt'}
 [[ $budget =~ ^[0-9]+$ ]] || { echo "gpu-run: PAGEDKV_GPU_BUDGET must be whole seconds" >&2; exit 2; }
 dry=0
 [[ ${PAGEDKV_GPU_DRYRUN:-0} == 1 ]] && dry=1
@@ -168,11 +178,31 @@ detail() {
   esac
 }
 
+# selected NAME: whether PAGEDKV_GPU_ONLY (when set) names the step.
+selected() { [[ $only == "  " || $only == *" $1 "* ]]; }
+
+# gtest_problem LOG: why a test step that exited 0 still fails ("" when it does not): it ran no
+# test (a filter that matches nothing), or, in a real run, it skipped one not allowed to skip.
+gtest_problem() {
+  local log=$1 n bad
+  n=$(grep -Eo '[0-9]+ tests? from [0-9]+ test suites? ran' "$log" | tail -1 | grep -Eo '^[0-9]+')
+  if [[ -z $n || $n == 0 ]]; then
+    echo "ran no test"
+    return
+  fi
+  ((dry)) && return
+  bad=$(grep -E '^\[  SKIPPED \] [A-Za-z]' "$log" | sed 's/^\[  SKIPPED \] //; s/ (.*//' |
+        grep -Ev "$allowed_skips" | sort -u | head -3 | paste -sd, -)
+  [[ -n $bad ]] && echo "skipped on the device: $bad"
+}
+
 # step NAME BUDGET KIND CMD...: runs CMD for at most min(BUDGET, time left) seconds, its output
-# in $work/NAME.log, then appends its row. Returns CMD's exit status (or 125 when skipped).
+# in $work/NAME.log, then appends its row. Returns CMD's exit status (or 125 when skipped; 126,
+# with no row, when PAGEDKV_GPU_ONLY leaves it out).
 step() {
   local name=$1 want=$2 kind=$3 left=$((deadline - SECONDS))
   shift 3
+  selected "$name" || return 126
   ((left < want)) && want=$left
   if ((want < 10)); then
     row "$name" skip "out of time (${left} s left of the $budget s budget)"
@@ -183,9 +213,14 @@ step() {
   ran=$((ran + 1))
   bounded "$want" "$work/$name.log" "$@"
   rc=$?
-  local took=$((SECONDS - t0)) info
+  local took=$((SECONDS - t0)) info problem=""
   info=$(detail "$kind" "$work/$name.log")
-  if ((rc == 0)); then
+  [[ $kind == gtest ]] && ((rc == 0)) && problem=$(gtest_problem "$work/$name.log")
+  if [[ -n $problem ]]; then
+    row "$name" FAIL "$took s; $info; $problem (log: $name.log)"
+    status=1
+    rc=1
+  elif ((rc == 0)); then
     row "$name" pass "$took s; $info"
   elif ((rc == 124 || rc == 137)) && [[ $kind == bench ]]; then
     # A benchmark cut short is no correctness failure: keep the rows it printed.
@@ -201,7 +236,7 @@ step() {
 }
 
 # ---- 0. What runs where, and the preflight ----------------------------------------------------
-row budget "" "$budget s$( ((dry)) && echo '; PAGEDKV_GPU_DRYRUN=1: backend: cuda not required')"
+row budget "" "$budget s$( ((dry)) && echo '; PAGEDKV_GPU_DRYRUN=1: backend: cuda not required')$([[ $only != "  " ]] && echo "; only:$only")"
 if [[ -f $B/MANIFEST ]]; then
   row bundle "" "$(grep -m1 '^built' "$B/MANIFEST" | cut -c1-110)"
   want_hash=$(sed -n 's/^sources //p' "$B/MANIFEST")
@@ -265,17 +300,18 @@ else
 fi
 
 # ---- 1. The device instantiations of the typed tests, the bit-for-bit cross-check ------------
-step tests_backend 90 gtest "$t_backend" --gtest_filter='*Cuda*' --gtest_brief=1
-step tests_kernels 90 gtest "$t_kernels" --gtest_filter='*Cuda*' --gtest_brief=1
+# Not --gtest_brief: the summary then names each skipped test, which the row checks.
+step tests_backend 90 gtest "$t_backend" --gtest_filter='*Cuda*'
+step tests_kernels 90 gtest "$t_kernels" --gtest_filter='*Cuda*'
 # The randomized end-to-end test and the fault sweep run here too: a shorter random run fits.
-step tests_runtime 120 gtest env PAGEDKV_E2E_STEPS=20000 "$t_runtime" --gtest_filter='*Cuda*' --gtest_brief=1
+step tests_runtime 150 gtest env PAGEDKV_E2E_STEPS=20000 "$t_runtime" --gtest_filter='*Cuda*'
 
 # ---- 2. The runtime end to end on the device (upload ring, CoW, offload/restore, events) ------
 step step_loop 60 plain "$x_step_loop"
 step soak_cuda 90 soak "$x_soak" --backend auto --ops 20000 --seed 1
 
 # ---- 3. Benchmarks: the cuda rows only ---------------------------------------------------------
-step bench_kernels 100 bench "$b_kernels" --benchmark_filter='^cuda/' \
+step bench_kernels 80 bench "$b_kernels" --benchmark_filter='^cuda/' \
   --benchmark_min_time=0.05 --benchmark_color=false
 write_bench
 step bench_transfer 80 bench "$b_transfer" --benchmark_filter='/cuda/' \
@@ -308,7 +344,13 @@ else
   done
 fi
 san_args=(--error-exitcode 3 --report-api-errors no --print-limit 50)
-if [[ -z $san ]]; then
+san_selected=0
+for s in memcheck_attn memcheck_kernels memcheck_soak synccheck_scan; do
+  selected "$s" && san_selected=1
+done
+if ((!san_selected)); then
+  :  # PAGEDKV_GPU_ONLY names none of the sanitizer rows
+elif [[ -z $san ]]; then
   if [[ ${PAGEDKV_GPU_SANITIZER:-} == none ]]; then
     row compute-sanitizer skip "PAGEDKV_GPU_SANITIZER=none"
   else

@@ -39,9 +39,12 @@ case $name in
       else
         echo "[  SKIPPED ] 3 tests, listed below:"
       fi
+    elif [[ -n ${STUB_SKIPPED_TEST:-} ]]; then  # a test that skips itself on the device
+      echo "[  SKIPPED ] 1 test, listed below:"
+      echo "[  SKIPPED ] ${STUB_SKIPPED_TEST}"
     fi
     ((fails)) && echo "[  FAILED  ] StubSuite.FailsOnPurpose (0 ms)"
-    echo "[==========] 3 tests from 2 test suites ran. (1 ms total)" ;;
+    echo "[==========] ${STUB_TESTS_RAN:-3} tests from 2 test suites ran. (1 ms total)" ;;
   server_step_loop) echo "server step loop: 16 steps, backend ${STUB_BACKEND:-cpu}" ;;
   pagedkv_soak) echo "ops=20000 mismatches=0 invariant_failures=0 errors=0 ops_per_s=51234" ;;
   pagedkv_bench_kernels)
@@ -88,7 +91,7 @@ run() {
   shift
   out=$tmp/out-$name
   mkdir -p "$out"
-  env -u PAGEDKV_GPU_DRYRUN -u PAGEDKV_GPU_BUDGET -u PAGEDKV_REQUIRE_CUDA \
+  env -u PAGEDKV_GPU_DRYRUN -u PAGEDKV_GPU_BUDGET -u PAGEDKV_REQUIRE_CUDA -u PAGEDKV_GPU_ONLY \
     OUT="$out" PAGEDKV_GPU_SANITIZER="$tmp/compute-sanitizer" "$@" \
     bash "$gpu_run" "${bundle:-$tmp/bundle}" >"$tmp/$name.stdout" 2>&1
   rc=$?
@@ -127,6 +130,7 @@ all_rows=(budget bundle bundle device libs preflight decode_attention tests_back
 # ---- A: a dry run in which everything passes ----------------------------------------------------
 run A PAGEDKV_GPU_DRYRUN=1
 check A "exit 0" test "$rc" -eq 0
+check A "the default budget leaves room for a rerun in a 600 s call" grep -Eq '^budget +420 s' "$out/summary.txt"
 check A "every row, in order" in_order "${all_rows[@]}"
 check A "preflight is 'dry'" test "$(status_of preflight)" = dry
 check A "a stale bundle is noted" grep -q '^bundle  *note  *sources differ' "$out/summary.txt"
@@ -177,6 +181,30 @@ check E "later steps still run" test "$(status_of soak_cuda)" = pass
 check E "every row, in order" in_order "${all_rows[@]}"
 check E "result FAIL" grep -q '^result  *FAIL' <(last_row)
 check E "at most three files in \$OUT" at_most_three_files
+
+# ---- H: a real run in which a device test skips itself: the row fails and names it ---------------
+run H PAGEDKV_GPU_DRYRUN=0 STUB_BACKEND=cuda STUB_SKIPPED_TEST=Backends/KvCacheTest.Offloads/Cuda
+check H "non-zero exit" test "$rc" -ne 0
+check H "tests_runtime FAIL names the skipped test" grep -Eq '^tests_runtime +FAIL .*skipped on the device: Backends/KvCacheTest.Offloads/Cuda' "$out/summary.txt"
+check H "result FAIL" grep -q '^result  *FAIL' <(last_row)
+
+# ---- I: a skip the script allows (a test that needs the CPU backend by design) passes ----------
+run I PAGEDKV_GPU_DRYRUN=0 STUB_BACKEND=cuda \
+  STUB_SKIPPED_TEST=Backends/SharedBlocksTest.WindowPagesAnOffloadStillReadsAreWrittenAfterIt/Cuda
+check I "exit 0" test "$rc" -eq 0
+check I "tests_runtime passes with its skip counted" grep -Eq '^tests_runtime +pass .*; 1 skipped' "$out/summary.txt"
+
+# ---- J: a test step that ran no test (a filter that matched nothing) fails, even in a dry run ----
+run J PAGEDKV_GPU_DRYRUN=1 STUB_TESTS_RAN=0
+check J "non-zero exit" test "$rc" -ne 0
+check J "tests_backend FAIL: ran no test" grep -Eq '^tests_backend +FAIL .*ran no test' "$out/summary.txt"
+
+# ---- K: PAGEDKV_GPU_ONLY reruns the named rows alone, after the preflight ------------------------
+run K PAGEDKV_GPU_DRYRUN=1 PAGEDKV_GPU_ONLY=tests_runtime,bench_step
+check K "exit 0" test "$rc" -eq 0
+check K "the preflight, then only the named rows" in_order budget bundle bundle device libs \
+  preflight decode_attention tests_runtime bench_step result
+check K "the budget row says what was selected" grep -Eq '^budget .*only: tests_runtime bench_step' "$out/summary.txt"
 
 # ---- F: a TERM during a step (the device tool's limit) still leaves a result and the logs -------
 out=$tmp/out-F
