@@ -243,12 +243,16 @@ class KvCache {
 
   /// Queues the offload of an inactive sequence to the host tier on the copy stream.
   Status offload(SequenceId id);
-  /// Queues the restore of an offloaded sequence; later work on the compute stream waits for it.
+  /// Queues the restore of an offloaded sequence. The compute stream does not wait for it now:
+  /// the first call that reads or writes its blocks (build_batch, gather_layer, write_kv,
+  /// reserve, a copy-on-write) orders the compute stream after the copies, so compute queued
+  /// meanwhile overlaps them. (With several KV groups the compute stream waits at once.)
   Status restore(SequenceId id);
   /// Queues, as one transfer job, the restore of those of `ids` that are offloaded (or that hit
   /// host-resident prefix blocks) while free or evictable device blocks suffice, never
-  /// offloading or dropping another sequence; the rest stay on the host. Call it a step ahead
-  /// so the copies overlap compute. kNotFound (nothing queued) for an unknown id.
+  /// offloading or dropping another sequence; the rest stay on the host. Call it a step ahead:
+  /// as with restore(), compute waits for the copies only where it uses the blocks.
+  /// kNotFound (nothing queued) for an unknown id.
   Status prefetch(const std::vector<SequenceId>& ids);
   /// Resident, in flight, or on the host. kNotFound.
   StatusOr<SequenceResidency> residency(SequenceId id);
@@ -378,8 +382,14 @@ class KvCache {
                       DeviceBatch* out);
   // Runs the block copies of a plan, group by group.
   Status run_copies(const std::vector<BlockCopy>& copies);
-  // Clears the block_read_by_job_ entries of the jobs that have completed.
-  void retire_completed_reads();
+  // Records that job `ticket` reads (`read`) or writes device block `block` of group `g`, in the
+  // job's record among those from `first_record` on.
+  void note_job_block(uint64_t ticket, int32_t g, int32_t block, bool read, size_t first_record);
+  // Clears the read_by_job and written_by_job entries of the jobs that have completed.
+  void retire_completed();
+  // Orders the compute stream after the restores still writing any of `blocks` of group `g`
+  // (-1 entries ignored): work queued after this reads or writes them safely.
+  Status order_block_use(int32_t g, const int32_t* blocks, size_t n);
   // kInvalidArgument for another cache's batch; kFailedPrecondition unless `batch` is the last
   // one built and nothing changed since.
   Status check_batch_current(const DeviceBatch& batch) const;
@@ -413,6 +423,13 @@ class KvCache {
     // How many entries of read_by_job are not 0: with none, a write needs no ordering and
     // order_block_reuse() looks nothing up (the usual decode step, with no offload in flight).
     int64_t reads_pending = 0;
+    // Per device block: the transfer job that last wrote it (a restore, a prefetch, a host
+    // prefix onboarded). Compute work that reads or writes the block is ordered after the job
+    // when that work is queued (order_block_use, order_block_reuse), not when the job is, so
+    // compute queued meanwhile overlaps the copies. 0 when none is pending; writes_pending
+    // counts the entries that are not.
+    std::vector<uint64_t> written_by_job;
+    int64_t writes_pending = 0;
     std::unordered_map<SequenceId, SlotUpload> slot_uploads;
     // The host metadata this group's batches point to (the control plane's): a batch pointing
     // elsewhere was built by another cache.
@@ -431,14 +448,16 @@ class KvCache {
   std::unique_ptr<runtime::TransferEngine> transfers_;
   std::unique_ptr<runtime::StorageLink> storage_;  // null without a storage tier
   std::unique_ptr<runtime::UploadArena> uploads_;
-  // The jobs that set entries of a group's read_by_job, with the blocks they read: once a job
-  // has completed, the entries it still holds are cleared (retire_completed_reads()).
-  struct PendingRead {
+  // The jobs that set entries of a group's read_by_job (pending_reads_) or written_by_job
+  // (pending_writes_), with the blocks they read or wrote: once a job has completed, the
+  // entries it still holds are cleared (retire_completed()).
+  struct JobBlocks {
     uint64_t job = 0;
     int32_t group = 0;
     std::vector<int32_t> blocks;
   };
-  std::vector<PendingRead> pending_reads_;
+  std::vector<JobBlocks> pending_reads_;
+  std::vector<JobBlocks> pending_writes_;
   std::vector<int64_t> slot_scratch_;
   // The last build_batch's arrays, one region per group. `generation_` moves on with
   // build_batch and every call that can change a reservation or a block; write_kv_batch

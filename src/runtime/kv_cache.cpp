@@ -115,6 +115,7 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
       cache->pool_info_.host_alloc_ms += ms_since(t0);
     }
     group.read_by_job.assign(static_cast<size_t>(c.num_device_blocks), 0);
+    group.written_by_job.assign(static_cast<size_t>(c.num_device_blocks), 0);
     runtime::TierPools p{group.device, c.num_device_blocks, group.host, c.num_host_blocks,
                          block_bytes};
     if (group.host != nullptr) {
@@ -244,29 +245,25 @@ Status KvCache::run_transfers(const Transfers& t, Submitted* out) {
         transfers_->submit(t.moves, compute_, &out->moves_done);
     PAGEDKV_RETURN_IF_ERROR(ticket.status());
     out->ticket = *ticket;
-    const size_t first_read = pending_reads_.size();
-    for (const BlockMove& m : t.moves) {
-      if (m.src_tier != Tier::kDevice) continue;
-      GroupPool& g = groups_[static_cast<size_t>(m.group)];
-      uint64_t& job = g.read_by_job[static_cast<size_t>(m.src_block)];
-      g.reads_pending += job == 0 ? 1 : 0;
-      job = *ticket;
-      // One record per group the job reads from.
-      auto read = std::find_if(pending_reads_.begin() + static_cast<std::ptrdiff_t>(first_read),
-                               pending_reads_.end(),
-                               [&m](const PendingRead& r) { return r.group == m.group; });
-      if (read == pending_reads_.end()) {
-        pending_reads_.push_back(PendingRead{*ticket, m.group, {}});
-        read = pending_reads_.end() - 1;
-      }
-      read->blocks.push_back(m.src_block);
-    }
-    // Restored blocks are read on the compute stream: it waits for the copies. Offloaded ones
-    // only constrain later writes into their device blocks (order_block_reuse).
+    // Offloaded blocks constrain later writes into their device blocks (order_block_reuse);
+    // restored ones every later use of them on the compute stream, which waits for the job only
+    // when such work is queued (order_block_use), so compute queued meanwhile overlaps the
+    // copies. A window group's pages are ordered per pool, not per page: with several groups
+    // the compute stream waits for a restoring job at once.
     const bool restores = std::any_of(t.moves.begin(), t.moves.end(), [](const BlockMove& m) {
       return m.dst_tier == Tier::kDevice;
     });
-    if (restores) PAGEDKV_RETURN_IF_ERROR(transfers_->order_after(*ticket, compute_));
+    if (restores && num_groups() > 1) {
+      PAGEDKV_RETURN_IF_ERROR(transfers_->order_after(*ticket, compute_));
+    }
+    const size_t first_read = pending_reads_.size();
+    const size_t first_write = pending_writes_.size();
+    for (const BlockMove& m : t.moves) {
+      const bool read = m.src_tier == Tier::kDevice;
+      if (!read && (m.dst_tier != Tier::kDevice || num_groups() > 1)) continue;
+      note_job_block(*ticket, m.group, read ? m.src_block : m.dst_block, read,
+                     read ? first_read : first_write);
+    }
   }
   return run_copies(t.copies);
 }
@@ -284,6 +281,9 @@ Status KvCache::run_copies(const std::vector<BlockCopy>& copies) {
     }
     if (pairs.empty()) continue;
     PAGEDKV_RETURN_IF_ERROR(order_block_reuse(g, written));
+    std::vector<int32_t> sources;  // a source a restore is still writing
+    for (size_t i = 0; i < pairs.size(); i += 2) sources.push_back(pairs[i]);
+    PAGEDKV_RETURN_IF_ERROR(order_block_use(g, sources.data(), sources.size()));
     PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease up, uploads_->upload({part(pairs)}));
     CopyBlocksArgs args;
     args.pairs = up.device<int32_t>(0);
@@ -337,41 +337,90 @@ Status KvCache::recover(const Status& failure, core::TierPlan& plan, int64_t mov
   return Status(failure.code(), failure.message() + " (nothing changed)");
 }
 
-void KvCache::retire_completed_reads() {
+void KvCache::note_job_block(uint64_t ticket, int32_t g, int32_t block, bool read,
+                             size_t first_record) {
+  GroupPool& group = groups_[static_cast<size_t>(g)];
+  uint64_t& job = (read ? group.read_by_job : group.written_by_job)[static_cast<size_t>(block)];
+  (read ? group.reads_pending : group.writes_pending) += job == 0 ? 1 : 0;
+  job = ticket;
+  // One record per group and kind of access the job makes.
+  std::vector<JobBlocks>& records = read ? pending_reads_ : pending_writes_;
+  auto rec = std::find_if(records.begin() + static_cast<std::ptrdiff_t>(first_record),
+                          records.end(), [g](const JobBlocks& r) { return r.group == g; });
+  if (rec == records.end()) {
+    records.push_back(JobBlocks{ticket, g, {}});
+    rec = records.end() - 1;
+  }
+  rec->blocks.push_back(block);
+}
+
+void KvCache::retire_completed() {
   // Jobs may complete out of order (a copy stream per direction): each is asked on its own. An
-  // entry a later job took over, or an ordered write cleared, is left alone.
-  auto done = [this](const PendingRead& r) {
-    const StatusOr<bool> complete = transfers_->is_complete(r.job);
-    if (!complete.ok() || !*complete) return false;
-    GroupPool& g = groups_[static_cast<size_t>(r.group)];
-    for (int32_t b : r.blocks) {
-      uint64_t& job = g.read_by_job[static_cast<size_t>(b)];
-      if (job != r.job) continue;
-      job = 0;
-      --g.reads_pending;
-    }
-    return true;
+  // entry a later job took over, or an ordered access cleared, is left alone.
+  auto retire = [this](std::vector<JobBlocks>& records, bool read) {
+    auto done = [this, read](const JobBlocks& r) {
+      const StatusOr<bool> complete = transfers_->is_complete(r.job);
+      if (!complete.ok() || !*complete) return false;
+      GroupPool& g = groups_[static_cast<size_t>(r.group)];
+      std::vector<uint64_t>& by_job = read ? g.read_by_job : g.written_by_job;
+      for (int32_t b : r.blocks) {
+        uint64_t& job = by_job[static_cast<size_t>(b)];
+        if (job != r.job) continue;
+        job = 0;
+        --(read ? g.reads_pending : g.writes_pending);
+      }
+      return true;
+    };
+    records.erase(std::remove_if(records.begin(), records.end(), done), records.end());
   };
-  pending_reads_.erase(std::remove_if(pending_reads_.begin(), pending_reads_.end(), done),
-                       pending_reads_.end());
+  retire(pending_reads_, true);
+  retire(pending_writes_, false);
 }
 
 Status KvCache::order_block_reuse(int32_t g, const std::vector<int64_t>& slots) {
+  // A write into a block waits for the offload still reading it and the restore still writing
+  // it.
   GroupPool& group = groups_[static_cast<size_t>(g)];
-  if (group.reads_pending == 0) return ok_status();
-  retire_completed_reads();
-  if (group.reads_pending == 0) return ok_status();
+  if (group.reads_pending == 0 && group.writes_pending == 0) return ok_status();
+  retire_completed();
+  if (group.reads_pending == 0 && group.writes_pending == 0) return ok_status();
   runtime::TransferTicket latest = 0;
   for (int64_t slot : slots) {
+    const size_t b = static_cast<size_t>(slot / config_.block_size);
     latest = std::max<runtime::TransferTicket>(
-        latest, group.read_by_job[static_cast<size_t>(slot / config_.block_size)]);
+        latest, std::max(group.read_by_job[b], group.written_by_job[b]));
   }
   if (latest == 0) return ok_status();
   PAGEDKV_RETURN_IF_ERROR(transfers_->order_after(latest, compute_));
-  // Once ordered, later writes on the compute stream follow the job too.
+  // Once ordered, later work on the compute stream follows the job too.
   for (int64_t slot : slots) {
-    uint64_t& job = group.read_by_job[static_cast<size_t>(slot / config_.block_size)];
-    group.reads_pending -= job != 0 ? 1 : 0;
+    const size_t b = static_cast<size_t>(slot / config_.block_size);
+    group.reads_pending -= group.read_by_job[b] != 0 ? 1 : 0;
+    group.writes_pending -= group.written_by_job[b] != 0 ? 1 : 0;
+    group.read_by_job[b] = 0;
+    group.written_by_job[b] = 0;
+  }
+  return ok_status();
+}
+
+Status KvCache::order_block_use(int32_t g, const int32_t* blocks, size_t n) {
+  GroupPool& group = groups_[static_cast<size_t>(g)];
+  if (group.writes_pending == 0) return ok_status();
+  retire_completed();
+  if (group.writes_pending == 0) return ok_status();
+  runtime::TransferTicket latest = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (blocks[i] >= 0) {
+      latest = std::max<runtime::TransferTicket>(
+          latest, group.written_by_job[static_cast<size_t>(blocks[i])]);
+    }
+  }
+  if (latest == 0) return ok_status();
+  PAGEDKV_RETURN_IF_ERROR(transfers_->order_after(latest, compute_));
+  for (size_t i = 0; i < n; ++i) {
+    if (blocks[i] < 0) continue;
+    uint64_t& job = group.written_by_job[static_cast<size_t>(blocks[i])];
+    group.writes_pending -= job != 0 ? 1 : 0;
     job = 0;
   }
   return ok_status();
@@ -380,10 +429,10 @@ Status KvCache::order_block_reuse(int32_t g, const std::vector<int64_t>& slots) 
 Status KvCache::order_group_reuse(int32_t g) {
   GroupPool& group = groups_[static_cast<size_t>(g)];
   if (group.reads_pending == 0) return ok_status();
-  retire_completed_reads();
+  retire_completed();
   if (group.reads_pending == 0) return ok_status();
   runtime::TransferTicket latest = 0;
-  for (const PendingRead& r : pending_reads_) {
+  for (const JobBlocks& r : pending_reads_) {
     if (r.group == g) latest = std::max<runtime::TransferTicket>(latest, r.job);
   }
   PAGEDKV_RETURN_IF_ERROR(transfers_->order_after(latest, compute_));
@@ -690,6 +739,8 @@ StatusOr<DeviceBatch> KvCache::build_batch(const std::vector<SequenceId>& ids,
   // The host metadata every DeviceBatch points to has just been rewritten: an earlier batch is
   // stale from here on, even if the upload below fails (found by tests/fuzz).
   ++generation_;
+  // The batch's readers come after the restores still writing its blocks.
+  PAGEDKV_RETURN_IF_ERROR(order_block_use(0, m->block_tables.data(), m->block_tables.size()));
   DeviceBatch out;
   PAGEDKV_RETURN_IF_ERROR(upload_batch(0, *m, options, &out));
   return out;
@@ -807,6 +858,7 @@ Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* 
   std::vector<int32_t> table;
   table.reserve(blocks.size());
   for (const BlockLocation& b : blocks) table.push_back(b.block);
+  PAGEDKV_RETURN_IF_ERROR(order_block_use(lg.group, table.data(), table.size()));
   PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease up, uploads_->upload({part(table)}));
   args.block_table = up.device<int32_t>(0);
   args.block_table_len = static_cast<int32_t>(table.size());

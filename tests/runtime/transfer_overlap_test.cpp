@@ -1,0 +1,141 @@
+// Transfers that overlap compute, on the CPU backend with slow copies (each copy on the transfer
+// engine's streams sleeps 150 ms): a prefetch or a restore does not make the compute stream wait
+// when it is submitted, so work queued on the compute stream right after it (an event, here)
+// completes while the copies still run; the first call that uses the moved blocks (build_batch,
+// gather_layer, write_kv, a copy-on-write) waits for them, and reads exactly the bytes the
+// sequence had before it was offloaded.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "pagedkv/cache.hpp"
+#include "pagedkv/cpu_backend.hpp"
+#include "runtime/kv_model.hpp"
+#include "support/backend_test.hpp"
+
+namespace pagedkv {
+namespace {
+
+using testing::DeviceBuffer;
+using testing::model_rows;
+
+#define ASSERT_OK(expr)                                        \
+  do {                                                         \
+    const ::pagedkv::Status st_ = (expr);                      \
+    ASSERT_TRUE(st_.ok()) << #expr << ": " << st_.to_string(); \
+  } while (0)
+
+class TransferOverlapTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CpuBackendOptions slow;
+    slow.copy_delay = std::chrono::milliseconds(150);
+    backend_ = create_cpu_backend(slow);
+    config_.num_layers = 2;
+    config_.num_kv_heads = 2;
+    config_.head_dim = 8;
+    config_.block_size = 4;
+    config_.num_device_blocks = 16;
+    config_.num_host_blocks = 16;
+    config_.backend = BackendKind::kCpu;
+    KvCacheOptions o;
+    o.backend = backend_.get();
+    o.transfer_kernel_block_bytes = 0;  // batched copies: one delayed copy per direction
+    auto cache = KvCache::create(config_, o);
+    ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+    cache_ = std::move(cache).value();
+    row_ = static_cast<size_t>(config_.num_kv_heads * config_.head_dim);
+    for (int i = 0; i < 10; ++i) tokens_.push_back(300 + 7 * i);
+    ASSERT_TRUE(cache_->add_sequence(1, tokens_).ok());
+    ASSERT_TRUE(cache_->reserve(1, static_cast<int64_t>(tokens_.size())).ok());
+    for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
+      DeviceBuffer k(*backend_, tokens_.size() * row_ * 2), v(*backend_, tokens_.size() * row_ * 2);
+      k.upload(model_rows(config_, layer, 0, tokens_, 0));
+      v.upload(model_rows(config_, layer, 1, tokens_, 0));
+      ASSERT_OK(cache_->write_kv(1, layer, k.data(), v.data(), DType::kFloat16));
+      ASSERT_OK(cache_->synchronize());
+    }
+    ASSERT_OK(cache_->commit(1, tokens_));
+    ASSERT_OK(cache_->offload(1));
+    ASSERT_OK(cache_->synchronize());
+    ASSERT_EQ(*cache_->residency(1), SequenceResidency::kHost);
+  }
+
+  // Records an event on the compute stream and waits for it; returns whether sequence 1's
+  // transfer was still running once it had completed.
+  bool compute_ran_ahead_of_the_copies() {
+    auto event = backend_->create_event();
+    EXPECT_TRUE(event.ok());
+    EXPECT_TRUE(backend_->record_event(*event, cache_->compute_stream()).ok());
+    EXPECT_TRUE(backend_->synchronize_event(*event).ok());
+    const bool in_flight = *cache_->residency(1) == SequenceResidency::kInFlight;
+    backend_->destroy_event(*event);
+    return in_flight;
+  }
+
+  void expect_model_bytes() {
+    const int64_t n = static_cast<int64_t>(tokens_.size());
+    for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
+      DeviceBuffer k(*backend_, tokens_.size() * row_ * 2), v(*backend_, tokens_.size() * row_ * 2);
+      ASSERT_OK(cache_->gather_layer(1, layer, k.data(), v.data(), DType::kFloat16,
+                                     PackedLayout::kTokenMajor, 0, n));
+      ASSERT_OK(backend_->synchronize_stream(cache_->compute_stream()));
+      EXPECT_EQ(k.download<uint16_t>(), model_rows(config_, layer, 0, tokens_, 0)) << layer;
+      EXPECT_EQ(v.download<uint16_t>(), model_rows(config_, layer, 1, tokens_, 0)) << layer;
+    }
+  }
+
+  CacheConfig config_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<KvCache> cache_;
+  std::vector<TokenId> tokens_;
+  size_t row_ = 0;
+};
+
+TEST_F(TransferOverlapTest, APrefetchLetsComputeRunAheadAndItsFirstReadWaitsForTheCopies) {
+  ASSERT_OK(cache_->prefetch({1}));
+  EXPECT_TRUE(compute_ran_ahead_of_the_copies())
+      << "the compute stream waited for the prefetch when it was submitted";
+  expect_model_bytes();  // gather_layer waits for the copies on the compute stream
+  ASSERT_OK(cache_->check_invariants());
+}
+
+TEST_F(TransferOverlapTest, ARestoreLetsComputeRunAheadAndABatchOfItWaitsForTheCopies) {
+  ASSERT_OK(cache_->restore(1));
+  EXPECT_TRUE(compute_ran_ahead_of_the_copies());
+  // A batch of the sequence: its readers on the compute stream come after the copies.
+  auto batch = cache_->build_batch({1});
+  ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+  auto event = backend_->create_event();
+  ASSERT_TRUE(event.ok());
+  ASSERT_OK(backend_->record_event(*event, cache_->compute_stream()));
+  ASSERT_OK(backend_->synchronize_event(*event));
+  EXPECT_EQ(*cache_->residency(1), SequenceResidency::kDevice)
+      << "work queued after build_batch ran before the restore's copies";
+  backend_->destroy_event(*event);
+  expect_model_bytes();
+}
+
+TEST_F(TransferOverlapTest, AWriteIntoAPrefetchedBlockComesAfterTheCopies) {
+  // Position 10 lands in the sequence's last, partly filled block, which the prefetch brings
+  // back: the write must not be overwritten by the copy still under way.
+  ASSERT_OK(cache_->prefetch({1}));
+  const std::vector<TokenId> next = {999};
+  ASSERT_TRUE(cache_->reserve(1, 1).ok());
+  for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
+    DeviceBuffer k(*backend_, row_ * 2), v(*backend_, row_ * 2);
+    k.upload(model_rows(config_, layer, 0, next, 10));
+    v.upload(model_rows(config_, layer, 1, next, 10));
+    ASSERT_OK(cache_->write_kv(1, layer, k.data(), v.data(), DType::kFloat16));
+    ASSERT_OK(cache_->synchronize());
+  }
+  ASSERT_OK(cache_->commit(1, next));
+  tokens_.push_back(999);
+  expect_model_bytes();
+  ASSERT_OK(cache_->check_invariants());
+}
+
+}  // namespace
+}  // namespace pagedkv
