@@ -21,10 +21,8 @@ import sys
 import tempfile
 
 from peer import Peer, peer_binary, whole_test_timeout
-from stream import fill_gaps, join, receive_until, subscribe
+from stream import follow_workload
 from vllm_types import (
-    DECODER,
-    ENCODER,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -86,26 +84,10 @@ def follow(binary, directory, seed, min_events):
     peer's last answer."""
     with Peer(binary, "--storage-dir", directory, "--device-blocks", 16, "--host-blocks", 8,
               "--replay-buffer", 100000) as peer:
-        received = {}
-        replayed = []
-        published = 0
-        sub = subscribe(peer.endpoint)
-        published += join(peer, sub, received, seed)
-        w = peer.cmd(f"workload {seed + 1000} {min_events}")
-        published += w["events"]
-        last = w["last_seq"]
-        receive_until(sub, received, last)
-        fill_gaps(peer, received, last, replayed)
-        sub.close()
-        assert sorted(received) == list(range(last + 1)), "a sequence gap remains"
+        batches, w, _ = follow_workload(peer, seed, f"workload {seed + 1000} {min_events}")
         model = TieredModel(peer.block_size)
-        events = 0
-        for s in range(last + 1):
-            batch = DECODER.decode(received[s])
-            assert ENCODER.encode(batch) == received[s], f"message {s} is not msgspec's encoding"
-            events += len(batch.events)
+        for s, batch in enumerate(batches):
             model.apply(s, batch)
-        assert events == published, (events, published)
         return model.counts, w
 
 

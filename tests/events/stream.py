@@ -76,3 +76,31 @@ def join(peer, sub, received, first_seed):
         if len(received) > before:
             return published
     raise AssertionError("the subscriber never received a live message")
+
+
+def follow_workload(peer, first_seed, command):
+    """Subscribes to `peer`, runs the workload `command` ("workload SEED MIN_EVENTS") and returns
+    (every message from 0 on as a decoded batch, in order; the workload's answer; the ranges
+    replayed). Checks on the way that no number is missing once replayed, that every message is
+    msgspec's encoding of what it decodes to (a strict decode), and that the batches hold as many
+    events as the peer says it published."""
+    from vllm_types import DECODER, ENCODER
+
+    received, replayed = {}, []
+    sub = subscribe(peer.endpoint)
+    published = join(peer, sub, received, first_seed)
+    w = peer.cmd(command)
+    published += w["events"]
+    last = w["last_seq"]
+    receive_until(sub, received, last)
+    fill_gaps(peer, received, last, replayed)
+    sub.close()
+    assert sorted(received) == list(range(last + 1)), "a sequence gap remains"
+    batches = []
+    for s in range(last + 1):
+        batch = DECODER.decode(received[s])
+        assert ENCODER.encode(batch) == received[s], f"message {s} is not msgspec's encoding"
+        batches.append(batch)
+    events = sum(len(b.events) for b in batches)
+    assert events == published, (events, published)
+    return batches, w, replayed

@@ -22,6 +22,7 @@
 #include "runtime/kv_model.hpp"
 #include "support/backend_test.hpp"
 #include "support/named_stats.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -29,12 +30,6 @@ namespace {
 using testing::DeviceBuffer;
 using testing::kv_value;
 using testing::model_rows;
-
-#define ASSERT_OK(expr)                                        \
-  do {                                                         \
-    const ::pagedkv::Status st_ = (expr);                      \
-    ASSERT_TRUE(st_.ok()) << #expr << ": " << st_.to_string(); \
-  } while (0)
 
 constexpr int32_t kMaxReqs = 4;
 constexpr int32_t kMaxBlocks = 8;

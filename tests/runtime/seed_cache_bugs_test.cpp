@@ -9,6 +9,7 @@
 
 #include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/seed_cache.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -30,12 +31,6 @@ struct Rows {
     }
   }
 };
-
-#define ASSERT_OK(expr)                       \
-  do {                                        \
-    const Status st_ = (expr);                \
-    ASSERT_TRUE(st_.ok()) << st_.to_string(); \
-  } while (0)
 
 class SeedCacheBugsTest : public ::testing::Test {
  protected:

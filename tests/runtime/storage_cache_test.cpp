@@ -23,6 +23,7 @@
 #include "pagedkv/storage_tier.hpp"
 #include "runtime/kv_model.hpp"
 #include "support/backend_test.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -31,12 +32,6 @@ namespace fs = std::filesystem;
 using testing::DeviceBuffer;
 using testing::kv_value;
 using testing::model_rows;
-
-#define ASSERT_OK(expr)                                        \
-  do {                                                         \
-    const ::pagedkv::Status st_ = (expr);                      \
-    ASSERT_TRUE(st_.ok()) << #expr << ": " << st_.to_string(); \
-  } while (0)
 
 // 4 device blocks and 4 host blocks of 4 tokens: a few 2-block prompts push cached blocks
 // through the host tier into storage.

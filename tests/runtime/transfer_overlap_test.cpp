@@ -14,18 +14,13 @@
 #include "pagedkv/cpu_backend.hpp"
 #include "runtime/kv_model.hpp"
 #include "support/backend_test.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
 
 using testing::DeviceBuffer;
 using testing::model_rows;
-
-#define ASSERT_OK(expr)                                        \
-  do {                                                         \
-    const ::pagedkv::Status st_ = (expr);                      \
-    ASSERT_TRUE(st_.ok()) << #expr << ": " << st_.to_string(); \
-  } while (0)
 
 class TransferOverlapTest : public ::testing::Test {
  protected:
