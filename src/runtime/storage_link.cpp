@@ -79,7 +79,10 @@ Status StorageLink::stage(const std::vector<DroppedBlock>& drops, Stream copy_st
     Status st = backend_.record_event(written, compute);
     if (st.ok()) st = backend_.wait_event(copy_stream, written);
     give_event(written);  // reusable at once: a wait captures the event's state when queued
-    PAGEDKV_RETURN_IF_ERROR(st);
+    if (!st.ok()) {
+      writes_dropped_ += static_cast<int64_t>(drops.size());  // nothing was staged
+      return st;
+    }
   }
   StagedBatch batch;
   for (const DroppedBlock& d : drops) {
