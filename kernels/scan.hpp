@@ -38,13 +38,16 @@ struct ExclusiveScanBody {
 
 namespace pagedkv::cuda {
 
-/// Scratch bytes CUB's inclusive int32 sum of n items needs; 0 on failure. Defined in scan.cu.
-size_t cub_inclusive_sum_scratch_bytes(int64_t n);
+/// Scratch bytes CUB's inclusive int32 sum of n items needs on CUDA device `device` (the
+/// backend's: CUB reads the current device's properties); 0 on failure. Defined in scan.cu.
+size_t cub_inclusive_sum_scratch_bytes(int64_t n, int device);
 
 /// out[0] = 0, out[1 .. n] = inclusive sum of in[0 .. n) on the CUDA stream `stream` (a
-/// cudaStream_t), using caller-owned scratch. Returns a cudaError_t as int (0: success).
+/// cudaStream_t of device `device`), using caller-owned scratch. Returns a cudaError_t as int
+/// (0: success). Both calls make `device` current and give the caller's back, and clear the
+/// error of a failed call so that it does not reach the application's next CUDA call.
 int cub_exclusive_indptr(const int32_t* in, int32_t* out, int64_t n, void* scratch,
-                         size_t scratch_bytes, void* stream);
+                         size_t scratch_bytes, void* stream, int device);
 
 /// The name of a cudaError_t returned above.
 const char* cuda_error_name(int error);

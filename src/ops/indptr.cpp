@@ -12,7 +12,8 @@ StatusOr<size_t> build_indptr_scratch_bytes(Backend& backend, int32_t batch_size
   if (batch_size < 0) return invalid_argument("batch_size: negative");
 #if defined(PAGEDKV_WITH_CUDA)
   if (backend.kind() == BackendKind::kCuda && batch_size > 0) {
-    const size_t bytes = cuda::cub_inclusive_sum_scratch_bytes(batch_size);
+    const size_t bytes =
+        cuda::cub_inclusive_sum_scratch_bytes(batch_size, backend.device_ordinal());
     if (bytes == 0) return internal_error("CUB DeviceScan scratch query failed");
     return bytes;
   }
@@ -40,8 +41,9 @@ Status build_indptr(Backend& backend, const BuildIndptrArgs& args, Stream stream
 #if defined(PAGEDKV_WITH_CUDA)
   if (backend.kind() == BackendKind::kCuda) {
     PAGEDKV_ASSIGN_OR_RETURN(void* native, backend.native_stream(stream));
-    const int err = cuda::cub_exclusive_indptr(args.seq_lens, args.indptr, args.batch_size,
-                                               args.scratch, args.scratch_bytes, native);
+    const int err =
+        cuda::cub_exclusive_indptr(args.seq_lens, args.indptr, args.batch_size, args.scratch,
+                                   args.scratch_bytes, native, backend.device_ordinal());
     if (err != 0) {
       return internal_error(std::string("build_indptr: CUB DeviceScan failed: ") +
                             cuda::cuda_error_name(err));

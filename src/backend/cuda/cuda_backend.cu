@@ -14,6 +14,7 @@
 
 #include "backend/cuda/cuda_factory.hpp"
 #include "backend/cuda/cuda_status.hpp"
+#include "backend/cuda/device_guard.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/registry.hpp"
 
@@ -73,29 +74,6 @@ int resident_blocks(KernelId id) {
   }
   return e == cudaSuccess ? blocks : 0;
 }
-
-// Makes the backend's device current for one call and gives the caller's back afterwards, so a
-// server can hold one cache per GPU in one process and keep its own current device.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
-      cudaGetLastError();
-      previous_ = -1;
-    }
-    if (previous_ != device) switched_ = cudaSetDevice(device) == cudaSuccess;
-    if (!switched_ && previous_ != device) cudaGetLastError();  // the call itself will report
-  }
-  ~DeviceGuard() {
-    if (switched_ && previous_ >= 0) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = -1;
-  bool switched_ = false;
-};
 
 class CudaBackend final : public Backend {
  public:
