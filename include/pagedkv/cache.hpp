@@ -52,6 +52,13 @@ class UploadLease;
 /// copy kernel) give the block size at which the two meet (docs/runtime.md, Transfer engine).
 inline constexpr int64_t kDefaultTransferKernelBlockBytes = int64_t{64} << 10;
 
+/// The largest step a server will run, for sizing what a step needs up front.
+struct StepShape {
+  int32_t max_batch = 0;                // sequences in one build_batch
+  int32_t max_blocks_per_sequence = 0;  // blocks of the longest of them
+  int64_t max_tokens = 0;               // slots reserved in one step, over the batch
+};
+
 /// Options of a KvCache that are not part of the configuration.
 struct KvCacheOptions {
   /// Executor to use; not owned, must outlive the cache. Null: create one from config.backend
@@ -68,6 +75,11 @@ struct KvCacheOptions {
   /// the model queued there before the call, and the model's later work sees its results
   /// (transfers on the copy stream are ordered with it by events). Not owned.
   void* native_compute_stream = nullptr;
+  /// With a step shape, the upload arena that carries each step's batch metadata is sized now
+  /// (all its chunks, each large enough for a step of that shape), so a step of at most that
+  /// shape never allocates; a larger one still works and grows the arena then. All zero (the
+  /// default): the arena starts small and grows on demand. kInvalidArgument for a negative field.
+  StepShape step_shape;
   /// Nanosecond clock for retention expiry; defaults to steady_clock.
   std::function<int64_t()> clock;
   /// Record control events for drain_events(), up to event_capacity between drains; a server

@@ -17,6 +17,20 @@ namespace {
 // Grows on demand (UploadArena); small, so that creating a cache is cheap.
 constexpr size_t kInitialUploadBytes = 64 << 10;
 
+// The bytes one build_batch of `shape` uploads (kv_cache.cpp upload_batch: slot mapping, block
+// tables, sequence lengths and CSR), twice over, so that a chunk also holds the next step's
+// smaller uploads before it rolls over. The block tables' row stride grows geometrically:
+// up to twice the longest row.
+size_t step_upload_bytes(const StepShape& shape) {
+  const size_t b = static_cast<size_t>(shape.max_batch);
+  const size_t m = static_cast<size_t>(shape.max_blocks_per_sequence);
+  const size_t slots = 8 * static_cast<size_t>(shape.max_tokens);
+  const size_t tables = 4 * b * 2 * m;
+  const size_t csr = 4 * (b + 1) + 4 * b * m + 4 * b;
+  const size_t alignment = 6 * 256;  // one region per array, each 256-byte aligned
+  return 2 * (slots + tables + 4 * b + csr + alignment);
+}
+
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -60,6 +74,11 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   if (options.transfer_kernel_block_bytes < 0) {
     return invalid_argument("transfer_kernel_block_bytes: negative (" +
                             std::to_string(options.transfer_kernel_block_bytes) + ")");
+  }
+  const StepShape& step = options.step_shape;
+  if (step.max_batch < 0 || step.max_blocks_per_sequence < 0 || step.max_tokens < 0) {
+    return invalid_argument(
+        "step_shape: max_batch, max_blocks_per_sequence and max_tokens must be >= 0");
   }
   if (config.mode != CacheMode::kPaged) {
     return unimplemented("mode: dense mode is not available through KvCache yet");
@@ -142,8 +161,13 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
         runtime::StorageLink::create(be, options.storage, config, cache->groups_[0].device,
                                      cache->groups_[0].host, options.storage_staging_blocks));
   }
-  PAGEDKV_ASSIGN_OR_RETURN(cache->uploads_,
-                           runtime::UploadArena::create(be, cache->compute_, kInitialUploadBytes));
+  const StepShape& shape = options.step_shape;
+  const bool sized = shape.max_batch > 0 || shape.max_tokens > 0;
+  PAGEDKV_ASSIGN_OR_RETURN(
+      cache->uploads_,
+      runtime::UploadArena::create(be, cache->compute_,
+                                   std::max(kInitialUploadBytes, step_upload_bytes(shape)),
+                                   sized ? runtime::UploadArena::kMaxChunks : 1));
   cache->batch_uploads_.resize(static_cast<size_t>(num_groups));
   int64_t device_blocks = 0, host_blocks = 0;
   for (const GroupPool& g : cache->groups_) {

@@ -32,9 +32,13 @@ void UploadLease::reset() {
 }
 
 StatusOr<std::unique_ptr<UploadArena>> UploadArena::create(Backend& backend, Stream stream,
-                                                           size_t capacity) {
+                                                           size_t capacity, size_t chunks) {
   std::unique_ptr<UploadArena> arena(new UploadArena(backend, stream));
   PAGEDKV_ASSIGN_OR_RETURN(arena->current_, arena->new_chunk(pow2_at_least(capacity)));
+  // The others stay idle (never fenced, so at once reusable) until the first is full.
+  for (size_t i = 1; i < std::min(chunks, kMaxChunks); ++i) {
+    PAGEDKV_RETURN_IF_ERROR(arena->new_chunk(pow2_at_least(capacity)).status());
+  }
   return arena;
 }
 

@@ -66,9 +66,11 @@ class UploadArena {
   /// Chunks in flight before an upload waits on the host for the oldest one.
   static constexpr size_t kMaxChunks = 4;
 
-  /// An arena whose first chunk holds `capacity` bytes, used on `stream`.
+  /// An arena used on `stream` with `chunks` chunks (1 to kMaxChunks) of `capacity` bytes each
+  /// allocated now. With kMaxChunks of them, uploads that fit a chunk never allocate: when every
+  /// chunk is in flight, an upload waits for the oldest released one instead.
   static StatusOr<std::unique_ptr<UploadArena>> create(Backend& backend, Stream stream,
-                                                       size_t capacity);
+                                                       size_t capacity, size_t chunks = 1);
   /// Waits for the stream, then frees every chunk. Leases must have been released.
   ~UploadArena();
   UploadArena(const UploadArena&) = delete;
