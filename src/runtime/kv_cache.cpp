@@ -763,8 +763,6 @@ StatusOr<DeviceBatch> KvCache::build_batch(const std::vector<SequenceId>& ids,
   // The host metadata every DeviceBatch points to has just been rewritten: an earlier batch is
   // stale from here on, even if the upload below fails (found by tests/fuzz).
   ++generation_;
-  // The batch's readers come after the restores still writing its blocks.
-  PAGEDKV_RETURN_IF_ERROR(order_block_use(0, m->block_tables.data(), m->block_tables.size()));
   DeviceBatch out;
   PAGEDKV_RETURN_IF_ERROR(upload_batch(0, *m, options, &out));
   return out;
@@ -788,6 +786,9 @@ StatusOr<std::vector<DeviceBatch>> KvCache::build_batches(const std::vector<Sequ
 Status KvCache::upload_batch(int32_t g, const BatchMetadata& m, const BatchOptions& options,
                              DeviceBatch* out) {
   groups_[static_cast<size_t>(g)].built = &m;
+  // The batch's readers come after the restores still writing its blocks (build_batch and
+  // build_batches alike).
+  PAGEDKV_RETURN_IF_ERROR(order_block_use(g, m.block_tables.data(), m.block_tables.size()));
   // One packed upload: every array lives until the next build_batch (DeviceBatch's contract).
   PAGEDKV_ASSIGN_OR_RETURN(
       runtime::UploadLease up,
