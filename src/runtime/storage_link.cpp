@@ -283,7 +283,14 @@ StatusOr<StorageFetch> StorageLink::fetch(core::ControlPlane& control,
   out.blocks = static_cast<int64_t>(r.keys.size());
   out.reach = control.storage_reach(lookup, out.blocks);
   waiting_reads_.push_back(std::move(r));
-  PAGEDKV_RETURN_IF_ERROR(poll(control));
+  // The fetch is done: its arrival is registered and its read queued. Moving the queues on
+  // here only starts the read sooner; a failed step (an event query) keeps its work for the
+  // next poll, which reports it, so it must not turn this success into a failure that changed
+  // the cache.
+  const Status progressed = poll(control);
+  if (!progressed.ok()) {
+    detail::logger().warn("storage: poll after a fetch: {}", progressed.message());
+  }
   return out;
 }
 

@@ -63,7 +63,9 @@ class StorageLink {
   /// `prompt` (-1: no bound; see ControlPlane::storage_lookup) into host slots (free ones, then
   /// those of the least recently used cached host blocks, which are written back first: see
   /// ControlPlane::begin_arrival); says how many are on their way and how far a hit reaches once
-  /// they land. A window's blocks are fetched all or none.
+  /// they land. A window's blocks are fetched all or none. Once the read is queued the fetch has
+  /// succeeded: the poll that follows it only starts the read sooner, and its error is left to
+  /// the next poll.
   StatusOr<StorageFetch> fetch(core::ControlPlane& control, const std::vector<TokenId>& prompt,
                                NamespaceId ns, int64_t max_cached, Stream copy_stream,
                                Stream compute);

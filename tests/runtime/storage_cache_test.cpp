@@ -20,6 +20,7 @@
 
 #include "pagedkv/cache.hpp"
 #include "pagedkv/cpu_backend.hpp"
+#include "pagedkv/fault_injection.hpp"
 #include "pagedkv/storage_tier.hpp"
 #include "runtime/kv_model.hpp"
 #include "support/backend_test.hpp"
@@ -81,7 +82,7 @@ class StorageCacheTest : public ::testing::Test {
     ASSERT_TRUE(store.ok()) << store.status().to_string();
     store_ = std::move(store).value();
     KvCacheOptions o;
-    o.backend = backend_.get();
+    o.backend = faults_ != nullptr ? static_cast<Backend*>(faults_.get()) : backend_.get();
     o.storage = store_.get();
     o.storage_staging_blocks = staging;
     auto cache = KvCache::create(c, o);
@@ -175,6 +176,7 @@ class StorageCacheTest : public ::testing::Test {
   std::string dir_;
   CacheConfig config_;
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<FaultInjectionBackend> faults_;  // wraps backend_ for the caches open() makes
   std::unique_ptr<StorageTier> store_;
   std::unique_ptr<KvCache> cache_;
 };
@@ -229,6 +231,36 @@ TEST_F(StorageCacheTest, ARestartedCacheFetchesAPromptFromStorageAndReadsTheSame
 
   // A prompt the store never saw fetches nothing.
   EXPECT_EQ(*cache_->fetch_from_storage(prompt(99)), 0);
+}
+
+// Found by the fuzzer (a timing-dependent event query): the fetch had registered its arrival
+// and queued its read when the poll that follows failed an event query, and the fetch returned
+// that error with a host slot taken. The fetch succeeds; the read lands at a later poll.
+TEST_F(StorageCacheTest, AFailedPollAfterAFetchLeavesTheFetchDoneAndTheReadLands) {
+  open(small_config());
+  push_through_to_storage(6);
+  ASSERT_GE(cache_->stats().storage_blocks_written, 2);
+
+  faults_ = std::make_unique<FaultInjectionBackend>(*backend_);
+  open(small_config());  // a restart, on the fault-injecting backend
+  faults_->reset_counts();
+  faults_->fail_nth(FaultKind::kSync, 1);  // the first event query: the poll after the read
+  const std::vector<TokenId> p0 = prompt(0);
+  auto fetched = cache_->fetch_from_storage(p0);
+  ASSERT_TRUE(fetched.ok()) << fetched.status().to_string();
+  EXPECT_EQ(faults_->injected(), 1) << "the query after the read was queued failed";
+  EXPECT_EQ(*fetched, 2);
+  expect_invariants();
+  ASSERT_OK(cache_->flush_storage());
+  EXPECT_EQ(cache_->storage_in_flight(), 0);
+  EXPECT_EQ(cache_->stats().storage_hit_blocks, 2);
+  auto cached = cache_->add_sequence(42, p0);
+  ASSERT_TRUE(cached.ok()) << cached.status().to_string();
+  EXPECT_EQ(*cached, 8);
+  ASSERT_TRUE(cache_->reserve(42, 1).ok());
+  expect_invariants();
+  expect_model_bytes(42, p0, 8);
+  cache_.reset();  // before the wrapper it runs on
 }
 
 TEST_F(StorageCacheTest, TwoProcessesSharePrefixesThroughTheStore) {
