@@ -380,11 +380,10 @@ class KvCache {
   // Takes a failed plan back (control plane undone, queued moves copied back) and returns
   // `failure`; when that fails too, the cache is marked unusable and that error returned.
   Status recover(const Status& failure, core::TierPlan& plan, int64_t moves_done);
-  // Orders the compute stream after the offloads still reading the device blocks of group
-  // `g` that `slots` (of that group's pool) write.
-  Status order_block_reuse(int32_t g, const std::vector<int64_t>& slots);
-  // Orders the compute stream after every offload still reading a block of group `g`.
-  Status order_group_reuse(int32_t g);
+  // Orders the compute stream after the offloads still reading, and the restores still
+  // writing, the device blocks of group `g` that `slots` (of that group's pool; -1 entries
+  // ignored) write.
+  Status order_block_reuse(int32_t g, const int64_t* slots, size_t n);
   // kOutOfRange unless 0 <= g < num_groups().
   Status check_group(int32_t g) const;
   // Forgets the uploaded slots of `id`'s reservation in every group.

@@ -269,22 +269,15 @@ Status KvCache::run_transfers(const Transfers& t, Submitted* out) {
         transfers_->submit(t.moves, compute_, &out->moves_done);
     PAGEDKV_RETURN_IF_ERROR(ticket.status());
     out->ticket = *ticket;
-    // Offloaded blocks constrain later writes into their device blocks (order_block_reuse);
+    // Offloaded blocks (and window pages) constrain later writes into them (order_block_reuse);
     // restored ones every later use of them on the compute stream, which waits for the job only
     // when such work is queued (order_block_use), so compute queued meanwhile overlaps the
-    // copies. A window group's pages are ordered per pool, not per page: with several groups
-    // the compute stream waits for a restoring job at once.
-    const bool restores = std::any_of(t.moves.begin(), t.moves.end(), [](const BlockMove& m) {
-      return m.dst_tier == Tier::kDevice;
-    });
-    if (restores && num_groups() > 1) {
-      PAGEDKV_RETURN_IF_ERROR(transfers_->order_after(*ticket, compute_));
-    }
+    // copies. Every group is ordered per block.
     const size_t first_read = pending_reads_.size();
     const size_t first_write = pending_writes_.size();
     for (const BlockMove& m : t.moves) {
       const bool read = m.src_tier == Tier::kDevice;
-      if (!read && (m.dst_tier != Tier::kDevice || num_groups() > 1)) continue;
+      if (!read && m.dst_tier != Tier::kDevice) continue;
       note_job_block(*ticket, m.group, read ? m.src_block : m.dst_block, read,
                      read ? first_read : first_write);
     }
@@ -304,7 +297,7 @@ Status KvCache::run_copies(const std::vector<BlockCopy>& copies) {
       written.push_back(static_cast<int64_t>(c.dst_block) * config_.block_size);
     }
     if (pairs.empty()) continue;
-    PAGEDKV_RETURN_IF_ERROR(order_block_reuse(g, written));
+    PAGEDKV_RETURN_IF_ERROR(order_block_reuse(g, written.data(), written.size()));
     std::vector<int32_t> sources;  // a source a restore is still writing
     for (size_t i = 0; i < pairs.size(); i += 2) sources.push_back(pairs[i]);
     PAGEDKV_RETURN_IF_ERROR(order_block_use(g, sources.data(), sources.size()));
@@ -401,7 +394,7 @@ void KvCache::retire_completed() {
   retire(pending_writes_, false);
 }
 
-Status KvCache::order_block_reuse(int32_t g, const std::vector<int64_t>& slots) {
+Status KvCache::order_block_reuse(int32_t g, const int64_t* slots, size_t n) {
   // A write into a block waits for the offload still reading it and the restore still writing
   // it.
   GroupPool& group = groups_[static_cast<size_t>(g)];
@@ -409,16 +402,18 @@ Status KvCache::order_block_reuse(int32_t g, const std::vector<int64_t>& slots) 
   retire_completed();
   if (group.reads_pending == 0 && group.writes_pending == 0) return ok_status();
   runtime::TransferTicket latest = 0;
-  for (int64_t slot : slots) {
-    const size_t b = static_cast<size_t>(slot / config_.block_size);
+  for (size_t i = 0; i < n; ++i) {
+    if (slots[i] < 0) continue;
+    const size_t b = static_cast<size_t>(slots[i] / config_.block_size);
     latest = std::max<runtime::TransferTicket>(
         latest, std::max(group.read_by_job[b], group.written_by_job[b]));
   }
   if (latest == 0) return ok_status();
   PAGEDKV_RETURN_IF_ERROR(transfers_->order_after(latest, compute_));
   // Once ordered, later work on the compute stream follows the job too.
-  for (int64_t slot : slots) {
-    const size_t b = static_cast<size_t>(slot / config_.block_size);
+  for (size_t i = 0; i < n; ++i) {
+    if (slots[i] < 0) continue;
+    const size_t b = static_cast<size_t>(slots[i] / config_.block_size);
     group.reads_pending -= group.read_by_job[b] != 0 ? 1 : 0;
     group.writes_pending -= group.written_by_job[b] != 0 ? 1 : 0;
     group.read_by_job[b] = 0;
@@ -447,23 +442,6 @@ Status KvCache::order_block_use(int32_t g, const int32_t* blocks, size_t n) {
     group.writes_pending -= job != 0 ? 1 : 0;
     job = 0;
   }
-  return ok_status();
-}
-
-Status KvCache::order_group_reuse(int32_t g) {
-  GroupPool& group = groups_[static_cast<size_t>(g)];
-  if (group.reads_pending == 0) return ok_status();
-  retire_completed();
-  if (group.reads_pending == 0) return ok_status();
-  runtime::TransferTicket latest = 0;
-  for (const JobBlocks& r : pending_reads_) {
-    if (r.group == g) latest = std::max<runtime::TransferTicket>(latest, r.job);
-  }
-  PAGEDKV_RETURN_IF_ERROR(transfers_->order_after(latest, compute_));
-  // Every later write into the group's pool follows the jobs now (order_after covers the
-  // earlier jobs too).
-  std::fill(group.read_by_job.begin(), group.read_by_job.end(), 0);
-  group.reads_pending = 0;
   return ok_status();
 }
 
@@ -506,7 +484,7 @@ StatusOr<const int64_t*> KvCache::device_slots(SequenceId id, int32_t g, int64_t
     return failed_precondition("sequence " + std::to_string(id) + ": nothing reserved to write");
   }
   // A block of the reservation may have been read by an offload that is still running.
-  PAGEDKV_RETURN_IF_ERROR(order_block_reuse(g, slot_scratch_));
+  PAGEDKV_RETURN_IF_ERROR(order_block_reuse(g, slot_scratch_.data(), slot_scratch_.size()));
   SlotUpload& up = groups_[static_cast<size_t>(g)].slot_uploads[id];
   // Uploaded once per reservation, kept (leased) while the slots stay the same. An upload that
   // a failing op then ignores changes nothing observable.
@@ -708,12 +686,10 @@ Status KvCache::carry_out(core::TierPlan& plan) {
   // taken back.
   Submitted sub;
   Status s = run_transfers(plan.transfers(), &sub);
-  if (s.ok()) s = order_block_reuse(full_group_, plan.slots());
-  // A window group's new pages are not listed: a reservation that an offload in flight may
-  // still be reading from orders every write into that group's pool after it.
-  for (int32_t g = 0; g < num_groups() && s.ok() && !plan.slots().empty(); ++g) {
-    if (g != full_group_) s = order_group_reuse(g);
-  }
+  // The full group's new slots are listed: their writes follow the jobs still using them from
+  // here on. A window group's new pages are not: its writers order themselves (write_kv through
+  // device_slots, a batch's writes when it is built: upload_batch).
+  if (s.ok()) s = order_block_reuse(full_group_, plan.slots().data(), plan.slots().size());
   if (!s.ok()) return recover(s, plan, sub.moves_done);
   note_transfers(plan.transfers(), sub.ticket);
   plan.commit();
@@ -786,9 +762,11 @@ StatusOr<std::vector<DeviceBatch>> KvCache::build_batches(const std::vector<Sequ
 Status KvCache::upload_batch(int32_t g, const BatchMetadata& m, const BatchOptions& options,
                              DeviceBatch* out) {
   groups_[static_cast<size_t>(g)].built = &m;
-  // The batch's readers come after the restores still writing its blocks (build_batch and
-  // build_batches alike).
+  // The batch's readers come after the restores still writing its blocks, and its writes
+  // after the offloads still reading the blocks its slots reuse (build_batch and build_batches
+  // alike; for the full group the reservation has ordered those already).
   PAGEDKV_RETURN_IF_ERROR(order_block_use(g, m.block_tables.data(), m.block_tables.size()));
+  PAGEDKV_RETURN_IF_ERROR(order_block_reuse(g, m.slot_mapping.data(), m.slot_mapping.size()));
   // One packed upload: every array lives until the next build_batch (DeviceBatch's contract).
   PAGEDKV_ASSIGN_OR_RETURN(
       runtime::UploadLease up,

@@ -3,11 +3,15 @@
 // when it is submitted, so work queued on the compute stream right after it (an event, here)
 // completes while the copies still run; the first call that uses the moved blocks (build_batch,
 // gather_layer, write_kv, a copy-on-write) waits for them, and reads exactly the bytes the
-// sequence had before it was offloaded.
+// sequence had before it was offloaded. Each case runs on a one-group cache and on a cache
+// whose layers alternate full attention and a sliding window (two groups sharing their logical
+// blocks), where every group is ordered per block too; and a reservation in that cache does not
+// wait for an offload still reading other window pages.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "pagedkv/cache.hpp"
@@ -22,40 +26,84 @@ namespace {
 using testing::DeviceBuffer;
 using testing::model_rows;
 
-class TransferOverlapTest : public ::testing::Test {
+// The two-group cache: layers 0 and 2 full attention, 1 and 3 a sliding window of 16 tokens
+// (longer than the sequence, so every position stays readable) with their own shape.
+CacheConfig hybrid_config() {
+  CacheConfig c;
+  c.num_layers = 4;
+  c.block_size = 4;
+  c.backend = BackendKind::kCpu;
+  KvGroup full;
+  full.name = "full";
+  full.layers = {0, 2};
+  full.num_kv_heads = 2;
+  full.head_dim = 8;
+  full.num_device_blocks = 16;
+  full.num_host_blocks = 16;
+  KvGroup window = full;
+  window.name = "window";
+  window.layers = {1, 3};
+  window.num_kv_heads = 1;
+  window.head_dim = 16;
+  window.sliding_window = 16;
+  c.groups = {full, window};
+  return c;
+}
+
+class TransferOverlapTest : public ::testing::TestWithParam<bool> {
  protected:
+  bool hybrid() const { return GetParam(); }
+
   void SetUp() override {
     CpuBackendOptions slow;
     slow.copy_delay = std::chrono::milliseconds(150);
     backend_ = create_cpu_backend(slow);
-    config_.num_layers = 2;
-    config_.num_kv_heads = 2;
-    config_.head_dim = 8;
-    config_.block_size = 4;
-    config_.num_device_blocks = 16;
-    config_.num_host_blocks = 16;
-    config_.backend = BackendKind::kCpu;
+    if (hybrid()) {
+      config_ = hybrid_config();
+    } else {
+      config_.num_layers = 2;
+      config_.num_kv_heads = 2;
+      config_.head_dim = 8;
+      config_.block_size = 4;
+      config_.num_device_blocks = 16;
+      config_.num_host_blocks = 16;
+      config_.backend = BackendKind::kCpu;
+    }
     KvCacheOptions o;
     o.backend = backend_.get();
     o.transfer_kernel_block_bytes = 0;  // batched copies: one delayed copy per direction
     auto cache = KvCache::create(config_, o);
     ASSERT_TRUE(cache.ok()) << cache.status().to_string();
     cache_ = std::move(cache).value();
-    row_ = static_cast<size_t>(config_.num_kv_heads * config_.head_dim);
     for (int i = 0; i < 10; ++i) tokens_.push_back(300 + 7 * i);
     ASSERT_TRUE(cache_->add_sequence(1, tokens_).ok());
     ASSERT_TRUE(cache_->reserve(1, static_cast<int64_t>(tokens_.size())).ok());
-    for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
-      DeviceBuffer k(*backend_, tokens_.size() * row_ * 2), v(*backend_, tokens_.size() * row_ * 2);
-      k.upload(model_rows(config_, layer, 0, tokens_, 0));
-      v.upload(model_rows(config_, layer, 1, tokens_, 0));
-      ASSERT_OK(cache_->write_kv(1, layer, k.data(), v.data(), DType::kFloat16));
-      ASSERT_OK(cache_->synchronize());
-    }
+    write_model(1, tokens_, 0);
     ASSERT_OK(cache_->commit(1, tokens_));
     ASSERT_OK(cache_->offload(1));
     ASSERT_OK(cache_->synchronize());
     ASSERT_EQ(*cache_->residency(1), SequenceResidency::kHost);
+  }
+
+  // The shape of `layer`'s group.
+  CacheConfig layer_config(int32_t layer) const {
+    return config_.group_config(config_.layer_groups()[static_cast<size_t>(layer)].group);
+  }
+  size_t row(int32_t layer) const {
+    const CacheConfig c = layer_config(layer);
+    return static_cast<size_t>(c.num_kv_heads * c.head_dim);
+  }
+
+  // Writes the model's K/V of `tokens` at positions start.. of `id` into every layer.
+  void write_model(SequenceId id, const std::vector<TokenId>& tokens, int64_t start) {
+    for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
+      DeviceBuffer k(*backend_, tokens.size() * row(layer) * 2),
+          v(*backend_, tokens.size() * row(layer) * 2);
+      k.upload(model_rows(layer_config(layer), layer, 0, tokens, start));
+      v.upload(model_rows(layer_config(layer), layer, 1, tokens, start));
+      ASSERT_OK(cache_->write_kv(id, layer, k.data(), v.data(), DType::kFloat16));
+      ASSERT_OK(cache_->synchronize());
+    }
   }
 
   // Records an event on the compute stream and waits for it; returns whether sequence 1's
@@ -73,12 +121,15 @@ class TransferOverlapTest : public ::testing::Test {
   void expect_model_bytes() {
     const int64_t n = static_cast<int64_t>(tokens_.size());
     for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
-      DeviceBuffer k(*backend_, tokens_.size() * row_ * 2), v(*backend_, tokens_.size() * row_ * 2);
+      DeviceBuffer k(*backend_, tokens_.size() * row(layer) * 2),
+          v(*backend_, tokens_.size() * row(layer) * 2);
       ASSERT_OK(cache_->gather_layer(1, layer, k.data(), v.data(), DType::kFloat16,
                                      PackedLayout::kTokenMajor, 0, n));
       ASSERT_OK(backend_->synchronize_stream(cache_->compute_stream()));
-      EXPECT_EQ(k.download<uint16_t>(), model_rows(config_, layer, 0, tokens_, 0)) << layer;
-      EXPECT_EQ(v.download<uint16_t>(), model_rows(config_, layer, 1, tokens_, 0)) << layer;
+      EXPECT_EQ(k.download<uint16_t>(), model_rows(layer_config(layer), layer, 0, tokens_, 0))
+          << layer;
+      EXPECT_EQ(v.download<uint16_t>(), model_rows(layer_config(layer), layer, 1, tokens_, 0))
+          << layer;
     }
   }
 
@@ -86,10 +137,9 @@ class TransferOverlapTest : public ::testing::Test {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<KvCache> cache_;
   std::vector<TokenId> tokens_;
-  size_t row_ = 0;
 };
 
-TEST_F(TransferOverlapTest, APrefetchLetsComputeRunAheadAndItsFirstReadWaitsForTheCopies) {
+TEST_P(TransferOverlapTest, APrefetchLetsComputeRunAheadAndItsFirstReadWaitsForTheCopies) {
   ASSERT_OK(cache_->prefetch({1}));
   EXPECT_TRUE(compute_ran_ahead_of_the_copies())
       << "the compute stream waited for the prefetch when it was submitted";
@@ -97,11 +147,12 @@ TEST_F(TransferOverlapTest, APrefetchLetsComputeRunAheadAndItsFirstReadWaitsForT
   ASSERT_OK(cache_->check_invariants());
 }
 
-TEST_F(TransferOverlapTest, ARestoreLetsComputeRunAheadAndABatchOfItWaitsForTheCopies) {
+TEST_P(TransferOverlapTest, ARestoreLetsComputeRunAheadAndABatchOfItWaitsForTheCopies) {
   ASSERT_OK(cache_->restore(1));
   EXPECT_TRUE(compute_ran_ahead_of_the_copies());
-  // A batch of the sequence: its readers on the compute stream come after the copies.
-  auto batch = cache_->build_batch({1});
+  // A batch of the sequence (each group's): its readers on the compute stream come after the
+  // copies.
+  auto batch = cache_->build_batches({1});
   ASSERT_TRUE(batch.ok()) << batch.status().to_string();
   auto event = backend_->create_event();
   ASSERT_TRUE(event.ok());
@@ -113,24 +164,49 @@ TEST_F(TransferOverlapTest, ARestoreLetsComputeRunAheadAndABatchOfItWaitsForTheC
   expect_model_bytes();
 }
 
-TEST_F(TransferOverlapTest, AWriteIntoAPrefetchedBlockComesAfterTheCopies) {
+TEST_P(TransferOverlapTest, AWriteIntoAPrefetchedBlockComesAfterTheCopies) {
   // Position 10 lands in the sequence's last, partly filled block, which the prefetch brings
   // back: the write must not be overwritten by the copy still under way.
   ASSERT_OK(cache_->prefetch({1}));
   const std::vector<TokenId> next = {999};
   ASSERT_TRUE(cache_->reserve(1, 1).ok());
-  for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
-    DeviceBuffer k(*backend_, row_ * 2), v(*backend_, row_ * 2);
-    k.upload(model_rows(config_, layer, 0, next, 10));
-    v.upload(model_rows(config_, layer, 1, next, 10));
-    ASSERT_OK(cache_->write_kv(1, layer, k.data(), v.data(), DType::kFloat16));
-    ASSERT_OK(cache_->synchronize());
-  }
+  write_model(1, next, 10);
   ASSERT_OK(cache_->commit(1, next));
   tokens_.push_back(999);
   expect_model_bytes();
   ASSERT_OK(cache_->check_invariants());
 }
+
+// Review finding N2-4: a reservation in a cache with a window group waited for every offload
+// still reading any page of that group. Sequence 2 reserves a token inside its last block (no
+// new block, no new page) while sequence 1's offload still reads its blocks and pages: the
+// compute stream does not wait for that offload.
+TEST_P(TransferOverlapTest, AReservationDoesNotWaitForAnOffloadReadingOtherBlocks) {
+  ASSERT_OK(cache_->restore(1));
+  ASSERT_OK(cache_->synchronize());
+  const std::vector<TokenId> second = {11, 12, 13, 14, 15};  // two blocks, the second has room
+  ASSERT_EQ(*cache_->add_sequence(2, second), 0);
+  ASSERT_TRUE(cache_->reserve(2, 5).ok());
+  write_model(2, second, 0);
+  ASSERT_OK(cache_->commit(2, second));
+  ASSERT_OK(cache_->offload(1));
+  ASSERT_EQ(*cache_->residency(1), SequenceResidency::kInFlight);
+  ASSERT_TRUE(cache_->reserve(2, 1).ok());
+  EXPECT_TRUE(compute_ran_ahead_of_the_copies())
+      << "the reservation made the compute stream wait for the offload";
+  write_model(2, {16}, 5);
+  ASSERT_OK(cache_->commit(2, {16}));
+  ASSERT_OK(cache_->synchronize());
+  ASSERT_OK(cache_->restore(1));
+  expect_model_bytes();  // the offload read sequence 1's bytes, not sequence 2's
+  ASSERT_OK(cache_->check_invariants());
+}
+
+INSTANTIATE_TEST_SUITE_P(Groups, TransferOverlapTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? std::string("FullAndWindow")
+                                             : std::string("OneGroup");
+                         });
 
 }  // namespace
 }  // namespace pagedkv
