@@ -75,10 +75,56 @@ int resident_blocks(KernelId id) {
   return e == cudaSuccess ? blocks : 0;
 }
 
+// Whether cudaMemcpyBatchAsync works here: a 2-region, 1-byte-each device-to-device batch on a
+// private stream, whose bytes are read back. A driver older than the toolkit, or a virtualised
+// host that does not know the call, may refuse it with any error code (not only
+// cudaErrorNotSupported), or accept it and do nothing; any failure picks the per-copy loop for
+// the backend's life. The probe's errors are cleared, so none reaches the application.
+bool probe_memcpy_batch() {
+#if CUDART_VERSION >= 12080
+  unsigned char* scratch = nullptr;
+  cudaStream_t stream = nullptr;
+  bool works = false;
+  if (cudaMalloc(&scratch, 4) == cudaSuccess &&
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess) {
+    unsigned char bytes[4] = {0x5a, 0xa5, 0, 0};
+    void* dsts[2] = {scratch + 2, scratch + 3};
+    const void* srcs[2] = {scratch, scratch + 1};
+    size_t sizes[2] = {1, 1};
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t attr_index = 0;
+    bool ok = cudaMemcpyAsync(scratch, bytes, 4, cudaMemcpyHostToDevice, stream) == cudaSuccess;
+#if CUDART_VERSION >= 13000
+    ok = ok && cudaMemcpyBatchAsync(dsts, srcs, sizes, 2, &attr, &attr_index, 1, stream) ==
+                   cudaSuccess;
+#else
+    size_t fail_index = 0;
+    ok = ok && cudaMemcpyBatchAsync(dsts, const_cast<void**>(srcs), sizes, 2, &attr, &attr_index,
+                                    1, &fail_index, stream) == cudaSuccess;
+#endif
+    unsigned char back[4] = {0, 0, 0, 0};
+    ok = ok && cudaMemcpyAsync(back, scratch, 4, cudaMemcpyDeviceToHost, stream) == cudaSuccess;
+    ok = cudaStreamSynchronize(stream) == cudaSuccess && ok;
+    works = ok && back[2] == 0x5a && back[3] == 0xa5;
+  }
+  if (stream != nullptr) cudaStreamDestroy(stream);
+  if (scratch != nullptr) cudaFree(scratch);
+  cudaGetLastError();  // leave no error of the probe behind
+  return works;
+#else
+  return false;  // a toolkit without cudaMemcpyBatchAsync
+#endif
+}
+
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, cudaStream_t default_stream, const cudaDeviceProp& props)
-      : device_(device), default_stream_(default_stream), props_(props) {
+  CudaBackend(int device, cudaStream_t default_stream, const cudaDeviceProp& props,
+              bool batch_supported)
+      : device_(device),
+        default_stream_(default_stream),
+        props_(props),
+        batch_supported_(batch_supported) {
     // Per body, the blocks that are resident at once on every SM (from its registers: a cap
     // of SMs x threads per SM / 256 ignored them and left a partial second wave); grid-stride
     // loops cover the rest. The factory made `device` current.
@@ -109,7 +155,8 @@ class CudaBackend final : public Backend {
   std::string description() const override {
     return std::string("cuda: ") + props_.name + " (" + std::to_string(props_.multiProcessorCount) +
            " SMs, sm_" + std::to_string(props_.major) + std::to_string(props_.minor) + ", " +
-           std::to_string(props_.totalGlobalMem >> 20) + " MiB)";
+           std::to_string(props_.totalGlobalMem >> 20) + " MiB; copy batches: " +
+           (batch_supported_ ? "cudaMemcpyBatchAsync" : "one cudaMemcpyAsync per region") + ")";
   }
 
   StatusOr<void*> allocate_device(size_t bytes) override {
@@ -293,10 +340,10 @@ class CudaBackend final : public Backend {
     }
 #if CUDART_VERSION >= 12080
     // One submission for the whole batch. The legacy stream (a wrapped 0 or cudaStreamLegacy) is
-    // refused by cudaMemcpyBatchAsync, and a driver older than the toolkit lacks it: both take
-    // the loop below.
-    if (dsts.size() > 1 && s != nullptr && s != cudaStreamLegacy &&
-        batch_supported_.load(std::memory_order_relaxed)) {
+    // refused by cudaMemcpyBatchAsync, and where the probe at creation found the call missing or
+    // broken (probe_memcpy_batch) every batch takes the loop below: the path never changes at
+    // run time, so an error here is the copy's own.
+    if (dsts.size() > 1 && s != nullptr && s != cudaStreamLegacy && batch_supported_) {
       // The sources are written by work queued earlier on the stream: read them in stream order.
       cudaMemcpyAttributes attr{};
       attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
@@ -310,13 +357,8 @@ class CudaBackend final : public Backend {
           cudaMemcpyBatchAsync(dsts.data(), const_cast<void**>(srcs.data()), sizes.data(),
                                dsts.size(), &attr, &attr_index, 1, &fail_index, s);
 #endif
-      if (err == cudaSuccess) return ok_status();
-      if (err != cudaErrorNotSupported && err != cudaErrorCallRequiresNewerDriver) {
-        return check(err, "cudaMemcpyBatchAsync(dsts, srcs, sizes, n, &attr, &idx, 1, s)", __FILE__,
-                     __LINE__);
-      }
-      (void)cudaGetLastError();  // not sticky: clear it and use the loop from now on
-      batch_supported_.store(false, std::memory_order_relaxed);
+      return check(err, "cudaMemcpyBatchAsync(dsts, srcs, sizes, n, &attr, &idx, 1, s)", __FILE__,
+                   __LINE__);
     }
 #endif
     for (size_t i = 0; i < dsts.size(); ++i) {
@@ -394,12 +436,12 @@ class CudaBackend final : public Backend {
   int device_;
   cudaStream_t default_stream_;
   cudaDeviceProp props_;
+  const bool batch_supported_;  // cudaMemcpyBatchAsync passed the probe at creation
   std::array<int, static_cast<size_t>(KernelId::kCount)> max_blocks_{};
   std::unordered_set<void*> streams_;  // created here: synchronized and destroyed here
   std::unordered_set<void*> wrapped_;  // the caller's: never destroyed here
   std::unordered_set<void*> events_;
   std::atomic<bool> lost_{false};
-  std::atomic<bool> batch_supported_{true};  // false once the driver refused cudaMemcpyBatchAsync
   mutable std::mutex lost_mutex_;
   Status lost_status_;
 };
@@ -430,7 +472,8 @@ StatusOr<std::unique_ptr<Backend>> create_cuda_backend(int device) {
   // its kernels on stream 0 gets implicit order with the default stream's work.
   cudaStream_t stream = nullptr;
   PAGEDKV_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
-  return std::unique_ptr<Backend>(new CudaBackend(device, stream, props));
+  const bool batch_supported = probe_memcpy_batch();
+  return std::unique_ptr<Backend>(new CudaBackend(device, stream, props, batch_supported));
 }
 
 }  // namespace pagedkv::cuda
