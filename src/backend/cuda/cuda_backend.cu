@@ -75,6 +75,24 @@ int resident_blocks(KernelId id) {
   return e == cudaSuccess ? blocks : 0;
 }
 
+// Stream priorities of a device (cudaDeviceGetStreamPriorityRange: a lower number is a higher
+// priority; 0 is the lowest on every device so far, and the priority of a stream created without
+// one). kNormal sits one step above the lowest where there is room, so that the copy streams
+// (kLow) yield to the cache's compute stream rather than share its priority.
+struct Priorities {
+  int normal = 0;
+  int low = 0;
+};
+
+Priorities stream_priorities() {
+  int least = 0, greatest = 0;
+  if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess) {
+    cudaGetLastError();  // no priorities: every stream alike
+    return {};
+  }
+  return {greatest < least ? least - 1 : least, least};
+}
+
 // Whether cudaMemcpyBatchAsync works here: a 2-region, 1-byte-each device-to-device batch on a
 // private stream, whose bytes are read back. A driver older than the toolkit, or a virtualised
 // host that does not know the call, may refuse it with any error code (not only
@@ -120,10 +138,11 @@ bool probe_memcpy_batch() {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, cudaStream_t default_stream, const cudaDeviceProp& props,
-              bool batch_supported)
+              Priorities priorities, bool batch_supported)
       : device_(device),
         default_stream_(default_stream),
         props_(props),
+        priorities_(priorities),
         batch_supported_(batch_supported) {
     // Per body, the blocks that are resident at once on every SM (from its registers: a cap
     // of SMs x threads per SM / 256 ignored them and left a partial second wave); grid-stride
@@ -156,7 +175,9 @@ class CudaBackend final : public Backend {
     return std::string("cuda: ") + props_.name + " (" + std::to_string(props_.multiProcessorCount) +
            " SMs, sm_" + std::to_string(props_.major) + std::to_string(props_.minor) + ", " +
            std::to_string(props_.totalGlobalMem >> 20) + " MiB; copy batches: " +
-           (batch_supported_ ? "cudaMemcpyBatchAsync" : "one cudaMemcpyAsync per region") + ")";
+           (batch_supported_ ? "cudaMemcpyBatchAsync" : "one cudaMemcpyAsync per region") +
+           "; stream priorities: normal " + std::to_string(priorities_.normal) + ", low " +
+           std::to_string(priorities_.low) + ")";
   }
 
   StatusOr<void*> allocate_device(size_t bytes) override {
@@ -204,11 +225,13 @@ class CudaBackend final : public Backend {
     return device;
   }
 
-  StatusOr<Stream> create_stream() override {
+  StatusOr<Stream> create_stream(StreamPriority priority = StreamPriority::kNormal) override {
     PAGEDKV_RETURN_IF_ERROR(alive());
+    PAGEDKV_RETURN_IF_ERROR(validate_stream_priority(priority));
     const DeviceGuard guard(device_);
+    const int value = priority == StreamPriority::kLow ? priorities_.low : priorities_.normal;
     cudaStream_t s = nullptr;
-    PAGEDKV_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    PAGEDKV_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, value));
     streams_.insert(s);
     return Stream{s};
   }
@@ -391,9 +414,15 @@ class CudaBackend final : public Backend {
                               " bytes, expected " + std::to_string(expected));
     }
     if (launch.num_items < 0) return invalid_argument("negative index space");
+    if (launch.max_blocks < 0) {
+      return invalid_argument(std::string("kernel ") + kernels::kernel_name(launch.kernel) +
+                              ": negative max_blocks");
+    }
     PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
-    PAGEDKV_CUDA_CHECK(dispatch_kernel(launch.kernel, launch.params, launch.num_items, s,
-                                       max_blocks_[static_cast<size_t>(launch.kernel)]));
+    // One full wave of resident blocks, or fewer where the caller caps the grid.
+    int grid = max_blocks_[static_cast<size_t>(launch.kernel)];
+    if (launch.max_blocks > 0 && launch.max_blocks < grid) grid = launch.max_blocks;
+    PAGEDKV_CUDA_CHECK(dispatch_kernel(launch.kernel, launch.params, launch.num_items, s, grid));
     return ok_status();
   }
 
@@ -436,6 +465,7 @@ class CudaBackend final : public Backend {
   int device_;
   cudaStream_t default_stream_;
   cudaDeviceProp props_;
+  Priorities priorities_;
   const bool batch_supported_;  // cudaMemcpyBatchAsync passed the probe at creation
   std::array<int, static_cast<size_t>(KernelId::kCount)> max_blocks_{};
   std::unordered_set<void*> streams_;  // created here: synchronized and destroyed here
@@ -468,12 +498,16 @@ StatusOr<std::unique_ptr<Backend>> create_cuda_backend(int device) {
   DeviceGuard guard(device);  // the stream below is the device's; the caller's device stays
   cudaDeviceProp props{};
   PAGEDKV_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, device));
+  const Priorities priorities = stream_priorities();
   // A blocking stream: it is ordered with CUDA's legacy stream 0, so an application that runs
-  // its kernels on stream 0 gets implicit order with the default stream's work.
+  // its kernels on stream 0 gets implicit order with the default stream's work. At kNormal, above
+  // the copy streams' kLow.
   cudaStream_t stream = nullptr;
-  PAGEDKV_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
+  PAGEDKV_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithPriority(&stream, cudaStreamDefault, priorities.normal));
   const bool batch_supported = probe_memcpy_batch();
-  return std::unique_ptr<Backend>(new CudaBackend(device, stream, props, batch_supported));
+  return std::unique_ptr<Backend>(
+      new CudaBackend(device, stream, props, priorities, batch_supported));
 }
 
 }  // namespace pagedkv::cuda
