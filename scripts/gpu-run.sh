@@ -280,7 +280,7 @@ row libs pass "all ${#binaries[@]} binaries resolve their libraries"
 t0=$SECONDS
 bounded 60 "$work/preflight.log" "$x_attention"
 rc=$?
-backend=$(grep -m1 '^backend:' "$work/preflight.log" | cut -c1-90)
+backend=$(grep -m1 '^backend:' "$work/preflight.log" | cut -c1-170)  # the description ends with the copy-batch path and stream priorities
 if [[ $backend == "backend: cuda"* ]]; then
   row preflight pass "$backend"
 elif ((dry)); then

@@ -62,7 +62,29 @@ struct KernelLaunch {
   const void* params = nullptr;
   size_t params_size = 0;
   int64_t num_items = 0;
+  /// The most CTAs (thread blocks of the CUDA grid) the launch may occupy; 0: no cap beyond the
+  /// backend's own (one full wave of resident blocks). Bodies are index-only with grid-stride
+  /// loops, so any grid gives the same bytes; a cap keeps a launch that is bound by something
+  /// other than the SMs (PCIe, for the transfer engine's copy kernel) from taking every SM's
+  /// warp slots from the compute kernels running beside it. The CPU backend ignores it.
+  /// Negative: kInvalidArgument.
+  int32_t max_blocks = 0;
 };
+
+/// A stream's scheduling priority relative to the backend's other streams (CUDA stream
+/// priorities: where several streams have blocks ready, a higher-priority stream's are
+/// scheduled first; running blocks are not preempted).
+enum class StreamPriority : uint8_t {
+  /// The default stream's and create_stream()'s default: on CUDA one step above the device's
+  /// lowest priority where the device has more than one, so that kLow streams yield to it.
+  kNormal = 0,
+  /// The device's lowest priority: for background work (the transfer engine's copy streams)
+  /// that should not delay the compute stream's kernels.
+  kLow = 1,
+};
+
+/// "normal" or "low".
+const char* stream_priority_name(StreamPriority priority);
 
 /// Executes allocations, copies and kernel bodies. Methods are thread-compatible: one owner.
 class Backend {
@@ -96,8 +118,11 @@ class Backend {
   /// this backend's pinned memory.
   virtual StatusOr<void*> mapped_device_pointer(void* pinned);
 
-  /// A new stream owned by the backend (non-blocking on CUDA).
-  virtual StatusOr<Stream> create_stream() = 0;
+  /// A new stream owned by the backend (non-blocking on CUDA) with scheduling priority
+  /// `priority` (cudaStreamCreateWithPriority; the CPU backend records it and runs every stream
+  /// alike). Every override declares the same default, kNormal (a default argument of a virtual
+  /// is taken from the static type). kInvalidArgument for an unknown priority.
+  virtual StatusOr<Stream> create_stream(StreamPriority priority = StreamPriority::kNormal) = 0;
   /// Wraps a native stream the caller owns (a cudaStream_t on CUDA; on the CPU backend any non-null
   /// handle names a stream of the backend's own, created on first use) so the cache can order its
   /// work with the caller's. Not owned: destroy_stream() forgets it without destroying it.
@@ -148,13 +173,18 @@ class Backend {
   /// Queues `fn` to run on the host in stream order (cudaLaunchHostFunc). `fn` must not call
   /// back into the backend.
   virtual Status launch_host_func(Stream stream, std::function<void()> fn) = 0;
-  /// Queues a kernel body over the index space [0, launch.num_items).
+  /// Queues a kernel body over the index space [0, launch.num_items), on at most
+  /// launch.max_blocks CTAs when that is positive.
   virtual Status launch(const KernelLaunch& launch, Stream stream) = 0;
 };
 
 /// The argument checks every copy_batch() makes before it queues anything (see there): ok, or
 /// kInvalidArgument naming the first bad region.
 Status validate_copy_batch(const CopyRegion* regions, size_t count);
+
+/// The argument check every create_stream() makes: ok, or kInvalidArgument for a value outside
+/// StreamPriority.
+Status validate_stream_priority(StreamPriority priority);
 
 /// Creates a backend. kAuto picks CUDA when this build has it and a device is present, else the
 /// CPU backend; the choice is logged once. kCuda without a device (or without CUDA in this build)

@@ -59,8 +59,10 @@ StatusOr<AppendIndices> append_indices(const KvCache& cache, const std::vector<S
                                        const DeviceBatch& batch);
 
 /// Copies `host`'s batch_indices and positions into caller-owned int32 device buffers of
-/// `capacity` entries on the compute stream; `host` is kept alive until the copy has run.
-/// kInvalidArgument for a null pointer or a capacity below nnz.
+/// `capacity` entries on the compute stream, staged through the cache's pinned upload arena
+/// (KvCache::upload_to_device): `host` may change or go away once this returns, and no host
+/// function is queued. kInvalidArgument for a null pointer or a capacity below nnz;
+/// kFailedPrecondition while the compute stream captures a CUDA graph (call it before).
 Status upload_append_indices(KvCache& cache, std::shared_ptr<const AppendIndices> host,
                              int32_t* batch_indices, int32_t* positions, int64_t capacity);
 
@@ -75,7 +77,10 @@ struct VllmBuffers {
 
 /// Builds the step's batch of `ids` (slot mapping padded with -1 to num_slots) and writes it in
 /// vLLM's form on the compute stream: row r of block_table holds sequence r's blocks then -1
-/// up to max_blocks; rows past the batch are left as they were. The returned batch's
+/// up to max_blocks; rows past the batch are left as they were. The table is re-pitched on the
+/// host and goes through the cache's pinned upload arena (KvCache::upload_to_device): no
+/// pageable copy, no host function, and with a step_shape that covers the buffers no
+/// allocation. The returned batch's
 /// slot_mapping is buffers.slot_mapping (DeviceBatch::caller_owned_slots): write_kv_batch over
 /// it may be captured in a CUDA graph, replayed after each step's build. kInvalidArgument for a
 /// null buffer or a capacity too small, kNotFound for an unknown id: checked before build_batch, so

@@ -133,6 +133,14 @@ struct DeviceBatch {
   bool caller_owned_slots = false;
 };
 
+/// One host array for KvCache::upload_to_device(): `bytes` bytes at `src` (any host memory) for
+/// the device buffer at `dst`.
+struct HostUpload {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t bytes = 0;
+};
+
 /// Bytes the pools took (over every group) and how long they took to allocate.
 struct PoolInfo {
   int64_t device_bytes = 0;
@@ -324,6 +332,20 @@ class KvCache {
   /// group's pool (with its sliding_window). fp8 pools take their dequantisation `scales` here.
   /// Valid as long as `batch` is.
   device::PagedKvView device_view(const DeviceBatch& batch, KvScales scales = {}) const;
+  /// The most arrays one upload_to_device() call takes.
+  static constexpr size_t kMaxHostUploads = 4;
+  /// Copies host arrays into device buffers the caller owns, on the compute stream, staged
+  /// through the cache's pinned upload arena: one host-to-device copy of all of them, then one
+  /// device-to-device copy into each `dst`. The host arrays may change or go away as soon as it
+  /// returns (pageable memory is never handed to an asynchronous copy), no host function is
+  /// queued, and a step whose uploads fit KvCacheOptions::step_shape allocates nothing. Work
+  /// queued on the compute stream afterwards sees the bytes. The batch-format helpers
+  /// (batch_formats.hpp) fill their fixed buffers with it. Arrays of zero bytes are skipped.
+  /// kInvalidArgument for null `arrays` with a count, more than kMaxHostUploads arrays or a null
+  /// pointer with bytes; kFailedPrecondition while the compute stream captures a CUDA graph;
+  /// nothing is queued on either. A backend error after the upload may leave some of the
+  /// device-to-device copies queued.
+  Status upload_to_device(const HostUpload* arrays, size_t count);
   /// Packs positions [position_begin, position_begin + num_tokens) of one (model) layer of a
   /// sequence into device buffers (`num_tokens` < 0: to the end of the committed tokens).
   /// kOutOfRange for positions a window group no longer holds.

@@ -12,8 +12,9 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "pagedkv/backend.hpp"
@@ -61,6 +62,16 @@ struct CopyCall {
   bool failed = false;  // the wrapper injected a fault or the inner backend returned an error
 };
 
+/// One launch call seen by the wrapper while it records them (record_launches()).
+struct LaunchCall {
+  bool host_func = false;  // launch_host_func (else launch; the fields below are then unset)
+  KernelId kernel = KernelId::kFill;
+  Stream stream;
+  int64_t num_items = 0;
+  int32_t max_blocks = 0;  // KernelLaunch::max_blocks as passed
+  bool failed = false;     // the wrapper injected a fault or the inner backend returned an error
+};
+
 /// Wraps a backend (not owned, must outlive the wrapper) and fails chosen calls once.
 /// Counters and arming are atomic, so a test thread may arm while the owner thread calls.
 class FaultInjectionBackend final : public Backend {
@@ -93,6 +104,14 @@ class FaultInjectionBackend final : public Backend {
   void record_copies(bool on);
   /// The copy calls recorded since recording started or reset_counts(), oldest first.
   std::vector<CopyCall> copy_calls() const;
+  /// Starts (or stops) keeping a LaunchCall for each launch and launch_host_func, so tests can
+  /// see a caller's launch shapes and whether it queues host functions. Off at construction.
+  void record_launches(bool on);
+  /// The launch calls recorded since recording started or reset_counts(), oldest first.
+  std::vector<LaunchCall> launch_calls() const;
+  /// The priority `stream` was created with, for a stream created through the wrapper and not
+  /// yet destroyed; nullopt otherwise (the default stream, wrapped streams).
+  std::optional<StreamPriority> stream_priority(Stream stream) const;
   /// Starts (or stops) acting as if every stream were capturing a CUDA graph: is_capturing()
   /// answers true, and each call a capture must not see (allocations, create_event,
   /// record_event, query_event, synchronize_*, launch_host_func, and host-to-device copies,
@@ -112,7 +131,7 @@ class FaultInjectionBackend final : public Backend {
   void free_pinned(void* ptr) override;
   StatusOr<void*> mapped_device_pointer(void* pinned) override;
 
-  StatusOr<Stream> create_stream() override;
+  StatusOr<Stream> create_stream(StreamPriority priority = StreamPriority::kNormal) override;
   StatusOr<Stream> wrap_stream(void* native) override;
   StatusOr<void*> native_stream(Stream stream) override;
   void destroy_stream(Stream stream) override;
@@ -141,6 +160,7 @@ class FaultInjectionBackend final : public Backend {
   Status tick(FaultKind kind, const char* call);
   // Keeps `call` when recording; returns `status`.
   Status note_copy(CopyCall call, Status status);
+  Status note_launch(LaunchCall call, Status status);
   // An error (and a count) when simulating a capture: `call` may not run inside one.
   Status outside_capture(const char* call);
 
@@ -150,7 +170,8 @@ class FaultInjectionBackend final : public Backend {
   std::atomic<int64_t> live_device_{0};
   std::atomic<int64_t> live_pinned_{0};
   mutable std::mutex streams_mutex_;
-  std::unordered_set<void*> live_streams_;  // created here, not yet destroyed (not wrapped ones)
+  // Created here, not yet destroyed (not wrapped ones), with their priorities.
+  std::unordered_map<void*, StreamPriority> live_streams_;
   std::atomic<int64_t> live_events_{0};
   mutable std::mutex last_mutex_;
   std::string last_fault_;
@@ -159,6 +180,9 @@ class FaultInjectionBackend final : public Backend {
   std::atomic<int64_t> capture_violations_{0};
   mutable std::mutex copies_mutex_;
   std::vector<CopyCall> copy_calls_;
+  std::atomic<bool> record_launches_{false};
+  mutable std::mutex launches_mutex_;
+  std::vector<LaunchCall> launch_calls_;
 };
 
 }  // namespace pagedkv

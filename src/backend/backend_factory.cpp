@@ -74,6 +74,9 @@ StatusOr<std::unique_ptr<Backend>> create_backend(BackendKind kind, int32_t devi
       return invalid_argument("backend: unknown backend kind");
   }
   log_choice_once(*backend, kind);
+  // Every backend's description, the once-logged first aside: on CUDA it names the copy-batch
+  // path the creation probe chose and the stream priorities.
+  detail::logger().debug("created backend: {}", backend->description());
   return backend;
 }
 

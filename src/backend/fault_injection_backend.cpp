@@ -59,6 +59,10 @@ void FaultInjectionBackend::reset_counts() {
     std::lock_guard<std::mutex> lock(copies_mutex_);
     copy_calls_.clear();
   }
+  {
+    std::lock_guard<std::mutex> lock(launches_mutex_);
+    launch_calls_.clear();
+  }
   std::lock_guard<std::mutex> lock(last_mutex_);
   last_fault_.clear();
 }
@@ -75,6 +79,21 @@ Status FaultInjectionBackend::note_copy(CopyCall call, Status status) {
   call.failed = !status.ok();
   std::lock_guard<std::mutex> lock(copies_mutex_);
   copy_calls_.push_back(call);
+  return status;
+}
+
+void FaultInjectionBackend::record_launches(bool on) { record_launches_.store(on); }
+
+std::vector<LaunchCall> FaultInjectionBackend::launch_calls() const {
+  std::lock_guard<std::mutex> lock(launches_mutex_);
+  return launch_calls_;
+}
+
+Status FaultInjectionBackend::note_launch(LaunchCall call, Status status) {
+  if (!record_launches_.load()) return status;
+  call.failed = !status.ok();
+  std::lock_guard<std::mutex> lock(launches_mutex_);
+  launch_calls_.push_back(call);
   return status;
 }
 
@@ -167,14 +186,21 @@ StatusOr<void*> FaultInjectionBackend::mapped_device_pointer(void* pinned) {
   return inner_.mapped_device_pointer(pinned);
 }
 
-StatusOr<Stream> FaultInjectionBackend::create_stream() {
+StatusOr<Stream> FaultInjectionBackend::create_stream(StreamPriority priority) {
   PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kEvent, "create_stream"));
-  StatusOr<Stream> stream = inner_.create_stream();
+  StatusOr<Stream> stream = inner_.create_stream(priority);
   if (stream.ok()) {
     std::lock_guard<std::mutex> lock(streams_mutex_);
-    live_streams_.insert(stream->handle);
+    live_streams_.emplace(stream->handle, priority);
   }
   return stream;
+}
+
+std::optional<StreamPriority> FaultInjectionBackend::stream_priority(Stream stream) const {
+  std::lock_guard<std::mutex> lock(streams_mutex_);
+  auto it = live_streams_.find(stream.handle);
+  if (it == live_streams_.end()) return std::nullopt;
+  return it->second;
 }
 
 // Not a fault point: wrapping only looks up (or names) a stream, and fails only on bad input.
@@ -260,14 +286,21 @@ Status FaultInjectionBackend::copy_batch(const CopyRegion* regions, size_t count
 }
 
 Status FaultInjectionBackend::launch_host_func(Stream stream, std::function<void()> fn) {
-  PAGEDKV_RETURN_IF_ERROR(outside_capture("launch_host_func"));
-  PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kLaunch, "launch_host_func"));
-  return inner_.launch_host_func(stream, std::move(fn));
+  LaunchCall call;
+  call.host_func = true;
+  call.stream = stream;
+  Status status = outside_capture("launch_host_func");
+  if (status.ok()) status = tick(FaultKind::kLaunch, "launch_host_func");
+  if (status.ok()) status = inner_.launch_host_func(stream, std::move(fn));
+  return note_launch(call, std::move(status));
 }
 
 Status FaultInjectionBackend::launch(const KernelLaunch& launch, Stream stream) {
-  PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kLaunch, "launch"));
-  return inner_.launch(launch, stream);
+  const LaunchCall call{/*host_func=*/false, launch.kernel, stream, launch.num_items,
+                        launch.max_blocks, false};
+  Status status = tick(FaultKind::kLaunch, "launch");
+  if (status.ok()) status = inner_.launch(launch, stream);
+  return note_launch(call, std::move(status));
 }
 
 }  // namespace pagedkv

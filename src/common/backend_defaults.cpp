@@ -1,7 +1,25 @@
-// Default implementations of the optional Backend methods.
+// Default implementations of the optional Backend methods, and the stream-priority helpers.
+#include <string>
+
 #include "pagedkv/backend.hpp"
 
 namespace pagedkv {
+
+const char* stream_priority_name(StreamPriority priority) {
+  switch (priority) {
+    case StreamPriority::kNormal:
+      return "normal";
+    case StreamPriority::kLow:
+      return "low";
+  }
+  return "unknown";
+}
+
+Status validate_stream_priority(StreamPriority priority) {
+  if (priority == StreamPriority::kNormal || priority == StreamPriority::kLow) return ok_status();
+  return invalid_argument("create_stream: unknown stream priority " +
+                          std::to_string(static_cast<int>(priority)));
+}
 
 StatusOr<void*> Backend::mapped_device_pointer(void* pinned) {
   if (pinned == nullptr) return invalid_argument("mapped_device_pointer: null pointer");

@@ -43,7 +43,8 @@ Status copy_blocks(Backend& backend, const PoolRef& pool, const CopyBlocksArgs& 
 namespace ops_detail {
 
 Status launch_copy_blocks(Backend& backend, const BlockCopyPools& pools, const void* pairs,
-                          IndexType index_type, int64_t num_pairs, Stream stream) {
+                          IndexType index_type, int64_t num_pairs, Stream stream,
+                          int32_t max_blocks) {
   kernels::CopyBlocksBody b;
   std::memset(static_cast<void*>(&b), 0, sizeof(b));
   b.dst_pool = pools.dst;
@@ -64,6 +65,7 @@ Status launch_copy_blocks(Backend& backend, const BlockCopyPools& pools, const v
   launch.kernel = KernelId::kCopyBlocks;
   launch.params = &b;
   launch.params_size = sizeof(b);
+  launch.max_blocks = max_blocks;
   if (__builtin_mul_overflow(num_pairs, b.chunks_per_block, &launch.num_items)) {
     return invalid_argument("num_pairs: " + std::to_string(num_pairs) +
                             " pairs make an index space past int64");

@@ -56,10 +56,12 @@ struct BlockCopyPools {
 
 /// Launches one CopyBlocksBody over `num_pairs` > 0 (src, dst) pairs of `index_type` at `pairs`
 /// (device-readable until the launch has run): block src of `pools.src` into block dst of
-/// `pools.dst`. The caller has validated the arguments. kInvalidArgument when the index space
-/// passes int64; else what the backend's launch returns.
+/// `pools.dst`, on at most `max_blocks` CTAs when positive (KernelLaunch::max_blocks). The caller
+/// has validated the arguments. kInvalidArgument when the index space passes int64; else what
+/// the backend's launch returns.
 Status launch_copy_blocks(Backend& backend, const BlockCopyPools& pools, const void* pairs,
-                          IndexType index_type, int64_t num_pairs, Stream stream);
+                          IndexType index_type, int64_t num_pairs, Stream stream,
+                          int32_t max_blocks = 0);
 
 /// A PagedRowBody with the pool side filled in and everything else zero.
 kernels::PagedRowBody make_row_body(const PoolRef& pool);

@@ -33,18 +33,6 @@ Status copy_on_compute(KvCache& cache, void* dst, const void* src, size_t bytes,
   return cache.backend().copy_async(dst, src, bytes, kind, cache.compute_stream());
 }
 
-// Queues a host-to-device copy of host arrays owned by `keep`, which lives until the copy ran
-// (a host function queued after it holds the last reference).
-template <typename T>
-Status upload_kept(KvCache& cache, const std::shared_ptr<T>& keep,
-                   std::initializer_list<std::pair<void*, std::pair<const void*, size_t>>> parts) {
-  for (const auto& [dst, src] : parts) {
-    PAGEDKV_RETURN_IF_ERROR(
-        copy_on_compute(cache, dst, src.first, src.second, CopyKind::kHostToDevice));
-  }
-  return cache.backend().launch_host_func(cache.compute_stream(), [keep] {});
-}
-
 // Copies the batch's slot mapping (padded to num_slots) into the caller's buffer and points the
 // batch at it: the same address every step, so a captured write_kv_batch reads each step's.
 Status adopt_slot_mapping(KvCache& cache, int64_t* slot_mapping, int64_t num_slots,
@@ -155,10 +143,12 @@ Status upload_append_indices(KvCache& cache, std::shared_ptr<const AppendIndices
   }
   if (nnz == 0) return ok_status();
   const size_t bytes = nnz * sizeof(int32_t);
-  Status s = upload_kept(cache, host,
-                         {{batch_indices, {host->batch_indices.data(), bytes}},
-                          {positions, {host->positions.data(), bytes}}});
-  return s.ok() ? s : copy_failed(s);
+  // Through the pinned upload arena: the host arrays are copied out before this returns, so no
+  // host function has to keep them alive and no pageable copy is queued.
+  const HostUpload arrays[] = {{batch_indices, host->batch_indices.data(), bytes},
+                               {positions, host->positions.data(), bytes}};
+  Status s = cache.upload_to_device(arrays, 2);
+  return s.ok() || s.code() != StatusCode::kInternal ? s : copy_failed(s);
 }
 
 StatusOr<DeviceBatch> build_vllm_batch_into(KvCache& cache, const std::vector<SequenceId>& ids,
@@ -183,20 +173,21 @@ StatusOr<DeviceBatch> build_vllm_batch_into(KvCache& cache, const std::vector<Se
   options.pad_slots_to = buffers.num_slots;
   PAGEDKV_ASSIGN_OR_RETURN(DeviceBatch batch, cache.build_batch(ids, options));
   const BatchMetadata& meta = *batch.host;
-  // The cache's row stride grows geometrically; vLLM's is fixed: re-pitch the rows on the host.
+  // The cache's row stride grows geometrically; vLLM's is fixed: re-pitch the rows on the host
+  // and upload them through the cache's pinned arena, which copies them out before it returns.
   const size_t rows = static_cast<size_t>(meta.batch_size);
   const size_t width = static_cast<size_t>(buffers.max_blocks);
-  auto table = std::make_shared<std::vector<int32_t>>(rows * width, -1);
+  std::vector<int32_t> table(rows * width, -1);
   const size_t copy_width = std::min(width, static_cast<size_t>(meta.max_blocks));
   for (size_t r = 0; r < rows; ++r) {
     for (size_t c = 0; c < copy_width; ++c) {
-      (*table)[r * width + c] = meta.block_tables[r * static_cast<size_t>(meta.max_blocks) + c];
+      table[r * width + c] = meta.block_tables[r * static_cast<size_t>(meta.max_blocks) + c];
     }
   }
   Status s = adopt_slot_mapping(cache, buffers.slot_mapping, buffers.num_slots, &batch);
   if (s.ok() && rows > 0) {
-    s = upload_kept(cache, table,
-                    {{buffers.block_table, {table->data(), table->size() * sizeof(int32_t)}}});
+    const HostUpload upload{buffers.block_table, table.data(), table.size() * sizeof(int32_t)};
+    s = cache.upload_to_device(&upload, 1);
   }
   if (!s.ok()) return copy_failed(s);
   return batch;

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <string>
 #include <utility>
@@ -19,7 +20,8 @@ constexpr size_t kInitialUploadBytes = 64 << 10;
 
 // The bytes one build_batch of `shape` uploads (kv_cache.cpp upload_batch: slot mapping, block
 // tables, sequence lengths and CSR), twice over, so that a chunk also holds the next step's
-// smaller uploads before it rolls over. The block tables' row stride grows geometrically:
+// smaller uploads before it rolls over, and a step's upload_to_device (build_vllm_batch_into's
+// fixed-width block table, upload_append_indices) besides. The block tables' row stride grows geometrically:
 // up to twice the longest row.
 size_t step_upload_bytes(const StepShape& shape) {
   const size_t b = static_cast<size_t>(shape.max_batch);
@@ -788,6 +790,37 @@ Status KvCache::upload_batch(int32_t g, const BatchMetadata& m, const BatchOptio
     lease = std::make_unique<runtime::UploadLease>(std::move(up));
   } else {
     *lease = std::move(up);
+  }
+  return ok_status();
+}
+
+Status KvCache::upload_to_device(const HostUpload* arrays, size_t count) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::upload_to_device");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
+  if (arrays == nullptr && count > 0) {
+    return invalid_argument("upload_to_device: null arrays for " + std::to_string(count));
+  }
+  if (count > kMaxHostUploads) {
+    return invalid_argument("upload_to_device: " + std::to_string(count) + " arrays, at most " +
+                            std::to_string(kMaxHostUploads));
+  }
+  std::array<runtime::UploadPart, kMaxHostUploads> parts{};
+  for (size_t i = 0; i < count; ++i) {
+    const HostUpload& a = arrays[i];
+    if (a.bytes > 0 && (a.dst == nullptr || a.src == nullptr)) {
+      return invalid_argument("upload_to_device: array " + std::to_string(i) + " has a null " +
+                              (a.dst == nullptr ? "destination" : "source"));
+    }
+    parts[i] = {a.src, a.bytes};
+  }
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("upload_to_device"));
+  // One packed upload; the lease is released when this returns, after the copies out of it are
+  // queued on the compute stream (the arena's stream), as the arena requires.
+  PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease up, uploads_->upload(parts.data(), count));
+  for (size_t i = 0; i < count; ++i) {
+    if (arrays[i].bytes == 0) continue;
+    PAGEDKV_RETURN_IF_ERROR(backend_->copy_async(arrays[i].dst, up.device(i), arrays[i].bytes,
+                                                 CopyKind::kDeviceToDevice, compute_));
   }
   return ok_status();
 }

@@ -83,8 +83,10 @@ StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::create(
     for (Stream s : streams) backend.destroy_stream(s);
     for (Event e : events) backend.destroy_event(e);
   };
+  // Low priority: where copy-kernel blocks and compute blocks wait for the same SMs, the
+  // compute stream's go first (copies through the copy engines are not affected).
   for (int i = 0; i < 2; ++i) {
-    StatusOr<Stream> stream = backend.create_stream();
+    StatusOr<Stream> stream = backend.create_stream(StreamPriority::kLow);
     if (!stream.ok()) {
       release();
       return stream.status();
@@ -120,10 +122,10 @@ TransferEngine::~TransferEngine() {
   }
   for (const Job& job : in_flight_) {
     backend_.destroy_event(job.done);
-    for (const PairBuffer& b : job.pairs) backend_.free_pinned(b.host);
+    for (const PairBuffer& b : job.pairs) free_pairs(b);
   }
   for (const std::vector<PairBuffer>* list : {&spare_pairs_, &orphaned_pairs_}) {
-    for (const PairBuffer& b : *list) backend_.free_pinned(b.host);
+    for (const PairBuffer& b : *list) free_pairs(b);
   }
   for (Event e : spare_events_) backend_.destroy_event(e);
   backend_.destroy_event(ready_);
@@ -201,12 +203,17 @@ StatusOr<TransferEngine::PairBuffer> TransferEngine::take_pairs(size_t bytes) {
   size_t capacity = kMinPairBytes;
   while (capacity < bytes) capacity *= 2;
   PAGEDKV_ASSIGN_OR_RETURN(void* host, backend_.allocate_pinned(capacity));
-  StatusOr<void*> device = backend_.mapped_device_pointer(host);
+  StatusOr<void*> device = backend_.allocate_device(capacity);
   if (!device.ok()) {
     backend_.free_pinned(host);
     return device.status();
   }
   return PairBuffer{host, *device, capacity};
+}
+
+void TransferEngine::free_pairs(const PairBuffer& b) {
+  backend_.free_pinned(b.host);
+  backend_.free_device(b.device);
 }
 
 void TransferEngine::recycle_pairs(std::vector<PairBuffer>& buffers) {
@@ -217,7 +224,7 @@ void TransferEngine::recycle_pairs(std::vector<PairBuffer>& buffers) {
     auto smallest = std::min_element(
         spare_pairs_.begin(), spare_pairs_.end(),
         [](const PairBuffer& a, const PairBuffer& b) { return a.bytes < b.bytes; });
-    backend_.free_pinned(smallest->host);
+    free_pairs(*smallest);
     spare_pairs_.erase(smallest);
   }
 }
@@ -390,13 +397,15 @@ class TransferEngine::Issuer {
   }
 
   // Group `group`'s moves `part` of a batch as one launch of the block-copy body over their
-  // (source, destination) pairs, which the kernel reads from mapped pinned memory that the job
-  // keeps until it completes. No runs are merged: the kernel costs the same per block either
-  // way.
+  // (source, destination) pairs, on at most kCopyKernelMaxBlocks CTAs. The pairs are uploaded
+  // to device memory on the lane's stream first: read from mapped host memory, every thread's
+  // pair would cost a PCIe round trip before its data's own. The job keeps both buffers until it
+  // completes. No runs are merged: the kernel costs the same per block either way.
   void issue_kernel(int d, int32_t group, const std::vector<size_t>& part) {
     const BlockMove& first = moves_[part[0]];
     const size_t n = part.size();
-    StatusOr<PairBuffer> buffer = e_.take_pairs(n * 2 * sizeof(int32_t));
+    const size_t pair_bytes = n * 2 * sizeof(int32_t);
+    StatusOr<PairBuffer> buffer = e_.take_pairs(pair_bytes);
     step(buffer.status());
     if (!status_.ok()) return;
     e_.issuing_pairs_.push_back(*buffer);
@@ -405,6 +414,9 @@ class TransferEngine::Issuer {
       pairs[2 * k] = moves_[part[k]].src_block;
       pairs[2 * k + 1] = moves_[part[k]].dst_block;
     }
+    step(e_.backend_.copy_async(buffer->device, buffer->host, pair_bytes, CopyKind::kHostToDevice,
+                                e_.streams_[d]));
+    if (!status_.ok()) return;
     const int64_t block_bytes = e_.pools_[static_cast<size_t>(group)].block_bytes;
     ops_detail::BlockCopyPools pools;
     pools.dst = e_.kernel_address(group, first.dst_tier);
@@ -413,7 +425,8 @@ class TransferEngine::Issuer {
     pools.src_blocks = e_.pool_blocks(group, first.src_tier);
     pools.block_bytes = block_bytes;
     step(ops_detail::launch_copy_blocks(e_.backend_, pools, buffer->device, IndexType::kInt32,
-                                        static_cast<int64_t>(n), e_.streams_[d]));
+                                        static_cast<int64_t>(n), e_.streams_[d],
+                                        kCopyKernelMaxBlocks));
     if (!status_.ok()) return;
     for (size_t i : part) queued_[i] = true;
     ++e_.kernels_issued_;

@@ -10,9 +10,13 @@
 // Jobs of small blocks take the copy kernel instead, when the host pool is mapped into the
 // device's address space (Backend::mapped_device_pointer): each batch is one launch of the
 // block-copy body (kernels/paged_copy.hpp) over the batch's (source, destination) block pairs,
-// which it reads from a small mapped pinned buffer that the job keeps until it completes. Below
+// which a small copy on the same stream first uploads from pinned memory into device memory
+// (both kept by the job until it completes). The launch takes at most a few CTAs (the transfer
+// is PCIe-bound; a full grid would take the SMs from compute), and the copy streams have a low
+// priority (StreamPriority::kLow), so compute kernels are scheduled first. Below
 // TransferOptions::kernel_block_bytes per block the kernel's one launch beats the DMA's setup
-// per region; which side of the threshold wins is for a GPU to measure (bench_transfer).
+// per region; which side of the threshold wins, and how few CTAs suffice, is for a GPU to
+// measure (bench_transfer).
 //
 // Offloads (device -> host) run on the device-to-host stream, restores (host -> device) on the
 // host-to-device stream, so a job's two directions overlap. A move that touches a block an
@@ -73,7 +77,16 @@ struct TransferOptions {
 /// Runs jobs of block moves on its own two copy streams.
 class TransferEngine {
  public:
-  /// Creates the copy streams. kInvalidArgument for pools without blocks or bytes, a mapped host
+  /// The most CTAs one copy-kernel launch occupies (KernelLaunch::max_blocks). The kernel moves
+  /// bytes over PCIe (one side is mapped host memory), so the link sets its speed, not the SMs:
+  /// a few CTAs of 16-byte accesses keep enough requests in flight, while a full grid (SMs x
+  /// resident blocks) would hold every SM's warp slots for the whole transfer and stall the
+  /// compute kernels the copy is meant to overlap. 16 is a guess, not a measurement: the knee
+  /// (the smallest cap that still reaches full link speed) is for a GPU to find
+  /// (docs/gpu-check.md).
+  static constexpr int32_t kCopyKernelMaxBlocks = 16;
+
+  /// Creates the copy streams (StreamPriority::kLow). kInvalidArgument for pools without blocks or bytes, a mapped host
   /// pool without a host pool, or a negative kernel_block_bytes.
   static StatusOr<std::unique_ptr<TransferEngine>> create(Backend& backend, const TierPools& pools,
                                                           const TransferOptions& options = {});
@@ -138,10 +151,11 @@ class TransferEngine {
   friend class Issuer;
   static constexpr int kToHost = 0;    // offloads, device-to-device moves
   static constexpr int kToDevice = 1;  // restores, host-to-host moves
-  // Mapped pinned memory holding a copy kernel's (source, destination) block pairs.
+  // A copy kernel's (source, destination) block pairs: written into pinned memory, uploaded on
+  // the copy stream into device memory, which the kernel reads.
   struct PairBuffer {
-    void* host = nullptr;
-    void* device = nullptr;  // what the kernel reads
+    void* host = nullptr;    // pinned
+    void* device = nullptr;  // device memory of the same size
     size_t bytes = 0;
   };
   struct Job {
@@ -156,6 +170,7 @@ class TransferEngine {
   // A pair buffer of at least `bytes` bytes for the job being issued (kept in issuing_pairs_).
   StatusOr<PairBuffer> take_pairs(size_t bytes);
   void recycle_pairs(std::vector<PairBuffer>& buffers);
+  void free_pairs(const PairBuffer& buffer);
   void recycle_completed();
   const Job* find(TransferTicket ticket) const;
   char* block_address(int32_t group, Tier tier, int64_t block) const;

@@ -158,13 +158,15 @@ StatusOr<UploadArena::Chunk*> UploadArena::chunk_for(size_t need) {
   return fresh;
 }
 
-StatusOr<UploadLease> UploadArena::upload(std::initializer_list<UploadPart> parts) {
-  if (parts.size() > UploadLease::kMaxParts) {
-    return invalid_argument("upload of " + std::to_string(parts.size()) + " arrays; at most " +
+StatusOr<UploadLease> UploadArena::upload(const UploadPart* parts, size_t count) {
+  if (count > UploadLease::kMaxParts) {
+    return invalid_argument("upload of " + std::to_string(count) + " arrays; at most " +
                             std::to_string(UploadLease::kMaxParts));
   }
+  if (parts == nullptr && count > 0) return invalid_argument("upload: null parts");
   size_t need = 0;
-  for (const UploadPart& p : parts) {
+  for (size_t i = 0; i < count; ++i) {
+    const UploadPart& p = parts[i];
     if (p.bytes > SIZE_MAX / 2 - need) return invalid_argument("upload larger than memory");
     need += align_up(p.bytes);
   }
@@ -175,10 +177,10 @@ StatusOr<UploadLease> UploadArena::upload(std::initializer_list<UploadPart> part
   }
   UploadLease lease;
   size_t at = c->offset;
-  size_t i = 0;
-  for (const UploadPart& p : parts) {
+  for (size_t i = 0; i < count; ++i) {
+    const UploadPart& p = parts[i];
     if (p.bytes > 0) std::memcpy(static_cast<char*>(c->staging) + at, p.src, p.bytes);
-    lease.offsets_[i++] = at;
+    lease.offsets_[i] = at;
     at += align_up(p.bytes);
   }
   if (need > 0) {

@@ -78,7 +78,11 @@ class UploadArena {
 
   /// Packs `parts` (at most UploadLease::kMaxParts) into one region and queues one copy of it to
   /// the device on the stream. On error nothing is queued and no region is held.
-  StatusOr<UploadLease> upload(std::initializer_list<UploadPart> parts);
+  StatusOr<UploadLease> upload(std::initializer_list<UploadPart> parts) {
+    return upload(parts.begin(), parts.size());
+  }
+  /// upload() of `count` parts at `parts` (a list whose length is known at run time).
+  StatusOr<UploadLease> upload(const UploadPart* parts, size_t count);
 
   /// Bytes of pinned (and of device) memory the arena holds now.
   size_t capacity_bytes() const;

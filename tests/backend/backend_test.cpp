@@ -85,6 +85,39 @@ TYPED_TEST(BackendExecTest, RunsABodyOverEveryIndexOfAnOddSpace) {
   }
 }
 
+// KernelLaunch::max_blocks only shapes the grid: a capped launch still runs every index (on CUDA
+// each of the few CTAs walks the space in grid-stride steps).
+TYPED_TEST(BackendExecTest, ACappedGridRunsEveryIndex) {
+  const int64_t n = 100003;
+  for (int32_t cap : {1, 2, 16, 1 << 20}) {
+    DeviceBuffer out(this->backend(), static_cast<size_t>(n) * sizeof(int64_t));
+    const kernels::FillBody poison{static_cast<uint32_t*>(out.data()), 0xdeadbeefu};
+    ASSERT_TRUE(this->backend().launch(make_launch(KernelId::kFill, poison, n * 2), Stream{}).ok());
+    const kernels::IotaBody iota{static_cast<int64_t*>(out.data()), 5, 2};
+    KernelLaunch launch = make_launch(KernelId::kIota, iota, n);
+    launch.max_blocks = cap;
+    ASSERT_TRUE(this->backend().launch(launch, Stream{}).ok()) << "cap " << cap;
+    const std::vector<int64_t> got = out.download<int64_t>();
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[static_cast<size_t>(i)], 5 + 2 * i) << "cap " << cap;
+  }
+}
+
+// Low-priority streams are ordinary streams that run work in order; an unknown priority is
+// refused.
+TYPED_TEST(BackendExecTest, ALowPriorityStreamRunsWork) {
+  auto low = this->backend().create_stream(StreamPriority::kLow);
+  ASSERT_TRUE(low.ok()) << low.status().to_string();
+  DeviceBuffer out(this->backend(), 64 * sizeof(int64_t));
+  const kernels::IotaBody iota{static_cast<int64_t*>(out.data()), 1, 1};
+  ASSERT_TRUE(this->backend().launch(make_launch(KernelId::kIota, iota, 64), *low).ok());
+  ASSERT_TRUE(this->backend().synchronize_stream(*low).ok());
+  const std::vector<int64_t> got = out.download<int64_t>();
+  for (int64_t i = 0; i < 64; ++i) ASSERT_EQ(got[static_cast<size_t>(i)], 1 + i);
+  this->backend().destroy_stream(*low);
+  EXPECT_EQ(this->backend().create_stream(static_cast<StreamPriority>(9)).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 TYPED_TEST(BackendExecTest, FillWritesEveryWord) {
   DeviceBuffer out(this->backend(), 37 * sizeof(uint32_t));
   const kernels::FillBody fill{static_cast<uint32_t*>(out.data()), 0x12345678u};
@@ -103,6 +136,8 @@ TYPED_TEST(BackendExecTest, RejectsMalformedLaunches) {
   EXPECT_EQ(this->backend().launch(unknown, Stream{}).code(), StatusCode::kInvalidArgument);
   KernelLaunch negative{KernelId::kIota, &iota, sizeof(iota), -1};
   EXPECT_EQ(this->backend().launch(negative, Stream{}).code(), StatusCode::kInvalidArgument);
+  KernelLaunch negative_cap{KernelId::kIota, &iota, sizeof(iota), 1, -1};
+  EXPECT_EQ(this->backend().launch(negative_cap, Stream{}).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(dummy, 0);
 }
 

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "pagedkv/cache.hpp"
+#include "pagedkv/cpu_backend.hpp"
+#include "pagedkv/fault_injection.hpp"
 
 namespace pagedkv {
 namespace {
@@ -257,6 +259,77 @@ TEST_F(BatchFormatsTest, TooSmallBuffersAreRefusedAndTheCacheIsUnchanged) {
   // A batch that no longer describes the rows is refused.
   ASSERT_TRUE(kv_->reserve(ids[0], 1).ok());
   EXPECT_EQ(append_indices(*kv_, ids, *again).status().code(), StatusCode::kInvalidArgument);
+}
+
+// The vLLM and append-index uploads go through the cache's pinned upload arena: a decode loop of
+// build_vllm_batch_into and upload_append_indices queues no host function and, with a step shape
+// that covers the buffers, allocates nothing after the first step. The device arrays match a
+// reference built here from the cache's own queries (block_locations, reserved_slots).
+TEST(BatchFormatsStepTest, VllmAndAppendStepsQueueNoHostFunctionAndAllocateNothing) {
+  constexpr int32_t kBatch = 24, kMaxBlocks = 16, kSteps = 12;
+  constexpr int64_t kSlots = kBatch;
+  std::unique_ptr<Backend> inner = create_cpu_backend({});
+  FaultInjectionBackend faults(*inner);
+  CacheConfig c = small_config();
+  c.num_device_blocks = kBatch * kMaxBlocks;
+  KvCacheOptions o;
+  o.backend = &faults;
+  o.step_shape = StepShape{kBatch, kMaxBlocks, kSlots};
+  auto created = KvCache::create(c, o);
+  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  KvCache& kv = **created;
+  std::vector<SequenceId> ids;
+  for (SequenceId id = 1; id <= kBatch; ++id) {
+    std::vector<TokenId> prompt(static_cast<size_t>(3 + id % 9));
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<TokenId>(id * 100 + i);
+    ASSERT_TRUE(kv.add_sequence(id, prompt).ok());
+    ASSERT_TRUE(kv.reserve(id, static_cast<int64_t>(prompt.size())).ok());
+    ASSERT_TRUE(kv.commit(id, prompt).ok());
+    ids.push_back(id);
+  }
+  // Caller-owned buffers at fixed addresses (CPU backend: host memory is device memory).
+  std::vector<int32_t> table(size_t{kBatch} * kMaxBlocks);
+  std::vector<int64_t> slots(kSlots);
+  std::vector<int32_t> dev_batch(kSlots), dev_pos(kSlots);
+  const VllmBuffers buffers{table.data(), kBatch, kMaxBlocks, slots.data(), kSlots};
+  const std::vector<TokenId> next(kBatch, 7);
+  faults.record_launches(true);
+  for (int32_t step = 0; step < kSteps; ++step) {
+    if (step == 1) faults.reset_counts();  // the first step may size what it needs
+    ASSERT_TRUE(kv.reserve_batch(ids, 1).ok());
+    auto batch = build_vllm_batch_into(kv, ids, buffers);
+    ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+    auto coo = append_indices(kv, ids, *batch);
+    ASSERT_TRUE(coo.ok()) << coo.status().to_string();
+    auto host = std::make_shared<AppendIndices>(*coo);
+    ASSERT_TRUE(
+        upload_append_indices(kv, host, dev_batch.data(), dev_pos.data(), kSlots).ok());
+    // Copied out when the call returned: changing the host arrays now changes nothing queued.
+    std::fill(host->batch_indices.begin(), host->batch_indices.end(), kPoison);
+    std::fill(host->positions.begin(), host->positions.end(), kPoison);
+    ASSERT_TRUE(kv.synchronize().ok());
+    // The naive reference, from the cache's queries.
+    for (size_t r = 0; r < ids.size(); ++r) {
+      auto blocks = kv.block_locations(ids[r]);
+      auto reserved = kv.reserved_slots(ids[r], 0);
+      auto length = kv.length(ids[r]);
+      ASSERT_TRUE(blocks.ok() && reserved.ok() && length.ok());
+      for (size_t col = 0; col < static_cast<size_t>(kMaxBlocks); ++col) {
+        const int32_t want = col < blocks->size() ? (*blocks)[col].block : -1;
+        ASSERT_EQ(table[r * kMaxBlocks + col], want) << "step " << step << " row " << r;
+      }
+      ASSERT_EQ(reserved->size(), 1u);
+      ASSERT_EQ(slots[r], (*reserved)[0]) << "step " << step << " row " << r;
+      ASSERT_EQ(dev_batch[r], static_cast<int32_t>(r)) << "step " << step;
+      ASSERT_EQ(dev_pos[r], *length) << "step " << step;  // the one appended token's position
+    }
+    ASSERT_TRUE(kv.commit_batch(ids, next, 1).ok());
+  }
+  for (const LaunchCall& l : faults.launch_calls()) {
+    EXPECT_FALSE(l.host_func) << "a host function per step (a pageable upload kept alive)";
+  }
+  EXPECT_EQ(faults.count(FaultKind::kAllocation), 0) << "the steps after the first allocated";
+  EXPECT_TRUE(kv.check_invariants().ok());
 }
 
 }  // namespace

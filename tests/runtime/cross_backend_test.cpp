@@ -80,7 +80,9 @@ class FilledAllocBackend final : public Backend {
   StatusOr<void*> mapped_device_pointer(void* p) override {
     return inner_.mapped_device_pointer(p);
   }
-  StatusOr<Stream> create_stream() override { return inner_.create_stream(); }
+  StatusOr<Stream> create_stream(StreamPriority p = StreamPriority::kNormal) override {
+    return inner_.create_stream(p);
+  }
   StatusOr<Stream> wrap_stream(void* n) override { return inner_.wrap_stream(n); }
   StatusOr<void*> native_stream(Stream s) override { return inner_.native_stream(s); }
   void destroy_stream(Stream s) override { inner_.destroy_stream(s); }

@@ -40,7 +40,9 @@ class JitterBackend final : public Backend {
   void free_device(void* p) override { inner_->free_device(p); }
   StatusOr<void*> allocate_pinned(size_t b) override { return inner_->allocate_pinned(b); }
   void free_pinned(void* p) override { inner_->free_pinned(p); }
-  StatusOr<Stream> create_stream() override { return inner_->create_stream(); }
+  StatusOr<Stream> create_stream(StreamPriority p = StreamPriority::kNormal) override {
+    return inner_->create_stream(p);
+  }
   StatusOr<Stream> wrap_stream(void* n) override { return inner_->wrap_stream(n); }
   StatusOr<void*> native_stream(Stream s) override { return inner_->native_stream(s); }
   void destroy_stream(Stream s) override { inner_->destroy_stream(s); }

@@ -71,7 +71,9 @@ class DeviceBytesBackend final : public Backend {
   }
   StatusOr<void*> allocate_pinned(size_t bytes) override { return inner_.allocate_pinned(bytes); }
   void free_pinned(void* ptr) override { inner_.free_pinned(ptr); }
-  StatusOr<Stream> create_stream() override { return inner_.create_stream(); }
+  StatusOr<Stream> create_stream(StreamPriority p = StreamPriority::kNormal) override {
+    return inner_.create_stream(p);
+  }
   StatusOr<Stream> wrap_stream(void* native) override { return inner_.wrap_stream(native); }
   StatusOr<void*> native_stream(Stream stream) override { return inner_.native_stream(stream); }
   void destroy_stream(Stream stream) override { inner_.destroy_stream(stream); }

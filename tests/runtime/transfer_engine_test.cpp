@@ -592,7 +592,7 @@ TEST(TransferEngineKernel, NarrowLaunchShapeWithLaggingCopiesMovesTheSameBytes) 
   ops_detail::set_launch_shape_for_testing(ops_detail::LaunchShape::kAuto);
 }
 
-TYPED_TEST(TransferEngineTest, KernelPathIsOneLaunchPerDirectionAndNoCopies) {
+TYPED_TEST(TransferEngineTest, KernelPathIsOneLaunchPerDirectionAndNoBlockCopies) {
   FaultInjectionBackend fi(this->backend());
   const int32_t n = 37;
   const int64_t block_bytes = 1000 + 24;
@@ -626,13 +626,24 @@ TYPED_TEST(TransferEngineTest, KernelPathIsOneLaunchPerDirectionAndNoCopies) {
     moves.push_back(restore(sources[i], devices[i]));
   }
   fi.record_copies(true);
+  fi.record_launches(true);
   fi.reset_counts();
   auto job = (*engine)->submit(moves, Stream{});
   ASSERT_TRUE(job.ok()) << job.status().to_string();
   ASSERT_TRUE((*engine)->wait(*job).ok());
   EXPECT_EQ(fi.count(FaultKind::kLaunch), 2) << "one copy kernel per direction";
-  EXPECT_EQ(fi.count(FaultKind::kCopy), 0) << "no copies on the kernel path";
-  EXPECT_TRUE(fi.copy_calls().empty());
+  // No block goes through a copy: the only copies upload each kernel's (src, dst) pairs to
+  // device memory, on the kernel's stream just before it (not read over PCIe by every thread).
+  const std::vector<CopyCall> copies = fi.copy_calls();
+  const std::vector<LaunchCall> launches = fi.launch_calls();
+  ASSERT_EQ(copies.size(), 2u);
+  ASSERT_EQ(launches.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_FALSE(copies[i].batched);
+    EXPECT_EQ(copies[i].kind, CopyKind::kHostToDevice);
+    EXPECT_EQ(copies[i].bytes, static_cast<size_t>(m) * 2 * sizeof(int32_t));
+    EXPECT_EQ(copies[i].stream, launches[i].stream);
+  }
   EXPECT_EQ((*engine)->kernels_issued(), 2);
   EXPECT_EQ((*engine)->copies_issued(), 0);
   EXPECT_EQ((*engine)->bytes_moved(), 2 * m * block_bytes);
@@ -648,6 +659,37 @@ TYPED_TEST(TransferEngineTest, KernelPathIsOneLaunchPerDirectionAndNoCopies) {
   EXPECT_EQ(fi.count(FaultKind::kLaunch), 1);
   EXPECT_EQ(fi.count(FaultKind::kAllocation), 0);
   EXPECT_EQ(p.read(Tier::kHost, free_hosts[0]), restored[0]);
+}
+
+// The copy kernel must not fill every SM during a PCIe-bound transfer: each launch carries the
+// engine's CTA cap, and both copy streams were created with low priority, below compute.
+TYPED_TEST(TransferEngineTest, CopyKernelLaunchesAreCappedOnLowPriorityStreams) {
+  FaultInjectionBackend fi(this->backend());
+  Pools p(fi, 32, 32, 1024);
+  auto engine = make_engine(fi, p, kAlwaysKernel);
+  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  ASSERT_TRUE((*engine)->uses_kernel());
+  EXPECT_EQ(fi.stream_priority((*engine)->device_to_host_stream()), StreamPriority::kLow);
+  EXPECT_EQ(fi.stream_priority((*engine)->host_to_device_stream()), StreamPriority::kLow);
+  const std::vector<uint8_t> d3 = p.fill_device(3, 21);
+  std::vector<uint8_t> h5(1024);
+  for (size_t i = 0; i < h5.size(); ++i) h5[i] = static_cast<uint8_t>(i * 13 + 1);
+  std::memcpy(p.host_block(5), h5.data(), h5.size());  // pinned: written directly
+  fi.record_launches(true);
+  auto job = (*engine)->submit({offload(3, 7), restore(5, 9)}, Stream{});
+  ASSERT_TRUE(job.ok()) << job.status().to_string();
+  ASSERT_TRUE((*engine)->wait(*job).ok());
+  const std::vector<LaunchCall> launches = fi.launch_calls();
+  ASSERT_EQ(launches.size(), 2u);
+  for (const LaunchCall& l : launches) {
+    EXPECT_FALSE(l.host_func);
+    EXPECT_EQ(l.kernel, KernelId::kCopyBlocks);
+    EXPECT_EQ(l.max_blocks, TransferEngine::kCopyKernelMaxBlocks);
+    EXPECT_GT(l.max_blocks, 0);
+    EXPECT_EQ(fi.stream_priority(l.stream), StreamPriority::kLow);
+  }
+  EXPECT_EQ(p.read(Tier::kHost, 7), d3);
+  EXPECT_EQ(p.read(Tier::kDevice, 9), h5);
 }
 
 TYPED_TEST(TransferEngineTest, AFailedKernelLaunchReportsTheQueuedPrefix) {
@@ -702,7 +744,9 @@ class GatedOffloads final : public Backend {
   void free_device(void* p) override { inner_.free_device(p); }
   StatusOr<void*> allocate_pinned(size_t b) override { return inner_.allocate_pinned(b); }
   void free_pinned(void* p) override { inner_.free_pinned(p); }
-  StatusOr<Stream> create_stream() override { return inner_.create_stream(); }
+  StatusOr<Stream> create_stream(StreamPriority p = StreamPriority::kNormal) override {
+    return inner_.create_stream(p);
+  }
   StatusOr<Stream> wrap_stream(void* n) override { return inner_.wrap_stream(n); }
   StatusOr<void*> native_stream(Stream s) override { return inner_.native_stream(s); }
   void destroy_stream(Stream s) override { inner_.destroy_stream(s); }

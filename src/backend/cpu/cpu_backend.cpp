@@ -134,7 +134,9 @@ StatusOr<void*> CpuBackend::mapped_device_pointer(void* pinned) {
   return invalid_argument("mapped_device_pointer: not pinned memory of this backend");
 }
 
-StatusOr<Stream> CpuBackend::create_stream() {
+StatusOr<Stream> CpuBackend::create_stream(StreamPriority priority) {
+  // Accepted and not acted on: each stream is its own worker thread, all alike.
+  PAGEDKV_RETURN_IF_ERROR(validate_stream_priority(priority));
   auto stream = std::make_unique<CpuStream>();
   void* handle = stream.get();
   streams_.emplace(handle, StreamEntry{std::move(stream), nullptr});
@@ -288,6 +290,11 @@ Status CpuBackend::launch(const KernelLaunch& launch, Stream stream) {
   if (launch.num_items < 0) {
     return invalid_argument(std::string("kernel ") + kernels::kernel_name(launch.kernel) +
                             ": negative index space");
+  }
+  // max_blocks shapes a CUDA grid; the loop below runs the same indices whatever it is.
+  if (launch.max_blocks < 0) {
+    return invalid_argument(std::string("kernel ") + kernels::kernel_name(launch.kernel) +
+                            ": negative max_blocks");
   }
   PAGEDKV_ASSIGN_OR_RETURN(CpuStream * s, find_stream(stream));
   if (launch.num_items == 0) return ok_status();

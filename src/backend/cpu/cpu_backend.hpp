@@ -29,7 +29,7 @@ class CpuBackend final : public Backend {
   void free_pinned(void* ptr) override;
   StatusOr<void*> mapped_device_pointer(void* pinned) override;
 
-  StatusOr<Stream> create_stream() override;
+  StatusOr<Stream> create_stream(StreamPriority priority = StreamPriority::kNormal) override;
   StatusOr<Stream> wrap_stream(void* native) override;
   StatusOr<void*> native_stream(Stream stream) override;
   void destroy_stream(Stream stream) override;

@@ -75,10 +75,75 @@ int resident_blocks(KernelId id) {
   return e == cudaSuccess ? blocks : 0;
 }
 
+// Stream priorities of a device (cudaDeviceGetStreamPriorityRange: a lower number is a higher
+// priority; 0 is the lowest on every device so far, and the priority of a stream created without
+// one). kNormal sits one step above the lowest where there is room, so that the copy streams
+// (kLow) yield to the cache's compute stream rather than share its priority.
+struct Priorities {
+  int normal = 0;
+  int low = 0;
+};
+
+Priorities stream_priorities() {
+  int least = 0, greatest = 0;
+  if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess) {
+    cudaGetLastError();  // no priorities: every stream alike
+    return {};
+  }
+  return {greatest < least ? least - 1 : least, least};
+}
+
+// Whether cudaMemcpyBatchAsync works here: a 2-region, 1-byte-each device-to-device batch on a
+// private stream, whose bytes are read back. A driver older than the toolkit, or a virtualised
+// host that does not know the call, may refuse it with any error code (not only
+// cudaErrorNotSupported), or accept it and do nothing; any failure picks the per-copy loop for
+// the backend's life. The probe's errors are cleared, so none reaches the application.
+bool probe_memcpy_batch() {
+#if CUDART_VERSION >= 12080
+  unsigned char* scratch = nullptr;
+  cudaStream_t stream = nullptr;
+  bool works = false;
+  if (cudaMalloc(&scratch, 4) == cudaSuccess &&
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess) {
+    unsigned char bytes[4] = {0x5a, 0xa5, 0, 0};
+    void* dsts[2] = {scratch + 2, scratch + 3};
+    const void* srcs[2] = {scratch, scratch + 1};
+    size_t sizes[2] = {1, 1};
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t attr_index = 0;
+    bool ok = cudaMemcpyAsync(scratch, bytes, 4, cudaMemcpyHostToDevice, stream) == cudaSuccess;
+#if CUDART_VERSION >= 13000
+    ok = ok && cudaMemcpyBatchAsync(dsts, srcs, sizes, 2, &attr, &attr_index, 1, stream) ==
+                   cudaSuccess;
+#else
+    size_t fail_index = 0;
+    ok = ok && cudaMemcpyBatchAsync(dsts, const_cast<void**>(srcs), sizes, 2, &attr, &attr_index,
+                                    1, &fail_index, stream) == cudaSuccess;
+#endif
+    unsigned char back[4] = {0, 0, 0, 0};
+    ok = ok && cudaMemcpyAsync(back, scratch, 4, cudaMemcpyDeviceToHost, stream) == cudaSuccess;
+    ok = cudaStreamSynchronize(stream) == cudaSuccess && ok;
+    works = ok && back[2] == 0x5a && back[3] == 0xa5;
+  }
+  if (stream != nullptr) cudaStreamDestroy(stream);
+  if (scratch != nullptr) cudaFree(scratch);
+  cudaGetLastError();  // leave no error of the probe behind
+  return works;
+#else
+  return false;  // a toolkit without cudaMemcpyBatchAsync
+#endif
+}
+
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, cudaStream_t default_stream, const cudaDeviceProp& props)
-      : device_(device), default_stream_(default_stream), props_(props) {
+  CudaBackend(int device, cudaStream_t default_stream, const cudaDeviceProp& props,
+              Priorities priorities, bool batch_supported)
+      : device_(device),
+        default_stream_(default_stream),
+        props_(props),
+        priorities_(priorities),
+        batch_supported_(batch_supported) {
     // Per body, the blocks that are resident at once on every SM (from its registers: a cap
     // of SMs x threads per SM / 256 ignored them and left a partial second wave); grid-stride
     // loops cover the rest. The factory made `device` current.
@@ -109,7 +174,10 @@ class CudaBackend final : public Backend {
   std::string description() const override {
     return std::string("cuda: ") + props_.name + " (" + std::to_string(props_.multiProcessorCount) +
            " SMs, sm_" + std::to_string(props_.major) + std::to_string(props_.minor) + ", " +
-           std::to_string(props_.totalGlobalMem >> 20) + " MiB)";
+           std::to_string(props_.totalGlobalMem >> 20) + " MiB; copy batches: " +
+           (batch_supported_ ? "cudaMemcpyBatchAsync" : "one cudaMemcpyAsync per region") +
+           "; stream priorities: normal " + std::to_string(priorities_.normal) + ", low " +
+           std::to_string(priorities_.low) + ")";
   }
 
   StatusOr<void*> allocate_device(size_t bytes) override {
@@ -157,11 +225,13 @@ class CudaBackend final : public Backend {
     return device;
   }
 
-  StatusOr<Stream> create_stream() override {
+  StatusOr<Stream> create_stream(StreamPriority priority = StreamPriority::kNormal) override {
     PAGEDKV_RETURN_IF_ERROR(alive());
+    PAGEDKV_RETURN_IF_ERROR(validate_stream_priority(priority));
     const DeviceGuard guard(device_);
+    const int value = priority == StreamPriority::kLow ? priorities_.low : priorities_.normal;
     cudaStream_t s = nullptr;
-    PAGEDKV_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    PAGEDKV_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, value));
     streams_.insert(s);
     return Stream{s};
   }
@@ -293,10 +363,10 @@ class CudaBackend final : public Backend {
     }
 #if CUDART_VERSION >= 12080
     // One submission for the whole batch. The legacy stream (a wrapped 0 or cudaStreamLegacy) is
-    // refused by cudaMemcpyBatchAsync, and a driver older than the toolkit lacks it: both take
-    // the loop below.
-    if (dsts.size() > 1 && s != nullptr && s != cudaStreamLegacy &&
-        batch_supported_.load(std::memory_order_relaxed)) {
+    // refused by cudaMemcpyBatchAsync, and where the probe at creation found the call missing or
+    // broken (probe_memcpy_batch) every batch takes the loop below: the path never changes at
+    // run time, so an error here is the copy's own.
+    if (dsts.size() > 1 && s != nullptr && s != cudaStreamLegacy && batch_supported_) {
       // The sources are written by work queued earlier on the stream: read them in stream order.
       cudaMemcpyAttributes attr{};
       attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
@@ -310,13 +380,8 @@ class CudaBackend final : public Backend {
           cudaMemcpyBatchAsync(dsts.data(), const_cast<void**>(srcs.data()), sizes.data(),
                                dsts.size(), &attr, &attr_index, 1, &fail_index, s);
 #endif
-      if (err == cudaSuccess) return ok_status();
-      if (err != cudaErrorNotSupported && err != cudaErrorCallRequiresNewerDriver) {
-        return check(err, "cudaMemcpyBatchAsync(dsts, srcs, sizes, n, &attr, &idx, 1, s)", __FILE__,
-                     __LINE__);
-      }
-      (void)cudaGetLastError();  // not sticky: clear it and use the loop from now on
-      batch_supported_.store(false, std::memory_order_relaxed);
+      return check(err, "cudaMemcpyBatchAsync(dsts, srcs, sizes, n, &attr, &idx, 1, s)", __FILE__,
+                   __LINE__);
     }
 #endif
     for (size_t i = 0; i < dsts.size(); ++i) {
@@ -349,9 +414,15 @@ class CudaBackend final : public Backend {
                               " bytes, expected " + std::to_string(expected));
     }
     if (launch.num_items < 0) return invalid_argument("negative index space");
+    if (launch.max_blocks < 0) {
+      return invalid_argument(std::string("kernel ") + kernels::kernel_name(launch.kernel) +
+                              ": negative max_blocks");
+    }
     PAGEDKV_ASSIGN_OR_RETURN(cudaStream_t s, find_stream(stream));
-    PAGEDKV_CUDA_CHECK(dispatch_kernel(launch.kernel, launch.params, launch.num_items, s,
-                                       max_blocks_[static_cast<size_t>(launch.kernel)]));
+    // One full wave of resident blocks, or fewer where the caller caps the grid.
+    int grid = max_blocks_[static_cast<size_t>(launch.kernel)];
+    if (launch.max_blocks > 0 && launch.max_blocks < grid) grid = launch.max_blocks;
+    PAGEDKV_CUDA_CHECK(dispatch_kernel(launch.kernel, launch.params, launch.num_items, s, grid));
     return ok_status();
   }
 
@@ -394,12 +465,13 @@ class CudaBackend final : public Backend {
   int device_;
   cudaStream_t default_stream_;
   cudaDeviceProp props_;
+  Priorities priorities_;
+  const bool batch_supported_;  // cudaMemcpyBatchAsync passed the probe at creation
   std::array<int, static_cast<size_t>(KernelId::kCount)> max_blocks_{};
   std::unordered_set<void*> streams_;  // created here: synchronized and destroyed here
   std::unordered_set<void*> wrapped_;  // the caller's: never destroyed here
   std::unordered_set<void*> events_;
   std::atomic<bool> lost_{false};
-  std::atomic<bool> batch_supported_{true};  // false once the driver refused cudaMemcpyBatchAsync
   mutable std::mutex lost_mutex_;
   Status lost_status_;
 };
@@ -426,11 +498,16 @@ StatusOr<std::unique_ptr<Backend>> create_cuda_backend(int device) {
   DeviceGuard guard(device);  // the stream below is the device's; the caller's device stays
   cudaDeviceProp props{};
   PAGEDKV_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, device));
+  const Priorities priorities = stream_priorities();
   // A blocking stream: it is ordered with CUDA's legacy stream 0, so an application that runs
-  // its kernels on stream 0 gets implicit order with the default stream's work.
+  // its kernels on stream 0 gets implicit order with the default stream's work. At kNormal, above
+  // the copy streams' kLow.
   cudaStream_t stream = nullptr;
-  PAGEDKV_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
-  return std::unique_ptr<Backend>(new CudaBackend(device, stream, props));
+  PAGEDKV_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithPriority(&stream, cudaStreamDefault, priorities.normal));
+  const bool batch_supported = probe_memcpy_batch();
+  return std::unique_ptr<Backend>(
+      new CudaBackend(device, stream, props, priorities, batch_supported));
 }
 
 }  // namespace pagedkv::cuda
