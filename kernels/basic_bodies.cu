@@ -4,3 +4,4 @@
 
 PAGEDKV_INSTANTIATE_CUDA_LAUNCH(::pagedkv::kernels::FillBody);
 PAGEDKV_INSTANTIATE_CUDA_LAUNCH(::pagedkv::kernels::IotaBody);
+PAGEDKV_INSTANTIATE_CUDA_LAUNCH(::pagedkv::kernels::SpinBody);

@@ -98,8 +98,31 @@ TYPED_TEST(BackendExecTest, ACappedGridRunsEveryIndex) {
     launch.max_blocks = cap;
     ASSERT_TRUE(this->backend().launch(launch, Stream{}).ok()) << "cap " << cap;
     const std::vector<int64_t> got = out.download<int64_t>();
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[static_cast<size_t>(i)], 5 + 2 * i) << "cap " << cap;
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(got[static_cast<size_t>(i)], 5 + 2 * i) << "cap " << cap;
   }
+}
+
+// The spin kernel (the tests' stand-in for a model kernel) keeps its stream busy for the time
+// asked: work queued behind it is not done while it spins, and the stream takes at least that
+// long to drain.
+TYPED_TEST(BackendExecTest, ASpinKernelKeepsItsStreamBusyForTheTimeAsked) {
+  auto stream = this->backend().create_stream();
+  ASSERT_TRUE(stream.ok()) << stream.status().to_string();
+  auto behind = this->backend().create_event();
+  ASSERT_TRUE(behind.ok());
+  const auto start = std::chrono::steady_clock::now();
+  const kernels::SpinBody spin{60'000'000};  // 60 ms
+  ASSERT_TRUE(this->backend().launch(make_launch(KernelId::kSpin, spin, 1), *stream).ok());
+  ASSERT_TRUE(this->backend().record_event(*behind, *stream).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  auto done = this->backend().query_event(*behind);
+  ASSERT_TRUE(done.ok());
+  EXPECT_FALSE(*done) << "the event behind the spin completed within 10 ms of a 60 ms spin";
+  ASSERT_TRUE(this->backend().synchronize_stream(*stream).ok());
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(60));
+  this->backend().destroy_event(*behind);
+  this->backend().destroy_stream(*stream);
 }
 
 // Low-priority streams are ordinary streams that run work in order; an unknown priority is

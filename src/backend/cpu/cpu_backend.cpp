@@ -307,12 +307,16 @@ Status CpuBackend::launch(const KernelLaunch& launch, Stream stream) {
       streams_.at(stream.handle).native == nullptr) {
     delay += options_.copy_delay;
   }
+  // A spin stands for a model's long kernel: it runs on the worker, as on a device, never on
+  // the caller's thread.
+  const bool may_run_inline =
+      options_.run_inline_when_idle && delay.count() == 0 && launch.kernel != KernelId::kSpin;
   s->enqueue(
       [id = launch.kernel, params = std::move(params), n = launch.num_items, delay] {
         if (delay.count() > 0) std::this_thread::sleep_for(delay);
         run_kernel(id, params.data(), n);
       },
-      options_.run_inline_when_idle && delay.count() == 0);
+      may_run_inline);
   return ok_status();
 }
 
