@@ -1,5 +1,6 @@
 // Transfers that overlap compute, on the CPU backend with slow copies (each copy on the transfer
-// engine's streams sleeps 150 ms): a prefetch or a restore does not make the compute stream wait
+// engine's streams sleeps 150 ms) and, as its CUDA twin, on a GPU with a sequence large enough
+// that its copies take milliseconds: a prefetch or a restore does not make the compute stream wait
 // when it is submitted, so work queued on the compute stream right after it (an event, here)
 // completes while the copies still run; the first call that uses the moved blocks (build_batch,
 // gather_layer, write_kv, a copy-on-write) waits for them, and reads exactly the bytes the
@@ -12,11 +13,13 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "pagedkv/cache.hpp"
 #include "pagedkv/cpu_backend.hpp"
 #include "runtime/kv_model.hpp"
+#include "runtime/runtime_backends.hpp"
 #include "support/backend_test.hpp"
 #include "support/status_matchers.hpp"
 
@@ -26,56 +29,71 @@ namespace {
 using testing::DeviceBuffer;
 using testing::model_rows;
 
-// The two-group cache: layers 0 and 2 full attention, 1 and 3 a sliding window of 16 tokens
-// (longer than the sequence, so every position stays readable) with their own shape.
-CacheConfig hybrid_config() {
+// The cache's shape. On the CPU backend every copy of the transfer engine sleeps 150 ms; on a
+// GPU a sequence of about 64 MiB (96 MiB with the window group) takes about 1-2 ms over PCIe, ample
+// for an event on an idle compute stream to complete before the copies do.
+struct Shape {
+  int32_t heads, head_dim, window_heads, block_size;
+  int64_t tokens, blocks;
+};
+Shape shape_for(BackendKind kind) {
+  return kind == BackendKind::kCuda ? Shape{8, 128, 4, 16, 8190, 640} : Shape{2, 8, 1, 4, 10, 16};
+}
+
+// One group, or two: layers 0 and 2 full attention, 1 and 3 a sliding window longer than the
+// sequence (so every position stays readable) with their own shape.
+CacheConfig overlap_config(BackendKind kind, bool hybrid) {
+  const Shape s = shape_for(kind);
   CacheConfig c;
+  c.block_size = s.block_size;
+  c.backend = kind;
+  if (!hybrid) {
+    c.num_layers = 2;
+    c.num_kv_heads = s.heads;
+    c.head_dim = s.head_dim;
+    c.num_device_blocks = s.blocks;
+    c.num_host_blocks = s.blocks;
+    return c;
+  }
   c.num_layers = 4;
-  c.block_size = 4;
-  c.backend = BackendKind::kCpu;
   KvGroup full;
   full.name = "full";
   full.layers = {0, 2};
-  full.num_kv_heads = 2;
-  full.head_dim = 8;
-  full.num_device_blocks = 16;
-  full.num_host_blocks = 16;
+  full.num_kv_heads = s.heads;
+  full.head_dim = s.head_dim;
+  full.num_device_blocks = s.blocks;
+  full.num_host_blocks = s.blocks;
   KvGroup window = full;
   window.name = "window";
   window.layers = {1, 3};
-  window.num_kv_heads = 1;
-  window.head_dim = 16;
-  window.sliding_window = 16;
+  window.num_kv_heads = s.window_heads;
+  window.sliding_window = static_cast<int32_t>(s.tokens + 4 * s.block_size);
   c.groups = {full, window};
   return c;
 }
 
-class TransferOverlapTest : public ::testing::TestWithParam<bool> {
+class TransferOverlapTest : public ::testing::TestWithParam<std::tuple<bool, BackendKind>> {
  protected:
-  bool hybrid() const { return GetParam(); }
+  bool hybrid() const { return std::get<0>(GetParam()); }
+  BackendKind kind() const { return std::get<1>(GetParam()); }
 
   void SetUp() override {
+    testing::require_backend(kind());
+    if (IsSkipped() || HasFatalFailure()) return;
     CpuBackendOptions slow;
     slow.copy_delay = std::chrono::milliseconds(150);
-    backend_ = create_cpu_backend(slow);
-    if (hybrid()) {
-      config_ = hybrid_config();
-    } else {
-      config_.num_layers = 2;
-      config_.num_kv_heads = 2;
-      config_.head_dim = 8;
-      config_.block_size = 4;
-      config_.num_device_blocks = 16;
-      config_.num_host_blocks = 16;
-      config_.backend = BackendKind::kCpu;
-    }
+    backend_ = testing::make_backend(kind(), slow);
+    ASSERT_NE(backend_, nullptr);
+    config_ = overlap_config(kind(), hybrid());
     KvCacheOptions o;
     o.backend = backend_.get();
     o.transfer_kernel_block_bytes = 0;  // batched copies: one delayed copy per direction
     auto cache = KvCache::create(config_, o);
     ASSERT_TRUE(cache.ok()) << cache.status().to_string();
     cache_ = std::move(cache).value();
-    for (int i = 0; i < 10; ++i) tokens_.push_back(300 + 7 * i);
+    for (int64_t i = 0; i < shape_for(kind()).tokens; ++i) {
+      tokens_.push_back(static_cast<TokenId>(300 + 7 * i));
+    }
     ASSERT_TRUE(cache_->add_sequence(1, tokens_).ok());
     ASSERT_TRUE(cache_->reserve(1, static_cast<int64_t>(tokens_.size())).ok());
     write_model(1, tokens_, 0);
@@ -84,6 +102,8 @@ class TransferOverlapTest : public ::testing::TestWithParam<bool> {
     ASSERT_OK(cache_->synchronize());
     ASSERT_EQ(*cache_->residency(1), SequenceResidency::kHost);
   }
+
+  void TearDown() override { cache_.reset(); }  // before the backend it runs on
 
   // The shape of `layer`'s group.
   CacheConfig layer_config(int32_t layer) const {
@@ -165,12 +185,13 @@ TEST_P(TransferOverlapTest, ARestoreLetsComputeRunAheadAndABatchOfItWaitsForTheC
 }
 
 TEST_P(TransferOverlapTest, AWriteIntoAPrefetchedBlockComesAfterTheCopies) {
-  // Position 10 lands in the sequence's last, partly filled block, which the prefetch brings
+  // The next position lands in the sequence's last, partly filled block, which the prefetch brings
   // back: the write must not be overwritten by the copy still under way.
   ASSERT_OK(cache_->prefetch({1}));
   const std::vector<TokenId> next = {999};
   ASSERT_TRUE(cache_->reserve(1, 1).ok());
-  write_model(1, next, 10);
+  const int64_t end = static_cast<int64_t>(tokens_.size());
+  write_model(1, next, end);
   ASSERT_OK(cache_->commit(1, next));
   tokens_.push_back(999);
   expect_model_bytes();
@@ -202,10 +223,12 @@ TEST_P(TransferOverlapTest, AReservationDoesNotWaitForAnOffloadReadingOtherBlock
   ASSERT_OK(cache_->check_invariants());
 }
 
-INSTANTIATE_TEST_SUITE_P(Groups, TransferOverlapTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? std::string("FullAndWindow")
-                                             : std::string("OneGroup");
+INSTANTIATE_TEST_SUITE_P(Groups, TransferOverlapTest,
+                         ::testing::Combine(::testing::Bool(), testing::runtime_backends()),
+                         [](const ::testing::TestParamInfo<std::tuple<bool, BackendKind>>& info) {
+                           return std::string(std::get<0>(info.param) ? "FullAndWindow"
+                                                                      : "OneGroup") +
+                                  "_" + testing::backend_label(std::get<1>(info.param));
                          });
 
 }  // namespace
