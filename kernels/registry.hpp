@@ -13,13 +13,14 @@
 #include "pagedkv/kernel_id.hpp"
 
 // X(id, body type)
-#define PAGEDKV_KERNEL_LIST(X)                             \
-  X(kFill, ::pagedkv::kernels::FillBody)                   \
-  X(kIota, ::pagedkv::kernels::IotaBody)                   \
-  X(kPagedRows, ::pagedkv::kernels::PagedRowBody)          \
-  X(kCopyBlocks, ::pagedkv::kernels::CopyBlocksBody)       \
-  X(kExclusiveScan, ::pagedkv::kernels::ExclusiveScanBody) \
-  X(kDecodeAttention, ::pagedkv::kernels::DecodeAttentionBody)
+#define PAGEDKV_KERNEL_LIST(X)                                 \
+  X(kFill, ::pagedkv::kernels::FillBody)                       \
+  X(kIota, ::pagedkv::kernels::IotaBody)                       \
+  X(kPagedRows, ::pagedkv::kernels::PagedRowBody)              \
+  X(kCopyBlocks, ::pagedkv::kernels::CopyBlocksBody)           \
+  X(kExclusiveScan, ::pagedkv::kernels::ExclusiveScanBody)     \
+  X(kDecodeAttention, ::pagedkv::kernels::DecodeAttentionBody) \
+  X(kPagedRowsRaw, ::pagedkv::kernels::PagedRowRawBody)
 
 namespace pagedkv::kernels {
 
