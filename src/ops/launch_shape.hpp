@@ -34,7 +34,7 @@ int64_t resident_threads(const Backend& backend);
 /// chunks, at most a warp (kernels::kWarpRowLanes); then, while `rows` rows of twice as many
 /// lanes still fit in `resident_threads` (a decode step's few rows leave the device half idle
 /// otherwise), twice as many, up to one lane per chunk and kernels::kMaxRowLanes. A pure
-/// function of its arguments (all >= 0; 0 segments or rows give 1).
+/// function of its arguments (all >= 0; 0 segments give 1, 0 rows never grow past a warp).
 int64_t row_lanes(int64_t segs_per_row, int64_t rows, int64_t resident_threads);
 
 }  // namespace pagedkv::ops_detail
