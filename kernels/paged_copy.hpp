@@ -9,11 +9,14 @@
 // one: a short row leaves the warp's other lanes to the next rows), so consecutive threads touch
 // consecutive 16 bytes (coalesced) and a thread finds its row's place (token, slot, block, the
 // pool and tensor offsets) once per row, not once per 16 bytes; from chunk to chunk it only adds
-// a step fixed on the host. On the CPU a row has one lane. The body reads nothing but its own
-// index, so the mapping holds for any grid, block size and execution order; a warp-aligned group
-// is what makes it fast, not what makes it correct. Same code, two launch shapes; the tests run
-// both on the CPU backend. The remaining divisions (by tokens, block size, head dim) go through
-// precomputed FastDivmod multipliers: no 64-bit division on the GPU.
+// a step fixed on the host. When rows are too few to fill the device (a decode step), a row gets
+// more lanes, whole warps up to one lane per chunk, so that more threads wait on memory at once.
+// On the CPU a row has one lane. The body reads nothing but its own index, so the mapping holds
+// for any grid, block size and execution order; a warp-aligned group is what makes it fast, not
+// what makes it correct. Same code, two launch shapes; the tests run both on the CPU backend.
+// PagedRowRawBody is the raw path (same dtype, no scale) alone, with its loads batched. The
+// remaining divisions (by tokens, block size, head dim) go through precomputed FastDivmod
+// multipliers: no 64-bit division on the GPU.
 //
 // Device-resident indices (slots, block tables, indptr) cannot be checked on the host without a
 // synchronisation, so the body bounds-checks them and skips an out-of-range entry like a -1 slot.
@@ -149,6 +152,69 @@ PAGEDKV_HOST_DEVICE void copy_row_chunks(char* PAGEDKV_RESTRICT dst, int64_t dst
   }
 }
 
+/// The most vectors a lane of PagedRowRawBody loads before it stores any.
+inline constexpr int kRawVectorsInFlight = 4;
+
+/// Copies the vectors of walk `w` (each chunk one N-byte vector) issuing up to
+/// kRawVectorsInFlight loads before the first of their stores, so a lane waits for memory once
+/// per batch instead of once per vector (loads and stores that alternate cannot overlap: the
+/// compiler cannot prove that the next load reads nothing the store wrote).
+template <int N>
+PAGEDKV_HOST_DEVICE void copy_vectors_batched(char* PAGEDKV_RESTRICT dst, int64_t dst_head_stride,
+                                              const char* PAGEDKV_RESTRICT src,
+                                              int64_t src_head_stride, ChunkWalk w, int64_t es) {
+  using V = typename Bytes<N>::Type;
+  for (; w.count >= kRawVectorsInFlight; w.count -= kRawVectorsInFlight) {
+    const ChunkWalk first = w;
+    V v[kRawVectorsInFlight];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int k = 0; k < kRawVectorsInFlight; ++k) {
+      v[k] = *reinterpret_cast<const V*>(src + w.h * src_head_stride + w.d * es);
+      w.next();
+    }
+    w = first;  // the same positions again, for the stores
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int k = 0; k < kRawVectorsInFlight; ++k) {
+      *reinterpret_cast<V*>(dst + w.h * dst_head_stride + w.d * es) = v[k];
+      w.next();
+    }
+  }
+  // The last few, one at a time.
+  for (; w.count > 0; --w.count, w.next()) {
+    *reinterpret_cast<V*>(dst + w.h * dst_head_stride + w.d * es) =
+        *reinterpret_cast<const V*>(src + w.h * src_head_stride + w.d * es);
+  }
+}
+
+/// A lane's chunks of a row in N-byte vectors, batched (copy_vectors_batched). A chunk longer
+/// than one vector (the wide shape's whole row) is walked vector by vector; on the host one of
+/// kMemcpySegmentBytes or more goes to memcpy, as in copy_row_segment.
+template <int N>
+PAGEDKV_HOST_DEVICE void copy_row_vectors(char* PAGEDKV_RESTRICT dst, int64_t dst_head_stride,
+                                          const char* PAGEDKV_RESTRICT src, int64_t src_head_stride,
+                                          ChunkWalk w, int64_t es, int64_t head_bytes,
+                                          int64_t seg_bytes) {
+  if (seg_bytes == N) {
+    return copy_vectors_batched<N>(dst, dst_head_stride, src, src_head_stride, w, es);
+  }
+#if !defined(__CUDA_ARCH__)
+  if (seg_bytes >= kMemcpySegmentBytes) {
+    return copy_row_chunks<N>(dst, dst_head_stride, src, src_head_stride, w, es, head_bytes,
+                              seg_bytes);
+  }
+#endif
+  (void)head_bytes;
+  for (; w.count > 0; --w.count, w.next()) {
+    // The chunk's vectors: N / es elements apart, crossing heads (N divides a head's bytes).
+    const ChunkWalk vectors{w.h, w.d, seg_bytes / N, 0, static_cast<int32_t>(N / es), w.head_dim};
+    copy_vectors_batched<N>(dst, dst_head_stride, src, src_head_stride, vectors, es);
+  }
+}
+
 /// The storage type of one element of T.
 template <DType T>
 struct Storage {
@@ -280,9 +346,13 @@ enum class RowMapping : int32_t {
   kBatch = 2,  // ragged batch: sequence s holds t in [indptr[s], indptr[s+1]), table row s
 };
 
-/// The most lanes (consecutive indices) a row gets: one warp. A power of two that divides 32, so
-/// a row's lanes never straddle two warps of a block of whole warps.
-inline constexpr int kMaxRowLanes = 32;
+/// The lanes (consecutive indices) a row gets at most while rows fill the device: one warp. A
+/// power of two that divides 32, so a row's lanes never straddle two warps of a block of whole
+/// warps.
+inline constexpr int kWarpRowLanes = 32;
+/// The lanes a row gets at most when rows are few: whole warps, at most one CUDA block (256
+/// threads), so a row still sits in one block.
+inline constexpr int kMaxRowLanes = 256;
 
 /// Moves rows between the pool and a contiguous ("linear") tensor, in either direction,
 /// converting dtype and applying fp8 scales when the two element types differ.
@@ -332,7 +402,7 @@ struct PagedRowBody {
   int64_t seg_elems;     // elements per chunk; divides num_heads_op * head_dim (and head_dim
                          // unless it is the whole row)
   int64_t segs_per_row;  // chunks per row
-  int32_t lane_shift;    // log2 of the lanes (indices) per row: 0 on the CPU, up to 5 (a warp)
+  int32_t lane_shift;    // log2 of the lanes (indices) per row: 0 on the CPU, up to 8
   int32_t step_heads;    // (lanes * seg_elems) / head_dim: from a lane's chunk to its next one
   int32_t step_elems;    // (lanes * seg_elems) % head_dim
   // Dividers by num_tokens, layout.block_size and layout.head_dim (set with the launch shape, by
@@ -356,9 +426,22 @@ struct PagedRowBody {
     return lo;
   }
 
-  PAGEDKV_HOST_DEVICE void operator()(int64_t i) const {
+  /// Where index i's row lies and which of its chunks the index moves, found once per row.
+  struct RowPlace {
+    int64_t lane;      // the index's lane in its row
+    int64_t pool_off;  // element offset of the row's first (head, element) in the pool
+    int64_t lin;       // element offset of the same in the linear tensor (from lin_base)
+    int64_t lin_hs;    // the linear tensor's head stride (elements) for this row
+    const void* lin_base;
+    KvPart part;
+    int32_t layer;
+  };
+
+  /// Fills `p` for index i; false when the index moves nothing (an idle lane, a -1 or
+  /// out-of-range slot, position or block id).
+  PAGEDKV_HOST_DEVICE bool locate(int64_t i, RowPlace& p) const {
     const int64_t lane = i & ((int64_t{1} << lane_shift) - 1);
-    if (lane >= segs_per_row) return;  // a short row leaves its group's last lanes idle
+    if (lane >= segs_per_row) return false;  // a short row leaves its group's last lanes idle
     int64_t r = i >> lane_shift;
     int64_t t = 0;
     tokens_div.divmod(r, r, t);
@@ -375,15 +458,15 @@ struct PagedRowBody {
     int64_t lin_hs = lin_head_stride;
     if (mapping == RowMapping::kSlots) {
       const int64_t slot = slots[t];
-      if (slot < 0) return;
+      if (slot < 0) return false;
       block_div.divmod(slot, block, off);
-      if (block >= num_blocks) return;
+      if (block >= num_blocks) return false;
       lin = t * lin_token_stride;
     } else if (mapping == RowMapping::kTable) {
       const int64_t pos = pos0 + t;
-      if (pos < 0) return;
+      if (pos < 0) return false;
       const int64_t bi = block_div.div(pos);
-      if (bi >= max_blocks) return;
+      if (bi >= max_blocks) return false;
       block = block_tables[bi];
       off = pos - bi * bs;
       lin = t * lin_token_stride;
@@ -392,9 +475,9 @@ struct PagedRowBody {
       const int64_t start = indptr[s];
       const int64_t len = static_cast<int64_t>(indptr[s + 1]) - start;
       const int64_t pos = t - start;
-      if (pos < 0 || pos >= len) return;
+      if (pos < 0 || pos >= len) return false;
       const int64_t bi = block_div.div(pos);
-      if (bi >= max_blocks) return;
+      if (bi >= max_blocks) return false;
       block = block_tables[s * table_stride + bi];
       off = pos - bi * bs;
       if (lin_head_major_ragged) {
@@ -404,14 +487,20 @@ struct PagedRowBody {
         lin = t * lin_token_stride;
       }
     }
-    if (block < 0 || block >= num_blocks) return;
+    if (block < 0 || block >= num_blocks) return false;
 
-    const int64_t pool_off =
-        layout.element_offset(block, layer, part, static_cast<int32_t>(off), head0, 0);
-    const int64_t pool_hs = layout.head_stride();
-    lin += static_cast<int64_t>(layer - layer0) * lin_layer_stride;
-    const void* lin_base = part == KvPart::kKey ? lin_k : lin_v;
+    p.lane = lane;
+    p.pool_off = layout.element_offset(block, layer, part, static_cast<int32_t>(off), head0, 0);
+    p.lin = lin + static_cast<int64_t>(layer - layer0) * lin_layer_stride;
+    p.lin_hs = lin_hs;
+    p.lin_base = part == KvPart::kKey ? lin_k : lin_v;
+    p.part = part;
+    p.layer = layer;
+    return true;
+  }
 
+  /// The chunks of its row that `lane` moves: its first, then every lanes-th.
+  PAGEDKV_HOST_DEVICE detail::ChunkWalk walk(int64_t lane) const {
     detail::ChunkWalk w;
     int64_t h0 = 0;
     int64_t d0 = 0;
@@ -421,45 +510,65 @@ struct PagedRowBody {
     w.count = ((segs_per_row - 1 - lane) >> lane_shift) + 1;
     w.step_h = step_heads;
     w.step_d = step_elems;
-    w.head_dim = head_dim;
+    w.head_dim = layout.head_dim;
+    return w;
+  }
+
+  /// A located row's two ends for the raw path (same dtype, no scale): byte pointers to its
+  /// first element and byte head strides, source and destination by direction.
+  struct RawEnds {
+    char* dst;
+    const char* src;
+    int64_t dhs;
+    int64_t shs;
+    int64_t es;  // element size
+  };
+  PAGEDKV_HOST_DEVICE RawEnds raw_ends(const RowPlace& rp) const {
+    const int64_t es = static_cast<int64_t>(dtype_size(pool_dtype));
+    const int64_t pool_hs = layout.head_stride() * es;
+    char* p = static_cast<char*>(pool) + rp.pool_off * es;
+    char* l = static_cast<char*>(const_cast<void*>(rp.lin_base)) + rp.lin * es;
+    if (to_pool) return {p, l, pool_hs, rp.lin_hs * es, es};
+    return {l, p, rp.lin_hs * es, pool_hs, es};
+  }
+
+  PAGEDKV_HOST_DEVICE void operator()(int64_t i) const {
+    RowPlace rp;
+    if (!locate(i, rp)) return;
+    const detail::ChunkWalk w = walk(rp.lane);
 
     if (!convert) {
-      const int64_t es = static_cast<int64_t>(dtype_size(pool_dtype));
-      char* p = static_cast<char*>(pool) + pool_off * es;
-      char* l = static_cast<char*>(const_cast<void*>(lin_base)) + lin * es;
-      char* dst = to_pool ? p : l;
-      const char* src = to_pool ? l : p;
-      const int64_t dhs = (to_pool ? pool_hs : lin_hs) * es;
-      const int64_t shs = (to_pool ? lin_hs : pool_hs) * es;
-      const int64_t hb = head_dim * es;
-      const int64_t sb = seg_elems * es;
+      const RawEnds e = raw_ends(rp);
+      const int64_t hb = layout.head_dim * e.es;
+      const int64_t sb = seg_elems * e.es;
       switch (vec_bytes) {
         case 16:
-          return detail::copy_row_chunks<16>(dst, dhs, src, shs, w, es, hb, sb);
+          return detail::copy_row_chunks<16>(e.dst, e.dhs, e.src, e.shs, w, e.es, hb, sb);
         case 8:
-          return detail::copy_row_chunks<8>(dst, dhs, src, shs, w, es, hb, sb);
+          return detail::copy_row_chunks<8>(e.dst, e.dhs, e.src, e.shs, w, e.es, hb, sb);
         case 4:
-          return detail::copy_row_chunks<4>(dst, dhs, src, shs, w, es, hb, sb);
+          return detail::copy_row_chunks<4>(e.dst, e.dhs, e.src, e.shs, w, e.es, hb, sb);
         case 2:
-          return detail::copy_row_chunks<2>(dst, dhs, src, shs, w, es, hb, sb);
+          return detail::copy_row_chunks<2>(e.dst, e.dhs, e.src, e.shs, w, e.es, hb, sb);
         default:
-          return detail::copy_row_chunks<1>(dst, dhs, src, shs, w, es, hb, sb);
+          return detail::copy_row_chunks<1>(e.dst, e.dhs, e.src, e.shs, w, e.es, hb, sb);
       }
     }
 
+    const int64_t pool_hs = layout.head_stride();
     const int64_t pes = static_cast<int64_t>(dtype_size(pool_dtype));
     const int64_t les = static_cast<int64_t>(dtype_size(lin_dtype));
-    char* p = static_cast<char*>(pool) + pool_off * pes;
-    char* l = static_cast<char*>(const_cast<void*>(lin_base)) + lin * les;
+    char* p = static_cast<char*>(pool) + rp.pool_off * pes;
+    char* l = static_cast<char*>(const_cast<void*>(rp.lin_base)) + rp.lin * les;
     void* dst = to_pool ? p : l;
     const void* src = to_pool ? l : p;
     const DType st = to_pool ? lin_dtype : pool_dtype;
     const DType dt = to_pool ? pool_dtype : lin_dtype;
-    const int64_t dhs = to_pool ? pool_hs : lin_hs;
-    const int64_t shs = to_pool ? lin_hs : pool_hs;
+    const int64_t dhs = to_pool ? pool_hs : rp.lin_hs;
+    const int64_t shs = to_pool ? rp.lin_hs : pool_hs;
     const bool divide = to_pool != 0;
     const detail::RowScales rs =
-        detail::RowScales::of(scales, part, layer, head0, layout.num_kv_heads);
+        detail::RowScales::of(scales, rp.part, rp.layer, head0, layout.num_kv_heads);
     switch (st) {
       case DType::kFloat16:
         return detail::convert_row_chunks_to<DType::kFloat16>(dt, dst, dhs, src, shs, w, seg_elems,
@@ -474,6 +583,36 @@ struct PagedRowBody {
       default:
         return detail::convert_row_chunks_to<DType::kFloat8E4M3>(
             dt, dst, dhs, src, shs, w, seg_elems, rs, divide, convert_vec != 0);
+    }
+  }
+};
+
+/// PagedRowBody's raw path (same dtype, no scale) alone, as its own kernel: each lane loads up
+/// to kRawVectorsInFlight of its vectors before storing them (copy_row_vectors). Kept apart so
+/// that the extra registers of the batch cost occupancy here only, not in the generic body,
+/// whose register count is set by its conversion paths. The ops launch it whenever no
+/// conversion is needed; the params are a PagedRowBody with `convert` 0.
+struct PagedRowRawBody {
+  PagedRowBody row;
+
+  PAGEDKV_HOST_DEVICE void operator()(int64_t i) const {
+    PagedRowBody::RowPlace rp;
+    if (!row.locate(i, rp)) return;
+    const detail::ChunkWalk w = row.walk(rp.lane);
+    const PagedRowBody::RawEnds e = row.raw_ends(rp);
+    const int64_t hb = row.layout.head_dim * e.es;
+    const int64_t sb = row.seg_elems * e.es;
+    switch (row.vec_bytes) {
+      case 16:
+        return detail::copy_row_vectors<16>(e.dst, e.dhs, e.src, e.shs, w, e.es, hb, sb);
+      case 8:
+        return detail::copy_row_vectors<8>(e.dst, e.dhs, e.src, e.shs, w, e.es, hb, sb);
+      case 4:
+        return detail::copy_row_vectors<4>(e.dst, e.dhs, e.src, e.shs, w, e.es, hb, sb);
+      case 2:
+        return detail::copy_row_vectors<2>(e.dst, e.dhs, e.src, e.shs, w, e.es, hb, sb);
+      default:
+        return detail::copy_row_vectors<1>(e.dst, e.dhs, e.src, e.shs, w, e.es, hb, sb);
     }
   }
 };

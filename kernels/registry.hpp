@@ -20,6 +20,7 @@
   X(kCopyBlocks, ::pagedkv::kernels::CopyBlocksBody)           \
   X(kExclusiveScan, ::pagedkv::kernels::ExclusiveScanBody)     \
   X(kDecodeAttention, ::pagedkv::kernels::DecodeAttentionBody) \
+  X(kPagedRowsRaw, ::pagedkv::kernels::PagedRowRawBody)        \
   X(kSpin, ::pagedkv::kernels::SpinBody)
 
 namespace pagedkv::kernels {

@@ -8,8 +8,10 @@
 namespace pagedkv::cuda {
 
 inline constexpr int kThreadsPerBlock = 256;
-// Whole warps: PagedRowBody gives a row up to 32 consecutive indices and counts on a warp holding
-// whole groups of them (the grid stride is a multiple of the block, so this holds in every pass).
+// Whole warps: PagedRowBody gives a row a power of two of consecutive indices (up to 32 when rows
+// are many, whole warps up to 256 when they are few) and counts on a warp holding whole groups of
+// them, or a group holding whole warps (the grid stride is a multiple of the block, so this holds
+// in every pass).
 static_assert(kThreadsPerBlock % 32 == 0, "blocks of whole warps");
 
 template <typename Body>

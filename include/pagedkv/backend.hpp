@@ -101,6 +101,10 @@ class Backend {
   /// The device its memory and streams belong to: the CUDA device ordinal; on the CPU backend
   /// the ordinal its options name (0 by default). DLPack exports carry it as `device_id`.
   virtual int32_t device_ordinal() const { return 0; }
+  /// How many threads the device keeps resident at once (CUDA: SMs x threads per SM), which the
+  /// data-plane ops size their launches by (few rows get more threads each); 0 where the backend
+  /// does not say (the CPU backend: the ops then model a GPU).
+  virtual int64_t max_resident_threads() const { return 0; }
 
   /// Device memory (host memory on the CPU backend), 256-byte aligned.
   /// kResourceExhausted when it cannot be had; zero bytes is kInvalidArgument.

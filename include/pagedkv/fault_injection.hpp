@@ -124,6 +124,7 @@ class FaultInjectionBackend final : public Backend {
   BackendKind kind() const override;
   std::string description() const override;
   int32_t device_ordinal() const override;
+  int64_t max_resident_threads() const override;
 
   StatusOr<void*> allocate_device(size_t bytes) override;
   void free_device(void* ptr) override;

@@ -14,6 +14,7 @@ enum class KernelId : uint16_t {
   kCopyBlocks,       // whole blocks for (src, dst) pairs (copy-on-write, fork)
   kExclusiveScan,    // indptr from sequence lengths (CPU path of build_indptr)
   kDecodeAttention,  // reference paged decode attention (examples, tests)
+  kPagedRowsRaw,     // kPagedRows' raw copy (same dtype, no scale) with batched vector loads
   kSpin,             // busy-waits a given time per index (a model kernel's stand-in in tests)
   kCount,            // number of ids; not a kernel
 };

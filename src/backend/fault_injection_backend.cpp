@@ -150,6 +150,9 @@ LiveObjects FaultInjectionBackend::live() const {
 BackendKind FaultInjectionBackend::kind() const { return inner_.kind(); }
 
 int32_t FaultInjectionBackend::device_ordinal() const { return inner_.device_ordinal(); }
+int64_t FaultInjectionBackend::max_resident_threads() const {
+  return inner_.max_resident_threads();
+}
 
 std::string FaultInjectionBackend::description() const {
   return "fault injection over " + inner_.description();

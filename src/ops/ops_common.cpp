@@ -13,14 +13,35 @@ namespace pagedkv::ops_detail {
 namespace {
 
 LaunchShape g_forced_shape = LaunchShape::kAuto;
+int64_t g_forced_resident_threads = 0;
 
 }  // namespace
 
-void set_launch_shape_for_testing(LaunchShape shape) { g_forced_shape = shape; }
+void set_launch_shape_for_testing(LaunchShape shape, int64_t resident_threads) {
+  g_forced_shape = shape;
+  g_forced_resident_threads = resident_threads > 0 ? resident_threads : 0;
+}
 
 bool wide_launch(const Backend& backend) {
   if (g_forced_shape != LaunchShape::kAuto) return g_forced_shape == LaunchShape::kWide;
   return backend.kind() == BackendKind::kCpu;
+}
+
+int64_t resident_threads(const Backend& backend) {
+  if (g_forced_resident_threads > 0) return g_forced_resident_threads;
+  const int64_t n = backend.max_resident_threads();
+  return n > 0 ? n : kModelResidentThreads;
+}
+
+int64_t row_lanes(int64_t segs_per_row, int64_t rows, int64_t resident_threads) {
+  int64_t lanes = 1;
+  while (lanes < kernels::kWarpRowLanes && lanes < segs_per_row) lanes *= 2;
+  // Few rows: whole warps per row while the index space stays within the resident threads.
+  while (lanes < kernels::kMaxRowLanes && lanes < segs_per_row && rows > 0 &&
+         rows <= resident_threads / (2 * lanes)) {
+    lanes *= 2;
+  }
+  return lanes;
 }
 
 Status validate_dtype(DType t, const char* name) {
@@ -172,7 +193,8 @@ kernels::PagedRowBody make_row_body(const PoolRef& pool) {
   return b;
 }
 
-Status launch_paged_rows(Backend& backend, kernels::PagedRowBody b, Stream stream) {
+StatusOr<PagedRowsPlan> plan_paged_rows(kernels::PagedRowBody b, bool wide,
+                                        int64_t resident_threads) {
   const int64_t head_dim = b.layout.head_dim;
   const int64_t row_elems = static_cast<int64_t>(b.num_heads_op) * head_dim;
   b.convert =
@@ -189,7 +211,7 @@ Status launch_paged_rows(Backend& backend, kernels::PagedRowBody b, Stream strea
   } else {
     b.vec_bytes = 1;
   }
-  if (wide_launch(backend)) {
+  if (wide) {
     b.seg_elems = row_elems;
   } else if (!b.convert) {
     b.seg_elems = b.vec_bytes / static_cast<int64_t>(dtype_size(b.pool_dtype));
@@ -217,36 +239,58 @@ Status launch_paged_rows(Backend& backend, kernels::PagedRowBody b, Stream strea
     }
   }
   b.segs_per_row = row_elems / b.seg_elems;
-  // Lanes per row: one on the CPU (a whole row per index); in the narrow shape the smallest power
-  // of two that covers the row's chunks, at most a warp, so that a short row shares its warp with
-  // the next rows and a long one gives each lane several chunks.
-  int64_t lanes = 1;
-  b.lane_shift = 0;
-  while (b.seg_elems != row_elems && lanes < kernels::kMaxRowLanes && lanes < b.segs_per_row) {
-    lanes *= 2;
-    ++b.lane_shift;
+  // Lanes per row: one in the wide shape (a whole row per index); in the narrow shape a power of
+  // two, a warp or less when rows are many (a short row shares its warp with the next rows, a
+  // long one gives each lane several chunks), more when they are few (row_lanes).
+  const int64_t rows = static_cast<int64_t>(b.num_layers_op) * b.layout.num_parts;
+  int64_t rows_total = 0;
+  if (__builtin_mul_overflow(rows, b.num_tokens, &rows_total)) {
+    return invalid_argument("num_tokens: " + std::to_string(b.num_tokens) +
+                            " tokens make an index space past int64");
   }
+  const int64_t lanes = wide ? 1 : row_lanes(b.segs_per_row, rows_total, resident_threads);
+  b.lane_shift = 0;
+  while ((int64_t{1} << b.lane_shift) < lanes) ++b.lane_shift;
   b.step_heads = static_cast<int32_t>(lanes * b.seg_elems / head_dim);
   b.step_elems = static_cast<int32_t>(lanes * b.seg_elems % head_dim);
   // The ops bound num_tokens * row_elems by the linear tensor's reach; the index space adds the
   // layer and part factors and the lanes, so it is checked too.
-  int64_t items = 0;
-  if (__builtin_mul_overflow(static_cast<int64_t>(b.num_layers_op) * b.layout.num_parts,
-                             b.num_tokens, &items) ||
-      __builtin_mul_overflow(items, lanes, &items)) {
+  PagedRowsPlan plan;
+  if (__builtin_mul_overflow(rows_total, lanes, &plan.items)) {
     return invalid_argument("num_tokens: " + std::to_string(b.num_tokens) +
                             " tokens make an index space past int64");
   }
-  if (items == 0) return ok_status();
+  if (plan.items == 0) {
+    plan.body = b;
+    return plan;
+  }
   // Every divisor of the index decomposition, precomputed once per launch (all positive here).
   b.tokens_div = kernels::FastDivmod::make(static_cast<uint64_t>(b.num_tokens));
   b.block_div = kernels::FastDivmod::make(static_cast<uint64_t>(b.layout.block_size));
   b.head_dim_div = kernels::FastDivmod::make(static_cast<uint64_t>(head_dim));
+  plan.body = b;
+  plan.kernel = b.convert ? KernelId::kPagedRows : KernelId::kPagedRowsRaw;
+  return plan;
+}
+
+Status launch_paged_rows(Backend& backend, kernels::PagedRowBody body, Stream stream) {
+  PAGEDKV_ASSIGN_OR_RETURN(const PagedRowsPlan plan,
+                           plan_paged_rows(body, wide_launch(backend), resident_threads(backend)));
+  if (plan.items == 0) return ok_status();
   KernelLaunch launch;
-  launch.kernel = KernelId::kPagedRows;
-  launch.params = &b;
-  launch.params_size = sizeof(b);
-  launch.num_items = items;
+  launch.kernel = plan.kernel;
+  launch.num_items = plan.items;
+  // The raw body's params are a PagedRowBody (its one member).
+  static_assert(sizeof(kernels::PagedRowRawBody) == sizeof(kernels::PagedRowBody),
+                "PagedRowRawBody is a PagedRowBody");
+  if (plan.kernel == KernelId::kPagedRowsRaw) {
+    const kernels::PagedRowRawBody raw{plan.body};
+    launch.params = &raw;
+    launch.params_size = sizeof(raw);
+    return backend.launch(launch, stream);
+  }
+  launch.params = &plan.body;
+  launch.params_size = sizeof(plan.body);
   return backend.launch(launch, stream);
 }
 

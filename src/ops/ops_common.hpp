@@ -40,8 +40,22 @@ Status validate_reach(const void* a, const void* b, size_t elem_size, int64_t re
 /// The largest power of two <= 16 that divides every value (byte addresses and byte strides).
 int choose_vec_bytes(std::initializer_list<uint64_t> values);
 
-/// Fills the launch-shape and conversion fields of a PagedRowBody whose other fields are set,
-/// and launches it. The body must describe a valid, validated op.
+/// A planned PagedRowBody launch: the body with its launch-shape and conversion fields set, the
+/// kernel that runs it (kPagedRowsRaw when no conversion applies, else kPagedRows) and the size
+/// of its index space (0: nothing to launch).
+struct PagedRowsPlan {
+  kernels::PagedRowBody body;
+  KernelId kernel = KernelId::kPagedRows;
+  int64_t items = 0;
+};
+
+/// Plans a PagedRowBody whose other fields are set (a valid, validated op): `wide`, a whole row
+/// per index; else rows in vector (or 8-element conversion) chunks over row_lanes(chunks, rows,
+/// `resident_threads`) lanes. kInvalidArgument when the index space passes int64.
+StatusOr<PagedRowsPlan> plan_paged_rows(kernels::PagedRowBody body, bool wide,
+                                        int64_t resident_threads);
+
+/// Plans the body for `backend` (its launch shape and resident threads) and launches it.
 Status launch_paged_rows(Backend& backend, kernels::PagedRowBody body, Stream stream);
 
 /// Two pools of whole blocks of `block_bytes` bytes: the source and destination of a block copy

@@ -12,8 +12,10 @@ namespace {
 TEST(KernelName, IsTheIdWithoutItsLeadingK) {
   EXPECT_EQ(std::string(kernels::kernel_name(KernelId::kFill)), "Fill");
   EXPECT_EQ(std::string(kernels::kernel_name(KernelId::kPagedRows)), "PagedRows");
+  EXPECT_EQ(std::string(kernels::kernel_name(KernelId::kPagedRowsRaw)), "PagedRowsRaw");
   EXPECT_EQ(std::string(kernels::kernel_name(KernelId::kCopyBlocks)), "CopyBlocks");
   EXPECT_EQ(std::string(kernels::kernel_name(KernelId::kDecodeAttention)), "DecodeAttention");
+  EXPECT_EQ(std::string(kernels::kernel_name(KernelId::kSpin)), "Spin");
   EXPECT_EQ(std::string(kernels::kernel_name(static_cast<KernelId>(9999))), "unknown");
 }
 

@@ -119,23 +119,33 @@ inline std::vector<int32_t> shuffled_blocks(int64_t num_blocks, int64_t n, uint3
   return all;
 }
 
+/// A launch shape the op tests run: the shape and the resident threads the narrow shape sizes
+/// its lanes by (ops_detail::set_launch_shape_for_testing).
+struct TestShape {
+  ops_detail::LaunchShape shape;
+  int64_t resident_threads;
+  const char* name;
+};
+
 /// Runs the ops with one launch shape for its lifetime.
 class LaunchShapeGuard {
  public:
-  explicit LaunchShapeGuard(ops_detail::LaunchShape s) {
-    ops_detail::set_launch_shape_for_testing(s);
+  explicit LaunchShapeGuard(const TestShape& s) {
+    ops_detail::set_launch_shape_for_testing(s.shape, s.resident_threads);
   }
   ~LaunchShapeGuard() { ops_detail::set_launch_shape_for_testing(ops_detail::LaunchShape::kAuto); }
 };
 
-/// The shapes every op test runs: the backend's own, and the other one forced.
-inline std::vector<ops_detail::LaunchShape> all_launch_shapes() {
-  return {ops_detail::LaunchShape::kWide, ops_detail::LaunchShape::kNarrow};
+/// The shapes every op test runs: the CPU's (a whole row per index), the GPU's with rows that
+/// fill the device (a warp per row at most: 1 resident thread never lets a row grow past it) and
+/// the GPU's with few rows (whole warps per row, up to one lane per chunk).
+inline std::vector<TestShape> all_launch_shapes() {
+  return {{ops_detail::LaunchShape::kWide, 0, "wide"},
+          {ops_detail::LaunchShape::kNarrow, 1, "narrow, many rows"},
+          {ops_detail::LaunchShape::kNarrow, int64_t{1} << 40, "narrow, few rows"}};
 }
 
-inline const char* shape_name(ops_detail::LaunchShape s) {
-  return s == ops_detail::LaunchShape::kWide ? "wide" : "narrow";
-}
+inline const char* shape_name(const TestShape& s) { return s.name; }
 
 /// Bytes equal, reporting the first difference by index.
 inline ::testing::AssertionResult bytes_equal(const std::vector<uint8_t>& want,

@@ -170,6 +170,9 @@ class CudaBackend final : public Backend {
 
   BackendKind kind() const override { return BackendKind::kCuda; }
   int32_t device_ordinal() const override { return device_; }
+  int64_t max_resident_threads() const override {
+    return static_cast<int64_t>(props_.multiProcessorCount) * props_.maxThreadsPerMultiProcessor;
+  }
 
   std::string description() const override {
     return std::string("cuda: ") + props_.name + " (" + std::to_string(props_.multiProcessorCount) +
