@@ -18,6 +18,7 @@
 #include "pagedkv/fault_injection.hpp"
 #include "pagedkv/seed_cache.hpp"
 #include "runtime/kv_model.hpp"
+#include "runtime/runtime_backends.hpp"
 #include "support/backend_test.hpp"
 
 namespace pagedkv {
@@ -35,6 +36,14 @@ template <typename T>
   while (device[first] == host[first]) ++first;
   return ::testing::AssertionFailure()
          << what << " differs from its host copy at element " << first << " of " << host.size();
+}
+
+// As same(), for a buffer of either backend: copied to the host first.
+template <typename T>
+::testing::AssertionResult same_download(DeviceBuffer& device, const std::vector<T>& host,
+                                         const char* what) {
+  const std::vector<T> got = device.download<T>();
+  return same(got.data(), host, what);
 }
 
 ::testing::AssertionResult batch_matches_host(const DeviceBatch& b) {
@@ -131,15 +140,22 @@ TEST(SeedUploadTest, OverwriteLayerOfManyTokensReadsBackExactly) {
 }
 
 // Random batches (up to 100,000 slots) built back to back while the compute stream lags behind
-// (every launch sleeps): each batch's arrays are copied out by work queued after it, and only
-// checked once all that work ran, so a region reused or freed too early shows up as a mismatch.
-TEST(UploadLifetimeTest, RandomBatchesReadByLaterWorkMatchTheirHostCopies) {
+// (a 2 ms spin kernel before each batch's work; on the CPU backend every launch also sleeps):
+// each batch's arrays are copied out by work queued after it, and only checked once all that
+// work ran, so a region reused or freed too early shows up as a mismatch. Its CUDA twin runs the
+// same steps on a GPU.
+class UploadLifetimeTest : public testing::BackendParamTest {};
+
+TEST_P(UploadLifetimeTest, RandomBatchesReadByLaterWorkMatchTheirHostCopies) {
   CpuBackendOptions slow;
   slow.kernel_delay = std::chrono::microseconds(2000);
-  auto backend = create_cpu_backend(slow);
+  auto backend = testing::make_backend(kind(), slow);
+  ASSERT_NE(backend, nullptr);
   KvCacheOptions o;
   o.backend = backend.get();
-  auto kv = std::move(KvCache::create(tiny_rows(8000), o)).value();
+  CacheConfig config = tiny_rows(8000);
+  config.backend = kind();
+  auto kv = std::move(KvCache::create(config, o)).value();
   std::mt19937 rng(2026);
   struct Copied {
     BatchMetadata host;
@@ -166,7 +182,14 @@ TEST(UploadLifetimeTest, RandomBatchesReadByLaterWorkMatchTheirHostCopies) {
     bo.build_csr = rng() % 2 == 0;
     auto b = kv->build_batch(ids, bo);
     ASSERT_TRUE(b.ok()) << b.status().to_string();
-    // A kernel that lags (kernel_delay), then copies that read the arrays behind it.
+    // A kernel that lags (a spin), then copies that read the arrays behind it.
+    const kernels::SpinBody spin{2'000'000};
+    KernelLaunch lag;
+    lag.kernel = KernelId::kSpin;
+    lag.params = &spin;
+    lag.params_size = sizeof(spin);
+    lag.num_items = 1;
+    ASSERT_TRUE(backend->launch(lag, kv->compute_stream()).ok());
     Copied c;
     c.host = *b->host;
     c.arrays.push_back(std::make_unique<DeviceBuffer>(*backend, 16 * size_t(slots)));
@@ -197,25 +220,23 @@ TEST(UploadLifetimeTest, RandomBatchesReadByLaterWorkMatchTheirHostCopies) {
   EXPECT_GT(largest, 20000);
   for (size_t r = 0; r < copies.size(); ++r) {
     const Copied& c = copies[r];
-    EXPECT_TRUE(
-        same(static_cast<const int64_t*>(c.arrays[2]->data()), c.host.slot_mapping, "slot_mapping"))
+    EXPECT_TRUE(same_download<int64_t>(*c.arrays[2], c.host.slot_mapping, "slot_mapping"))
         << "round " << r;
-    EXPECT_TRUE(
-        same(static_cast<const int32_t*>(c.arrays[3]->data()), c.host.block_tables, "block_tables"))
+    EXPECT_TRUE(same_download<int32_t>(*c.arrays[3], c.host.block_tables, "block_tables"))
         << "round " << r;
-    EXPECT_TRUE(same(static_cast<const int32_t*>(c.arrays[4]->data()), c.host.seq_lens, "seq_lens"))
-        << "round " << r;
+    EXPECT_TRUE(same_download<int32_t>(*c.arrays[4], c.host.seq_lens, "seq_lens")) << "round " << r;
     if (c.arrays.size() == 8) {
-      EXPECT_TRUE(same(static_cast<const int32_t*>(c.arrays[5]->data()), c.host.indptr, "indptr"))
-          << "round " << r;
-      EXPECT_TRUE(same(static_cast<const int32_t*>(c.arrays[6]->data()), c.host.indices, "indices"))
-          << "round " << r;
-      EXPECT_TRUE(same(static_cast<const int32_t*>(c.arrays[7]->data()), c.host.last_page_len,
-                       "last_page_len"))
+      EXPECT_TRUE(same_download<int32_t>(*c.arrays[5], c.host.indptr, "indptr")) << "round " << r;
+      EXPECT_TRUE(same_download<int32_t>(*c.arrays[6], c.host.indices, "indices")) << "round " << r;
+      EXPECT_TRUE(same_download<int32_t>(*c.arrays[7], c.host.last_page_len, "last_page_len"))
           << "round " << r;
     }
   }
+  kv.reset();  // before the backend it runs on
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, UploadLifetimeTest, testing::runtime_backends(),
+                         testing::backend_param_name);
 
 CacheConfig step_config() {
   CacheConfig c;
@@ -423,22 +444,43 @@ namespace pagedkv {
 namespace {
 
 // Issue item 2: the model computes K/V on its own stream. With native_compute_stream the cache
-// queues its work there, so write_kv reads K/V that a slow kernel on that stream produced.
-TEST(CallerStreamTest, WriteKvOnTheCallersStreamSeesWhatTheModelQueuedBeforeIt) {
+// queues its work there, so write_kv reads K/V that a slow kernel on that stream produced: a
+// 100 ms spin, then a fill (on the CPU backend every launch also lags). Its CUDA twin runs on a
+// real cudaStream_t.
+class CallerStreamTest : public testing::BackendParamTest {};
+
+TEST_P(CallerStreamTest, WriteKvOnTheCallersStreamSeesWhatTheModelQueuedBeforeIt) {
   CpuBackendOptions slow;
   slow.kernel_delay = std::chrono::microseconds(30000);  // the "model" kernel lags the host
   slow.run_inline_when_idle = false;
-  auto backend = create_cpu_backend(slow);
-  int model_stream_token = 0;  // stands for the server's cudaStream_t
+  auto backend = testing::make_backend(kind(), slow);
+  ASSERT_NE(backend, nullptr);
+  // The server's stream: on CUDA a real cudaStream_t (one the backend made stands for the
+  // server's), on the CPU backend any non-null handle.
+  int cpu_stream_token = 0;
+  void* native = &cpu_stream_token;
+  Stream server{};
+  if (kind() == BackendKind::kCuda) {
+    auto made = backend->create_stream();
+    ASSERT_TRUE(made.ok()) << made.status().to_string();
+    server = *made;
+    auto handle = backend->native_stream(server);
+    ASSERT_TRUE(handle.ok()) << handle.status().to_string();
+    native = *handle;
+  }
   KvCacheOptions o;
   o.backend = backend.get();
-  o.native_compute_stream = &model_stream_token;
+  o.native_compute_stream = native;
   CacheConfig c = step_config();
   c.num_layers = 1;
+  c.backend = kind();
   auto kv = std::move(KvCache::create(c, o)).value();
-  auto model = backend->wrap_stream(&model_stream_token);
-  ASSERT_TRUE(model.ok()) << model.status().to_string();
-  EXPECT_EQ(*model, kv->compute_stream());
+  auto wrapped = backend->native_stream(kv->compute_stream());
+  ASSERT_TRUE(wrapped.ok()) << wrapped.status().to_string();
+  EXPECT_EQ(*wrapped, native) << "the cache queues on another stream than the server's";
+  // The model queues on its own stream: the backend's own handle on CUDA, the wrapped one on
+  // the CPU backend (where the token names no stream of its own).
+  const Stream model = kind() == BackendKind::kCuda ? server : kv->compute_stream();
 
   const int64_t row = int64_t{c.num_kv_heads} * c.head_dim;
   const int64_t n = 5;
@@ -449,10 +491,13 @@ TEST(CallerStreamTest, WriteKvOnTheCallersStreamSeesWhatTheModelQueuedBeforeIt) 
   v.upload(std::vector<uint16_t>(size_t(n * row), 0));
   // The model's work: busy for 100 ms, then a kernel that fills K and V (as 32-bit words). A
   // write_kv not ordered after it would read the zeros.
-  ASSERT_TRUE(backend
-                  ->launch_host_func(
-                      *model, [] { std::this_thread::sleep_for(std::chrono::milliseconds(100)); })
-                  .ok());
+  const kernels::SpinBody spin{100'000'000};
+  KernelLaunch busy;
+  busy.kernel = KernelId::kSpin;
+  busy.params = &spin;
+  busy.params_size = sizeof(spin);
+  busy.num_items = 1;
+  ASSERT_TRUE(backend->launch(busy, model).ok());
   const uint32_t word = 0x3c003c00u;  // two fp16 ones
   for (void* dst : {k.data(), v.data()}) {
     kernels::FillBody fill{static_cast<uint32_t*>(dst), word};
@@ -461,7 +506,7 @@ TEST(CallerStreamTest, WriteKvOnTheCallersStreamSeesWhatTheModelQueuedBeforeIt) 
     l.params = &fill;
     l.params_size = sizeof(fill);
     l.num_items = n * row / 2;
-    ASSERT_TRUE(backend->launch(l, *model).ok());
+    ASSERT_TRUE(backend->launch(l, model).ok());
   }
   ASSERT_TRUE(kv->write_kv(1, 0, k.data(), v.data(), DType::kFloat16).ok());
   ASSERT_TRUE(kv->commit(1, std::vector<TokenId>(size_t(n), 3)).ok());
@@ -472,7 +517,12 @@ TEST(CallerStreamTest, WriteKvOnTheCallersStreamSeesWhatTheModelQueuedBeforeIt) 
   ASSERT_TRUE(kv->synchronize().ok());
   EXPECT_EQ(gk.download<uint16_t>(), std::vector<uint16_t>(size_t(n * row), 0x3c00));
   EXPECT_EQ(gv.download<uint16_t>(), std::vector<uint16_t>(size_t(n * row), 0x3c00));
+  kv.reset();  // before the backend it runs on
+  if (kind() == BackendKind::kCuda) backend->destroy_stream(server);
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, CallerStreamTest, testing::runtime_backends(),
+                         testing::backend_param_name);
 
 // Issue item 6: an offloaded sequence whose blocks all stay on the device (a fork child shares
 // every block of its parent, so nothing moves) was readable by gather_layer but refused by
@@ -579,7 +629,7 @@ TEST(StaleBatchTest, ABatchAnotherCacheBuiltIsRefused) {
   EXPECT_TRUE(a->check_invariants().ok());
 }
 
-TEST(CallerStreamTest, SeedKvCacheQueuesOnTheCallersStreamInBothModes) {
+TEST(CallerStreamOptionsTest, SeedKvCacheQueuesOnTheCallersStreamInBothModes) {
   for (CacheMode mode : {CacheMode::kPaged, CacheMode::kDense}) {
     auto backend = create_cpu_backend();
     int token = 0;
@@ -596,7 +646,7 @@ TEST(CallerStreamTest, SeedKvCacheQueuesOnTheCallersStreamInBothModes) {
   }
 }
 
-TEST(CallerStreamTest, NativeAndBackendStreamTogetherAreRefused) {
+TEST(CallerStreamOptionsTest, NativeAndBackendStreamTogetherAreRefused) {
   auto backend = create_cpu_backend();
   auto s = backend->create_stream();
   ASSERT_TRUE(s.ok());
