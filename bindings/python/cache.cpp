@@ -5,6 +5,10 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <climits>
+#include <optional>
+#include <tuple>
+
 #include "common.hpp"
 #include "forwarders.hpp"
 
@@ -31,8 +35,13 @@ void* stream_handle(nb::handle stream) {
 // __init__ (construct_cache: the instance is constructed only once the cache exists).
 void init_cache(PyCache* self, const CacheConfig& config, bool enable_events, size_t event_capacity,
                 nb::handle storage, int64_t storage_staging_blocks, int32_t device,
-                nb::handle stream) {
+                nb::handle stream, std::optional<std::tuple<int32_t, int64_t, int64_t>> step_shape) {
   KvCacheOptions options;
+  if (step_shape.has_value()) {
+    const auto [max_batch, max_blocks, max_tokens] = *step_shape;
+    if (max_blocks > INT32_MAX) throw_invalid("step_shape: max_blocks_per_sequence is too large");
+    options.step_shape = StepShape{max_batch, static_cast<int32_t>(max_blocks), max_tokens};
+  }
   options.enable_events = enable_events;
   options.event_capacity = event_capacity;
   options.device = device;
@@ -51,11 +60,13 @@ nb::class_<PyCache> register_cache(nb::module_& m) {
   cls.def("__init__", &init_cache, nb::arg("config"), nb::arg("enable_events") = true,
           nb::arg("event_capacity") = 65536, nb::arg("storage").none() = nb::none(),
           nb::arg("storage_staging_blocks") = 64, nb::arg("device") = -1,
-          nb::arg("stream").none() = nb::none(),
+          nb::arg("stream").none() = nb::none(), nb::arg("step_shape").none() = nb::none(),
           "Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)); "
           "`storage` a FileTier or RedisTier of the config's layout, which the cache holds; "
           "`device` the CUDA device (-1: the current one); `stream` the caller's stream (an int "
-          "handle or an object with `cuda_stream`), on which the cache then queues its work.");
+          "handle or an object with `cuda_stream`), on which the cache then queues its work; "
+          "`step_shape` (max_batch, max_blocks_per_sequence, max_tokens) the largest step, for "
+          "which the upload arena is sized now (KvCacheOptions::step_shape).");
   cls.def_prop_ro("config", [](PyCache& s) { return s.kv->config(); });
   cls.def_prop_ro("backend_description", [](PyCache& s) { return s.kv->backend().description(); });
   cls.def_prop_ro("device_type", [](PyCache& s) { return backend_device_type(*s.kv); });

@@ -356,7 +356,7 @@ class _DeviceMemory:
 class _KvCache:
     """The C++ KvCache (use pagedkv.KvCache)."""
 
-    def __init__(self, config: _CacheConfig, enable_events: bool = True, event_capacity: int = 65536, storage: StorageTier | None = None, storage_staging_blocks: int = 64, device: int = -1, stream: object | None = None) -> None:
+    def __init__(self, config: _CacheConfig, enable_events: bool = True, event_capacity: int = 65536, storage: StorageTier | None = None, storage_staging_blocks: int = 64, device: int = -1, stream: object | None = None, step_shape: tuple[int, int, int] | None = None) -> None:
         """
         Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)); `storage` a FileTier or RedisTier of the config's layout, which the cache holds; `device` the CUDA device (-1: the current one); `stream` the caller's stream (an int handle or an object with `cuda_stream`), on which the cache then queues its work.
         """

@@ -7,7 +7,7 @@ Streams and devices).
   the CUDA twin creates a cache on the last GPU and skips without one (fails with
   PAGEDKV_REQUIRE_CUDA=1).
 * Stream: `stream=` takes a handle or any object with `cuda_stream`; the cache queues its work on
-  it and `compute_stream` gives the handle back.
+  it and `compute_stream` gives the handle back. `step_shape=` sizes the step's upload arena.
 * CUDA graphs (twin only; the CPU form is tests/runtime/graph_capture_test.cpp): a step's
   write_kv_batch over build_vllm_batch_into's buffers captured once and replayed.
 """
@@ -130,6 +130,25 @@ def test_without_a_stream_the_cache_uses_its_own():
 def test_a_stream_that_is_no_handle_is_refused():
     with pytest.raises(pagedkv.InvalidArgumentError, match="stream"):
         make_cache(stream="the default one")
+
+
+def test_a_step_shape_sizes_the_cache_for_its_steps(rng):
+    # The largest step: 8 sequences of up to 4 blocks, 32 slots. Steps of that shape run as
+    # without it; a shape the C++ side refuses (a negative field) is refused here too, so the
+    # argument reaches KvCacheOptions::step_shape.
+    cache = make_cache(step_shape=(8, 4, 32))
+    ids = list(range(8))
+    for i in ids:
+        cache.add_sequence(i, [])
+    for _ in range(3):
+        cache.reserve_batch(ids, 1)
+        batch = cache.build_batch(ids)
+        want = [cache.length(i) + 1 for i in ids]
+        np.testing.assert_array_equal(np.from_dlpack(batch.device.seq_lens), want)
+        cache.commit_batch(ids, [int(x) for x in rng.integers(0, 1000, len(ids))], 1)
+    cache.check_invariants()
+    with pytest.raises(pagedkv.InvalidArgumentError, match="step_shape"):
+        make_cache(step_shape=(8, -1, 32))
 
 
 def cuda_or_skip():
