@@ -175,7 +175,10 @@ class GraphCaptureCudaTest : public ::testing::Test {
         {"build_batch", [&] { return t.cache->build_batch(ids_).status(); }},
         {"build_batch_into",
          [&] { return build_batch_into(*t.cache, ids_, t.csr(), nullptr).status(); }},
-        {"commit_batch", [&] { return t.cache->commit_batch(ids_, {7, 7, 7}, 1); }},
+        {"commit_batch",
+         [&] {
+           return t.cache->commit_batch(ids_, {7, 7, 7}, 1);
+         }},
         {"gather_layer",
          [&] {
            return t.cache->gather_layer(1, 0, scratch_->data(), nullptr, DType::kFloat16,

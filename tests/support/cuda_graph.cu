@@ -25,8 +25,9 @@ Status begin_capture(void* native_stream) {
 
 StatusOr<GraphExec> end_capture(void* native_stream) {
   cudaGraph_t graph = nullptr;
-  const Status ended = cuda_status(cudaStreamEndCapture(static_cast<cudaStream_t>(native_stream), &graph),
-                                   "cudaStreamEndCapture");
+  const Status ended =
+      cuda_status(cudaStreamEndCapture(static_cast<cudaStream_t>(native_stream), &graph),
+                  "cudaStreamEndCapture");
   if (!ended.ok()) {
     if (graph != nullptr) (void)cudaGraphDestroy(graph);
     return ended;
@@ -40,9 +41,9 @@ StatusOr<GraphExec> end_capture(void* native_stream) {
 
 Status replay(GraphExec graph, void* native_stream) {
   if (graph.exec == nullptr) return invalid_argument("replay of an empty graph");
-  return cuda_status(
-      cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph.exec), static_cast<cudaStream_t>(native_stream)),
-      "cudaGraphLaunch");
+  return cuda_status(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph.exec),
+                                     static_cast<cudaStream_t>(native_stream)),
+                     "cudaGraphLaunch");
 }
 
 void destroy(GraphExec graph) {
