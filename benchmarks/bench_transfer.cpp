@@ -13,15 +13,32 @@
 // KvCacheOptions::transfer_kernel_block_bytes), each against the same contiguous ceiling. Block
 // sizes run from 8 KiB (4 tokens) to 512 KiB (256 tokens): where path:2's ratio falls below
 // path:1's is the threshold to set (docs/runtime.md, Transfer engine).
+//
+// BM_Overlap: a KvCache prefetch beside a spinning compute kernel (KernelId::kSpin, the stand-in
+// for a model's forward, over a full wave of every SM), timed synchronize to synchronize
+// (gpu-review-3 N2-1, N2-2). Per iteration, on one cache with an offloaded sequence of MiB:
+// spin (two spins of spin_us on the compute stream), copy (the prefetch alone), serial (the two
+// spins, synchronize, the prefetch, synchronize) and overlapped (a spin, the prefetch submitted
+// right after it, the second spin, synchronize). The row's time is the overlapped one; vs_serial
+// = overlapped / serial (the ceiling of no overlap, measured in the same run; max/sum where the
+// prefetch overlaps compute fully) and vs_ideal = overlapped / max(spin, copy). path:0 moves
+// 128 KiB blocks by batched copies (the copy engines), path:1 32 KiB blocks by the copy kernel
+// over the mapped host pool, which stretches the spin if it holds the SMs it needs.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "kernels/basic_bodies.hpp"
 #include "ops/ops_common.hpp"
 #include "pagedkv/backend.hpp"
+#include "pagedkv/cache.hpp"
 #include "runtime/transfer_engine.hpp"
 
 namespace pagedkv {
@@ -240,6 +257,148 @@ void args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"tokens", "blocks", "scattered"})->UseRealTime()->Unit(benchmark::kMicrosecond);
 }
 
+// How BM_Overlap's prefetch moves its blocks.
+enum OverlapPath : int64_t { kOverlapBatched = 0, kOverlapKernel = 1 };
+
+// Indices of a spin that fills every SM for one wave: SMs x 2048 threads (sm_80/sm_90). The SM
+// count is read from the CUDA backend's description ("(132 SMs, ..."); 1 on the CPU backend,
+// where index 0 alone spins. More indices than a wave would spin in several rounds: the
+// measured spin time shows that.
+int64_t spin_indices(const Backend& backend) {
+  if (backend.kind() != BackendKind::kCuda) return 1;
+  const std::string d = backend.description();
+  const size_t end = d.find(" SMs");
+  const size_t open = d.rfind('(', end);
+  if (end == std::string::npos || open == std::string::npos) return 1;
+  return std::max<int64_t>(1, std::strtoll(d.c_str() + open + 1, nullptr, 10)) * 2048;
+}
+
+void BM_Overlap(benchmark::State& state, BackendKind kind) {
+  const auto path = static_cast<OverlapPath>(state.range(0));
+  const int64_t mib = state.range(1), spin_ns = state.range(2) * 1000;
+  auto created = create_backend(kind);
+  if (!created.ok()) {
+    state.SkipWithError(created.status().to_string().c_str());
+    return;
+  }
+  std::unique_ptr<Backend> backend = std::move(created).value();
+  CacheConfig config;
+  config.num_layers = 4;
+  config.num_kv_heads = 8;
+  config.head_dim = 64;
+  config.block_size = path == kOverlapKernel ? 4 : 16;  // 32 KiB or 128 KiB blocks
+  const int64_t block_bytes =
+      config.block_size * config.num_layers * 2 * config.num_kv_heads * config.head_dim * 2;
+  const int64_t blocks = (mib << 20) / block_bytes;
+  config.num_device_blocks = blocks + 8;
+  config.num_host_blocks = blocks + 8;
+  config.backend = backend->kind();
+  KvCacheOptions o;
+  o.backend = backend.get();
+  // Every block through the copy kernel, or none.
+  o.transfer_kernel_block_bytes = path == kOverlapKernel ? int64_t{1} << 40 : 0;
+  auto cache_or = KvCache::create(config, o);
+  if (!cache_or.ok()) {
+    state.SkipWithError(cache_or.status().to_string().c_str());
+    return;
+  }
+  std::unique_ptr<KvCache> cache = std::move(cache_or).value();
+  std::vector<TokenId> tokens(static_cast<size_t>(blocks * config.block_size));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<TokenId>(i % 30000);
+  const SequenceId id = 1;
+  if (!cache->add_sequence(id, tokens).ok() ||
+      !cache->reserve(id, static_cast<int64_t>(tokens.size())).ok() ||
+      !cache->commit(id, tokens).ok()) {
+    state.SkipWithError("could not set up the sequence");
+    return;
+  }
+  const kernels::SpinBody spin_body{spin_ns};
+  const KernelLaunch spin_launch{KernelId::kSpin, &spin_body, sizeof(spin_body),
+                                 spin_indices(*backend)};
+  bool failed = false;
+  auto check = [&](const Status& st) {
+    if (!st.ok() && !failed) {
+      failed = true;
+      state.SkipWithError(st.to_string().c_str());
+    }
+  };
+  auto spin = [&] { check(backend->launch(spin_launch, cache->compute_stream())); };
+  auto prefetch = [&] { check(cache->prefetch({id})); };
+  auto sync = [&] { check(cache->synchronize()); };
+  // Untimed: the sequence back on the host before each timed prefetch.
+  auto offload = [&] {
+    check(cache->offload(id));
+    sync();
+    if (!failed && *cache->residency(id) != SequenceResidency::kHost)
+      check(internal_error("not offloaded"));
+  };
+  auto timed = [&](const std::function<void()>& fn) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  spin();  // warm-up: the first launch and transfer
+  sync();
+  offload();
+  prefetch();
+  sync();
+
+  double spin_s = 0, copy_s = 0, serial_s = 0, overlapped_s = 0;
+  for (auto _ : state) {
+    spin_s += timed([&] {
+      spin();
+      spin();
+      sync();
+    });
+    offload();
+    copy_s += timed([&] {
+      prefetch();
+      sync();
+    });
+    offload();
+    serial_s += timed([&] {
+      spin();
+      spin();
+      sync();
+      prefetch();
+      sync();
+    });
+    offload();
+    const double o_s = timed([&] {
+      spin();
+      prefetch();  // right behind the first spin: the copies run beside it
+      spin();
+      sync();
+    });
+    if (!failed && *cache->residency(id) != SequenceResidency::kDevice)
+      check(internal_error("not restored"));
+    overlapped_s += o_s;
+    state.SetIterationTime(o_s);
+    if (failed) break;
+  }
+  const double n = static_cast<double>(std::max<int64_t>(1, state.iterations()));
+  state.counters["seq_MiB"] = static_cast<double>(blocks * block_bytes) / (1 << 20);
+  state.counters["block_KiB"] = static_cast<double>(block_bytes) / 1024;
+  state.counters["spin_indices"] = static_cast<double>(spin_launch.num_items);
+  state.counters["spin_ms"] = spin_s / n * 1e3;
+  state.counters["copy_ms"] = copy_s / n * 1e3;
+  state.counters["serial_ms"] = serial_s / n * 1e3;
+  state.counters["overlapped_ms"] = overlapped_s / n * 1e3;
+  if (serial_s > 0) state.counters["vs_serial"] = overlapped_s / serial_s;
+  const double ideal = std::max(spin_s, copy_s);
+  if (ideal > 0) state.counters["vs_ideal"] = overlapped_s / ideal;
+}
+
+void overlap_args(benchmark::internal::Benchmark* b, int64_t mib) {
+  for (int64_t path : {kOverlapBatched, kOverlapKernel}) b->Args({path, mib, 5000});
+  // A fixed count: each run allocates pools of the sequence's size, and the per-iteration
+  // offloads (untimed) double its wall time.
+  b->ArgNames({"path", "MiB", "spin_us"})
+      ->UseManualTime()
+      ->Iterations(5)
+      ->Unit(benchmark::kMillisecond);
+}
+
 // GBps and ratio (ceiling time / job time) are computed by the reporter, from the measured time.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
@@ -273,7 +432,13 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("BM_ScatteredRestore/cpu", pagedkv::BM_Scattered, BackendKind::kCpu,
                                true)
       ->Apply(pagedkv::scattered_args);
+  // The CPU rows move 32 MiB (memcpy on the stream workers, about as long as the spins);
+  // the GPU rows 256 MiB, about 5 ms over PCIe at 50 GB/s (gpu-review-3 N2-1).
+  benchmark::RegisterBenchmark("BM_Overlap/cpu", pagedkv::BM_Overlap, BackendKind::kCpu)
+      ->Apply([](benchmark::internal::Benchmark* b) { pagedkv::overlap_args(b, 32); });
   if (pagedkv::cuda_device_available()) {
+    benchmark::RegisterBenchmark("BM_Overlap/cuda", pagedkv::BM_Overlap, BackendKind::kCuda)
+        ->Apply([](benchmark::internal::Benchmark* b) { pagedkv::overlap_args(b, 256); });
     benchmark::RegisterBenchmark("BM_Offload/cuda", pagedkv::BM_Transfer, BackendKind::kCuda, false)
         ->Apply(pagedkv::args);
     benchmark::RegisterBenchmark("BM_Restore/cuda", pagedkv::BM_Transfer, BackendKind::kCuda, true)
