@@ -260,17 +260,12 @@ void args(benchmark::internal::Benchmark* b) {
 // How BM_Overlap's prefetch moves its blocks.
 enum OverlapPath : int64_t { kOverlapBatched = 0, kOverlapKernel = 1 };
 
-// Indices of a spin that fills every SM for one wave: SMs x 2048 threads (sm_80/sm_90). The SM
-// count is read from the CUDA backend's description ("(132 SMs, ..."); 1 on the CPU backend,
-// where index 0 alone spins. More indices than a wave would spin in several rounds: the
-// measured spin time shows that.
+// Indices of a spin that fills every SM for one wave: the threads the device keeps resident
+// (Backend::max_resident_threads(), SMs x threads per SM); 1 on the CPU backend, where index 0
+// alone spins.
 int64_t spin_indices(const Backend& backend) {
   if (backend.kind() != BackendKind::kCuda) return 1;
-  const std::string d = backend.description();
-  const size_t end = d.find(" SMs");
-  const size_t open = d.rfind('(', end);
-  if (end == std::string::npos || open == std::string::npos) return 1;
-  return std::max<int64_t>(1, std::strtoll(d.c_str() + open + 1, nullptr, 10)) * 2048;
+  return std::max<int64_t>(1, backend.max_resident_threads());
 }
 
 void BM_Overlap(benchmark::State& state, BackendKind kind) {
