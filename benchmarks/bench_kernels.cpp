@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/goal_reporter.hpp"
 #include "kernels/basic_bodies.hpp"
 #include "pagedkv/backend.hpp"
 #include "pagedkv/ops.hpp"
@@ -368,60 +369,37 @@ void run_empty_launch(benchmark::State& state, BackendKind kind) {
   for (auto _ : state) state.SetIterationTime(empty_launch_seconds(be, word.p, 1));
 }
 
-/// The default display reporter, then each goal row's figure against its goal: on stdout under
-/// the console format, on stderr under json or csv so that their output stays parseable.
-class GoalReporter : public benchmark::BenchmarkReporter {
- public:
-  explicit GoalReporter(benchmark::BenchmarkReporter* inner) : inner_(inner) {}
+bool has_goal(const std::string& name) {
+  return name.find("/decode_step/write_kv/") != std::string::npos ||
+         name.find("/prefill/write_kv/") != std::string::npos ||
+         name.find("/prefill/gather_layer/") != std::string::npos ||
+         name.find("/prefill/copy_blocks/") != std::string::npos;
+}
 
-  bool ReportContext(const Context& context) override {
-    inner_->SetOutputStream(&GetOutputStream());
-    inner_->SetErrorStream(&GetErrorStream());
-    return inner_->ReportContext(context);
+std::string goal_line(const benchmark::BenchmarkReporter::Run& run) {
+  const std::string name = run.benchmark_name();
+  char line[512];
+  if (name.find("/decode_step/write_kv/") != std::string::npos) {
+    const double r = run.counters.at("vs_empty").value;
+    std::snprintf(line, sizeof line, "%s: %.2fx an empty launch per layer (goal <= %.1f: %s)",
+                  name.c_str(), r, kGoalDecodeVsEmpty, r <= kGoalDecodeVsEmpty ? "met" : "NOT met");
+  } else {
+    const double r = run.counters.at("vs_copy").value;
+    std::snprintf(line, sizeof line, "%s: %.2f of the copy (goal >= %.1f: %s)", name.c_str(), r,
+                  kGoalPrefillVsCopy, r >= kGoalPrefillVsCopy ? "met" : "NOT met");
   }
-  void ReportRuns(const std::vector<Run>& runs) override {
-    inner_->ReportRuns(runs);
-    for (const Run& run : runs) {
-      if (run.run_type == Run::RT_Aggregate && run.aggregate_name != "median") continue;
-      const std::string name = run.benchmark_name();
-      const bool decode_layer = name.find("/decode_step/write_kv/") != std::string::npos;
-      const bool prefill = name.find("/prefill/write_kv/") != std::string::npos ||
-                           name.find("/prefill/gather_layer/") != std::string::npos ||
-                           name.find("/prefill/copy_blocks/") != std::string::npos;
-      if (!decode_layer && !prefill) continue;
-      if (run.error_occurred) {
-        lines_.push_back(name + ": skipped (" + run.error_message + ")");
-        continue;
-      }
-      char line[512];
-      if (decode_layer) {
-        const double r = run.counters.at("vs_empty").value;
-        std::snprintf(line, sizeof line, "%s: %.2fx an empty launch per layer (goal <= %.1f: %s)",
-                      name.c_str(), r, kGoalDecodeVsEmpty,
-                      r <= kGoalDecodeVsEmpty ? "met" : "NOT met");
-      } else {
-        const double r = run.counters.at("vs_copy").value;
-        std::snprintf(line, sizeof line, "%s: %.2f of the copy (goal >= %.1f: %s)", name.c_str(), r,
-                      kGoalPrefillVsCopy, r >= kGoalPrefillVsCopy ? "met" : "NOT met");
-      }
-      lines_.push_back(line);
-    }
-  }
-  void Finalize() override {
-    inner_->Finalize();
-    if (lines_.empty()) return;
-    const bool console = dynamic_cast<benchmark::ConsoleReporter*>(inner_) != nullptr;
-    std::ostream& out = console ? GetOutputStream() : GetErrorStream();
-    out << "\nGoals (read on a GPU; cpu rows are CPU figures): decode write_kv of one layer <= "
-        << kGoalDecodeVsEmpty << "x an empty launch, prefill write_kv, gather_layer, copy_blocks "
-        << ">= " << kGoalPrefillVsCopy << " of a device-to-device copy\n";
-    for (const std::string& line : lines_) out << "  " << line << "\n";
-  }
+  return line;
+}
 
- private:
-  benchmark::BenchmarkReporter* inner_;  // not owned
-  std::vector<std::string> lines_;
-};
+std::string goals_heading() {
+  char heading[256];
+  std::snprintf(heading, sizeof heading,
+                "Goals (read on a GPU; cpu rows are CPU figures): decode write_kv of one layer <= "
+                "%gx an empty launch, prefill write_kv, gather_layer, copy_blocks >= %g of a "
+                "device-to-device copy",
+                kGoalDecodeVsEmpty, kGoalPrefillVsCopy);
+  return heading;
+}
 
 void register_all() {
   std::vector<BackendKind> kinds = {BackendKind::kCpu};
@@ -473,7 +451,9 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&n, args.data());
   if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
   pagedkv::register_all();
-  pagedkv::GoalReporter reporter(benchmark::CreateDefaultDisplayReporter());
+  pagedkv::bench::GoalReporter reporter(benchmark::CreateDefaultDisplayReporter(),
+                                        pagedkv::goals_heading(), pagedkv::has_goal,
+                                        pagedkv::goal_line);
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
   return 0;

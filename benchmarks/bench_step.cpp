@@ -44,6 +44,7 @@
 #include <tuple>
 #include <vector>
 
+#include "benchmarks/goal_reporter.hpp"
 #include "pagedkv/backend.hpp"
 #include "pagedkv/cache.hpp"
 
@@ -483,60 +484,27 @@ void BM_Step(benchmark::State& state, BackendKind kind) {
   state.counters["pool_blocks"] = static_cast<double>(bench.num_device_blocks());
 }
 
-/// The default display reporter (the --benchmark_format one), then each case's figures against
-/// the issue's goals: on stdout under the console format, on stderr under json or csv so that
-/// their output stays parseable.
-class GoalReporter : public benchmark::BenchmarkReporter {
- public:
-  explicit GoalReporter(benchmark::BenchmarkReporter* inner) : inner_(inner) {}
-
-  bool ReportContext(const Context& context) override {
-    inner_->SetOutputStream(&GetOutputStream());
-    inner_->SetErrorStream(&GetErrorStream());
-    return inner_->ReportContext(context);
-  }
-  void ReportRuns(const std::vector<Run>& runs) override {
-    inner_->ReportRuns(runs);
-    for (const Run& run : runs) {
-      // Each repetition, and the median when there are several (--benchmark_repetitions).
-      if (run.run_type == Run::RT_Aggregate && run.aggregate_name != "median") continue;
-      const std::string name = run.benchmark_name();
-      if (run.error_occurred) {
-        lines_.push_back(name + ": skipped (" + run.error_message + "), no figures");
-        continue;
-      }
-      const double ratio = run.counters.at("vs_memcpy").value;
-      const double host = run.counters.at("host_us/seq").value;
-      const bool cpu = name.rfind("cpu/", 0) == 0;
-      const bool at_goal_batch =
-          name.find("/B:" + std::to_string(kGoalBatch) + "/") != std::string::npos;
-      char line[512];
-      std::snprintf(line, sizeof line,
-                    "%s: whole step %.2f of memcpy (%s); host %.2f us per sequence per step (%s)",
-                    name.c_str(), ratio,
-                    !cpu ? "no goal stated for CUDA"
-                    : at_goal_batch
-                        ? (ratio >= kGoalVsMemcpy ? "goal >= 0.5: met" : "goal >= 0.5: NOT met")
-                        : "the >= 0.5 goal is stated for B = 256",
-                    host,
-                    !cpu ? "no goal stated for CUDA"
-                         : (host <= kGoalHostUsPerSeq ? "goal <= 2: met" : "goal <= 2: NOT met"));
-      lines_.push_back(line);
-    }
-  }
-  void Finalize() override {
-    inner_->Finalize();
-    const bool console = dynamic_cast<benchmark::ConsoleReporter*>(inner_) != nullptr;
-    std::ostream& out = console ? GetOutputStream() : GetErrorStream();
-    out << "\nGoals of the issue (CPU backend: whole step >= 0.5 of memcpy at B = 256, host <= 2 "
-           "us per sequence per step):\n";
-    for (const std::string& line : lines_) out << "  " << line << "\n";
-  }
-
- private:
-  benchmark::BenchmarkReporter* inner_;  // not owned
-  std::vector<std::string> lines_;
-};
+// Each case's figures against the issue's goals (every case has them).
+std::string goal_line(const benchmark::BenchmarkReporter::Run& run) {
+  const std::string name = run.benchmark_name();
+  const double ratio = run.counters.at("vs_memcpy").value;
+  const double host = run.counters.at("host_us/seq").value;
+  const bool cpu = name.rfind("cpu/", 0) == 0;
+  const bool at_goal_batch =
+      name.find("/B:" + std::to_string(kGoalBatch) + "/") != std::string::npos;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "%s: whole step %.2f of memcpy (%s); host %.2f us per sequence per step (%s)",
+                name.c_str(), ratio,
+                !cpu ? "no goal stated for CUDA"
+                : at_goal_batch
+                    ? (ratio >= kGoalVsMemcpy ? "goal >= 0.5: met" : "goal >= 0.5: NOT met")
+                    : "the >= 0.5 goal is stated for B = 256",
+                host,
+                !cpu ? "no goal stated for CUDA"
+                     : (host <= kGoalHostUsPerSeq ? "goal <= 2: met" : "goal <= 2: NOT met"));
+  return line;
+}
 
 void register_all() {
   std::vector<BackendKind> kinds = {BackendKind::kCpu};
@@ -576,7 +544,11 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&n, args.data());
   if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 1;
   pagedkv::register_all();
-  pagedkv::GoalReporter reporter(benchmark::CreateDefaultDisplayReporter());
+  pagedkv::bench::GoalReporter reporter(
+      benchmark::CreateDefaultDisplayReporter(),
+      "Goals of the issue (CPU backend: whole step >= 0.5 of memcpy at B = 256, host <= 2 us per "
+      "sequence per step):",
+      [](const std::string&) { return true; }, pagedkv::goal_line);
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
   return pagedkv::g_failed ? 1 : 0;
