@@ -19,6 +19,7 @@ namespace {
 
 using testing::BackendTest;
 using testing::DeviceBuffer;
+using testing::launch_spin;
 
 template <typename Body>
 KernelLaunch make_launch(KernelId id, const Body& body, int64_t n) {
@@ -112,8 +113,7 @@ TYPED_TEST(BackendExecTest, ASpinKernelKeepsItsStreamBusyForTheTimeAsked) {
   auto behind = this->backend().create_event();
   ASSERT_TRUE(behind.ok());
   const auto start = std::chrono::steady_clock::now();
-  const kernels::SpinBody spin{60'000'000};  // 60 ms
-  ASSERT_TRUE(this->backend().launch(make_launch(KernelId::kSpin, spin, 1), *stream).ok());
+  ASSERT_TRUE(launch_spin(this->backend(), *stream, 60'000'000).ok());  // 60 ms
   ASSERT_TRUE(this->backend().record_event(*behind, *stream).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(10));
   auto done = this->backend().query_event(*behind);

@@ -142,17 +142,13 @@ class GraphCaptureCudaTest : public ::testing::Test {
     if (!batch.ok()) return {};
     EXPECT_TRUE(batch->caller_owned_slots);
     EXPECT_EQ(batch->slot_mapping, t.slot_mapping->data()) << "the batch reads the fixed buffer";
+    std::vector<int64_t> positions;
+    for (SequenceId id : ids_) positions.push_back(static_cast<int64_t>(tokens_[id].size()));
     for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
-      std::vector<uint16_t> k(kNumSlots * row_, 0), v(kNumSlots * row_, 0);
-      for (size_t r = 0; r < ids_.size(); ++r) {
-        const int64_t pos = static_cast<int64_t>(tokens_[ids_[r]].size());
-        const std::vector<uint16_t> kr = model_rows(config_, layer, 0, {next[r]}, pos);
-        const std::vector<uint16_t> vr = model_rows(config_, layer, 1, {next[r]}, pos);
-        std::copy(kr.begin(), kr.end(), k.begin() + static_cast<std::ptrdiff_t>(r * row_));
-        std::copy(vr.begin(), vr.end(), v.begin() + static_cast<std::ptrdiff_t>(r * row_));
-      }
-      t.k_in[static_cast<size_t>(layer)]->upload(k);
-      t.v_in[static_cast<size_t>(layer)]->upload(v);
+      t.k_in[static_cast<size_t>(layer)]->upload(
+          testing::step_rows(config_, layer, 0, next, positions, kNumSlots));
+      t.v_in[static_cast<size_t>(layer)]->upload(
+          testing::step_rows(config_, layer, 1, next, positions, kNumSlots));
     }
     return *batch;
   }

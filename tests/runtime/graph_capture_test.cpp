@@ -90,17 +90,13 @@ class GraphCaptureTest : public ::testing::Test {
   // The model's K/V of this step's new tokens (one per sequence, rows in ids_ order, padding
   // rows zero) into the fixed input buffers, as the model's forward would produce them there.
   void stage_inputs(const std::vector<TokenId>& next) {
+    std::vector<int64_t> positions;
+    for (SequenceId id : ids_) positions.push_back(static_cast<int64_t>(tokens_[id].size()));
     for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
-      std::vector<uint16_t> k(kNumSlots * row_, 0), v(kNumSlots * row_, 0);
-      for (size_t r = 0; r < ids_.size(); ++r) {
-        const int64_t pos = static_cast<int64_t>(tokens_[ids_[r]].size());
-        const std::vector<uint16_t> kr = model_rows(config_, layer, 0, {next[r]}, pos);
-        const std::vector<uint16_t> vr = model_rows(config_, layer, 1, {next[r]}, pos);
-        std::copy(kr.begin(), kr.end(), k.begin() + static_cast<std::ptrdiff_t>(r * row_));
-        std::copy(vr.begin(), vr.end(), v.begin() + static_cast<std::ptrdiff_t>(r * row_));
-      }
-      k_in_[static_cast<size_t>(layer)]->upload(k);
-      v_in_[static_cast<size_t>(layer)]->upload(v);
+      k_in_[static_cast<size_t>(layer)]->upload(
+          testing::step_rows(config_, layer, 0, next, positions, kNumSlots));
+      v_in_[static_cast<size_t>(layer)]->upload(
+          testing::step_rows(config_, layer, 1, next, positions, kNumSlots));
     }
   }
 

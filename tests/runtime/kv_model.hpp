@@ -3,6 +3,8 @@
 // and tier moves happened, a sequence's gathered bytes follow from its token list alone.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -33,6 +35,21 @@ inline std::vector<uint16_t> model_rows(const CacheConfig& c, int32_t layer, int
       for (int32_t d = 0; d < c.head_dim; ++d)
         out[static_cast<size_t>(t * row + h * c.head_dim + d)] =
             kv_value(start + t, tokens[static_cast<size_t>(t)], layer, part, h, d);
+  return out;
+}
+
+/// Keys (part 0) or values (part 1) of a decode step's new tokens for one layer: token
+/// `next[r]` at position `positions[r]` in row r, then zero rows up to `rows` (a padded batch),
+/// [rows, kv_heads, head_dim] fp16 bits.
+inline std::vector<uint16_t> step_rows(const CacheConfig& c, int32_t layer, int32_t part,
+                                       const std::vector<TokenId>& next,
+                                       const std::vector<int64_t>& positions, size_t rows) {
+  const size_t row = static_cast<size_t>(c.num_kv_heads) * static_cast<size_t>(c.head_dim);
+  std::vector<uint16_t> out(rows * row, 0);
+  for (size_t r = 0; r < next.size(); ++r) {
+    const std::vector<uint16_t> one = model_rows(c, layer, part, {next[r]}, positions[r]);
+    std::copy(one.begin(), one.end(), out.begin() + static_cast<std::ptrdiff_t>(r * row));
+  }
   return out;
 }
 

@@ -183,13 +183,7 @@ TEST_P(UploadLifetimeTest, RandomBatchesReadByLaterWorkMatchTheirHostCopies) {
     auto b = kv->build_batch(ids, bo);
     ASSERT_TRUE(b.ok()) << b.status().to_string();
     // A kernel that lags (a spin), then copies that read the arrays behind it.
-    const kernels::SpinBody spin{2'000'000};
-    KernelLaunch lag;
-    lag.kernel = KernelId::kSpin;
-    lag.params = &spin;
-    lag.params_size = sizeof(spin);
-    lag.num_items = 1;
-    ASSERT_TRUE(backend->launch(lag, kv->compute_stream()).ok());
+    ASSERT_TRUE(testing::launch_spin(*backend, kv->compute_stream(), 2'000'000).ok());
     Copied c;
     c.host = *b->host;
     c.arrays.push_back(std::make_unique<DeviceBuffer>(*backend, 16 * size_t(slots)));
@@ -491,13 +485,7 @@ TEST_P(CallerStreamTest, WriteKvOnTheCallersStreamSeesWhatTheModelQueuedBeforeIt
   v.upload(std::vector<uint16_t>(size_t(n * row), 0));
   // The model's work: busy for 100 ms, then a kernel that fills K and V (as 32-bit words). A
   // write_kv not ordered after it would read the zeros.
-  const kernels::SpinBody spin{100'000'000};
-  KernelLaunch busy;
-  busy.kernel = KernelId::kSpin;
-  busy.params = &spin;
-  busy.params_size = sizeof(spin);
-  busy.num_items = 1;
-  ASSERT_TRUE(backend->launch(busy, model).ok());
+  ASSERT_TRUE(testing::launch_spin(*backend, model, 100'000'000).ok());
   const uint32_t word = 0x3c003c00u;  // two fp16 ones
   for (void* dst : {k.data(), v.data()}) {
     kernels::FillBody fill{static_cast<uint32_t*>(dst), word};

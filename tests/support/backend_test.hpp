@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/basic_bodies.hpp"
 #include "pagedkv/backend.hpp"
 
 namespace pagedkv::testing {
@@ -101,5 +102,19 @@ class DeviceBuffer {
   size_t bytes_;
   void* data_ = nullptr;
 };
+
+/// Queues the spin kernel (kernels::SpinBody) on `stream` for `nanoseconds` over `indices`
+/// indices: a model kernel's stand-in that keeps the stream (and with enough indices the SMs)
+/// busy, on either backend.
+inline Status launch_spin(Backend& backend, Stream stream, int64_t nanoseconds,
+                          int64_t indices = 1) {
+  const kernels::SpinBody spin{nanoseconds};
+  KernelLaunch launch;
+  launch.kernel = KernelId::kSpin;
+  launch.params = &spin;
+  launch.params_size = sizeof(spin);
+  launch.num_items = indices;
+  return backend.launch(launch, stream);
+}
 
 }  // namespace pagedkv::testing
