@@ -35,7 +35,8 @@ void* stream_handle(nb::handle stream) {
 // __init__ (construct_cache: the instance is constructed only once the cache exists).
 void init_cache(PyCache* self, const CacheConfig& config, bool enable_events, size_t event_capacity,
                 nb::handle storage, int64_t storage_staging_blocks, int32_t device,
-                nb::handle stream, std::optional<std::tuple<int32_t, int64_t, int64_t>> step_shape) {
+                nb::handle stream,
+                std::optional<std::tuple<int32_t, int64_t, int64_t>> step_shape) {
   KvCacheOptions options;
   if (step_shape.has_value()) {
     const auto [max_batch, max_blocks, max_tokens] = *step_shape;

@@ -299,8 +299,8 @@ Status FaultInjectionBackend::launch_host_func(Stream stream, std::function<void
 }
 
 Status FaultInjectionBackend::launch(const KernelLaunch& launch, Stream stream) {
-  const LaunchCall call{/*host_func=*/false, launch.kernel, stream, launch.num_items,
-                        launch.max_blocks, false};
+  const LaunchCall call{/*host_func=*/false, launch.kernel,     stream,
+                        launch.num_items,    launch.max_blocks, false};
   Status status = tick(FaultKind::kLaunch, "launch");
   if (status.ok()) status = inner_.launch(launch, stream);
   return note_launch(call, std::move(status));

@@ -21,8 +21,8 @@ constexpr size_t kInitialUploadBytes = 64 << 10;
 // The bytes one build_batch of `shape` uploads (kv_cache.cpp upload_batch: slot mapping, block
 // tables, sequence lengths and CSR), twice over, so that a chunk also holds the next step's
 // smaller uploads before it rolls over, and a step's upload_to_device (build_vllm_batch_into's
-// fixed-width block table, upload_append_indices) besides. The block tables' row stride grows geometrically:
-// up to twice the longest row.
+// fixed-width block table, upload_append_indices) besides. The block tables' row stride grows
+// geometrically: up to twice the longest row.
 size_t step_upload_bytes(const StepShape& shape) {
   const size_t b = static_cast<size_t>(shape.max_batch);
   const size_t m = static_cast<size_t>(shape.max_blocks_per_sequence);

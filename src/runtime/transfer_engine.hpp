@@ -86,8 +86,8 @@ class TransferEngine {
   /// (docs/gpu-check.md).
   static constexpr int32_t kCopyKernelMaxBlocks = 16;
 
-  /// Creates the copy streams (StreamPriority::kLow). kInvalidArgument for pools without blocks or bytes, a mapped host
-  /// pool without a host pool, or a negative kernel_block_bytes.
+  /// Creates the copy streams (StreamPriority::kLow). kInvalidArgument for pools without blocks or
+  /// bytes, a mapped host pool without a host pool, or a negative kernel_block_bytes.
   static StatusOr<std::unique_ptr<TransferEngine>> create(Backend& backend, const TierPools& pools,
                                                           const TransferOptions& options = {});
   /// One engine for the pools of several KV groups (a cache whose groups share the blocks):

@@ -302,8 +302,7 @@ TEST(BatchFormatsStepTest, VllmAndAppendStepsQueueNoHostFunctionAndAllocateNothi
     auto coo = append_indices(kv, ids, *batch);
     ASSERT_TRUE(coo.ok()) << coo.status().to_string();
     auto host = std::make_shared<AppendIndices>(*coo);
-    ASSERT_TRUE(
-        upload_append_indices(kv, host, dev_batch.data(), dev_pos.data(), kSlots).ok());
+    ASSERT_TRUE(upload_append_indices(kv, host, dev_batch.data(), dev_pos.data(), kSlots).ok());
     // Copied out when the call returned: changing the host arrays now changes nothing queued.
     std::fill(host->batch_indices.begin(), host->batch_indices.end(), kPoison);
     std::fill(host->positions.begin(), host->positions.end(), kPoison);

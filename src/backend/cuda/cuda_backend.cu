@@ -114,12 +114,12 @@ bool probe_memcpy_batch() {
     size_t attr_index = 0;
     bool ok = cudaMemcpyAsync(scratch, bytes, 4, cudaMemcpyHostToDevice, stream) == cudaSuccess;
 #if CUDART_VERSION >= 13000
-    ok = ok && cudaMemcpyBatchAsync(dsts, srcs, sizes, 2, &attr, &attr_index, 1, stream) ==
-                   cudaSuccess;
+    ok = ok &&
+         cudaMemcpyBatchAsync(dsts, srcs, sizes, 2, &attr, &attr_index, 1, stream) == cudaSuccess;
 #else
     size_t fail_index = 0;
-    ok = ok && cudaMemcpyBatchAsync(dsts, const_cast<void**>(srcs), sizes, 2, &attr, &attr_index,
-                                    1, &fail_index, stream) == cudaSuccess;
+    ok = ok && cudaMemcpyBatchAsync(dsts, const_cast<void**>(srcs), sizes, 2, &attr, &attr_index, 1,
+                                    &fail_index, stream) == cudaSuccess;
 #endif
     unsigned char back[4] = {0, 0, 0, 0};
     ok = ok && cudaMemcpyAsync(back, scratch, 4, cudaMemcpyDeviceToHost, stream) == cudaSuccess;
