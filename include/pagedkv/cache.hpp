@@ -415,13 +415,9 @@ class KvCache {
                       DeviceBatch* out);
   // Runs the block copies of a plan, group by group.
   Status run_copies(const std::vector<BlockCopy>& copies);
-  // Records that job `ticket` reads (`read`) or writes device block `block` of group `g`, in the
-  // job's record among those from `first_record` on.
-  void note_job_block(uint64_t ticket, int32_t g, int32_t block, bool read, size_t first_record);
-  // Clears the read_by_job and written_by_job entries of the jobs that have completed.
-  void retire_completed();
   // Orders the compute stream after the restores still writing any of `blocks` of group `g`
-  // (-1 entries ignored): work queued after this reads or writes them safely.
+  // (-1 entries ignored): work queued after this reads or writes them safely (the transfer
+  // engine keeps each block's jobs: TransferEngine::order_block_use).
   Status order_block_use(int32_t g, const int32_t* blocks, size_t n);
   // kInvalidArgument for another cache's batch; kFailedPrecondition unless `batch` is the last
   // one built and nothing changed since.
@@ -450,19 +446,6 @@ class KvCache {
     CacheConfig config;  // CacheConfig::group_config of the group
     void* device = nullptr;
     void* host = nullptr;
-    // Per device block: the transfer job that last read it (an offload). A write into the block
-    // must be ordered after that job; 0 when none is pending.
-    std::vector<uint64_t> read_by_job;
-    // How many entries of read_by_job are not 0: with none, a write needs no ordering and
-    // order_block_reuse() looks nothing up (the usual decode step, with no offload in flight).
-    int64_t reads_pending = 0;
-    // Per device block: the transfer job that last wrote it (a restore, a prefetch, a host
-    // prefix onboarded). Compute work that reads or writes the block is ordered after the job
-    // when that work is queued (order_block_use, order_block_reuse), not when the job is, so
-    // compute queued meanwhile overlaps the copies. 0 when none is pending; writes_pending
-    // counts the entries that are not.
-    std::vector<uint64_t> written_by_job;
-    int64_t writes_pending = 0;
     std::unordered_map<SequenceId, SlotUpload> slot_uploads;
     // The host metadata this group's batches point to (the control plane's): a batch pointing
     // elsewhere was built by another cache.
@@ -481,16 +464,6 @@ class KvCache {
   std::unique_ptr<runtime::TransferEngine> transfers_;
   std::unique_ptr<runtime::StorageLink> storage_;  // null without a storage tier
   std::unique_ptr<runtime::UploadArena> uploads_;
-  // The jobs that set entries of a group's read_by_job (pending_reads_) or written_by_job
-  // (pending_writes_), with the blocks they read or wrote: once a job has completed, the
-  // entries it still holds are cleared (retire_completed()).
-  struct JobBlocks {
-    uint64_t job = 0;
-    int32_t group = 0;
-    std::vector<int32_t> blocks;
-  };
-  std::vector<JobBlocks> pending_reads_;
-  std::vector<JobBlocks> pending_writes_;
   std::vector<int64_t> slot_scratch_;
   // The last build_batch's arrays, one region per group. `generation_` moves on with
   // build_batch and every call that can change a reservation or a block; write_kv_batch

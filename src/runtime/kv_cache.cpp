@@ -135,8 +135,6 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
       cache->pool_info_.host_bytes += block_bytes * c.num_host_blocks;
       cache->pool_info_.host_alloc_ms += ms_since(t0);
     }
-    group.read_by_job.assign(static_cast<size_t>(c.num_device_blocks), 0);
-    group.written_by_job.assign(static_cast<size_t>(c.num_device_blocks), 0);
     runtime::TierPools p{group.device, c.num_device_blocks, group.host, c.num_host_blocks,
                          block_bytes};
     if (group.host != nullptr) {
@@ -271,18 +269,9 @@ Status KvCache::run_transfers(const Transfers& t, Submitted* out) {
         transfers_->submit(t.moves, compute_, &out->moves_done);
     PAGEDKV_RETURN_IF_ERROR(ticket.status());
     out->ticket = *ticket;
-    // Offloaded blocks (and window pages) constrain later writes into them (order_block_reuse);
-    // restored ones every later use of them on the compute stream, which waits for the job only
-    // when such work is queued (order_block_use), so compute queued meanwhile overlaps the
-    // copies. Every group is ordered per block.
-    const size_t first_read = pending_reads_.size();
-    const size_t first_write = pending_writes_.size();
-    for (const BlockMove& m : t.moves) {
-      const bool read = m.src_tier == Tier::kDevice;
-      if (!read && m.dst_tier != Tier::kDevice) continue;
-      note_job_block(*ticket, m.group, read ? m.src_block : m.dst_block, read,
-                     read ? first_read : first_write);
-    }
+    // The engine notes which device blocks the job reads and writes: later work on the compute
+    // stream waits for it only when it touches them (order_block_use, order_block_reuse), so
+    // compute queued meanwhile overlaps the copies.
   }
   return run_copies(t.copies);
 }
@@ -356,95 +345,12 @@ Status KvCache::recover(const Status& failure, core::TierPlan& plan, int64_t mov
   return Status(failure.code(), failure.message() + " (nothing changed)");
 }
 
-void KvCache::note_job_block(uint64_t ticket, int32_t g, int32_t block, bool read,
-                             size_t first_record) {
-  GroupPool& group = groups_[static_cast<size_t>(g)];
-  uint64_t& job = (read ? group.read_by_job : group.written_by_job)[static_cast<size_t>(block)];
-  (read ? group.reads_pending : group.writes_pending) += job == 0 ? 1 : 0;
-  job = ticket;
-  // One record per group and kind of access the job makes.
-  std::vector<JobBlocks>& records = read ? pending_reads_ : pending_writes_;
-  auto rec = std::find_if(records.begin() + static_cast<std::ptrdiff_t>(first_record),
-                          records.end(), [g](const JobBlocks& r) { return r.group == g; });
-  if (rec == records.end()) {
-    records.push_back(JobBlocks{ticket, g, {}});
-    rec = records.end() - 1;
-  }
-  rec->blocks.push_back(block);
-}
-
-void KvCache::retire_completed() {
-  // Jobs may complete out of order (a copy stream per direction): each is asked on its own. An
-  // entry a later job took over, or an ordered access cleared, is left alone.
-  auto retire = [this](std::vector<JobBlocks>& records, bool read) {
-    auto done = [this, read](const JobBlocks& r) {
-      const StatusOr<bool> complete = transfers_->is_complete(r.job);
-      if (!complete.ok() || !*complete) return false;
-      GroupPool& g = groups_[static_cast<size_t>(r.group)];
-      std::vector<uint64_t>& by_job = read ? g.read_by_job : g.written_by_job;
-      for (int32_t b : r.blocks) {
-        uint64_t& job = by_job[static_cast<size_t>(b)];
-        if (job != r.job) continue;
-        job = 0;
-        --(read ? g.reads_pending : g.writes_pending);
-      }
-      return true;
-    };
-    records.erase(std::remove_if(records.begin(), records.end(), done), records.end());
-  };
-  retire(pending_reads_, true);
-  retire(pending_writes_, false);
-}
-
 Status KvCache::order_block_reuse(int32_t g, const int64_t* slots, size_t n) {
-  // A write into a block waits for the offload still reading it and the restore still writing
-  // it.
-  GroupPool& group = groups_[static_cast<size_t>(g)];
-  if (group.reads_pending == 0 && group.writes_pending == 0) return ok_status();
-  retire_completed();
-  if (group.reads_pending == 0 && group.writes_pending == 0) return ok_status();
-  runtime::TransferTicket latest = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (slots[i] < 0) continue;
-    const size_t b = static_cast<size_t>(slots[i] / config_.block_size);
-    latest = std::max<runtime::TransferTicket>(
-        latest, std::max(group.read_by_job[b], group.written_by_job[b]));
-  }
-  if (latest == 0) return ok_status();
-  PAGEDKV_RETURN_IF_ERROR(transfers_->order_after(latest, compute_));
-  // Once ordered, later work on the compute stream follows the job too.
-  for (size_t i = 0; i < n; ++i) {
-    if (slots[i] < 0) continue;
-    const size_t b = static_cast<size_t>(slots[i] / config_.block_size);
-    group.reads_pending -= group.read_by_job[b] != 0 ? 1 : 0;
-    group.writes_pending -= group.written_by_job[b] != 0 ? 1 : 0;
-    group.read_by_job[b] = 0;
-    group.written_by_job[b] = 0;
-  }
-  return ok_status();
+  return transfers_->order_block_reuse(g, slots, n, config_.block_size, compute_);
 }
 
 Status KvCache::order_block_use(int32_t g, const int32_t* blocks, size_t n) {
-  GroupPool& group = groups_[static_cast<size_t>(g)];
-  if (group.writes_pending == 0) return ok_status();
-  retire_completed();
-  if (group.writes_pending == 0) return ok_status();
-  runtime::TransferTicket latest = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (blocks[i] >= 0) {
-      latest = std::max<runtime::TransferTicket>(
-          latest, group.written_by_job[static_cast<size_t>(blocks[i])]);
-    }
-  }
-  if (latest == 0) return ok_status();
-  PAGEDKV_RETURN_IF_ERROR(transfers_->order_after(latest, compute_));
-  for (size_t i = 0; i < n; ++i) {
-    if (blocks[i] < 0) continue;
-    uint64_t& job = group.written_by_job[static_cast<size_t>(blocks[i])];
-    group.writes_pending -= job != 0 ? 1 : 0;
-    job = 0;
-  }
-  return ok_status();
+  return transfers_->order_block_use(g, blocks, n, compute_);
 }
 
 StatusOr<std::vector<int64_t>> KvCache::reserve(SequenceId id, int64_t n) {

@@ -113,7 +113,12 @@ TransferEngine::TransferEngine(Backend& backend, std::vector<TierPools> pools,
       use_kernel_(std::move(use_kernel)),
       streams_{to_host, to_device},
       ready_(ready),
-      link_(link) {}
+      link_(link),
+      hazards_([this] {
+        std::vector<int64_t> blocks;
+        for (const TierPools& p : pools_) blocks.push_back(p.device_blocks);
+        return blocks;
+      }()) {}
 
 TransferEngine::~TransferEngine() {
   for (Stream s : streams_) {
@@ -471,7 +476,18 @@ StatusOr<TransferTicket> TransferEngine::submit(const std::vector<BlockMove>& mo
   in_flight_.push_back(Job{ticket, done, std::move(issuing_pairs_)});
   issuing_pairs_.clear();
   if (!status.ok()) return status;
+  hazards_.note(ticket, moves);
   return ticket;
+}
+
+Status TransferEngine::order_block_reuse(int32_t group, const int64_t* slots, size_t n,
+                                         int64_t block_size, Stream stream) {
+  return hazards_.order_reuse(*this, stream, group, slots, n, block_size);
+}
+
+Status TransferEngine::order_block_use(int32_t group, const int32_t* blocks, size_t n,
+                                       Stream stream) {
+  return hazards_.order_use(*this, stream, group, blocks, n);
 }
 
 const TransferEngine::Job* TransferEngine::find(TransferTicket ticket) const {

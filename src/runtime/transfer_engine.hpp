@@ -35,6 +35,7 @@
 #include "pagedkv/backend.hpp"
 #include "pagedkv/control_types.hpp"
 #include "pagedkv/status.hpp"
+#include "runtime/block_hazards.hpp"
 
 namespace pagedkv::runtime {
 
@@ -117,6 +118,18 @@ class TransferEngine {
   /// job) finished copying: writes into blocks the job read, reads of blocks it wrote.
   Status order_after(TransferTicket ticket, Stream stream);
 
+  /// Per block, as work on `stream` needs it (BlockHazards, block_hazards.hpp): orders `stream`
+  /// after the jobs still reading or writing the device blocks of `group` that `slots` (token
+  /// slots of `block_size`-token blocks; -1 ignored) write; nothing when no job touches them.
+  Status order_block_reuse(int32_t group, const int64_t* slots, size_t n, int64_t block_size,
+                           Stream stream);
+  /// Orders `stream` after the jobs still writing any of `blocks` of `group` (-1 ignored), so
+  /// that work queued on it afterwards reads or writes them safely.
+  Status order_block_use(int32_t group, const int32_t* blocks, size_t n, Stream stream);
+  /// Device blocks of `group` that a job still in flight (as far as noted) reads (`read`) or
+  /// writes; 0 means a use or reuse of the group orders nothing.
+  int64_t blocks_pending(int32_t group, bool read) const { return hazards_.pending(group, read); }
+
   /// True when job `ticket` is done. kNotFound for a ticket never handed out.
   StatusOr<bool> is_complete(TransferTicket ticket);
 
@@ -195,6 +208,7 @@ class TransferEngine {
   int64_t regions_issued_ = 0;
   int64_t kernels_issued_ = 0;
   int64_t bytes_moved_ = 0;
+  BlockHazards hazards_;  // each device block's last reading and writing job
 };
 
 }  // namespace pagedkv::runtime
