@@ -31,6 +31,12 @@ struct UploadPart {
   size_t bytes = 0;
 };
 
+/// The part that uploads all of `v`.
+template <typename T>
+UploadPart part(const std::vector<T>& v) {
+  return {v.data(), v.size() * sizeof(T)};
+}
+
 /// A region of the arena holding one upload's arrays on the device. Move-only; releases the
 /// region when destroyed or reset.
 class UploadLease {

@@ -1,0 +1,300 @@
+// KvCache's data-plane calls on the compute stream: writes (write_kv, write_kv_batch and the
+// all-layers form), batches (build_batch, build_batches and their upload), device views,
+// gathers and uploads into caller buffers. Each orders the compute stream after the transfer
+// jobs still using the blocks it touches (TransferEngine::order_block_use and
+// order_block_reuse) before it queues its work. The control calls and tier moves are in
+// kv_cache.cpp.
+#include <algorithm>
+#include <array>
+#include <string>
+
+#include "common/nvtx.hpp"
+#include "core/control_plane.hpp"
+#include "pagedkv/cache.hpp"
+#include "pagedkv/ops.hpp"
+#include "runtime/transfer_engine.hpp"
+#include "runtime/upload_arena.hpp"
+
+namespace pagedkv {
+
+using runtime::part;
+
+StatusOr<const int64_t*> KvCache::device_slots(SequenceId id, int32_t g, int64_t* count) {
+  slot_scratch_.clear();
+  PAGEDKV_RETURN_IF_ERROR(control_->group_reserved_slots(id, g, &slot_scratch_));
+  if (slot_scratch_.empty()) {
+    return failed_precondition("sequence " + std::to_string(id) + ": nothing reserved to write");
+  }
+  // A block of the reservation may have been read by an offload that is still running.
+  PAGEDKV_RETURN_IF_ERROR(order_block_reuse(g, slot_scratch_.data(), slot_scratch_.size()));
+  SlotUpload& up = groups_[static_cast<size_t>(g)].slot_uploads[id];
+  // Uploaded once per reservation, kept (leased) while the slots stay the same. An upload that
+  // a failing op then ignores changes nothing observable.
+  if (up.lease == nullptr || up.slots != slot_scratch_) {
+    up.lease.reset();
+    PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease lease, uploads_->upload({part(slot_scratch_)}));
+    up.lease = std::make_unique<runtime::UploadLease>(std::move(lease));
+    up.slots = slot_scratch_;
+  }
+  *count = static_cast<int64_t>(up.slots.size());
+  return up.lease->device<int64_t>(0);
+}
+
+Status KvCache::write_kv(SequenceId id, int32_t layer, const void* key, const void* value,
+                         DType input_dtype, int64_t row_stride) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::write_kv");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("write_kv"));
+  // One group: the op checks the layer, as it always has.
+  LayerGroup lg{0, layer};
+  if (num_groups() > 1) {
+    PAGEDKV_ASSIGN_OR_RETURN(lg, layer_group(layer));
+  }
+  WriteKvArgs args;
+  PAGEDKV_ASSIGN_OR_RETURN(args.slot_mapping, device_slots(id, lg.group, &args.num_tokens));
+  args.key = key;
+  args.value = value;
+  args.input_dtype = input_dtype;
+  args.row_stride = row_stride;
+  args.layer = lg.layer;
+  return pagedkv::write_kv(*backend_, device_pool(lg.group), args, compute_);
+}
+
+bool KvCache::built_here(const DeviceBatch& batch) const {
+  return batch.host != nullptr && batch.group >= 0 && batch.group < num_groups() &&
+         batch.host == groups_[static_cast<size_t>(batch.group)].built;
+}
+
+Status KvCache::check_batch_current(const DeviceBatch& batch) const {
+  if (batch.host != nullptr && !built_here(batch)) {
+    return invalid_argument("the DeviceBatch was built by another cache");
+  }
+  if (batch.host == nullptr || batch.generation != generation_) {
+    return failed_precondition(
+        "the DeviceBatch is stale: build_batch again after reserving, committing or moving "
+        "sequences");
+  }
+  return ok_status();
+}
+
+Status KvCache::write_kv_batch(const DeviceBatch& batch, int32_t layer, const void* key,
+                               const void* value, DType input_dtype, int64_t row_stride) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::write_kv_batch");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(check_batch_current(batch));
+  // A slot mapping in the upload arena is reused after the next build: a replay would read it.
+  if (!batch.caller_owned_slots) PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("write_kv_batch"));
+  LayerGroup lg{0, layer};
+  if (num_groups() > 1) {
+    PAGEDKV_ASSIGN_OR_RETURN(lg, layer_group(layer));
+    if (lg.group != batch.group) {
+      return invalid_argument("layer " + std::to_string(layer) + " is group " +
+                              std::to_string(lg.group) + "'s; the batch is group " +
+                              std::to_string(batch.group) + "'s");
+    }
+  }
+  WriteKvArgs args;
+  args.key = key;
+  args.value = value;
+  args.input_dtype = input_dtype;
+  args.row_stride = row_stride;
+  args.num_tokens = static_cast<int64_t>(batch.host->slot_mapping.size());
+  args.slot_mapping = batch.slot_mapping;
+  args.layer = lg.layer;
+  return pagedkv::write_kv(*backend_, device_pool(batch.group), args, compute_);
+}
+
+Status KvCache::write_kv_batch_all_layers(const DeviceBatch& batch, const void* key,
+                                          const void* value, DType input_dtype, int64_t row_stride,
+                                          int64_t layer_stride) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::write_kv_batch_all_layers");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(check_batch_current(batch));
+  if (!batch.caller_owned_slots) {
+    PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("write_kv_batch_all_layers"));
+  }
+  WriteKvAllLayersArgs args;
+  args.key = key;
+  args.value = value;
+  args.input_dtype = input_dtype;
+  args.row_stride = row_stride;
+  args.layer_stride = layer_stride;
+  args.num_tokens = static_cast<int64_t>(batch.host->slot_mapping.size());
+  args.slot_mapping = batch.slot_mapping;
+  return pagedkv::write_kv_all_layers(*backend_, device_pool(batch.group), args, compute_);
+}
+
+StatusOr<DeviceBatch> KvCache::build_batch(const std::vector<SequenceId>& ids,
+                                           const BatchOptions& options) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::build_batch");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("build_batch"));
+  if (num_groups() > 1) {
+    return invalid_argument("build_batch: the cache holds " + std::to_string(num_groups()) +
+                            " KV groups: build_batches gives each group's batch");
+  }
+  PAGEDKV_ASSIGN_OR_RETURN(const BatchMetadata* m, control_->build_batch(ids, options));
+  // The host metadata every DeviceBatch points to has just been rewritten: an earlier batch is
+  // stale from here on, even if the upload below fails (found by tests/fuzz).
+  ++generation_;
+  DeviceBatch out;
+  PAGEDKV_RETURN_IF_ERROR(upload_batch(0, *m, options, &out));
+  return out;
+}
+
+StatusOr<std::vector<DeviceBatch>> KvCache::build_batches(const std::vector<SequenceId>& ids,
+                                                          const BatchOptions& options) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::build_batches");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("build_batches"));
+  PAGEDKV_ASSIGN_OR_RETURN(const BatchMetadata* m, control_->build_batch(ids, options));
+  ++generation_;  // as in build_batch
+  std::vector<DeviceBatch> out(static_cast<size_t>(num_groups()));
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    const BatchMetadata& meta = g == full_group_ ? *m : control_->group_batch(g);
+    PAGEDKV_RETURN_IF_ERROR(upload_batch(g, meta, options, &out[static_cast<size_t>(g)]));
+  }
+  return out;
+}
+
+Status KvCache::upload_batch(int32_t g, const BatchMetadata& m, const BatchOptions& options,
+                             DeviceBatch* out) {
+  groups_[static_cast<size_t>(g)].built = &m;
+  // The batch's readers come after the restores still writing its blocks, and its writes
+  // after the offloads still reading the blocks its slots reuse (build_batch and build_batches
+  // alike; for the full group the reservation has ordered those already).
+  PAGEDKV_RETURN_IF_ERROR(order_block_use(g, m.block_tables.data(), m.block_tables.size()));
+  PAGEDKV_RETURN_IF_ERROR(order_block_reuse(g, m.slot_mapping.data(), m.slot_mapping.size()));
+  // One packed upload: every array lives until the next build_batch (DeviceBatch's contract).
+  PAGEDKV_ASSIGN_OR_RETURN(
+      runtime::UploadLease up,
+      uploads_->upload({part(m.slot_mapping), part(m.block_tables), part(m.seq_lens),
+                        part(m.indptr), part(m.indices), part(m.last_page_len)}));
+  out->host = &m;
+  out->generation = generation_;
+  out->group = g;
+  out->slot_mapping = up.device<int64_t>(0);
+  out->block_tables = up.device<int32_t>(1);
+  out->seq_lens = up.device<int32_t>(2);
+  if (options.build_csr) {
+    out->indptr = up.device<int32_t>(3);
+    out->indices = up.device<int32_t>(4);
+    out->last_page_len = up.device<int32_t>(5);
+  }
+  std::unique_ptr<runtime::UploadLease>& lease = batch_uploads_[static_cast<size_t>(g)];
+  if (lease == nullptr) {
+    lease = std::make_unique<runtime::UploadLease>(std::move(up));
+  } else {
+    *lease = std::move(up);
+  }
+  return ok_status();
+}
+
+Status KvCache::upload_to_device(const HostUpload* arrays, size_t count) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::upload_to_device");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
+  if (arrays == nullptr && count > 0) {
+    return invalid_argument("upload_to_device: null arrays for " + std::to_string(count));
+  }
+  if (count > kMaxHostUploads) {
+    return invalid_argument("upload_to_device: " + std::to_string(count) + " arrays, at most " +
+                            std::to_string(kMaxHostUploads));
+  }
+  std::array<runtime::UploadPart, kMaxHostUploads> parts{};
+  for (size_t i = 0; i < count; ++i) {
+    const HostUpload& a = arrays[i];
+    if (a.bytes > 0 && (a.dst == nullptr || a.src == nullptr)) {
+      return invalid_argument("upload_to_device: array " + std::to_string(i) + " has a null " +
+                              (a.dst == nullptr ? "destination" : "source"));
+    }
+    parts[i] = {a.src, a.bytes};
+  }
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("upload_to_device"));
+  // One packed upload; the lease is released when this returns, after the copies out of it are
+  // queued on the compute stream (the arena's stream), as the arena requires.
+  PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease up, uploads_->upload(parts.data(), count));
+  for (size_t i = 0; i < count; ++i) {
+    if (arrays[i].bytes == 0) continue;
+    PAGEDKV_RETURN_IF_ERROR(backend_->copy_async(arrays[i].dst, up.device(i), arrays[i].bytes,
+                                                 CopyKind::kDeviceToDevice, compute_));
+  }
+  return ok_status();
+}
+
+device::PagedKvView KvCache::device_view(const DeviceBatch& batch, KvScales scales) const {
+  // A batch of no group of this cache (not built here) gets the full group's pool.
+  const int32_t g = batch.group >= 0 && batch.group < num_groups() ? batch.group : full_group_;
+  const PoolRef pool = device_pool(g);
+  const int32_t batch_size = batch.host != nullptr ? batch.host->batch_size : 0;
+  device::PagedKvView view =
+      batch.indptr != nullptr
+          ? device::make_csr_view(pool.data, pool.layout, pool.dtype, pool.num_blocks, batch.indptr,
+                                  batch.indices, batch.last_page_len, batch_size, scales)
+          : device::make_block_table_view(pool.data, pool.layout, pool.dtype, pool.num_blocks,
+                                          batch.block_tables,
+                                          batch.host != nullptr ? batch.host->max_blocks : 0,
+                                          batch.seq_lens, batch_size, scales);
+  view.sliding_window = groups_[static_cast<size_t>(g)].config.sliding_window;
+  return view;
+}
+
+Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* value_out,
+                             DType packed_dtype, PackedLayout packed_layout, int64_t position_begin,
+                             int64_t num_tokens) {
+  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::gather_layer");
+  PAGEDKV_RETURN_IF_ERROR(broken_);
+  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("gather_layer"));
+  LayerGroup lg{0, layer};
+  if (num_groups() > 1) {
+    PAGEDKV_ASSIGN_OR_RETURN(lg, layer_group(layer));
+  }
+  PAGEDKV_ASSIGN_OR_RETURN(int64_t length, control_->length(id));
+  // Compared as differences from `length`: position_begin + num_tokens can overflow int64 for
+  // caller-supplied values (found by tests/fuzz).
+  if (position_begin < 0 || position_begin > length) {
+    return out_of_range("sequence " + std::to_string(id) + ": position_begin " +
+                        std::to_string(position_begin) + " outside its " + std::to_string(length) +
+                        " committed tokens");
+  }
+  if (num_tokens < 0) num_tokens = length - position_begin;
+  if (num_tokens > length - position_begin) {
+    return out_of_range("sequence " + std::to_string(id) + ": " + std::to_string(num_tokens) +
+                        " tokens from position " + std::to_string(position_begin) +
+                        " run past its " + std::to_string(length) + " committed tokens");
+  }
+  PackedLayerArgs args;
+  args.key = key_out;
+  args.value = value_out;
+  args.packed_dtype = packed_dtype;
+  args.packed_layout = packed_layout;
+  args.layer = lg.layer;
+  args.position_begin = position_begin;
+  args.num_tokens = num_tokens;
+  // An offloaded sequence is read only after a restore, as build_batch does, also when every
+  // block it holds happens to be on the device (a fork that shares them all, say).
+  PAGEDKV_ASSIGN_OR_RETURN(Residency residency, control_->residency(id));
+  PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks,
+                           control_->group_block_locations(id, lg.group));
+  if (num_tokens > 0 &&
+      blocks[static_cast<size_t>(position_begin / config_.block_size)].block < 0) {
+    return out_of_range("sequence " + std::to_string(id) + ": position " +
+                        std::to_string(position_begin) + " fell out of the sliding window (" +
+                        std::to_string(group_config(lg.group).sliding_window) + " tokens)");
+  }
+  const bool on_device = std::all_of(
+      blocks.begin(), blocks.end(), [](const BlockLocation& b) { return b.tier == Tier::kDevice; });
+  if (residency.offloaded || !on_device) {
+    return failed_precondition("sequence " + std::to_string(id) +
+                               " is offloaded: restore it before reading");
+  }
+  std::vector<int32_t> table;
+  table.reserve(blocks.size());
+  for (const BlockLocation& b : blocks) table.push_back(b.block);
+  PAGEDKV_RETURN_IF_ERROR(order_block_use(lg.group, table.data(), table.size()));
+  PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease up, uploads_->upload({part(table)}));
+  args.block_table = up.device<int32_t>(0);
+  args.block_table_len = static_cast<int32_t>(table.size());
+  return pagedkv::gather_layer(*backend_, device_pool(lg.group), args, compute_);
+}
+
+}  // namespace pagedkv
