@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/basic_bodies.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -54,8 +55,8 @@ TYPED_TEST(BackendExecTest, ZeroByteAllocationIsInvalid) {
 TYPED_TEST(BackendExecTest, AllocationsAreAligned) {
   auto d = this->backend().allocate_device(1000);
   auto p = this->backend().allocate_pinned(1000);
-  ASSERT_TRUE(d.ok());
-  ASSERT_TRUE(p.ok());
+  ASSERT_OK(d);
+  ASSERT_OK(p);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(*d) % 256, 0u);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(*p) % 256, 0u);
   this->backend().free_device(*d);
@@ -68,9 +69,8 @@ TYPED_TEST(BackendExecTest, CopiesRoundTrip) {
   DeviceBuffer a(this->backend(), src.size());
   DeviceBuffer b(this->backend(), src.size());
   a.upload(src);
-  ASSERT_TRUE(this->backend()
-                  .copy_async(b.data(), a.data(), src.size(), CopyKind::kDeviceToDevice, Stream{})
-                  .ok());
+  ASSERT_OK(this->backend().copy_async(b.data(), a.data(), src.size(), CopyKind::kDeviceToDevice,
+                                       Stream{}));
   EXPECT_EQ(b.download<uint8_t>(), src);
 }
 
@@ -78,9 +78,9 @@ TYPED_TEST(BackendExecTest, RunsABodyOverEveryIndexOfAnOddSpace) {
   for (int64_t n : {int64_t{1}, int64_t{255}, int64_t{257}, int64_t{100003}}) {
     DeviceBuffer out(this->backend(), static_cast<size_t>(n) * sizeof(int64_t));
     const kernels::FillBody poison{static_cast<uint32_t*>(out.data()), 0xdeadbeefu};
-    ASSERT_TRUE(this->backend().launch(make_launch(KernelId::kFill, poison, n * 2), Stream{}).ok());
+    ASSERT_OK(this->backend().launch(make_launch(KernelId::kFill, poison, n * 2), Stream{}));
     const kernels::IotaBody iota{static_cast<int64_t*>(out.data()), 11, -3};
-    ASSERT_TRUE(this->backend().launch(make_launch(KernelId::kIota, iota, n), Stream{}).ok());
+    ASSERT_OK(this->backend().launch(make_launch(KernelId::kIota, iota, n), Stream{}));
     const std::vector<int64_t> got = out.download<int64_t>();
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[static_cast<size_t>(i)], 11 - 3 * i) << "n=" << n;
   }
@@ -93,11 +93,11 @@ TYPED_TEST(BackendExecTest, ACappedGridRunsEveryIndex) {
   for (int32_t cap : {1, 2, 16, 1 << 20}) {
     DeviceBuffer out(this->backend(), static_cast<size_t>(n) * sizeof(int64_t));
     const kernels::FillBody poison{static_cast<uint32_t*>(out.data()), 0xdeadbeefu};
-    ASSERT_TRUE(this->backend().launch(make_launch(KernelId::kFill, poison, n * 2), Stream{}).ok());
+    ASSERT_OK(this->backend().launch(make_launch(KernelId::kFill, poison, n * 2), Stream{}));
     const kernels::IotaBody iota{static_cast<int64_t*>(out.data()), 5, 2};
     KernelLaunch launch = make_launch(KernelId::kIota, iota, n);
     launch.max_blocks = cap;
-    ASSERT_TRUE(this->backend().launch(launch, Stream{}).ok()) << "cap " << cap;
+    ASSERT_OK(this->backend().launch(launch, Stream{})) << "cap " << cap;
     const std::vector<int64_t> got = out.download<int64_t>();
     for (int64_t i = 0; i < n; ++i)
       ASSERT_EQ(got[static_cast<size_t>(i)], 5 + 2 * i) << "cap " << cap;
@@ -109,17 +109,17 @@ TYPED_TEST(BackendExecTest, ACappedGridRunsEveryIndex) {
 // long to drain.
 TYPED_TEST(BackendExecTest, ASpinKernelKeepsItsStreamBusyForTheTimeAsked) {
   auto stream = this->backend().create_stream();
-  ASSERT_TRUE(stream.ok()) << stream.status().to_string();
+  ASSERT_OK(stream);
   auto behind = this->backend().create_event();
-  ASSERT_TRUE(behind.ok());
+  ASSERT_OK(behind);
   const auto start = std::chrono::steady_clock::now();
-  ASSERT_TRUE(launch_spin(this->backend(), *stream, 60'000'000).ok());  // 60 ms
-  ASSERT_TRUE(this->backend().record_event(*behind, *stream).ok());
+  ASSERT_OK(launch_spin(this->backend(), *stream, 60'000'000));  // 60 ms
+  ASSERT_OK(this->backend().record_event(*behind, *stream));
   std::this_thread::sleep_for(std::chrono::milliseconds(10));
   auto done = this->backend().query_event(*behind);
-  ASSERT_TRUE(done.ok());
+  ASSERT_OK(done);
   EXPECT_FALSE(*done) << "the event behind the spin completed within 10 ms of a 60 ms spin";
-  ASSERT_TRUE(this->backend().synchronize_stream(*stream).ok());
+  ASSERT_OK(this->backend().synchronize_stream(*stream));
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(60));
   this->backend().destroy_event(*behind);
   this->backend().destroy_stream(*stream);
@@ -129,11 +129,11 @@ TYPED_TEST(BackendExecTest, ASpinKernelKeepsItsStreamBusyForTheTimeAsked) {
 // refused.
 TYPED_TEST(BackendExecTest, ALowPriorityStreamRunsWork) {
   auto low = this->backend().create_stream(StreamPriority::kLow);
-  ASSERT_TRUE(low.ok()) << low.status().to_string();
+  ASSERT_OK(low);
   DeviceBuffer out(this->backend(), 64 * sizeof(int64_t));
   const kernels::IotaBody iota{static_cast<int64_t*>(out.data()), 1, 1};
-  ASSERT_TRUE(this->backend().launch(make_launch(KernelId::kIota, iota, 64), *low).ok());
-  ASSERT_TRUE(this->backend().synchronize_stream(*low).ok());
+  ASSERT_OK(this->backend().launch(make_launch(KernelId::kIota, iota, 64), *low));
+  ASSERT_OK(this->backend().synchronize_stream(*low));
   const std::vector<int64_t> got = out.download<int64_t>();
   for (int64_t i = 0; i < 64; ++i) ASSERT_EQ(got[static_cast<size_t>(i)], 1 + i);
   this->backend().destroy_stream(*low);
@@ -144,7 +144,7 @@ TYPED_TEST(BackendExecTest, ALowPriorityStreamRunsWork) {
 TYPED_TEST(BackendExecTest, FillWritesEveryWord) {
   DeviceBuffer out(this->backend(), 37 * sizeof(uint32_t));
   const kernels::FillBody fill{static_cast<uint32_t*>(out.data()), 0x12345678u};
-  ASSERT_TRUE(this->backend().launch(make_launch(KernelId::kFill, fill, 37), Stream{}).ok());
+  ASSERT_OK(this->backend().launch(make_launch(KernelId::kFill, fill, 37), Stream{}));
   for (uint32_t w : out.download<uint32_t>()) ASSERT_EQ(w, 0x12345678u);
 }
 
@@ -172,14 +172,14 @@ TYPED_TEST(BackendExecTest, RejectsUnknownHandles) {
   EXPECT_EQ(this->backend().synchronize_event(bogus_event).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(this->backend().query_event(bogus_event).status().code(), StatusCode::kInvalidArgument);
   auto e = this->backend().create_event();
-  ASSERT_TRUE(e.ok());
+  ASSERT_OK(e);
   EXPECT_EQ(this->backend().record_event(*e, bogus_stream).code(), StatusCode::kInvalidArgument);
   this->backend().destroy_event(*e);
 }
 
 TYPED_TEST(BackendExecTest, NativeStreamHandles) {
   auto native = this->backend().native_stream(Stream{});
-  ASSERT_TRUE(native.ok());
+  ASSERT_OK(native);
   // A cudaStream_t on CUDA (the default stream is a created blocking stream); none on CPU.
   EXPECT_EQ(*native != nullptr, TypeParam::kKind == BackendKind::kCuda);
   int marker = 0;
@@ -205,7 +205,10 @@ TYPED_TEST(BackendExecTest, WorkAfterAnEventWaitDoesNotStartBeforeTheEvent) {
   auto consumer = be.create_stream();
   auto bystander = be.create_stream();
   auto event = be.create_event();
-  ASSERT_TRUE(producer.ok() && consumer.ok() && bystander.ok() && event.ok());
+  ASSERT_OK(producer);
+  ASSERT_OK(consumer);
+  ASSERT_OK(bystander);
+  ASSERT_OK(event);
   const int64_t n = 1000;
   const std::vector<uint32_t> poison = pattern(static_cast<size_t>(n), 17);
   DeviceBuffer consumer_out(be, n * sizeof(uint32_t));
@@ -216,28 +219,27 @@ TYPED_TEST(BackendExecTest, WorkAfterAnEventWaitDoesNotStartBeforeTheEvent) {
   std::atomic<bool> slow_op_done{false};
   std::atomic<int> observed_by_consumer{-1};
 
-  ASSERT_TRUE(be.launch_host_func(*producer, [&] {
-                  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-                  slow_op_done = true;
-                }).ok());
-  ASSERT_TRUE(be.record_event(*event, *producer).ok());
+  ASSERT_OK(be.launch_host_func(*producer, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    slow_op_done = true;
+  }));
+  ASSERT_OK(be.record_event(*event, *producer));
   EXPECT_FALSE(*be.query_event(*event));  // the slow op is still sleeping
 
-  ASSERT_TRUE(be.wait_event(*consumer, *event).ok());
-  ASSERT_TRUE(
-      be.launch_host_func(*consumer, [&] { observed_by_consumer = slow_op_done ? 1 : 0; }).ok());
+  ASSERT_OK(be.wait_event(*consumer, *event));
+  ASSERT_OK(be.launch_host_func(*consumer, [&] { observed_by_consumer = slow_op_done ? 1 : 0; }));
   const kernels::FillBody consumer_fill{static_cast<uint32_t*>(consumer_out.data()), 0xc0ffee11u};
-  ASSERT_TRUE(be.launch(make_launch(KernelId::kFill, consumer_fill, n), *consumer).ok());
+  ASSERT_OK(be.launch(make_launch(KernelId::kFill, consumer_fill, n), *consumer));
   const kernels::FillBody bystander_fill{static_cast<uint32_t*>(bystander_out.data()), 0xb1u};
-  ASSERT_TRUE(be.launch(make_launch(KernelId::kFill, bystander_fill, n), *bystander).ok());
+  ASSERT_OK(be.launch(make_launch(KernelId::kFill, bystander_fill, n), *bystander));
 
-  ASSERT_TRUE(be.synchronize_stream(*bystander).ok());
+  ASSERT_OK(be.synchronize_stream(*bystander));
   EXPECT_FALSE(slow_op_done.load()) << "unordered work should finish during the slow op";
   EXPECT_EQ(bystander_out.download<uint32_t>(), std::vector<uint32_t>(n, 0xb1u));
   EXPECT_EQ(consumer_out.download<uint32_t>(), poison) << "ordered work ran before the event";
   EXPECT_FALSE(slow_op_done.load()) << "the checks above took longer than the slow op";
 
-  ASSERT_TRUE(be.synchronize_stream(*consumer).ok());
+  ASSERT_OK(be.synchronize_stream(*consumer));
   EXPECT_EQ(observed_by_consumer.load(), 1) << "ordered work ran before the event completed";
   EXPECT_EQ(consumer_out.download<uint32_t>(), std::vector<uint32_t>(n, 0xc0ffee11u));
   EXPECT_TRUE(*be.query_event(*event));
@@ -255,25 +257,25 @@ TYPED_TEST(BackendExecTest, CopyOrderedAfterKernelOnAnotherStream) {
   auto producer = be.create_stream();
   auto consumer = be.create_stream();
   auto event = be.create_event();
-  ASSERT_TRUE(producer.ok() && consumer.ok() && event.ok());
+  ASSERT_OK(producer);
+  ASSERT_OK(consumer);
+  ASSERT_OK(event);
   const int64_t n = 4097;
   DeviceBuffer x(be, n * sizeof(int64_t));
   DeviceBuffer y(be, n * sizeof(int64_t));
   const kernels::FillBody zero_y{static_cast<uint32_t*>(y.data()), 0u};
-  ASSERT_TRUE(be.launch(make_launch(KernelId::kFill, zero_y, n * 2), Stream{}).ok());
-  ASSERT_TRUE(be.synchronize_stream(Stream{}).ok());
+  ASSERT_OK(be.launch(make_launch(KernelId::kFill, zero_y, n * 2), Stream{}));
+  ASSERT_OK(be.synchronize_stream(Stream{}));
 
-  ASSERT_TRUE(be.launch_host_func(*producer, [] {
-                  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-                }).ok());
+  ASSERT_OK(be.launch_host_func(
+      *producer, [] { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }));
   const kernels::IotaBody iota{static_cast<int64_t*>(x.data()), 5, 2};
-  ASSERT_TRUE(be.launch(make_launch(KernelId::kIota, iota, n), *producer).ok());
-  ASSERT_TRUE(be.record_event(*event, *producer).ok());
-  ASSERT_TRUE(be.wait_event(*consumer, *event).ok());
-  ASSERT_TRUE(
-      be.copy_async(y.data(), x.data(), n * sizeof(int64_t), CopyKind::kDeviceToDevice, *consumer)
-          .ok());
-  ASSERT_TRUE(be.synchronize_stream(*consumer).ok());
+  ASSERT_OK(be.launch(make_launch(KernelId::kIota, iota, n), *producer));
+  ASSERT_OK(be.record_event(*event, *producer));
+  ASSERT_OK(be.wait_event(*consumer, *event));
+  ASSERT_OK(
+      be.copy_async(y.data(), x.data(), n * sizeof(int64_t), CopyKind::kDeviceToDevice, *consumer));
+  ASSERT_OK(be.synchronize_stream(*consumer));
   const std::vector<int64_t> got = y.download<int64_t>();
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[static_cast<size_t>(i)], 5 + 2 * i);
   be.destroy_event(*event);
@@ -285,15 +287,16 @@ TYPED_TEST(BackendExecTest, SynchronizeEventBlocksUntilItsWorkIsDone) {
   Backend& be = this->backend();
   auto stream = be.create_stream();
   auto event = be.create_event();
-  ASSERT_TRUE(stream.ok() && event.ok());
+  ASSERT_OK(stream);
+  ASSERT_OK(event);
   EXPECT_TRUE(*be.query_event(*event));  // never recorded: complete
   std::atomic<bool> done{false};
-  ASSERT_TRUE(be.launch_host_func(*stream, [&] {
-                  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-                  done = true;
-                }).ok());
-  ASSERT_TRUE(be.record_event(*event, *stream).ok());
-  ASSERT_TRUE(be.synchronize_event(*event).ok());
+  ASSERT_OK(be.launch_host_func(*stream, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    done = true;
+  }));
+  ASSERT_OK(be.record_event(*event, *stream));
+  ASSERT_OK(be.synchronize_event(*event));
   EXPECT_TRUE(done.load());
   EXPECT_TRUE(*be.query_event(*event));
   be.destroy_event(*event);
@@ -303,15 +306,15 @@ TYPED_TEST(BackendExecTest, SynchronizeEventBlocksUntilItsWorkIsDone) {
 TYPED_TEST(BackendExecTest, WorkOnOneStreamRunsInOrder) {
   Backend& be = this->backend();
   auto stream = be.create_stream();
-  ASSERT_TRUE(stream.ok());
+  ASSERT_OK(stream);
   std::vector<int> order;
   for (int i = 0; i < 50; ++i) {
-    ASSERT_TRUE(be.launch_host_func(*stream, [&order, i] {
-                    if (i % 7 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-                    order.push_back(i);
-                  }).ok());
+    ASSERT_OK(be.launch_host_func(*stream, [&order, i] {
+      if (i % 7 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      order.push_back(i);
+    }));
   }
-  ASSERT_TRUE(be.synchronize_stream(*stream).ok());
+  ASSERT_OK(be.synchronize_stream(*stream));
   ASSERT_EQ(order.size(), 50u);
   for (int i = 0; i < 50; ++i) EXPECT_EQ(order[static_cast<size_t>(i)], i);
   be.destroy_stream(*stream);
@@ -325,7 +328,10 @@ TYPED_TEST(BackendExecTest, AWrappedStreamOrdersWorkLikeAnyStream) {
   auto consumer = be.create_stream();
   auto event = be.create_event();
   auto staging = be.allocate_pinned(4096 * sizeof(uint32_t));
-  ASSERT_TRUE(wrapped.ok() && consumer.ok() && event.ok() && staging.ok());
+  ASSERT_OK(wrapped);
+  ASSERT_OK(consumer);
+  ASSERT_OK(event);
+  ASSERT_OK(staging);
   const size_t n = 4096;
   const std::vector<uint32_t> src = pattern(n, 5);
   std::memcpy(*staging, src.data(), n * sizeof(uint32_t));
@@ -336,26 +342,24 @@ TYPED_TEST(BackendExecTest, AWrappedStreamOrdersWorkLikeAnyStream) {
 
   std::atomic<int> step{0};
   // A slow head keeps the rest of the wrapped stream's work queued, so the consumer really waits.
-  ASSERT_TRUE(be.launch_host_func(*wrapped, [&] {
-                  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-                  step = 1;
-                }).ok());
-  ASSERT_TRUE(
-      be.copy_async(a.data(), *staging, n * sizeof(uint32_t), CopyKind::kHostToDevice, *wrapped)
-          .ok());
+  ASSERT_OK(be.launch_host_func(*wrapped, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    step = 1;
+  }));
+  ASSERT_OK(
+      be.copy_async(a.data(), *staging, n * sizeof(uint32_t), CopyKind::kHostToDevice, *wrapped));
   // After the copy, or the copy would overwrite it.
   const kernels::FillBody fill{static_cast<uint32_t*>(a.data()), 0x600dcafeu};
-  ASSERT_TRUE(be.launch(make_launch(KernelId::kFill, fill, n / 2), *wrapped).ok());
-  ASSERT_TRUE(be.launch_host_func(*wrapped, [&] {
-                  int expected = 1;
-                  step.compare_exchange_strong(expected, 2);
-                }).ok());
-  ASSERT_TRUE(be.record_event(*event, *wrapped).ok());
-  ASSERT_TRUE(be.wait_event(*consumer, *event).ok());
-  ASSERT_TRUE(
-      be.copy_async(b.data(), a.data(), n * sizeof(uint32_t), CopyKind::kDeviceToDevice, *consumer)
-          .ok());
-  ASSERT_TRUE(be.synchronize_stream(*consumer).ok());
+  ASSERT_OK(be.launch(make_launch(KernelId::kFill, fill, n / 2), *wrapped));
+  ASSERT_OK(be.launch_host_func(*wrapped, [&] {
+    int expected = 1;
+    step.compare_exchange_strong(expected, 2);
+  }));
+  ASSERT_OK(be.record_event(*event, *wrapped));
+  ASSERT_OK(be.wait_event(*consumer, *event));
+  ASSERT_OK(be.copy_async(b.data(), a.data(), n * sizeof(uint32_t), CopyKind::kDeviceToDevice,
+                          *consumer));
+  ASSERT_OK(be.synchronize_stream(*consumer));
   EXPECT_EQ(step.load(), 2) << "the host functions ran out of order or not before the event";
   std::vector<uint32_t> expected = src;
   std::fill(expected.begin(), expected.begin() + n / 2, 0x600dcafeu);
@@ -372,25 +376,27 @@ TYPED_TEST(BackendExecTest, WrappingTheSameHandleTwiceGivesTheSameStream) {
   auto first = be.wrap_stream(kLegacyStream);
   auto again = be.wrap_stream(kLegacyStream);
   auto other = be.wrap_stream(kPerThreadStream);
-  ASSERT_TRUE(first.ok() && again.ok() && other.ok()) << first.status().to_string();
+  ASSERT_OK(first);
+  ASSERT_OK(again);
+  ASSERT_OK(other);
   EXPECT_EQ(*first, *again);
   EXPECT_NE(*first, *other);
   EXPECT_NE(*first, Stream{});
   EXPECT_NE(*other, Stream{});
   auto native = be.native_stream(*first);
-  ASSERT_TRUE(native.ok());
+  ASSERT_OK(native);
   EXPECT_EQ(*native, kLegacyStream);
-  EXPECT_TRUE(be.synchronize_stream(*first).ok());
+  EXPECT_OK(be.synchronize_stream(*first));
 
   // Forgotten, not destroyed: the handle is unknown until wrapped again, and then usable.
   be.destroy_stream(*first);
   EXPECT_EQ(be.synchronize_stream(*first).code(), StatusCode::kInvalidArgument);
   auto rewrapped = be.wrap_stream(kLegacyStream);
-  ASSERT_TRUE(rewrapped.ok());
+  ASSERT_OK(rewrapped);
   DeviceBuffer out(be, 64 * sizeof(uint32_t));
   const kernels::FillBody fill{static_cast<uint32_t*>(out.data()), 0x7u};
-  ASSERT_TRUE(be.launch(make_launch(KernelId::kFill, fill, 64), *rewrapped).ok());
-  ASSERT_TRUE(be.synchronize_stream(*rewrapped).ok());
+  ASSERT_OK(be.launch(make_launch(KernelId::kFill, fill, 64), *rewrapped));
+  ASSERT_OK(be.synchronize_stream(*rewrapped));
   EXPECT_EQ(out.download<uint32_t>(), std::vector<uint32_t>(64, 0x7u));
   be.destroy_stream(*rewrapped);
   be.destroy_stream(*other);
@@ -406,13 +412,15 @@ TYPED_TEST(BackendExecTest, WrappingTheNativeHandleOfAnOwnStreamGivesThatStream)
   if (TypeParam::kKind == BackendKind::kCpu) GTEST_SKIP() << "CPU streams have no native handle";
   Backend& be = this->backend();
   auto created = be.create_stream();
-  ASSERT_TRUE(created.ok());
+  ASSERT_OK(created);
   auto native = be.native_stream(*created);
   auto default_native = be.native_stream(Stream{});
-  ASSERT_TRUE(native.ok() && default_native.ok());
+  ASSERT_OK(native);
+  ASSERT_OK(default_native);
   auto wrapped = be.wrap_stream(*native);
   auto wrapped_default = be.wrap_stream(*default_native);
-  ASSERT_TRUE(wrapped.ok() && wrapped_default.ok());
+  ASSERT_OK(wrapped);
+  ASSERT_OK(wrapped_default);
   EXPECT_EQ(*wrapped, *created);
   EXPECT_EQ(*wrapped_default, Stream{});
   be.destroy_stream(*created);
@@ -433,7 +441,7 @@ TYPED_TEST(BackendExecTest, AFailedAllocationDoesNotFailLaterLaunches) {
   out.upload(pattern(static_cast<size_t>(n), 9));
   const kernels::FillBody fill{static_cast<uint32_t*>(out.data()), 0x31415926u};
   const Status launched = be.launch(make_launch(KernelId::kFill, fill, n), Stream{});
-  ASSERT_TRUE(launched.ok()) << launched.to_string();
+  ASSERT_OK(launched);
   EXPECT_EQ(out.download<uint32_t>(), std::vector<uint32_t>(n, 0x31415926u));
 }
 

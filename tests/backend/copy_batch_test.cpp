@@ -14,6 +14,7 @@
 #include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/fault_injection.hpp"
 #include "support/backend_test.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -47,7 +48,7 @@ class Buffer {
   Buffer(Backend& backend, size_t bytes, bool device)
       : backend_(backend), bytes_(bytes), device_(device) {
     auto p = device ? backend.allocate_device(bytes) : backend.allocate_pinned(bytes);
-    EXPECT_TRUE(p.ok()) << p.status().to_string();
+    EXPECT_OK(p);
     if (p.ok()) data_ = static_cast<uint8_t*>(*p);
   }
   ~Buffer() {
@@ -63,19 +64,17 @@ class Buffer {
   uint8_t* data() const { return data_; }
   void write(const std::vector<uint8_t>& bytes) {
     ASSERT_EQ(bytes.size(), bytes_);
-    ASSERT_TRUE(backend_
-                    .copy_async(data_, bytes.data(), bytes_,
-                                device_ ? CopyKind::kHostToDevice : CopyKind::kHostToHost, Stream{})
-                    .ok());
-    ASSERT_TRUE(backend_.synchronize_stream(Stream{}).ok());
+    ASSERT_OK(backend_.copy_async(data_, bytes.data(), bytes_,
+                                  device_ ? CopyKind::kHostToDevice : CopyKind::kHostToHost,
+                                  Stream{}));
+    ASSERT_OK(backend_.synchronize_stream(Stream{}));
   }
   std::vector<uint8_t> read() {
     std::vector<uint8_t> out(bytes_);
-    EXPECT_TRUE(backend_
-                    .copy_async(out.data(), data_, bytes_,
-                                device_ ? CopyKind::kDeviceToHost : CopyKind::kHostToHost, Stream{})
-                    .ok());
-    EXPECT_TRUE(backend_.synchronize_stream(Stream{}).ok());
+    EXPECT_OK(backend_.copy_async(out.data(), data_, bytes_,
+                                  device_ ? CopyKind::kDeviceToHost : CopyKind::kHostToHost,
+                                  Stream{}));
+    EXPECT_OK(backend_.synchronize_stream(Stream{}));
     return out;
   }
 
@@ -112,7 +111,7 @@ TYPED_TEST_SUITE(CopyBatchTest, testing::AllBackends, testing::BackendName);
 TYPED_TEST(CopyBatchTest, ScatteredRegionsMatchAPerRegionReference) {
   Backend& b = this->backend();
   auto stream = b.create_stream();
-  ASSERT_TRUE(stream.ok());
+  ASSERT_OK(stream);
   std::mt19937 rng(20240611);
   const CopyKind kinds[] = {CopyKind::kDeviceToHost, CopyKind::kHostToDevice,
                             CopyKind::kDeviceToDevice, CopyKind::kHostToHost};
@@ -133,8 +132,8 @@ TYPED_TEST(CopyBatchTest, ScatteredRegionsMatchAPerRegionReference) {
         const size_t to = static_cast<uint8_t*>(r.dst) - dst.data();
         std::memcpy(expected.data() + to, src_bytes.data() + from, r.bytes);
       }
-      ASSERT_TRUE(b.copy_batch(regions.data(), regions.size(), kind, *stream).ok());
-      ASSERT_TRUE(b.synchronize_stream(*stream).ok());
+      ASSERT_OK(b.copy_batch(regions.data(), regions.size(), kind, *stream));
+      ASSERT_OK(b.synchronize_stream(*stream));
       EXPECT_EQ(dst.read(), expected) << "kind " << static_cast<int>(kind) << ", " << count
                                       << " regions of up to " << slot << " bytes";
     }
@@ -151,7 +150,7 @@ TYPED_TEST(CopyBatchTest, BadArgumentsAreRejectedAndQueueNothing) {
   dst.write(poison);
   const CopyKind kind = CopyKind::kDeviceToDevice;
 
-  EXPECT_TRUE(b.copy_batch(nullptr, 0, kind, Stream{}).ok());  // count 0: a no-op
+  EXPECT_OK(b.copy_batch(nullptr, 0, kind, Stream{}));  // count 0: a no-op
   const Status null_regions = b.copy_batch(nullptr, 3, kind, Stream{});
   EXPECT_EQ(null_regions.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(null_regions.message().find("null regions"), std::string::npos)
@@ -169,19 +168,19 @@ TYPED_TEST(CopyBatchTest, BadArgumentsAreRejectedAndQueueNothing) {
   regions[1] = CopyRegion{nullptr, nullptr, 0};  // empty: skipped, not an error
   int unknown = 0;
   EXPECT_EQ(b.copy_batch(regions, 2, kind, Stream{&unknown}).code(), StatusCode::kInvalidArgument);
-  ASSERT_TRUE(b.synchronize_stream(Stream{}).ok());
+  ASSERT_OK(b.synchronize_stream(Stream{}));
   EXPECT_EQ(dst.read(), poison) << "a rejected batch copied something";
 
   // The same batch with a good stream does copy (so the check above can fail).
-  ASSERT_TRUE(b.copy_batch(regions, 2, kind, Stream{}).ok());
-  ASSERT_TRUE(b.synchronize_stream(Stream{}).ok());
+  ASSERT_OK(b.copy_batch(regions, 2, kind, Stream{}));
+  ASSERT_OK(b.synchronize_stream(Stream{}));
   EXPECT_NE(dst.read(), poison);
 }
 
 TYPED_TEST(CopyBatchTest, RunsInStreamOrderBetweenKernels) {
   Backend& b = this->backend();
   auto stream = b.create_stream();
-  ASSERT_TRUE(stream.ok());
+  ASSERT_OK(stream);
   const size_t words = 4096;
   Buffer src(b, words * 4, /*device=*/true);
   Buffer dst(b, words * 4, /*device=*/true);
@@ -190,12 +189,12 @@ TYPED_TEST(CopyBatchTest, RunsInStreamOrderBetweenKernels) {
   const kernels::FillBody before{src_words, 0x11111111u};
   const kernels::FillBody after{src_words, 0x22222222u};
   // Fill, copy (two halves, the second first), fill again: the copy sees the first fill only.
-  ASSERT_TRUE(b.launch({KernelId::kFill, &before, sizeof(before), words}, *stream).ok());
+  ASSERT_OK(b.launch({KernelId::kFill, &before, sizeof(before), words}, *stream));
   const CopyRegion regions[] = {{dst.data() + words * 2, src.data() + words * 2, words * 2},
                                 {dst.data(), src.data(), words * 2}};
-  ASSERT_TRUE(b.copy_batch(regions, 2, CopyKind::kDeviceToDevice, *stream).ok());
-  ASSERT_TRUE(b.launch({KernelId::kFill, &after, sizeof(after), words}, *stream).ok());
-  ASSERT_TRUE(b.synchronize_stream(*stream).ok());
+  ASSERT_OK(b.copy_batch(regions, 2, CopyKind::kDeviceToDevice, *stream));
+  ASSERT_OK(b.launch({KernelId::kFill, &after, sizeof(after), words}, *stream));
+  ASSERT_OK(b.synchronize_stream(*stream));
   std::vector<uint8_t> expected(words * 4);
   for (size_t i = 0; i < words; ++i) std::memcpy(&expected[i * 4], &before.value, 4);
   EXPECT_EQ(dst.read(), expected);
@@ -212,19 +211,19 @@ TEST(FaultInjectionCopyBatch, IsOneCopyCallThatCanFailAndIsRecorded) {
                                 {dst.data() + 100, src.data() + 200, 50},
                                 {dst.data() + 200, src.data() + 100, 99}};
   auto stream = fi.create_stream();
-  ASSERT_TRUE(stream.ok());
+  ASSERT_OK(stream);
 
   fi.fail_nth(FaultKind::kCopy, 1);
   const Status failed = fi.copy_batch(regions, 3, CopyKind::kHostToHost, *stream);
   EXPECT_EQ(failed.code(), StatusCode::kInternal);
   EXPECT_EQ(failed.message(), "injected fault: copy #1 (copy_batch)");
-  ASSERT_TRUE(fi.synchronize_stream(*stream).ok());
+  ASSERT_OK(fi.synchronize_stream(*stream));
   EXPECT_EQ(dst, untouched);
 
-  ASSERT_TRUE(fi.copy_batch(regions, 3, CopyKind::kHostToHost, *stream).ok());
-  ASSERT_TRUE(fi.copy_async(dst.data() + 299, src.data(), 1, CopyKind::kHostToHost, Stream{}).ok());
-  ASSERT_TRUE(fi.synchronize_stream(*stream).ok());
-  ASSERT_TRUE(fi.synchronize_stream(Stream{}).ok());
+  ASSERT_OK(fi.copy_batch(regions, 3, CopyKind::kHostToHost, *stream));
+  ASSERT_OK(fi.copy_async(dst.data() + 299, src.data(), 1, CopyKind::kHostToHost, Stream{}));
+  ASSERT_OK(fi.synchronize_stream(*stream));
+  ASSERT_OK(fi.synchronize_stream(Stream{}));
   EXPECT_EQ(fi.count(FaultKind::kCopy), 3);
   EXPECT_TRUE(std::equal(src.begin(), src.begin() + 100, dst.begin()));
   EXPECT_TRUE(std::equal(src.begin() + 200, src.begin() + 250, dst.begin() + 100));

@@ -15,6 +15,7 @@
 #include "pagedkv/backend.hpp"
 #include "pagedkv/cache.hpp"
 #include "pagedkv/fault_injection.hpp"
+#include "support/status_matchers.hpp"
 #include "support/stream_gate.hpp"
 
 namespace pagedkv {
@@ -48,20 +49,19 @@ TEST(CpuBackend, EnqueueReturnsBeforeTheWorkRuns) {
   options.copy_delay = std::chrono::milliseconds(100);
   auto be = create_cpu_backend(options);
   auto stream = be->create_stream();
-  ASSERT_TRUE(stream.ok());
+  ASSERT_OK(stream);
   std::vector<char> src(1024, 'x');
   std::vector<char> dst(1024, 'o');
   const auto start = std::chrono::steady_clock::now();
-  ASSERT_TRUE(
-      be->copy_async(dst.data(), src.data(), src.size(), CopyKind::kHostToHost, *stream).ok());
+  ASSERT_OK(be->copy_async(dst.data(), src.data(), src.size(), CopyKind::kHostToHost, *stream));
   const auto queued = std::chrono::steady_clock::now() - start;
   EXPECT_LT(queued, std::chrono::milliseconds(50)) << "copy_async blocked the caller";
   // Asked through an event, not by reading `dst` while the worker may write it (a data race).
   auto done = be->create_event();
-  ASSERT_TRUE(done.ok());
-  ASSERT_TRUE(be->record_event(*done, *stream).ok());
+  ASSERT_OK(done);
+  ASSERT_OK(be->record_event(*done, *stream));
   EXPECT_FALSE(*be->query_event(*done)) << "the delayed copy already happened";
-  ASSERT_TRUE(be->synchronize_stream(*stream).ok());
+  ASSERT_OK(be->synchronize_stream(*stream));
   EXPECT_TRUE(*be->query_event(*done));
   EXPECT_EQ(dst, src);
   be->destroy_event(*done);
@@ -74,11 +74,11 @@ TEST(CpuBackend, MemoryLimitGivesResourceExhausted) {
   options.pinned_memory_limit = 1024;
   auto be = create_cpu_backend(options);
   auto a = be->allocate_device(4000);
-  ASSERT_TRUE(a.ok());
+  ASSERT_OK(a);
   EXPECT_EQ(be->allocate_device(256).status().code(), StatusCode::kResourceExhausted);
   be->free_device(*a);
   auto b = be->allocate_device(4096);  // freed memory can be had again
-  EXPECT_TRUE(b.ok());
+  EXPECT_OK(b);
   be->free_device(*b);
   EXPECT_EQ(be->allocate_pinned(2048).status().code(), StatusCode::kResourceExhausted);
 }
@@ -93,7 +93,7 @@ TEST(BackendSelection, TheDeviceOrdinalTravelsFromTheFactoryToTheCache) {
   EXPECT_EQ(create_cpu_backend(o)->device_ordinal(), 3);
   EXPECT_EQ(create_cpu_backend()->device_ordinal(), 0);
   auto two = create_backend(BackendKind::kCpu, 2);
-  ASSERT_TRUE(two.ok()) << two.status().to_string();
+  ASSERT_OK(two);
   EXPECT_EQ((*two)->device_ordinal(), 2);
   EXPECT_EQ((*create_backend(BackendKind::kCpu, -1))->device_ordinal(), 0);
   EXPECT_EQ(create_backend(BackendKind::kCpu, -2).status().code(), StatusCode::kInvalidArgument);
@@ -109,7 +109,7 @@ TEST(BackendSelection, TheDeviceOrdinalTravelsFromTheFactoryToTheCache) {
   KvCacheOptions own;
   own.device = 1;
   auto cache = KvCache::create(c, own);
-  ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+  ASSERT_OK(cache);
   EXPECT_EQ((*cache)->backend().device_ordinal(), 1);
   KvCacheOptions given;
   given.backend = two->get();
@@ -119,7 +119,7 @@ TEST(BackendSelection, TheDeviceOrdinalTravelsFromTheFactoryToTheCache) {
 
 TEST(BackendSelection, AutoPicksCudaOnlyWithADevice) {
   auto be = create_backend(BackendKind::kAuto);
-  ASSERT_TRUE(be.ok()) << be.status().to_string();
+  ASSERT_OK(be);
   EXPECT_EQ((*be)->kind(), cuda_device_available() ? BackendKind::kCuda : BackendKind::kCpu);
 }
 
@@ -139,15 +139,15 @@ TEST(CpuBackend, DelayedKernelsStayOnTheWorker) {
   options.kernel_delay = std::chrono::milliseconds(100);
   auto be = create_cpu_backend(options);
   auto event = be->create_event();
-  ASSERT_TRUE(event.ok());
+  ASSERT_OK(event);
   std::vector<uint32_t> out(256, 0);
   const auto start = std::chrono::steady_clock::now();
-  ASSERT_TRUE(fill(*be, out, 0, out.size(), 0x5eu, Stream{}).ok());
-  ASSERT_TRUE(be->record_event(*event, Stream{}).ok());
+  ASSERT_OK(fill(*be, out, 0, out.size(), 0x5eu, Stream{}));
+  ASSERT_OK(be->record_event(*event, Stream{}));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(50))
       << "a delayed launch blocked the caller";
   EXPECT_FALSE(*be->query_event(*event)) << "the delayed kernel already ran";
-  ASSERT_TRUE(be->synchronize_stream(Stream{}).ok());
+  ASSERT_OK(be->synchronize_stream(Stream{}));
   EXPECT_EQ(out, std::vector<uint32_t>(out.size(), 0x5eu));
   be->destroy_event(*event);
 }
@@ -155,8 +155,8 @@ TEST(CpuBackend, DelayedKernelsStayOnTheWorker) {
 TEST(CpuBackend, HostFunctionsRunOnTheStreamsWorkerEvenWhenIdle) {
   auto be = create_cpu_backend();
   std::thread::id ran_on;
-  ASSERT_TRUE(be->launch_host_func(Stream{}, [&] { ran_on = std::this_thread::get_id(); }).ok());
-  ASSERT_TRUE(be->synchronize_stream(Stream{}).ok());
+  ASSERT_OK(be->launch_host_func(Stream{}, [&] { ran_on = std::this_thread::get_id(); }));
+  ASSERT_OK(be->synchronize_stream(Stream{}));
   EXPECT_NE(ran_on, std::thread::id());
   EXPECT_NE(ran_on, std::this_thread::get_id());
 }
@@ -170,15 +170,16 @@ void check_inline_work_keeps_order_with_queued_work(bool run_inline) {
   auto be = create_cpu_backend(options);
   auto stream = be->create_stream();
   auto event = be->create_event();
-  ASSERT_TRUE(stream.ok() && event.ok());
+  ASSERT_OK(stream);
+  ASSERT_OK(event);
   const size_t n = 1024;
   const std::vector<uint32_t> src = pattern(n, 1);
   std::vector<uint32_t> buf = pattern(n, 2);
   std::vector<uint32_t> out = pattern(n, 3);
   const std::vector<uint32_t> out_before = out;
 
-  ASSERT_TRUE(copy(*be, buf, src, *stream).ok());
-  ASSERT_TRUE(fill(*be, buf, 0, n / 4, 0xaaaau, *stream).ok());  // after the copy
+  ASSERT_OK(copy(*be, buf, src, *stream));
+  ASSERT_OK(fill(*be, buf, 0, n / 4, 0xaaaau, *stream));  // after the copy
   std::vector<uint32_t> expected = src;
   std::fill(expected.begin(), expected.begin() + n / 4, 0xaaaau);
   if (run_inline) {
@@ -186,27 +187,27 @@ void check_inline_work_keeps_order_with_queued_work(bool run_inline) {
   }
 
   StreamGate gate;
-  ASSERT_TRUE(gate.close(*be, *stream).ok());
+  ASSERT_OK(gate.close(*be, *stream));
   // Each of these could run inline on an idle stream; behind the gate they must wait.
-  ASSERT_TRUE(fill(*be, buf, n / 4, n / 2, 0xbbbbu, *stream).ok());
-  ASSERT_TRUE(copy(*be, out, buf, *stream).ok());
-  ASSERT_TRUE(be->record_event(*event, *stream).ok());
+  ASSERT_OK(fill(*be, buf, n / 4, n / 2, 0xbbbbu, *stream));
+  ASSERT_OK(copy(*be, out, buf, *stream));
+  ASSERT_OK(be->record_event(*event, *stream));
   EXPECT_FALSE(*be->query_event(*event));
   // The worker is held at the gate, so nothing queued has touched `out` (no race to read it).
   EXPECT_EQ(out, out_before) << "work queued behind a running host function did not wait";
   gate.release();
-  ASSERT_TRUE(be->synchronize_stream(*stream).ok());
+  ASSERT_OK(be->synchronize_stream(*stream));
   EXPECT_TRUE(*be->query_event(*event));
   std::fill(expected.begin() + n / 4, expected.begin() + n / 2, 0xbbbbu);
   EXPECT_EQ(buf, expected);
   EXPECT_EQ(out, expected);
 
   // Drained: idle again, so inline again.
-  ASSERT_TRUE(fill(*be, out, 0, n, 0xccccu, *stream).ok());
+  ASSERT_OK(fill(*be, out, 0, n, 0xccccu, *stream));
   if (run_inline) {
     EXPECT_EQ(out, std::vector<uint32_t>(n, 0xccccu));
   }
-  ASSERT_TRUE(be->synchronize_stream(*stream).ok());
+  ASSERT_OK(be->synchronize_stream(*stream));
   EXPECT_EQ(out, std::vector<uint32_t>(n, 0xccccu));
   be->destroy_event(*event);
   be->destroy_stream(*stream);
@@ -229,24 +230,27 @@ TEST(CpuBackend, AWaitOnAnIncompleteEventDefersTheWorkAfterIt) {
   auto consumer = be->create_stream();
   auto produced = be->create_event();
   auto consumed = be->create_event();
-  ASSERT_TRUE(producer.ok() && consumer.ok() && produced.ok() && consumed.ok());
+  ASSERT_OK(producer);
+  ASSERT_OK(consumer);
+  ASSERT_OK(produced);
+  ASSERT_OK(consumed);
   const size_t n = 512;
   const std::vector<uint32_t> src = pattern(n, 4);
   std::vector<uint32_t> dst = pattern(n, 5);
   const std::vector<uint32_t> dst_before = dst;
 
   StreamGate gate;
-  ASSERT_TRUE(gate.close(*be, *producer).ok());
-  ASSERT_TRUE(be->record_event(*produced, *producer).ok());
-  ASSERT_TRUE(be->wait_event(*consumer, *produced).ok());  // the consumer stream was idle
-  ASSERT_TRUE(copy(*be, dst, src, *consumer).ok());
-  ASSERT_TRUE(fill(*be, dst, 0, 8, 0xddddu, *consumer).ok());
-  ASSERT_TRUE(be->record_event(*consumed, *consumer).ok());
+  ASSERT_OK(gate.close(*be, *producer));
+  ASSERT_OK(be->record_event(*produced, *producer));
+  ASSERT_OK(be->wait_event(*consumer, *produced));  // the consumer stream was idle
+  ASSERT_OK(copy(*be, dst, src, *consumer));
+  ASSERT_OK(fill(*be, dst, 0, 8, 0xddddu, *consumer));
+  ASSERT_OK(be->record_event(*consumed, *consumer));
   EXPECT_FALSE(*be->query_event(*consumed)) << "the record ran before the wait was satisfied";
   EXPECT_EQ(dst, dst_before) << "work after an unsatisfied wait ran";
 
   gate.release();
-  ASSERT_TRUE(be->synchronize_stream(*consumer).ok());
+  ASSERT_OK(be->synchronize_stream(*consumer));
   EXPECT_TRUE(*be->query_event(*produced));
   EXPECT_TRUE(*be->query_event(*consumed));
   std::vector<uint32_t> expected = src;
@@ -255,10 +259,10 @@ TEST(CpuBackend, AWaitOnAnIncompleteEventDefersTheWorkAfterIt) {
 
   // The event is complete now: waiting on it again holds nothing back.
   const std::vector<uint32_t> src2 = pattern(n, 6);
-  ASSERT_TRUE(be->wait_event(*consumer, *produced).ok());
-  ASSERT_TRUE(copy(*be, dst, src2, *consumer).ok());
+  ASSERT_OK(be->wait_event(*consumer, *produced));
+  ASSERT_OK(copy(*be, dst, src2, *consumer));
   EXPECT_EQ(dst, src2) << "work after a satisfied wait on an idle stream did not run inline";
-  ASSERT_TRUE(be->synchronize_stream(*consumer).ok());
+  ASSERT_OK(be->synchronize_stream(*consumer));
 
   be->destroy_event(*produced);
   be->destroy_event(*consumed);
@@ -270,27 +274,28 @@ TEST(CpuBackend, SynchronizeAfterInlineWorkReturns) {
   auto be = create_cpu_backend();
   auto stream = be->create_stream();
   auto event = be->create_event();
-  ASSERT_TRUE(stream.ok() && event.ok());
+  ASSERT_OK(stream);
+  ASSERT_OK(event);
   const std::vector<uint32_t> src = pattern(300, 7);
   std::vector<uint32_t> dst(300, 0);
   for (Stream s : {Stream{}, *stream}) {
-    ASSERT_TRUE(copy(*be, dst, src, s).ok());
-    ASSERT_TRUE(be->synchronize_stream(s).ok());
-    ASSERT_TRUE(be->record_event(*event, s).ok());
+    ASSERT_OK(copy(*be, dst, src, s));
+    ASSERT_OK(be->synchronize_stream(s));
+    ASSERT_OK(be->record_event(*event, s));
     EXPECT_TRUE(*be->query_event(*event));  // recorded on an idle stream: complete at once
-    ASSERT_TRUE(be->synchronize_event(*event).ok());
+    ASSERT_OK(be->synchronize_event(*event));
     // Inline, then queued, then inline-eligible (queued behind): one synchronize covers all.
     bool host_func_ran = false;
-    ASSERT_TRUE(fill(*be, dst, 0, 1, 1u, s).ok());
-    ASSERT_TRUE(be->launch_host_func(s, [&] { host_func_ran = true; }).ok());
-    ASSERT_TRUE(fill(*be, dst, 1, 2, 2u, s).ok());
-    ASSERT_TRUE(be->synchronize_stream(s).ok());
+    ASSERT_OK(fill(*be, dst, 0, 1, 1u, s));
+    ASSERT_OK(be->launch_host_func(s, [&] { host_func_ran = true; }));
+    ASSERT_OK(fill(*be, dst, 1, 2, 2u, s));
+    ASSERT_OK(be->synchronize_stream(s));
     EXPECT_TRUE(host_func_ran);
     EXPECT_EQ(dst[0], 1u);
     EXPECT_EQ(dst[1], 2u);
     EXPECT_EQ(dst[2], src[2]);
   }
-  ASSERT_TRUE(copy(*be, dst, src, *stream).ok());
+  ASSERT_OK(copy(*be, dst, src, *stream));
   be->destroy_stream(*stream);  // drains and joins after inline work too
   EXPECT_EQ(dst, src);
   be->destroy_event(*event);
@@ -301,26 +306,26 @@ TEST(CpuBackend, AWrappedHandleNamesAStreamOfTheBackendsOwn) {
   auto be = create_cpu_backend();
   int token = 0;
   auto wrapped = be->wrap_stream(&token);
-  ASSERT_TRUE(wrapped.ok());
+  ASSERT_OK(wrapped);
   EXPECT_NE(*wrapped, Stream{});
   auto native = be->native_stream(*wrapped);
-  ASSERT_TRUE(native.ok());
+  ASSERT_OK(native);
   EXPECT_EQ(*native, static_cast<void*>(&token));
   auto again = be->wrap_stream(&token);
-  ASSERT_TRUE(again.ok());
+  ASSERT_OK(again);
   EXPECT_EQ(*again, *wrapped);
   // A created stream has no native handle, so it cannot be named by one.
   auto created = be->create_stream();
-  ASSERT_TRUE(created.ok());
+  ASSERT_OK(created);
   auto created_native = be->native_stream(*created);
-  ASSERT_TRUE(created_native.ok());
+  ASSERT_OK(created_native);
   EXPECT_EQ(*created_native, nullptr);
   EXPECT_NE(*created, *wrapped);
 
   const std::vector<uint32_t> src = pattern(128, 8);
   std::vector<uint32_t> dst(128, 0);
-  ASSERT_TRUE(copy(*be, dst, src, *wrapped).ok());
-  ASSERT_TRUE(be->synchronize_stream(*wrapped).ok());
+  ASSERT_OK(copy(*be, dst, src, *wrapped));
+  ASSERT_OK(be->synchronize_stream(*wrapped));
   EXPECT_EQ(dst, src);
   be->destroy_stream(*wrapped);
   EXPECT_EQ(be->native_stream(*wrapped).status().code(), StatusCode::kInvalidArgument);

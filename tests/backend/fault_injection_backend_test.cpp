@@ -13,6 +13,7 @@
 #include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/fault_injection.hpp"
 #include "support/backend_test.hpp"
+#include "support/status_matchers.hpp"
 #include "support/stream_gate.hpp"
 
 namespace pagedkv {
@@ -89,32 +90,34 @@ TEST_F(FaultInjectionBackendTest, PassthroughGivesTheInnerBackendsResults) {
     auto a = be.allocate_device(n * 4);
     auto b = be.allocate_device(n * 4);
     auto staging = be.allocate_pinned(n * 4);
-    EXPECT_TRUE(a.ok() && b.ok() && staging.ok());
+    EXPECT_OK(a);
+    EXPECT_OK(b);
+    EXPECT_OK(staging);
     std::memcpy(*staging, src.data(), n * 4);
     auto copy_stream = be.create_stream();
     auto ev = be.create_event();
-    EXPECT_TRUE(copy_stream.ok() && ev.ok());
-    EXPECT_TRUE(be.copy_async(*a, *staging, n * 4, CopyKind::kHostToDevice, *copy_stream).ok());
-    EXPECT_TRUE(be.record_event(*ev, *copy_stream).ok());
-    EXPECT_TRUE(be.wait_event(Stream{}, *ev).ok());
+    EXPECT_OK(copy_stream);
+    EXPECT_OK(ev);
+    EXPECT_OK(be.copy_async(*a, *staging, n * 4, CopyKind::kHostToDevice, *copy_stream));
+    EXPECT_OK(be.record_event(*ev, *copy_stream));
+    EXPECT_OK(be.wait_event(Stream{}, *ev));
     const kernels::FillBody fill{static_cast<uint32_t*>(*b), 0xabcd1234u};
-    EXPECT_TRUE(be.launch(make_launch(KernelId::kFill, fill, n / 2), Stream{}).ok());
+    EXPECT_OK(be.launch(make_launch(KernelId::kFill, fill, n / 2), Stream{}));
     // The second half of b from a, after the fill, in stream order.
-    EXPECT_TRUE(be.copy_async(static_cast<uint32_t*>(*b) + n / 2,
-                              static_cast<uint32_t*>(*a) + n / 2, n / 2 * 4,
-                              CopyKind::kDeviceToDevice, Stream{})
-                    .ok());
+    EXPECT_OK(be.copy_async(static_cast<uint32_t*>(*b) + n / 2, static_cast<uint32_t*>(*a) + n / 2,
+                            n / 2 * 4, CopyKind::kDeviceToDevice, Stream{}));
     bool host_func_ran = false;
-    EXPECT_TRUE(be.launch_host_func(Stream{}, [&] { host_func_ran = true; }).ok());
-    EXPECT_TRUE(be.synchronize_event(*ev).ok());
-    EXPECT_TRUE(be.synchronize_stream(Stream{}).ok());
+    EXPECT_OK(be.launch_host_func(Stream{}, [&] { host_func_ran = true; }));
+    EXPECT_OK(be.synchronize_event(*ev));
+    EXPECT_OK(be.synchronize_stream(Stream{}));
     auto done = be.query_event(*ev);
-    EXPECT_TRUE(done.ok() && *done);
+    EXPECT_OK(done);
+    EXPECT_TRUE(done.value_or(false));
     EXPECT_TRUE(host_func_ran);
     std::vector<uint32_t> out(n);
-    EXPECT_TRUE(be.copy_async(out.data(), *b, n * 4, CopyKind::kDeviceToHost, Stream{}).ok());
-    EXPECT_TRUE(be.synchronize_stream(Stream{}).ok());
-    EXPECT_TRUE(be.native_stream(*copy_stream).ok());
+    EXPECT_OK(be.copy_async(out.data(), *b, n * 4, CopyKind::kDeviceToHost, Stream{}));
+    EXPECT_OK(be.synchronize_stream(Stream{}));
+    EXPECT_OK(be.native_stream(*copy_stream));
     be.destroy_event(*ev);
     be.destroy_stream(*copy_stream);
     be.free_device(*a);
@@ -150,7 +153,7 @@ TEST_F(FaultInjectionBackendTest, ExactlyTheNthCallOfTheArmedKindFailsOnce) {
             << s.message();
         EXPECT_EQ(fi_.last_fault(), s.message());
       } else {
-        EXPECT_TRUE(s.ok()) << fault_kind_name(kind) << " call " << i << ": " << s.to_string();
+        EXPECT_OK(s) << fault_kind_name(kind) << " call " << i;
       }
     }
     EXPECT_FALSE(fi_.armed(kind));
@@ -181,8 +184,7 @@ TEST_F(FaultInjectionBackendTest, OtherKindsAreUnaffected) {
       if (other == armed) continue;
       for (int i = 0; i < 3; ++i) {
         const Status s = call(other);
-        EXPECT_TRUE(s.ok()) << fault_kind_name(other) << " with " << fault_kind_name(armed)
-                            << " armed: " << s.to_string();
+        EXPECT_OK(s) << fault_kind_name(other) << " with " << fault_kind_name(armed);
       }
       EXPECT_EQ(fi_.count(other), 3);
     }
@@ -194,26 +196,26 @@ TEST_F(FaultInjectionBackendTest, OtherKindsAreUnaffected) {
 }
 
 TEST_F(FaultInjectionBackendTest, ArmingCountsFromNowAndZeroDisarms) {
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(call(FaultKind::kCopy).ok());
+  for (int i = 0; i < 4; ++i) ASSERT_OK(call(FaultKind::kCopy));
   fi_.fail_nth(FaultKind::kCopy, 2);  // call #6 overall
-  EXPECT_TRUE(call(FaultKind::kCopy).ok());
+  EXPECT_OK(call(FaultKind::kCopy));
   EXPECT_NE(call(FaultKind::kCopy).message().find("copy #6"), std::string::npos);
 
   fi_.fail_nth(FaultKind::kCopy, 1);
   fi_.fail_nth(FaultKind::kCopy, 0);
   EXPECT_FALSE(fi_.armed(FaultKind::kCopy));
-  EXPECT_TRUE(call(FaultKind::kCopy).ok());
+  EXPECT_OK(call(FaultKind::kCopy));
 
   fi_.fail_nth(FaultKind::kCopy, 1);
   fi_.fail_nth(FaultKind::kCopy, 2);  // replaces the first arming
-  EXPECT_TRUE(call(FaultKind::kCopy).ok());
+  EXPECT_OK(call(FaultKind::kCopy));
   EXPECT_FALSE(call(FaultKind::kCopy).ok());
 
   fi_.fail_nth(FaultKind::kCopy, 1);
   fi_.fail_nth(FaultKind::kLaunch, 1);
   fi_.disarm_all();
-  EXPECT_TRUE(call(FaultKind::kCopy).ok());
-  EXPECT_TRUE(call(FaultKind::kLaunch).ok());
+  EXPECT_OK(call(FaultKind::kCopy));
+  EXPECT_OK(call(FaultKind::kLaunch));
   EXPECT_EQ(fi_.injected(), 2);
 
   fi_.fail_nth(FaultKind::kCopy, 1);
@@ -222,7 +224,7 @@ TEST_F(FaultInjectionBackendTest, ArmingCountsFromNowAndZeroDisarms) {
   EXPECT_EQ(fi_.injected(), 0);
   EXPECT_EQ(fi_.last_fault(), "");
   EXPECT_FALSE(fi_.armed(FaultKind::kCopy));
-  EXPECT_TRUE(call(FaultKind::kCopy).ok());
+  EXPECT_OK(call(FaultKind::kCopy));
 }
 
 TEST_F(FaultInjectionBackendTest, CallsThatCannotFailAreNotCounted) {
@@ -230,11 +232,14 @@ TEST_F(FaultInjectionBackendTest, CallsThatCannotFailAreNotCounted) {
   auto e = fi_.create_event();
   auto d = fi_.allocate_device(64);
   auto p = fi_.allocate_pinned(64);
-  ASSERT_TRUE(s.ok() && e.ok() && d.ok() && p.ok());
+  ASSERT_OK(s);
+  ASSERT_OK(e);
+  ASSERT_OK(d);
+  ASSERT_OK(p);
   fi_.reset_counts();
   (void)fi_.kind();
   (void)fi_.description();
-  EXPECT_TRUE(fi_.native_stream(*s).ok());
+  EXPECT_OK(fi_.native_stream(*s));
   fi_.destroy_event(*e);
   fi_.destroy_stream(*s);
   fi_.free_device(*d);
@@ -249,9 +254,9 @@ TEST_F(FaultInjectionBackendTest, WrapStreamIsForwardedAndNeitherCountedNorLive)
   for (FaultKind kind : kAllKinds) fi_.fail_nth(kind, 1);
   int token = 0;
   auto wrapped = fi_.wrap_stream(&token);
-  ASSERT_TRUE(wrapped.ok()) << wrapped.status().to_string();
+  ASSERT_OK(wrapped);
   auto again = fi_.wrap_stream(&token);
-  ASSERT_TRUE(again.ok());
+  ASSERT_OK(again);
   EXPECT_EQ(*again, *wrapped);
   EXPECT_EQ(fi_.wrap_stream(nullptr).status().code(), StatusCode::kInvalidArgument);
   for (FaultKind kind : kAllKinds) {
@@ -260,18 +265,18 @@ TEST_F(FaultInjectionBackendTest, WrapStreamIsForwardedAndNeitherCountedNorLive)
   }
   EXPECT_EQ(fi_.injected(), 0);
   auto native = fi_.native_stream(*wrapped);
-  ASSERT_TRUE(native.ok());
+  ASSERT_OK(native);
   EXPECT_EQ(*native, static_cast<void*>(&token));
   // The inner backend knows the same stream.
   auto inner_again = inner_->wrap_stream(&token);
-  ASSERT_TRUE(inner_again.ok());
+  ASSERT_OK(inner_again);
   EXPECT_EQ(*inner_again, *wrapped);
   EXPECT_EQ(fi_.live(), LiveObjects{});
   auto created = fi_.create_stream();  // the armed kEvent fault
   EXPECT_EQ(created.status().code(), StatusCode::kInternal);
   fi_.disarm_all();
   created = fi_.create_stream();
-  ASSERT_TRUE(created.ok());
+  ASSERT_OK(created);
   fi_.destroy_stream(*wrapped);  // forgotten; the created stream is still live
   LiveObjects expected;
   expected.streams = 1;
@@ -284,7 +289,8 @@ TEST_F(FaultInjectionBackendTest, WrapStreamIsForwardedAndNeitherCountedNorLive)
 TEST_F(FaultInjectionBackendTest, LiveObjectsTrackWhatIsNotReleased) {
   auto d = fi_.allocate_device(64);
   auto s = fi_.create_stream();
-  ASSERT_TRUE(d.ok() && s.ok());
+  ASSERT_OK(d);
+  ASSERT_OK(s);
   LiveObjects expected;
   expected.device_allocations = 1;
   expected.streams = 1;
@@ -311,8 +317,8 @@ TEST(FaultInjectionBackend, AFailedAllocationTakesNothing) {
   // The whole limit is still available: the failed calls took nothing from the inner backend.
   auto d = inner->allocate_device(4096);
   auto p = inner->allocate_pinned(4096);
-  ASSERT_TRUE(d.ok()) << d.status().to_string();
-  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  ASSERT_OK(d);
+  ASSERT_OK(p);
   inner->free_device(*d);
   inner->free_pinned(*p);
 }
@@ -330,7 +336,7 @@ TEST(FaultInjectionBackend, AFailedCopyLeavesTheDestinationUnchanged) {
   dst.upload(before);
   from.upload(src);
   auto copy_stream = fi.create_stream();
-  ASSERT_TRUE(copy_stream.ok());
+  ASSERT_OK(copy_stream);
   for (CopyKind kind : {CopyKind::kDeviceToDevice, CopyKind::kHostToDevice}) {
     const void* source =
         kind == CopyKind::kHostToDevice ? static_cast<const void*>(src.data()) : from.data();
@@ -338,14 +344,13 @@ TEST(FaultInjectionBackend, AFailedCopyLeavesTheDestinationUnchanged) {
       fi.fail_nth(FaultKind::kCopy, 1);
       const Status s = fi.copy_async(dst.data(), source, n * 4, kind, stream);
       EXPECT_EQ(s.code(), StatusCode::kInternal);
-      ASSERT_TRUE(fi.synchronize_stream(stream).ok());
+      ASSERT_OK(fi.synchronize_stream(stream));
       EXPECT_EQ(dst.download<uint32_t>(), before);
     }
   }
   // The fault was one-shot: the same copy now goes through.
-  ASSERT_TRUE(
-      fi.copy_async(dst.data(), from.data(), n * 4, CopyKind::kDeviceToDevice, *copy_stream).ok());
-  ASSERT_TRUE(fi.synchronize_stream(*copy_stream).ok());
+  ASSERT_OK(fi.copy_async(dst.data(), from.data(), n * 4, CopyKind::kDeviceToDevice, *copy_stream));
+  ASSERT_OK(fi.synchronize_stream(*copy_stream));
   EXPECT_EQ(dst.download<uint32_t>(), src);
   fi.destroy_stream(*copy_stream);
 }
@@ -364,10 +369,10 @@ TEST(FaultInjectionBackend, AFailedLaunchRunsNothing) {
   std::atomic<bool> ran{false};
   fi.fail_nth(FaultKind::kLaunch, 1);
   EXPECT_EQ(fi.launch_host_func(Stream{}, [&] { ran = true; }).code(), StatusCode::kInternal);
-  ASSERT_TRUE(fi.synchronize_stream(Stream{}).ok());
+  ASSERT_OK(fi.synchronize_stream(Stream{}));
   EXPECT_FALSE(ran.load());
   EXPECT_EQ(out.download<uint32_t>(), before);
-  ASSERT_TRUE(fi.launch(make_launch(KernelId::kFill, fill, n), Stream{}).ok());
+  ASSERT_OK(fi.launch(make_launch(KernelId::kFill, fill, n), Stream{}));
   EXPECT_EQ(out.download<uint32_t>(), std::vector<uint32_t>(n, 0x5a5a5a5au));
 }
 
@@ -376,28 +381,29 @@ TEST(FaultInjectionBackend, FailedEventAndSyncCallsDoNothing) {
   FaultInjectionBackend fi(*inner);
   auto ev = fi.create_event();
   auto other = fi.create_stream();
-  ASSERT_TRUE(ev.ok() && other.ok());
+  ASSERT_OK(ev);
+  ASSERT_OK(other);
 
   // A failed record leaves the event as it was (never recorded: complete), even though the
   // stream is blocked; the real record that follows captures the blocked work.
   StreamGate gate;
-  ASSERT_TRUE(gate.close(*inner, Stream{}).ok());
+  ASSERT_OK(gate.close(*inner, Stream{}));
   fi.fail_nth(FaultKind::kEvent, 1);
   EXPECT_EQ(fi.record_event(*ev, Stream{}).code(), StatusCode::kInternal);
   auto done = fi.query_event(*ev);
-  ASSERT_TRUE(done.ok());
+  ASSERT_OK(done);
   EXPECT_TRUE(*done);
-  ASSERT_TRUE(fi.record_event(*ev, Stream{}).ok());
+  ASSERT_OK(fi.record_event(*ev, Stream{}));
   done = fi.query_event(*ev);
-  ASSERT_TRUE(done.ok());
+  ASSERT_OK(done);
   EXPECT_FALSE(*done);
 
   // A failed wait orders nothing: work on `other` runs while the default stream is blocked.
   fi.fail_nth(FaultKind::kEvent, 1);
   EXPECT_EQ(fi.wait_event(*other, *ev).code(), StatusCode::kInternal);
   std::atomic<bool> ran{false};
-  ASSERT_TRUE(fi.launch_host_func(*other, [&] { ran = true; }).ok());
-  ASSERT_TRUE(inner->synchronize_stream(*other).ok());
+  ASSERT_OK(fi.launch_host_func(*other, [&] { ran = true; }));
+  ASSERT_OK(inner->synchronize_stream(*other));
   EXPECT_TRUE(ran.load());
 
   // A failed synchronize returns at once, without waiting.
@@ -408,11 +414,11 @@ TEST(FaultInjectionBackend, FailedEventAndSyncCallsDoNothing) {
   fi.fail_nth(FaultKind::kSync, 1);
   EXPECT_EQ(fi.query_event(*ev).status().code(), StatusCode::kInternal);
   done = inner->query_event(*ev);
-  ASSERT_TRUE(done.ok());
+  ASSERT_OK(done);
   EXPECT_FALSE(*done);
 
   gate.release();
-  EXPECT_TRUE(fi.synchronize_event(*ev).ok());
+  EXPECT_OK(fi.synchronize_event(*ev));
 
   // Failed creations make nothing.
   fi.fail_nth(FaultKind::kEvent, 1);

@@ -8,10 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "support/status_matchers.hpp"
+
 namespace pagedkv {
 namespace {
 
-TEST(CacheConfig, DefaultIsValid) { EXPECT_TRUE(CacheConfig{}.validate().ok()); }
+TEST(CacheConfig, DefaultIsValid) { EXPECT_OK(CacheConfig{}.validate()); }
 
 TEST(CacheConfig, EachInvalidFieldIsNamed) {
   struct Case {
@@ -123,7 +125,7 @@ TEST(CacheConfig, ByteSizesThatOverflowAreMinusOneAndThePoolLimitIsExact) {
   c.dtype = DType::kFloat8E4M3;
   c.num_device_blocks = 4;  // blocks of 2^60 bytes
   EXPECT_EQ(c.block_bytes(), int64_t{1} << 60);
-  EXPECT_TRUE(c.validate().ok()) << c.validate().to_string();
+  EXPECT_OK(c.validate());
   c.num_device_blocks = 8;  // 2^63 bytes
   EXPECT_EQ(c.validate().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(c.validate().message().rfind("num_device_blocks:", 0), 0u) << c.validate().message();

@@ -6,6 +6,7 @@
 
 #include "pagedkv/config.hpp"
 #include "pagedkv/layout.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -29,16 +30,16 @@ void expect_field_error(const CacheConfig& c, const std::string& field) {
 }
 
 TEST(LatentConfig, DeepSeekShapeIsValid) {
-  EXPECT_TRUE(deepseek().validate().ok()) << deepseek().validate().to_string();
+  EXPECT_OK(deepseek().validate());
   CacheConfig odd = deepseek();
   odd.head_dim = 37;
   odd.rope_dim = 5;
   odd.block_size = 3;
-  EXPECT_TRUE(odd.validate().ok());
+  EXPECT_OK(odd.validate());
   odd.rope_dim = 36;  // the largest rope part: one ckv element left
-  EXPECT_TRUE(odd.validate().ok());
+  EXPECT_OK(odd.validate());
   odd.rope_dim = 1;
-  EXPECT_TRUE(odd.validate().ok());
+  EXPECT_OK(odd.validate());
 }
 
 TEST(LatentConfig, BadLatentShapesNameTheField) {

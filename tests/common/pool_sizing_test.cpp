@@ -11,6 +11,7 @@
 #include <string>
 
 #include "pagedkv/config.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -61,10 +62,10 @@ TEST(PoolSizing, OneGroupTakesTheBudgetsInWholeBlocks) {
   const int64_t bb = c.block_bytes();
   ASSERT_EQ(bb, 4 * 2 * 16 * 4 * 64 * 2);
   auto sized = c.with_pools(10 * bb + bb - 1, 3 * bb, 4096);
-  ASSERT_TRUE(sized.ok()) << sized.status().to_string();
+  ASSERT_OK(sized);
   EXPECT_EQ(sized->num_device_blocks, 10);
   EXPECT_EQ(sized->num_host_blocks, 3);
-  EXPECT_TRUE(sized->validate().ok());
+  EXPECT_OK(sized->validate());
   EXPECT_EQ(c.num_device_blocks, 256) << "the config itself is unchanged";
 }
 
@@ -83,24 +84,24 @@ TEST(PoolSizing, GroupsFillTogetherAtTheContext) {
   const int64_t seq_bytes = full_per_seq * full_bb + window_per_seq * window_bb;
   for (const int64_t n : {1, 7, 10, 333}) {
     auto sized = c.with_pools(n * seq_bytes, 2 * n * seq_bytes + seq_bytes / 2, context);
-    ASSERT_TRUE(sized.ok()) << sized.status().to_string();
+    ASSERT_OK(sized);
     EXPECT_EQ(sized->groups[0].num_device_blocks, n * window_per_seq) << n;
     EXPECT_EQ(sized->groups[1].num_device_blocks, n * full_per_seq) << n;
     EXPECT_EQ(sized->groups[0].num_host_blocks / window_per_seq, 2 * n) << n;
     EXPECT_EQ(sized->groups[1].num_host_blocks / full_per_seq, 2 * n) << n;
     EXPECT_EQ(sized->num_device_blocks, n * (window_per_seq + full_per_seq));
-    EXPECT_TRUE(sized->validate().ok()) << sized->validate().to_string();
+    EXPECT_OK(sized->validate());
   }
   // At a short context the window group holds every block too: shares follow the layer counts.
   auto short_ctx = c.with_pools(100 * 6 * full_bb, 0, 512);
-  ASSERT_TRUE(short_ctx.ok());
+  ASSERT_OK(short_ctx);
   EXPECT_EQ(short_ctx->groups[0].num_device_blocks, 100);
   EXPECT_EQ(short_ctx->groups[1].num_device_blocks, 100);
 }
 
 TEST(PoolSizing, EveryGroupGetsAtLeastOneDeviceBlock) {
   auto sized = gemma_like().with_pools(1, 0, 32768);
-  ASSERT_TRUE(sized.ok());
+  ASSERT_OK(sized);
   EXPECT_EQ(sized->groups[0].num_device_blocks, 1);
   EXPECT_EQ(sized->groups[1].num_device_blocks, 1);
   EXPECT_EQ(sized->groups[0].num_host_blocks, 0);

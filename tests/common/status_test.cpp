@@ -6,12 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "support/status_matchers.hpp"
+
 namespace pagedkv {
 namespace {
 
 TEST(Status, DefaultIsOkWithEmptyMessage) {
   Status s;
-  EXPECT_TRUE(s.ok());
+  EXPECT_OK(s);
   EXPECT_EQ(s.code(), StatusCode::kOk);
   EXPECT_EQ(s.message(), "");
   EXPECT_EQ(s.to_string(), "kOk");
@@ -51,8 +53,8 @@ TEST(Status, EqualityComparesCodeAndMessage) {
 
 TEST(StatusOr, HoldsValue) {
   StatusOr<int> v = 42;
-  ASSERT_TRUE(v.ok());
-  EXPECT_TRUE(v.status().ok());
+  ASSERT_OK(v);
+  EXPECT_OK(v.status());
   EXPECT_EQ(*v, 42);
   EXPECT_EQ(v.value_or(7), 42);
 }
@@ -73,7 +75,7 @@ TEST(StatusOr, OkStatusWithoutValueBecomesInternalError) {
 
 TEST(StatusOr, MoveOnlyValueAndCopies) {
   StatusOr<std::unique_ptr<int>> p = std::make_unique<int>(5);
-  ASSERT_TRUE(p.ok());
+  ASSERT_OK(p);
   std::unique_ptr<int> taken = std::move(p).value();
   EXPECT_EQ(*taken, 5);
 
@@ -110,7 +112,7 @@ TEST(StatusMacros, ReturnIfErrorStopsAtTheFirstError) {
   int reached = 0;
   EXPECT_EQ(chain(true, &reached).code(), StatusCode::kOutOfRange);
   EXPECT_EQ(reached, 0);
-  EXPECT_TRUE(chain(false, &reached).ok());
+  EXPECT_OK(chain(false, &reached));
   EXPECT_EQ(reached, 1);
 }
 

@@ -3,6 +3,7 @@
 
 #include "core/dense_allocator.hpp"
 #include "core_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace core {
@@ -14,15 +15,15 @@ TEST(BatchMetadata, SlotsTablesAndCsr) {
   CacheConfig c = tiny_config(4, 12);
   c.enable_prefix_caching = false;
   auto cp = make_cp(c);
-  ASSERT_TRUE(cp->add_sequence(1, {}).ok());
-  ASSERT_TRUE(cp->add_sequence(2, {}).ok());
-  ASSERT_TRUE(cp->reserve(1, 6).ok());  // blocks 0, 1
-  ASSERT_TRUE(cp->reserve(2, 3).ok());  // block 2
+  ASSERT_OK(cp->add_sequence(1, {}));
+  ASSERT_OK(cp->add_sequence(2, {}));
+  ASSERT_OK(cp->reserve(1, 6));  // blocks 0, 1
+  ASSERT_OK(cp->reserve(2, 3));  // block 2
   BatchOptions o;
   o.build_csr = true;
   o.pad_slots_to = 12;
   auto md = cp->build_batch({2, 1}, o);
-  ASSERT_TRUE(md.ok());
+  ASSERT_OK(md);
   const BatchMetadata& b = **md;
   EXPECT_EQ(b.batch_size, 2);
   EXPECT_EQ(b.max_blocks, 2);
@@ -34,12 +35,12 @@ TEST(BatchMetadata, SlotsTablesAndCsr) {
   EXPECT_EQ(b.last_page_len, (std::vector<int32_t>{3, 2}));
 
   // Next step: one token each; sequence 1 grows to a third block: the table widens to 4.
-  PAGEDKV_ASSERT_OK(cp->commit(1, iota_tokens(6, 0)));
-  PAGEDKV_ASSERT_OK(cp->commit(2, iota_tokens(3, 0)));
-  ASSERT_TRUE(cp->reserve(1, 3).ok());  // positions 6..8: block 1 then new block 3
-  ASSERT_TRUE(cp->reserve(2, 1).ok());
+  ASSERT_OK(cp->commit(1, iota_tokens(6, 0)));
+  ASSERT_OK(cp->commit(2, iota_tokens(3, 0)));
+  ASSERT_OK(cp->reserve(1, 3));  // positions 6..8: block 1 then new block 3
+  ASSERT_OK(cp->reserve(2, 1));
   auto md2 = cp->build_batch({2, 1}, o);
-  ASSERT_TRUE(md2.ok());
+  ASSERT_OK(md2);
   const BatchMetadata& b2 = **md2;
   EXPECT_EQ(b2.max_blocks, 4);
   EXPECT_EQ(b2.block_tables, (std::vector<int32_t>{2, -1, -1, -1, 0, 1, 3, -1}));
@@ -47,13 +48,13 @@ TEST(BatchMetadata, SlotsTablesAndCsr) {
   EXPECT_EQ(b2.last_page_len, (std::vector<int32_t>{4, 1}));
 
   // Rollback shrinks a row; a smaller batch drops rows; fork + copy-on-write rewrites a row.
-  PAGEDKV_ASSERT_OK(cp->rollback(1, 2));
-  PAGEDKV_ASSERT_OK(cp->fork(1, 3));
+  ASSERT_OK(cp->rollback(1, 2));
+  ASSERT_OK(cp->fork(1, 3));
   auto r = cp->reserve(3, 1);
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   ASSERT_EQ(r->transfers.copies.size(), 1u);
   auto md3 = cp->build_batch({1, 3});
-  ASSERT_TRUE(md3.ok());
+  ASSERT_OK(md3);
   const int32_t copy = r->transfers.copies[0].dst_block;
   EXPECT_EQ((*md3)->block_tables, (std::vector<int32_t>{0, -1, -1, -1, copy, -1, -1, -1}));
   EXPECT_EQ((*md3)->slot_mapping, (std::vector<int64_t>{copy * 4 + 2}));
@@ -68,34 +69,34 @@ TEST(DenseAllocator, DoublesCapacityAndRecyclesBuffers) {
   c.max_sequence_length = 20;
   c.dense_max_free_buffers = 1;
   auto d = DenseAllocator::create(c);
-  ASSERT_TRUE(d.ok());
+  ASSERT_OK(d);
   auto b = d->add(1);
-  ASSERT_TRUE(b.ok());
+  ASSERT_OK(b);
   EXPECT_EQ(b->buffer_id, 0);
   EXPECT_EQ(b->capacity, 4);
   auto g = d->append(1, 3);
-  ASSERT_TRUE(g.ok());
+  ASSERT_OK(g);
   EXPECT_FALSE(g->grew);
   g = d->append(1, 6);  // 9 tokens: 4 -> 8 -> 16
-  ASSERT_TRUE(g.ok());
+  ASSERT_OK(g);
   EXPECT_TRUE(g->grew);
   EXPECT_EQ(g->old_capacity, 4);
   EXPECT_EQ(g->new_capacity, 16);
   g = d->append(1, 11);  // 20: capped at max_sequence_length
-  ASSERT_TRUE(g.ok());
+  ASSERT_OK(g);
   EXPECT_EQ(g->new_capacity, 20);
   EXPECT_EQ(d->append(1, 1).status().code(), StatusCode::kOutOfRange);
   EXPECT_EQ(*d->length(1), 20);
   EXPECT_EQ(d->rollback(1, 21).code(), StatusCode::kOutOfRange);
-  PAGEDKV_ASSERT_OK(d->rollback(1, 5));
+  ASSERT_OK(d->rollback(1, 5));
   EXPECT_EQ(d->add(1).status().code(), StatusCode::kAlreadyExists);
-  ASSERT_TRUE(d->add(2).ok());  // buffer 1
-  PAGEDKV_ASSERT_OK(d->finish(1));
-  PAGEDKV_ASSERT_OK(d->finish(2));  // the free list holds one: buffer 1 is released
+  ASSERT_OK(d->add(2));  // buffer 1
+  ASSERT_OK(d->finish(1));
+  ASSERT_OK(d->finish(2));  // the free list holds one: buffer 1 is released
   EXPECT_EQ(d->free_buffers(), 1);
   EXPECT_EQ(d->drain_released(), (std::vector<int64_t>{1}));
   auto b3 = d->add(3);  // recycles buffer 0 with its grown capacity
-  ASSERT_TRUE(b3.ok());
+  ASSERT_OK(b3);
   EXPECT_EQ(b3->buffer_id, 0);
   EXPECT_EQ(b3->capacity, 20);
   EXPECT_EQ(*d->length(3), 0);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace core {
@@ -109,9 +110,9 @@ TEST_P(CommitBatchRandom, MatchesPerSequenceCommit) {
           toks.push_back(static_cast<TokenId>(rng() % 5));  // few values: blocks repeat
         }
         for (size_t i = 0; i < ids.size(); ++i) {
-          PAGEDKV_ASSERT_OK(one->commit(ids[i], toks.data() + i * static_cast<size_t>(k), k));
+          ASSERT_OK(one->commit(ids[i], toks.data() + i * static_cast<size_t>(k), k));
         }
-        PAGEDKV_ASSERT_OK(bat->commit_batch(ids, toks.data(), k));
+        ASSERT_OK(bat->commit_batch(ids, toks.data(), k));
         ++batches;
       }
       expect_same(one.get(), bat.get(), live);
@@ -130,13 +131,13 @@ class CommitBatchRefusals : public ::testing::Test {
  protected:
   void SetUp() override {
     cp_ = make_cp(tiny_config(4, 16, /*host=*/16));
-    ASSERT_TRUE(cp_->add_sequence(1, iota_tokens(3, 0)).ok());
-    ASSERT_TRUE(cp_->add_sequence(2, iota_tokens(5, 10)).ok());
-    PAGEDKV_ASSERT_OK(cp_->reserve_into(1, 3, &r_));
-    PAGEDKV_ASSERT_OK(cp_->commit(1, iota_tokens(3, 0)));
-    PAGEDKV_ASSERT_OK(cp_->reserve_into(2, 5, &r_));
-    PAGEDKV_ASSERT_OK(cp_->commit(2, iota_tokens(5, 10)));
-    PAGEDKV_ASSERT_OK(cp_->reserve_batch({1, 2}, 2, &r_));
+    ASSERT_OK(cp_->add_sequence(1, iota_tokens(3, 0)));
+    ASSERT_OK(cp_->add_sequence(2, iota_tokens(5, 10)));
+    ASSERT_OK(cp_->reserve_into(1, 3, &r_));
+    ASSERT_OK(cp_->commit(1, iota_tokens(3, 0)));
+    ASSERT_OK(cp_->reserve_into(2, 5, &r_));
+    ASSERT_OK(cp_->commit(2, iota_tokens(5, 10)));
+    ASSERT_OK(cp_->reserve_batch({1, 2}, 2, &r_));
   }
   // The call is refused with `code`, check_commit_batch says the same first, and nothing moved.
   void expect_refused(const std::vector<SequenceId>& ids, const std::vector<TokenId>& toks,
@@ -156,20 +157,20 @@ class CommitBatchRefusals : public ::testing::Test {
 };
 
 TEST_F(CommitBatchRefusals, AMemberRolledBackSinceTheReserve) {
-  PAGEDKV_ASSERT_OK(cp_->rollback(2, 5));  // drops its reservation; the memo stays valid
+  ASSERT_OK(cp_->rollback(2, 5));  // drops its reservation; the memo stays valid
   expect_refused({1, 2}, {7, 7, 8, 8}, 2, StatusCode::kFailedPrecondition);
   EXPECT_EQ(*cp_->length(2), 5);
 }
 
 TEST_F(CommitBatchRefusals, AMemberOffloadedSinceTheReserve) {
-  ASSERT_TRUE(cp_->offload(2).ok());
+  ASSERT_OK(cp_->offload(2));
   expect_refused({1, 2}, {7, 7, 8, 8}, 2, StatusCode::kFailedPrecondition);
   const Status st = cp_->commit_batch({1, 2}, std::vector<TokenId>{7, 7, 8, 8}.data(), 2);
   EXPECT_NE(st.message().find("offloaded"), std::string::npos) << st.message();
 }
 
 TEST_F(CommitBatchRefusals, AMemberFinishedSinceTheReserve) {
-  PAGEDKV_ASSERT_OK(cp_->finish(2));
+  ASSERT_OK(cp_->finish(2));
   expect_refused({1, 2}, {7, 7, 8, 8}, 2, StatusCode::kNotFound);
 }
 
@@ -180,7 +181,7 @@ TEST_F(CommitBatchRefusals, BadBatches) {
   expect_refused({1, 2}, {}, -1, StatusCode::kInvalidArgument);
   EXPECT_EQ(cp_->commit_batch({1, 2}, nullptr, 1).code(), StatusCode::kInvalidArgument);
   // After all of these the step's own commit still goes through, in the order it was reserved.
-  PAGEDKV_ASSERT_OK(cp_->commit_batch({1, 2}, std::vector<TokenId>{3, 4, 14, 15}.data(), 2));
+  ASSERT_OK(cp_->commit_batch({1, 2}, std::vector<TokenId>{3, 4, 14, 15}.data(), 2));
   EXPECT_EQ(*cp_->length(1), 5);
   EXPECT_EQ(*cp_->length(2), 7);
   PAGEDKV_EXPECT_INV(*cp_);
@@ -189,12 +190,12 @@ TEST_F(CommitBatchRefusals, BadBatches) {
 TEST_F(CommitBatchRefusals, TokensGoToTheirMemberInAnyOrder) {
   // Listed in the other order than reserve_batch's: sequence 2 (10..14) gets {15, 16} and
   // sequence 1 (0..2) gets {3, 4}; swapped, neither would continue its own run of ids.
-  PAGEDKV_ASSERT_OK(cp_->commit_batch({2, 1}, std::vector<TokenId>{15, 16, 3, 4}.data(), 2));
+  ASSERT_OK(cp_->commit_batch({2, 1}, std::vector<TokenId>{15, 16, 3, 4}.data(), 2));
   EXPECT_EQ(*cp_->cached_prefix(iota_tokens(9, 10), 0), 4);  // 10..13; 14..16 fill 3 of 4
   EXPECT_EQ(*cp_->length(2), 7);
   EXPECT_EQ(*cp_->length(1), 5);
-  PAGEDKV_ASSERT_OK(cp_->reserve_batch({1, 2}, 1, &r_));
-  PAGEDKV_ASSERT_OK(cp_->commit_batch({1, 2}, std::vector<TokenId>{5, 17}.data(), 1));
+  ASSERT_OK(cp_->reserve_batch({1, 2}, 1, &r_));
+  ASSERT_OK(cp_->commit_batch({1, 2}, std::vector<TokenId>{5, 17}.data(), 1));
   EXPECT_EQ(*cp_->cached_prefix(iota_tokens(9, 10), 0), 8);  // 10..17: two blocks
   EXPECT_EQ(*cp_->cached_prefix(iota_tokens(6, 0), 0), 4);   // 0..3 (4 5 fill half the next)
   PAGEDKV_EXPECT_INV(*cp_);

@@ -11,22 +11,14 @@
 
 #include "core/control_plane.hpp"
 #include "pagedkv/stats_fields.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace core {
 namespace testing_util {
 
-#define PAGEDKV_ASSERT_OK(expr)                              \
-  do {                                                       \
-    const ::pagedkv::Status s_ = (expr);                     \
-    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_.to_string(); \
-  } while (0)
-
-#define PAGEDKV_EXPECT_INV(cp)                              \
-  do {                                                      \
-    const ::pagedkv::Status inv_ = (cp).check_invariants(); \
-    ASSERT_TRUE(inv_.ok()) << inv_.to_string();             \
-  } while (0)
+// The control plane's invariants hold (check_invariants() is OK); fatal otherwise.
+#define PAGEDKV_EXPECT_INV(cp) ASSERT_OK((cp).check_invariants())
 
 /// A paged config with tiny pools.
 inline CacheConfig tiny_config(int32_t block_size, int64_t device, int64_t host = 0,
@@ -56,7 +48,7 @@ inline std::unique_ptr<ControlPlane> make_cp(const CacheConfig& c, Clock clock =
   ControlOptions o;
   o.clock = std::move(clock);
   auto r = ControlPlane::create(c, o);
-  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_OK(r);
   return std::move(r).value();
 }
 
@@ -80,7 +72,7 @@ inline std::vector<TokenId> iota_tokens(int n, TokenId start) {
 inline std::vector<int32_t> device_blocks(const ControlPlane& cp, SequenceId id) {
   std::vector<int32_t> out;
   auto locs = cp.block_locations(id);
-  EXPECT_TRUE(locs.ok());
+  EXPECT_OK(locs);
   if (!locs.ok()) return out;
   for (const BlockLocation& l : *locs) {
     EXPECT_EQ(l.tier, Tier::kDevice);
@@ -93,13 +85,13 @@ inline std::vector<int32_t> device_blocks(const ControlPlane& cp, SequenceId id)
 inline int64_t add_and_fill(ControlPlane& cp, SequenceId id, const std::vector<TokenId>& prompt,
                             const SequenceOptions& o = {}) {
   auto cached = cp.add_sequence(id, prompt, o);
-  EXPECT_TRUE(cached.ok()) << cached.status().to_string();
+  EXPECT_OK(cached);
   if (!cached.ok()) return -1;
   const int64_t rest = static_cast<int64_t>(prompt.size()) - *cached;
   auto r = cp.reserve(id, rest);
-  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_OK(r);
   const Status s = cp.commit(id, prompt.data() + *cached, rest);
-  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_OK(s);
   return *cached;
 }
 

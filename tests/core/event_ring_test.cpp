@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace core {
@@ -219,7 +220,7 @@ std::unique_ptr<ControlPlane> make_cp_with_capacity(const CacheConfig& c, size_t
   ControlOptions o;
   o.event_capacity = capacity;
   auto r = ControlPlane::create(c, o);
-  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_OK(r);
   return r.ok() ? std::move(r).value() : nullptr;
 }
 
@@ -237,11 +238,11 @@ TEST(ControlPlaneEvents, UndoRemovesTheFailedCallsEventsOnly) {
   auto cp = make_cp_with_capacity(tiny_config(4, 8, 8), 64);
   ASSERT_NE(cp, nullptr);
   add_and_fill(*cp, 1, iota_tokens(8, 100));  // two stored blocks
-  ASSERT_TRUE(cp->offload(1).ok());
-  ASSERT_TRUE(cp->restore(1).ok());
+  ASSERT_OK(cp->offload(1));
+  ASSERT_OK(cp->restore(1));
   {
     auto plan = cp->plan_offload(1);  // the call the data plane "fails"
-    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    ASSERT_OK(plan);
     plan->undo(0);
   }
   PAGEDKV_EXPECT_INV(*cp);
@@ -274,10 +275,10 @@ TEST(ControlPlaneEvents, UndoAcrossOverflowRemovesTheCallsEventsAndKeepsTheMarke
   auto cp = make_cp_with_capacity(tiny_config(4, 8, 8), 3);
   ASSERT_NE(cp, nullptr);
   add_and_fill(*cp, 1, iota_tokens(8, 100));  // 2 events: stored, stored
-  ASSERT_TRUE(cp->offload(1).ok());           // 5 more: two stored/removed pairs, offloaded
-  ASSERT_TRUE(cp->restore(1).ok());           // 5 more; the ring holds the last 3
+  ASSERT_OK(cp->offload(1));                  // 5 more: two stored/removed pairs, offloaded
+  ASSERT_OK(cp->restore(1));                  // 5 more; the ring holds the last 3
   auto plan = cp->plan_offload(1);            // the failed call: 5 more
-  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  ASSERT_OK(plan);
   EXPECT_EQ(cp->stats().events_dropped, 14);
   plan->undo(0);
   PAGEDKV_EXPECT_INV(*cp);
@@ -314,7 +315,7 @@ TEST(ControlPlaneEvents, SmallRingStaysBoundedUnderALongWorkload) {
     for (ControlPlane* cp : {big.get(), small.get()}) {
       add_and_fill(*cp, id, prompt);
       if (round >= 2 && round % 3 != 0 && cp->contains(id - 2)) {
-        PAGEDKV_ASSERT_OK(cp->finish(id - 2));
+        ASSERT_OK(cp->finish(id - 2));
       }
     }
     for (ControlEvent& e : big->drain_events()) stretch.push_back(std::move(e));

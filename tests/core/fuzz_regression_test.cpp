@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace core {
@@ -28,7 +29,7 @@ TEST(ControlPlaneFuzzRegression, ReserveOfHugeCountIsOutOfRangeAndChangesNothing
   }
   EXPECT_EQ(snapshot(*cp, ids), before);
   PAGEDKV_EXPECT_INV(*cp);
-  EXPECT_TRUE(cp->reserve(1, 14).ok());  // exactly up to the limit still fits
+  EXPECT_OK(cp->reserve(1, 14));  // exactly up to the limit still fits
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "core_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace core {
@@ -18,9 +19,9 @@ class InvalidCalls : public ::testing::Test {
     cp_ = make_cp(c);
     add_and_fill(*cp_, 1, iota_tokens(9, 0));
     add_and_fill(*cp_, 2, iota_tokens(6, 0));
-    ASSERT_TRUE(cp_->reserve(2, 2).ok());
-    PAGEDKV_ASSERT_OK(cp_->set_active({1}));
-    ASSERT_TRUE(cp_->build_batch({1, 2}).ok());
+    ASSERT_OK(cp_->reserve(2, 2));
+    ASSERT_OK(cp_->set_active({1}));
+    ASSERT_OK(cp_->build_batch({1, 2}));
     cp_->drain_events();
     before_ = snapshot(*cp_, ids_);
   }
@@ -80,10 +81,10 @@ TEST_F(InvalidCalls, WrongStateAndExhaustion) {
   EXPECT_EQ(cp_->offload(1).status().code(), StatusCode::kFailedPrecondition);  // active
   EXPECT_EQ(cp_->restore(2).status().code(), StatusCode::kFailedPrecondition);  // resident
   // Sequence 2 holds 2 exclusive blocks (its first block is shared with 1); host has 2.
-  ASSERT_TRUE(cp_->add_sequence(3, {}).ok());
+  ASSERT_OK(cp_->add_sequence(3, {}));
   ids_ = {1, 2, 3, 99};
-  ASSERT_TRUE(cp_->reserve(3, 4).ok());
-  PAGEDKV_ASSERT_OK(cp_->set_active({1, 3}));
+  ASSERT_OK(cp_->reserve(3, 4));
+  ASSERT_OK(cp_->set_active({1, 3}));
   cp_->drain_events();
   before_ = snapshot(*cp_, ids_);
   // 1 free block, nothing cached unreferenced, 2 movable: 3 obtainable; ask for 5.

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "core_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace core {
@@ -129,7 +130,7 @@ class ModelRun {
         ASSERT_EQ(r.status().code(), StatusCode::kOutOfRange);
         return;
       }
-      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      ASSERT_OK(r);
       const int64_t cached = *r;
       ASSERT_GE(cached, 0);
       ASSERT_LT(cached, std::max<int64_t>(1, static_cast<int64_t>(prompt.size())) + 0);
@@ -187,7 +188,7 @@ class ModelRun {
           return;
         }
       }
-      ASSERT_TRUE(s.ok()) << s.to_string();
+      ASSERT_OK(s);
       for (int64_t i = 0; i < k; ++i) {
         const Loc& l = m.pending[static_cast<size_t>(i)];
         ASSERT_EQ(l.tier, Tier::kDevice);
@@ -204,7 +205,7 @@ class ModelRun {
         ASSERT_EQ(s.code(), StatusCode::kOutOfRange);
         return;
       }
-      ASSERT_TRUE(s.ok()) << s.to_string();
+      ASSERT_OK(s);
       m.tokens.resize(static_cast<size_t>(len));
       m.pending.clear();
       m.future.clear();
@@ -217,7 +218,7 @@ class ModelRun {
         ASSERT_EQ(s.code(), StatusCode::kFailedPrecondition);
         return;
       }
-      ASSERT_TRUE(s.ok()) << s.to_string();
+      ASSERT_OK(s);
       ModelSeq c;
       c.tokens = model_[id].tokens;
       c.ns = model_[id].ns;
@@ -225,14 +226,14 @@ class ModelRun {
     } else if (op < 79) {  // finish / erase
       const SequenceId id = random_live();
       const Status s = pick(3) == 0 ? cp_->erase(id) : cp_->finish(id);
-      ASSERT_TRUE(s.ok()) << s.to_string();
+      ASSERT_OK(s);
       model_.erase(id);
     } else if (op < 85) {  // active set
       std::vector<SequenceId> act;
       for (SequenceId id : ids()) {
         if (pick(3) == 0) act.push_back(id);
       }
-      ASSERT_TRUE(cp_->set_active(act).ok());
+      ASSERT_OK(cp_->set_active(act));
     } else if (op < 89) {  // offload
       const SequenceId id = random_live();
       const Snapshot before = snapshot(*cp_, ids());
@@ -258,7 +259,7 @@ class ModelRun {
       }
       apply(*r);
     } else if (op < 95) {
-      ASSERT_TRUE(cp_->set_priority(random_live(), static_cast<int32_t>(pick(3))).ok());
+      ASSERT_OK(cp_->set_priority(random_live(), static_cast<int32_t>(pick(3))));
     } else if (op < 97) {
       *fc_.now += pick(40);
     } else {  // batch metadata of the resident sequences
@@ -273,7 +274,7 @@ class ModelRun {
       BatchOptions bo;
       bo.build_csr = pick(2) == 0;
       auto md = cp_->build_batch(rows, bo);
-      ASSERT_TRUE(md.ok()) << md.status().to_string();
+      ASSERT_OK(md);
       std::vector<int64_t> got_sorted = (*md)->slot_mapping;
       std::sort(got_sorted.begin(), got_sorted.end());
       std::sort(want_slots.begin(), want_slots.end());
@@ -301,7 +302,7 @@ class ModelRun {
 
   void verify() {
     const Status inv = cp_->check_invariants();
-    ASSERT_TRUE(inv.ok()) << inv.to_string();
+    ASSERT_OK(inv);
     ASSERT_EQ(cp_->stats().sequences, static_cast<int64_t>(model_.size()));
     for (const auto& kv : model_) {
       const ModelSeq& m = kv.second;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace core {
@@ -105,13 +106,13 @@ TEST(ReserveBatch, MatchesPerSequenceReserveOnRandomWorkload) {
         ReserveResult rx;
         rx.slots.push_back(-7);
         if (ry.transfers.evicted.empty()) {
-          for (SequenceId id : batch) PAGEDKV_ASSERT_OK(seq->reserve_into(id, n, &rx));
+          for (SequenceId id : batch) ASSERT_OK(seq->reserve_into(id, n, &rx));
         } else {
           // Under pressure the batch frees room for all members at once, which per-id calls do
           // not (they interleave drops with allocations and may drop a later member): keep the
           // planes in step with the same call.
           ++pressured;
-          PAGEDKV_ASSERT_OK(seq->reserve_batch(batch, n, &rx));
+          ASSERT_OK(seq->reserve_batch(batch, n, &rx));
           for (SequenceId id : ry.transfers.evicted) {
             live.erase(std::find(live.begin(), live.end(), id));
             EXPECT_EQ(std::count(batch.begin(), batch.end(), id), 0);
@@ -135,7 +136,8 @@ TEST(ReserveBatch, MatchesPerSequenceReserveOnRandomWorkload) {
         ASSERT_EQ(rx.transfers.evicted, ry.transfers.evicted);
         auto mx = seq->build_batch(batch);
         auto my = bat->build_batch(batch);
-        ASSERT_TRUE(mx.ok() && my.ok());
+        ASSERT_OK(mx);
+        ASSERT_OK(my);
         ASSERT_EQ((*mx)->slot_mapping, (*my)->slot_mapping);
         ASSERT_EQ((*mx)->block_tables, (*my)->block_tables);
         ASSERT_EQ((*mx)->seq_lens, (*my)->seq_lens);
@@ -163,8 +165,8 @@ TEST(ReserveBatch, MatchesPerSequenceReserveOnRandomWorkload) {
 
 TEST(ReserveBatch, ErrorsChangeNothing) {
   auto cp = make_cp(tiny_config(4, 8));
-  ASSERT_TRUE(cp->add_sequence(1, iota_tokens(3, 0)).ok());
-  ASSERT_TRUE(cp->add_sequence(2, iota_tokens(3, 50)).ok());
+  ASSERT_OK(cp->add_sequence(1, iota_tokens(3, 0)));
+  ASSERT_OK(cp->add_sequence(2, iota_tokens(3, 50)));
   ReserveResult r;
   EXPECT_EQ(cp->reserve_batch({1, 99}, 1, &r).code(), StatusCode::kNotFound);
   EXPECT_EQ(cp->reserve_batch({1, 2, 1}, 1, &r).code(), StatusCode::kInvalidArgument);
@@ -179,7 +181,7 @@ TEST(ReserveBatch, ErrorsChangeNothing) {
   EXPECT_EQ(cp->stats().device.free_blocks, 8);
   PAGEDKV_EXPECT_INV(*cp);
   // An empty batch is a no-op.
-  PAGEDKV_ASSERT_OK(cp->reserve_batch({}, 3, &r));
+  ASSERT_OK(cp->reserve_batch({}, 3, &r));
   EXPECT_TRUE(r.slots.empty());
 }
 
@@ -188,14 +190,14 @@ TEST(ReserveBatch, PressureNeverTakesAMember) {
   // needing 2 more blocks must drop 3, never a member, even though 1 is older than 3.
   auto cp = make_cp(tiny_config(4, 6));
   for (SequenceId id : {1, 2, 3}) {
-    ASSERT_TRUE(cp->add_sequence(id, {}).ok());
+    ASSERT_OK(cp->add_sequence(id, {}));
   }
   ReserveResult r;
-  PAGEDKV_ASSERT_OK(cp->reserve_into(1, 8, &r));
-  PAGEDKV_ASSERT_OK(cp->reserve_into(3, 8, &r));
-  PAGEDKV_ASSERT_OK(cp->reserve_into(2, 8, &r));
+  ASSERT_OK(cp->reserve_into(1, 8, &r));
+  ASSERT_OK(cp->reserve_into(3, 8, &r));
+  ASSERT_OK(cp->reserve_into(2, 8, &r));
   r = ReserveResult();
-  PAGEDKV_ASSERT_OK(cp->reserve_batch({1, 2}, 12, &r));
+  ASSERT_OK(cp->reserve_batch({1, 2}, 12, &r));
   EXPECT_EQ(r.transfers.evicted, (std::vector<SequenceId>{3}));
   EXPECT_TRUE(cp->contains(1));
   EXPECT_TRUE(cp->contains(2));
@@ -206,19 +208,19 @@ TEST(ReserveBatch, PressureNeverTakesAMember) {
 
 TEST(ReserveBatch, MemoFollowsFinishAndReAdd) {
   auto cp = make_cp(tiny_config(4, 16));
-  ASSERT_TRUE(cp->add_sequence(1, iota_tokens(5, 0)).ok());
-  ASSERT_TRUE(cp->add_sequence(2, iota_tokens(5, 10)).ok());
+  ASSERT_OK(cp->add_sequence(1, iota_tokens(5, 0)));
+  ASSERT_OK(cp->add_sequence(2, iota_tokens(5, 10)));
   ReserveResult r;
-  PAGEDKV_ASSERT_OK(cp->reserve_batch({1, 2}, 5, &r));
-  ASSERT_TRUE(cp->build_batch({1, 2}).ok());
-  PAGEDKV_ASSERT_OK(cp->finish(2));
+  ASSERT_OK(cp->reserve_batch({1, 2}, 5, &r));
+  ASSERT_OK(cp->build_batch({1, 2}));
+  ASSERT_OK(cp->finish(2));
   EXPECT_EQ(cp->reserve_batch({1, 2}, 1, &r).code(), StatusCode::kNotFound);
   EXPECT_EQ(cp->build_batch({1, 2}).status().code(), StatusCode::kNotFound);
-  ASSERT_TRUE(cp->add_sequence(2, iota_tokens(2, 40)).ok());  // same id, new sequence
+  ASSERT_OK(cp->add_sequence(2, iota_tokens(2, 40)));  // same id, new sequence
   r = ReserveResult();
-  PAGEDKV_ASSERT_OK(cp->reserve_batch({1, 2}, 1, &r));
+  ASSERT_OK(cp->reserve_batch({1, 2}, 1, &r));
   auto md = cp->build_batch({1, 2});
-  ASSERT_TRUE(md.ok());
+  ASSERT_OK(md);
   EXPECT_EQ((*md)->seq_lens, (std::vector<int32_t>{1, 1}));  // reserve replaces
   EXPECT_EQ((*md)->slot_mapping, r.slots);
   PAGEDKV_EXPECT_INV(*cp);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace core {
@@ -53,12 +54,12 @@ CacheConfig shared_config(int32_t bs, int64_t full_blocks, const std::vector<int
 
 TEST(SharedGroups, ConfigErrors) {
   CacheConfig c = shared_config(16, 64, {64}, 16);
-  EXPECT_TRUE(ControlPlane::create(c).ok());
+  EXPECT_OK(ControlPlane::create(c));
 
   CacheConfig host = c;
   host.groups[0].num_host_blocks = 8;
   auto r = ControlPlane::create(host);
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_OK(r);
 
   CacheConfig two_full = c;
   two_full.groups[0].sliding_window = 0;
@@ -89,8 +90,8 @@ TEST(SharedGroups, WindowGroupOutOfPagesIsAnErrorThatChangesNothing) {
   // Two pages in the window group: a third block cannot be had there, although the full group
   // has room. Nothing changes, and the error names the group.
   auto cp = make_cp(shared_config(4, 32, {8}, 2));
-  ASSERT_TRUE(cp->add_sequence(1, {}).ok());
-  ASSERT_TRUE(cp->reserve(1, 8).ok());
+  ASSERT_OK(cp->add_sequence(1, {}));
+  ASSERT_OK(cp->reserve(1, 8));
   const auto r = cp->reserve(1, 12);
   ASSERT_EQ(r.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(r.status().message().find("out of pages in group 0 (window 8)"), std::string::npos)
@@ -107,18 +108,18 @@ TEST(SharedGroups, WindowGroupPressureDropsAnInactiveSequence) {
   // The full group has room; the window group's two pages are held by an inactive sequence,
   // which is dropped for the active one's reserve, as a one-group plane drops for its blocks.
   auto cp = make_cp(shared_config(4, 32, {8}, 2));
-  ASSERT_TRUE(cp->add_sequence(1, {}).ok());
-  ASSERT_TRUE(cp->reserve(1, 8).ok());
-  ASSERT_TRUE(cp->add_sequence(2, {}).ok());
-  PAGEDKV_ASSERT_OK(cp->set_active({2}));
+  ASSERT_OK(cp->add_sequence(1, {}));
+  ASSERT_OK(cp->reserve(1, 8));
+  ASSERT_OK(cp->add_sequence(2, {}));
+  ASSERT_OK(cp->set_active({2}));
   auto r = cp->reserve(2, 4);
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_OK(r);
   EXPECT_EQ(r.value().transfers.evicted, std::vector<SequenceId>{1});
   EXPECT_FALSE(cp->contains(1));
   EXPECT_EQ(cp->stats().sequences_evicted, 1);
   PAGEDKV_EXPECT_INV(*cp);
   // A batch member is never dropped for the batch.
-  ASSERT_TRUE(cp->add_sequence(3, {}).ok());
+  ASSERT_OK(cp->add_sequence(3, {}));
   ReserveResult rr;
   EXPECT_EQ(cp->reserve_batch({2, 3}, 8, &rr).code(), StatusCode::kResourceExhausted);
   EXPECT_TRUE(cp->contains(3));
@@ -135,13 +136,13 @@ TEST(SharedGroups, WindowGroupPressureOffloadsAnInactiveSequenceWhenEveryHostPoo
     c.groups[0].num_host_blocks = window_host_pages;
     c.groups[1].num_host_blocks = 8;
     auto cp = make_cp(c);
-    ASSERT_TRUE(cp->add_sequence(1, {}).ok());
-    ASSERT_TRUE(cp->reserve(1, 8).ok());
-    ASSERT_TRUE(cp->commit(1, iota_tokens(8, 1)).ok());  // two blocks, both in the window
-    ASSERT_TRUE(cp->add_sequence(2, {}).ok());
-    PAGEDKV_ASSERT_OK(cp->set_active({2}));
+    ASSERT_OK(cp->add_sequence(1, {}));
+    ASSERT_OK(cp->reserve(1, 8));
+    ASSERT_OK(cp->commit(1, iota_tokens(8, 1)));  // two blocks, both in the window
+    ASSERT_OK(cp->add_sequence(2, {}));
+    ASSERT_OK(cp->set_active({2}));
     auto r = cp->reserve(2, 4);
-    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ASSERT_OK(r);
     const Transfers& t = r.value().transfers;
     if (window_host_pages == 2) {
       EXPECT_TRUE(t.evicted.empty());
@@ -168,9 +169,9 @@ TEST(SharedGroups, WindowGroupPressureOffloadsAnInactiveSequenceWhenEveryHostPoo
 
 TEST(SharedGroups, RollbackIntoAReleasedWindowNamesTheGroup) {
   auto cp = make_cp(shared_config(4, 64, {8}, 16));
-  ASSERT_TRUE(cp->add_sequence(1, {}).ok());
-  ASSERT_TRUE(cp->reserve(1, 22).ok());
-  ASSERT_TRUE(cp->commit(1, iota_tokens(22, 1)).ok());  // the window group holds blocks 3-5
+  ASSERT_OK(cp->add_sequence(1, {}));
+  ASSERT_OK(cp->reserve(1, 22));
+  ASSERT_OK(cp->commit(1, iota_tokens(22, 1)));  // the window group holds blocks 3-5
   const auto held = [&cp] { return cp->group_pages(0).used - cp->group_pages(0).cached; };
   EXPECT_EQ(held(), 3);
   EXPECT_EQ(cp->group_pages(0).cached, 3);  // blocks 0-2 left the window, indexed: cached
@@ -183,10 +184,10 @@ TEST(SharedGroups, RollbackIntoAReleasedWindowNamesTheGroup) {
         << st.to_string();
     EXPECT_EQ(cp->length(1).value(), 22);
   }
-  PAGEDKV_ASSERT_OK(cp->rollback(1, 20));  // its window starts at block 3, still held
-  EXPECT_EQ(held(), 2);                    // block 5 (two tokens, not indexed) was freed
+  ASSERT_OK(cp->rollback(1, 20));  // its window starts at block 3, still held
+  EXPECT_EQ(held(), 2);            // block 5 (two tokens, not indexed) was freed
   EXPECT_EQ(cp->group_pages(0).cached, 3);
-  PAGEDKV_ASSERT_OK(cp->rollback(1, 0));
+  ASSERT_OK(cp->rollback(1, 0));
   EXPECT_EQ(held(), 0);
   EXPECT_EQ(cp->group_pages(0).cached, 5);
   PAGEDKV_EXPECT_INV(*cp);
@@ -213,21 +214,21 @@ std::unique_ptr<ControlPlane> cached_block_without_window_page() {
   // window group is groups[0], the full group groups[1]. Each group's events name it.
   auto cp = make_cp(shared_config(4, 32, {4}, 4));
   const std::vector<TokenId> t = iota_tokens(8, 50);
-  EXPECT_TRUE(cp->add_sequence(1, {}).ok());
-  EXPECT_TRUE(cp->reserve(1, 8).ok());
-  EXPECT_TRUE(cp->commit(1, t).ok());
-  EXPECT_TRUE(cp->finish(1).ok());  // blocks 0 and 1 cached, with their window pages
+  EXPECT_OK(cp->add_sequence(1, {}));
+  EXPECT_OK(cp->reserve(1, 8));
+  EXPECT_OK(cp->commit(1, t));
+  EXPECT_OK(cp->finish(1));  // blocks 0 and 1 cached, with their window pages
   EXPECT_EQ(cp->group_pages(0).cached, 2);
   using P = std::pair<EventKind, int32_t>;
   const P full_stored{EventKind::kBlockStored, 1}, window_stored{EventKind::kBlockStored, 0};
   EXPECT_EQ(block_events(*cp),
             (std::vector<P>{full_stored, window_stored, full_stored, window_stored}));
-  EXPECT_TRUE(cp->add_sequence(2, {}).ok());
-  EXPECT_TRUE(cp->reserve(2, 16).ok());  // four window pages: both cached ones evicted
+  EXPECT_OK(cp->add_sequence(2, {}));
+  EXPECT_OK(cp->reserve(2, 16));  // four window pages: both cached ones evicted
   EXPECT_EQ(cp->group_pages(0).evicted, 2);
   const P window_removed{EventKind::kBlockRemoved, 0};
   EXPECT_EQ(block_events(*cp), (std::vector<P>{window_removed, window_removed}));
-  EXPECT_TRUE(cp->finish(2).ok());  // nothing committed: its pages are freed
+  EXPECT_OK(cp->finish(2));  // nothing committed: its pages are freed
   EXPECT_EQ(cp->group_pages(0).used, 0);
   EXPECT_EQ(cp->cached_prefix(iota_tokens(9, 50), 0).value(), 0);  // no window page: no hit
   return cp;
@@ -236,13 +237,13 @@ std::unique_ptr<ControlPlane> cached_block_without_window_page() {
 TEST(SharedGroups, ARegisteredBlockTakesOverTheWindowPageOfTheSameTokens) {
   auto cp = cached_block_without_window_page();
   const std::vector<TokenId> t = iota_tokens(8, 50);
-  ASSERT_TRUE(cp->add_sequence(3, {}).ok());
-  ASSERT_TRUE(cp->reserve(3, 4).ok());
-  ASSERT_TRUE(cp->build_batch({3}).ok());
+  ASSERT_OK(cp->add_sequence(3, {}));
+  ASSERT_OK(cp->reserve(3, 4));
+  ASSERT_OK(cp->build_batch({3}));
   const int32_t page = cp->group_batch(0).block_tables[0];
   const int32_t own_block = cp->group_batch(1).block_tables[0];
-  PAGEDKV_ASSERT_OK(cp->commit(3, t.data(), 4));
-  ASSERT_TRUE(cp->build_batch({3}).ok());
+  ASSERT_OK(cp->commit(3, t.data(), 4));
+  ASSERT_OK(cp->build_batch({3}));
   EXPECT_EQ(cp->group_batch(0).block_tables[0], page);       // the same window page
   EXPECT_NE(cp->group_batch(1).block_tables[0], own_block);  // the indexed full block
   EXPECT_EQ(cp->stats().device.used_blocks, 1);              // its own one was freed
@@ -250,7 +251,7 @@ TEST(SharedGroups, ARegisteredBlockTakesOverTheWindowPageOfTheSameTokens) {
   EXPECT_EQ(block_events(*cp),
             (std::vector<std::pair<EventKind, int32_t>>{{EventKind::kBlockStored, 0}}));
   PAGEDKV_EXPECT_INV(*cp);
-  PAGEDKV_ASSERT_OK(cp->finish(3));
+  ASSERT_OK(cp->finish(3));
   EXPECT_EQ(cp->cached_prefix(iota_tokens(5, 50), 0).value(), 4);  // a hit again
   PAGEDKV_EXPECT_INV(*cp);
 }
@@ -258,14 +259,14 @@ TEST(SharedGroups, ARegisteredBlockTakesOverTheWindowPageOfTheSameTokens) {
 TEST(SharedGroups, AWindowPageTwoSequencesHoldIsNotTakenOver) {
   auto cp = cached_block_without_window_page();
   const std::vector<TokenId> t = iota_tokens(8, 50);
-  ASSERT_TRUE(cp->add_sequence(3, {}).ok());
-  ASSERT_TRUE(cp->reserve(3, 4).ok());
-  PAGEDKV_ASSERT_OK(cp->commit(3, t.data(), 2));
-  PAGEDKV_ASSERT_OK(cp->fork(3, 4));  // holds block 0 too, with two tokens
-  ASSERT_TRUE(cp->build_batch({3, 4}).ok());
+  ASSERT_OK(cp->add_sequence(3, {}));
+  ASSERT_OK(cp->reserve(3, 4));
+  ASSERT_OK(cp->commit(3, t.data(), 2));
+  ASSERT_OK(cp->fork(3, 4));  // holds block 0 too, with two tokens
+  ASSERT_OK(cp->build_batch({3, 4}));
   const int32_t own_block = cp->group_batch(1).block_tables[0];
-  PAGEDKV_ASSERT_OK(cp->commit(3, t.data() + 2, 2));
-  ASSERT_TRUE(cp->build_batch({3, 4}).ok());
+  ASSERT_OK(cp->commit(3, t.data() + 2, 2));
+  ASSERT_OK(cp->build_batch({3, 4}));
   const BatchMetadata& full = cp->group_batch(1);
   EXPECT_EQ(full.block_tables[0], own_block);  // not swapped for the indexed one
   EXPECT_EQ(full.block_tables[static_cast<size_t>(full.max_blocks)], own_block);
@@ -298,7 +299,8 @@ TEST(SharedGroups, AWindowThatNeverTrimsLeavesTheFullGroupAsOneGroup) {
         const SequenceId id = next_id++;
         const auto a = one->add_sequence(id, prompt);
         const auto b = shared->add_sequence(id, prompt);
-        ASSERT_TRUE(a.ok() && b.ok());
+        ASSERT_OK(a);
+        ASSERT_OK(b);
         ASSERT_EQ(a.value(), b.value());
         live.push_back(id);
         // Its prompt is prefilled, so that later prompts hit it.
@@ -312,8 +314,8 @@ TEST(SharedGroups, AWindowThatNeverTrimsLeavesTheFullGroupAsOneGroup) {
           for (SequenceId v : ra.value().transfers.evicted) {
             live.erase(std::find(live.begin(), live.end(), v));
           }
-          PAGEDKV_ASSERT_OK(one->commit(id, prompt.data() + a.value(), rest));
-          PAGEDKV_ASSERT_OK(shared->commit(id, prompt.data() + a.value(), rest));
+          ASSERT_OK(one->commit(id, prompt.data() + a.value(), rest));
+          ASSERT_OK(shared->commit(id, prompt.data() + a.value(), rest));
         }
       } else if (kind <= 4) {
         std::vector<SequenceId> ids;
@@ -340,28 +342,28 @@ TEST(SharedGroups, AWindowThatNeverTrimsLeavesTheFullGroupAsOneGroup) {
           live.erase(std::find(live.begin(), live.end(), id));
         std::vector<TokenId> t(ids.size() * static_cast<size_t>(n));
         for (auto& x : t) x = static_cast<TokenId>(pick(3) + 1);
-        PAGEDKV_ASSERT_OK(one->commit_batch(ids, t.data(), n));
-        PAGEDKV_ASSERT_OK(shared->commit_batch(ids, t.data(), n));
+        ASSERT_OK(one->commit_batch(ids, t.data(), n));
+        ASSERT_OK(shared->commit_batch(ids, t.data(), n));
       } else if (kind == 5) {
         const SequenceId id = live[static_cast<size_t>(pick(static_cast<int64_t>(live.size())))];
         const int64_t to = pick(one->length(id).value() + 1);
         ASSERT_EQ(one->rollback(id, to).code(), shared->rollback(id, to).code());
       } else if (kind == 6) {
         const SequenceId id = live[static_cast<size_t>(pick(static_cast<int64_t>(live.size())))];
-        PAGEDKV_ASSERT_OK(one->fork(id, next_id));
-        PAGEDKV_ASSERT_OK(shared->fork(id, next_id));
+        ASSERT_OK(one->fork(id, next_id));
+        ASSERT_OK(shared->fork(id, next_id));
         live.push_back(next_id++);
       } else {
         const size_t i = static_cast<size_t>(pick(static_cast<int64_t>(live.size())));
-        PAGEDKV_ASSERT_OK(one->finish(live[i]));
-        PAGEDKV_ASSERT_OK(shared->finish(live[i]));
+        ASSERT_OK(one->finish(live[i]));
+        ASSERT_OK(shared->finish(live[i]));
         live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
       }
       PAGEDKV_EXPECT_INV(*one);
       PAGEDKV_EXPECT_INV(*shared);
       if (live.empty()) continue;
-      ASSERT_TRUE(one->build_batch(live).ok());
-      ASSERT_TRUE(shared->build_batch(live).ok());
+      ASSERT_OK(one->build_batch(live));
+      ASSERT_OK(shared->build_batch(live));
       const BatchMetadata& a = *one->build_batch(live).value();
       const BatchMetadata& full = shared->group_batch(shared->full_group());
       const BatchMetadata& window = shared->group_batch(0);
@@ -440,7 +442,7 @@ void verify(ControlPlane& cp, const Model& m) {
   BatchOptions csr;
   csr.build_csr = true;
   auto md = cp.build_batch(ids, csr);
-  ASSERT_TRUE(md.ok()) << md.status().to_string();
+  ASSERT_OK(md);
   for (int32_t g = 0; g < cp.num_groups(); ++g) {
     const BatchMetadata& b = cp.group_batch(g);
     ASSERT_EQ(b.batch_size, static_cast<int32_t>(ids.size()));
@@ -483,7 +485,7 @@ void verify(ControlPlane& cp, const Model& m) {
 void write_and_commit(ControlPlane& cp, Model& m, const std::vector<SequenceId>& ids, int64_t n,
                       int64_t k, const std::vector<std::vector<TokenId>>& next) {
   auto md = cp.build_batch(ids);
-  ASSERT_TRUE(md.ok()) << md.status().to_string();
+  ASSERT_OK(md);
   for (int32_t g = 0; g < cp.num_groups(); ++g) {
     const BatchMetadata& b = cp.group_batch(g);
     ASSERT_EQ(b.slot_mapping.size(), ids.size() * static_cast<size_t>(n));
@@ -500,7 +502,7 @@ void write_and_commit(ControlPlane& cp, Model& m, const std::vector<SequenceId>&
     }
   }
   for (size_t r = 0; r < ids.size(); ++r) {
-    PAGEDKV_ASSERT_OK(cp.commit(ids[r], next[r].data(), k));
+    ASSERT_OK(cp.commit(ids[r], next[r].data(), k));
     auto& t = m.tokens[ids[r]];
     t.insert(t.end(), next[r].begin(), next[r].begin() + k);
   }
@@ -517,7 +519,7 @@ Rows rows_of(ControlPlane& cp, const Model& m) {
     ids.push_back(kv.first);
     out.push_back({static_cast<int32_t>(cp.pending(kv.first).value())});
   }
-  EXPECT_TRUE(cp.build_batch(ids).ok());
+  EXPECT_OK(cp.build_batch(ids));
   for (int32_t g = 0; g < cp.num_groups(); ++g) {
     const BatchMetadata& b = cp.group_batch(g);
     for (size_t r = 0; r < ids.size(); ++r) {
@@ -612,7 +614,7 @@ void run_random(uint32_t seed, const Shape& shape, int ops) {
       if (pick(4) == 0) prompt.back() = static_cast<TokenId>(pick(3) + 1);
       const SequenceId id = next_id++;
       auto added = cp->add_sequence(id, prompt);
-      ASSERT_TRUE(added.ok()) << added.status().to_string();
+      ASSERT_OK(added);
       const int64_t cached = added.value();
       hits += cached > 0;
       m.tokens[id] = std::vector<TokenId>(prompt.begin(), prompt.begin() + cached);
@@ -621,7 +623,7 @@ void run_random(uint32_t seed, const Shape& shape, int ops) {
       auto rr = cp->reserve(id, rest);
       if (!rr.ok()) {
         ASSERT_EQ(rr.status().code(), StatusCode::kResourceExhausted) << rr.status().to_string();
-        PAGEDKV_ASSERT_OK(cp->finish(id));
+        ASSERT_OK(cp->finish(id));
         m.tokens.erase(id);
       } else {
         cows += !rr.value().transfers.copies.empty();
@@ -724,12 +726,12 @@ void run_random(uint32_t seed, const Shape& shape, int ops) {
       if (cp->residency(parent).value().offloaded) {
         ASSERT_EQ(cp->fork(parent, child).code(), StatusCode::kFailedPrecondition);
       } else {
-        PAGEDKV_ASSERT_OK(cp->fork(parent, child));
+        ASSERT_OK(cp->fork(parent, child));
         m.tokens[child] = m.tokens[parent];
       }
     } else if (kind == 8) {
       const SequenceId id = random_live();
-      PAGEDKV_ASSERT_OK(cp->finish(id));
+      ASSERT_OK(cp->finish(id));
       m.tokens.erase(id);
     } else if (kind == 10) {  // offload (refused for an active or offloaded one, or no room)
       const SequenceId id = random_live();
@@ -758,10 +760,10 @@ void run_random(uint32_t seed, const Shape& shape, int ops) {
       for (const auto& kv : m.tokens) {
         if (pick(3) == 0) active.push_back(kv.first);
       }
-      PAGEDKV_ASSERT_OK(cp->set_active(active));
+      ASSERT_OK(cp->set_active(active));
     } else {
       const SequenceId id = random_live();
-      PAGEDKV_ASSERT_OK(cp->erase(id));
+      ASSERT_OK(cp->erase(id));
       m.tokens.erase(id);
     }
     verify(*cp, m);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "support/status_matchers.hpp"
 #include "window_test_util.hpp"
 
 namespace pagedkv {
@@ -73,7 +74,8 @@ TEST(SlidingWindow, FullAttentionMatchesModelAndANeverTrimmingWindow) {
         const SequenceId nid = next_id++;
         auto a = full->add_sequence(nid, p);
         auto b = wide->add_sequence(nid, p);
-        ASSERT_TRUE(a.ok() && b.ok());
+        ASSERT_OK(a);
+        ASSERT_OK(b);
         ASSERT_EQ(*a, *b);
         ASSERT_EQ(*a, model_hit(p)) << "op " << op;
         toks[nid].assign(p.begin(), p.begin() + *a);
@@ -81,40 +83,42 @@ TEST(SlidingWindow, FullAttentionMatchesModelAndANeverTrimmingWindow) {
         const int64_t rest = static_cast<int64_t>(p.size()) - *a;
         auto ra = full->reserve(nid, rest);
         auto rb = wide->reserve(nid, rest);
-        ASSERT_TRUE(ra.ok() && rb.ok());
+        ASSERT_OK(ra);
+        ASSERT_OK(rb);
         ASSERT_EQ(ra->slots, rb->slots);
         ASSERT_EQ(ra->transfers.copies.size(), rb->transfers.copies.size());
-        PAGEDKV_ASSERT_OK(full->commit(nid, p.data() + *a, rest));
-        PAGEDKV_ASSERT_OK(wide->commit(nid, p.data() + *a, rest));
+        ASSERT_OK(full->commit(nid, p.data() + *a, rest));
+        ASSERT_OK(wide->commit(nid, p.data() + *a, rest));
         toks[nid] = p;
         record(nid);
       } else if (kind <= 5) {  // reserve a chunk or one token, commit part of it
         const int64_t n = pick(2) == 0 ? 1 : 1 + pick(9);
         auto ra = full->reserve(id, n);
         auto rb = wide->reserve(id, n);
-        ASSERT_TRUE(ra.ok() && rb.ok());
+        ASSERT_OK(ra);
+        ASSERT_OK(rb);
         ASSERT_EQ(ra->slots, rb->slots);
         const int64_t m = pick(4) == 0 ? pick(static_cast<int>(n) + 1) : n;
         std::vector<TokenId> t;
         for (int64_t i = 0; i < m; ++i) t.push_back(static_cast<TokenId>(pick(5) + 1));
-        PAGEDKV_ASSERT_OK(full->commit(id, t));
-        PAGEDKV_ASSERT_OK(wide->commit(id, t));
+        ASSERT_OK(full->commit(id, t));
+        ASSERT_OK(wide->commit(id, t));
         toks[id].insert(toks[id].end(), t.begin(), t.end());
         record(id);
       } else if (kind == 6 && ids.size() < 12) {
         const SequenceId child = next_id++;
-        PAGEDKV_ASSERT_OK(full->fork(id, child));
-        PAGEDKV_ASSERT_OK(wide->fork(id, child));
+        ASSERT_OK(full->fork(id, child));
+        ASSERT_OK(wide->fork(id, child));
         toks[child] = toks[id];
       } else if (kind == 7) {
-        PAGEDKV_ASSERT_OK(full->finish(id));
-        PAGEDKV_ASSERT_OK(wide->finish(id));
+        ASSERT_OK(full->finish(id));
+        ASSERT_OK(wide->finish(id));
         toks.erase(id);
       } else {
         const int64_t len = static_cast<int64_t>(toks[id].size());
         const int64_t to = pick(4) == 0 ? 0 : std::max<int64_t>(0, len - pick(10));
-        PAGEDKV_ASSERT_OK(full->rollback(id, to));
-        PAGEDKV_ASSERT_OK(wide->rollback(id, to));
+        ASSERT_OK(full->rollback(id, to));
+        ASSERT_OK(wide->rollback(id, to));
         toks[id].resize(static_cast<size_t>(to));
       }
       PAGEDKV_EXPECT_INV(*full);
@@ -198,10 +202,10 @@ TEST(SlidingWindow, RandomOperationsKeepTheWindow) {
         if (pick(4) == 0) p[static_cast<size_t>(pick(static_cast<int>(p.size())))] = 9;
         const int64_t cap = pick(3) == 0 ? pick(static_cast<int>(p.size()) + 1) : -1;
         auto want = cp->cached_prefix(p, 0, cap);
-        ASSERT_TRUE(want.ok());
+        ASSERT_OK(want);
         const SequenceId nid = next_id++;
         auto got = cp->add_sequence(nid, p, {}, cap);
-        ASSERT_TRUE(got.ok()) << got.status().to_string();
+        ASSERT_OK(got);
         ASSERT_EQ(*got, *want) << "op " << op;
         ASSERT_TRUE(cap < 0 || *got <= cap);
         ASSERT_TRUE(*got == 0 || *got % bs == 0 || *got == static_cast<int64_t>(p.size()) - 1);
@@ -221,7 +225,7 @@ TEST(SlidingWindow, RandomOperationsKeepTheWindow) {
           ASSERT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().to_string();
         } else if (cp->contains(id)) {
           const int64_t c = pick(4) == 0 ? pick(static_cast<int>(n) + 1) : n;
-          PAGEDKV_ASSERT_OK(cp->commit(id, next_tokens(*m, c)));
+          ASSERT_OK(cp->commit(id, next_tokens(*m, c)));
           on_commit(*m, c);
         }
       } else if (kind <= 9) {  // decode steps
@@ -233,7 +237,7 @@ TEST(SlidingWindow, RandomOperationsKeepTheWindow) {
           }
           PAGEDKV_EXPECT_INV(*cp);
           ASSERT_LE(held(*cp, id), decode_bound(w, bs)) << "op " << op << " (reserved)";
-          PAGEDKV_ASSERT_OK(cp->commit(id, next_tokens(*m, 1)));
+          ASSERT_OK(cp->commit(id, next_tokens(*m, 1)));
           on_commit(*m, 1);
           PAGEDKV_EXPECT_INV(*cp);
           ASSERT_LE(held(*cp, id), decode_bound(w, bs)) << "op " << op << " (committed)";
@@ -243,13 +247,13 @@ TEST(SlidingWindow, RandomOperationsKeepTheWindow) {
         if (offloaded) {
           ASSERT_EQ(st.code(), StatusCode::kFailedPrecondition);
         } else {
-          PAGEDKV_ASSERT_OK(st);
+          ASSERT_OK(st);
           Model c = *m;
           seqs[next_id] = c;
         }
         ++next_id;
       } else if (kind == 11) {
-        PAGEDKV_ASSERT_OK(pick(2) == 0 ? cp->finish(id) : cp->erase(id));
+        ASSERT_OK(pick(2) == 0 ? cp->finish(id) : cp->erase(id));
         seqs.erase(id);
       } else if (kind == 12) {
         if (offloaded) {
@@ -273,7 +277,7 @@ TEST(SlidingWindow, RandomOperationsKeepTheWindow) {
         const Snapshot snap = snapshot(*cp, ids);
         const Status st = cp->rollback(id, to);
         if (allowed) {
-          PAGEDKV_ASSERT_OK(st);
+          ASSERT_OK(st);
           m->len = to;
           if (to == 0) m->first = 0;
         } else {
@@ -302,7 +306,7 @@ TEST(SlidingWindow, RandomOperationsKeepTheWindow) {
       }
       if (pick(4) == 0) std::shuffle(resident.begin(), resident.end(), rng);
       auto md = cp->build_batch(resident);
-      ASSERT_TRUE(md.ok()) << md.status().to_string();
+      ASSERT_OK(md);
       const auto stride = static_cast<size_t>((*md)->max_blocks);
       for (size_t r = 0; r < resident.size(); ++r) {
         const std::vector<BlockLocation> t = *cp->block_locations(resident[r]);

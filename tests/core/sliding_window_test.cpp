@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "support/status_matchers.hpp"
 #include "window_test_util.hpp"
 
 namespace pagedkv {
@@ -54,13 +55,12 @@ TEST_P(WindowMemoryBound, DecodeHoldsAtMostTheWindowsBlocks) {
   for (int step = 0; step < kSteps; ++step) {
     for (SequenceId id = 1; id <= kSeqs; ++id) {
       auto r = cp->reserve(id, 1);
-      ASSERT_TRUE(r.ok()) << "step " << step << " sequence " << id << ": "
-                          << r.status().to_string();
+      ASSERT_OK(r) << "step " << step << " sequence " << id;
       PAGEDKV_EXPECT_INV(*cp);
       ASSERT_TRUE(table_shape(*cp, id, w, bs));
       ASSERT_LE(held(*cp, id), bound) << "step " << step << " (reserved)";
       const TokenId t = static_cast<TokenId>(id * 100000 + kPrompt + step);
-      PAGEDKV_ASSERT_OK(cp->commit(id, &t, 1));
+      ASSERT_OK(cp->commit(id, &t, 1));
       PAGEDKV_EXPECT_INV(*cp);
       ASSERT_TRUE(table_shape(*cp, id, w, bs));
       ASSERT_LE(held(*cp, id), bound) << "step " << step << " (committed)";
@@ -76,7 +76,7 @@ TEST_P(WindowMemoryBound, DecodeHoldsAtMostTheWindowsBlocks) {
   EXPECT_GT(cp->stats().blocks_evicted, 0);
   for (SequenceId id = 1; id <= kSeqs; ++id) {
     EXPECT_EQ(*cp->length(id), kPrompt + kSteps);
-    PAGEDKV_ASSERT_OK(cp->finish(id));
+    ASSERT_OK(cp->finish(id));
     PAGEDKV_EXPECT_INV(*cp);
   }
   EXPECT_EQ(cp->stats().device.used_blocks, 0);
@@ -94,10 +94,12 @@ TEST_P(WindowMemoryBound, FullAttentionExhaustsTheSamePool) {
   bool exhausted = false;
   for (SequenceId id = 1; id <= kSeqs && !exhausted; ++id) {
     const std::vector<TokenId> prompt = iota_tokens(kPrompt, static_cast<TokenId>(id * 100000));
-    PAGEDKV_ASSERT_OK(cp->add_sequence(id, prompt).status());
+    ASSERT_OK(cp->add_sequence(id, prompt).status());
     auto r = cp->reserve(id, kPrompt);
     exhausted = !r.ok() || !r->transfers.evicted.empty();
-    if (r.ok()) PAGEDKV_ASSERT_OK(cp->commit(id, prompt));
+    if (r.ok()) {
+      ASSERT_OK(cp->commit(id, prompt));
+    }
     PAGEDKV_EXPECT_INV(*cp);
   }
   for (int step = 0; step < 300 && !exhausted; ++step) {
@@ -106,7 +108,9 @@ TEST_P(WindowMemoryBound, FullAttentionExhaustsTheSamePool) {
       auto r = cp->reserve(id, 1);
       exhausted = !r.ok() || !r->transfers.evicted.empty();
       const TokenId t = 7;
-      if (r.ok()) PAGEDKV_ASSERT_OK(cp->commit(id, &t, 1));
+      if (r.ok()) {
+        ASSERT_OK(cp->commit(id, &t, 1));
+      }
       PAGEDKV_EXPECT_INV(*cp);
     }
   }
@@ -135,11 +139,11 @@ TEST(SlidingWindow, BatchedDecodeTrimsEveryMember) {
   ReserveResult out;
   for (int step = 0; step < 200; ++step) {
     out = ReserveResult{};
-    PAGEDKV_ASSERT_OK(cp->reserve_batch(ids, 1, &out));
+    ASSERT_OK(cp->reserve_batch(ids, 1, &out));
     PAGEDKV_EXPECT_INV(*cp);
     ASSERT_EQ(out.slots.size(), ids.size());
     std::vector<TokenId> tokens(ids.size(), static_cast<TokenId>(step));
-    PAGEDKV_ASSERT_OK(cp->commit_batch(ids, tokens.data(), 1));
+    ASSERT_OK(cp->commit_batch(ids, tokens.data(), 1));
     PAGEDKV_EXPECT_INV(*cp);
     for (SequenceId id : ids) {
       ASSERT_TRUE(table_shape(*cp, id, w, bs));
@@ -198,7 +202,7 @@ class WindowPrefixHits : public ::testing::Test {
         if (variant == 1) p.insert(p.end(), 5, 7);  // another tail
         for (int64_t cap = -1; cap <= static_cast<int64_t>(p.size()); ++cap) {
           auto got = cp_->cached_prefix(p, 0, cap);
-          ASSERT_TRUE(got.ok()) << got.status().to_string();
+          ASSERT_OK(got);
           ASSERT_EQ(*got, model_window_hit(p, base_, cached_, cap, kW, kBs))
               << "prompt of " << p.size() << " tokens (" << len << " of base), cap " << cap;
         }
@@ -210,10 +214,10 @@ class WindowPrefixHits : public ::testing::Test {
   // cached blocks' pages after it; then finishes the sequence (which changes nothing cached).
   void expect_add_agrees(SequenceId id, const std::vector<TokenId>& p, int64_t cap) {
     auto want = cp_->cached_prefix(p, 0, cap);
-    ASSERT_TRUE(want.ok());
+    ASSERT_OK(want);
     const ControlStats before = cp_->stats();
     auto got = cp_->add_sequence(id, p, {}, cap);
-    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    ASSERT_OK(got);
     PAGEDKV_EXPECT_INV(*cp_);
     EXPECT_EQ(*got, *want) << "cap " << cap;
     ASSERT_TRUE(table_shape(*cp_, id, kW, kBs));
@@ -225,16 +229,16 @@ class WindowPrefixHits : public ::testing::Test {
     }
     EXPECT_EQ(cp_->stats().device.cached_blocks + cp_->stats().device.used_blocks,
               before.device.cached_blocks + before.device.used_blocks);
-    PAGEDKV_ASSERT_OK(cp_->finish(id));
+    ASSERT_OK(cp_->finish(id));
     PAGEDKV_EXPECT_INV(*cp_);
   }
 
   // Takes `n` device blocks for an unrelated sequence (reserved, never committed), forcing
   // evictions once the free blocks are gone.
   void take_blocks(SequenceId id, int64_t n) {
-    PAGEDKV_ASSERT_OK(cp_->add_sequence(id, iota_tokens(1, 900000 + id)).status());
+    ASSERT_OK(cp_->add_sequence(id, iota_tokens(1, 900000 + id)).status());
     auto r = cp_->reserve(id, n * kBs);
-    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ASSERT_OK(r);
     PAGEDKV_EXPECT_INV(*cp_);
   }
 
@@ -247,23 +251,22 @@ class WindowPrefixHits : public ::testing::Test {
 TEST_F(WindowPrefixHits, HitsNeedOnlyTheWindowAndSurviveEvictionBeforeIt) {
   // Sequence 1 computes base_ (100 tokens, 12 full blocks) token by token; its blocks fall out
   // of the window as it goes and are cached; finishing it caches the last ones.
-  PAGEDKV_ASSERT_OK(
-      cp_->add_sequence(1, std::vector<TokenId>(base_.begin(), base_.begin() + 1)).status());
-  PAGEDKV_ASSERT_OK(cp_->reserve(1, 1).status());
-  PAGEDKV_ASSERT_OK(cp_->commit(1, base_.data(), 1));
+  ASSERT_OK(cp_->add_sequence(1, std::vector<TokenId>(base_.begin(), base_.begin() + 1)).status());
+  ASSERT_OK(cp_->reserve(1, 1).status());
+  ASSERT_OK(cp_->commit(1, base_.data(), 1));
   for (size_t i = 1; i < base_.size(); ++i) {
-    PAGEDKV_ASSERT_OK(cp_->reserve(1, 1).status());
+    ASSERT_OK(cp_->reserve(1, 1).status());
     const std::vector<BlockLocation> t = table(*cp_, 1);
     for (size_t b = 0; b < t.size(); ++b) {
       if (t[b].block >= 0) phys_[static_cast<int64_t>(b)] = t[b].block;
     }
-    PAGEDKV_ASSERT_OK(cp_->commit(1, &base_[i], 1));
+    ASSERT_OK(cp_->commit(1, &base_[i], 1));
     PAGEDKV_EXPECT_INV(*cp_);
     ASSERT_TRUE(table_shape(*cp_, 1, kW, kBs));
   }
   EXPECT_EQ(cp_->stats().window_released_blocks, first_needed(100, kW, kBs));
   EXPECT_EQ(cp_->stats().device.cached_blocks, first_needed(100, kW, kBs));
-  PAGEDKV_ASSERT_OK(cp_->finish(1));
+  ASSERT_OK(cp_->finish(1));
   PAGEDKV_EXPECT_INV(*cp_);
   // Every full block is cached; the partial 13th is freed.
   EXPECT_EQ(cp_->stats().device.cached_blocks, 12);
@@ -275,13 +278,13 @@ TEST_F(WindowPrefixHits, HitsNeedOnlyTheWindowAndSurviveEvictionBeforeIt) {
   std::vector<TokenId> q(base_.begin(), base_.begin() + 96);
   q.insert(q.end(), 14, 5);
   auto hit = cp_->add_sequence(2, q);
-  ASSERT_TRUE(hit.ok());
+  ASSERT_OK(hit);
   EXPECT_EQ(*hit, 96);
   PAGEDKV_EXPECT_INV(*cp_);
   ASSERT_TRUE(table_shape(*cp_, 2, kW, kBs));
   EXPECT_EQ(held(*cp_, 2), 4);
   EXPECT_EQ(cp_->stats().device.used_blocks, 4);
-  PAGEDKV_ASSERT_OK(cp_->finish(2));
+  ASSERT_OK(cp_->finish(2));
   PAGEDKV_EXPECT_INV(*cp_);
 
   // LRU order now: 0..7 (released by the window), then 8..11 (released again just now, last
@@ -315,7 +318,7 @@ TEST_F(WindowPrefixHits, HitsNeedOnlyTheWindowAndSurviveEvictionBeforeIt) {
   // and 7..11 (95), leaving the order 6, 4, 3, 2, 1, 11, 10, 9, 8, 7. Evicting two more takes
   // 6 and 4: q's window (8..11) stays; the prompt of 60 base tokens now gets nothing (every
   // window up to 56 tokens needs block 0, 4 or 6).
-  PAGEDKV_ASSERT_OK(cp_->finish(100));
+  ASSERT_OK(cp_->finish(100));
   PAGEDKV_EXPECT_INV(*cp_);
   take_blocks(101, kPool - 10 + 2);
   EXPECT_EQ(cp_->stats().blocks_evicted, 4);
@@ -325,7 +328,7 @@ TEST_F(WindowPrefixHits, HitsNeedOnlyTheWindowAndSurviveEvictionBeforeIt) {
   EXPECT_EQ(*cp_->cached_prefix(q, 0), 96);
   expect_hits_match_model();
   // Fill the pool completely: every cached block goes, and every hit is 0.
-  PAGEDKV_ASSERT_OK(cp_->finish(101));
+  ASSERT_OK(cp_->finish(101));
   PAGEDKV_EXPECT_INV(*cp_);
   take_blocks(102, kPool);
   cached_.clear();
@@ -339,18 +342,18 @@ TEST(SlidingWindow, FullyCachedPromptCopiesTheLastBlockOnWrite) {
   auto cp = make_cp(window_config(8, 16, 16));
   const std::vector<TokenId> p = iota_tokens(48, 10);
   add_and_fill(*cp, 1, p);
-  PAGEDKV_ASSERT_OK(cp->finish(1));
+  ASSERT_OK(cp->finish(1));
   PAGEDKV_EXPECT_INV(*cp);
   auto hit = cp->add_sequence(2, p);
-  ASSERT_TRUE(hit.ok());
+  ASSERT_OK(hit);
   EXPECT_EQ(*hit, 47);  // window [31, 47): blocks 3..5
   ASSERT_TRUE(table_shape(*cp, 2, 16, 8));
   EXPECT_EQ(held(*cp, 2), 3);
   auto r = cp->reserve(2, 1);
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   EXPECT_EQ(r->transfers.copies.size(), 1u);
   PAGEDKV_EXPECT_INV(*cp);
-  PAGEDKV_ASSERT_OK(cp->commit(2, &p[47], 1));
+  ASSERT_OK(cp->commit(2, &p[47], 1));
   PAGEDKV_EXPECT_INV(*cp);
   ASSERT_TRUE(table_shape(*cp, 2, 16, 8));
   // The recomputed block is the cached one again (same prefix): no duplicate.
@@ -364,20 +367,20 @@ TEST(SlidingWindow, AnyBoundAtOrPastThePromptIsNoBound) {
     auto cp = make_cp(window_config(8, window, 16));
     const std::vector<TokenId> p = iota_tokens(48, 10);
     add_and_fill(*cp, 1, p);
-    PAGEDKV_ASSERT_OK(cp->finish(1));
+    ASSERT_OK(cp->finish(1));
     const auto unbounded = cp->cached_prefix(p, 0, -1);
-    ASSERT_TRUE(unbounded.ok());
+    ASSERT_OK(unbounded);
     EXPECT_EQ(*unbounded, 47) << "window " << window;
     for (int64_t bound : {int64_t{48}, int64_t{1} << 40, INT64_MAX}) {
       const auto hit = cp->cached_prefix(p, 0, bound);
-      ASSERT_TRUE(hit.ok());
+      ASSERT_OK(hit);
       EXPECT_EQ(*hit, *unbounded) << "window " << window << " bound " << bound;
     }
     EXPECT_EQ(cp->cached_prefix(p, 0, -2).status().code(), StatusCode::kInvalidArgument);
     EXPECT_EQ(cp->add_sequence(2, p, {}, -5).status().code(), StatusCode::kInvalidArgument);
     EXPECT_FALSE(cp->contains(2));
     auto added = cp->add_sequence(2, p, {}, INT64_MAX);
-    ASSERT_TRUE(added.ok());
+    ASSERT_OK(added);
     EXPECT_EQ(*added, 47);
     PAGEDKV_EXPECT_INV(*cp);
   }
@@ -393,14 +396,14 @@ TEST(SlidingWindow, ForkSharesOnlyLiveBlocks) {
   for (int i = 0; i < 20; ++i) decode_step(*cp, 1, static_cast<TokenId>(500 + i));
   const int64_t used = cp->stats().device.used_blocks;
   EXPECT_EQ(used, held(*cp, 1));
-  PAGEDKV_ASSERT_OK(cp->fork(1, 2));
+  ASSERT_OK(cp->fork(1, 2));
   PAGEDKV_EXPECT_INV(*cp);
   EXPECT_EQ(table(*cp, 2), table(*cp, 1));
   ASSERT_TRUE(table_shape(*cp, 2, w, bs));
   EXPECT_EQ(cp->stats().device.used_blocks, used);  // shared, nothing new
   // The child's released entries are not references: finishing the parent leaves exactly the
   // child's live blocks used, and the child decodes on (copying its shared last block).
-  PAGEDKV_ASSERT_OK(cp->finish(1));
+  ASSERT_OK(cp->finish(1));
   PAGEDKV_EXPECT_INV(*cp);
   EXPECT_EQ(cp->stats().device.used_blocks, held(*cp, 2));
   for (int i = 0; i < 30; ++i) {
@@ -408,7 +411,7 @@ TEST(SlidingWindow, ForkSharesOnlyLiveBlocks) {
     ASSERT_TRUE(table_shape(*cp, 2, w, bs));
     ASSERT_LE(held(*cp, 2), decode_bound(w, bs));
   }
-  PAGEDKV_ASSERT_OK(cp->finish(2));
+  ASSERT_OK(cp->finish(2));
   PAGEDKV_EXPECT_INV(*cp);
   EXPECT_EQ(cp->stats().device.used_blocks, 0);
 }
@@ -423,7 +426,7 @@ TEST(SlidingWindow, OffloadAndRestoreMoveOnlyLiveBlocks) {
   const int64_t live = held(*cp, 1);
   ASSERT_EQ(live, ceil_div(70, bs) - first_needed(70, w, bs));
   auto off = cp->offload(1);
-  ASSERT_TRUE(off.ok()) << off.status().to_string();
+  ASSERT_OK(off);
   PAGEDKV_EXPECT_INV(*cp);
   ASSERT_EQ(static_cast<int64_t>(off->moves.size()), live);
   const std::vector<BlockLocation> on_host = table(*cp, 1);
@@ -440,14 +443,14 @@ TEST(SlidingWindow, OffloadAndRestoreMoveOnlyLiveBlocks) {
     ++m;
   }
   auto res = cp->residency(1);
-  ASSERT_TRUE(res.ok());
+  ASSERT_OK(res);
   EXPECT_EQ(res->host_blocks, live);
   EXPECT_EQ(res->device_blocks, 0);
   EXPECT_EQ(cp->slot(1, 69).status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(cp->slot(1, 0).status().code(), StatusCode::kOutOfRange);
 
   auto back = cp->restore(1);
-  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  ASSERT_OK(back);
   PAGEDKV_EXPECT_INV(*cp);
   ASSERT_EQ(static_cast<int64_t>(back->moves.size()), live);
   const std::vector<BlockLocation> after = table(*cp, 1);
@@ -478,12 +481,12 @@ TEST(SlidingWindow, RollbackWithinTheWindowOnlyOrToZero) {
   ASSERT_TRUE(table_shape(*cp, 1, w, bs));
   ASSERT_EQ(first_needed(70, w, bs), 4);
   // Lengths from 64 on need blocks 4.. only (floor((64 - 32) / 8) = 4): allowed.
-  PAGEDKV_ASSERT_OK(cp->rollback(1, 66));
+  ASSERT_OK(cp->rollback(1, 66));
   PAGEDKV_EXPECT_INV(*cp);
   EXPECT_EQ(*cp->length(1), 66);
   ASSERT_TRUE(table_shape(*cp, 1, w, bs));
-  PAGEDKV_ASSERT_OK(cp->reserve(1, 3).status());
-  PAGEDKV_ASSERT_OK(cp->rollback(1, 64));
+  ASSERT_OK(cp->reserve(1, 3).status());
+  ASSERT_OK(cp->rollback(1, 64));
   PAGEDKV_EXPECT_INV(*cp);
   EXPECT_EQ(*cp->pending(1), 0);
   ASSERT_TRUE(table_shape(*cp, 1, w, bs));
@@ -497,26 +500,26 @@ TEST(SlidingWindow, RollbackWithinTheWindowOnlyOrToZero) {
     PAGEDKV_EXPECT_INV(*cp);
   }
   // Recompute after a rollback within the window: the window keeps trimming.
-  PAGEDKV_ASSERT_OK(cp->reserve(1, 20).status());
-  PAGEDKV_ASSERT_OK(cp->commit(1, iota_tokens(20, 5000)));
+  ASSERT_OK(cp->reserve(1, 20).status());
+  ASSERT_OK(cp->commit(1, iota_tokens(20, 5000)));
   PAGEDKV_EXPECT_INV(*cp);
   ASSERT_TRUE(table_shape(*cp, 1, w, bs));
   // 0 is always allowed and releases everything.
-  PAGEDKV_ASSERT_OK(cp->rollback(1, 0));
+  ASSERT_OK(cp->rollback(1, 0));
   PAGEDKV_EXPECT_INV(*cp);
   EXPECT_EQ(*cp->length(1), 0);
   EXPECT_TRUE(table(*cp, 1).empty());
   EXPECT_EQ(cp->stats().device.used_blocks, 0);
   // Recomputing from 0 works: the prompt's blocks were cached, so it could as well be re-added.
-  PAGEDKV_ASSERT_OK(cp->reserve(1, 70).status());
-  PAGEDKV_ASSERT_OK(cp->commit(1, p));
+  ASSERT_OK(cp->reserve(1, 70).status());
+  ASSERT_OK(cp->commit(1, p));
   PAGEDKV_EXPECT_INV(*cp);
   ASSERT_TRUE(table_shape(*cp, 1, w, bs));
   // Offloaded, the same rules hold.
-  PAGEDKV_ASSERT_OK(cp->offload(1).status());
+  ASSERT_OK(cp->offload(1).status());
   EXPECT_EQ(cp->rollback(1, 10).code(), StatusCode::kFailedPrecondition);
   PAGEDKV_EXPECT_INV(*cp);
-  PAGEDKV_ASSERT_OK(cp->rollback(1, 0));
+  ASSERT_OK(cp->rollback(1, 0));
   PAGEDKV_EXPECT_INV(*cp);
 }
 
@@ -527,8 +530,8 @@ TEST(SlidingWindow, ReleasedPositionsHaveNoSlotAndBatchRowsHoldMinusOne) {
   auto cp = make_cp(window_config(8, 16, 64));
   add_and_fill(*cp, 1, iota_tokens(40, 10));  // window [24, 40): blocks 3, 4 held
   add_and_fill(*cp, 2, iota_tokens(13, 99));  // short: nothing released yet
-  PAGEDKV_ASSERT_OK(cp->reserve(1, 3).status());
-  PAGEDKV_ASSERT_OK(cp->reserve(2, 1).status());
+  ASSERT_OK(cp->reserve(1, 3).status());
+  ASSERT_OK(cp->reserve(2, 1).status());
   PAGEDKV_EXPECT_INV(*cp);
   for (int64_t pos = 0; pos < 24; ++pos) {
     const auto s = cp->slot(1, pos);
@@ -541,14 +544,14 @@ TEST(SlidingWindow, ReleasedPositionsHaveNoSlotAndBatchRowsHoldMinusOne) {
   const std::vector<BlockLocation> t1 = table(*cp, 1);
   for (int64_t pos = 24; pos < 43; ++pos) {
     const auto s = cp->slot(1, pos);
-    ASSERT_TRUE(s.ok()) << "position " << pos << ": " << s.status().to_string();
+    ASSERT_OK(s) << "position " << pos;
     EXPECT_EQ(*s, t1[static_cast<size_t>(pos / bs)].block * bs + pos % bs);
   }
   BatchOptions o;
   o.build_csr = true;
   auto check_batch = [&](const std::vector<SequenceId>& ids) {
     auto md = cp->build_batch(ids, o);
-    ASSERT_TRUE(md.ok()) << md.status().to_string();
+    ASSERT_OK(md);
     const BatchMetadata& m = **md;
     size_t slot = 0;
     for (size_t r = 0; r < ids.size(); ++r) {
@@ -576,17 +579,17 @@ TEST(SlidingWindow, ReleasedPositionsHaveNoSlotAndBatchRowsHoldMinusOne) {
   EXPECT_EQ(r1[2].block, -1);
   EXPECT_GE(r1[3].block, 0);
   // Decode on: the rows built before are updated in place as entries fall out of the window.
-  PAGEDKV_ASSERT_OK(cp->commit(1, iota_tokens(3, 50)));
-  PAGEDKV_ASSERT_OK(cp->commit(2, iota_tokens(1, 60)));
+  ASSERT_OK(cp->commit(1, iota_tokens(3, 50)));
+  ASSERT_OK(cp->commit(2, iota_tokens(1, 60)));
   std::vector<SequenceId> ids = {1, 2};
   for (int step = 0; step < 40; ++step) {
     ReserveResult out;
-    PAGEDKV_ASSERT_OK(cp->reserve_batch(ids, 1, &out));
+    ASSERT_OK(cp->reserve_batch(ids, 1, &out));
     PAGEDKV_EXPECT_INV(*cp);
     check_batch(ids);
     if (step == 20) check_batch({2, 1});  // rows swapped, then back
     std::vector<TokenId> tok = {static_cast<TokenId>(step), static_cast<TokenId>(step + 1)};
-    PAGEDKV_ASSERT_OK(cp->commit_batch(ids, tok.data(), 1));
+    ASSERT_OK(cp->commit_batch(ids, tok.data(), 1));
     PAGEDKV_EXPECT_INV(*cp);
   }
   EXPECT_GT(released(*cp, 2), 0);
@@ -608,7 +611,7 @@ TEST(SlidingWindow, RejectsAWindowShorterThanABlockOrNegative) {
   EXPECT_EQ(dense.validate().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(dense.validate().message().find("sliding_window"), std::string::npos);
   for (int32_t w : {0, 16, 17, 4096}) {
-    EXPECT_TRUE(ControlPlane::create(window_config(16, w, 8)).ok()) << "window " << w;
+    EXPECT_OK(ControlPlane::create(window_config(16, w, 8))) << "window " << w;
   }
 }
 

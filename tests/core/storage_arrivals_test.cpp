@@ -12,6 +12,7 @@
 
 #include "core/control_plane.hpp"
 #include "core/core_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace core {
@@ -40,13 +41,13 @@ class StorageArrivalsTest : public ::testing::Test {
     cp_ = make_cp(tiny_config(4, 8, 4));
     prompt_ = iota_tokens(16, 500);
     add_and_fill(*cp_, 1, std::vector<TokenId>(prompt_.begin(), prompt_.begin() + 8));
-    ASSERT_TRUE(cp_->finish(1).ok());
+    ASSERT_OK(cp_->finish(1));
     cp_->drain_events();
   }
 
   StorageLookup lookup() {
     auto l = cp_->storage_lookup(prompt_, 0, 16);
-    EXPECT_TRUE(l.ok()) << l.status().to_string();
+    EXPECT_OK(l);
     return l.ok() ? *l : StorageLookup{};
   }
 
@@ -67,13 +68,13 @@ TEST_F(StorageArrivalsTest, TheLookupNamesTheBlocksAfterTheCachedPrefixByTheirIn
 
 TEST_F(StorageArrivalsTest, AGoodReadBecomesCachedHostBlocksThatAPromptHits) {
   auto a = cp_->begin_arrival(lookup(), 2);
-  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_OK(a);
   EXPECT_EQ(a->host_blocks.size(), 2u);
   EXPECT_EQ(cp_->arrivals_in_flight(), 1);
   EXPECT_EQ(cp_->stats().host.free_blocks, 2);
   PAGEDKV_EXPECT_INV(*cp_);
   EXPECT_EQ(*cp_->add_sequence(9, prompt_), 8) << "not a hit before it has arrived";
-  ASSERT_TRUE(cp_->finish(9).ok());
+  ASSERT_OK(cp_->finish(9));
 
   EXPECT_EQ(*cp_->finish_arrival(a->id, true), 2);
   PAGEDKV_EXPECT_INV(*cp_);
@@ -93,7 +94,7 @@ TEST_F(StorageArrivalsTest, AGoodReadBecomesCachedHostBlocksThatAPromptHits) {
   const auto locations = *cp_->block_locations(2);
   EXPECT_EQ(locations[2], (BlockLocation{Tier::kHost, a->host_blocks[0]}));
   EXPECT_EQ(locations[3], (BlockLocation{Tier::kHost, a->host_blocks[1]}));
-  ASSERT_TRUE(cp_->reserve(2, 1).ok());  // onboards them
+  ASSERT_OK(cp_->reserve(2, 1));  // onboards them
   PAGEDKV_EXPECT_INV(*cp_);
   EXPECT_FALSE(cp_->residency(2)->offloaded);
 }
@@ -102,7 +103,7 @@ TEST_F(StorageArrivalsTest, AGoodReadBecomesCachedHostBlocksThatAPromptHits) {
 // second's slot is free again.
 TEST_F(StorageArrivalsTest, APartlyGoodReadRegistersTheBlocksBeforeTheFirstBadOne) {
   auto a = cp_->begin_arrival(lookup(), 2);
-  ASSERT_TRUE(a.ok());
+  ASSERT_OK(a);
   EXPECT_EQ(cp_->finish_arrival_partly(a->id, -1).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(cp_->arrivals_in_flight(), 1) << "a refused call keeps the arrival";
   EXPECT_EQ(*cp_->finish_arrival_partly(a->id, 1), 1);
@@ -118,7 +119,7 @@ TEST_F(StorageArrivalsTest, APartlyGoodReadRegistersTheBlocksBeforeTheFirstBadOn
 
 TEST_F(StorageArrivalsTest, AFailedReadRegistersNothingAndFreesItsSlots) {
   auto a = cp_->begin_arrival(lookup(), 2);
-  ASSERT_TRUE(a.ok());
+  ASSERT_OK(a);
   EXPECT_EQ(*cp_->finish_arrival(a->id, false), 0);
   PAGEDKV_EXPECT_INV(*cp_);
   EXPECT_EQ(cp_->stats().host.free_blocks, 4);
@@ -130,22 +131,22 @@ TEST_F(StorageArrivalsTest, AFailedReadRegistersNothingAndFreesItsSlots) {
 TEST_F(StorageArrivalsTest, APrefixEvictedMeanwhileOrABlockComputedMeanwhileIsNotRegisteredTwice) {
   // Computed meanwhile: a sequence commits the whole prompt before the read lands.
   auto a = cp_->begin_arrival(lookup(), 2);
-  ASSERT_TRUE(a.ok());
+  ASSERT_OK(a);
   add_and_fill(*cp_, 3, prompt_);
   EXPECT_EQ(*cp_->finish_arrival(a->id, true), 0);
   PAGEDKV_EXPECT_INV(*cp_);
   EXPECT_EQ(cp_->stats().host.free_blocks, 4);
-  ASSERT_TRUE(cp_->erase(3).ok());  // drops the whole chain from the index
+  ASSERT_OK(cp_->erase(3));  // drops the whole chain from the index
   PAGEDKV_EXPECT_INV(*cp_);
 
   // Evicted meanwhile: the prefix the read continues is gone when it lands.
   add_and_fill(*cp_, 4, std::vector<TokenId>(prompt_.begin(), prompt_.begin() + 8));
-  ASSERT_TRUE(cp_->finish(4).ok());
+  ASSERT_OK(cp_->finish(4));
   auto b = cp_->begin_arrival(lookup(), 2);
-  ASSERT_TRUE(b.ok());
+  ASSERT_OK(b);
   ASSERT_EQ(b->host_blocks.size(), 2u);
-  ASSERT_TRUE(cp_->add_sequence(5, prompt_).ok());
-  ASSERT_TRUE(cp_->erase(5).ok());  // the only holder of the cached prefix: it goes
+  ASSERT_OK(cp_->add_sequence(5, prompt_));
+  ASSERT_OK(cp_->erase(5));  // the only holder of the cached prefix: it goes
   EXPECT_EQ(*cp_->finish_arrival(b->id, true), 0);
   PAGEDKV_EXPECT_INV(*cp_);
   EXPECT_EQ(cp_->stats().host.cached_blocks, 0);
@@ -160,7 +161,7 @@ TEST_F(StorageArrivalsTest, ABlockWhoseKeyIsNotItsIndexHashIsFreedWithoutAnEvent
   const uint64_t good = l.hashes[0];
   l.hashes[1] ^= 1;
   auto a = cp_->begin_arrival(l, 2);
-  ASSERT_TRUE(a.ok());
+  ASSERT_OK(a);
   ASSERT_EQ(a->host_blocks.size(), 2u);
   EXPECT_EQ(*cp_->finish_arrival(a->id, true), 1);
   PAGEDKV_EXPECT_INV(*cp_);
@@ -180,7 +181,9 @@ TEST_F(StorageArrivalsTest, AnArrivalNeverTakesAnotherArrivalsSlotsAndWaitsForAn
   auto a = cp_->begin_arrival(l, 2);
   auto b = cp_->begin_arrival(l, 2);
   auto c = cp_->begin_arrival(l, 2);
-  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  ASSERT_OK(a);
+  ASSERT_OK(b);
+  ASSERT_OK(c);
   EXPECT_EQ(a->host_blocks.size() + b->host_blocks.size(), 4u);
   EXPECT_TRUE(c->host_blocks.empty()) << "every host slot is held by an arrival";
   PAGEDKV_EXPECT_INV(*cp_);
@@ -188,9 +191,9 @@ TEST_F(StorageArrivalsTest, AnArrivalNeverTakesAnotherArrivalsSlotsAndWaitsForAn
     auto plan = cp_->plan_reserve(1, 0);
     EXPECT_EQ(plan.status().code(), StatusCode::kNotFound);  // sequence 1 finished
   }
-  ASSERT_TRUE(cp_->add_sequence(6, {1, 2, 3}).ok());
+  ASSERT_OK(cp_->add_sequence(6, {1, 2, 3}));
   auto plan = cp_->plan_reserve(6, 3);
-  ASSERT_TRUE(plan.ok());
+  ASSERT_OK(plan);
   EXPECT_EQ(cp_->finish_arrival(a->id, true).status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(cp_->begin_arrival(l, 1).status().code(), StatusCode::kFailedPrecondition);
   plan->commit();
@@ -210,7 +213,7 @@ class WarmHostArrivalTest : public ::testing::Test {
     ControlOptions o;
     o.report_host_drops = true;
     auto cp = ControlPlane::create(tiny_config(4, 8, 4), o);
-    ASSERT_TRUE(cp.ok()) << cp.status().to_string();
+    ASSERT_OK(cp);
     cp_ = std::move(cp).value();
     prompt_ = iota_tokens(17, 500);
     fill_and_finish(1, std::vector<TokenId>(prompt_.begin(), prompt_.begin() + 8));
@@ -226,7 +229,7 @@ class WarmHostArrivalTest : public ::testing::Test {
 
   void fill_and_finish(SequenceId id, const std::vector<TokenId>& tokens) {
     add_and_fill(*cp_, id, tokens);
-    ASSERT_TRUE(cp_->finish(id).ok());
+    ASSERT_OK(cp_->finish(id));
     PAGEDKV_EXPECT_INV(*cp_);
   }
 
@@ -237,10 +240,10 @@ class WarmHostArrivalTest : public ::testing::Test {
 TEST_F(WarmHostArrivalTest, AnArrivalDropsTheLeastRecentlyUsedCachedLeavesButNeverItsPrefix) {
   EXPECT_EQ(cp_->arrival_room(), 4);
   auto l = cp_->storage_lookup(prompt_, 0, cp_->arrival_room());
-  ASSERT_TRUE(l.ok());
+  ASSERT_OK(l);
   ASSERT_EQ(l->hashes.size(), 2u) << "blocks 2 and 3 after the cached prefix";
   auto a = cp_->begin_arrival(*l, 2);
-  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_OK(a);
   PAGEDKV_EXPECT_INV(*cp_);
   ASSERT_EQ(a->host_blocks.size(), 2u);
   // P1 is the least recently used leaf, but the arrival continues it: Q's two blocks go instead,
@@ -269,17 +272,17 @@ TEST_F(WarmHostArrivalTest, AnArrivalNeverTakesTheSlotsOfASequencesBlocks) {
   // A sequence offloaded to the host holds every host slot: nothing can be dropped for an
   // arrival.
   const std::vector<TokenId> v = iota_tokens(16, 7000);
-  ASSERT_TRUE(cp_->add_sequence(6, v).ok());
-  ASSERT_TRUE(cp_->reserve(6, 16).ok());
-  ASSERT_TRUE(cp_->commit(6, v).ok());
-  ASSERT_TRUE(cp_->offload(6).ok());
+  ASSERT_OK(cp_->add_sequence(6, v));
+  ASSERT_OK(cp_->reserve(6, 16));
+  ASSERT_OK(cp_->commit(6, v));
+  ASSERT_OK(cp_->offload(6));
   PAGEDKV_EXPECT_INV(*cp_);
   ASSERT_EQ(cp_->stats().host.cached_blocks, 0);
   EXPECT_EQ(cp_->arrival_room(), 0);
   auto l = cp_->storage_lookup(iota_tokens(9, 9000), 0, 4);
-  ASSERT_TRUE(l.ok());
+  ASSERT_OK(l);
   auto a = cp_->begin_arrival(*l, 2);
-  ASSERT_TRUE(a.ok());
+  ASSERT_OK(a);
   EXPECT_TRUE(a->host_blocks.empty());
   EXPECT_TRUE(a->host_drops.empty());
   PAGEDKV_EXPECT_INV(*cp_);
@@ -290,9 +293,9 @@ TEST_F(WarmHostArrivalTest, ABlockDemotedAndDroppedInOneCallIsReadFromItsDeviceB
   // cached device block after dropping the host LRU. The host LRU orders by last use, so R's
   // blocks, demoted early in the call, are dropped again later in the same call, before the
   // call's moves have brought them to the host.
-  ASSERT_TRUE(cp_->add_sequence(7, iota_tokens(25, 8000)).ok());
+  ASSERT_OK(cp_->add_sequence(7, iota_tokens(25, 8000)));
   auto r = cp_->reserve(7, 25);
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_OK(r);
   PAGEDKV_EXPECT_INV(*cp_);
   std::vector<uint64_t> demoted;  // announced on the host tier by this call
   for (const ControlEvent& e : cp_->drain_events()) {

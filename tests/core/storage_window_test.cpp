@@ -11,6 +11,7 @@
 #include <map>
 #include <vector>
 
+#include "support/status_matchers.hpp"
 #include "window_test_util.hpp"
 
 namespace pagedkv {
@@ -61,19 +62,19 @@ class StorageWindowTest : public ::testing::Test {
 
   StorageLookup lookup(int64_t max_blocks = 16, int64_t max_cached = -1) {
     auto l = cp_->storage_lookup(prompt_, 0, max_blocks, max_cached);
-    EXPECT_TRUE(l.ok()) << l.status().to_string();
+    EXPECT_OK(l);
     return l.ok() ? *l : StorageLookup{};
   }
 
   // Brings the listed blocks of `l` in through an arrival that succeeds; -1 on an error.
   int64_t arrive(const StorageLookup& l) {
     auto a = cp_->begin_arrival(l, static_cast<int64_t>(l.hashes.size()));
-    EXPECT_TRUE(a.ok()) << a.status().to_string();
-    EXPECT_TRUE(cp_->check_invariants().ok());
+    EXPECT_OK(a);
+    EXPECT_OK(cp_->check_invariants());
     if (!a.ok()) return -1;
     auto n = cp_->finish_arrival(a->id, true);
-    EXPECT_TRUE(n.ok()) << n.status().to_string();
-    EXPECT_TRUE(cp_->check_invariants().ok());
+    EXPECT_OK(n);
+    EXPECT_OK(cp_->check_invariants());
     return n.ok() ? *n : -1;
   }
 
@@ -128,12 +129,12 @@ TEST_F(StorageWindowTest, ArrivedBlocksAreFlatHostBlocksThatAPromptHits) {
   EXPECT_EQ(lookup().reach, 23);
   EXPECT_EQ(*cp_->cached_prefix(prompt_, 0), 23);
   auto hit = cp_->add_sequence(1, prompt_);
-  ASSERT_TRUE(hit.ok()) << hit.status().to_string();
+  ASSERT_OK(hit);
   EXPECT_EQ(*hit, 23);
   EXPECT_EQ(cp_->stats().prefix_host_hit_blocks, 2) << "whole blocks: 3 and 4 (5 is partly used)";
   PAGEDKV_EXPECT_INV(*cp_);
   // The blocks before the window are not held; the window's come back to the device.
-  ASSERT_TRUE(cp_->reserve(1, 1).ok());
+  ASSERT_OK(cp_->reserve(1, 1));
   EXPECT_TRUE(table_shape(*cp_, 1, kWindow, kBs));
   EXPECT_EQ(held(*cp_, 1), 3);
   PAGEDKV_EXPECT_INV(*cp_);
@@ -150,7 +151,7 @@ TEST_F(StorageWindowTest, ALookupThatWouldLeaveAHoleNamesNothing) {
 TEST_F(StorageWindowTest, AFailedReadOrABlockComputedMeanwhileRegistersNothing) {
   const StorageLookup l = lookup();
   auto failed = cp_->begin_arrival(l, 3);
-  ASSERT_TRUE(failed.ok());
+  ASSERT_OK(failed);
   EXPECT_EQ(cp_->stats().host.free_blocks, 5) << "the arrival holds three host slots";
   EXPECT_EQ(*cp_->finish_arrival(failed->id, false), 0);
   EXPECT_EQ(cp_->stats().host.free_blocks, 8);
@@ -158,9 +159,9 @@ TEST_F(StorageWindowTest, AFailedReadOrABlockComputedMeanwhileRegistersNothing) 
   PAGEDKV_EXPECT_INV(*cp_);
   // The prompt is computed while a second read is in flight: its blocks arrive as duplicates.
   auto late = cp_->begin_arrival(lookup(), 3);
-  ASSERT_TRUE(late.ok());
+  ASSERT_OK(late);
   add_and_fill(*cp_, 2, prompt_);
-  ASSERT_TRUE(cp_->finish(2).ok());
+  ASSERT_OK(cp_->finish(2));
   PAGEDKV_EXPECT_INV(*cp_);
   const int64_t cached_before = cp_->stats().device.cached_blocks;
   EXPECT_EQ(*cp_->finish_arrival(late->id, true), 0);
@@ -206,13 +207,13 @@ TEST_F(StorageWindowTest, AWindowLookupIsRefusedByAFullAttentionArrivalAndTheOth
 // Two of the window's three blocks arrived intact: no hit can use them, so none is kept.
 TEST_F(StorageWindowTest, APartlyGoodWindowRegistersNothing) {
   auto a = cp_->begin_arrival(lookup(), 3);
-  ASSERT_TRUE(a.ok());
+  ASSERT_OK(a);
   EXPECT_EQ(*cp_->finish_arrival_partly(a->id, 2), 0);
   EXPECT_EQ(cp_->stats().host.cached_blocks, 0);
   EXPECT_EQ(cp_->stats().host.free_blocks, 8);
   PAGEDKV_EXPECT_INV(*cp_);
   auto b = cp_->begin_arrival(lookup(), 3);
-  ASSERT_TRUE(b.ok());
+  ASSERT_OK(b);
   EXPECT_EQ(*cp_->finish_arrival_partly(b->id, 3), 3) << "all three: the window is whole";
   EXPECT_EQ(*cp_->cached_prefix(prompt_, 0), 23);
 }
@@ -230,9 +231,9 @@ TEST(StorageReachFullAttention, APartialArrivalReachesAsFarAsItsBlocksRunOn) {
   auto cp = make_cp(tiny_config(kBs, 16, 8));
   const std::vector<TokenId> prompt = iota_tokens(24, 900);
   add_and_fill(*cp, 1, std::vector<TokenId>(prompt.begin(), prompt.begin() + 8));
-  ASSERT_TRUE(cp->finish(1).ok());
+  ASSERT_OK(cp->finish(1));
   auto l = cp->storage_lookup(prompt, 0, 16);
-  ASSERT_TRUE(l.ok());
+  ASSERT_OK(l);
   ASSERT_EQ(l->hashes.size(), 4u);
   EXPECT_EQ(l->first_block, 2);
   EXPECT_EQ(l->cached_reach, 8);
@@ -241,7 +242,7 @@ TEST(StorageReachFullAttention, APartialArrivalReachesAsFarAsItsBlocksRunOn) {
   for (const auto& [n, reach] : want) EXPECT_EQ(cp->storage_reach(*l, n), reach) << n;
   // A bound of 13 tokens lists no block past the hit of 12 it allows (16 passes it).
   auto bounded = cp->storage_lookup(prompt, 0, 16, 13);
-  ASSERT_TRUE(bounded.ok());
+  ASSERT_OK(bounded);
   EXPECT_EQ(bounded->hashes, std::vector<uint64_t>{l->hashes[0]}) << "block 2 only";
   EXPECT_EQ(bounded->reach, 12);
   PAGEDKV_EXPECT_INV(*cp);

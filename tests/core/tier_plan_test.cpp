@@ -8,6 +8,7 @@
 
 #include "core/control_plane.hpp"
 #include "core/core_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace core {
@@ -25,8 +26,8 @@ std::unique_ptr<ControlPlane> under_pressure() {
   auto cp = make_cp(tiny_config(4, 8, 8));
   add_and_fill(*cp, 1, iota_tokens(12, 100));
   add_and_fill(*cp, 2, iota_tokens(12, 200));
-  EXPECT_TRUE(cp->add_sequence(3, {}).ok());
-  EXPECT_TRUE(cp->set_active({3}).ok());
+  EXPECT_OK(cp->add_sequence(3, {}));
+  EXPECT_OK(cp->set_active({3}));
   return cp;
 }
 
@@ -37,7 +38,7 @@ TEST(TierPlanTest, DestroyingAnOpenPlanUndoesIt) {
   const auto before = snapshot(*cp, kIds);
   {
     auto plan = cp->plan_reserve(3, 16);
-    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    ASSERT_OK(plan);
     ASSERT_FALSE(plan->transfers().offloaded.empty()) << "the setup must make the plan offload";
     EXPECT_EQ(plan->slots().size(), 16u);
     EXPECT_TRUE(cp->plan_open());
@@ -51,14 +52,14 @@ TEST(TierPlanTest, CommitKeepsWhatThePlainCallKeeps) {
   auto planned = under_pressure();
   auto plain = under_pressure();
   auto plan = planned->plan_reserve(3, 16);
-  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  ASSERT_OK(plan);
   const Transfers transfers = plan->transfers();
   const std::vector<int64_t> slots = plan->slots();
   plan->commit();
   EXPECT_FALSE(plan->is_open());
   EXPECT_FALSE(planned->plan_open());
   auto r = plain->reserve(3, 16);
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_OK(r);
   EXPECT_EQ(slots, r->slots);
   EXPECT_EQ(transfers.moves, r->transfers.moves);
   EXPECT_EQ(transfers.offloaded, r->transfers.offloaded);
@@ -69,7 +70,7 @@ TEST(TierPlanTest, CommitKeepsWhatThePlainCallKeeps) {
 TEST(TierPlanTest, AnOpenPlanRefusesEveryMutatingCallAndChangesNothing) {
   auto cp = under_pressure();
   auto plan = cp->plan_reserve(3, 16);
-  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  ASSERT_OK(plan);
   const auto during = snapshot(*cp, kIds);
   const TokenId t = 7;
   ReserveResult out;
@@ -103,9 +104,9 @@ TEST(TierPlanTest, AnOpenPlanRefusesEveryMutatingCallAndChangesNothing) {
   EXPECT_EQ(snapshot(*cp, kIds), during);
   // Queries still answer; the plan is still the one to close.
   EXPECT_EQ(*cp->pending(3), 16);
-  EXPECT_TRUE(cp->check_invariants().ok());
+  EXPECT_OK(cp->check_invariants());
   plan->commit();
-  EXPECT_TRUE(cp->commit(3, &t, 1).ok());
+  EXPECT_OK(cp->commit(3, &t, 1));
   PAGEDKV_EXPECT_INV(*cp);
 }
 
@@ -113,7 +114,7 @@ TEST(TierPlanTest, UndoReturnsTheInverseOfTheMovesDoneNewestFirst) {
   auto cp = under_pressure();
   const auto before = snapshot(*cp, kIds);
   auto plan = cp->plan_reserve(3, 16);
-  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  ASSERT_OK(plan);
   const std::vector<BlockMove> moves = plan->transfers().moves;
   ASSERT_GE(moves.size(), 2u);
   const std::vector<BlockMove> inverse = plan->undo(2);
@@ -132,7 +133,7 @@ TEST(TierPlanTest, AMovedPlanIsUndoneOnceByItsLastOwner) {
   const auto before = snapshot(*cp, kIds);
   {
     auto plan = cp->plan_offload(1);
-    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    ASSERT_OK(plan);
     TierPlan owner = std::move(plan).value();
     EXPECT_TRUE(owner.is_open());
     TierPlan last;
@@ -155,28 +156,28 @@ TEST(TierPlanTest, AFailedPlanCallLeavesNoPlanOpen) {
   EXPECT_EQ(cp->plan_prefetch({42}).status().code(), StatusCode::kNotFound);
   EXPECT_FALSE(cp->plan_open());
   EXPECT_EQ(snapshot(*cp, kIds), before);
-  EXPECT_TRUE(cp->reserve(3, 4).ok());
+  EXPECT_OK(cp->reserve(3, 4));
   PAGEDKV_EXPECT_INV(*cp);
 }
 
 TEST(TierPlanTest, SlotsComeFromTheSequenceTableAndFollowAnOffload) {
   auto cp = under_pressure();
   auto r = cp->reserve(1, 3);  // positions 12, 13, 14 of sequence 1
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_OK(r);
   std::vector<int64_t> slots;
-  ASSERT_TRUE(cp->reserved_slots(1, &slots).ok());
+  ASSERT_OK(cp->reserved_slots(1, &slots));
   EXPECT_EQ(slots, r->slots);
   for (int64_t p = 12; p < 15; ++p) EXPECT_EQ(*cp->slot(1, p), r->slots[p - 12]) << p;
   EXPECT_EQ(cp->slot(1, 15).status().code(), StatusCode::kOutOfRange);
   EXPECT_EQ(cp->slot(1, -1).status().code(), StatusCode::kOutOfRange);
   EXPECT_EQ(cp->slot(42, 0).status().code(), StatusCode::kNotFound);
   // Offloaded: no slot is handed out; restored: the slots are where the blocks are now.
-  ASSERT_TRUE(cp->offload(1).ok());
+  ASSERT_OK(cp->offload(1));
   EXPECT_EQ(cp->slot(1, 12).status().code(), StatusCode::kFailedPrecondition);
   slots.clear();
   EXPECT_EQ(cp->reserved_slots(1, &slots).code(), StatusCode::kFailedPrecondition);
   EXPECT_TRUE(slots.empty());
-  ASSERT_TRUE(cp->restore(1).ok());
+  ASSERT_OK(cp->restore(1));
   const auto locations = *cp->block_locations(1);
   for (int64_t p = 12; p < 15; ++p) {
     EXPECT_EQ(*cp->slot(1, p), int64_t{locations[static_cast<size_t>(p / 4)].block} * 4 + p % 4);

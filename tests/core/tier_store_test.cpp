@@ -6,6 +6,7 @@
 
 #include "core/block_allocator.hpp"
 #include "core/core_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace core {
@@ -53,7 +54,7 @@ TEST(TierStoreTest, CountsRoomAndStatsFromItsTierOnly) {
   EXPECT_EQ(s.used_blocks, 1);
   EXPECT_EQ(s.total_bytes, 600);
   EXPECT_EQ(s.used_bytes, 200);
-  EXPECT_TRUE(device.check(/*cached=*/1, /*listed=*/0, /*used=*/1).ok());
+  EXPECT_OK(device.check(/*cached=*/1, /*listed=*/0, /*used=*/1));
   // Each disagreement is named.
   const Status cached = device.check(0, 0, 2);
   EXPECT_EQ(cached.code(), StatusCode::kInternal);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace core {
@@ -34,7 +35,7 @@ inline CacheConfig window_config(int32_t block_size, int32_t window, int64_t dev
 
 inline std::vector<BlockLocation> table(const ControlPlane& cp, SequenceId id) {
   auto locs = cp.block_locations(id);
-  EXPECT_TRUE(locs.ok()) << locs.status().to_string();
+  EXPECT_OK(locs);
   return locs.ok() ? *locs : std::vector<BlockLocation>{};
 }
 
@@ -80,9 +81,9 @@ inline ::testing::AssertionResult table_shape(const ControlPlane& cp, SequenceId
 // One decode step: reserve one slot, commit one token.
 inline void decode_step(ControlPlane& cp, SequenceId id, TokenId token) {
   auto r = cp.reserve(id, 1);
-  ASSERT_TRUE(r.ok()) << "sequence " << id << ": " << r.status().to_string();
+  ASSERT_OK(r) << "sequence " << id;
   PAGEDKV_EXPECT_INV(cp);
-  PAGEDKV_ASSERT_OK(cp.commit(id, &token, 1));
+  ASSERT_OK(cp.commit(id, &token, 1));
   PAGEDKV_EXPECT_INV(cp);
 }
 }  // namespace testing_util

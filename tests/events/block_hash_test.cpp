@@ -8,6 +8,7 @@
 #include "block_hash_reference.hpp"
 #include "pagedkv/cache.hpp"
 #include "pagedkv/events/wire.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -26,14 +27,14 @@ CacheConfig small_config() {
 // Stored events of a prompt of 9 tokens (two full blocks) in namespace `ns`.
 std::vector<ControlEvent> stored_events(NamespaceId ns) {
   auto cache = KvCache::create(small_config());
-  EXPECT_TRUE(cache.ok()) << cache.status().message();
+  EXPECT_OK(cache);
   KvCache& kv = **cache;
   const std::vector<TokenId> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9};
   SequenceOptions o;
   o.ns = ns;
-  EXPECT_TRUE(kv.add_sequence(1, prompt, o).ok());
-  EXPECT_TRUE(kv.reserve(1, 9).ok());
-  EXPECT_TRUE(kv.commit(1, prompt).ok());
+  EXPECT_OK(kv.add_sequence(1, prompt, o));
+  EXPECT_OK(kv.reserve(1, 9));
+  EXPECT_OK(kv.commit(1, prompt));
   std::vector<ControlEvent> out;
   for (ControlEvent& e : kv.drain_events()) {
     if (e.kind == EventKind::kBlockStored) out.push_back(std::move(e));

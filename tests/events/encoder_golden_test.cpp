@@ -9,6 +9,7 @@
 
 #include "block_hash_reference.hpp"
 #include "pagedkv/events/wire.hpp"
+#include "support/status_matchers.hpp"
 #include "wire_test_util.hpp"
 
 namespace pagedkv {
@@ -84,7 +85,7 @@ TEST(EncoderGolden, BatchOfEveryKindMatchesHandWrittenMsgpack) {
   options.data_parallel_rank = 3;
   std::string out;
   events::WireCounts counts;
-  ASSERT_TRUE(events::encode_batch(events, 1.5, options, &out, &counts).ok());
+  ASSERT_OK(events::encode_batch(events, 1.5, options, &out, &counts));
   EXPECT_EQ(hex_of(out), hex_of(golden));
   EXPECT_EQ(counts.stored, 2);
   EXPECT_EQ(counts.removed, 1);
@@ -96,7 +97,7 @@ TEST(EncoderGolden, EmptyBatchIsTsEmptyListAndRank) {
   std::string out;
   events::WireOptions options;
   options.block_size = 16;
-  ASSERT_TRUE(events::encode_batch({}, 0.0, options, &out).ok());
+  ASSERT_OK(events::encode_batch({}, 0.0, options, &out));
   EXPECT_EQ(hex_of(out), hex_of(H("93 cb 00 00 00 00 00 00 00 00 90 00")));
 }
 
@@ -142,7 +143,7 @@ TEST(EncoderGolden, ThroughputFigureForTheDocs) {
   int64_t events = 0;
   size_t bytes = 0;
   for (int r = 0; r < 2000; ++r) {
-    ASSERT_TRUE(events::encode_batch(batch, 1.0 + r, options, &out).ok());
+    ASSERT_OK(events::encode_batch(batch, 1.0 + r, options, &out));
     events += static_cast<int64_t>(batch.size());
     bytes += out.size();
   }

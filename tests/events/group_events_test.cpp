@@ -14,6 +14,8 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "support/status_matchers.hpp"
+
 #define MSGPACK_NO_BOOST 1
 #include <msgpack.hpp>
 
@@ -88,7 +90,7 @@ TEST(GroupWire, HybridBlockEventsCarryVllmGroupFieldsAfterTheirOwn) {
       // the resync
       H("81 a4") + "type" + H("b0") + "AllBlocksCleared" + H("00");
   std::string out;
-  ASSERT_TRUE(events::encode_batch(ev, 1.5, two_group_wire(), &out).ok());
+  ASSERT_OK(events::encode_batch(ev, 1.5, two_group_wire(), &out));
   EXPECT_EQ(hex_of(out), hex_of(golden));
 }
 
@@ -100,8 +102,8 @@ TEST(GroupWire, OneGroupWritesNoGroupFields) {
   one.groups = {{"sliding_window", 64}};
   std::string a;
   std::string b;
-  ASSERT_TRUE(events::encode_batch(ev, 1.0, plain, &a).ok());
-  ASSERT_TRUE(events::encode_batch(ev, 1.0, one, &b).ok());
+  ASSERT_OK(events::encode_batch(ev, 1.0, plain, &a));
+  ASSERT_OK(events::encode_batch(ev, 1.0, one, &b));
   EXPECT_EQ(hex_of(a), hex_of(b));
   EXPECT_EQ(a.find("group_idx"), std::string::npos);
   EXPECT_EQ(a.find("kv_cache_spec"), std::string::npos);
@@ -186,9 +188,9 @@ std::vector<uint64_t> ref_hashes(const std::vector<TokenId>& prompt) {
 
 template <typename Cache>
 void prefill(Cache& c, SequenceId id, const std::vector<TokenId>& prompt) {
-  ASSERT_TRUE(c.add_sequence(id, prompt).ok());
-  ASSERT_TRUE(c.reserve(id, static_cast<int64_t>(prompt.size())).ok());
-  ASSERT_TRUE(c.commit(id, prompt).ok());
+  ASSERT_OK(c.add_sequence(id, prompt));
+  ASSERT_OK(c.reserve(id, static_cast<int64_t>(prompt.size())));
+  ASSERT_OK(c.commit(id, prompt));
 }
 
 // A publisher (block 16, ts 2.0) and a subscriber that has joined it.
@@ -201,7 +203,7 @@ struct Wire {
     EventPublisherOptions o;
     o.clock = [] { return 2.0; };
     auto p = EventPublisher::create(kBlock, o);
-    EXPECT_TRUE(p.ok()) << p.status().message();
+    EXPECT_OK(p);
     pub = std::move(*p);
     sub.set(zmq::sockopt::linger, 0);
     sub.set(zmq::sockopt::rcvtimeo, 20);
@@ -213,7 +215,7 @@ struct Wire {
       ControlEvent e;
       e.kind = EventKind::kBlockRemoved;
       e.block_hash = 1;
-      EXPECT_TRUE(pub->publish({e}).ok());
+      EXPECT_OK(pub->publish({e}));
       joined = !payload().empty();
     }
     EXPECT_TRUE(joined) << "the subscriber never joined";
@@ -293,12 +295,12 @@ void expect_stored(const WireEvent& e, int64_t group, const std::vector<TokenId>
 TEST(GroupWire, PublishedTwoGroupModelDecodesWithEachEventsGroup) {
   Wire w;
   auto m = ModelKvCache::create(two_groups());
-  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ASSERT_OK(m);
   const std::vector<TokenId> a = tokens(128, 1000, 7);  // 8 blocks: fills the window pool
   const std::vector<TokenId> b = tokens(64, 50000, 3);  // 4 blocks: evicts A's released 0..3
   prefill(**m, 1, a);
   auto n = w.pub->publish(**m);
-  ASSERT_TRUE(n.ok()) << n.status().to_string();
+  ASSERT_OK(n);
   EXPECT_EQ(*n, 16);
   msgpack::object_handle h1;
   const std::vector<WireEvent> first = decode(w.payload(), &h1);
@@ -310,7 +312,7 @@ TEST(GroupWire, PublishedTwoGroupModelDecodesWithEachEventsGroup) {
 
   prefill(**m, 2, b);
   n = w.pub->publish(**m);
-  ASSERT_TRUE(n.ok()) << n.status().to_string();
+  ASSERT_OK(n);
   EXPECT_EQ(*n, 12);
   msgpack::object_handle h2;
   const std::vector<WireEvent> second = decode(w.payload(), &h2);
@@ -336,7 +338,7 @@ TEST(GroupWire, ModelOfAnotherBlockSizeIsRefusedAndKeepsItsEvents) {
   c.block_size = 8;
   for (KvGroup& g : c.groups) g.sliding_window = g.sliding_window ? 32 : 0;
   auto m = ModelKvCache::create(c);
-  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ASSERT_OK(m);
   prefill(**m, 1, tokens(16, 1, 1));
   EXPECT_EQ(w.pub->publish(**m).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ((*m)->drain_events().size(), 4u);  // 2 blocks in each group, still there
@@ -352,17 +354,17 @@ TEST(GroupWire, OneGroupModelPublishesWhatAKvCachePublishes) {
   c.num_device_blocks = 8;
   c.backend = BackendKind::kCpu;
   auto m = ModelKvCache::create(c);
-  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ASSERT_OK(m);
   auto kv = KvCache::create(c);
-  ASSERT_TRUE(kv.ok()) << kv.status().to_string();
+  ASSERT_OK(kv);
   for (SequenceId id = 1; id <= 3; ++id) {  // the third evicts: stores and removals
     const std::vector<TokenId> p = tokens(64, static_cast<TokenId>(id * 1000), 3);
     prefill(**m, id, p);
     prefill(**kv, id, p);
-    ASSERT_TRUE((*m)->finish(id).ok());
-    ASSERT_TRUE((*kv)->finish(id).ok());
-    ASSERT_TRUE(w.pub->publish(**m).ok());
-    ASSERT_TRUE(w.pub->publish(**kv).ok());
+    ASSERT_OK((*m)->finish(id));
+    ASSERT_OK((*kv)->finish(id));
+    ASSERT_OK(w.pub->publish(**m));
+    ASSERT_OK(w.pub->publish(**kv));
     const std::string from_model = w.payload();
     const std::string from_cache = w.payload();
     ASSERT_FALSE(from_cache.empty());

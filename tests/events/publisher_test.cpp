@@ -12,6 +12,7 @@
 
 #include "pagedkv/cache.hpp"
 #include "pagedkv/event_publisher.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -56,7 +57,7 @@ struct Fixture {
     o.replay_endpoint = "tcp://127.0.0.1:*";
     o.clock = [] { return 2.0; };
     auto p = EventPublisher::create(4, o);
-    EXPECT_TRUE(p.ok()) << p.status().message();
+    EXPECT_OK(p);
     pub = std::move(*p);
     sub.set(zmq::sockopt::linger, 0);
     sub.set(zmq::sockopt::rcvtimeo, 20);
@@ -65,7 +66,7 @@ struct Fixture {
     // A new subscriber misses what is sent before its subscription arrives: publish until one
     // message comes through, then everything after it does.
     for (int i = 0; i < 500 && received.empty(); ++i) {
-      EXPECT_TRUE(pub->publish({removed_event(1000 + i)}).ok());
+      EXPECT_OK(pub->publish({removed_event(1000 + i)}));
       Frames f = recv_frames(sub);
       if (!f.empty()) received.push_back(f);
     }
@@ -105,7 +106,7 @@ TEST(EventPublisher, MessagesAreTopicSequencePayloadWithoutGaps) {
   o.topic = "kv@7";
   Fixture fx(o);
   const int64_t first = seq_of(fx.received[0][1]);
-  for (int i = 0; i < 50; ++i) ASSERT_TRUE(fx.pub->publish({removed_event(i)}).ok());
+  for (int i = 0; i < 50; ++i) ASSERT_OK(fx.pub->publish({removed_event(i)}));
   for (int i = 0; i < 50; ++i) {
     Frames f = recv_frames(fx.sub);
     ASSERT_EQ(f.size(), 3u) << "message " << i;
@@ -123,7 +124,7 @@ TEST(EventPublisher, EventsThatAreNotOnTheWireSendNothing) {
   ControlEvent e;
   e.kind = EventKind::kSequenceOffloaded;
   auto n = fx.pub->publish({e});
-  ASSERT_TRUE(n.ok());
+  ASSERT_OK(n);
   EXPECT_EQ(*n, 0);
   EXPECT_EQ(fx.pub->counters().messages, before);
   EXPECT_EQ(fx.pub->counters().skipped, 1);
@@ -132,7 +133,7 @@ TEST(EventPublisher, EventsThatAreNotOnTheWireSendNothing) {
 TEST(EventPublisher, ReplayReturnsExactlyTheRangeFromStartOn) {
   Fixture fx({});
   const int64_t first = seq_of(fx.received[0][1]);
-  for (int i = 0; i < 20; ++i) ASSERT_TRUE(fx.pub->publish({removed_event(i)}).ok());
+  for (int i = 0; i < 20; ++i) ASSERT_OK(fx.pub->publish({removed_event(i)}));
   for (int i = 0; i < 20; ++i) fx.received.push_back(recv_frames(fx.sub));
   const int64_t last = first + 20;
   const int64_t start = first + 7;
@@ -150,7 +151,7 @@ TEST(EventPublisher, AskingForDroppedMessagesGetsAllBlocksClearedFirst) {
   EventPublisherOptions o;
   o.replay_buffer = 3;
   Fixture fx(o);
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(fx.pub->publish({removed_event(i)}).ok());
+  for (int i = 0; i < 5; ++i) ASSERT_OK(fx.pub->publish({removed_event(i)}));
   const int64_t next = fx.pub->counters().messages;
   std::vector<Frames> r = fx.replay(0);
   ASSERT_EQ(r.size(), 4u);
@@ -190,13 +191,13 @@ TEST(EventPublisher, PublishesWhatACacheDrains) {
   c.num_device_blocks = 8;
   c.backend = BackendKind::kCpu;
   auto kv = KvCache::create(c);
-  ASSERT_TRUE(kv.ok());
+  ASSERT_OK(kv);
   const std::vector<TokenId> prompt = {1, 2, 3, 4, 5, 6, 7, 8};
-  ASSERT_TRUE((*kv)->add_sequence(1, prompt).ok());
-  ASSERT_TRUE((*kv)->reserve(1, 8).ok());
-  ASSERT_TRUE((*kv)->commit(1, prompt).ok());
+  ASSERT_OK((*kv)->add_sequence(1, prompt));
+  ASSERT_OK((*kv)->reserve(1, 8));
+  ASSERT_OK((*kv)->commit(1, prompt));
   auto n = fx.pub->publish(**kv);
-  ASSERT_TRUE(n.ok());
+  ASSERT_OK(n);
   EXPECT_EQ(*n, 2);  // two full blocks stored
   Frames f = recv_frames(fx.sub);
   ASSERT_EQ(f.size(), 3u);
@@ -219,12 +220,12 @@ TEST(EventPublisher, AFailedPublishMakesTheNextMessageStartWithAllBlocksCleared)
   bad.tokens = {1, 2, 3};  // block_size is 4
   auto n = fx.pub->publish({bad});
   EXPECT_EQ(n.status().code(), StatusCode::kInvalidArgument);
-  ASSERT_TRUE(fx.pub->publish({removed_event(5)}).ok());
+  ASSERT_OK(fx.pub->publish({removed_event(5)}));
   Frames f = recv_frames(fx.sub);
   ASSERT_EQ(f.size(), 3u);
   EXPECT_EQ(first_event_type(f[2]), "AllBlocksCleared");
   EXPECT_NE(f[2].find("BlockRemoved"), std::string::npos);
-  ASSERT_TRUE(fx.pub->publish({removed_event(6)}).ok());  // once only
+  ASSERT_OK(fx.pub->publish({removed_event(6)}));  // once only
   f = recv_frames(fx.sub);
   ASSERT_EQ(f.size(), 3u);
   EXPECT_EQ(first_event_type(f[2]), "BlockRemoved");
@@ -242,13 +243,13 @@ TEST(EventPublisher, AnOverflowedEventRingIsPublishedAsAllBlocksCleared) {
   KvCacheOptions ko;
   ko.event_capacity = 2;  // nobody drained: 4 stored events overflow it
   auto kv = KvCache::create(c, ko);
-  ASSERT_TRUE(kv.ok());
+  ASSERT_OK(kv);
   const std::vector<TokenId> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
-  ASSERT_TRUE((*kv)->add_sequence(1, prompt).ok());
-  ASSERT_TRUE((*kv)->reserve(1, 16).ok());
-  ASSERT_TRUE((*kv)->commit(1, prompt).ok());
+  ASSERT_OK((*kv)->add_sequence(1, prompt));
+  ASSERT_OK((*kv)->reserve(1, 16));
+  ASSERT_OK((*kv)->commit(1, prompt));
   auto n = fx.pub->publish(**kv);
-  ASSERT_TRUE(n.ok());
+  ASSERT_OK(n);
   EXPECT_EQ(*n, 3);  // the clear, then the 2 stored events the ring kept
   Frames f = recv_frames(fx.sub);
   ASSERT_EQ(f.size(), 3u);
@@ -275,7 +276,7 @@ TEST(EventPublisher, BadOptionsAreRefusedWithTheirName) {
 
 TEST(EventPublisher, EndpointInUseIsUnavailable) {
   auto a = EventPublisher::create(4, {});
-  ASSERT_TRUE(a.ok());
+  ASSERT_OK(a);
   EventPublisherOptions o;
   o.endpoint = (*a)->endpoint();
   auto b = EventPublisher::create(4, o);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "kernel_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv::testing {
 namespace {
@@ -61,11 +62,11 @@ TYPED_TEST(ChainedOpsTest, WriteCopyOnWriteWriteGatherMatchesReference) {
     w.value = dfv.data();
     w.num_tokens = 12;
     w.slot_mapping = static_cast<const int64_t*>(dsf.data());
-    ASSERT_TRUE(write_kv_all_layers(be, pool, w).ok());
+    ASSERT_OK(write_kv_all_layers(be, pool, w));
     CopyBlocksArgs cb;
     cb.pairs = dpairs.data();
     cb.num_pairs = 1;
-    ASSERT_TRUE(copy_blocks(be, pool, cb).ok());
+    ASSERT_OK(copy_blocks(be, pool, cb));
     for (int layer = 0; layer < 2; ++layer) {
       WriteKvArgs a;
       a.key = dma.data();
@@ -73,11 +74,11 @@ TYPED_TEST(ChainedOpsTest, WriteCopyOnWriteWriteGatherMatchesReference) {
       a.num_tokens = 3;
       a.slot_mapping = static_cast<const int64_t*>(dsa.data());
       a.layer = layer;
-      ASSERT_TRUE(write_kv(be, pool, a).ok());
+      ASSERT_OK(write_kv(be, pool, a));
       a.key = dmb.data();
       a.value = dmb.data();
       a.slot_mapping = static_cast<const int64_t*>(dsb.data());
-      ASSERT_TRUE(write_kv(be, pool, a).ok());
+      ASSERT_OK(write_kv(be, pool, a));
     }
     // Gather layer 1 keys and values of both sequences, token-major: first 12 rows are the
     // shared prefix, the last 3 each sequence's own.
@@ -94,7 +95,7 @@ TYPED_TEST(ChainedOpsTest, WriteCopyOnWriteWriteGatherMatchesReference) {
         DeviceBuffer other(be, size_t(15 * row * 2));
         (part == 0 ? g.value : g.key) = other.data();
         dout.upload(std::vector<uint8_t>(dout.bytes(), 0xAB));  // poison
-        ASSERT_TRUE(gather_layer(be, pool, g).ok());
+        ASSERT_OK(gather_layer(be, pool, g));
         auto got = dout.download<uint8_t>();
         std::vector<uint8_t> want(got.size());
         const auto& pre = part == 0 ? first : first_v;

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "kernel_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv::testing {
 namespace {
@@ -48,7 +49,7 @@ TYPED_TEST(CopyScatterTest, CopyBlocksCopiesWholeBlocksForInt32AndInt64Pairs) {
         a.pairs = it == IndexType::kInt64 ? d64.data() : d32.data();
         a.index_type = it;
         a.num_pairs = int64_t(pairs.size() / 2);
-        ASSERT_TRUE(copy_blocks(be, pool, a).ok());
+        ASSERT_OK(copy_blocks(be, pool, a));
         EXPECT_TRUE(bytes_equal(want, dpool.download<uint8_t>()));
       }
     }
@@ -143,7 +144,7 @@ TYPED_TEST(CopyScatterTest, ScatterHeadRangeMatchesReference) {
       dpool.upload(pool0);
       const Status st =
           scatter_head_range(be, PoolRef{dpool.data(), s.dtype, s.layout(), s.num_blocks}, a);
-      ASSERT_TRUE(st.ok()) << st.to_string();
+      ASSERT_OK(st);
       EXPECT_TRUE(bytes_equal(want, dpool.download<uint8_t>()));
     }
   }

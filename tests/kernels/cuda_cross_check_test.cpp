@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "kernel_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv::testing {
 namespace {
@@ -46,11 +47,11 @@ CrossRun run_all_ops(Backend& be, const Shape& s, DType in_dtype) {
   w.slot_mapping = static_cast<const int64_t*>(ds.data());
   w.layer = 1;
   w.scales = sc;
-  EXPECT_TRUE(write_kv(be, pool, w).ok());
+  EXPECT_OK(write_kv(be, pool, w));
   CopyBlocksArgs cb;
   cb.pairs = dp.data();
   cb.num_pairs = 1;
-  EXPECT_TRUE(copy_blocks(be, pool, cb).ok());
+  EXPECT_OK(copy_blocks(be, pool, cb));
   PackedLayerArgs g;
   g.key = dout.data();
   g.value = static_cast<char*>(dout.data()) + dout.bytes() / 2;
@@ -60,7 +61,7 @@ CrossRun run_all_ops(Backend& be, const Shape& s, DType in_dtype) {
   g.layer = 1;
   g.num_tokens = tokens;
   g.scales = sc;
-  EXPECT_TRUE(gather_layer(be, pool, g).ok());
+  EXPECT_OK(gather_layer(be, pool, g));
   return {dpool.download<uint8_t>(), dout.download<uint8_t>()};
 }
 
@@ -71,7 +72,8 @@ TEST(CudaCrossCheckTest, CudaMatchesCpuBitForBit) {
   }
   auto cpu = create_backend(BackendKind::kCpu);
   auto gpu = create_backend(BackendKind::kCuda);
-  ASSERT_TRUE(cpu.ok() && gpu.ok());
+  ASSERT_OK(cpu);
+  ASSERT_OK(gpu);
   for (DType t : {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat8E4M3}) {
     for (PageLayout pl : {PageLayout::kNHD, PageLayout::kHND}) {
       Shape s{2, 3, 80, 8, pl, 8, t};

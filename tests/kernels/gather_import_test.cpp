@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "kernel_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv::testing {
 namespace {
@@ -168,7 +169,7 @@ class GatherImportTest : public BackendTest<Tag> {
       dk.upload(pk);
       dv.upload(pv);
       const Status st = import ? import_layer(be, pool, a) : gather_layer(be, pool, a);
-      ASSERT_TRUE(st.ok()) << st.to_string();
+      ASSERT_OK(st);
       if (import) {
         EXPECT_TRUE(bytes_equal(want_pool, dpool.download<uint8_t>()));
       } else {
@@ -248,7 +249,7 @@ class GatherImportTest : public BackendTest<Tag> {
       dk.upload(pk);
       dv.upload(pv);
       const Status st = import ? import_layer_batch(be, pool, a) : gather_layer_batch(be, pool, a);
-      ASSERT_TRUE(st.ok()) << st.to_string();
+      ASSERT_OK(st);
       if (import) {
         EXPECT_TRUE(bytes_equal(want_pool, dpool.download<uint8_t>()));
       } else {

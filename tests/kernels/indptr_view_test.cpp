@@ -7,6 +7,7 @@
 #include "kernel_test_util.hpp"
 #include "kernels/decode_attention.hpp"
 #include "pagedkv/device/paged_view.cuh"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv::testing {
 namespace {
@@ -25,7 +26,7 @@ TYPED_TEST(IndptrViewTest, BuildIndptrIsTheExclusivePrefixSum) {
     std::vector<int32_t> want = {0};
     for (int32_t l : lens) want.push_back(want.back() + l);
     auto scratch_bytes = build_indptr_scratch_bytes(be, n);
-    ASSERT_TRUE(scratch_bytes.ok());
+    ASSERT_OK(scratch_bytes);
     DeviceBuffer dlens(be, lens.size() * 4), dout(be, want.size() * 4),
         dscratch(be, *scratch_bytes + 1);
     if (n > 0) dlens.upload(lens);
@@ -38,7 +39,7 @@ TYPED_TEST(IndptrViewTest, BuildIndptrIsTheExclusivePrefixSum) {
       a.batch_size = n;
       a.scratch = dscratch.data();
       a.scratch_bytes = *scratch_bytes;
-      ASSERT_TRUE(build_indptr(be, a).ok());
+      ASSERT_OK(build_indptr(be, a));
       EXPECT_EQ(dout.download<int32_t>(), want);
     }
   }
@@ -132,7 +133,7 @@ TYPED_TEST(IndptrViewTest, DecodeAttentionBodyMatchesDoubleReference) {
   body.layer = 1;
   body.sm_scale = 0.125f;
   KernelLaunch launch{KernelId::kDecodeAttention, &body, sizeof(body), 2 * q_heads};
-  ASSERT_TRUE(be.launch(launch, Stream{}).ok());
+  ASSERT_OK(be.launch(launch, Stream{}));
   auto got = dout.download<float>();
   const float* qf = reinterpret_cast<const float*>(q.data());
   for (int seq = 0; seq < 2; ++seq)

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "kernel_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv::testing {
 namespace {
@@ -167,7 +168,7 @@ class LatentOpsTest : public BackendTest<Tag> {
         a.scales = kv_scales;
         st = write_kv(be, pool, a);
       }
-      ASSERT_TRUE(st.ok()) << st.to_string();
+      ASSERT_OK(st);
       EXPECT_TRUE(bytes_equal(want, dpool.download<uint8_t>()));
     }
   }
@@ -229,7 +230,7 @@ class LatentOpsTest : public BackendTest<Tag> {
         a.num_tokens = n;
         a.scales = KvScales{static_cast<const float*>(dscales.data()), nullptr, c.scales};
         const Status st = import ? import_layer(be, pool, a) : gather_layer(be, pool, a);
-        ASSERT_TRUE(st.ok()) << st.to_string();
+        ASSERT_OK(st);
         EXPECT_TRUE(bytes_equal(want_pool, dpool.download<uint8_t>()));
         EXPECT_TRUE(bytes_equal(want_packed, dpacked.download<uint8_t>()));
       }
@@ -298,7 +299,7 @@ class LatentOpsTest : public BackendTest<Tag> {
       a.scales = KvScales{static_cast<const float*>(dscales.data()), nullptr, c.scales};
       const Status st =
           gather_layer_batch(be, PoolRef{dpool.data(), s.dtype, s.layout(), s.num_blocks}, a);
-      ASSERT_TRUE(st.ok()) << st.to_string();
+      ASSERT_OK(st);
       EXPECT_TRUE(bytes_equal(want, dout.download<uint8_t>()));
     }
   }
@@ -365,7 +366,7 @@ TYPED_TEST(LatentOpsTest, ScatterHeadRangeMatchesReference) {
     a.num_tokens = n;
     const Status st =
         scatter_head_range(be, PoolRef{dpool.data(), s.dtype, s.layout(), s.num_blocks}, a);
-    ASSERT_TRUE(st.ok()) << st.to_string();
+    ASSERT_OK(st);
     EXPECT_TRUE(bytes_equal(want, dpool.download<uint8_t>()));
   }
 }
@@ -399,7 +400,7 @@ TYPED_TEST(LatentOpsTest, CopyBlocksCopiesWholeLatentBlocks) {
       a.num_pairs = int64_t(pairs.size() / 2);
       const Status st =
           copy_blocks(be, PoolRef{dpool.data(), s.dtype, s.layout(), s.num_blocks}, a);
-      ASSERT_TRUE(st.ok()) << st.to_string();
+      ASSERT_OK(st);
       EXPECT_TRUE(bytes_equal(want, dpool.download<uint8_t>()));
     }
   }
@@ -483,7 +484,7 @@ TYPED_TEST(LatentOpsTest, ValueTensorIsRefusedAndNothingChanges) {
   w.key = dk.data();
   w.num_tokens = 8;
   w.slot_mapping = slot_ptr;
-  EXPECT_TRUE(write_kv(be, pool, w).ok());
+  EXPECT_OK(write_kv(be, pool, w));
 }
 
 TYPED_TEST(LatentOpsTest, MalformedLatentLayoutIsRefused) {

@@ -11,6 +11,7 @@
 #include "kernel_test_util.hpp"
 #include "kernels/decode_attention.hpp"
 #include "pagedkv/device/paged_view.cuh"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv::testing {
 namespace {
@@ -60,7 +61,7 @@ TEST(LatentViewTest, LatentAndKpeOffsetsFollowTheLayoutDescription) {
   for (const auto& c : kViewCases) {
     SCOPED_TRACE(std::string(dtype_name(c.dtype)) + " dim " + std::to_string(c.head_dim));
     const CacheConfig cfg = latent_config(c);
-    ASSERT_TRUE(cfg.validate().ok()) << cfg.validate().to_string();
+    ASSERT_OK(cfg.validate());
     const PoolLayout layout = PoolLayout::from_config(cfg);
     EXPECT_TRUE(layout.is_latent());
     EXPECT_EQ(layout.ckv_dim(), c.head_dim - c.rope_dim);

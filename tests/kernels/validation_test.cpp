@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "kernel_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv::testing {
 namespace {
@@ -173,8 +174,8 @@ TYPED_TEST(ValidationTest, ExtentsPastSixtyFourBitOffsetsAreRejectedByName) {
   // A one-token write never steps by row_stride: any stride is fine.
   this->meta_->upload(std::vector<int64_t>(32, 3));  // slot 3
   w.num_tokens = 1;
-  EXPECT_TRUE(write_kv(be, this->pool_, w).ok());
-  ASSERT_TRUE(be.synchronize_stream(Stream{}).ok());
+  EXPECT_OK(write_kv(be, this->pool_, w));
+  ASSERT_OK(be.synchronize_stream(Stream{}));
   this->pool_buf_->upload(this->pool0_);
   w = this->good_write();
   w.num_tokens = kMax / 4;  // the slot mapping's last entry is past 64-bit byte offsets

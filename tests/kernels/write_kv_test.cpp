@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "kernel_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv::testing {
 namespace {
@@ -159,7 +160,7 @@ class WriteKvTest : public BackendTest<Tag> {
         a.scales = scales;
         st = write_kv(be, pool, a);
       }
-      ASSERT_TRUE(st.ok()) << st.to_string();
+      ASSERT_OK(st);
       EXPECT_TRUE(bytes_equal(want, dpool.download<uint8_t>()));
     }
     (void)ies;
@@ -216,7 +217,7 @@ TYPED_TEST(WriteKvTest, SliceOfFusedQkvWithUnalignedBase) {
   a.num_tokens = tokens;
   a.slot_mapping = static_cast<const int64_t*>(dslots.data());
   PoolRef pool{dpool.data(), DType::kFloat16, s.layout(), s.num_blocks};
-  ASSERT_TRUE(write_kv(be, pool, a).ok());
+  ASSERT_OK(write_kv(be, pool, a));
   EXPECT_TRUE(bytes_equal(want, dpool.download<uint8_t>()));
 }
 
@@ -246,7 +247,7 @@ TYPED_TEST(WriteKvTest, OutOfRangeDeviceSlotsAreSkipped) {
   a.value = dk.data();
   a.num_tokens = 4;
   a.slot_mapping = static_cast<const int64_t*>(dslots.data());
-  ASSERT_TRUE(write_kv(be, PoolRef{dpool.data(), DType::kFloat16, s.layout(), 2}, a).ok());
+  ASSERT_OK(write_kv(be, PoolRef{dpool.data(), DType::kFloat16, s.layout(), 2}, a));
   EXPECT_TRUE(bytes_equal(want, dpool.download<uint8_t>()));
 }
 

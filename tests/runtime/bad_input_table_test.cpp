@@ -20,6 +20,7 @@
 #include "runtime/kv_model.hpp"
 #include "support/backend_test.hpp"
 #include "support/named_stats.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -245,18 +246,18 @@ class BadInputTableTest : public ::testing::Test {
   // Reserves, writes every layer and commits `tokens` at positions start.. of `id`.
   void append(SequenceId id, const std::vector<TokenId>& tokens, int64_t start, bool commit) {
     auto slots = ctx_.cache->reserve(id, static_cast<int64_t>(tokens.size()));
-    ASSERT_TRUE(slots.ok()) << slots.status().to_string();
+    ASSERT_OK(slots);
     for (int32_t layer = 0; layer < ctx_.config.num_layers; ++layer) {
       const std::vector<uint16_t> k = model_rows(ctx_.config, layer, 0, tokens, start);
       const std::vector<uint16_t> v = model_rows(ctx_.config, layer, 1, tokens, start);
       DeviceBuffer dk(*ctx_.backend, k.size() * 2), dv(*ctx_.backend, v.size() * 2);
       dk.upload(k);
       dv.upload(v);
-      ASSERT_TRUE(ctx_.cache->write_kv(id, layer, dk.data(), dv.data(), DType::kFloat16).ok());
-      ASSERT_TRUE(ctx_.cache->synchronize().ok());
+      ASSERT_OK(ctx_.cache->write_kv(id, layer, dk.data(), dv.data(), DType::kFloat16));
+      ASSERT_OK(ctx_.cache->synchronize());
     }
     if (commit) {
-      ASSERT_TRUE(ctx_.cache->commit(id, tokens).ok());
+      ASSERT_OK(ctx_.cache->commit(id, tokens));
     }
   }
 
@@ -267,30 +268,31 @@ class BadInputTableTest : public ::testing::Test {
     KvCacheOptions o;
     o.backend = ctx_.backend.get();
     auto c = KvCache::create(ctx_.config, o);
-    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    ASSERT_OK(c);
     ctx_.cache = std::move(c).value();
     KvCache& cache = *ctx_.cache;
 
     const std::vector<TokenId> a = tokens_from(6, 100), b = tokens_from(5, 200),
                                c3 = tokens_from(7, 300), d = tokens_from(4, 400),
                                e = tokens_from(3, 500);
-    ASSERT_TRUE(cache.add_sequence(kSeqA, a).ok());
+    ASSERT_OK(cache.add_sequence(kSeqA, a));
     append(kSeqA, a, 0, true);
-    ASSERT_TRUE(cache.add_sequence(kSeqActive, b).ok());
+    ASSERT_OK(cache.add_sequence(kSeqActive, b));
     append(kSeqActive, b, 0, true);
-    ASSERT_TRUE(cache.add_sequence(kSeqOffloaded, c3).ok());
+    ASSERT_OK(cache.add_sequence(kSeqOffloaded, c3));
     append(kSeqOffloaded, c3, 0, true);
-    ASSERT_TRUE(cache.add_sequence(kSeqPending, d).ok());
+    ASSERT_OK(cache.add_sequence(kSeqPending, d));
     append(kSeqPending, d, 0, true);
     append(kSeqPending, {450, 451}, 4, /*commit=*/false);
-    ASSERT_TRUE(cache.add_sequence(kSeqErased, e).ok());
+    ASSERT_OK(cache.add_sequence(kSeqErased, e));
     append(kSeqErased, e, 0, true);
-    ASSERT_TRUE(cache.erase(kSeqErased).ok());
-    ASSERT_TRUE(cache.set_active({kSeqActive}).ok());
-    ASSERT_TRUE(cache.offload(kSeqOffloaded).ok());
-    ASSERT_TRUE(cache.synchronize().ok());
+    ASSERT_OK(cache.erase(kSeqErased));
+    ASSERT_OK(cache.set_active({kSeqActive}));
+    ASSERT_OK(cache.offload(kSeqOffloaded));
+    ASSERT_OK(cache.synchronize());
     auto r = cache.residency(kSeqOffloaded);
-    ASSERT_TRUE(r.ok() && *r == SequenceResidency::kHost);
+    ASSERT_OK(r);
+    ASSERT_EQ(*r, SequenceResidency::kHost);
     ASSERT_EQ(*cache.pending(kSeqPending), 2);
 
     // Row buffers with real data: model K/V, sequence 1's slots and blocks.
@@ -302,7 +304,7 @@ class BadInputTableTest : public ::testing::Test {
     ctx_.key->upload(kv);
     ctx_.value->upload(kv);
     auto locs = cache.block_locations(kSeqA);
-    ASSERT_TRUE(locs.ok());
+    ASSERT_OK(locs);
     std::vector<int32_t> table;
     for (const BlockLocation& l : *locs) table.push_back(l.block);
     ASSERT_EQ(table.size(), 2u);
@@ -317,10 +319,10 @@ class BadInputTableTest : public ::testing::Test {
     ctx_.indptr = std::make_unique<DeviceBuffer>(be, 2 * 4);
     ctx_.indptr->upload(std::vector<int32_t>{0, 6});
     auto locs_b = cache.block_locations(kSeqActive);
-    ASSERT_TRUE(locs_b.ok());
+    ASSERT_OK(locs_b);
     ctx_.pairs = std::make_unique<DeviceBuffer>(be, 2 * 4);
     ctx_.pairs->upload(std::vector<int32_t>{table[0], (*locs_b)[0].block});
-    ASSERT_TRUE(cache.check_invariants().ok()) << cache.check_invariants().to_string();
+    ASSERT_OK(cache.check_invariants());
   }
 
   // A cache with no host tier holding the live ids in the states offload must refuse without a
@@ -334,29 +336,29 @@ class BadInputTableTest : public ::testing::Test {
     KvCacheOptions o;
     o.backend = ctx_.backend.get();
     auto c = KvCache::create(ctx_.config, o);
-    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    ASSERT_OK(c);
     ctx_.cache = std::move(c).value();
     KvCache& cache = *ctx_.cache;
     const std::vector<TokenId> a = tokens_from(6, 100), d = tokens_from(4, 400);
-    ASSERT_TRUE(cache.add_sequence(kSeqA, a).ok());
+    ASSERT_OK(cache.add_sequence(kSeqA, a));
     append(kSeqA, a, 0, true);
-    ASSERT_TRUE(cache.fork(kSeqA, kSeqActive).ok());
-    ASSERT_TRUE(cache.add_sequence(kSeqOffloaded, {}).ok());
-    ASSERT_TRUE(cache.add_sequence(kSeqPending, d).ok());
+    ASSERT_OK(cache.fork(kSeqA, kSeqActive));
+    ASSERT_OK(cache.add_sequence(kSeqOffloaded, {}));
+    ASSERT_OK(cache.add_sequence(kSeqPending, d));
     append(kSeqPending, d, 0, true);
     append(kSeqPending, {450, 451}, 4, /*commit=*/false);
-    ASSERT_TRUE(cache.synchronize().ok());
+    ASSERT_OK(cache.synchronize());
     const size_t row_bytes =
         static_cast<size_t>(ctx_.config.num_kv_heads * ctx_.config.head_dim) * 2;
     ctx_.key = std::make_unique<DeviceBuffer>(*ctx_.backend, Ctx::kMaxTokens * row_bytes);
     ctx_.value = std::make_unique<DeviceBuffer>(*ctx_.backend, Ctx::kMaxTokens * row_bytes);
-    ASSERT_TRUE(cache.check_invariants().ok()) << cache.check_invariants().to_string();
+    ASSERT_OK(cache.check_invariants());
   }
 
   Snapshot snapshot() {
     Snapshot s;
     KvCache& cache = *ctx_.cache;
-    EXPECT_TRUE(cache.synchronize().ok());
+    EXPECT_OK(cache.synchronize());
     s.stats = cache.stats();
     for (SequenceId id : {kSeqA, kSeqActive, kSeqOffloaded, kSeqPending, kSeqErased, kSeqUnknown}) {
       if (cache.contains(id)) s.contained.push_back(id);
@@ -366,7 +368,10 @@ class BadInputTableTest : public ::testing::Test {
       auto pend = cache.pending(id);
       auto locs = cache.block_locations(id);
       auto res = cache.residency(id);
-      EXPECT_TRUE(len.ok() && pend.ok() && locs.ok() && res.ok()) << "sequence " << id;
+      EXPECT_OK(len) << "sequence " << id;
+      EXPECT_OK(pend) << "sequence " << id;
+      EXPECT_OK(locs) << "sequence " << id;
+      EXPECT_OK(res) << "sequence " << id;
       if (!(len.ok() && pend.ok() && locs.ok() && res.ok())) continue;
       s.lengths.push_back(*len);
       s.pendings.push_back(*pend);
@@ -379,8 +384,8 @@ class BadInputTableTest : public ::testing::Test {
         DeviceBuffer k(*ctx_.backend, elems * 2), v(*ctx_.backend, elems * 2);
         const Status g = cache.gather_layer(id, layer, k.data(), v.data(), DType::kFloat16,
                                             PackedLayout::kTokenMajor);
-        EXPECT_TRUE(g.ok()) << g.to_string();
-        EXPECT_TRUE(cache.synchronize().ok());
+        EXPECT_OK(g);
+        EXPECT_OK(cache.synchronize());
         s.gathered.push_back(k.download<uint16_t>());
         s.gathered.push_back(v.download<uint16_t>());
       }
@@ -388,11 +393,10 @@ class BadInputTableTest : public ::testing::Test {
     const PoolRef pool = cache.device_pool();
     s.device_pool.resize(static_cast<size_t>(cache.pool_info().device_bytes));
     Backend& be = *ctx_.backend;
-    EXPECT_TRUE(be.copy_async(s.device_pool.data(), pool.data, s.device_pool.size(),
-                              CopyKind::kDeviceToHost, Stream{})
-                    .ok());
-    EXPECT_TRUE(be.synchronize_stream(Stream{}).ok());
-    EXPECT_TRUE(cache.check_invariants().ok()) << cache.check_invariants().to_string();
+    EXPECT_OK(be.copy_async(s.device_pool.data(), pool.data, s.device_pool.size(),
+                            CopyKind::kDeviceToHost, Stream{}));
+    EXPECT_OK(be.synchronize_stream(Stream{}));
+    EXPECT_OK(cache.check_invariants());
     return s;
   }
 
@@ -1127,12 +1131,12 @@ TEST_F(BadInputTableTest, OffloadWithoutAHostTierIsRefusedAndChangesNothing) {
     expect_same(before, snapshot());
     // Every reader agrees that the sequence is still on the device.
     auto residency = ctx_.cache->residency(id);
-    ASSERT_TRUE(residency.ok()) << residency.status().to_string();
+    ASSERT_OK(residency);
     EXPECT_EQ(*residency, SequenceResidency::kDevice);
-    EXPECT_TRUE(ctx_.cache->build_batch({id}).ok());
+    EXPECT_OK(ctx_.cache->build_batch({id}));
     const Status g = ctx_.gather(id);
-    EXPECT_TRUE(g.ok()) << g.to_string();
-    EXPECT_TRUE(ctx_.cache->synchronize().ok());
+    EXPECT_OK(g);
+    EXPECT_OK(ctx_.cache->synchronize());
   }
 }
 

@@ -15,6 +15,7 @@
 #include "pagedkv/cache.hpp"
 #include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/fault_injection.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -45,7 +46,7 @@ class BatchFormatsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto kv = KvCache::create(small_config());
-    ASSERT_TRUE(kv.ok()) << kv.status().to_string();
+    ASSERT_OK(kv);
     kv_ = std::move(*kv);
   }
 
@@ -69,7 +70,7 @@ class BatchFormatsTest : public ::testing::Test {
       const SequenceId id = next_id_++;
       if (i > 0 && coin(rng) == 0) {  // a fork shares every block of its parent
         const SequenceId parent = ids[static_cast<size_t>(rng() % ids.size())];
-        EXPECT_TRUE(kv_->fork(parent, id).ok());
+        EXPECT_OK(kv_->fork(parent, id));
         expected_[id] = expected_[parent];
         expected_[id].pending_slots.clear();
       } else {
@@ -78,16 +79,16 @@ class BatchFormatsTest : public ::testing::Test {
         const int extra = len(rng);
         for (int t = 0; t < extra; ++t) prompt.push_back(static_cast<TokenId>(rng() % 1000));
         auto cached = kv_->add_sequence(id, prompt);
-        EXPECT_TRUE(cached.ok()) << cached.status().to_string();
+        EXPECT_OK(cached);
         Expected& e = expected_[id];
         // A prefix hit: the cached blocks are the ones the first sharer was given.
         if (*cached > 0) e.table = expected_[first_sharer_].table;
         e.table.resize(static_cast<size_t>(*cached / kBlockSize));
         const std::vector<TokenId> todo(prompt.begin() + *cached, prompt.end());
         auto slots = kv_->reserve(id, static_cast<int64_t>(todo.size()));
-        EXPECT_TRUE(slots.ok()) << slots.status().to_string();
+        EXPECT_OK(slots);
         note_slots(e, *cached, *slots);
-        EXPECT_TRUE(kv_->commit(id, todo).ok());
+        EXPECT_OK(kv_->commit(id, todo));
         e.length = static_cast<int64_t>(prompt.size());
         // The first sharer that missed registered the prefix blocks that later ones hit.
         if (*cached == 0 && prompt.size() > shared.size() &&
@@ -100,7 +101,7 @@ class BatchFormatsTest : public ::testing::Test {
     for (SequenceId id : ids) {
       Expected& e = expected_[id];
       auto slots = kv_->reserve(id, pend(rng));
-      EXPECT_TRUE(slots.ok()) << slots.status().to_string();
+      EXPECT_OK(slots);
       note_slots(e, e.length, *slots);  // copy-on-write moves the last block: noted here
       e.pending_slots = *slots;
     }
@@ -127,8 +128,8 @@ TEST_F(BatchFormatsTest, CsrIntoFixedBuffersMatchesTheFormulasOnRandomBatches) {
     const CsrBuffers buffers{indptr.data(), indices.data(), last.data(), 64, 4096};
     CsrHostCopy host;
     auto batch = build_batch_into(*kv_, ids, buffers, &host);
-    ASSERT_TRUE(batch.ok()) << batch.status().to_string();
-    ASSERT_TRUE(kv_->synchronize().ok());
+    ASSERT_OK(batch);
+    ASSERT_OK(kv_->synchronize());
 
     int32_t offset = 0;
     ASSERT_EQ(indptr[0], 0);
@@ -152,8 +153,8 @@ TEST_F(BatchFormatsTest, CsrIntoFixedBuffersMatchesTheFormulasOnRandomBatches) {
     }
     EXPECT_EQ(indptr[ids.size() + 1], kPoison) << "an entry past the batch was written";
     EXPECT_EQ(indices[static_cast<size_t>(offset)], kPoison);
-    for (SequenceId id : ids) ASSERT_TRUE(kv_->erase(id).ok());
-    ASSERT_TRUE(kv_->check_invariants().ok());
+    for (SequenceId id : ids) ASSERT_OK(kv_->erase(id));
+    ASSERT_OK(kv_->check_invariants());
   }
 }
 
@@ -163,15 +164,15 @@ TEST_F(BatchFormatsTest, AppendIndicesFollowGetBatchIndicesPositions) {
   for (int step = 0; step < 20; ++step) {
     const std::vector<SequenceId> ids = random_batch(rng, 1 + static_cast<int>(rng() % 12));
     auto batch = kv_->build_batch(ids);
-    ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+    ASSERT_OK(batch);
     auto coo = append_indices(*kv_, ids, *batch);
-    ASSERT_TRUE(coo.ok()) << coo.status().to_string();
+    ASSERT_OK(coo);
     std::fill(dev_batch.begin(), dev_batch.end(), kPoison);
     std::fill(dev_pos.begin(), dev_pos.end(), kPoison);
     auto shared = std::make_shared<const AppendIndices>(*coo);
-    ASSERT_TRUE(upload_append_indices(*kv_, shared, dev_batch.data(), dev_pos.data(), 512).ok());
+    ASSERT_OK(upload_append_indices(*kv_, shared, dev_batch.data(), dev_pos.data(), 512));
     shared.reset();  // the cache keeps the host arrays alive until the copy ran
-    ASSERT_TRUE(kv_->synchronize().ok());
+    ASSERT_OK(kv_->synchronize());
 
     size_t k = 0;
     ASSERT_EQ(coo->append_indptr[0], 0);
@@ -188,7 +189,7 @@ TEST_F(BatchFormatsTest, AppendIndicesFollowGetBatchIndicesPositions) {
     }
     EXPECT_EQ(coo->batch_indices.size(), k);
     EXPECT_EQ(dev_batch[k], kPoison);
-    for (SequenceId id : ids) ASSERT_TRUE(kv_->erase(id).ok());
+    for (SequenceId id : ids) ASSERT_OK(kv_->erase(id));
   }
 }
 
@@ -204,8 +205,8 @@ TEST_F(BatchFormatsTest, VllmBlockTableAndPaddedSlotMappingMatchTheFormulas) {
     std::fill(slots.begin(), slots.end(), int64_t{kPoison});
     const VllmBuffers buffers{table.data(), kMaxReqs, kMaxBlocks, slots.data(), kSlots};
     auto batch = build_vllm_batch_into(*kv_, ids, buffers);
-    ASSERT_TRUE(batch.ok()) << batch.status().to_string();
-    ASSERT_TRUE(kv_->synchronize().ok());
+    ASSERT_OK(batch);
+    ASSERT_OK(kv_->synchronize());
 
     size_t k = 0;
     for (size_t r = 0; r < ids.size(); ++r) {
@@ -219,7 +220,7 @@ TEST_F(BatchFormatsTest, VllmBlockTableAndPaddedSlotMappingMatchTheFormulas) {
     }
     for (; k < static_cast<size_t>(kSlots); ++k) EXPECT_EQ(slots[k], -1) << "padding " << k;
     EXPECT_EQ(table[ids.size() * kMaxBlocks], kPoison) << "a row past the batch was written";
-    for (SequenceId id : ids) ASSERT_TRUE(kv_->erase(id).ok());
+    for (SequenceId id : ids) ASSERT_OK(kv_->erase(id));
   }
 }
 
@@ -229,7 +230,8 @@ TEST_F(BatchFormatsTest, TooSmallBuffersAreRefusedAndTheCacheIsUnchanged) {
   // How far one build_batch moves the generation, to tell later whether a refused call built.
   auto first = kv_->build_batch(ids);
   auto before = kv_->build_batch(ids);
-  ASSERT_TRUE(first.ok() && before.ok());
+  ASSERT_OK(first);
+  ASSERT_OK(before);
   const uint64_t generation = before->generation;
   const uint64_t step = before->generation - first->generation;
   const ControlStats stats = kv_->stats();
@@ -251,13 +253,13 @@ TEST_F(BatchFormatsTest, TooSmallBuffersAreRefusedAndTheCacheIsUnchanged) {
 
   // Unchanged: the last batch is still current (a refused call built none) and stats agree.
   auto again = kv_->build_batch(ids);
-  ASSERT_TRUE(again.ok());
+  ASSERT_OK(again);
   EXPECT_EQ(again->generation, generation + step);
   EXPECT_EQ(kv_->stats().device.used_blocks, stats.device.used_blocks);
   EXPECT_EQ(kv_->stats().device.free_blocks, stats.device.free_blocks);
-  EXPECT_TRUE(kv_->check_invariants().ok());
+  EXPECT_OK(kv_->check_invariants());
   // A batch that no longer describes the rows is refused.
-  ASSERT_TRUE(kv_->reserve(ids[0], 1).ok());
+  ASSERT_OK(kv_->reserve(ids[0], 1));
   EXPECT_EQ(append_indices(*kv_, ids, *again).status().code(), StatusCode::kInvalidArgument);
 }
 
@@ -276,15 +278,15 @@ TEST(BatchFormatsStepTest, VllmAndAppendStepsQueueNoHostFunctionAndAllocateNothi
   o.backend = &faults;
   o.step_shape = StepShape{kBatch, kMaxBlocks, kSlots};
   auto created = KvCache::create(c, o);
-  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  ASSERT_OK(created);
   KvCache& kv = **created;
   std::vector<SequenceId> ids;
   for (SequenceId id = 1; id <= kBatch; ++id) {
     std::vector<TokenId> prompt(static_cast<size_t>(3 + id % 9));
     for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<TokenId>(id * 100 + i);
-    ASSERT_TRUE(kv.add_sequence(id, prompt).ok());
-    ASSERT_TRUE(kv.reserve(id, static_cast<int64_t>(prompt.size())).ok());
-    ASSERT_TRUE(kv.commit(id, prompt).ok());
+    ASSERT_OK(kv.add_sequence(id, prompt));
+    ASSERT_OK(kv.reserve(id, static_cast<int64_t>(prompt.size())));
+    ASSERT_OK(kv.commit(id, prompt));
     ids.push_back(id);
   }
   // Caller-owned buffers at fixed addresses (CPU backend: host memory is device memory).
@@ -296,23 +298,25 @@ TEST(BatchFormatsStepTest, VllmAndAppendStepsQueueNoHostFunctionAndAllocateNothi
   faults.record_launches(true);
   for (int32_t step = 0; step < kSteps; ++step) {
     if (step == 1) faults.reset_counts();  // the first step may size what it needs
-    ASSERT_TRUE(kv.reserve_batch(ids, 1).ok());
+    ASSERT_OK(kv.reserve_batch(ids, 1));
     auto batch = build_vllm_batch_into(kv, ids, buffers);
-    ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+    ASSERT_OK(batch);
     auto coo = append_indices(kv, ids, *batch);
-    ASSERT_TRUE(coo.ok()) << coo.status().to_string();
+    ASSERT_OK(coo);
     auto host = std::make_shared<AppendIndices>(*coo);
-    ASSERT_TRUE(upload_append_indices(kv, host, dev_batch.data(), dev_pos.data(), kSlots).ok());
+    ASSERT_OK(upload_append_indices(kv, host, dev_batch.data(), dev_pos.data(), kSlots));
     // Copied out when the call returned: changing the host arrays now changes nothing queued.
     std::fill(host->batch_indices.begin(), host->batch_indices.end(), kPoison);
     std::fill(host->positions.begin(), host->positions.end(), kPoison);
-    ASSERT_TRUE(kv.synchronize().ok());
+    ASSERT_OK(kv.synchronize());
     // The naive reference, from the cache's queries.
     for (size_t r = 0; r < ids.size(); ++r) {
       auto blocks = kv.block_locations(ids[r]);
       auto reserved = kv.reserved_slots(ids[r], 0);
       auto length = kv.length(ids[r]);
-      ASSERT_TRUE(blocks.ok() && reserved.ok() && length.ok());
+      ASSERT_OK(blocks);
+      ASSERT_OK(reserved);
+      ASSERT_OK(length);
       for (size_t col = 0; col < static_cast<size_t>(kMaxBlocks); ++col) {
         const int32_t want = col < blocks->size() ? (*blocks)[col].block : -1;
         ASSERT_EQ(table[r * kMaxBlocks + col], want) << "step " << step << " row " << r;
@@ -322,13 +326,13 @@ TEST(BatchFormatsStepTest, VllmAndAppendStepsQueueNoHostFunctionAndAllocateNothi
       ASSERT_EQ(dev_batch[r], static_cast<int32_t>(r)) << "step " << step;
       ASSERT_EQ(dev_pos[r], *length) << "step " << step;  // the one appended token's position
     }
-    ASSERT_TRUE(kv.commit_batch(ids, next, 1).ok());
+    ASSERT_OK(kv.commit_batch(ids, next, 1));
   }
   for (const LaunchCall& l : faults.launch_calls()) {
     EXPECT_FALSE(l.host_func) << "a host function per step (a pageable upload kept alive)";
   }
   EXPECT_EQ(faults.count(FaultKind::kAllocation), 0) << "the steps after the first allocated";
-  EXPECT_TRUE(kv.check_invariants().ok());
+  EXPECT_OK(kv.check_invariants());
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "runtime/runtime_backends.hpp"
 #include "support/backend_test.hpp"
 #include "support/named_stats.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -133,8 +134,8 @@ struct RunResult {
 
 std::vector<uint8_t> download(Backend& b, const void* src, size_t bytes) {
   std::vector<uint8_t> out(bytes);
-  EXPECT_TRUE(b.copy_async(out.data(), src, bytes, CopyKind::kDeviceToHost, Stream{}).ok());
-  EXPECT_TRUE(b.synchronize_stream(Stream{}).ok());
+  EXPECT_OK(b.copy_async(out.data(), src, bytes, CopyKind::kDeviceToHost, Stream{}));
+  EXPECT_OK(b.synchronize_stream(Stream{}));
   return out;
 }
 
@@ -196,10 +197,9 @@ RunResult run_on(Backend& inner, uint64_t seed) {
     std::vector<uint8_t> read;
     testing::DeviceBuffer k(filled, bytes), v(filled, bytes);
     for (int32_t layer = 0; layer < config.num_layers; ++layer) {
-      EXPECT_TRUE(
-          cache.gather_layer(id, layer, k.data(), v.data(), config.dtype, PackedLayout::kHeadMajor)
-              .ok());
-      EXPECT_TRUE(cache.synchronize().ok());
+      EXPECT_OK(cache.gather_layer(id, layer, k.data(), v.data(), config.dtype,
+                                   PackedLayout::kHeadMajor));
+      EXPECT_OK(cache.synchronize());
       for (testing::DeviceBuffer* b : {&k, &v}) {
         const std::vector<uint8_t> part = b->download<uint8_t>();
         read.insert(read.end(), part.begin(), part.end());
@@ -294,12 +294,12 @@ TEST(CrossBackend, CudaIsTheAutomaticChoiceWhenADeviceIsPresent) {
   testing::require_backend(BackendKind::kCuda);
   if (IsSkipped() || HasFatalFailure()) return;
   auto backend = create_backend(BackendKind::kAuto);
-  ASSERT_TRUE(backend.ok()) << backend.status().to_string();
+  ASSERT_OK(backend);
   EXPECT_EQ((*backend)->kind(), BackendKind::kCuda) << (*backend)->description();
   CacheConfig c = soak::pressure_config();
   c.backend = BackendKind::kAuto;
   auto cache = KvCache::create(c);
-  ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+  ASSERT_OK(cache);
   EXPECT_EQ((*cache)->backend().kind(), BackendKind::kCuda) << (*cache)->backend().description();
 }
 

@@ -19,6 +19,7 @@
 #include "pagedkv/cache.hpp"
 #include "pagedkv/cpu_backend.hpp"
 #include "support/named_stats.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -127,7 +128,7 @@ struct Replica {
     KvCacheOptions options;
     options.backend = backend.get();
     auto c = KvCache::create(pressure_config(), options);
-    EXPECT_TRUE(c.ok()) << c.status().to_string();
+    EXPECT_OK(c);
     kv = std::move(*c);
     const CacheConfig cfg = pressure_config();
     const size_t bytes = size_t{2} * cfg.max_sequence_length * cfg.num_kv_heads * cfg.head_dim * 4;
@@ -358,8 +359,8 @@ TEST(Determinism, InstantAndDelayedCopiesMakeIdenticalDecisions) {
   for (; ops < kOps && run.step(ops); ++ops) {
   }
   EXPECT_EQ(ops, kOps);
-  ASSERT_TRUE(run.a().kv->synchronize().ok());
-  ASSERT_TRUE(run.b().kv->synchronize().ok());
+  ASSERT_OK(run.a().kv->synchronize());
+  ASSERT_OK(run.b().kv->synchronize());
   EXPECT_EQ(run.a().events, run.b().events);  // once more, as a whole
   // The workload reached what makes replicas drift if anything depended on timing.
   const ControlStats s = run.a().kv->stats();
@@ -387,9 +388,9 @@ TEST(Determinism, TheComparisonSeesADifferentDecision) {
   Lockstep run(7);
   for (int64_t i = 0; i < 50; ++i) ASSERT_TRUE(run.step(i));
   std::vector<TokenId> prompt(12, 5);
-  ASSERT_TRUE(run.a().kv->add_sequence(999999, prompt).ok());
-  ASSERT_TRUE(run.a().kv->reserve(999999, 12).ok());
-  ASSERT_TRUE(run.a().kv->commit(999999, prompt).ok());
+  ASSERT_OK(run.a().kv->add_sequence(999999, prompt));
+  ASSERT_OK(run.a().kv->reserve(999999, 12));
+  ASSERT_OK(run.a().kv->commit(999999, prompt));
   EXPECT_NE(testing::stats_diff(testing::named_stats(run.a().kv->stats()),
                                 testing::named_stats(run.b().kv->stats())),
             "");

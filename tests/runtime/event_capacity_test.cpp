@@ -12,6 +12,7 @@
 #include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/dtype.hpp"
 #include "pagedkv/seed_cache.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -44,13 +45,13 @@ TEST(KvCacheEvents, SmallCapacityDropsOldestAndAnnouncesIt) {
   o.backend = backend.get();
   o.event_capacity = 8;
   auto created = KvCache::create(tiny_config(4, 16), o);
-  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  ASSERT_OK(created);
   std::unique_ptr<KvCache> cache = std::move(created).value();
   std::vector<TokenId> tokens(40);
   std::iota(tokens.begin(), tokens.end(), 100);
-  ASSERT_TRUE(cache->add_sequence(1, {}).ok());
-  ASSERT_TRUE(cache->reserve(1, 40).ok());
-  ASSERT_TRUE(cache->commit(1, tokens).ok());  // ten full blocks: ten stored events
+  ASSERT_OK(cache->add_sequence(1, {}));
+  ASSERT_OK(cache->reserve(1, 40));
+  ASSERT_OK(cache->commit(1, tokens));  // ten full blocks: ten stored events
   EXPECT_EQ(cache->stats().events_dropped, 2);
   const std::vector<ControlEvent> events = cache->drain_events();
   ASSERT_EQ(events.size(), 9u);
@@ -76,7 +77,7 @@ TEST(SeedKvCacheEvents, LongUndrainedRunStaysBounded) {
   SeedKvCacheOptions o;
   o.backend = backend.get();
   auto created = SeedKvCache::create(config, o);
-  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  ASSERT_OK(created);
   std::unique_ptr<SeedKvCache> cache = std::move(created).value();
   ASSERT_NE(cache->paged_cache(), nullptr);
 
@@ -88,14 +89,14 @@ TEST(SeedKvCacheEvents, LongUndrainedRunStaysBounded) {
     for (auto* part : {&k, &v})
       for (uint16_t& x : *part) x = float_to_half_bits(0.5f + static_cast<float>(rng() % 64));
     const SequenceId id = static_cast<SequenceId>(s);
-    ASSERT_TRUE(cache->allocate_sequence(id, {}).ok());
+    ASSERT_OK(cache->allocate_sequence(id, {}));
     const Status w = cache->append_head_range_seq_first(id, 0, 0, 0, k, v);
-    ASSERT_TRUE(w.ok()) << w.to_string();
-    ASSERT_TRUE(cache->advance_sequence_by(id, kChunk).ok());
-    ASSERT_TRUE(cache->remove_sequence(id).ok());
+    ASSERT_OK(w);
+    ASSERT_OK(cache->advance_sequence_by(id, kChunk));
+    ASSERT_OK(cache->remove_sequence(id));
     ASSERT_TRUE(cache->drain_evicted_sequences().empty());
   }
-  ASSERT_TRUE(cache->synchronize().ok());
+  ASSERT_OK(cache->synchronize());
 
   KvCache& paged = *cache->paged_cache();
   const ControlStats st = paged.stats();
@@ -108,7 +109,7 @@ TEST(SeedKvCacheEvents, LongUndrainedRunStaysBounded) {
   EXPECT_EQ(events[0].kind, EventKind::kEventsDropped);
   EXPECT_EQ(events[0].dropped_events, st.events_dropped);
   EXPECT_TRUE(paged.drain_events().empty());
-  EXPECT_TRUE(paged.check_invariants().ok());
+  EXPECT_OK(paged.check_invariants());
 }
 
 }  // namespace

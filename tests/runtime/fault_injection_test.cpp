@@ -44,6 +44,7 @@
 #include "runtime/runtime_backends.hpp"
 #include "support/backend_test.hpp"
 #include "support/named_stats.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -513,11 +514,9 @@ class FaultScenario {
       using T = typename std::decay_t<decltype(host)>::value_type;
       std::vector<T> got(host.size());
       if (!host.empty()) {
-        EXPECT_TRUE(inner_
-                        ->copy_async(got.data(), device, host.size() * sizeof(T),
-                                     CopyKind::kDeviceToHost, Stream{})
-                        .ok());
-        EXPECT_TRUE(inner_->synchronize_stream(Stream{}).ok());
+        EXPECT_OK(inner_->copy_async(got.data(), device, host.size() * sizeof(T),
+                                     CopyKind::kDeviceToHost, Stream{}));
+        EXPECT_OK(inner_->synchronize_stream(Stream{}));
       }
       if (got != host) problem(what + ": build_batch uploaded a wrong " + field);
     };
@@ -636,17 +635,15 @@ class FaultScenario {
   // The workload's own transfers go through the inner backend (not counted, never failed), on
   // the compute stream, so they are ordered with the cache's kernels.
   void upload(DeviceBuffer& dst, const std::vector<uint16_t>& src) {
-    EXPECT_TRUE(
-        inner_->copy_async(dst.data(), src.data(), src.size() * 2, CopyKind::kHostToDevice, {})
-            .ok());
-    EXPECT_TRUE(inner_->synchronize_stream({}).ok());
+    EXPECT_OK(
+        inner_->copy_async(dst.data(), src.data(), src.size() * 2, CopyKind::kHostToDevice, {}));
+    EXPECT_OK(inner_->synchronize_stream({}));
   }
 
   std::vector<uint16_t> download(DeviceBuffer& src, size_t elems) {
     std::vector<uint16_t> out(elems);
-    EXPECT_TRUE(
-        inner_->copy_async(out.data(), src.data(), elems * 2, CopyKind::kDeviceToHost, {}).ok());
-    EXPECT_TRUE(inner_->synchronize_stream({}).ok());
+    EXPECT_OK(inner_->copy_async(out.data(), src.data(), elems * 2, CopyKind::kDeviceToHost, {}));
+    EXPECT_OK(inner_->synchronize_stream({}));
     return out;
   }
 
@@ -786,7 +783,7 @@ TEST_P(KvCacheFaultInjection, CreateFailsCleanlyAtEveryFault) {
     KvCacheOptions options;
     options.backend = &fi;
     auto cache = KvCache::create(config, options);
-    ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+    ASSERT_OK(cache);
     for (FaultKind kind : kAllKinds) {
       calls[static_cast<size_t>(kind)] = fi.count(kind);
     }
@@ -815,7 +812,7 @@ TEST_P(KvCacheFaultInjection, CreateFailsCleanlyAtEveryFault) {
       EXPECT_EQ(fi.live(), LiveObjects{}) << where << ": left " << describe(fi.live());
       // Nothing is left armed: the next create works and releases everything.
       auto again = KvCache::create(config, options);
-      ASSERT_TRUE(again.ok()) << where << ": " << again.status().to_string();
+      ASSERT_OK(again) << where;
       again = StatusOr<std::unique_ptr<KvCache>>(internal_error("released"));
       EXPECT_EQ(fi.live(), LiveObjects{}) << where << ": left " << describe(fi.live());
     }
@@ -834,12 +831,12 @@ TEST_P(KvCacheFaultInjection, WriteKvRecoversFromAFailedLaunchOrUpload) {
     KvCacheOptions options;
     options.backend = &fi;
     auto created = KvCache::create(config, options);
-    ASSERT_TRUE(created.ok()) << created.status().to_string();
+    ASSERT_OK(created);
     std::unique_ptr<KvCache> cache = std::move(created).value();
     const std::vector<TokenId> prompt = {3, 1, 4, 1, 5, 9, 2};
     const int64_t n = static_cast<int64_t>(prompt.size());
-    ASSERT_TRUE(cache->add_sequence(7, prompt).ok());
-    ASSERT_TRUE(cache->reserve(7, n).ok());
+    ASSERT_OK(cache->add_sequence(7, prompt));
+    ASSERT_OK(cache->reserve(7, n));
     for (int32_t layer = 0; layer < config.num_layers; ++layer) {
       const std::vector<uint16_t> k = model_rows(config, layer, 0, prompt, 0);
       const std::vector<uint16_t> v = model_rows(config, layer, 1, prompt, 0);
@@ -848,8 +845,8 @@ TEST_P(KvCacheFaultInjection, WriteKvRecoversFromAFailedLaunchOrUpload) {
       dv.upload(v);
       // The slot mapping is uploaded by the first write_kv of a reservation only.
       if (kind == FaultKind::kCopy && layer > 0) {
-        ASSERT_TRUE(cache->write_kv(7, layer, dk.data(), dv.data(), DType::kFloat16).ok());
-        ASSERT_TRUE(cache->synchronize().ok());
+        ASSERT_OK(cache->write_kv(7, layer, dk.data(), dv.data(), DType::kFloat16));
+        ASSERT_OK(cache->synchronize());
         continue;
       }
       fi.fail_nth(kind, 1);
@@ -858,20 +855,18 @@ TEST_P(KvCacheFaultInjection, WriteKvRecoversFromAFailedLaunchOrUpload) {
       EXPECT_NE(failed.message().find(std::string("injected fault: ") + fault_kind_name(kind)),
                 std::string::npos)
           << failed.to_string();
-      EXPECT_TRUE(cache->check_invariants().ok());
+      EXPECT_OK(cache->check_invariants());
       const Status again = cache->write_kv(7, layer, dk.data(), dv.data(), DType::kFloat16);
-      ASSERT_TRUE(again.ok()) << fault_kind_name(kind) << ": " << again.to_string();
-      ASSERT_TRUE(cache->synchronize().ok());  // the inputs go out of scope
+      ASSERT_OK(again) << fault_kind_name(kind);
+      ASSERT_OK(cache->synchronize());  // the inputs go out of scope
     }
-    ASSERT_TRUE(cache->commit(7, prompt).ok());
+    ASSERT_OK(cache->commit(7, prompt));
     for (int32_t layer = 0; layer < config.num_layers; ++layer) {
       const size_t elems = static_cast<size_t>(n * config.num_kv_heads * config.head_dim);
       DeviceBuffer k(*inner, elems * 2), v(*inner, elems * 2);
-      ASSERT_TRUE(cache
-                      ->gather_layer(7, layer, k.data(), v.data(), DType::kFloat16,
-                                     PackedLayout::kTokenMajor)
-                      .ok());
-      ASSERT_TRUE(cache->synchronize().ok());
+      ASSERT_OK(cache->gather_layer(7, layer, k.data(), v.data(), DType::kFloat16,
+                                    PackedLayout::kTokenMajor));
+      ASSERT_OK(cache->synchronize());
       EXPECT_EQ(k.download<uint16_t>(), model_rows(config, layer, 0, prompt, 0))
           << fault_kind_name(kind) << " layer " << layer;
       EXPECT_EQ(v.download<uint16_t>(), model_rows(config, layer, 1, prompt, 0))

@@ -97,17 +97,17 @@ class GraphCaptureCudaTest : public ::testing::Test {
 
   void make_twin(Twin& t) {
     auto stream = backend_->create_stream();
-    ASSERT_TRUE(stream.ok()) << stream.status().to_string();
+    ASSERT_OK(stream);
     t.stream = *stream;
     auto native = backend_->native_stream(t.stream);
-    ASSERT_TRUE(native.ok()) << native.status().to_string();
+    ASSERT_OK(native);
     ASSERT_NE(*native, nullptr);
     t.native = *native;
     KvCacheOptions o;
     o.backend = backend_.get();
     o.compute_stream = t.stream;
     auto cache = KvCache::create(config_, o);
-    ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+    ASSERT_OK(cache);
     t.cache = std::move(cache).value();
     t.indptr = std::make_unique<DeviceBuffer>(*backend_, (kMaxReqs + 1) * 4);
     t.indices = std::make_unique<DeviceBuffer>(*backend_, kMaxPages * 4);
@@ -119,8 +119,8 @@ class GraphCaptureCudaTest : public ::testing::Test {
     }
     for (SequenceId id : ids_) {
       const std::vector<TokenId>& prompt = tokens_[id];
-      ASSERT_TRUE(t.cache->add_sequence(id, prompt).ok());
-      ASSERT_TRUE(t.cache->reserve(id, static_cast<int64_t>(prompt.size())).ok());
+      ASSERT_OK(t.cache->add_sequence(id, prompt));
+      ASSERT_OK(t.cache->reserve(id, static_cast<int64_t>(prompt.size())));
       for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
         DeviceBuffer k(*backend_, prompt.size() * row_ * 2), v(*backend_, prompt.size() * row_ * 2);
         k.upload(model_rows(config_, layer, 0, prompt, 0));
@@ -136,9 +136,9 @@ class GraphCaptureCudaTest : public ::testing::Test {
   // uploads the model's K/V of `next` (rows in ids_ order, padding rows zero) into its fixed
   // inputs, as a model's forward would leave them there.
   DeviceBatch prepare_step(Twin& t, const std::vector<TokenId>& next) {
-    EXPECT_TRUE(t.cache->reserve_batch(ids_, 1).ok());
+    EXPECT_OK(t.cache->reserve_batch(ids_, 1));
     auto batch = build_batch_into(*t.cache, ids_, t.csr(), nullptr);
-    EXPECT_TRUE(batch.ok()) << batch.status().to_string();
+    EXPECT_OK(batch);
     if (!batch.ok()) return {};
     EXPECT_TRUE(batch->caller_owned_slots);
     EXPECT_EQ(batch->slot_mapping, t.slot_mapping->data()) << "the batch reads the fixed buffer";
@@ -189,7 +189,7 @@ class GraphCaptureCudaTest : public ::testing::Test {
       EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << name << ": " << st.to_string();
       EXPECT_NE(st.message().find("capturing a CUDA graph"), std::string::npos) << name;
       auto capturing = backend_->is_capturing(t.stream);
-      ASSERT_TRUE(capturing.ok()) << capturing.status().to_string();
+      ASSERT_OK(capturing);
       EXPECT_TRUE(*capturing) << "the capture ended (was invalidated) after " << name;
     }
   }
@@ -244,7 +244,7 @@ TEST_F(GraphCaptureCudaTest, ACapturedStepReplayedOverThreeStepsWritesWhatAnUnca
       if (written.ok()) expect_refused_in_capture(captured_);
       auto graph = testing::end_capture(captured_.native);  // always end what was begun
       ASSERT_OK(written);
-      ASSERT_TRUE(graph.ok()) << "the capture was invalidated: " << graph.status().to_string();
+      ASSERT_OK(graph);
       graph_ = *graph;
     }
     ASSERT_OK(testing::replay(graph_, captured_.native));

@@ -50,7 +50,7 @@ class GraphCaptureTest : public ::testing::Test {
     KvCacheOptions o;
     o.backend = faults_.get();
     auto cache = KvCache::create(config_, o);
-    ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+    ASSERT_OK(cache);
     cache_ = std::move(cache).value();
     row_ = static_cast<size_t>(config_.num_kv_heads * config_.head_dim);
     block_table_ = std::make_unique<DeviceBuffer>(*inner_, kMaxReqs * kMaxBlocks * 4);
@@ -63,8 +63,8 @@ class GraphCaptureTest : public ::testing::Test {
     for (SequenceId id : ids_) {
       std::vector<TokenId> prompt;
       for (int i = 0; i < static_cast<int>(id) * 4 - 3; ++i) prompt.push_back(100 * id + i);
-      ASSERT_TRUE(cache_->add_sequence(id, prompt).ok());
-      ASSERT_TRUE(cache_->reserve(id, static_cast<int64_t>(prompt.size())).ok());
+      ASSERT_OK(cache_->add_sequence(id, prompt));
+      ASSERT_OK(cache_->reserve(id, static_cast<int64_t>(prompt.size())));
       for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
         DeviceBuffer k(*inner_, prompt.size() * row_ * 2), v(*inner_, prompt.size() * row_ * 2);
         k.upload(model_rows(config_, layer, 0, prompt, 0));
@@ -189,9 +189,9 @@ TEST_F(GraphCaptureTest, ADecodeStepCapturesItsWritesAndEveryOtherCallRefuses) {
   for (int step = 0; step < 3; ++step) {
     const std::vector<TokenId> next = {TokenId(900 + step), TokenId(910 + step),
                                        TokenId(920 + step)};
-    ASSERT_TRUE(cache_->reserve_batch(ids_, 1).ok());
+    ASSERT_OK(cache_->reserve_batch(ids_, 1));
     auto batch = build_vllm_batch_into(*cache_, ids_, buffers());
-    ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+    ASSERT_OK(batch);
     ASSERT_TRUE(batch->caller_owned_slots);
     ASSERT_EQ(batch->slot_mapping, slot_mapping_->data()) << "the batch reads the fixed buffer";
     stage_inputs(next);
@@ -214,9 +214,9 @@ TEST_F(GraphCaptureTest, ADecodeStepCapturesItsWritesAndEveryOtherCallRefuses) {
 }
 
 TEST_F(GraphCaptureTest, AWriteThroughABatchInTheUploadArenaIsRefusedInACapture) {
-  ASSERT_TRUE(cache_->reserve_batch(ids_, 1).ok());
+  ASSERT_OK(cache_->reserve_batch(ids_, 1));
   auto batch = cache_->build_batch(ids_);
-  ASSERT_TRUE(batch.ok());
+  ASSERT_OK(batch);
   EXPECT_FALSE(batch->caller_owned_slots);
   faults_->simulate_capture(true);
   for (bool all_layers : {false, true}) {
@@ -234,7 +234,7 @@ TEST_F(GraphCaptureTest, AWriteThroughABatchInTheUploadArenaIsRefusedInACapture)
 }
 
 TEST_F(GraphCaptureTest, BuildBatchIntoGivenASlotMappingBufferGivesACapturableBatch) {
-  ASSERT_TRUE(cache_->reserve_batch(ids_, 1).ok());
+  ASSERT_OK(cache_->reserve_batch(ids_, 1));
   DeviceBuffer indptr(*inner_, (kMaxReqs + 1) * 4), indices(*inner_, 64 * 4),
       last(*inner_, kMaxReqs * 4);
   CsrBuffers csr;
@@ -244,7 +244,7 @@ TEST_F(GraphCaptureTest, BuildBatchIntoGivenASlotMappingBufferGivesACapturableBa
   csr.max_batch = kMaxReqs;
   csr.max_pages = 64;
   auto arena = build_batch_into(*cache_, ids_, csr, nullptr);
-  ASSERT_TRUE(arena.ok());
+  ASSERT_OK(arena);
   EXPECT_FALSE(arena->caller_owned_slots) << "without a slot-mapping buffer";
   csr.slot_mapping = static_cast<int64_t*>(slot_mapping_->data());
   csr.num_slots = 2;
@@ -253,7 +253,7 @@ TEST_F(GraphCaptureTest, BuildBatchIntoGivenASlotMappingBufferGivesACapturableBa
       << "three tokens do not fit two slots";
   csr.num_slots = kNumSlots;
   auto fixed = build_batch_into(*cache_, ids_, csr, nullptr);
-  ASSERT_TRUE(fixed.ok()) << fixed.status().to_string();
+  ASSERT_OK(fixed);
   EXPECT_TRUE(fixed->caller_owned_slots);
   EXPECT_EQ(fixed->slot_mapping, slot_mapping_->data());
   ASSERT_OK(cache_->synchronize());

@@ -28,6 +28,7 @@
 #include "runtime/runtime_backends.hpp"
 #include "support/backend_test.hpp"
 #include "support/named_stats.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -96,7 +97,7 @@ class HostTierFixture : public ::testing::Test {
       o.backend = faults_.get();
     }
     auto c = KvCache::create(config, o);
-    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    ASSERT_OK(c);
     cache_ = std::move(c).value();
   }
 
@@ -107,13 +108,13 @@ class HostTierFixture : public ::testing::Test {
 
   void expect_invariants() {
     const Status s = cache_->check_invariants();
-    EXPECT_TRUE(s.ok()) << s.to_string();
+    EXPECT_OK(s);
   }
 
   // add_sequence, then the invariants.
   int64_t add(SequenceId id, const std::vector<TokenId>& prompt) {
     auto cached = cache_->add_sequence(id, prompt);
-    EXPECT_TRUE(cached.ok()) << cached.status().to_string();
+    EXPECT_OK(cached);
     expect_invariants();
     return cached.ok() ? *cached : -1;
   }
@@ -121,7 +122,7 @@ class HostTierFixture : public ::testing::Test {
   // Reserves, writes every layer (fp16 model rows) and commits `tokens` at positions start...
   void append(SequenceId id, const std::vector<TokenId>& tokens, int64_t start) {
     auto slots = cache_->reserve(id, static_cast<int64_t>(tokens.size()));
-    ASSERT_TRUE(slots.ok()) << slots.status().to_string();
+    ASSERT_OK(slots);
     ASSERT_EQ(slots->size(), tokens.size());
     expect_invariants();
     write_and_commit(id, tokens, start);
@@ -136,10 +137,10 @@ class HostTierFixture : public ::testing::Test {
       dk.upload(k);
       dv.upload(v);
       const Status s = cache_->write_kv(id, layer, dk.data(), dv.data(), DType::kFloat16);
-      ASSERT_TRUE(s.ok()) << s.to_string();
-      ASSERT_TRUE(cache_->synchronize().ok());  // the staging buffers go out of scope
+      ASSERT_OK(s);
+      ASSERT_OK(cache_->synchronize());  // the staging buffers go out of scope
     }
-    ASSERT_TRUE(cache_->commit(id, tokens).ok());
+    ASSERT_OK(cache_->commit(id, tokens));
     expect_invariants();
   }
 
@@ -169,8 +170,8 @@ class HostTierFixture : public ::testing::Test {
       DeviceBuffer k(*backend_, elems * es), v(*backend_, elems * es);
       const Status s = cache_->gather_layer(id, layer, k.data(), v.data(), config_.dtype,
                                             PackedLayout::kHeadMajor);
-      ASSERT_TRUE(s.ok()) << "seq " << id << ": " << s.to_string();
-      ASSERT_TRUE(cache_->synchronize().ok());
+      ASSERT_OK(s) << "seq " << id;
+      ASSERT_OK(cache_->synchronize());
       const std::vector<uint8_t> got[2] = {k.download<uint8_t>(), v.download<uint8_t>()};
       std::vector<uint8_t> want(es);
       for (int32_t part = 0; part < 2; ++part)
@@ -199,13 +200,13 @@ class HostTierFixture : public ::testing::Test {
 
   SequenceResidency residency(SequenceId id) {
     auto r = cache_->residency(id);
-    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_OK(r);
     return r.ok() ? *r : SequenceResidency::kHost;
   }
 
   std::vector<BlockLocation> locations(SequenceId id) {
     auto b = cache_->block_locations(id);
-    EXPECT_TRUE(b.ok()) << b.status().to_string();
+    EXPECT_OK(b);
     return b.ok() ? *b : std::vector<BlockLocation>{};
   }
 
@@ -220,9 +221,9 @@ class HostTierFixture : public ::testing::Test {
   void push_out_cached_device_blocks(SequenceId filler) {
     ASSERT_EQ(add(filler, {}), 0);
     auto slots = cache_->reserve(filler, config_.num_device_blocks * config_.block_size);
-    ASSERT_TRUE(slots.ok()) << slots.status().to_string();
+    ASSERT_OK(slots);
     expect_invariants();
-    ASSERT_TRUE(cache_->erase(filler).ok());
+    ASSERT_OK(cache_->erase(filler));
     expect_invariants();
   }
 
@@ -278,7 +279,7 @@ TEST_P(HostPrefixHitDtypeTest, DemotedPrefixIsHitOnTheHostAndOnboardedBitExact) 
   constexpr SequenceId kX = 1, kF = 2, kZ = 3;
   const std::vector<TokenId> px = fresh(12);  // three full blocks
   add_written(kX, px);
-  ASSERT_TRUE(cache_->finish(kX).ok());
+  ASSERT_OK(cache_->finish(kX));
   expect_invariants();
   const NamedStats s0 = named_stats(cache_->stats());
   EXPECT_EQ(s0.at("device.cached_blocks"), 3);
@@ -305,12 +306,12 @@ TEST_P(HostPrefixHitDtypeTest, DemotedPrefixIsHitOnTheHostAndOnboardedBitExact) 
 
   // Onboards Z (3 blocks) and, for room, offloads F, in one job.
   auto slots = cache_->reserve(kZ, 1);
-  ASSERT_TRUE(slots.ok()) << slots.status().to_string();
+  ASSERT_OK(slots);
   expect_invariants();
   const SequenceResidency r = residency(kZ);
   EXPECT_TRUE(r == SequenceResidency::kInFlight || r == SequenceResidency::kDevice)
       << static_cast<int>(r);
-  ASSERT_TRUE(cache_->synchronize().ok());
+  ASSERT_OK(cache_->synchronize());
   EXPECT_EQ(residency(kZ), SequenceResidency::kDevice);
   EXPECT_EQ(count_tier(kZ, Tier::kDevice), 4) << where(locations(kZ));
   EXPECT_EQ(residency(kF), SequenceResidency::kHost);
@@ -318,10 +319,10 @@ TEST_P(HostPrefixHitDtypeTest, DemotedPrefixIsHitOnTheHostAndOnboardedBitExact) 
   expect_contents(kZ, pz);
 
   // F comes back (Z goes out) with its own bytes, and Z again with its.
-  ASSERT_TRUE(cache_->restore(kF).ok());
+  ASSERT_OK(cache_->restore(kF));
   expect_invariants();
   expect_contents(kF, pf);
-  ASSERT_TRUE(cache_->restore(kZ).ok());
+  ASSERT_OK(cache_->restore(kZ));
   expect_invariants();
   expect_contents(kZ, pz);
 }
@@ -341,15 +342,15 @@ TEST_P(HostTierTest, PrefetchOnboardsAHostPrefixHit) {
   constexpr SequenceId kX = 1, kFill = 2, kZ = 3;
   const std::vector<TokenId> px = fresh(8);
   add_written(kX, px);
-  ASSERT_TRUE(cache_->finish(kX).ok());
+  ASSERT_OK(cache_->finish(kX));
   push_out_cached_device_blocks(kFill);
   ASSERT_EQ(cache_->stats().blocks_demoted, 2);
   const std::vector<TokenId> pz = concat(px, {5, 6});
   EXPECT_EQ(add(kZ, pz), 8);
   EXPECT_EQ(residency(kZ), SequenceResidency::kHost);
-  ASSERT_TRUE(cache_->prefetch({kZ}).ok());
+  ASSERT_OK(cache_->prefetch({kZ}));
   expect_invariants();
-  ASSERT_TRUE(cache_->synchronize().ok());
+  ASSERT_OK(cache_->synchronize());
   EXPECT_EQ(residency(kZ), SequenceResidency::kDevice);
   EXPECT_EQ(count_tier(kZ, Tier::kDevice), 2);
   append(kZ, {5, 6}, 8);
@@ -369,7 +370,7 @@ TEST_P(HostTierTest, FullHostTierDropsItsLeastRecentlyUsedPrefix) {
   auto demote_prefix = [&](const std::vector<TokenId>& prompt) {
     const SequenceId id = next_id++;
     add_written(id, prompt);
-    ASSERT_TRUE(cache_->finish(id).ok());
+    ASSERT_OK(cache_->finish(id));
     push_out_cached_device_blocks(next_id++);
   };
   // A prompt of the prefix + 1 token: its hit, after which the probe is finished (its hit
@@ -377,7 +378,7 @@ TEST_P(HostTierTest, FullHostTierDropsItsLeastRecentlyUsedPrefix) {
   auto probe = [&](const std::vector<TokenId>& prefix) {
     const SequenceId id = next_id++;
     const int64_t hit = add(id, concat(prefix, {9}));
-    EXPECT_TRUE(cache_->finish(id).ok());
+    EXPECT_OK(cache_->finish(id));
     expect_invariants();
     return hit;
   };
@@ -415,7 +416,7 @@ TEST_P(HostTierTest, WithoutCachingPrefixesOnHostCachedBlocksAreDropped) {
   make(c, milliseconds(1));
   const std::vector<TokenId> px = fresh(12);
   add_written(1, px);
-  ASSERT_TRUE(cache_->finish(1).ok());
+  ASSERT_OK(cache_->finish(1));
   push_out_cached_device_blocks(2);
   const ControlStats st = cache_->stats();
   EXPECT_EQ(st.blocks_demoted, 0);
@@ -427,9 +428,9 @@ TEST_P(HostTierTest, WithoutCachingPrefixesOnHostCachedBlocksAreDropped) {
   // The host tier still takes offloads.
   const std::vector<TokenId> py = fresh(8);
   add_written(4, py);
-  ASSERT_TRUE(cache_->offload(4).ok());
+  ASSERT_OK(cache_->offload(4));
   expect_invariants();
-  ASSERT_TRUE(cache_->restore(4).ok());
+  ASSERT_OK(cache_->restore(4));
   expect_contents(4, py);
 }
 
@@ -444,10 +445,10 @@ TEST_P(HostTierTest, PrefetchRestoresWhatFitsInListOrderAndNothingElse) {
   add_written(k1, p1);
   add_written(k2, p2);
   auto offload_both = [&] {
-    ASSERT_TRUE(cache_->offload(k1).ok());
-    ASSERT_TRUE(cache_->offload(k2).ok());
+    ASSERT_OK(cache_->offload(k1));
+    ASSERT_OK(cache_->offload(k2));
     expect_invariants();
-    ASSERT_TRUE(cache_->synchronize().ok());
+    ASSERT_OK(cache_->synchronize());
     EXPECT_EQ(residency(k1), SequenceResidency::kHost);
     EXPECT_EQ(residency(k2), SequenceResidency::kHost);
   };
@@ -455,13 +456,13 @@ TEST_P(HostTierTest, PrefetchRestoresWhatFitsInListOrderAndNothingElse) {
 
   // Room for both.
   NamedStats before = named_stats(cache_->stats());
-  ASSERT_TRUE(cache_->prefetch({k1, k2}).ok());
+  ASSERT_OK(cache_->prefetch({k1, k2}));
   expect_invariants();
   for (SequenceId id : {k1, k2}) {
     const SequenceResidency r = residency(id);
     EXPECT_TRUE(r == SequenceResidency::kInFlight || r == SequenceResidency::kDevice);
   }
-  ASSERT_TRUE(cache_->synchronize().ok());
+  ASSERT_OK(cache_->synchronize());
   EXPECT_EQ(residency(k1), SequenceResidency::kDevice);
   EXPECT_EQ(residency(k2), SequenceResidency::kDevice);
   NamedStats after = named_stats(cache_->stats());
@@ -476,9 +477,9 @@ TEST_P(HostTierTest, PrefetchRestoresWhatFitsInListOrderAndNothingElse) {
   const std::vector<BlockLocation> k3_blocks = locations(k3);
   before = named_stats(cache_->stats());
   ASSERT_EQ(before.at("device.free_blocks"), 2);
-  ASSERT_TRUE(cache_->prefetch({k2, k1}).ok());
+  ASSERT_OK(cache_->prefetch({k2, k1}));
   expect_invariants();
-  ASSERT_TRUE(cache_->synchronize().ok());
+  ASSERT_OK(cache_->synchronize());
   EXPECT_EQ(residency(k2), SequenceResidency::kDevice) << "the first in the list";
   EXPECT_EQ(residency(k1), SequenceResidency::kHost) << "no room left for it";
   EXPECT_EQ(locations(k3), k3_blocks) << "prefetch never offloads another sequence";
@@ -508,9 +509,9 @@ TEST_P(HostTierTest, PrefetchRestoresWhatFitsInListOrderAndNothingElse) {
   EXPECT_EQ(residency(k1), SequenceResidency::kHost);
 
   // k1 still comes back whole once there is room.
-  ASSERT_TRUE(cache_->finish(k3).ok());
-  ASSERT_TRUE(cache_->prefetch({k1}).ok());
-  ASSERT_TRUE(cache_->synchronize().ok());
+  ASSERT_OK(cache_->finish(k3));
+  ASSERT_OK(cache_->prefetch({k1}));
+  ASSERT_OK(cache_->synchronize());
   EXPECT_EQ(residency(k1), SequenceResidency::kDevice);
   expect_contents(k1, p1);
 }
@@ -529,7 +530,7 @@ TEST_F(HostTierCpuTest, SeedDefect1PrefixOfAnOffloadedSequenceNeverReadsReusedBl
   const std::vector<TokenId> px = fresh(8), py = fresh(12);
   add_written(kX, px);
   const std::vector<BlockLocation> x_device = locations(kX);
-  ASSERT_TRUE(cache_->offload(kX).ok());
+  ASSERT_OK(cache_->offload(kX));
   expect_invariants();
   EXPECT_EQ(residency(kX), SequenceResidency::kInFlight) << "the offload copies are sleeping";
 
@@ -545,7 +546,7 @@ TEST_F(HostTierCpuTest, SeedDefect1PrefixOfAnOffloadedSequenceNeverReadsReusedBl
   EXPECT_EQ(residency(kZ), SequenceResidency::kHost) << "the prefix is X's host copy";
   append(kZ, {4242}, 8);  // onboards X's prefix, offloading Y for room
   expect_contents(kZ, pz);
-  ASSERT_TRUE(cache_->restore(kX).ok());
+  ASSERT_OK(cache_->restore(kX));
   expect_invariants();
   expect_contents(kX, px);
 }
@@ -563,7 +564,7 @@ TEST_P(HostTierTest, SeedDefect7HostTierIsBoundedAndAFailedOffloadChangesNothing
   const std::vector<TokenId> p1 = fresh(12), p2 = fresh(8);
   add_written(k1, p1);
   add_written(k2, p2);
-  ASSERT_TRUE(cache_->offload(k1).ok());  // 3 of the 4 host blocks
+  ASSERT_OK(cache_->offload(k1));  // 3 of the 4 host blocks
   expect_invariants();
   const NamedStats before = named_stats(cache_->stats());
   const std::vector<BlockLocation> b1 = locations(k1), b2 = locations(k2);
@@ -577,13 +578,13 @@ TEST_P(HostTierTest, SeedDefect7HostTierIsBoundedAndAFailedOffloadChangesNothing
   expect_contents(k2, p2);
 
   // Once k1 is finished its host blocks are cached and droppable: the offload now fits.
-  ASSERT_TRUE(cache_->finish(k1).ok());
+  ASSERT_OK(cache_->finish(k1));
   expect_invariants();
   EXPECT_EQ(cache_->stats().host.cached_blocks, 3);
-  ASSERT_TRUE(cache_->offload(k2).ok());
+  ASSERT_OK(cache_->offload(k2));
   expect_invariants();
   EXPECT_EQ(cache_->stats().host_blocks_dropped, 1);
-  ASSERT_TRUE(cache_->restore(k2).ok());
+  ASSERT_OK(cache_->restore(k2));
   expect_contents(k2, p2);
 }
 
@@ -598,17 +599,17 @@ TEST_P(HostTierTest, OffloadCanUseHostRoomHeldByACachedChain) {
   const std::vector<TokenId> p1 = fresh(16), p2 = fresh(12);
   add_written(k1, p1);
   add_written(k2, p2);
-  ASSERT_TRUE(cache_->offload(k1).ok());  // all 4 host blocks
-  ASSERT_TRUE(cache_->finish(k1).ok());   // a chain of 4 cached host blocks, droppable
+  ASSERT_OK(cache_->offload(k1));  // all 4 host blocks
+  ASSERT_OK(cache_->finish(k1));   // a chain of 4 cached host blocks, droppable
   expect_invariants();
   ASSERT_EQ(cache_->stats().host.cached_blocks, 4);
   ASSERT_EQ(cache_->stats().host.free_blocks, 0);
   const Status s = cache_->offload(k2);  // needs 3: dropping 3 of the 4 gives them
-  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_OK(s);
   expect_invariants();
   if (!s.ok()) return;
   EXPECT_EQ(cache_->stats().host_blocks_dropped, 3);
-  ASSERT_TRUE(cache_->restore(k2).ok());
+  ASSERT_OK(cache_->restore(k2));
   expect_contents(k2, p2);
 }
 
@@ -623,21 +624,21 @@ TEST_F(HostTierCpuTest, SeedDefect7OffloadAndRestoreAreAsynchronous) {
     const auto t0 = std::chrono::steady_clock::now();
     const Status s = call();
     const auto dt = std::chrono::steady_clock::now() - t0;
-    EXPECT_TRUE(s.ok()) << s.to_string();
+    EXPECT_OK(s);
     return dt;
   };
   auto dt = timed([&] { return cache_->offload(1); });
   EXPECT_EQ(residency(1), SequenceResidency::kInFlight);
   EXPECT_LT(dt, delay / 2) << "offload waited for its copy";
   expect_invariants();
-  ASSERT_TRUE(cache_->synchronize().ok());
+  ASSERT_OK(cache_->synchronize());
   EXPECT_EQ(residency(1), SequenceResidency::kHost);
 
   dt = timed([&] { return cache_->restore(1); });
   EXPECT_EQ(residency(1), SequenceResidency::kInFlight);
   EXPECT_LT(dt, delay / 2) << "restore waited for its copy";
   expect_invariants();
-  ASSERT_TRUE(cache_->synchronize().ok());
+  ASSERT_OK(cache_->synchronize());
   EXPECT_EQ(residency(1), SequenceResidency::kDevice);
   expect_contents(1, p);
 }
@@ -668,10 +669,10 @@ void HostTierFixture::failed_demotion_is_taken_back(FaultKind fault) {
     make(small_config(), milliseconds(2), /*inject_faults=*/true);
     ASSERT_EQ(cache_->pool_info().transfer_kernel, fault == FaultKind::kLaunch);
     add_written(kQ, pq);
-    ASSERT_TRUE(cache_->finish(kQ).ok());
+    ASSERT_OK(cache_->finish(kQ));
     add_written(kV, pv);
     ASSERT_EQ(add(kR, {}), 0);
-    ASSERT_TRUE(cache_->set_active({kR}).ok());
+    ASSERT_OK(cache_->set_active({kR}));
     ASSERT_EQ(cache_->stats().device.cached_blocks, 2);
     ASSERT_EQ(cache_->stats().device.free_blocks, 0);
   };
@@ -681,7 +682,7 @@ void HostTierFixture::failed_demotion_is_taken_back(FaultKind fault) {
   setup();
   if (::testing::Test::HasFatalFailure()) return;
   faults_->reset_counts();
-  ASSERT_TRUE(cache_->reserve(kR, 16).ok());
+  ASSERT_OK(cache_->reserve(kR, 16));
   const int64_t copies = faults_->count(fault);
   const ControlStats clean = cache_->stats();
   EXPECT_EQ(clean.blocks_demoted, 2);
@@ -712,7 +713,7 @@ void HostTierFixture::failed_demotion_is_taken_back(FaultKind fault) {
     EXPECT_EQ(*cache_->pending(id), was[id].second.second);
   }
   EXPECT_EQ(stats_diff(before, named_stats(cache_->stats())), "");
-  ASSERT_TRUE(cache_->synchronize().ok());
+  ASSERT_OK(cache_->synchronize());
   EXPECT_EQ(residency(kV), SequenceResidency::kDevice);
   expect_contents(kV, pv);
 
@@ -722,7 +723,7 @@ void HostTierFixture::failed_demotion_is_taken_back(FaultKind fault) {
   EXPECT_EQ(residency(kZ), SequenceResidency::kDevice);
   append(kZ, {999}, 8);  // offloads V for room
   expect_contents(kZ, pz);
-  ASSERT_TRUE(cache_->finish(kZ).ok());
+  ASSERT_OK(cache_->finish(kZ));
   expect_invariants();
 
   // The retry demotes Q's prefix for real.
@@ -730,8 +731,8 @@ void HostTierFixture::failed_demotion_is_taken_back(FaultKind fault) {
   append(kR, pr, 0);
   EXPECT_EQ(cache_->stats().blocks_demoted - demoted, 2);
   expect_contents(kR, pr);
-  ASSERT_TRUE(cache_->set_active({}).ok());
-  ASSERT_TRUE(cache_->restore(kV).ok());
+  ASSERT_OK(cache_->set_active({}));
+  ASSERT_OK(cache_->restore(kV));
   expect_invariants();
   expect_contents(kV, pv);
   const std::vector<TokenId> pw = concat(pq, {1234});
@@ -750,7 +751,7 @@ TEST_P(HostTierTest, HostHitBlocksArePartOfHitBlocks) {
   make(small_config(), milliseconds(1));
   const std::vector<TokenId> px = fresh(8);
   add_written(1, px);
-  ASSERT_TRUE(cache_->finish(1).ok());
+  ASSERT_OK(cache_->finish(1));
   push_out_cached_device_blocks(2);
   ASSERT_EQ(cache_->stats().blocks_demoted, 2);
   EXPECT_EQ(add(3, px), 7);  // the same prompt: one full block and 3 tokens of the second

@@ -15,6 +15,7 @@
 #include "pagedkv/cpu_backend.hpp"
 #include "runtime/runtime_backends.hpp"
 #include "support/backend_test.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -45,7 +46,7 @@ TEST_P(KvCacheDtypeTest, OffloadRestoreRoundTripIsBitExact) {
   KvCacheOptions o;
   o.backend = backend.get();
   auto created = KvCache::create(c, o);
-  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  ASSERT_OK(created);
   KvCache& cache = **created;
 
   // fp8 pools are written unscaled: keep the inputs inside e4m3's range.
@@ -55,8 +56,8 @@ TEST_P(KvCacheDtypeTest, OffloadRestoreRoundTripIsBitExact) {
   std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
   std::vector<TokenId> tokens(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = static_cast<TokenId>(i * 3 + 1);
-  ASSERT_TRUE(cache.add_sequence(1, tokens).ok());
-  ASSERT_TRUE(cache.reserve(1, n).ok());
+  ASSERT_OK(cache.add_sequence(1, tokens));
+  ASSERT_OK(cache.reserve(1, n));
   DeviceBuffer k(*backend, elems * 4), v(*backend, elems * 4);
   for (int32_t layer = 0; layer < c.num_layers; ++layer) {
     std::vector<float> hk(elems), hv(elems);
@@ -67,35 +68,35 @@ TEST_P(KvCacheDtypeTest, OffloadRestoreRoundTripIsBitExact) {
     }
     k.upload(hk);
     v.upload(hv);
-    ASSERT_TRUE(cache.write_kv(1, layer, k.data(), v.data(), DType::kFloat32).ok());
-    ASSERT_TRUE(cache.synchronize().ok());
+    ASSERT_OK(cache.write_kv(1, layer, k.data(), v.data(), DType::kFloat32));
+    ASSERT_OK(cache.synchronize());
   }
-  ASSERT_TRUE(cache.commit(1, tokens).ok());
+  ASSERT_OK(cache.commit(1, tokens));
 
   auto gather_all = [&]() {
     std::vector<std::vector<uint8_t>> out;
     const size_t bytes = elems * dtype_size(dtype);
     DeviceBuffer gk(*backend, bytes), gv(*backend, bytes);
     for (int32_t layer = 0; layer < c.num_layers; ++layer) {
-      EXPECT_TRUE(
-          cache.gather_layer(1, layer, gk.data(), gv.data(), dtype, PackedLayout::kHeadMajor).ok());
-      EXPECT_TRUE(cache.synchronize().ok());
+      EXPECT_OK(
+          cache.gather_layer(1, layer, gk.data(), gv.data(), dtype, PackedLayout::kHeadMajor));
+      EXPECT_OK(cache.synchronize());
       out.push_back(gk.download<uint8_t>());
       out.push_back(gv.download<uint8_t>());
     }
     return out;
   };
   const auto before = gather_all();
-  ASSERT_TRUE(cache.offload(1).ok());
-  ASSERT_TRUE(cache.synchronize().ok());
+  ASSERT_OK(cache.offload(1));
+  ASSERT_OK(cache.synchronize());
   EXPECT_EQ(*cache.residency(1), SequenceResidency::kHost);
-  ASSERT_TRUE(cache.restore(1).ok());
+  ASSERT_OK(cache.restore(1));
   const auto after = gather_all();
   ASSERT_EQ(before.size(), after.size());
   for (size_t i = 0; i < before.size(); ++i) EXPECT_EQ(before[i], after[i]) << "array " << i;
   // The comparison means something only if the gathered bytes vary.
   EXPECT_GT(std::set<uint8_t>(before[0].begin(), before[0].end()).size(), 16u);
-  ASSERT_TRUE(cache.check_invariants().ok());
+  ASSERT_OK(cache.check_invariants());
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDtypes, KvCacheDtypeTest,

@@ -11,6 +11,7 @@
 #include "pagedkv/ops.hpp"
 #include "runtime/kv_model.hpp"
 #include "support/backend_test.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -36,15 +37,15 @@ class KvCacheFuzzRegression : public ::testing::Test {
 
   void append(SequenceId id, const std::vector<TokenId>& tokens) {
     const int64_t start = *cache_->length(id);
-    ASSERT_TRUE(cache_->reserve(id, static_cast<int64_t>(tokens.size())).ok());
+    ASSERT_OK(cache_->reserve(id, static_cast<int64_t>(tokens.size())));
     const std::vector<uint16_t> k = model_rows(config_, 0, 0, tokens, start);
     const std::vector<uint16_t> v = model_rows(config_, 0, 1, tokens, start);
     DeviceBuffer dk(*backend_, k.size() * 2), dv(*backend_, v.size() * 2);
     dk.upload(k);
     dv.upload(v);
-    ASSERT_TRUE(cache_->write_kv(id, 0, dk.data(), dv.data(), DType::kFloat16).ok());
-    ASSERT_TRUE(cache_->synchronize().ok());
-    ASSERT_TRUE(cache_->commit(id, tokens).ok());
+    ASSERT_OK(cache_->write_kv(id, 0, dk.data(), dv.data(), DType::kFloat16));
+    ASSERT_OK(cache_->synchronize());
+    ASSERT_OK(cache_->commit(id, tokens));
   }
 
   CacheConfig config_;
@@ -55,7 +56,7 @@ class KvCacheFuzzRegression : public ::testing::Test {
 // Fuzz input crash-gather-position-overflow: gather_layer(position_begin = 2,
 // num_tokens = INT64_MAX) added the two (signed overflow, UBSan) before rejecting them.
 TEST_F(KvCacheFuzzRegression, GatherLayerRejectsRangesWhoseEndOverflows) {
-  ASSERT_TRUE(cache_->add_sequence(1, {}).ok());
+  ASSERT_OK(cache_->add_sequence(1, {}));
   append(1, {3, 4, 5});
   DeviceBuffer k(*backend_, 1024), v(*backend_, 1024);
   for (const auto& [begin, num] : std::vector<std::pair<int64_t, int64_t>>{
@@ -64,12 +65,10 @@ TEST_F(KvCacheFuzzRegression, GatherLayerRejectsRangesWhoseEndOverflows) {
                                           PackedLayout::kTokenMajor, begin, num);
     EXPECT_EQ(s.code(), StatusCode::kOutOfRange) << begin << " " << num << ": " << s.to_string();
   }
-  EXPECT_TRUE(
-      cache_
-          ->gather_layer(1, 0, k.data(), v.data(), DType::kFloat16, PackedLayout::kTokenMajor, 1, 2)
-          .ok());
-  ASSERT_TRUE(cache_->synchronize().ok());  // the gather writes k and v asynchronously
-  EXPECT_TRUE(cache_->check_invariants().ok());
+  EXPECT_OK(cache_->gather_layer(1, 0, k.data(), v.data(), DType::kFloat16,
+                                 PackedLayout::kTokenMajor, 1, 2));
+  ASSERT_OK(cache_->synchronize());  // the gather writes k and v asynchronously
+  EXPECT_OK(cache_->check_invariants());
 }
 
 // The same overflow one layer down, in the ops' own range check (gather_layer and
@@ -92,11 +91,11 @@ TEST_F(KvCacheFuzzRegression, GatherOpRejectsRangesWhoseEndOverflows) {
 // host and handed the device blocks to someone else): write_kv must not write through the stale
 // slots into the other sequence's blocks, and after a restore it writes to the new ones.
 TEST_F(KvCacheFuzzRegression, WriteAfterPlannerOffloadNeverTouchesOtherSequences) {
-  ASSERT_TRUE(cache_->add_sequence(1, {}).ok());
+  ASSERT_OK(cache_->add_sequence(1, {}));
   append(1, {1, 2});
-  ASSERT_TRUE(cache_->reserve(1, 2).ok());  // sequence 1: 2 blocks, the second reserved
-  ASSERT_TRUE(cache_->add_sequence(2, {}).ok());
-  ASSERT_TRUE(cache_->set_active({2}).ok());
+  ASSERT_OK(cache_->reserve(1, 2));  // sequence 1: 2 blocks, the second reserved
+  ASSERT_OK(cache_->add_sequence(2, {}));
+  ASSERT_OK(cache_->set_active({2}));
   append(2, {5, 6, 7, 8, 9, 4});  // 3 blocks of 4: sequence 1 is offloaded to make room
   ASSERT_EQ(*cache_->residency(1) == SequenceResidency::kDevice, false);
   const std::vector<uint16_t> junk(static_cast<size_t>(2 * config_.head_dim), 0x3c00);
@@ -104,32 +103,30 @@ TEST_F(KvCacheFuzzRegression, WriteAfterPlannerOffloadNeverTouchesOtherSequences
   dj.upload(junk);
   EXPECT_EQ(cache_->write_kv(1, 0, dj.data(), dj.data(), DType::kFloat16).code(),
             StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(cache_->synchronize().ok());
+  ASSERT_OK(cache_->synchronize());
   // Sequence 2 still reads back as written.
   DeviceBuffer k(*backend_, 6 * 8 * 2), v(*backend_, 6 * 8 * 2);
-  ASSERT_TRUE(
-      cache_->gather_layer(2, 0, k.data(), v.data(), DType::kFloat16, PackedLayout::kTokenMajor)
-          .ok());
+  ASSERT_OK(
+      cache_->gather_layer(2, 0, k.data(), v.data(), DType::kFloat16, PackedLayout::kTokenMajor));
   EXPECT_EQ(k.download<uint16_t>(), model_rows(config_, 0, 0, {5, 6, 7, 8, 9, 4}, 0));
   EXPECT_EQ(v.download<uint16_t>(), model_rows(config_, 0, 1, {5, 6, 7, 8, 9, 4}, 0));
   // Once restored, the reservation is writable again, at its new slots.
-  ASSERT_TRUE(cache_->erase(2).ok());
-  ASSERT_TRUE(cache_->restore(1).ok());
+  ASSERT_OK(cache_->erase(2));
+  ASSERT_OK(cache_->restore(1));
   const std::vector<TokenId> more{3, 3};
   const std::vector<uint16_t> mk = model_rows(config_, 0, 0, more, 2);
   const std::vector<uint16_t> mv = model_rows(config_, 0, 1, more, 2);
   DeviceBuffer dk(*backend_, mk.size() * 2), dv(*backend_, mv.size() * 2);
   dk.upload(mk);
   dv.upload(mv);
-  ASSERT_TRUE(cache_->write_kv(1, 0, dk.data(), dv.data(), DType::kFloat16).ok());
-  ASSERT_TRUE(cache_->commit(1, more).ok());
+  ASSERT_OK(cache_->write_kv(1, 0, dk.data(), dv.data(), DType::kFloat16));
+  ASSERT_OK(cache_->commit(1, more));
   DeviceBuffer k1(*backend_, 4 * 8 * 2), v1(*backend_, 4 * 8 * 2);
-  ASSERT_TRUE(
-      cache_->gather_layer(1, 0, k1.data(), v1.data(), DType::kFloat16, PackedLayout::kTokenMajor)
-          .ok());
+  ASSERT_OK(
+      cache_->gather_layer(1, 0, k1.data(), v1.data(), DType::kFloat16, PackedLayout::kTokenMajor));
   EXPECT_EQ(k1.download<uint16_t>(), model_rows(config_, 0, 0, {1, 2, 3, 3}, 0));
   EXPECT_EQ(v1.download<uint16_t>(), model_rows(config_, 0, 1, {1, 2, 3, 3}, 0));
-  EXPECT_TRUE(cache_->check_invariants().ok());
+  EXPECT_OK(cache_->check_invariants());
 }
 
 }  // namespace

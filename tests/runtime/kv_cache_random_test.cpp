@@ -25,6 +25,7 @@
 #include "pagedkv/fault_injection.hpp"
 #include "pagedkv/layout.hpp"
 #include "runtime/runtime_backends.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -57,7 +58,7 @@ void expect_clean(const WorkloadCounters& c) {
 
 std::unique_ptr<KvWorkload> make_workload(const WorkloadOptions& options) {
   auto w = KvWorkload::create(options);
-  EXPECT_TRUE(w.ok()) << w.status().to_string();
+  EXPECT_OK(w);
   return w.ok() ? std::move(w).value() : nullptr;
 }
 
@@ -173,13 +174,13 @@ TEST_P(KvCacheRandomized, AByteChangedInTheDevicePoolIsReported) {
   w->run(3000);
   expect_clean(w->counters());
   KvCache& cache = w->cache();
-  ASSERT_TRUE(cache.synchronize().ok());
+  ASSERT_OK(cache.synchronize());
 
   // A live, device-resident sequence of at least two blocks.
   SequenceId victim = 0;
   for (SequenceId id : w->live_sequences()) {
     const auto where = cache.residency(id);
-    ASSERT_TRUE(where.ok()) << where.status().to_string();
+    ASSERT_OK(where);
     if (*where == SequenceResidency::kDevice &&
         static_cast<int64_t>(w->model_tokens(id).size()) > cache.config().block_size) {
       victim = id;
@@ -190,7 +191,7 @@ TEST_P(KvCacheRandomized, AByteChangedInTheDevicePoolIsReported) {
   const int64_t length = static_cast<int64_t>(w->model_tokens(victim).size());
   const int64_t position = length - 1;  // the last committed token, past the first block
   const auto blocks = cache.block_locations(victim);
-  ASSERT_TRUE(blocks.ok());
+  ASSERT_OK(blocks);
   const BlockLocation& b = (*blocks)[static_cast<size_t>(position / cache.config().block_size)];
   ASSERT_EQ(b.tier, Tier::kDevice);
 
@@ -205,13 +206,11 @@ TEST_P(KvCacheRandomized, AByteChangedInTheDevicePoolIsReported) {
   uint16_t* element = static_cast<uint16_t*>(pool.data) + offset;
   uint16_t bits = 0;
   Backend& backend = cache.backend();
-  ASSERT_TRUE(
-      backend.copy_async(&bits, element, sizeof bits, CopyKind::kDeviceToHost, Stream{}).ok());
-  ASSERT_TRUE(backend.synchronize_stream(Stream{}).ok());
+  ASSERT_OK(backend.copy_async(&bits, element, sizeof bits, CopyKind::kDeviceToHost, Stream{}));
+  ASSERT_OK(backend.synchronize_stream(Stream{}));
   bits ^= 0x0100;
-  ASSERT_TRUE(
-      backend.copy_async(element, &bits, sizeof bits, CopyKind::kHostToDevice, Stream{}).ok());
-  ASSERT_TRUE(backend.synchronize_stream(Stream{}).ok());
+  ASSERT_OK(backend.copy_async(element, &bits, sizeof bits, CopyKind::kHostToDevice, Stream{}));
+  ASSERT_OK(backend.synchronize_stream(Stream{}));
 
   EXPECT_FALSE(w->verify_sequence(victim));
   const WorkloadCounters& c = w->counters();

@@ -14,6 +14,7 @@
 #include "runtime/kv_model.hpp"
 #include "runtime/runtime_backends.hpp"
 #include "support/backend_test.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -52,14 +53,14 @@ class KvCacheFixture : public ::testing::Test {
     KvCacheOptions o;
     o.backend = backend_.get();
     auto c = KvCache::create(config, o);
-    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    ASSERT_OK(c);
     cache_ = std::move(c).value();
   }
 
   // Reserves, writes every layer and commits `tokens` (at positions start..) for `id`.
   void append(SequenceId id, const std::vector<TokenId>& tokens, int64_t start) {
     auto slots = cache_->reserve(id, static_cast<int64_t>(tokens.size()));
-    ASSERT_TRUE(slots.ok()) << slots.status().to_string();
+    ASSERT_OK(slots);
     ASSERT_EQ(slots->size(), tokens.size());
     for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
       const std::vector<uint16_t> k = model_rows(config_, layer, 0, tokens, start);
@@ -67,11 +68,11 @@ class KvCacheFixture : public ::testing::Test {
       DeviceBuffer dk(*backend_, k.size() * 2), dv(*backend_, v.size() * 2);
       dk.upload(k);
       dv.upload(v);
-      ASSERT_TRUE(cache_->write_kv(id, layer, dk.data(), dv.data(), DType::kFloat16).ok());
-      ASSERT_TRUE(cache_->synchronize().ok());  // the staging buffers go out of scope
+      ASSERT_OK(cache_->write_kv(id, layer, dk.data(), dv.data(), DType::kFloat16));
+      ASSERT_OK(cache_->synchronize());  // the staging buffers go out of scope
     }
-    ASSERT_TRUE(cache_->commit(id, tokens).ok());
-    ASSERT_TRUE(cache_->check_invariants().ok()) << cache_->check_invariants().to_string();
+    ASSERT_OK(cache_->commit(id, tokens));
+    ASSERT_OK(cache_->check_invariants());
   }
 
   // Gathers every layer of `id` and compares every element with kv_value of `tokens`.
@@ -82,8 +83,8 @@ class KvCacheFixture : public ::testing::Test {
       DeviceBuffer k(*backend_, elems * 2), v(*backend_, elems * 2);
       const Status s = cache_->gather_layer(id, layer, k.data(), v.data(), DType::kFloat16,
                                             PackedLayout::kHeadMajor);
-      ASSERT_TRUE(s.ok()) << s.to_string();
-      ASSERT_TRUE(cache_->synchronize().ok());
+      ASSERT_OK(s);
+      ASSERT_OK(cache_->synchronize());
       const std::vector<uint16_t> gk = k.download<uint16_t>(), gv = v.download<uint16_t>();
       for (int32_t h = 0; h < config_.num_kv_heads; ++h)
         for (int64_t t = 0; t < n; ++t)
@@ -100,7 +101,7 @@ class KvCacheFixture : public ::testing::Test {
   std::set<int32_t> device_blocks(SequenceId id) {
     std::set<int32_t> out;
     auto batch = cache_->build_batch({id});
-    EXPECT_TRUE(batch.ok()) << batch.status().to_string();
+    EXPECT_OK(batch);
     if (!batch.ok()) return out;
     const BatchMetadata& m = *batch->host;
     for (int32_t i = 0; i < m.max_blocks; ++i) {
@@ -120,30 +121,30 @@ class KvCacheFixture : public ::testing::Test {
     c.num_device_blocks = 4;  // room for one 12-token sequence at a time
     make(c, slow_copies ? slow : CpuBackendOptions{});
     const std::vector<TokenId> a = iota_tokens(12, 1000), b = iota_tokens(12, 2000);
-    ASSERT_TRUE(cache_->add_sequence(1, a).ok());
+    ASSERT_OK(cache_->add_sequence(1, a));
     append(1, a, 0);
     const std::set<int32_t> a_blocks = device_blocks(1);
     ASSERT_EQ(a_blocks.size(), 3u);
 
-    ASSERT_TRUE(cache_->offload(1).ok());
+    ASSERT_OK(cache_->offload(1));
     if (slow_copies) {
       EXPECT_EQ(*cache_->residency(1), SequenceResidency::kInFlight);  // the copy is sleeping
     }
-    ASSERT_TRUE(cache_->add_sequence(2, b).ok());
+    ASSERT_OK(cache_->add_sequence(2, b));
     append(2, b, 0);  // 3 blocks out of 4: at least two were A's
     int reused = 0;
     for (int32_t blk : device_blocks(2)) reused += a_blocks.count(blk) ? 1 : 0;
     EXPECT_GE(reused, 2);
 
-    ASSERT_TRUE(cache_->restore(1).ok());  // offloads B (inactive) to make room
-    ASSERT_TRUE(cache_->check_invariants().ok());
+    ASSERT_OK(cache_->restore(1));  // offloads B (inactive) to make room
+    ASSERT_OK(cache_->check_invariants());
     expect_contents(1, a);
-    ASSERT_TRUE(cache_->restore(2).ok());  // and back again
+    ASSERT_OK(cache_->restore(2));  // and back again
     expect_contents(2, b);
     const ControlStats stats = cache_->stats();
     EXPECT_EQ(stats.sequences_offloaded, 3);
     EXPECT_EQ(stats.sequences_restored, 2);
-    ASSERT_TRUE(cache_->check_invariants().ok());
+    ASSERT_OK(cache_->check_invariants());
   }
 
   BackendKind kind_ = BackendKind::kCpu;
@@ -202,14 +203,14 @@ TEST_P(KvCacheTest, WriteCommitGatherRoundTrip) {
 TEST_P(KvCacheTest, FinishedPrefixIsReusedWithItsBytes) {
   make(small_config());
   const std::vector<TokenId> prompt = iota_tokens(9, 7);
-  ASSERT_TRUE(cache_->add_sequence(1, prompt).ok());
+  ASSERT_OK(cache_->add_sequence(1, prompt));
   append(1, prompt, 0);
-  ASSERT_TRUE(cache_->finish(1).ok());
+  ASSERT_OK(cache_->finish(1));
 
   std::vector<TokenId> second = prompt;
   second.push_back(99);
   auto cached = cache_->add_sequence(2, second);
-  ASSERT_TRUE(cached.ok());
+  ASSERT_OK(cached);
   EXPECT_EQ(*cached, 8);  // two full blocks of 4; at least one token is left to compute
   append(2, std::vector<TokenId>(second.begin() + 8, second.end()), 8);
   expect_contents(2, second);
@@ -228,18 +229,18 @@ TEST_F(KvCacheCpuTest, ResidencyFollowsOffloadAndRestore) {
   slow.copy_delay = std::chrono::milliseconds(20);
   make(small_config(), slow);
   const std::vector<TokenId> a = iota_tokens(8, 1);
-  ASSERT_TRUE(cache_->add_sequence(1, a).ok());
+  ASSERT_OK(cache_->add_sequence(1, a));
   append(1, a, 0);
   EXPECT_EQ(*cache_->residency(1), SequenceResidency::kDevice);
-  ASSERT_TRUE(cache_->offload(1).ok());
+  ASSERT_OK(cache_->offload(1));
   EXPECT_EQ(*cache_->residency(1), SequenceResidency::kInFlight);
-  ASSERT_TRUE(cache_->synchronize().ok());
+  ASSERT_OK(cache_->synchronize());
   EXPECT_EQ(*cache_->residency(1), SequenceResidency::kHost);
   EXPECT_EQ(cache_->gather_layer(1, 0, nullptr, nullptr, DType::kFloat16, PackedLayout::kHeadMajor)
                 .code(),
             StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(cache_->restore(1).ok());
-  ASSERT_TRUE(cache_->synchronize().ok());
+  ASSERT_OK(cache_->restore(1));
+  ASSERT_OK(cache_->synchronize());
   EXPECT_EQ(*cache_->residency(1), SequenceResidency::kDevice);
   expect_contents(1, a);
   EXPECT_EQ(cache_->residency(42).status().code(), StatusCode::kNotFound);
@@ -250,14 +251,14 @@ TEST_F(KvCacheCpuTest, ResidencyFollowsOffloadAndRestore) {
 TEST_P(KvCacheTest, ResidencyAfterWaitedOffloadAndRestore) {
   make(small_config());
   const std::vector<TokenId> a = iota_tokens(8, 1);
-  ASSERT_TRUE(cache_->add_sequence(1, a).ok());
+  ASSERT_OK(cache_->add_sequence(1, a));
   append(1, a, 0);
   EXPECT_EQ(*cache_->residency(1), SequenceResidency::kDevice);
-  ASSERT_TRUE(cache_->offload(1).ok());
-  ASSERT_TRUE(cache_->synchronize().ok());
+  ASSERT_OK(cache_->offload(1));
+  ASSERT_OK(cache_->synchronize());
   EXPECT_EQ(*cache_->residency(1), SequenceResidency::kHost);
-  ASSERT_TRUE(cache_->restore(1).ok());
-  ASSERT_TRUE(cache_->synchronize().ok());
+  ASSERT_OK(cache_->restore(1));
+  ASSERT_OK(cache_->synchronize());
   EXPECT_EQ(*cache_->residency(1), SequenceResidency::kDevice);
   expect_contents(1, a);
 }
@@ -267,16 +268,16 @@ TEST_P(KvCacheTest, ResidencyAfterWaitedOffloadAndRestore) {
 TEST_F(KvCacheCpuTest, DeviceViewOfABatchReadsEverySequence) {
   make(small_config());
   const std::vector<TokenId> a = iota_tokens(9, 10), b = iota_tokens(6, 40);
-  ASSERT_TRUE(cache_->add_sequence(1, a).ok());
+  ASSERT_OK(cache_->add_sequence(1, a));
   append(1, a, 0);
-  ASSERT_TRUE(cache_->add_sequence(2, b).ok());
+  ASSERT_OK(cache_->add_sequence(2, b));
   append(2, b, 0);
   for (bool csr : {false, true}) {
     BatchOptions options;
     options.build_csr = csr;
     auto batch = cache_->build_batch({2, 1}, options);
-    ASSERT_TRUE(batch.ok()) << batch.status().to_string();
-    ASSERT_TRUE(cache_->synchronize().ok());  // the metadata upload
+    ASSERT_OK(batch);
+    ASSERT_OK(cache_->synchronize());  // the metadata upload
     const device::PagedKvView view = cache_->device_view(*batch);
     EXPECT_EQ(view.is_csr(), csr);
     ASSERT_EQ(view.batch_size, 2);
@@ -302,7 +303,7 @@ TEST_F(KvCacheCpuTest, DeviceViewOfABatchReadsEverySequence) {
 TEST_P(KvCacheTest, BadCallsAreRejectedAndChangeNothing) {
   make(small_config());
   const std::vector<TokenId> a = iota_tokens(6, 1);
-  ASSERT_TRUE(cache_->add_sequence(1, a).ok());
+  ASSERT_OK(cache_->add_sequence(1, a));
   append(1, a, 0);
   const ControlStats before = cache_->stats();
   DeviceBuffer k(*backend_, 3 * 64 * 2), v(*backend_, 3 * 64 * 2);
@@ -310,7 +311,7 @@ TEST_P(KvCacheTest, BadCallsAreRejectedAndChangeNothing) {
             StatusCode::kFailedPrecondition);  // nothing reserved
   EXPECT_EQ(cache_->write_kv(9, 0, k.data(), v.data(), DType::kFloat16).code(),
             StatusCode::kNotFound);
-  ASSERT_TRUE(cache_->reserve(1, 1).ok());
+  ASSERT_OK(cache_->reserve(1, 1));
   EXPECT_EQ(cache_->write_kv(1, 2, k.data(), v.data(), DType::kFloat16).code(),
             StatusCode::kOutOfRange);  // layer 2 of 2
   EXPECT_EQ(
@@ -323,9 +324,9 @@ TEST_P(KvCacheTest, BadCallsAreRejectedAndChangeNothing) {
   const ControlStats after = cache_->stats();
   EXPECT_EQ(before.device.used_blocks, after.device.used_blocks);
   EXPECT_EQ(before.sequences, after.sequences);
-  ASSERT_TRUE(cache_->rollback(1, 6).ok());
+  ASSERT_OK(cache_->rollback(1, 6));
   expect_contents(1, a);
-  ASSERT_TRUE(cache_->check_invariants().ok());
+  ASSERT_OK(cache_->check_invariants());
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "runtime/kv_model.hpp"
 #include "runtime/runtime_backends.hpp"
 #include "support/backend_test.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -57,8 +58,7 @@ std::vector<TokenId> iota_tokens(int n, TokenId first) {
   return t;
 }
 
-#define EXPECT_INVARIANTS() \
-  EXPECT_TRUE(cache_->check_invariants().ok()) << cache_->check_invariants().to_string()
+#define EXPECT_INVARIANTS() EXPECT_OK(cache_->check_invariants())
 
 class LatentCacheTest : public testing::BackendParamTest {
  protected:
@@ -71,7 +71,7 @@ class LatentCacheTest : public testing::BackendParamTest {
     KvCacheOptions o;
     o.backend = backend_.get();
     auto c = KvCache::create(config, o);
-    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    ASSERT_OK(c);
     cache_ = std::move(c).value();
     EXPECT_INVARIANTS();
   }
@@ -79,18 +79,18 @@ class LatentCacheTest : public testing::BackendParamTest {
   // Reserves, writes every layer's latents (value null) and commits `tokens` at positions start..
   void append(SequenceId id, const std::vector<TokenId>& tokens, int64_t start) {
     auto slots = cache_->reserve(id, static_cast<int64_t>(tokens.size()));
-    ASSERT_TRUE(slots.ok()) << slots.status().to_string();
+    ASSERT_OK(slots);
     EXPECT_INVARIANTS();
     for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
       const std::vector<uint16_t> latent = model_rows(config_, layer, 0, tokens, start);
       DeviceBuffer d(*backend_, latent.size() * 2);
       d.upload(latent);
       const Status s = cache_->write_kv(id, layer, d.data(), nullptr, DType::kFloat16);
-      ASSERT_TRUE(s.ok()) << s.to_string();
-      ASSERT_TRUE(cache_->synchronize().ok());  // the staging buffer goes out of scope
+      ASSERT_OK(s);
+      ASSERT_OK(cache_->synchronize());  // the staging buffer goes out of scope
       EXPECT_INVARIANTS();
     }
-    ASSERT_TRUE(cache_->commit(id, tokens).ok());
+    ASSERT_OK(cache_->commit(id, tokens));
     EXPECT_INVARIANTS();
   }
 
@@ -106,8 +106,8 @@ class LatentCacheTest : public testing::BackendParamTest {
       out.upload(poison);
       const Status s =
           cache_->gather_layer(id, layer, out.data(), nullptr, DType::kFloat16, packed);
-      ASSERT_TRUE(s.ok()) << s.to_string();
-      ASSERT_TRUE(cache_->synchronize().ok());
+      ASSERT_OK(s);
+      ASSERT_OK(cache_->synchronize());
       const std::vector<uint16_t> got = out.download<uint16_t>();
       for (int64_t t = 0; t < n; ++t)
         for (int32_t d = 0; d < dim; ++d)
@@ -123,11 +123,10 @@ class LatentCacheTest : public testing::BackendParamTest {
   std::vector<uint8_t> pool_bytes() {
     const PoolRef pool = cache_->device_pool();
     std::vector<uint8_t> out(static_cast<size_t>(pool.layout.block_elems() * pool.num_blocks * 2));
-    EXPECT_TRUE(cache_->synchronize().ok());
-    EXPECT_TRUE(
-        backend_->copy_async(out.data(), pool.data, out.size(), CopyKind::kDeviceToHost, Stream{})
-            .ok());
-    EXPECT_TRUE(backend_->synchronize_stream(Stream{}).ok());
+    EXPECT_OK(cache_->synchronize());
+    EXPECT_OK(
+        backend_->copy_async(out.data(), pool.data, out.size(), CopyKind::kDeviceToHost, Stream{}));
+    EXPECT_OK(backend_->synchronize_stream(Stream{}));
     return out;
   }
 
@@ -173,9 +172,9 @@ TEST_P(LatentCacheTest, WriteCommitGatherRoundTrip) {
 TEST_P(LatentCacheTest, PrefixReuseAndForkCopyOnWriteKeepEverySequenceExact) {
   make(latent_config());
   const std::vector<TokenId> prompt = iota_tokens(9, 10);  // two full blocks and one token
-  ASSERT_TRUE(cache_->add_sequence(1, prompt).ok());
+  ASSERT_OK(cache_->add_sequence(1, prompt));
   append(1, prompt, 0);
-  ASSERT_TRUE(cache_->fork(1, 2).ok());
+  ASSERT_OK(cache_->fork(1, 2));
   EXPECT_INVARIANTS();
   append(2, {77, 78}, 9);  // writes into the shared partial block: copied first
   std::vector<TokenId> child = prompt;
@@ -183,7 +182,7 @@ TEST_P(LatentCacheTest, PrefixReuseAndForkCopyOnWriteKeepEverySequenceExact) {
   child.push_back(78);
   expect_contents(1, prompt);
   expect_contents(2, child);
-  ASSERT_TRUE(cache_->finish(1).ok());
+  ASSERT_OK(cache_->finish(1));
   EXPECT_INVARIANTS();
   // A new prompt with the same first 8 tokens hits both full blocks.
   std::vector<TokenId> again = iota_tokens(8, 10);
@@ -199,16 +198,16 @@ TEST_P(LatentCacheTest, OffloadReuseRestoreReadsBackExactly) {
   c.num_device_blocks = 4;  // room for one 12-token sequence at a time
   make(c);
   const std::vector<TokenId> a = iota_tokens(12, 1000), b = iota_tokens(12, 2000);
-  ASSERT_TRUE(cache_->add_sequence(1, a).ok());
+  ASSERT_OK(cache_->add_sequence(1, a));
   append(1, a, 0);
-  ASSERT_TRUE(cache_->offload(1).ok());
+  ASSERT_OK(cache_->offload(1));
   EXPECT_INVARIANTS();
-  ASSERT_TRUE(cache_->add_sequence(2, b).ok());
-  append(2, b, 0);                       // takes the device blocks A left
-  ASSERT_TRUE(cache_->restore(1).ok());  // offloads B to make room
+  ASSERT_OK(cache_->add_sequence(2, b));
+  append(2, b, 0);                // takes the device blocks A left
+  ASSERT_OK(cache_->restore(1));  // offloads B to make room
   EXPECT_INVARIANTS();
   expect_contents(1, a);
-  ASSERT_TRUE(cache_->restore(2).ok());
+  ASSERT_OK(cache_->restore(2));
   EXPECT_INVARIANTS();
   expect_contents(2, b);
   EXPECT_EQ(cache_->stats().sequences_offloaded, 3);
@@ -219,17 +218,17 @@ TEST_P(LatentCacheTest, BatchedWritesTakeNullValues) {
   make(latent_config());
   const std::vector<SequenceId> ids = {1, 2};
   const std::vector<TokenId> p1 = iota_tokens(5, 100), p2 = iota_tokens(3, 200);
-  ASSERT_TRUE(cache_->add_sequence(1, p1).ok());
-  ASSERT_TRUE(cache_->add_sequence(2, p2).ok());
+  ASSERT_OK(cache_->add_sequence(1, p1));
+  ASSERT_OK(cache_->add_sequence(2, p2));
   append(1, p1, 0);
   append(2, p2, 0);
   std::vector<TokenId> all1 = p1, all2 = p2;
   for (int step = 0; step < 4; ++step) {
     const bool all_layers = step % 2 == 1;
-    ASSERT_TRUE(cache_->reserve_batch(ids, 1).ok());
+    ASSERT_OK(cache_->reserve_batch(ids, 1));
     EXPECT_INVARIANTS();
     auto batch = cache_->build_batch(ids);
-    ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+    ASSERT_OK(batch);
     const TokenId t1 = 300 + step, t2 = 400 + step;
     const int64_t row = config_.head_dim;
     // [num_layers][2 tokens, 1, dim]: token 0 is sequence 1's, token 1 sequence 2's.
@@ -245,18 +244,18 @@ TEST_P(LatentCacheTest, BatchedWritesTakeNullValues) {
     if (all_layers) {
       const Status s =
           cache_->write_kv_batch_all_layers(*batch, d.data(), nullptr, DType::kFloat16);
-      ASSERT_TRUE(s.ok()) << s.to_string();
+      ASSERT_OK(s);
     } else {
       for (int32_t l = 0; l < config_.num_layers; ++l) {
         const Status s =
             cache_->write_kv_batch(*batch, l, static_cast<const uint16_t*>(d.data()) + l * 2 * row,
                                    nullptr, DType::kFloat16);
-        ASSERT_TRUE(s.ok()) << s.to_string();
+        ASSERT_OK(s);
       }
     }
-    ASSERT_TRUE(cache_->synchronize().ok());
+    ASSERT_OK(cache_->synchronize());
     EXPECT_INVARIANTS();
-    ASSERT_TRUE(cache_->commit_batch(ids, {t1, t2}).ok());
+    ASSERT_OK(cache_->commit_batch(ids, {t1, t2}));
     EXPECT_INVARIANTS();
     all1.push_back(t1);
     all2.push_back(t2);
@@ -268,9 +267,9 @@ TEST_P(LatentCacheTest, BatchedWritesTakeNullValues) {
 TEST_P(LatentCacheTest, ValueTensorIsRefusedAndChangesNothing) {
   make(latent_config());
   const std::vector<TokenId> prompt = iota_tokens(6, 100);
-  ASSERT_TRUE(cache_->add_sequence(1, prompt).ok());
+  ASSERT_OK(cache_->add_sequence(1, prompt));
   append(1, prompt, 0);
-  ASSERT_TRUE(cache_->reserve(1, 2).ok());
+  ASSERT_OK(cache_->reserve(1, 2));
   const std::vector<uint8_t> before = pool_bytes();
   const std::vector<uint16_t> in(static_cast<size_t>(2 * config_.head_dim * config_.num_layers),
                                  0x3C00);
@@ -286,7 +285,7 @@ TEST_P(LatentCacheTest, ValueTensorIsRefusedAndChangesNothing) {
   };
   expect_refused(cache_->write_kv(1, 0, d.data(), d.data(), DType::kFloat16), "write_kv");
   auto batch = cache_->build_batch({1});
-  ASSERT_TRUE(batch.ok());
+  ASSERT_OK(batch);
   expect_refused(cache_->write_kv_batch(*batch, 0, d.data(), d.data(), DType::kFloat16),
                  "write_kv_batch");
   expect_refused(cache_->write_kv_batch_all_layers(*batch, d.data(), d.data(), DType::kFloat16),
@@ -303,10 +302,10 @@ TEST_P(LatentCacheTest, ValueTensorIsRefusedAndChangesNothing) {
     const auto rows = model_rows(config_, layer, 0, more, 6);
     DeviceBuffer dl(*backend_, rows.size() * 2);
     dl.upload(rows);
-    ASSERT_TRUE(cache_->write_kv(1, layer, dl.data(), nullptr, DType::kFloat16).ok());
-    ASSERT_TRUE(cache_->synchronize().ok());
+    ASSERT_OK(cache_->write_kv(1, layer, dl.data(), nullptr, DType::kFloat16));
+    ASSERT_OK(cache_->synchronize());
   }
-  ASSERT_TRUE(cache_->commit(1, more).ok());
+  ASSERT_OK(cache_->commit(1, more));
   EXPECT_INVARIANTS();
   std::vector<TokenId> all = prompt;
   all.insert(all.end(), more.begin(), more.end());
@@ -318,8 +317,8 @@ TEST_P(LatentCacheTest, KeyValueCacheStillNeedsItsValues) {
   c.kv_kind = KvKind::kKeyValue;
   c.rope_dim = 0;
   make(c);
-  ASSERT_TRUE(cache_->add_sequence(1, iota_tokens(3, 1)).ok());
-  ASSERT_TRUE(cache_->reserve(1, 3).ok());
+  ASSERT_OK(cache_->add_sequence(1, iota_tokens(3, 1)));
+  ASSERT_OK(cache_->reserve(1, 3));
   DeviceBuffer d(*backend_, 3 * 37 * 2);
   const Status s = cache_->write_kv(1, 0, d.data(), nullptr, DType::kFloat16);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
@@ -359,22 +358,22 @@ TEST(LatentCacheViewTest, DeviceViewReadsLatentsAndKpeSlices) {
   CacheConfig c = latent_config();
   c.backend = BackendKind::kCpu;
   auto made = KvCache::create(c);
-  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  ASSERT_OK(made);
   KvCache& kv = **made;
   const std::vector<TokenId> tokens = iota_tokens(7, 40);
-  ASSERT_TRUE(kv.add_sequence(1, tokens).ok());
-  ASSERT_TRUE(kv.reserve(1, 7).ok());
+  ASSERT_OK(kv.add_sequence(1, tokens));
+  ASSERT_OK(kv.reserve(1, 7));
   for (int32_t layer = 0; layer < c.num_layers; ++layer) {
     const auto rows = model_rows(c, layer, 0, tokens, 0);
-    ASSERT_TRUE(kv.write_kv(1, layer, rows.data(), nullptr, DType::kFloat16).ok());
-    ASSERT_TRUE(kv.synchronize().ok());
+    ASSERT_OK(kv.write_kv(1, layer, rows.data(), nullptr, DType::kFloat16));
+    ASSERT_OK(kv.synchronize());
   }
-  ASSERT_TRUE(kv.commit(1, tokens).ok());
+  ASSERT_OK(kv.commit(1, tokens));
   BatchOptions o;
   o.build_csr = true;
   auto batch = kv.build_batch({1}, o);
-  ASSERT_TRUE(batch.ok()) << batch.status().to_string();
-  ASSERT_TRUE(kv.synchronize().ok());
+  ASSERT_OK(batch);
+  ASSERT_OK(kv.synchronize());
   const device::PagedKvView view = kv.device_view(*batch);
   ASSERT_TRUE(view.layout.is_latent());
   ASSERT_EQ(view.seq_len(0), 7);
@@ -399,7 +398,7 @@ TEST(LatentCacheViewTest, DeviceViewReadsLatentsAndKpeSlices) {
       }
     }
   }
-  EXPECT_TRUE(kv.check_invariants().ok());
+  EXPECT_OK(kv.check_invariants());
 }
 
 }  // namespace

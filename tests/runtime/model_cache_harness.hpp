@@ -30,6 +30,7 @@
 #include "pagedkv/model_cache.hpp"
 #include "runtime/kv_model.hpp"
 #include "runtime/runtime_backends.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv::testing {
 
@@ -67,7 +68,7 @@ class ModelCacheHarness : public BackendParamTest {
     ASSERT_NE(backend_, nullptr);
     options.cache.backend = backend_.get();
     auto c = ModelKvCache::create(config, options);
-    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    ASSERT_OK(c);
     cache_ = std::move(c).value();
     config_ = config;
     invariants();
@@ -76,7 +77,7 @@ class ModelCacheHarness : public BackendParamTest {
   /// Fails the test (and returns from it) when an invariant is broken.
   void invariants() const {
     const Status st = cache_->check_invariants();
-    ASSERT_TRUE(st.ok()) << st.to_string();
+    ASSERT_OK(st);
   }
 
   const CacheConfig& gconf(int32_t g) const { return cache_->group_config(g); }
@@ -110,11 +111,9 @@ class ModelCacheHarness : public BackendParamTest {
   std::vector<uint8_t> pool_bytes(const PoolRef& pool) {
     std::vector<uint8_t> bytes(static_cast<size_t>(pool.layout.block_elems() * pool.num_blocks) *
                                dtype_size(pool.dtype));
-    EXPECT_TRUE(
-        backend_
-            ->copy_async(bytes.data(), pool.data, bytes.size(), CopyKind::kDeviceToHost, Stream{})
-            .ok());
-    EXPECT_TRUE(backend_->synchronize_stream(Stream{}).ok());
+    EXPECT_OK(backend_->copy_async(bytes.data(), pool.data, bytes.size(), CopyKind::kDeviceToHost,
+                                   Stream{}));
+    EXPECT_OK(backend_->synchronize_stream(Stream{}));
     return bytes;
   }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "runtime/model_cache_harness.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -149,7 +150,7 @@ class ModelCacheRandom : public testing::ModelCacheHarness {
     const SequenceId id = next_id_++;
     Status appended;
     auto hit = add_and_prefill(id, prompt, &appended);
-    ASSERT_TRUE(hit.ok()) << hit.status().to_string();
+    ASSERT_OK(hit);
     EXPECT_EQ(*hit, want) << "the hit is not the longest length every group can supply";
     EXPECT_LE(*hit, least);
     ++c.adds;
@@ -167,7 +168,7 @@ class ModelCacheRandom : public testing::ModelCacheHarness {
   void op_extend(std::mt19937_64& rng, RunCounters& c) {
     const SequenceId id = pick(rng);
     if (static_cast<int64_t>(ref_[id].size()) >= kMaxLength) {
-      ASSERT_TRUE(cache_->finish(id).ok());
+      ASSERT_OK(cache_->finish(id));
       ref_.erase(id);
       return;
     }
@@ -184,7 +185,7 @@ class ModelCacheRandom : public testing::ModelCacheHarness {
     const std::vector<TokenId> tx = fresh(1 + static_cast<int64_t>(rng() % 4));
     auto rx = cache_->reserve(x, static_cast<int64_t>(tx.size()));
     if (!rx.ok()) return expect_allowed(rx.status(), "reserve x", c);
-    ASSERT_TRUE(write_layers(x, tx, len).ok());
+    ASSERT_OK(write_layers(x, tx, len));
     if (cache_->contains(y)) {  // x's reserve may have dropped it
       expect_allowed(append(y, fresh(1 + static_cast<int64_t>(rng() % 48))), "append y", c);
     }
@@ -194,18 +195,18 @@ class ModelCacheRandom : public testing::ModelCacheHarness {
       ++c.commits_refused;
       EXPECT_EQ(*cache_->pending(x), static_cast<int64_t>(tx.size()));
       EXPECT_EQ(*cache_->length(x), len);
-      ASSERT_TRUE(cache_->synchronize().ok());
+      ASSERT_OK(cache_->synchronize());
       const Status r = cache_->restore(x);
       if (!r.ok() || !cache_->contains(x)) {
         expect_allowed(r, "restore x", c);
         if (cache_->contains(x)) {
-          ASSERT_TRUE(cache_->rollback(x, len).ok());  // drops the reservation
+          ASSERT_OK(cache_->rollback(x, len));  // drops the reservation
         }
         return;
       }
       st = cache_->commit(x, tx);
     }
-    ASSERT_TRUE(st.ok()) << st.to_string();
+    ASSERT_OK(st);
     ref_[x].insert(ref_[x].end(), tx.begin(), tx.end());
   }
 
@@ -215,7 +216,7 @@ class ModelCacheRandom : public testing::ModelCacheHarness {
     const SequenceId child = next_id_++;
     const Status st = cache_->fork(parent, child);
     if (device) {
-      ASSERT_TRUE(st.ok()) << st.to_string();
+      ASSERT_OK(st);
     } else if (!st.ok()) {
       EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.to_string();
       EXPECT_FALSE(cache_->contains(child));
@@ -251,8 +252,7 @@ class ModelCacheRandom : public testing::ModelCacheHarness {
       }
       return;
     }
-    ASSERT_TRUE(st.ok()) << "rollback " << id << " from " << len << " to " << target << ": "
-                         << st.to_string();
+    ASSERT_OK(st) << "rollback " << id << " from " << len << " to " << target;
     ref_[id].resize(static_cast<size_t>(target));
   }
 
@@ -276,7 +276,7 @@ class ModelCacheRandom : public testing::ModelCacheHarness {
   void op_restore(std::mt19937_64& rng, RunCounters& c) {
     const SequenceId id = pick(rng);
     auto r = cache_->residency(id);
-    ASSERT_TRUE(r.ok());
+    ASSERT_OK(r);
     if (*r != SequenceResidency::kHost) return;
     const Status st = cache_->restore(id);
     if (st.ok()) ++c.restores;
@@ -285,12 +285,12 @@ class ModelCacheRandom : public testing::ModelCacheHarness {
 
   void op_gather(std::mt19937_64& rng, RunCounters& c) {
     const SequenceId id = pick(rng);
-    ASSERT_TRUE(cache_->synchronize().ok());
+    ASSERT_OK(cache_->synchronize());
     if (*cache_->residency(id) == SequenceResidency::kHost) {
       const Status st = cache_->restore(id);
       expect_allowed(st, "restore before gather", c);
       if (!st.ok()) return;
-      ASSERT_TRUE(cache_->synchronize().ok());
+      ASSERT_OK(cache_->synchronize());
     }
     if (!on_device(id)) return;
     const std::string problem = check_gather(id, &c.bytes_checked);
@@ -299,7 +299,7 @@ class ModelCacheRandom : public testing::ModelCacheHarness {
   }
 
   void op_view(std::mt19937_64& rng, RunCounters& c) {
-    ASSERT_TRUE(cache_->synchronize().ok());
+    ASSERT_OK(cache_->synchronize());
     std::vector<SequenceId> ids;
     for (SequenceId id : pick_distinct(rng, 4, false)) {
       if (on_device(id)) ids.push_back(id);
@@ -329,11 +329,11 @@ class ModelCacheRandom : public testing::ModelCacheHarness {
         op_fork(rng, c);
       } else if (r < 66) {
         const SequenceId id = pick(rng);
-        ASSERT_TRUE(cache_->finish(id).ok());
+        ASSERT_OK(cache_->finish(id));
         ref_.erase(id);
       } else if (r < 69) {
         const SequenceId id = pick(rng);
-        ASSERT_TRUE(cache_->erase(id).ok());
+        ASSERT_OK(cache_->erase(id));
         ref_.erase(id);
       } else if (r < 74) {
         op_rollback(rng, c);
@@ -344,7 +344,7 @@ class ModelCacheRandom : public testing::ModelCacheHarness {
       } else if (r < 87) {
         const std::vector<SequenceId> ids = pick_distinct(rng, 3, false);
         const Status st = cache_->prefetch(ids);
-        EXPECT_TRUE(st.ok()) << st.to_string();
+        EXPECT_OK(st);
       } else if (r < 95) {
         op_gather(rng, c);
       } else {
@@ -360,7 +360,7 @@ class ModelCacheRandom : public testing::ModelCacheHarness {
       ++c.ops;
     }
     // Every live sequence read back once more, through gather and the view.
-    ASSERT_TRUE(cache_->synchronize().ok());
+    ASSERT_OK(cache_->synchronize());
     std::vector<SequenceId> live;
     for (const auto& [id, tokens] : ref_) live.push_back(id);
     for (SequenceId id : live) {
@@ -369,7 +369,7 @@ class ModelCacheRandom : public testing::ModelCacheHarness {
         continue;
       }
       c.evicted += drain();
-      ASSERT_TRUE(cache_->synchronize().ok());
+      ASSERT_OK(cache_->synchronize());
       if (!cache_->contains(id) || !on_device(id)) continue;
       EXPECT_EQ(check_gather(id, &c.bytes_checked), "");
       EXPECT_EQ(check_view({id}, false, rng), "");
@@ -504,7 +504,7 @@ void ModelCacheRandom::changed_byte_is_reported(bool shared) {
   RunCounters c;
   ASSERT_NO_FATAL_FAILURE(run(4, 400, c));
   ASSERT_FALSE(HasFailure());
-  ASSERT_TRUE(cache_->synchronize().ok());
+  ASSERT_OK(cache_->synchronize());
   SequenceId victim = 0;
   for (const auto& [id, tokens] : ref_) {
     if (on_device(id) && tokens.size() > 20) {
@@ -522,20 +522,18 @@ void ModelCacheRandom::changed_byte_is_reported(bool shared) {
   ASSERT_EQ(lg(3).group, g);
   const int64_t pos = static_cast<int64_t>(ref_[victim].size()) - 1;
   const auto blocks = cache_->block_locations(victim, g);
-  ASSERT_TRUE(blocks.ok());
+  ASSERT_OK(blocks);
   const int32_t bs = gconf(g).block_size;
   const PoolRef pool = cache_->device_pool(g);
   const int64_t offset = pool.layout.element_offset((*blocks)[size_t(pos / bs)].block, lg(3).layer,
                                                     KvPart::kValue, int32_t(pos % bs), 1, 2);
   uint16_t* element = static_cast<uint16_t*>(pool.data) + offset;
   uint16_t bits = 0;
-  ASSERT_TRUE(
-      backend_->copy_async(&bits, element, sizeof bits, CopyKind::kDeviceToHost, Stream{}).ok());
-  ASSERT_TRUE(backend_->synchronize_stream(Stream{}).ok());
+  ASSERT_OK(backend_->copy_async(&bits, element, sizeof bits, CopyKind::kDeviceToHost, Stream{}));
+  ASSERT_OK(backend_->synchronize_stream(Stream{}));
   bits ^= 0x0400;
-  ASSERT_TRUE(
-      backend_->copy_async(element, &bits, sizeof bits, CopyKind::kHostToDevice, Stream{}).ok());
-  ASSERT_TRUE(backend_->synchronize_stream(Stream{}).ok());
+  ASSERT_OK(backend_->copy_async(element, &bits, sizeof bits, CopyKind::kHostToDevice, Stream{}));
+  ASSERT_OK(backend_->synchronize_stream(Stream{}));
 
   const std::string problem = check_gather(victim);
   EXPECT_NE(problem.find("seq " + std::to_string(victim) + " layer 3 value position " +

@@ -19,6 +19,7 @@
 #include "pagedkv/storage_tier.hpp"
 #include "runtime/model_cache_harness.hpp"
 #include "storage/storage_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -96,7 +97,7 @@ class ModelCacheStorageTest : public testing::ModelCacheHarness {
       FileTierOptions fo;
       fo.directory = dirs_[g].path();
       auto store = make_file_tier(StorageLayout::from_config(c.group_config(g), ids[g]), fo);
-      ASSERT_TRUE(store.ok()) << store.status().to_string();
+      ASSERT_OK(store);
       stores_.push_back(std::move(store).value());
     }
     ModelKvCacheOptions o;
@@ -118,10 +119,10 @@ class ModelCacheStorageTest : public testing::ModelCacheHarness {
   void compute_and_finish(SequenceId id, const std::vector<TokenId>& prompt) {
     Status appended;
     auto hit = add_and_prefill(id, prompt, &appended);
-    ASSERT_TRUE(hit.ok()) << hit.status().to_string();
-    ASSERT_TRUE(appended.ok()) << appended.to_string();
+    ASSERT_OK(hit);
+    ASSERT_OK(appended);
     EXPECT_EQ(check_gather(id), "");
-    ASSERT_TRUE(cache_->finish(id).ok());
+    ASSERT_OK(cache_->finish(id));
     ref_.erase(id);
     invariants();
   }
@@ -134,7 +135,7 @@ class ModelCacheStorageTest : public testing::ModelCacheHarness {
     for (SequenceId id = 10; id < 15; ++id) {
       ASSERT_NO_FATAL_FAILURE(compute_and_finish(id, iota_tokens(96, 100000 * TokenId(id))));
     }
-    ASSERT_TRUE(cache_->flush_storage().ok());
+    ASSERT_OK(cache_->flush_storage());
     invariants();
     for (int32_t g = 0; g < 2; ++g) {
       EXPECT_GE(cache_->group(g).stats().storage_blocks_written, 6) << "group " << g;
@@ -144,13 +145,13 @@ class ModelCacheStorageTest : public testing::ModelCacheHarness {
   // Adds `id` with `prompt` after a finished fetch; returns the hit and checks every layer's
   // bytes against the model.
   int64_t add_and_check(SequenceId id, const std::vector<TokenId>& prompt) {
-    EXPECT_TRUE(cache_->flush_storage().ok());
+    EXPECT_OK(cache_->flush_storage());
     EXPECT_EQ(cache_->storage_in_flight(), 0);
     invariants();
     Status appended;
     auto hit = add_and_prefill(id, prompt, &appended);
-    EXPECT_TRUE(hit.ok()) << hit.status().to_string();
-    EXPECT_TRUE(appended.ok()) << appended.to_string();
+    EXPECT_OK(hit);
+    EXPECT_OK(appended);
     EXPECT_EQ(check_gather(id), "");
     invariants();
     return hit.ok() ? *hit : -1;
@@ -179,7 +180,7 @@ TEST_P(ModelCacheStorageTest, ARestartedCacheHitsWhatEachGroupFetched) {
   EXPECT_EQ(cache_->group(0).stats().storage_hit_blocks, 4);
   EXPECT_EQ(cache_->group(1).stats().storage_hit_blocks, 2);
 
-  ASSERT_TRUE(cache_->finish(1).ok());
+  ASSERT_OK(cache_->finish(1));
   ref_.erase(1);
   EXPECT_EQ(*cache_->fetch_from_storage(p_), 2 + 2);
   EXPECT_EQ(add_and_check(2, p_), 95);

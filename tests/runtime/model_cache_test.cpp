@@ -20,6 +20,7 @@
 #include "pagedkv/cache.hpp"
 #include "runtime/model_cache_harness.hpp"
 #include "runtime/null_storage.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -62,7 +63,7 @@ class ModelCacheTest : public testing::ModelCacheHarness {
  protected:
   Snapshot snapshot() {
     Snapshot s;
-    EXPECT_TRUE(cache_->synchronize().ok());
+    EXPECT_OK(cache_->synchronize());
     for (int32_t g = 0; g < cache_->num_groups(); ++g) {
       KvCache& k = cache_->group(g);
       s.stats.push_back(k.stats());
@@ -85,19 +86,19 @@ class ModelCacheTest : public testing::ModelCacheHarness {
   void add_two_sequences() {
     Status appended;
     ASSERT_EQ(*add_and_prefill(1, iota_tokens(40, 10), &appended), 0);
-    ASSERT_TRUE(appended.ok());
+    ASSERT_OK(appended);
     ASSERT_EQ(*add_and_prefill(2, iota_tokens(90, 500), &appended), 0);
-    ASSERT_TRUE(appended.ok());
+    ASSERT_OK(appended);
   }
 
   // One decode step of `id` by hand: checks the blocks held after the reserve and the commit.
   void decode_and_check_memory(SequenceId id, TokenId token) {
     const int64_t len = static_cast<int64_t>(ref_[id].size());
-    ASSERT_TRUE(cache_->reserve(id, 1).ok());
+    ASSERT_OK(cache_->reserve(id, 1));
     invariants();
     expect_held(id, len, len + 1);
-    ASSERT_TRUE(write_layers(id, {token}, len).ok());
-    ASSERT_TRUE(cache_->commit(id, {token}).ok());
+    ASSERT_OK(write_layers(id, {token}, len));
+    ASSERT_OK(cache_->commit(id, {token}));
     ref_[id].push_back(token);
     invariants();
     expect_held(id, len + 1, len + 1);
@@ -134,7 +135,7 @@ TEST_P(ModelCacheTest, WindowGroupHoldsAtMostFiveBlocksWhileTheFullGroupGrows) {
   const std::vector<TokenId> prompt = iota_tokens(10, 100);
   Status appended;
   ASSERT_EQ(*add_and_prefill(1, prompt, &appended), 0);
-  ASSERT_TRUE(appended.ok()) << appended.to_string();
+  ASSERT_OK(appended);
   invariants();
   for (int step = 0; step < 300; ++step) {
     ASSERT_NO_FATAL_FAILURE(decode_and_check_memory(1, 1000 + step));
@@ -164,16 +165,16 @@ class ModelCachePrefixTest : public ModelCacheTest {
   // more than its window's blocks), and finishes it.
   void run_and_finish(SequenceId id, const std::vector<TokenId>& prompt) {
     auto hit = cache_->add_sequence(id, prompt);
-    ASSERT_TRUE(hit.ok()) << hit.status().to_string();
+    ASSERT_OK(hit);
     ref_[id].assign(prompt.begin(), prompt.begin() + *hit);
     for (size_t at = static_cast<size_t>(*hit); at < prompt.size(); at += 16) {
       const size_t end = std::min(prompt.size(), at + 16);
       const Status st = append(
           id, std::vector<TokenId>(prompt.begin() + int64_t(at), prompt.begin() + int64_t(end)));
-      ASSERT_TRUE(st.ok()) << st.to_string();
+      ASSERT_OK(st);
       invariants();
     }
-    ASSERT_TRUE(cache_->finish(id).ok());
+    ASSERT_OK(cache_->finish(id));
     ref_.erase(id);
     invariants();
   }
@@ -193,14 +194,14 @@ class ModelCachePrefixTest : public ModelCacheTest {
     const int64_t want = agreed_by_brute_force(prompt);
     const std::vector<int64_t> groups = own(prompt);
     auto hit = cache_->add_sequence(id, prompt);
-    EXPECT_TRUE(hit.ok()) << hit.status().to_string();
+    EXPECT_OK(hit);
     if (!hit.ok()) return -1;
     EXPECT_EQ(*hit, want);
     for (int64_t g : groups) EXPECT_LE(*hit, g);
     ref_[id].assign(prompt.begin(), prompt.begin() + *hit);
     invariants();
     EXPECT_EQ(check_gather(id), "");
-    EXPECT_TRUE(cache_->finish(id).ok());
+    EXPECT_OK(cache_->finish(id));
     ref_.erase(id);
     invariants();
     return *hit;
@@ -303,9 +304,9 @@ TEST_P(ModelCacheTest, BadCallsAreClearErrorsThatChangeNothing) {
   make(two_groups(32, 32));
   ASSERT_FALSE(HasFatalFailure());
   ASSERT_NO_FATAL_FAILURE(add_two_sequences());
-  ASSERT_TRUE(cache_->reserve_batch({1, 2}, 1).ok());
+  ASSERT_OK(cache_->reserve_batch({1, 2}, 1));
   auto batch = cache_->build_batch({1, 2});
-  ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+  ASSERT_OK(batch);
   // Rows for two tokens of the widest group, values too.
   std::vector<uint16_t> rows(2 * 32, 0x3C00);
   DeviceBuffer k(*backend_, rows.size() * 2), v(*backend_, rows.size() * 2);
@@ -332,11 +333,11 @@ TEST_P(ModelCacheTest, BadCallsAreClearErrorsThatChangeNothing) {
     o.cache.backend = backend_.get();
     return o;
   }());
-  ASSERT_TRUE(other.ok()) << other.status().to_string();
-  ASSERT_TRUE((*other)->add_sequence(1, iota_tokens(40, 10)).ok());
-  ASSERT_TRUE((*other)->reserve(1, 1).ok());
+  ASSERT_OK(other);
+  ASSERT_OK((*other)->add_sequence(1, iota_tokens(40, 10)));
+  ASSERT_OK((*other)->reserve(1, 1));
   auto foreign = (*other)->build_batch({1});
-  ASSERT_TRUE(foreign.ok()) << foreign.status().to_string();
+  ASSERT_OK(foreign);
   for (const ModelBatch* bad : {&swapped, &*foreign}) {
     expect_refused(cache_->write_kv_batch(*bad, 0, k.data(), v.data(), DType::kFloat16),
                    StatusCode::kInvalidArgument, "not built by this model's build_batch", before);
@@ -387,7 +388,7 @@ TEST_P(ModelCacheTest, BadCallsAreClearErrorsThatChangeNothing) {
                  "group 0 (full): ", before);
 
   // The batch still works: the step goes through and reads back.
-  ASSERT_TRUE(write_and_commit(*batch, {1, 2}, {77, 77}).ok());
+  ASSERT_OK(write_and_commit(*batch, {1, 2}, {77, 77}));
   invariants();
   EXPECT_EQ(check_gather(1), "");
   EXPECT_EQ(check_gather(2), "");
@@ -403,9 +404,9 @@ TEST_P(ModelCacheTest, WriteKvBatchAllLayersWritesEachGroupsLayersInOneCall) {
   ASSERT_NO_FATAL_FAILURE(add_two_sequences());
   const std::vector<SequenceId> ids = {2, 1};
   const std::vector<TokenId> next = {88, 77};
-  ASSERT_TRUE(cache_->reserve_batch(ids, 1).ok());
+  ASSERT_OK(cache_->reserve_batch(ids, 1));
   auto batch = cache_->build_batch(ids);
-  ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+  ASSERT_OK(batch);
   for (int32_t g = 0; g < cache_->num_groups(); ++g) {
     // [group layers][batch rows][row], the layers in the group's list order.
     std::vector<uint16_t> kr, vr;
@@ -423,10 +424,10 @@ TEST_P(ModelCacheTest, WriteKvBatchAllLayersWritesEachGroupsLayersInOneCall) {
     dv.upload(vr);
     const Status st =
         cache_->write_kv_batch_all_layers(*batch, g, dk.data(), dv.data(), DType::kFloat16);
-    ASSERT_TRUE(st.ok()) << st.to_string();
-    ASSERT_TRUE(cache_->synchronize().ok());
+    ASSERT_OK(st);
+    ASSERT_OK(cache_->synchronize());
   }
-  ASSERT_TRUE(cache_->commit_batch(ids, next).ok());
+  ASSERT_OK(cache_->commit_batch(ids, next));
   ref_[2].push_back(88);
   ref_[1].push_back(77);
   invariants();
@@ -441,7 +442,7 @@ TEST_P(ModelCacheTest, RollbackPastTheWindowIsRefusedInEveryGroup) {
   ASSERT_FALSE(HasFatalFailure());
   Status appended;
   ASSERT_EQ(*add_and_prefill(1, iota_tokens(8, 10), &appended), 0);
-  for (int i = 0; i < 24; ++i) ASSERT_TRUE(append(1, iota_tokens(8, 100 + 8 * i)).ok());
+  for (int i = 0; i < 24; ++i) ASSERT_OK(append(1, iota_tokens(8, 100 + 8 * i)));
   invariants();
   ASSERT_EQ(ref_[1].size(), 200u);  // the window group holds blocks 8.. (tokens 128..)
   for (int64_t length : {100, 190, 1}) {
@@ -450,24 +451,24 @@ TEST_P(ModelCacheTest, RollbackPastTheWindowIsRefusedInEveryGroup) {
     expect_refused(cache_->rollback(1, length), StatusCode::kFailedPrecondition,
                    "group 1 (window) no longer holds token", before);
   }
-  ASSERT_TRUE(cache_->rollback(1, 196).ok());  // its window starts in block 8
+  ASSERT_OK(cache_->rollback(1, 196));  // its window starts in block 8
   ref_[1].resize(196);
   invariants();
   EXPECT_EQ(check_gather(1), "");
   EXPECT_EQ(*cache_->held_blocks(1, 0), 13);
   EXPECT_EQ(*cache_->held_blocks(1, 1), 5);
   // Decoding on after the rollback writes over the dropped tokens.
-  for (int i = 0; i < 20; ++i) ASSERT_TRUE(decode_step({1}, {9000 + i}).ok());
+  for (int i = 0; i < 20; ++i) ASSERT_OK(decode_step({1}, {9000 + i}));
   invariants();
   EXPECT_EQ(check_gather(1), "");
   std::mt19937_64 rng(2);
   EXPECT_EQ(check_view({1}, false, rng), "");
-  ASSERT_TRUE(cache_->rollback(1, 0).ok());  // to nothing always works
+  ASSERT_OK(cache_->rollback(1, 0));  // to nothing always works
   ref_[1].clear();
   invariants();
   EXPECT_EQ(*cache_->held_blocks(1, 0), 0);
   EXPECT_EQ(*cache_->held_blocks(1, 1), 0);
-  ASSERT_TRUE(append(1, iota_tokens(70, 4000)).ok());
+  ASSERT_OK(append(1, iota_tokens(70, 4000)));
   invariants();
   EXPECT_EQ(check_gather(1), "");
 }
@@ -479,19 +480,19 @@ TEST_P(ModelCacheTest, ReserveRefusedByTheSecondGroupLeavesNothingReserved) {
   ASSERT_FALSE(HasFatalFailure());
   Status appended;
   ASSERT_EQ(*add_and_prefill(1, iota_tokens(60, 10), &appended), 0);
-  ASSERT_TRUE(appended.ok());
+  ASSERT_OK(appended);
   invariants();
   {
     const Snapshot before = snapshot();
     auto r = cache_->reserve(1, 64);  // 8 blocks in each group; the window group has 7
     expect_refused(r.status(), StatusCode::kResourceExhausted, "group 1 (window)", before);
   }
-  ASSERT_TRUE(append(1, iota_tokens(4, 200)).ok());
+  ASSERT_OK(append(1, iota_tokens(4, 200)));
   invariants();
   EXPECT_EQ(check_gather(1), "");
 
   ASSERT_EQ(*add_and_prefill(2, iota_tokens(16, 300), &appended), 0);
-  ASSERT_TRUE(appended.ok());
+  ASSERT_OK(appended);
   invariants();
   {
     const Snapshot before = snapshot();
@@ -502,7 +503,7 @@ TEST_P(ModelCacheTest, ReserveRefusedByTheSecondGroupLeavesNothingReserved) {
       EXPECT_EQ(*cache_->group(g).pending(2), 0);
     }
   }
-  ASSERT_TRUE(decode_step({1, 2}, {5, 6}).ok());
+  ASSERT_OK(decode_step({1, 2}, {5, 6}));
   invariants();
   EXPECT_EQ(check_gather(1), "");
   EXPECT_EQ(check_gather(2), "");
@@ -521,16 +522,16 @@ TEST_P(ModelCacheTest, CommitOfASequenceOneGroupOffloadedIsRefusedInEveryGroup) 
   ASSERT_FALSE(HasFatalFailure());
   Status appended;
   ASSERT_EQ(*add_and_prefill(1, iota_tokens(16, 10), &appended), 0);
-  ASSERT_TRUE(appended.ok());
-  ASSERT_TRUE(cache_->reserve(1, 1).ok());  // a decode step of sequence 1 is under way
+  ASSERT_OK(appended);
+  ASSERT_OK(cache_->reserve(1, 1));  // a decode step of sequence 1 is under way
   invariants();
   ASSERT_EQ(*add_and_prefill(2, iota_tokens(16, 500), &appended), 0);
-  ASSERT_TRUE(appended.ok());
+  ASSERT_OK(appended);
   // 6 window blocks for sequence 2: the window group offloads sequence 1, the full group has room.
   auto r = cache_->reserve(2, 80);
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_OK(r);
   invariants();
-  ASSERT_TRUE(cache_->synchronize().ok());
+  ASSERT_OK(cache_->synchronize());
   ASSERT_EQ(*cache_->group(0).residency(1), SequenceResidency::kDevice);
   ASSERT_EQ(*cache_->group(1).residency(1), SequenceResidency::kHost);
   EXPECT_EQ(*cache_->residency(1), SequenceResidency::kHost);
@@ -542,22 +543,22 @@ TEST_P(ModelCacheTest, CommitOfASequenceOneGroupOffloadedIsRefusedInEveryGroup) 
   EXPECT_EQ(*cache_->pending(1), 1);
 
   // Sequence 2's step first, then sequence 1's after a restore.
-  ASSERT_TRUE(write_layers(2, iota_tokens(80, 600), 16).ok());
-  ASSERT_TRUE(cache_->commit(2, iota_tokens(80, 600)).ok());
+  ASSERT_OK(write_layers(2, iota_tokens(80, 600), 16));
+  ASSERT_OK(cache_->commit(2, iota_tokens(80, 600)));
   const std::vector<TokenId> more = iota_tokens(80, 600);
   ref_[2].insert(ref_[2].end(), more.begin(), more.end());
   invariants();
   const Status restored = cache_->restore(1);
-  ASSERT_TRUE(restored.ok()) << restored.to_string();
+  ASSERT_OK(restored);
   drain();
   invariants();
   ASSERT_TRUE(cache_->contains(1));
   ASSERT_EQ(*cache_->pending(1), 1);
-  ASSERT_TRUE(write_layers(1, {77}, 16).ok());
-  ASSERT_TRUE(cache_->commit(1, {77}).ok());
+  ASSERT_OK(write_layers(1, {77}, 16));
+  ASSERT_OK(cache_->commit(1, {77}));
   ref_[1].push_back(77);
   invariants();
-  ASSERT_TRUE(cache_->synchronize().ok());
+  ASSERT_OK(cache_->synchronize());
   for (SequenceId id : {1, 2}) {
     if (*cache_->residency(id) == SequenceResidency::kDevice) {
       EXPECT_EQ(check_gather(id), "");
@@ -572,10 +573,10 @@ TEST_P(ModelCacheTest, ValueTensorForALatentLayerIsRefusedAndChangesNothing) {
   ASSERT_FALSE(HasFatalFailure());
   Status appended;
   ASSERT_EQ(*add_and_prefill(1, iota_tokens(20, 10), &appended), 0);
-  ASSERT_TRUE(appended.ok());
-  ASSERT_TRUE(cache_->reserve(1, 2).ok());
+  ASSERT_OK(appended);
+  ASSERT_OK(cache_->reserve(1, 2));
   auto batch = cache_->build_batch({1});
-  ASSERT_TRUE(batch.ok());
+  ASSERT_OK(batch);
   std::vector<uint16_t> rows(2 * 72, 0x3C00);
   DeviceBuffer k(*backend_, rows.size() * 2), v(*backend_, rows.size() * 2);
   k.upload(rows);
@@ -593,8 +594,8 @@ TEST_P(ModelCacheTest, ValueTensorForALatentLayerIsRefusedAndChangesNothing) {
   }
   EXPECT_EQ(*cache_->pending(1), 2);
   // The reservation is still there: written with keys only, it commits and reads back.
-  ASSERT_TRUE(write_layers(1, {21, 22}, 20).ok());
-  ASSERT_TRUE(cache_->commit(1, {21, 22}).ok());
+  ASSERT_OK(write_layers(1, {21, 22}, 20));
+  ASSERT_OK(cache_->commit(1, {21, 22}));
   ref_[1].push_back(21);
   ref_[1].push_back(22);
   invariants();
@@ -629,7 +630,7 @@ TEST_P(ModelCacheTest, OneGroupModelBehavesAsAKvCache) {
     CacheConfig kc = c;
     kc.backend = kind();
     auto made = KvCache::create(kc, ko);
-    ASSERT_TRUE(made.ok()) << made.status().to_string();
+    ASSERT_OK(made);
     KvCache& kv = **made;
 
     std::mt19937_64 rng(9 + static_cast<uint64_t>(window));
@@ -646,9 +647,9 @@ TEST_P(ModelCacheTest, OneGroupModelBehavesAsAKvCache) {
       if (!a.ok() || !b.ok()) return false;
       EXPECT_EQ(a->size(), 1u);
       EXPECT_EQ(a->front(), *b) << "different slots";
-      EXPECT_TRUE(write_layers(id, t, static_cast<int64_t>(ref_[id].size())).ok());
-      EXPECT_TRUE(cache_->commit(id, t).ok());
-      EXPECT_TRUE(kv.commit(id, t).ok());
+      EXPECT_OK(write_layers(id, t, static_cast<int64_t>(ref_[id].size())));
+      EXPECT_OK(cache_->commit(id, t));
+      EXPECT_OK(kv.commit(id, t));
       ref_[id].insert(ref_[id].end(), t.begin(), t.end());
       return true;
     };
@@ -662,7 +663,8 @@ TEST_P(ModelCacheTest, OneGroupModelBehavesAsAKvCache) {
         const SequenceId id = next_id++;
         auto a = cache_->add_sequence(id, prompt);
         auto b = kv.add_sequence(id, prompt);
-        ASSERT_TRUE(a.ok() && b.ok());
+        ASSERT_OK(a);
+        ASSERT_OK(b);
         ASSERT_EQ(*a, *b);
         hits += *a;
         ref_[id].assign(prompt.begin(), prompt.begin() + *a);
@@ -679,8 +681,8 @@ TEST_P(ModelCacheTest, OneGroupModelBehavesAsAKvCache) {
           const Status a = cache_->offload(id), b = kv.offload(id);
           ASSERT_EQ(a.code(), b.code()) << a.to_string() << " vs " << b.to_string();
         } else {
-          ASSERT_TRUE(cache_->finish(id).ok());
-          ASSERT_TRUE(kv.finish(id).ok());
+          ASSERT_OK(cache_->finish(id));
+          ASSERT_OK(kv.finish(id));
           ref_.erase(it);
         }
       }
@@ -691,7 +693,7 @@ TEST_P(ModelCacheTest, OneGroupModelBehavesAsAKvCache) {
       for (SequenceId id : model_dropped) ref_.erase(id);
       dropped += static_cast<int64_t>(model_dropped.size());
       invariants();
-      ASSERT_TRUE(kv.check_invariants().ok());
+      ASSERT_OK(kv.check_invariants());
       ASSERT_TRUE(cache_->group(0).stats() == kv.stats());
       for (const auto& [id, tokens] : ref_) {
         ASSERT_EQ(*cache_->group(0).block_locations(id), *kv.block_locations(id));
@@ -701,7 +703,7 @@ TEST_P(ModelCacheTest, OneGroupModelBehavesAsAKvCache) {
     EXPECT_GT(hits, 0);
     EXPECT_GT(exhausted + dropped, 0) << "no pressure";
     // The bytes of the model cache read back.
-    ASSERT_TRUE(cache_->synchronize().ok());
+    ASSERT_OK(cache_->synchronize());
     for (const auto& [id, tokens] : ref_) {
       if (*cache_->residency(id) == SequenceResidency::kDevice) {
         EXPECT_EQ(check_gather(id), "");

@@ -16,6 +16,7 @@
 #include "events/block_hash_reference.hpp"
 #include "pagedkv/cache.hpp"
 #include "pagedkv/model_cache.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -63,12 +64,12 @@ std::vector<uint64_t> ref_hashes(const std::vector<TokenId>& prompt) {
 // add_sequence, reserve and commit of the whole prompt (nothing cached is expected).
 void prefill(ModelKvCache& m, SequenceId id, const std::vector<TokenId>& prompt) {
   auto cached = m.add_sequence(id, prompt);
-  ASSERT_TRUE(cached.ok()) << cached.status().to_string();
+  ASSERT_OK(cached);
   ASSERT_EQ(*cached, 0);
   auto slots = m.reserve(id, static_cast<int64_t>(prompt.size()));
-  ASSERT_TRUE(slots.ok()) << slots.status().to_string();
-  ASSERT_TRUE(m.commit(id, prompt).ok());
-  ASSERT_TRUE(m.check_invariants().ok()) << m.check_invariants().to_string();
+  ASSERT_OK(slots);
+  ASSERT_OK(m.commit(id, prompt));
+  ASSERT_OK(m.check_invariants());
 }
 
 std::string describe(const ControlEvent& e) {
@@ -95,7 +96,7 @@ const std::vector<TokenId> kPromptB = tokens(64, 50000, 3);  // 4 blocks
 
 TEST(ModelKvCacheEvents, StoresCarryTheirGroupGroupsInOrder) {
   auto m = ModelKvCache::create(two_groups());
-  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ASSERT_OK(m);
   prefill(**m, 1, kPromptA);
   const std::vector<ControlEvent> ev = (*m)->drain_events();
   // Both groups stored the 8 full blocks: group 0's first, then group 1's, each in order.
@@ -110,7 +111,7 @@ TEST(ModelKvCacheEvents, StoresCarryTheirGroupGroupsInOrder) {
 
 TEST(ModelKvCacheEvents, BlocksTheWindowReleasedAreEvictedWithTheWindowGroup) {
   auto m = ModelKvCache::create(two_groups());
-  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ASSERT_OK(m);
   prefill(**m, 1, kPromptA);
   ASSERT_EQ((*m)->drain_events().size(), 16u);
   // At 128 tokens the window (64) needs blocks 4..7 only: blocks 0..3 of the window group are
@@ -139,7 +140,7 @@ TEST(ModelKvCacheEvents, BlocksTheWindowReleasedAreEvictedWithTheWindowGroup) {
   std::vector<TokenId> longer = kPromptA;
   longer.push_back(7);
   auto hit = (*m)->group(kFull).cached_prefix(longer);
-  ASSERT_TRUE(hit.ok()) << hit.status().to_string();
+  ASSERT_OK(hit);
   EXPECT_EQ(*hit, 128);
 }
 
@@ -147,7 +148,7 @@ TEST(ModelKvCacheEvents, AnOverflowedGroupResyncsWithItsGroupAheadOfTheRest) {
   ModelKvCacheOptions o;
   o.cache.event_capacity = 6;
   auto m = ModelKvCache::create(two_groups(), o);
-  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ASSERT_OK(m);
   // 8 stores in each group overflow both rings by 2: both resyncs first, in group order, then
   // each group's 6 newest events.
   prefill(**m, 1, kPromptA);
@@ -188,18 +189,18 @@ TEST(ModelKvCacheEvents, OneGroupDrainsWhatItsKvCacheDrains) {
   c.num_device_blocks = 8;
   c.backend = BackendKind::kCpu;
   auto m = ModelKvCache::create(c);
-  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ASSERT_OK(m);
   auto kv = KvCache::create(c);
-  ASSERT_TRUE(kv.ok()) << kv.status().to_string();
+  ASSERT_OK(kv);
   // Two prompts of 8 blocks in a pool of 8: the second evicts the first's cached blocks.
   for (SequenceId id : {SequenceId{1}, SequenceId{2}}) {
     const std::vector<TokenId> p = id == 1 ? kPromptA : tokens(128, 9000, 5);
     prefill(**m, id, p);
-    ASSERT_TRUE((*kv)->add_sequence(id, p).ok());
-    ASSERT_TRUE((*kv)->reserve(id, 128).ok());
-    ASSERT_TRUE((*kv)->commit(id, p).ok());
-    ASSERT_TRUE((*m)->finish(id).ok());
-    ASSERT_TRUE((*kv)->finish(id).ok());
+    ASSERT_OK((*kv)->add_sequence(id, p));
+    ASSERT_OK((*kv)->reserve(id, 128));
+    ASSERT_OK((*kv)->commit(id, p));
+    ASSERT_OK((*m)->finish(id));
+    ASSERT_OK((*kv)->finish(id));
   }
   const std::vector<ControlEvent> got = (*m)->drain_events();
   const std::vector<ControlEvent> want = (*kv)->drain_events();

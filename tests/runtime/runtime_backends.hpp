@@ -14,6 +14,7 @@
 #include "pagedkv/backend.hpp"
 #include "pagedkv/cpu_backend.hpp"
 #include "support/backend_test.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv::testing {
 
@@ -49,7 +50,7 @@ inline std::unique_ptr<Backend> make_backend(BackendKind kind,
                                              const CpuBackendOptions& cpu_options = {}) {
   if (kind == BackendKind::kCpu) return create_cpu_backend(cpu_options);
   auto backend = create_backend(kind);
-  EXPECT_TRUE(backend.ok()) << backend.status().to_string();
+  EXPECT_OK(backend);
   if (!backend.ok()) return nullptr;
   EXPECT_EQ((*backend)->kind(), kind)
       << "asked for " << backend_label(kind) << ", got " << (*backend)->description();

@@ -50,7 +50,7 @@ class SeedCacheBugsTest : public ::testing::Test {
     SeedKvCacheOptions o;
     o.backend = backend_.get();
     auto made = SeedKvCache::create(c, o);
-    ASSERT_TRUE(made.ok()) << made.status().to_string();
+    ASSERT_OK(made);
     cache_ = std::move(made).value();
   }
 
@@ -66,7 +66,7 @@ class SeedCacheBugsTest : public ::testing::Test {
     for (int32_t layer = 0; layer < kLayers; ++layer) {
       auto k = random_halves(kRow), v = random_halves(kRow);
       const Status st = cache_->append_token(id, layer, pos, k, v, token);
-      ASSERT_TRUE(st.ok()) << st.to_string();
+      ASSERT_OK(st);
       ref.set(layer, pos, k, v);
     }
   }
@@ -90,7 +90,7 @@ class SeedCacheBugsTest : public ::testing::Test {
     ASSERT_EQ(*cache_->sequence_length(id), len);
     for (int32_t layer = 0; layer < kLayers; ++layer) {
       auto onnx = cache_->get_layer_as_onnx(id, layer);
-      ASSERT_TRUE(onnx.ok()) << onnx.status().to_string();
+      ASSERT_OK(onnx);
       for (int64_t h = 0; h < kHeads; ++h)
         for (int64_t p = 0; p < len; ++p)
           for (int64_t d = 0; d < kDim; ++d) {
@@ -107,7 +107,7 @@ class SeedCacheBugsTest : public ::testing::Test {
   // Sequence 1 holds tokens {5, 6, 7, 8, 9} (one full cached block); sequence 2 is allocated
   // with the same prompt and shares that block.
   void share_a_prefix(Rows& ref) {
-    ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+    ASSERT_OK(cache_->allocate_sequence(1, {}));
     for (int64_t p = 0; p < 5; ++p) write(1, ref, p, static_cast<TokenId>(5 + p));
     ASSERT_OK(cache_->advance_sequence_by(1, 5));
     ASSERT_EQ(*cache_->allocate_sequence(2, {5, 6, 7, 8, 9}), 4);
@@ -116,17 +116,17 @@ class SeedCacheBugsTest : public ::testing::Test {
   // Sequence 1 has 4 advanced positions and position 4 written, not advanced; then it is
   // offloaded.
   void offload_with_a_pending_write(Rows& ref) {
-    ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+    ASSERT_OK(cache_->allocate_sequence(1, {}));
     for (int64_t p = 0; p < 5; ++p) write(1, ref, p);
     ASSERT_OK(cache_->advance_sequence_by(1, 4));
-    ASSERT_TRUE(cache_->paged_cache()->offload(1).ok());
+    ASSERT_OK(cache_->paged_cache()->offload(1));
   }
 
   void restore_if_offloaded(SequenceId id) {
     auto res = cache_->paged_cache()->residency(id);
-    ASSERT_TRUE(res.ok());
+    ASSERT_OK(res);
     if (*res == SequenceResidency::kHost) {
-      ASSERT_TRUE(cache_->restore_offloaded_sequence(id).ok());
+      ASSERT_OK(cache_->restore_offloaded_sequence(id));
     }
   }
 
@@ -141,7 +141,7 @@ TEST_F(SeedCacheBugsTest, SetPackedLayerOverASharedPrefixCopiesOnWrite) {
   share_a_prefix(one);
   Rows two = one;
   auto k = random_halves(kHeads * 4 * kDim), v = random_halves(kHeads * 4 * kDim);
-  ASSERT_TRUE(cache_->set_packed_layer(2, 0, 4, k, v).ok());
+  ASSERT_OK(cache_->set_packed_layer(2, 0, 4, k, v));
   record_packed(two, 0, 4, k, v);
   expect_rows(2, two, 4);
   expect_rows(1, one, 5);
@@ -173,7 +173,7 @@ TEST_F(SeedCacheBugsTest, RewriteAfterRollbackWithTheSameTokenIdsReadsTheCachedB
   // switches to that block, so the rewritten bytes of a whole block are dropped.
   make(32);
   Rows one;
-  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(1, {}));
   for (int64_t p = 0; p < 8; ++p) write(1, one, p, static_cast<TokenId>(10 + p));
   ASSERT_OK(cache_->advance_sequence_by(1, 8));
   ASSERT_OK(cache_->rollback_sequence(1, 4));
@@ -189,7 +189,7 @@ TEST_F(SeedCacheBugsTest, OverwriteLayerOverASharedPrefixCopiesOnWrite) {
   share_a_prefix(one);
   Rows two = one;
   auto k = random_halves(kHeads * 4 * kDim), v = random_halves(kHeads * 4 * kDim);
-  ASSERT_TRUE(cache_->overwrite_layer(2, 1, k, v, 4, 4).ok());
+  ASSERT_OK(cache_->overwrite_layer(2, 1, k, v, 4, 4));
   record_packed(two, 1, 4, k, v);
   expect_rows(2, two, 4);
   expect_rows(1, one, 5);
@@ -202,7 +202,7 @@ TEST_F(SeedCacheBugsTest, RewritingAPendingPositionOfAnOffloadedSequenceLeavesOt
   Rows one, two;
   offload_with_a_pending_write(one);
   // Sequence 2 takes the device blocks sequence 1 held.
-  ASSERT_TRUE(cache_->allocate_sequence(2, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(2, {}));
   for (int64_t p = 0; p < 16; ++p) write(2, two, p);
   ASSERT_OK(cache_->advance_sequence_by(2, 16));
   write(1, one, 4);  // rewrites the pending position
@@ -217,7 +217,7 @@ TEST_F(SeedCacheBugsTest, AppendingToAnOffloadedSequenceKeepsItsPendingWrites) {
   make(6);
   Rows one, two;
   offload_with_a_pending_write(one);
-  ASSERT_TRUE(cache_->allocate_sequence(2, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(2, {}));
   for (int64_t p = 0; p < 8; ++p) write(2, two, p);
   ASSERT_OK(cache_->advance_sequence_by(2, 8));
   write(1, one, 5);  // a new position: the reservation grows and the sequence comes back
@@ -231,7 +231,7 @@ TEST_F(SeedCacheBugsTest, RestoreKeepsPendingWrites) {
   make(32);
   Rows one;
   offload_with_a_pending_write(one);
-  ASSERT_TRUE(cache_->restore_offloaded_sequence(1).ok());
+  ASSERT_OK(cache_->restore_offloaded_sequence(1));
   ASSERT_OK(cache_->advance_sequence(1));
   expect_rows(1, one, 5);
 }
@@ -248,18 +248,18 @@ TEST_F(SeedCacheBugsTest, AllocateOfAnOffloadedSequenceKeepsPendingWrites) {
 TEST_F(SeedCacheBugsTest, SetPackedLayerOnAnOffloadedSequenceWrites) {
   make(32);
   Rows one;
-  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(1, {}));
   for (int64_t p = 0; p < 6; ++p) write(1, one, p);
   ASSERT_OK(cache_->advance_sequence_by(1, 6));
-  ASSERT_TRUE(cache_->paged_cache()->offload(1).ok());
+  ASSERT_OK(cache_->paged_cache()->offload(1));
   auto k = random_halves(kHeads * 6 * kDim), v = random_halves(kHeads * 6 * kDim);
-  ASSERT_TRUE(cache_->set_packed_layer(1, 0, 6, k, v).ok());
+  ASSERT_OK(cache_->set_packed_layer(1, 0, 6, k, v));
   record_packed(one, 0, 6, k, v);
   restore_if_offloaded(1);
   expect_rows(1, one, 6);
   auto k2 = random_halves(kHeads * 6 * kDim), v2 = random_halves(kHeads * 6 * kDim);
-  ASSERT_TRUE(cache_->paged_cache()->offload(1).ok());
-  ASSERT_TRUE(cache_->overwrite_layer(1, 1, k2, v2, 6, 6).ok());
+  ASSERT_OK(cache_->paged_cache()->offload(1));
+  ASSERT_OK(cache_->overwrite_layer(1, 1, k2, v2, 6, 6));
   record_packed(one, 1, 6, k2, v2);
   restore_if_offloaded(1);
   expect_rows(1, one, 6);
@@ -272,7 +272,7 @@ TEST_F(SeedCacheBugsTest, HeadRangeRewriteOnAnOffloadedSequenceWrites) {
   for (int32_t layer = 0; layer < kLayers; ++layer) {
     for (int32_t h = 0; h < kHeads; ++h) {
       auto k = random_halves(kDim), v = random_halves(kDim);
-      ASSERT_TRUE(cache_->append_head_range_seq_first(1, layer, h, 4, k, v).ok());
+      ASSERT_OK(cache_->append_head_range_seq_first(1, layer, h, 4, k, v));
       for (int64_t d = 0; d < kDim; ++d) {
         one.at[layer][0][4][static_cast<size_t>(h * kDim + d)] = k[static_cast<size_t>(d)];
         one.at[layer][1][4][static_cast<size_t>(h * kDim + d)] = v[static_cast<size_t>(d)];
@@ -290,17 +290,17 @@ TEST_F(SeedCacheBugsTest, HeadRangeRewriteOnAnOffloadedSequenceWrites) {
 TEST_F(SeedCacheBugsTest, SetActiveSequencesAcceptsIdsNotYetAllocated) {
   make(6);
   Rows one, two, four, three;
-  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(1, {}));
   ASSERT_OK(cache_->set_active_sequences({1, 2}));  // 2 comes next
-  ASSERT_TRUE(cache_->allocate_sequence(2, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(2, {}));
   for (int64_t p = 0; p < 8; ++p) write(2, two, p);
   ASSERT_OK(cache_->advance_sequence_by(2, 8));
-  ASSERT_TRUE(cache_->allocate_sequence(4, {}).ok());  // inactive, and used after 2
+  ASSERT_OK(cache_->allocate_sequence(4, {}));  // inactive, and used after 2
   for (int64_t p = 0; p < 8; ++p) write(4, four, p);
   ASSERT_OK(cache_->advance_sequence_by(4, 8));
   // Sequence 3 needs a block more than is free: the planner must take the inactive 4, not the
   // least recently used 2.
-  ASSERT_TRUE(cache_->allocate_sequence(3, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(3, {}));
   for (int64_t p = 0; p < 12; ++p) write(3, three, p);
   ASSERT_OK(cache_->advance_sequence_by(3, 12));
   EXPECT_EQ(*cache_->paged_cache()->residency(2), SequenceResidency::kDevice);
@@ -309,7 +309,7 @@ TEST_F(SeedCacheBugsTest, SetActiveSequencesAcceptsIdsNotYetAllocated) {
   expect_rows(3, three, 12);
   // The set stays as given: an id removed and allocated again is active again.
   ASSERT_OK(cache_->remove_sequence(2));
-  ASSERT_TRUE(cache_->allocate_sequence(2, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(2, {}));
   ASSERT_OK(cache_->paged_cache()->check_invariants());
 }
 

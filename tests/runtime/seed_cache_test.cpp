@@ -16,6 +16,7 @@
 
 #include "pagedkv/cpu_backend.hpp"
 #include "runtime/runtime_backends.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -67,7 +68,7 @@ class SeedCacheTest : public ::testing::TestWithParam<std::tuple<CacheMode, Back
     SeedKvCacheOptions o;
     o.backend = backend_.get();
     auto c = SeedKvCache::create(config, o);
-    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    ASSERT_OK(c);
     cache_ = std::move(c).value();
   }
 
@@ -86,7 +87,7 @@ class SeedCacheTest : public ::testing::TestWithParam<std::tuple<CacheMode, Back
     for (int32_t layer = 0; layer < kLayers; ++layer) {
       auto k = random_halves(kRow), v = random_halves(kRow);
       Status st = cache_->append_token(id, layer, pos, k, v, token);
-      ASSERT_TRUE(st.ok()) << st.to_string();
+      ASSERT_OK(st);
       for (int part = 0; part < 2; ++part) {
         auto& rows = ref.rows[layer][part];
         if (rows.size() <= static_cast<size_t>(pos)) rows.resize(static_cast<size_t>(pos) + 1);
@@ -98,7 +99,7 @@ class SeedCacheTest : public ::testing::TestWithParam<std::tuple<CacheMode, Back
   void append_advance(SequenceId id, RefSeq& ref, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {
       append(id, ref, ref.length);
-      ASSERT_TRUE(cache_->advance_sequence(id).ok());
+      ASSERT_OK(cache_->advance_sequence(id));
       ++ref.length;
     }
   }
@@ -113,7 +114,7 @@ class SeedCacheTest : public ::testing::TestWithParam<std::tuple<CacheMode, Back
     ASSERT_EQ(*cache_->sequence_length(id), ref.length);
     for (int32_t layer = 0; layer < kLayers; ++layer) {
       auto onnx = cache_->get_layer_as_onnx(id, layer);
-      ASSERT_TRUE(onnx.ok()) << onnx.status().to_string();
+      ASSERT_OK(onnx);
       ASSERT_EQ(onnx->shape[0], 1);
       ASSERT_EQ(onnx->shape[1], kHeads);
       ASSERT_EQ(onnx->shape[2], ref.length);
@@ -132,17 +133,14 @@ class SeedCacheTest : public ::testing::TestWithParam<std::tuple<CacheMode, Back
 
   // Downloads a [heads, len, dim] view with its head stride.
   std::vector<uint16_t> download(const void* base, int64_t len, int64_t head_stride) {
-    EXPECT_TRUE(cache_->synchronize().ok());
+    EXPECT_OK(cache_->synchronize());
     std::vector<uint16_t> out(static_cast<size_t>(kHeads * len * kDim));
     for (int64_t h = 0; h < kHeads; ++h) {
-      EXPECT_TRUE(backend_
-                      ->copy_async(out.data() + h * len * kDim,
-                                   static_cast<const uint16_t*>(base) + h * head_stride,
-                                   static_cast<size_t>(len * kDim) * 2, CopyKind::kDeviceToHost,
-                                   Stream{})
-                      .ok());
+      EXPECT_OK(backend_->copy_async(
+          out.data() + h * len * kDim, static_cast<const uint16_t*>(base) + h * head_stride,
+          static_cast<size_t>(len * kDim) * 2, CopyKind::kDeviceToHost, Stream{}));
     }
-    EXPECT_TRUE(backend_->synchronize_stream(Stream{}).ok());
+    EXPECT_OK(backend_->synchronize_stream(Stream{}));
     return out;
   }
 
@@ -177,14 +175,14 @@ TEST_P(SeedCacheTest, AppendTokenThenAdvanceKeepsEveryLayerKeysAndValues) {
 }
 
 TEST_P(SeedCacheTest, AppendedButNotAdvancedPositionsAreNotPartOfTheSequence) {
-  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(1, {}));
   RefSeq ref;
   append_advance(1, ref, 3);
   append(1, ref, 3);
   append(1, ref, 4);
   EXPECT_EQ(*cache_->sequence_length(1), 3);
   expect_onnx(1, ref);
-  ASSERT_TRUE(cache_->advance_sequence_by(1, 2).ok());
+  ASSERT_OK(cache_->advance_sequence_by(1, 2));
   ref.length = 5;
   expect_onnx(1, ref);
 }
@@ -192,7 +190,7 @@ TEST_P(SeedCacheTest, AppendedButNotAdvancedPositionsAreNotPartOfTheSequence) {
 TEST_P(SeedCacheTest, AppendTokenPrefillAdvancedInPartsKeepsEveryPosition) {
   // Paged mode reserves ahead of the written positions while they grow (1, 2, 4, 8, 16 slots
   // here); only written positions advance, and the rest of the reservation is never visible.
-  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(1, {}));
   RefSeq ref;
   for (int64_t p = 0; p < 13; ++p) append(1, ref, p);
   EXPECT_EQ(*cache_->sequence_length(1), 0);
@@ -201,25 +199,25 @@ TEST_P(SeedCacheTest, AppendTokenPrefillAdvancedInPartsKeepsEveryPosition) {
     auto row = random_halves(kRow);
     EXPECT_EQ(cache_->append_token(1, 0, 14, row, row).code(), StatusCode::kOutOfRange);
   }
-  ASSERT_TRUE(cache_->advance_sequence_by(1, 5).ok());
+  ASSERT_OK(cache_->advance_sequence_by(1, 5));
   ref.length = 5;
   expect_onnx(1, ref);
   for (int64_t p = 13; p < 17; ++p) append(1, ref, p);
-  EXPECT_TRUE(cache_->rollback_sequence(1, 5).ok());  // same length: pending writes are kept
-  ASSERT_TRUE(cache_->advance_sequence_by(1, 12).ok());
+  EXPECT_OK(cache_->rollback_sequence(1, 5));  // same length: pending writes are kept
+  ASSERT_OK(cache_->advance_sequence_by(1, 12));
   ref.length = 17;
   expect_onnx(1, ref);
   if (paged()) {
     EXPECT_EQ(*cache_->paged_cache()->pending(1), 0);  // nothing is reserved past the length
   }
-  ASSERT_TRUE(cache_->rollback_sequence(1, 9).ok());
+  ASSERT_OK(cache_->rollback_sequence(1, 9));
   ref.length = 9;
   append_advance(1, ref, 3);
   expect_onnx(1, ref);
 }
 
 TEST_P(SeedCacheTest, HeadRangePrefillThenDecode) {
-  ASSERT_TRUE(cache_->allocate_sequence(7, {1, 2, 3, 4, 5, 6, 7}).ok());
+  ASSERT_OK(cache_->allocate_sequence(7, {1, 2, 3, 4, 5, 6, 7}));
   RefSeq ref;
   const int64_t n = 7;
   for (int32_t layer = 0; layer < kLayers; ++layer) {
@@ -227,7 +225,7 @@ TEST_P(SeedCacheTest, HeadRangePrefillThenDecode) {
       ref.rows[layer][part].assign(n, std::vector<uint16_t>(kRow));
     for (int32_t h = 0; h < kHeads; ++h) {
       auto k = random_halves(n * kDim), v = random_halves(n * kDim);
-      ASSERT_TRUE(cache_->append_head_range_seq_first(7, layer, h, 0, k, v).ok());
+      ASSERT_OK(cache_->append_head_range_seq_first(7, layer, h, 0, k, v));
       for (int64_t p = 0; p < n; ++p)
         for (int64_t d = 0; d < kDim; ++d) {
           ref.rows[layer][0][p][h * kDim + d] = k[p * kDim + d];
@@ -235,7 +233,7 @@ TEST_P(SeedCacheTest, HeadRangePrefillThenDecode) {
         }
     }
   }
-  ASSERT_TRUE(cache_->advance_sequence_by(7, n).ok());
+  ASSERT_OK(cache_->advance_sequence_by(7, n));
   ref.length = n;
   expect_onnx(7, ref);
   append_advance(7, ref, 2);
@@ -243,12 +241,12 @@ TEST_P(SeedCacheTest, HeadRangePrefillThenDecode) {
 }
 
 TEST_P(SeedCacheTest, LayerViewReadsTheLayer) {
-  ASSERT_TRUE(cache_->allocate_sequence(2, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(2, {}));
   RefSeq ref;
   append_advance(2, ref, 6);
   for (int32_t layer = 0; layer < kLayers; ++layer) {
     auto view = cache_->get_layer_view(2, layer);
-    ASSERT_TRUE(view.ok()) << view.status().to_string();
+    ASSERT_OK(view);
     expect_view(*view, ref, layer);
     if (!paged()) {
       // Dense: zero-copy, the head stride is the buffer's capacity (4 doubled to 8).
@@ -260,36 +258,36 @@ TEST_P(SeedCacheTest, LayerViewReadsTheLayer) {
 }
 
 TEST_P(SeedCacheTest, PackedLayerIsCachedUntilTheNextWriteAndReusesItsBuffer) {
-  ASSERT_TRUE(cache_->allocate_sequence(3, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(3, {}));
   RefSeq ref;
   append_advance(3, ref, 5);
   auto a = cache_->get_packed_layer(3, 1);
-  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_OK(a);
   EXPECT_EQ(a->head_stride, 5 * kDim);
   expect_view(*a, ref, 1);
   EXPECT_EQ(cache_->stats().packed_layers, 1);
   auto b = cache_->get_packed_layer(3, 1);
-  ASSERT_TRUE(b.ok());
+  ASSERT_OK(b);
   EXPECT_EQ(a->key, b->key);
   // A write to the layer invalidates it; the rebuilt view lands in the same buffer (defect 10:
   // no fresh allocation per miss).
   append(3, ref, 5);
   EXPECT_EQ(cache_->stats().packed_layers, 0);
-  ASSERT_TRUE(cache_->advance_sequence(3).ok());
+  ASSERT_OK(cache_->advance_sequence(3));
   ref.length = 6;
   auto c = cache_->get_packed_layer(3, 1);
-  ASSERT_TRUE(c.ok());
+  ASSERT_OK(c);
   EXPECT_EQ(c->key, a->key);
   expect_view(*c, ref, 1);
   auto d = cache_->get_packed_layer(3, 0);
-  ASSERT_TRUE(d.ok());
+  ASSERT_OK(d);
   expect_view(*d, ref, 0);
   EXPECT_EQ(cache_->stats().packed_layers, 2);
   // An empty sequence has no packed layer (the seed's None).
-  ASSERT_TRUE(cache_->allocate_sequence(4, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(4, {}));
   EXPECT_EQ(cache_->get_packed_layer(4, 0).status().code(), StatusCode::kFailedPrecondition);
   auto empty = cache_->get_layer_as_onnx(4, 1);
-  ASSERT_TRUE(empty.ok()) << empty.status().to_string();
+  ASSERT_OK(empty);
   EXPECT_EQ(empty->shape[1], kHeads);
   EXPECT_EQ(empty->shape[2], 0);
   EXPECT_TRUE(empty->key.empty() && empty->value.empty());
@@ -298,30 +296,30 @@ TEST_P(SeedCacheTest, PackedLayerIsCachedUntilTheNextWriteAndReusesItsBuffer) {
 TEST_P(SeedCacheTest, PackedLayerMissesReuseOneBuffer) {
   // Defect 10: every miss of the seed allocated fresh arrays. Here each miss (after a write and
   // an advance) lands in the same per-sequence buffer and holds the right bytes.
-  ASSERT_TRUE(cache_->allocate_sequence(3, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(3, {}));
   RefSeq ref;
   append_advance(3, ref, 3);
   const void* keys[kLayers] = {nullptr, nullptr};
   for (int i = 0; i < 6; ++i) {
     const int32_t layer = i % kLayers;
     auto v = cache_->get_packed_layer(3, layer);
-    ASSERT_TRUE(v.ok()) << v.status().to_string();
+    ASSERT_OK(v);
     if (keys[layer] == nullptr) keys[layer] = v->key;
     EXPECT_EQ(v->key, keys[layer]) << "miss " << i << " moved the packed buffer";
     expect_view(*v, ref, layer);
     append(3, ref, ref.length);
-    ASSERT_TRUE(cache_->advance_sequence(3).ok());
+    ASSERT_OK(cache_->advance_sequence(3));
     ++ref.length;
   }
 }
 
 TEST_P(SeedCacheTest, SetPackedLayerImportsOnlyThatLayer) {
-  ASSERT_TRUE(cache_->allocate_sequence(5, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(5, {}));
   RefSeq ref;
   append_advance(5, ref, 6);
-  ASSERT_TRUE(cache_->get_packed_layer(5, 0).ok());  // cached, must be replaced
+  ASSERT_OK(cache_->get_packed_layer(5, 0));  // cached, must be replaced
   auto k = random_halves(kHeads * 6 * kDim), v = random_halves(kHeads * 6 * kDim);
-  ASSERT_TRUE(cache_->set_packed_layer(5, 0, 6, k, v).ok());
+  ASSERT_OK(cache_->set_packed_layer(5, 0, 6, k, v));
   for (int64_t h = 0; h < kHeads; ++h)
     for (int64_t p = 0; p < 6; ++p)
       for (int64_t d = 0; d < kDim; ++d) {
@@ -329,7 +327,7 @@ TEST_P(SeedCacheTest, SetPackedLayerImportsOnlyThatLayer) {
         ref.rows[0][1][p][h * kDim + d] = v[(h * 6 + p) * kDim + d];
       }
   auto view = cache_->get_packed_layer(5, 0);
-  ASSERT_TRUE(view.ok());
+  ASSERT_OK(view);
   expect_view(*view, ref, 0);
   expect_onnx(5, ref);  // layer 1 untouched
   // A length other than the sequence's is rejected, not padded or truncated.
@@ -341,12 +339,12 @@ TEST_P(SeedCacheTest, SetPackedLayerImportsOnlyThatLayer) {
 
 TEST_P(SeedCacheTest, OverwriteLayerKeepsTheOtherLayers) {
   // Defect 3: the seed's paged overwrite_layer freed every block, losing the other layers.
-  ASSERT_TRUE(cache_->allocate_sequence(6, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(6, {}));
   RefSeq ref;
   append_advance(6, ref, 7);
   // A KvTensor with spare capacity (10) holding 7 positions.
   auto k = random_halves(kHeads * 10 * kDim), v = random_halves(kHeads * 10 * kDim);
-  ASSERT_TRUE(cache_->overwrite_layer(6, 1, k, v, 7, 10).ok());
+  ASSERT_OK(cache_->overwrite_layer(6, 1, k, v, 7, 10));
   for (int64_t h = 0; h < kHeads; ++h)
     for (int64_t p = 0; p < 7; ++p)
       for (int64_t d = 0; d < kDim; ++d) {
@@ -356,7 +354,7 @@ TEST_P(SeedCacheTest, OverwriteLayerKeepsTheOtherLayers) {
   expect_onnx(6, ref);
   // A shorter length shortens the sequence, like the seed's current_len = length.
   auto k4 = random_halves(kHeads * 4 * kDim), v4 = random_halves(kHeads * 4 * kDim);
-  ASSERT_TRUE(cache_->overwrite_layer(6, 0, k4, v4, 4).ok());
+  ASSERT_OK(cache_->overwrite_layer(6, 0, k4, v4, 4));
   ref.length = 4;
   for (int64_t h = 0; h < kHeads; ++h)
     for (int64_t p = 0; p < 4; ++p)
@@ -368,12 +366,12 @@ TEST_P(SeedCacheTest, OverwriteLayerKeepsTheOtherLayers) {
 }
 
 TEST_P(SeedCacheTest, OverwriteLayerFillsAFreshSequenceLayerByLayer) {
-  ASSERT_TRUE(cache_->allocate_sequence(8, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(8, {}));
   RefSeq ref;
   ref.length = 9;
   for (int32_t layer = 0; layer < kLayers; ++layer) {
     auto k = random_halves(kHeads * 9 * kDim), v = random_halves(kHeads * 9 * kDim);
-    ASSERT_TRUE(cache_->overwrite_layer(8, layer, k, v, 9).ok());
+    ASSERT_OK(cache_->overwrite_layer(8, layer, k, v, 9));
     for (int part = 0; part < 2; ++part)
       ref.rows[layer][part].assign(9, std::vector<uint16_t>(kRow));
     for (int64_t h = 0; h < kHeads; ++h)
@@ -389,15 +387,15 @@ TEST_P(SeedCacheTest, OverwriteLayerFillsAFreshSequenceLayerByLayer) {
 }
 
 TEST_P(SeedCacheTest, RollbackShortensAndAllowsRewriting) {
-  ASSERT_TRUE(cache_->allocate_sequence(9, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(9, {}));
   RefSeq ref;
   append_advance(9, ref, 9);
-  ASSERT_TRUE(cache_->get_packed_layer(9, 0).ok());
-  ASSERT_TRUE(cache_->rollback_sequence(9, 5).ok());
+  ASSERT_OK(cache_->get_packed_layer(9, 0));
+  ASSERT_OK(cache_->rollback_sequence(9, 5));
   ref.length = 5;
   EXPECT_EQ(cache_->stats().packed_layers, 0);
   expect_onnx(9, ref);
-  EXPECT_TRUE(cache_->rollback_sequence(9, 5).ok());  // same length: no-op
+  EXPECT_OK(cache_->rollback_sequence(9, 5));  // same length: no-op
   EXPECT_EQ(cache_->rollback_sequence(9, 6).code(), StatusCode::kOutOfRange);
   append_advance(9, ref, 3);
   expect_onnx(9, ref);
@@ -406,7 +404,7 @@ TEST_P(SeedCacheTest, RollbackShortensAndAllowsRewriting) {
 TEST_P(SeedCacheTest, BadInputsReturnErrorsAndChangeNothing) {
   // Defect 8: the seed panicked on unknown ids and out-of-range positions, zero-padded short
   // K/V and truncated long ones.
-  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(1, {}));
   RefSeq ref;
   append_advance(1, ref, 3);
   auto row = random_halves(kRow);
@@ -458,12 +456,12 @@ TEST_P(SeedCacheTest, BadInputsReturnErrorsAndChangeNothing) {
 }
 
 TEST_P(SeedCacheTest, RemoveSequenceForgetsIt) {
-  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(1, {}));
   RefSeq ref;
   append_advance(1, ref, 5);
-  ASSERT_TRUE(cache_->get_packed_layer(1, 0).ok());
+  ASSERT_OK(cache_->get_packed_layer(1, 0));
   EXPECT_EQ(cache_->stats().sequences, 1);
-  ASSERT_TRUE(cache_->remove_sequence(1).ok());
+  ASSERT_OK(cache_->remove_sequence(1));
   EXPECT_FALSE(cache_->has_sequence(1));
   EXPECT_EQ(cache_->sequence_length(1).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(cache_->remove_sequence(1).code(), StatusCode::kNotFound);
@@ -475,11 +473,11 @@ TEST_P(SeedCacheTest, RemoveSequenceForgetsIt) {
 }
 
 TEST_P(SeedCacheTest, ActiveSetAndPriorityAreAccepted) {
-  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
-  EXPECT_TRUE(cache_->set_active_sequences({1}).ok());
-  EXPECT_TRUE(cache_->set_sequence_priority(1, 3).ok());
+  ASSERT_OK(cache_->allocate_sequence(1, {}));
+  EXPECT_OK(cache_->set_active_sequences({1}));
+  EXPECT_OK(cache_->set_sequence_priority(1, 3));
   EXPECT_TRUE(cache_->drain_evicted_sequences().empty());
-  EXPECT_TRUE(cache_->set_active_sequences({}).ok());
+  EXPECT_OK(cache_->set_active_sequences({}));
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -16,6 +16,7 @@
 #include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/seed_cache.hpp"
 #include "runtime/runtime_backends.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -121,7 +122,7 @@ class SeedModesFixture : public ::testing::Test {
     SeedKvCacheOptions o;
     o.backend = backend_.get();
     auto c = SeedKvCache::create(config, o);
-    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    ASSERT_OK(c);
     cache_ = std::move(c).value();
   }
 
@@ -149,7 +150,7 @@ class SeedModesFixture : public ::testing::Test {
     for (int64_t p = 0; p < n; ++p) {
       for (int32_t l = 0; l < kLayers; ++l) {
         auto k = random_halves(kRow), v = random_halves(kRow);
-        EXPECT_TRUE(cache_->append_token(id, l, p, k, v, tokens[static_cast<size_t>(p)]).ok());
+        EXPECT_OK(cache_->append_token(id, l, p, k, v, tokens[static_cast<size_t>(p)]));
         for (int64_t h = 0; h < kHeads; ++h)
           for (int64_t d = 0; d < kDim; ++d) {
             out.key[l][static_cast<size_t>((h * n + p) * kDim + d)] = k[h * kDim + d];
@@ -157,7 +158,7 @@ class SeedModesFixture : public ::testing::Test {
           }
       }
       if (advance) {
-        EXPECT_TRUE(cache_->advance_sequence(id).ok());
+        EXPECT_OK(cache_->advance_sequence(id));
       }
       if (after) after(p);
     }
@@ -168,7 +169,7 @@ class SeedModesFixture : public ::testing::Test {
   void expect_prefix(SequenceId id, const Layers& want, int64_t n, int64_t len) {
     for (int32_t l = 0; l < kLayers; ++l) {
       auto onnx = cache_->get_layer_as_onnx(id, l);
-      ASSERT_TRUE(onnx.ok()) << onnx.status().to_string();
+      ASSERT_OK(onnx);
       ASSERT_EQ(onnx->shape[2], len);
       for (int64_t h = 0; h < kHeads; ++h)
         for (int64_t p = 0; p < len; ++p)
@@ -207,17 +208,17 @@ TEST_P(SeedModesTest, PagedPrefixOutlivesTheSequenceThatWroteIt) {
   const std::vector<TokenId> prompt = {11, 12, 13, 14, 15, 16, 17, 18, 19};
   ASSERT_EQ(*cache_->allocate_sequence(1, prompt), 0);
   Layers written = write(1, prompt);
-  ASSERT_TRUE(cache_->remove_sequence(1).ok());
+  ASSERT_OK(cache_->remove_sequence(1));
   EXPECT_FALSE(cache_->has_sequence(1));
   auto cached = cache_->allocate_sequence(2, prompt);
-  ASSERT_TRUE(cached.ok());
+  ASSERT_OK(cached);
   EXPECT_EQ(*cached, 8);  // two full blocks, at least one token left to compute
   EXPECT_EQ(*cache_->sequence_length(2), 8);
   expect_prefix(2, written, 9, 8);
   // Writing the recomputed last token does not touch the cached blocks (copy-on-write).
   auto k = random_halves(kRow), v = random_halves(kRow);
-  for (int32_t l = 0; l < kLayers; ++l) ASSERT_TRUE(cache_->append_token(2, l, 8, k, v, 19).ok());
-  ASSERT_TRUE(cache_->advance_sequence(2).ok());
+  for (int32_t l = 0; l < kLayers; ++l) ASSERT_OK(cache_->append_token(2, l, 8, k, v, 19));
+  ASSERT_OK(cache_->advance_sequence(2));
   EXPECT_EQ(*cache_->allocate_sequence(3, prompt), 8);
   expect_prefix(3, written, 9, 8);
 }
@@ -226,19 +227,19 @@ TEST_P(SeedModesTest, PagedOffloadAndAsynchronousRestoreKeepTheBytes) {
   CpuBackendOptions slow;
   slow.copy_delay = std::chrono::microseconds(2000);  // restore copies finish late
   make(config_for(CacheMode::kPaged), slow);
-  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(1, {}));
   const std::vector<TokenId> toks = {1, 2, 3, 4, 5, 6};
   Layers written = write(1, toks);
-  ASSERT_TRUE(cache_->paged_cache()->offload(1).ok());
-  ASSERT_TRUE(cache_->synchronize().ok());
+  ASSERT_OK(cache_->paged_cache()->offload(1));
+  ASSERT_OK(cache_->synchronize());
   EXPECT_TRUE(cache_->has_sequence(1));
   EXPECT_GT(cache_->stats().cpu_offloaded_blocks, 0);
   EXPECT_EQ(cache_->get_packed_layer(1, 0).status().code(), StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(cache_->restore_offloaded_sequence(1).ok());  // queued, not waited for
+  ASSERT_OK(cache_->restore_offloaded_sequence(1));  // queued, not waited for
   EXPECT_EQ(cache_->restore_offloaded_sequence(1).code(), StatusCode::kFailedPrecondition);
   expect_prefix(1, written, 6, 6);  // reads on the compute stream wait for the copies
   // allocate_sequence restores an offloaded sequence too, like the seed.
-  ASSERT_TRUE(cache_->paged_cache()->offload(1).ok());
+  ASSERT_OK(cache_->paged_cache()->offload(1));
   EXPECT_NE(*cache_->paged_cache()->residency(1), SequenceResidency::kDevice);
   EXPECT_EQ(*cache_->allocate_sequence(1, {1, 2, 3, 4, 5, 6, 7, 8}), 6);
   expect_prefix(1, written, 6, 6);
@@ -250,18 +251,18 @@ TEST_P(SeedModesTest, PagedEvictionIsReportedAndActiveSequencesAreProtected) {
   c.num_host_blocks = 0;  // nowhere to offload: inactive sequences are dropped
   c.enable_prefix_caching = false;
   make(c);
-  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
-  ASSERT_TRUE(cache_->allocate_sequence(2, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(1, {}));
+  ASSERT_OK(cache_->allocate_sequence(2, {}));
   write(1, std::vector<TokenId>(8, 3));  // 2 blocks
-  ASSERT_TRUE(cache_->set_active_sequences({1, 2}).ok());
+  ASSERT_OK(cache_->set_active_sequences({1, 2}));
   write(2, std::vector<TokenId>(8, 4));  // the other 2 blocks
   // Sequence 2 needs a fifth block; both are active, so nothing may be taken.
   auto row = random_halves(kRow);
   EXPECT_EQ(cache_->append_token(2, 0, 8, row, row).code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(*cache_->sequence_length(2), 8);
-  ASSERT_TRUE(cache_->set_active_sequences({2}).ok());
-  ASSERT_TRUE(cache_->set_sequence_priority(1, 0).ok());
-  ASSERT_TRUE(cache_->append_token(2, 0, 8, row, row).ok());
+  ASSERT_OK(cache_->set_active_sequences({2}));
+  ASSERT_OK(cache_->set_sequence_priority(1, 0));
+  ASSERT_OK(cache_->append_token(2, 0, 8, row, row));
   EXPECT_EQ(cache_->drain_evicted_sequences(), std::vector<SequenceId>{1});
   EXPECT_TRUE(cache_->drain_evicted_sequences().empty());
   EXPECT_FALSE(cache_->has_sequence(1));
@@ -285,7 +286,7 @@ TEST_P(SeedModesTest, PagedAppendTokenPrefillReservesLinearly) {
   c.num_device_blocks = 1024;
   make(c);
   constexpr int64_t n = 4096;
-  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(1, {}));
   KvCache& kv = *cache_->paged_cache();
   std::vector<TokenId> tokens(n);
   for (int64_t p = 0; p < n; ++p) tokens[static_cast<size_t>(p)] = static_cast<TokenId>(p % 997);
@@ -315,11 +316,11 @@ TEST_P(SeedModesTest, PagedAppendTokenPrefillReservesLinearly) {
   EXPECT_EQ(cache_->advance_sequence_by(1, n + 1).code(), StatusCode::kFailedPrecondition);
   auto row = random_halves(kRow);
   EXPECT_EQ(cache_->append_token(1, 0, n + 1, row, row).code(), StatusCode::kOutOfRange);
-  ASSERT_TRUE(cache_->advance_sequence_by(1, n).ok());
+  ASSERT_OK(cache_->advance_sequence_by(1, n));
   EXPECT_EQ(*kv.pending(1), 0);  // nothing stays reserved past the length
   EXPECT_EQ(cache_->stats().blocks_free, c.num_device_blocks - n / c.block_size);
   expect_prefix(1, written, n, n);
-  ASSERT_TRUE(kv.check_invariants().ok());
+  ASSERT_OK(kv.check_invariants());
 }
 
 TEST_P(SeedModesTest, PagedPrefillReservesAheadOnlyFromFreeBlocks) {
@@ -327,12 +328,12 @@ TEST_P(SeedModesTest, PagedPrefillReservesAheadOnlyFromFreeBlocks) {
   // fills the pool to the last block behaves as if it reserved one position at a time.
   make(config_for(CacheMode::kPaged));  // 16 device blocks of 4
   const std::vector<TokenId> prompt = {11, 12, 13, 14, 15, 16, 17, 18};
-  ASSERT_TRUE(cache_->allocate_sequence(1, prompt).ok());
+  ASSERT_OK(cache_->allocate_sequence(1, prompt));
   Layers cached = write(1, prompt);
-  ASSERT_TRUE(cache_->remove_sequence(1).ok());  // 2 cached blocks
-  ASSERT_TRUE(cache_->allocate_sequence(3, {}).ok());
+  ASSERT_OK(cache_->remove_sequence(1));  // 2 cached blocks
+  ASSERT_OK(cache_->allocate_sequence(3, {}));
   Layers other = write(3, std::vector<TokenId>(8, 21));  // 2 blocks
-  ASSERT_TRUE(cache_->allocate_sequence(2, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(2, {}));
   std::vector<TokenId> tokens(48);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<TokenId>(100 + i);
   Layers prefill = write(2, tokens, /*advance=*/false);  // 12 blocks: the pool is full
@@ -342,7 +343,7 @@ TEST_P(SeedModesTest, PagedPrefillReservesAheadOnlyFromFreeBlocks) {
   EXPECT_EQ(s.evicted_sequences, 0);
   EXPECT_EQ(s.cpu_offloaded_blocks, 0);
   EXPECT_EQ(*cache_->paged_cache()->residency(3), SequenceResidency::kDevice);
-  ASSERT_TRUE(cache_->advance_sequence_by(2, 48).ok());
+  ASSERT_OK(cache_->advance_sequence_by(2, 48));
   expect_prefix(2, prefill, 48, 48);
   expect_prefix(3, other, 8, 8);
   std::vector<TokenId> again = prompt;
@@ -369,9 +370,9 @@ TEST_P(SeedModesTest, PagedPackedLayerHoldsOnlyTheLayerRead) {
   SeedKvCacheOptions o;
   o.backend = &counted;
   auto created = SeedKvCache::create(c, o);
-  ASSERT_TRUE(created.ok()) << created.status().to_string();
+  ASSERT_OK(created);
   std::unique_ptr<SeedKvCache> seed = std::move(created).value();
-  ASSERT_TRUE(seed->allocate_sequence(1, {}).ok());
+  ASSERT_OK(seed->allocate_sequence(1, {}));
   const size_t elems = static_cast<size_t>(c.num_kv_heads) * n * c.head_dim;
   std::vector<std::vector<uint16_t>> keys, values;
   for (int32_t l = 0; l < c.num_layers; ++l) {
@@ -381,26 +382,24 @@ TEST_P(SeedModesTest, PagedPackedLayerHoldsOnlyTheLayerRead) {
       keys.back()[i] = static_cast<uint16_t>(0x3c00 | (rng_() & 0x3ff));
       values.back()[i] = static_cast<uint16_t>(0xbc00 | (rng_() & 0x3ff));
     }
-    ASSERT_TRUE(seed->overwrite_layer(1, l, keys.back(), values.back(), n).ok());
+    ASSERT_OK(seed->overwrite_layer(1, l, keys.back(), values.back(), n));
   }
-  ASSERT_TRUE(seed->synchronize().ok());
+  ASSERT_OK(seed->synchronize());
   const int64_t layer_bytes = int64_t{2} * static_cast<int64_t>(elems) * 2;  // K and V
   const int64_t step_bytes = int64_t{2} * c.num_kv_heads * 16 * c.head_dim * 2;
   const int64_t before = counted.live();
   counted.reset_peak();
   for (int32_t l : {5, 2}) {
     auto view = seed->get_packed_layer(1, l);
-    ASSERT_TRUE(view.ok()) << view.status().to_string();
-    ASSERT_TRUE(seed->synchronize().ok());
+    ASSERT_OK(view);
+    ASSERT_OK(seed->synchronize());
     // Packed: [heads, n, head_dim] in one range each, copied out as a whole.
     ASSERT_EQ(view->head_stride, n * c.head_dim);
     std::vector<uint16_t> k(elems), v(elems);
-    ASSERT_TRUE(
-        inner->copy_async(k.data(), view->key, elems * 2, CopyKind::kDeviceToHost, Stream{}).ok());
-    ASSERT_TRUE(
-        inner->copy_async(v.data(), view->value, elems * 2, CopyKind::kDeviceToHost, Stream{})
-            .ok());
-    ASSERT_TRUE(inner->synchronize_stream(Stream{}).ok());
+    ASSERT_OK(inner->copy_async(k.data(), view->key, elems * 2, CopyKind::kDeviceToHost, Stream{}));
+    ASSERT_OK(
+        inner->copy_async(v.data(), view->value, elems * 2, CopyKind::kDeviceToHost, Stream{}));
+    ASSERT_OK(inner->synchronize_stream(Stream{}));
     EXPECT_TRUE(k == keys[static_cast<size_t>(l)]) << "layer " << l;
     EXPECT_TRUE(v == values[static_cast<size_t>(l)]) << "layer " << l;
   }
@@ -412,23 +411,23 @@ TEST_P(SeedModesTest, PagedPackedLayerHoldsOnlyTheLayerRead) {
   for (int64_t p = n; p < n + 16; ++p) {
     for (int32_t l = 0; l < c.num_layers; ++l) {
       std::vector<uint16_t> row(static_cast<size_t>(c.num_kv_heads) * c.head_dim, 0x3c01);
-      ASSERT_TRUE(seed->append_token(1, l, p, row, row).ok());
+      ASSERT_OK(seed->append_token(1, l, p, row, row));
     }
   }
-  ASSERT_TRUE(seed->advance_sequence_by(1, 16).ok());
-  ASSERT_TRUE(seed->synchronize().ok());
+  ASSERT_OK(seed->advance_sequence_by(1, 16));
+  ASSERT_OK(seed->synchronize());
   const int64_t held = counted.live();
   counted.reset_peak();
-  ASSERT_TRUE(seed->get_packed_layer(1, 5).ok());
+  ASSERT_OK(seed->get_packed_layer(1, 5));
   EXPECT_EQ(counted.peak(), counted.live());
   EXPECT_LE(counted.live() - held, layer_bytes / 2);
-  ASSERT_TRUE(seed->remove_sequence(1).ok());
+  ASSERT_OK(seed->remove_sequence(1));
   EXPECT_LE(counted.live(), before);
 }
 
 TEST_P(SeedModesTest, DenseBufferGrowsByDoublingAndViewsAreZeroCopy) {
   make(config_for(CacheMode::kDense));
-  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(1, {}));
   const int64_t per_pos = int64_t{kLayers} * 2 * kRow * 2;  // bytes per position
   EXPECT_EQ(cache_->stats().bytes_used, 4 * per_pos);
   std::vector<TokenId> toks(9, 1);
@@ -436,16 +435,17 @@ TEST_P(SeedModesTest, DenseBufferGrowsByDoublingAndViewsAreZeroCopy) {
   EXPECT_EQ(cache_->stats().bytes_used, 16 * per_pos);  // 4 -> 8 -> 16
   auto a = cache_->get_layer_view(1, 1);
   auto b = cache_->get_layer_view(1, 1);
-  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_OK(a);
+  ASSERT_OK(b);
   EXPECT_EQ(a->key, b->key);
   EXPECT_EQ(a->head_stride, 16 * kDim);
   EXPECT_EQ(cache_->stats().packed_layers, 0);  // a layer view packs nothing in dense mode
   expect_prefix(1, written, 9, 9);
   // Dense mode may rewrite a committed position, like the seed.
   auto k = random_halves(kRow), v = random_halves(kRow);
-  ASSERT_TRUE(cache_->append_token(1, 0, 2, k, v).ok());
+  ASSERT_OK(cache_->append_token(1, 0, 2, k, v));
   auto onnx = cache_->get_layer_as_onnx(1, 0);
-  ASSERT_TRUE(onnx.ok());
+  ASSERT_OK(onnx);
   EXPECT_EQ(onnx->key[static_cast<size_t>(2 * kDim)], k[0]);
   EXPECT_EQ(onnx->value[static_cast<size_t>((9 + 2) * kDim)], v[kDim]);  // head 1, pos 2
   EXPECT_EQ(cache_->restore_offloaded_sequence(1).code(), StatusCode::kFailedPrecondition);
@@ -454,14 +454,14 @@ TEST_P(SeedModesTest, DenseBufferGrowsByDoublingAndViewsAreZeroCopy) {
 TEST_P(SeedModesTest, DenseFreeListIsCappedAndReused) {
   make(config_for(CacheMode::kDense));                      // dense_max_free_buffers = 1
   const int64_t buf = int64_t{kLayers} * 2 * kRow * 2 * 4;  // one initial buffer
-  for (SequenceId id = 1; id <= 3; ++id) ASSERT_TRUE(cache_->allocate_sequence(id, {}).ok());
+  for (SequenceId id = 1; id <= 3; ++id) ASSERT_OK(cache_->allocate_sequence(id, {}));
   EXPECT_EQ(cache_->stats().bytes_capacity, 3 * buf);
-  for (SequenceId id = 1; id <= 3; ++id) ASSERT_TRUE(cache_->remove_sequence(id).ok());
+  for (SequenceId id = 1; id <= 3; ++id) ASSERT_OK(cache_->remove_sequence(id));
   SeedKvCacheStats s = cache_->stats();
   EXPECT_EQ(s.sequences, 0);
   EXPECT_EQ(s.bytes_used, 0);
   EXPECT_EQ(s.bytes_capacity, buf);  // one kept, two freed
-  ASSERT_TRUE(cache_->allocate_sequence(4, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(4, {}));
   EXPECT_EQ(cache_->stats().bytes_capacity, buf);  // reused, nothing new
   EXPECT_EQ(cache_->stats().bytes_used, buf);
 }
@@ -474,7 +474,7 @@ TEST_F(SeedModesCpuTest, DenseFailedGrowthKeepsTheData) {
   const size_t buf = static_cast<size_t>(kLayers) * 2 * kRow * 2 * 4;
   o.device_memory_limit = (1u << 20) + buf + buf / 2;
   make(c, o);
-  ASSERT_TRUE(cache_->allocate_sequence(1, {}).ok());
+  ASSERT_OK(cache_->allocate_sequence(1, {}));
   Layers written = write(1, {1, 2, 3, 4});
   auto row = random_halves(kRow);
   EXPECT_EQ(cache_->append_token(1, 0, 4, row, row).code(), StatusCode::kResourceExhausted);
@@ -482,7 +482,7 @@ TEST_F(SeedModesCpuTest, DenseFailedGrowthKeepsTheData) {
   EXPECT_EQ(*cache_->sequence_length(1), 4);
   // The packed mirror cannot be had either, but the zero-copy view still reads the data.
   auto view = cache_->get_layer_view(1, 0);
-  ASSERT_TRUE(view.ok());
+  ASSERT_OK(view);
   EXPECT_EQ(view->length, 4);
 }
 

@@ -20,6 +20,7 @@
 #include "pagedkv/model_cache.hpp"
 #include "runtime/model_cache_harness.hpp"
 #include "runtime/null_storage.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -70,7 +71,7 @@ class SharedBlocksTest : public testing::ModelCacheHarness {
 
   Snapshot snapshot() {
     Snapshot s;
-    EXPECT_TRUE(cache_->synchronize().ok());
+    EXPECT_OK(cache_->synchronize());
     s.stats = one().stats();
     for (int32_t g = 0; g < cache_->num_groups(); ++g) {
       s.pools.push_back(pool_bytes(cache_->device_pool(g)));
@@ -123,13 +124,13 @@ TEST_P(SharedBlocksTest, WindowGroupHoldsAtMostFivePagesWhileTheFullGroupGrows) 
   ASSERT_FALSE(HasFatalFailure());
   Status appended;
   ASSERT_EQ(*add_and_prefill(1, iota_tokens(10, 100), &appended), 0);
-  ASSERT_TRUE(appended.ok()) << appended.to_string();
+  ASSERT_OK(appended);
   int64_t most = 0;
   for (int step = 0; step < 300; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
     const int64_t len = static_cast<int64_t>(ref_[1].size());
     auto slots = cache_->reserve(1, 1);
-    ASSERT_TRUE(slots.ok()) << slots.status().to_string();
+    ASSERT_OK(slots);
     ASSERT_EQ(slots->size(), 2u);
     for (int32_t g : {kWindow, kFull}) {
       // The slot is in the page the group's table gives for the position.
@@ -142,8 +143,8 @@ TEST_P(SharedBlocksTest, WindowGroupHoldsAtMostFivePagesWhileTheFullGroupGrows) 
     EXPECT_EQ(window, ceil_div(len + 1, 16) - window_first_block(kWindow, len));
     EXPECT_LE(window, 64 / 16 + 1);
     most = std::max(most, window);
-    ASSERT_TRUE(write_layers(1, {TokenId(1000 + step)}, len).ok());
-    ASSERT_TRUE(cache_->commit(1, {TokenId(1000 + step)}).ok());
+    ASSERT_OK(write_layers(1, {TokenId(1000 + step)}, len));
+    ASSERT_OK(cache_->commit(1, {TokenId(1000 + step)}));
     ref_[1].push_back(1000 + step);
     invariants();
     if (step % 50 == 0) {
@@ -166,12 +167,12 @@ TEST_P(SharedBlocksTest, BadCallsAreClearErrorsThatChangeNothing) {
   ASSERT_FALSE(HasFatalFailure());
   Status appended;
   ASSERT_EQ(*add_and_prefill(1, iota_tokens(40, 10), &appended), 0);
-  ASSERT_TRUE(appended.ok());
+  ASSERT_OK(appended);
   ASSERT_EQ(*add_and_prefill(2, iota_tokens(90, 500), &appended), 0);
-  ASSERT_TRUE(appended.ok());
-  ASSERT_TRUE(cache_->reserve_batch({1, 2}, 1).ok());
+  ASSERT_OK(appended);
+  ASSERT_OK(cache_->reserve_batch({1, 2}, 1));
   auto batch = cache_->build_batch({1, 2});
-  ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+  ASSERT_OK(batch);
   ASSERT_EQ(batch->groups.size(), 2u);
   for (int32_t g : {kWindow, kFull}) EXPECT_EQ(batch->groups[static_cast<size_t>(g)].group, g);
   std::vector<uint16_t> rows(2 * 32, 0x3C00);
@@ -222,7 +223,7 @@ TEST_P(SharedBlocksTest, BadCallsAreClearErrorsThatChangeNothing) {
   expect_refused(cache_->commit(1, {1, 2}), StatusCode::kFailedPrecondition, "reserved", before);
 
   // The batch still works: the step goes through and reads back.
-  ASSERT_TRUE(write_and_commit(*batch, {1, 2}, {77, 77}).ok());
+  ASSERT_OK(write_and_commit(*batch, {1, 2}, {77, 77}));
   invariants();
   EXPECT_EQ(check_gather(1), "");
   EXPECT_EQ(check_gather(2), "");
@@ -264,7 +265,7 @@ TEST_P(SharedBlocksTest, ShapesOneCacheCannotHoldAreRefused) {
   // Without a store, a null entry per group is fine.
   ModelKvCacheOptions nulls;
   nulls.storage = {nullptr, nullptr};
-  EXPECT_TRUE(refused(window_first(8, 8), nulls).ok());
+  EXPECT_OK(refused(window_first(8, 8), nulls));
 }
 
 // ---------------------------------------------------------------- ordering
@@ -289,25 +290,25 @@ TEST_P(SharedBlocksTest, WindowPagesAnOffloadStillReadsAreWrittenAfterIt) {
   o.cache.backend = backend_.get();
   o.cache.transfer_kernel_block_bytes = 0;  // batched copies, which sleep (the kernel does not)
   auto made = ModelKvCache::create(c, o);
-  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  ASSERT_OK(made);
   cache_ = std::move(made).value();
   config_ = c;
 
   // A: 40 tokens, three pages of the window group's four.
   Status appended;
   ASSERT_EQ(*add_and_prefill(1, iota_tokens(40, 1000), &appended), 0);
-  ASSERT_TRUE(appended.ok()) << appended.to_string();
+  ASSERT_OK(appended);
   std::vector<int32_t> a_pages;
   const std::vector<BlockLocation> a_blocks = *cache_->block_locations(1, kWindow);
   for (const BlockLocation& b : a_blocks) a_pages.push_back(b.block);
-  ASSERT_TRUE(cache_->offload(1).ok());
+  ASSERT_OK(cache_->offload(1));
   EXPECT_EQ(*cache_->residency(1), SequenceResidency::kInFlight);  // the copy is sleeping
 
   // B: 40 tokens in one batched step, into at least two of A's former pages.
   const std::vector<TokenId> b = iota_tokens(40, 2000);
   ASSERT_EQ(*cache_->add_sequence(2, b), 0);
   ref_[2] = {};
-  ASSERT_TRUE(cache_->reserve_batch({2}, 40).ok());
+  ASSERT_OK(cache_->reserve_batch({2}, 40));
   int reused = 0;
   const std::vector<BlockLocation> b_blocks = *cache_->block_locations(2, kWindow);
   for (const BlockLocation& l : b_blocks) {
@@ -315,7 +316,7 @@ TEST_P(SharedBlocksTest, WindowPagesAnOffloadStillReadsAreWrittenAfterIt) {
   }
   EXPECT_GE(reused, 2);
   auto batch = cache_->build_batch({2});
-  ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+  ASSERT_OK(batch);
   std::vector<std::unique_ptr<DeviceBuffer>> keep;  // read by queued writes until synchronize
   for (int32_t layer = 0; layer < 6; ++layer) {
     const CacheConfig& gc = gconf(lg(layer).group);
@@ -323,14 +324,12 @@ TEST_P(SharedBlocksTest, WindowPagesAnOffloadStillReadsAreWrittenAfterIt) {
     const auto v = testing::model_rows(gc, layer, 1, b, 0);
     keep.push_back(to_device(k.data(), k.size() * 2));
     keep.push_back(to_device(v.data(), v.size() * 2));
-    ASSERT_TRUE(cache_
-                    ->write_kv_batch(*batch, layer, keep[keep.size() - 2]->data(),
-                                     keep.back()->data(), DType::kFloat16)
-                    .ok());
+    ASSERT_OK(cache_->write_kv_batch(*batch, layer, keep[keep.size() - 2]->data(),
+                                     keep.back()->data(), DType::kFloat16));
   }
-  ASSERT_TRUE(cache_->commit_batch({2}, b, 40).ok());
+  ASSERT_OK(cache_->commit_batch({2}, b, 40));
   ref_[2] = b;
-  ASSERT_TRUE(cache_->synchronize().ok());
+  ASSERT_OK(cache_->synchronize());
   keep.clear();
   invariants();
 
@@ -338,9 +337,9 @@ TEST_P(SharedBlocksTest, WindowPagesAnOffloadStillReadsAreWrittenAfterIt) {
   // (the full group has room for both), and the other way round.
   for (const auto& [in, out] : {std::pair<SequenceId, SequenceId>{1, 2}, {2, 1}}) {
     const Status st = cache_->restore(in);
-    ASSERT_TRUE(st.ok()) << st.to_string();
+    ASSERT_OK(st);
     EXPECT_EQ(*cache_->residency(out), SequenceResidency::kInFlight);
-    ASSERT_TRUE(cache_->synchronize().ok());
+    ASSERT_OK(cache_->synchronize());
     EXPECT_TRUE(cache_->drain_evicted_sequences().empty());
     EXPECT_EQ(*cache_->residency(out), SequenceResidency::kHost);
     invariants();
@@ -358,8 +357,8 @@ TEST_P(SharedBlocksTest, EventsNameTheirGroup) {
   ASSERT_FALSE(HasFatalFailure());
   Status appended;
   ASSERT_EQ(*add_and_prefill(1, iota_tokens(160, 10), &appended), 0);  // 10 full blocks
-  ASSERT_TRUE(appended.ok());
-  ASSERT_TRUE(cache_->finish(1).ok());
+  ASSERT_OK(appended);
+  ASSERT_OK(cache_->finish(1));
   ref_.erase(1);
   invariants();
   std::map<int32_t, int64_t> stored, removed;
@@ -376,7 +375,7 @@ TEST_P(SharedBlocksTest, EventsNameTheirGroup) {
   // Another 160 tokens need 10 window pages of 16: four cached ones are evicted, in the window
   // group only (the full group has room).
   ASSERT_EQ(*add_and_prefill(2, iota_tokens(160, 5000), &appended), 0);
-  ASSERT_TRUE(appended.ok());
+  ASSERT_OK(appended);
   invariants();
   stored.clear();
   for (const ControlEvent& e : cache_->drain_events()) {

@@ -46,15 +46,15 @@ int64_t step_allocations(const StepShape& shape) {
   o.backend = &faults;
   o.step_shape = shape;
   auto cache = KvCache::create(c, o);
-  EXPECT_TRUE(cache.ok()) << cache.status().to_string();
+  EXPECT_OK(cache);
   if (!cache.ok()) return -1;
   KvCache& kv = **cache;
   std::vector<SequenceId> ids;
   std::vector<TokenId> prompt(kPrompt);
   for (SequenceId id = 1; id <= kBatch; ++id) {
     for (int32_t i = 0; i < kPrompt; ++i) prompt[static_cast<size_t>(i)] = TokenId(id * 1000 + i);
-    EXPECT_TRUE(kv.add_sequence(id, prompt).ok());
-    EXPECT_TRUE(kv.reserve(id, kPrompt).ok());
+    EXPECT_OK(kv.add_sequence(id, prompt));
+    EXPECT_OK(kv.reserve(id, kPrompt));
     EXPECT_OK(kv.commit(id, prompt));  // the prompt's K/V is not what this test looks at
     ids.push_back(id);
   }

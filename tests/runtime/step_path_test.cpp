@@ -20,6 +20,7 @@
 #include "runtime/kv_model.hpp"
 #include "runtime/runtime_backends.hpp"
 #include "support/backend_test.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -92,21 +93,21 @@ TEST_P(LargeBatchTest, BuildBatchArraysMatchTheirHostCopyInEveryStep) {
   std::vector<SequenceId> ids;
   for (int s = 0; s < shape.batch; ++s) {
     std::vector<TokenId> prompt(size_t(16 * shape.blocks_per_sequence + s % 7 + 1), TokenId(s));
-    ASSERT_TRUE(kv->add_sequence(s, prompt).ok());
-    ASSERT_TRUE(kv->reserve(s, int64_t(prompt.size())).ok());
-    ASSERT_TRUE(kv->commit(s, prompt).ok());
+    ASSERT_OK(kv->add_sequence(s, prompt));
+    ASSERT_OK(kv->reserve(s, int64_t(prompt.size())));
+    ASSERT_OK(kv->commit(s, prompt));
     ids.push_back(s);
   }
   for (int step = 0; step < 6; ++step) {
-    ASSERT_TRUE(kv->reserve_batch(ids, 1).ok());
+    ASSERT_OK(kv->reserve_batch(ids, 1));
     BatchOptions o;
     o.build_csr = true;
     auto b = kv->build_batch(ids, o);
-    ASSERT_TRUE(b.ok()) << b.status().to_string();
-    ASSERT_TRUE(kv->synchronize().ok());
+    ASSERT_OK(b);
+    ASSERT_OK(kv->synchronize());
     ASSERT_TRUE(batch_matches_host(*b)) << "step " << step;
-    ASSERT_TRUE(kv->commit_batch(ids, std::vector<TokenId>(ids.size(), 1)).ok());
-    ASSERT_TRUE(kv->check_invariants().ok());
+    ASSERT_OK(kv->commit_batch(ids, std::vector<TokenId>(ids.size(), 1)));
+    ASSERT_OK(kv->check_invariants());
   }
 }
 
@@ -123,7 +124,7 @@ TEST(SeedUploadTest, OverwriteLayerOfManyTokensReadsBackExactly) {
     c.num_device_blocks = 4096;
     c.backend = BackendKind::kCpu;
     auto seed = std::move(SeedKvCache::create(c)).value();
-    ASSERT_TRUE(seed->allocate_sequence(1, std::vector<TokenId>(size_t(tokens), 5)).ok());
+    ASSERT_OK(seed->allocate_sequence(1, std::vector<TokenId>(size_t(tokens), 5)));
     const size_t n = size_t(c.num_kv_heads) * size_t(tokens) * size_t(c.head_dim);
     std::vector<uint16_t> k(n), v(n);
     std::mt19937 rng{static_cast<uint32_t>(tokens)};
@@ -131,9 +132,9 @@ TEST(SeedUploadTest, OverwriteLayerOfManyTokensReadsBackExactly) {
       k[i] = uint16_t(0x3c00 | (rng() & 0x3ff));
       v[i] = uint16_t(0xbc00 | (rng() & 0x3ff));
     }
-    ASSERT_TRUE(seed->overwrite_layer(1, 0, k, v, tokens).ok());
+    ASSERT_OK(seed->overwrite_layer(1, 0, k, v, tokens));
     auto out = seed->get_layer_as_onnx(1, 0);
-    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    ASSERT_OK(out);
     EXPECT_EQ(out->key, k) << tokens << " tokens";
     EXPECT_EQ(out->value, v) << tokens << " tokens";
   }
@@ -172,8 +173,8 @@ TEST_P(UploadLifetimeTest, RandomBatchesReadByLaterWorkMatchTheirHostCopies) {
     for (int s = 0; s < batch && slots < budget; ++s) {
       const int64_t n = std::min<int64_t>(budget - slots, 1 + int64_t(rng() % 2000));
       const SequenceId id = next_id++;
-      ASSERT_TRUE(kv->add_sequence(id, {}).ok());
-      ASSERT_TRUE(kv->reserve(id, n).ok());
+      ASSERT_OK(kv->add_sequence(id, {}));
+      ASSERT_OK(kv->reserve(id, n));
       ids.push_back(id);
       slots += n;
     }
@@ -181,21 +182,18 @@ TEST_P(UploadLifetimeTest, RandomBatchesReadByLaterWorkMatchTheirHostCopies) {
     BatchOptions bo;
     bo.build_csr = rng() % 2 == 0;
     auto b = kv->build_batch(ids, bo);
-    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    ASSERT_OK(b);
     // A kernel that lags (a spin), then copies that read the arrays behind it.
-    ASSERT_TRUE(testing::launch_spin(*backend, kv->compute_stream(), 2'000'000).ok());
+    ASSERT_OK(testing::launch_spin(*backend, kv->compute_stream(), 2'000'000));
     Copied c;
     c.host = *b->host;
     c.arrays.push_back(std::make_unique<DeviceBuffer>(*backend, 16 * size_t(slots)));
     c.arrays.push_back(std::make_unique<DeviceBuffer>(*backend, 16 * size_t(slots)));
-    ASSERT_TRUE(
-        kv->write_kv_batch(*b, 0, c.arrays[0]->data(), c.arrays[1]->data(), DType::kFloat16).ok());
+    ASSERT_OK(kv->write_kv_batch(*b, 0, c.arrays[0]->data(), c.arrays[1]->data(), DType::kFloat16));
     auto copy_out = [&](const void* src, size_t bytes) {
       c.arrays.push_back(std::make_unique<DeviceBuffer>(*backend, bytes));
-      ASSERT_TRUE(backend
-                      ->copy_async(c.arrays.back()->data(), src, bytes, CopyKind::kDeviceToDevice,
-                                   kv->compute_stream())
-                      .ok());
+      ASSERT_OK(backend->copy_async(c.arrays.back()->data(), src, bytes, CopyKind::kDeviceToDevice,
+                                    kv->compute_stream()));
     };
     const BatchMetadata& m = *b->host;
     copy_out(b->slot_mapping, m.slot_mapping.size() * 8);
@@ -207,10 +205,10 @@ TEST_P(UploadLifetimeTest, RandomBatchesReadByLaterWorkMatchTheirHostCopies) {
       copy_out(b->last_page_len, m.last_page_len.size() * 4);
     }
     copies.push_back(std::move(c));
-    for (SequenceId id : ids) ASSERT_TRUE(kv->erase(id).ok());  // room for the next round
-    ASSERT_TRUE(kv->check_invariants().ok());
+    for (SequenceId id : ids) ASSERT_OK(kv->erase(id));  // room for the next round
+    ASSERT_OK(kv->check_invariants());
   }
-  ASSERT_TRUE(kv->synchronize().ok());
+  ASSERT_OK(kv->synchronize());
   EXPECT_GT(largest, 20000);
   for (size_t r = 0; r < copies.size(); ++r) {
     const Copied& c = copies[r];
@@ -260,17 +258,17 @@ TEST(BatchedStepTest, DecodeStepsWriteEveryTokenWithOneUploadAndOneLaunchPerLaye
   for (int s = 0; s < batch; ++s) {
     const SequenceId id = 100 + s;
     for (int t = 0; t < 3 + s; ++t) tokens[size_t(s)].push_back(TokenId(rng() % 1000));
-    ASSERT_TRUE(kv->add_sequence(id, tokens[size_t(s)]).ok());
-    ASSERT_TRUE(kv->reserve(id, int64_t(tokens[size_t(s)].size())).ok());
+    ASSERT_OK(kv->add_sequence(id, tokens[size_t(s)]));
+    ASSERT_OK(kv->reserve(id, int64_t(tokens[size_t(s)].size())));
     for (int32_t layer = 0; layer < c.num_layers; ++layer) {
       DeviceBuffer dk(*cpu, tokens[size_t(s)].size() * size_t(row) * 2);
       DeviceBuffer dv(*cpu, dk.bytes());
       dk.upload(testing::model_rows(c, layer, 0, tokens[size_t(s)], 0));
       dv.upload(testing::model_rows(c, layer, 1, tokens[size_t(s)], 0));
-      ASSERT_TRUE(kv->write_kv(id, layer, dk.data(), dv.data(), DType::kFloat16).ok());
-      ASSERT_TRUE(kv->synchronize().ok());
+      ASSERT_OK(kv->write_kv(id, layer, dk.data(), dv.data(), DType::kFloat16));
+      ASSERT_OK(kv->synchronize());
     }
-    ASSERT_TRUE(kv->commit(id, tokens[size_t(s)]).ok());
+    ASSERT_OK(kv->commit(id, tokens[size_t(s)]));
     ids.push_back(id);
   }
   for (int step = 0; step < 9; ++step) {
@@ -294,38 +292,36 @@ TEST(BatchedStepTest, DecodeStepsWriteEveryTokenWithOneUploadAndOneLaunchPerLaye
     dv.upload(v);
 
     counted.reset_counts();
-    ASSERT_TRUE(kv->reserve_batch(ids, 1).ok());
+    ASSERT_OK(kv->reserve_batch(ids, 1));
     auto b = kv->build_batch(ids);
-    ASSERT_TRUE(b.ok()) << b.status().to_string();
+    ASSERT_OK(b);
     const size_t layer_bytes = size_t(batch) * size_t(row) * 2;
     if (all_layers) {
-      ASSERT_TRUE(kv->write_kv_batch_all_layers(*b, dk.data(), dv.data(), DType::kFloat16).ok());
+      ASSERT_OK(kv->write_kv_batch_all_layers(*b, dk.data(), dv.data(), DType::kFloat16));
     } else {
       for (int32_t layer = 0; layer < c.num_layers; ++layer) {
-        ASSERT_TRUE(
-            kv->write_kv_batch(*b, layer, static_cast<char*>(dk.data()) + layer * layer_bytes,
-                               static_cast<char*>(dv.data()) + layer * layer_bytes, DType::kFloat16)
-                .ok());
+        ASSERT_OK(kv->write_kv_batch(*b, layer, static_cast<char*>(dk.data()) + layer * layer_bytes,
+                                     static_cast<char*>(dv.data()) + layer * layer_bytes,
+                                     DType::kFloat16));
       }
     }
-    ASSERT_TRUE(kv->commit_batch(ids, next).ok());
+    ASSERT_OK(kv->commit_batch(ids, next));
     EXPECT_EQ(counted.count(FaultKind::kLaunch), all_layers ? 1 : c.num_layers) << "step " << step;
     EXPECT_EQ(counted.count(FaultKind::kCopy), 1) << "step " << step << ": uploads";
     // The batch is stale once committed: writing through it again is refused.
     EXPECT_EQ(kv->write_kv_batch(*b, 0, dk.data(), dv.data(), DType::kFloat16).code(),
               StatusCode::kFailedPrecondition);
-    ASSERT_TRUE(kv->synchronize().ok());
+    ASSERT_OK(kv->synchronize());
     for (int s = 0; s < batch; ++s) tokens[size_t(s)].push_back(next[size_t(s)]);
-    ASSERT_TRUE(kv->check_invariants().ok());
+    ASSERT_OK(kv->check_invariants());
   }
   for (int s = 0; s < batch; ++s) {
     const std::vector<TokenId>& t = tokens[size_t(s)];
     for (int32_t layer = 0; layer < c.num_layers; ++layer) {
       DeviceBuffer gk(*cpu, t.size() * size_t(row) * 2), gv(*cpu, gk.bytes());
-      ASSERT_TRUE(kv->gather_layer(ids[size_t(s)], layer, gk.data(), gv.data(), DType::kFloat16,
-                                   PackedLayout::kTokenMajor)
-                      .ok());
-      ASSERT_TRUE(kv->synchronize().ok());
+      ASSERT_OK(kv->gather_layer(ids[size_t(s)], layer, gk.data(), gv.data(), DType::kFloat16,
+                                 PackedLayout::kTokenMajor));
+      ASSERT_OK(kv->synchronize());
       EXPECT_EQ(gk.download<uint16_t>(), testing::model_rows(c, layer, 0, t, 0))
           << s << "/" << layer;
       EXPECT_EQ(gv.download<uint16_t>(), testing::model_rows(c, layer, 1, t, 0))
@@ -337,15 +333,15 @@ TEST(BatchedStepTest, DecodeStepsWriteEveryTokenWithOneUploadAndOneLaunchPerLaye
 TEST(BatchedStepTest, CommitBatchChecksEverythingBeforeCommittingAnything) {
   auto kv = std::move(KvCache::create(step_config())).value();
   for (SequenceId id : {1, 2, 3}) {
-    ASSERT_TRUE(kv->add_sequence(id, {}).ok());
+    ASSERT_OK(kv->add_sequence(id, {}));
   }
-  ASSERT_TRUE(kv->reserve_batch({1, 2}, 2).ok());  // 3 has nothing reserved
+  ASSERT_OK(kv->reserve_batch({1, 2}, 2));  // 3 has nothing reserved
   auto unchanged = [&] {
     for (SequenceId id : {1, 2}) {
       EXPECT_EQ(*kv->length(id), 0);
       EXPECT_EQ(*kv->pending(id), 2);
     }
-    EXPECT_TRUE(kv->check_invariants().ok());
+    EXPECT_OK(kv->check_invariants());
   };
   EXPECT_EQ(kv->commit_batch({1, 2, 3}, {5, 6, 7}).code(), StatusCode::kFailedPrecondition);
   unchanged();
@@ -358,23 +354,23 @@ TEST(BatchedStepTest, CommitBatchChecksEverythingBeforeCommittingAnything) {
   unchanged();
   EXPECT_EQ(kv->commit_batch({1, 99}, {5, 6}).code(), StatusCode::kNotFound);
   unchanged();
-  ASSERT_TRUE(kv->commit_batch({1, 2}, {5, 6, 7, 8}, 2).ok());
+  ASSERT_OK(kv->commit_batch({1, 2}, {5, 6, 7, 8}, 2));
   EXPECT_EQ(*kv->length(1), 2);
   EXPECT_EQ(*kv->length(2), 2);
   EXPECT_EQ(*kv->pending(1), 0);
-  EXPECT_TRUE(kv->check_invariants().ok());
+  EXPECT_OK(kv->check_invariants());
 }
 
 TEST(BatchedStepTest, ReserveBatchReturnsTheSlotsOfEachSequenceInOrder) {
   auto kv = std::move(KvCache::create(step_config())).value();
   std::vector<SequenceId> ids = {4, 9, 2};
-  for (SequenceId id : ids) ASSERT_TRUE(kv->add_sequence(id, {}).ok());
+  for (SequenceId id : ids) ASSERT_OK(kv->add_sequence(id, {}));
   auto slots = kv->reserve_batch(ids, 3);
-  ASSERT_TRUE(slots.ok()) << slots.status().to_string();
+  ASSERT_OK(slots);
   ASSERT_EQ(slots->size(), 9u);
   for (size_t i = 0; i < ids.size(); ++i) {
     auto blocks = kv->block_locations(ids[i]);
-    ASSERT_TRUE(blocks.ok());
+    ASSERT_OK(blocks);
     for (int64_t t = 0; t < 3; ++t) {
       EXPECT_EQ((*slots)[i * 3 + size_t(t)], int64_t{(*blocks)[0].block} * 4 + t);
     }
@@ -390,37 +386,37 @@ TEST(BatchedStepTest, ReserveBatchReturnsTheSlotsOfEachSequenceInOrder) {
 TEST(BatchedStepTest, ReserveBatchIntoWritesTheSlotsIntoTheCallersVector) {
   auto kv = std::move(KvCache::create(step_config())).value();
   const std::vector<SequenceId> ids = {4, 9, 2};
-  for (SequenceId id : ids) ASSERT_TRUE(kv->add_sequence(id, {}).ok());
+  for (SequenceId id : ids) ASSERT_OK(kv->add_sequence(id, {}));
   std::vector<int64_t> slots = {-5, -6, -7, -8};  // replaced, not appended to
-  ASSERT_TRUE(kv->reserve_batch_into(ids, 2, &slots).ok());
+  ASSERT_OK(kv->reserve_batch_into(ids, 2, &slots));
   ASSERT_EQ(slots.size(), 6u);
   for (size_t i = 0; i < ids.size(); ++i) {
     auto blocks = kv->block_locations(ids[i]);
-    ASSERT_TRUE(blocks.ok());
+    ASSERT_OK(blocks);
     for (int64_t t = 0; t < 2; ++t) {
       EXPECT_EQ(slots[i * 2 + size_t(t)], int64_t{(*blocks)[0].block} * 4 + t);
     }
   }
   // A later step with the same vector: the next slots of each sequence.
-  ASSERT_TRUE(kv->commit_batch(ids, {1, 2, 3, 4, 5, 6}, 2).ok());
-  ASSERT_TRUE(kv->reserve_batch_into(ids, 1, &slots).ok());
+  ASSERT_OK(kv->commit_batch(ids, {1, 2, 3, 4, 5, 6}, 2));
+  ASSERT_OK(kv->reserve_batch_into(ids, 1, &slots));
   ASSERT_EQ(slots.size(), 3u);
   for (size_t i = 0; i < ids.size(); ++i) {
     auto blocks = kv->block_locations(ids[i]);
-    ASSERT_TRUE(blocks.ok());
+    ASSERT_OK(blocks);
     EXPECT_EQ(slots[i], int64_t{(*blocks)[0].block} * 4 + 2);
     EXPECT_EQ(*kv->pending(ids[i]), 1);
   }
   // Null: reserved all the same.
-  ASSERT_TRUE(kv->commit_batch(ids, {7, 8, 9}, 1).ok());
-  ASSERT_TRUE(kv->reserve_batch_into(ids, 1, nullptr).ok());
+  ASSERT_OK(kv->commit_batch(ids, {7, 8, 9}, 1));
+  ASSERT_OK(kv->reserve_batch_into(ids, 1, nullptr));
   for (SequenceId id : ids) EXPECT_EQ(*kv->pending(id), 1);
   auto built = kv->build_batch(ids);
-  ASSERT_TRUE(built.ok());
+  ASSERT_OK(built);
   ASSERT_EQ(built->host->slot_mapping.size(), 3u);
   for (size_t i = 0; i < ids.size(); ++i) {
     auto blocks = kv->block_locations(ids[i]);
-    ASSERT_TRUE(blocks.ok());
+    ASSERT_OK(blocks);
     EXPECT_EQ(built->host->slot_mapping[i], int64_t{(*blocks)[0].block} * 4 + 3);
   }
   // An unknown id: an error, the vector emptied, every reservation as it was.
@@ -428,7 +424,7 @@ TEST(BatchedStepTest, ReserveBatchIntoWritesTheSlotsIntoTheCallersVector) {
   EXPECT_EQ(st.code(), StatusCode::kNotFound);
   EXPECT_TRUE(slots.empty());
   for (SequenceId id : ids) EXPECT_EQ(*kv->pending(id), 1);
-  EXPECT_TRUE(kv->check_invariants().ok());
+  EXPECT_OK(kv->check_invariants());
 }
 
 }  // namespace
@@ -456,10 +452,10 @@ TEST_P(CallerStreamTest, WriteKvOnTheCallersStreamSeesWhatTheModelQueuedBeforeIt
   Stream server{};
   if (kind() == BackendKind::kCuda) {
     auto made = backend->create_stream();
-    ASSERT_TRUE(made.ok()) << made.status().to_string();
+    ASSERT_OK(made);
     server = *made;
     auto handle = backend->native_stream(server);
-    ASSERT_TRUE(handle.ok()) << handle.status().to_string();
+    ASSERT_OK(handle);
     native = *handle;
   }
   KvCacheOptions o;
@@ -470,7 +466,7 @@ TEST_P(CallerStreamTest, WriteKvOnTheCallersStreamSeesWhatTheModelQueuedBeforeIt
   c.backend = kind();
   auto kv = std::move(KvCache::create(c, o)).value();
   auto wrapped = backend->native_stream(kv->compute_stream());
-  ASSERT_TRUE(wrapped.ok()) << wrapped.status().to_string();
+  ASSERT_OK(wrapped);
   EXPECT_EQ(*wrapped, native) << "the cache queues on another stream than the server's";
   // The model queues on its own stream: the backend's own handle on CUDA, the wrapped one on
   // the CPU backend (where the token names no stream of its own).
@@ -478,14 +474,14 @@ TEST_P(CallerStreamTest, WriteKvOnTheCallersStreamSeesWhatTheModelQueuedBeforeIt
 
   const int64_t row = int64_t{c.num_kv_heads} * c.head_dim;
   const int64_t n = 5;
-  ASSERT_TRUE(kv->add_sequence(1, {}).ok());
-  ASSERT_TRUE(kv->reserve(1, n).ok());
+  ASSERT_OK(kv->add_sequence(1, {}));
+  ASSERT_OK(kv->reserve(1, n));
   DeviceBuffer k(*backend, size_t(n * row) * 2), v(*backend, k.bytes());
   k.upload(std::vector<uint16_t>(size_t(n * row), 0));
   v.upload(std::vector<uint16_t>(size_t(n * row), 0));
   // The model's work: busy for 100 ms, then a kernel that fills K and V (as 32-bit words). A
   // write_kv not ordered after it would read the zeros.
-  ASSERT_TRUE(testing::launch_spin(*backend, model, 100'000'000).ok());
+  ASSERT_OK(testing::launch_spin(*backend, model, 100'000'000));
   const uint32_t word = 0x3c003c00u;  // two fp16 ones
   for (void* dst : {k.data(), v.data()}) {
     kernels::FillBody fill{static_cast<uint32_t*>(dst), word};
@@ -494,15 +490,14 @@ TEST_P(CallerStreamTest, WriteKvOnTheCallersStreamSeesWhatTheModelQueuedBeforeIt
     l.params = &fill;
     l.params_size = sizeof(fill);
     l.num_items = n * row / 2;
-    ASSERT_TRUE(backend->launch(l, model).ok());
+    ASSERT_OK(backend->launch(l, model));
   }
-  ASSERT_TRUE(kv->write_kv(1, 0, k.data(), v.data(), DType::kFloat16).ok());
-  ASSERT_TRUE(kv->commit(1, std::vector<TokenId>(size_t(n), 3)).ok());
+  ASSERT_OK(kv->write_kv(1, 0, k.data(), v.data(), DType::kFloat16));
+  ASSERT_OK(kv->commit(1, std::vector<TokenId>(size_t(n), 3)));
   DeviceBuffer gk(*backend, k.bytes()), gv(*backend, k.bytes());
-  ASSERT_TRUE(
-      kv->gather_layer(1, 0, gk.data(), gv.data(), DType::kFloat16, PackedLayout::kTokenMajor)
-          .ok());
-  ASSERT_TRUE(kv->synchronize().ok());
+  ASSERT_OK(
+      kv->gather_layer(1, 0, gk.data(), gv.data(), DType::kFloat16, PackedLayout::kTokenMajor));
+  ASSERT_OK(kv->synchronize());
   EXPECT_EQ(gk.download<uint16_t>(), std::vector<uint16_t>(size_t(n * row), 0x3c00));
   EXPECT_EQ(gv.download<uint16_t>(), std::vector<uint16_t>(size_t(n * row), 0x3c00));
   kv.reset();  // before the backend it runs on
@@ -523,11 +518,11 @@ TEST(OffloadedReadTest, AnOffloadedForkIsReadByNeitherGatherNorBuildBatchUntilRe
   o.backend = backend.get();
   auto kv = std::move(KvCache::create(c, o)).value();
   const std::vector<TokenId> tokens = {1, 2, 3, 4, 5, 6, 7, 8};
-  ASSERT_TRUE(kv->add_sequence(1, {}).ok());
-  ASSERT_TRUE(kv->reserve(1, 8).ok());
-  ASSERT_TRUE(kv->commit(1, tokens).ok());
-  ASSERT_TRUE(kv->fork(1, 2).ok());
-  ASSERT_TRUE(kv->offload(2).ok());
+  ASSERT_OK(kv->add_sequence(1, {}));
+  ASSERT_OK(kv->reserve(1, 8));
+  ASSERT_OK(kv->commit(1, tokens));
+  ASSERT_OK(kv->fork(1, 2));
+  ASSERT_OK(kv->offload(2));
   ASSERT_EQ(*kv->residency(2), SequenceResidency::kHost);
   const size_t bytes = tokens.size() * size_t(c.num_kv_heads) * size_t(c.head_dim) * 2;
   DeviceBuffer k(*backend, bytes), v(*backend, bytes);
@@ -535,11 +530,10 @@ TEST(OffloadedReadTest, AnOffloadedForkIsReadByNeitherGatherNorBuildBatchUntilRe
       kv->gather_layer(2, 0, k.data(), v.data(), DType::kFloat16, PackedLayout::kTokenMajor).code(),
       StatusCode::kFailedPrecondition);
   EXPECT_EQ(kv->build_batch({2}).status().code(), StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(kv->restore(2).ok());
-  EXPECT_TRUE(
-      kv->gather_layer(2, 0, k.data(), v.data(), DType::kFloat16, PackedLayout::kTokenMajor).ok());
-  EXPECT_TRUE(kv->build_batch({2}).ok());
-  EXPECT_TRUE(kv->check_invariants().ok());
+  ASSERT_OK(kv->restore(2));
+  EXPECT_OK(kv->gather_layer(2, 0, k.data(), v.data(), DType::kFloat16, PackedLayout::kTokenMajor));
+  EXPECT_OK(kv->build_batch({2}));
+  EXPECT_OK(kv->check_invariants());
 }
 
 // Found by tests/fuzz: build_batch rewrites the host metadata every DeviceBatch points to before
@@ -551,10 +545,10 @@ TEST(StaleBatchTest, AFailedBuildBatchMakesTheEarlierBatchStale) {
   KvCacheOptions o;
   o.backend = &faults;
   auto kv = std::move(KvCache::create(step_config(), o)).value();
-  for (SequenceId id : {1, 2}) ASSERT_TRUE(kv->add_sequence(id, {}).ok());
-  ASSERT_TRUE(kv->reserve_batch({1, 2}, 1).ok());
+  for (SequenceId id : {1, 2}) ASSERT_OK(kv->add_sequence(id, {}));
+  ASSERT_OK(kv->reserve_batch({1, 2}, 1));
   auto first = kv->build_batch({1, 2});
-  ASSERT_TRUE(first.ok());
+  ASSERT_OK(first);
   faults.fail_nth(FaultKind::kCopy, 1);
   EXPECT_FALSE(kv->build_batch({1}).ok());
   const size_t bytes = 2 * size_t(2 * 24) * 2;
@@ -563,11 +557,11 @@ TEST(StaleBatchTest, AFailedBuildBatchMakesTheEarlierBatchStale) {
             StatusCode::kFailedPrecondition);
   // A refused call changes nothing, the batch's currency included.
   auto second = kv->build_batch({1, 2});
-  ASSERT_TRUE(second.ok());
+  ASSERT_OK(second);
   EXPECT_EQ(kv->add_sequence(1, {}).status().code(), StatusCode::kAlreadyExists);
   EXPECT_EQ(kv->fork(77, 78).code(), StatusCode::kNotFound);
-  EXPECT_TRUE(kv->write_kv_batch(*second, 0, k.data(), v.data(), DType::kFloat16).ok());
-  EXPECT_TRUE(kv->check_invariants().ok());
+  EXPECT_OK(kv->write_kv_batch(*second, 0, k.data(), v.data(), DType::kFloat16));
+  EXPECT_OK(kv->check_invariants());
 }
 
 // Two caches with the same sequences in the same state build batches of the same generation:
@@ -580,12 +574,13 @@ TEST(StaleBatchTest, ABatchAnotherCacheBuiltIsRefused) {
   auto a = std::move(KvCache::create(step_config(), o)).value();
   auto b = std::move(KvCache::create(step_config(), o)).value();
   for (KvCache* kv : {a.get(), b.get()}) {
-    ASSERT_TRUE(kv->add_sequence(1, {}).ok());
-    ASSERT_TRUE(kv->reserve_batch({1}, 2).ok());
+    ASSERT_OK(kv->add_sequence(1, {}));
+    ASSERT_OK(kv->reserve_batch({1}, 2));
   }
   auto from_a = a->build_batch({1});
   auto from_b = b->build_batch({1});
-  ASSERT_TRUE(from_a.ok() && from_b.ok());
+  ASSERT_OK(from_a);
+  ASSERT_OK(from_b);
   ASSERT_EQ(from_a->generation, from_b->generation);
   EXPECT_TRUE(a->built_here(*from_a));
   EXPECT_FALSE(a->built_here(*from_b));
@@ -598,11 +593,10 @@ TEST(StaleBatchTest, ABatchAnotherCacheBuiltIsRefused) {
   const PoolRef pool = a->device_pool();
   const auto pool_bytes = [&] {
     std::vector<uint16_t> all(static_cast<size_t>(pool.layout.block_elems() * pool.num_blocks));
-    EXPECT_TRUE(a->synchronize().ok());
-    EXPECT_TRUE(
-        cpu->copy_async(all.data(), pool.data, all.size() * 2, CopyKind::kDeviceToHost, Stream{})
-            .ok());
-    EXPECT_TRUE(cpu->synchronize_stream(Stream{}).ok());
+    EXPECT_OK(a->synchronize());
+    EXPECT_OK(
+        cpu->copy_async(all.data(), pool.data, all.size() * 2, CopyKind::kDeviceToHost, Stream{}));
+    EXPECT_OK(cpu->synchronize_stream(Stream{}));
     return all;
   };
   const std::vector<uint16_t> before = pool_bytes();
@@ -612,9 +606,9 @@ TEST(StaleBatchTest, ABatchAnotherCacheBuiltIsRefused) {
   EXPECT_EQ(a->write_kv_batch_all_layers(*from_b, k.data(), v.data(), DType::kFloat16).code(),
             StatusCode::kInvalidArgument);
   EXPECT_TRUE(pool_bytes() == before) << "a refused write changed the pool";
-  EXPECT_TRUE(a->write_kv_batch(*from_a, 0, k.data(), v.data(), DType::kFloat16).ok());
+  EXPECT_OK(a->write_kv_batch(*from_a, 0, k.data(), v.data(), DType::kFloat16));
   EXPECT_FALSE(pool_bytes() == before) << "the owner's batch writes";
-  EXPECT_TRUE(a->check_invariants().ok());
+  EXPECT_OK(a->check_invariants());
 }
 
 TEST(CallerStreamOptionsTest, SeedKvCacheQueuesOnTheCallersStreamInBothModes) {
@@ -629,7 +623,7 @@ TEST(CallerStreamOptionsTest, SeedKvCacheQueuesOnTheCallersStreamInBothModes) {
     c.num_device_blocks = 64;
     c.backend = BackendKind::kCpu;
     auto seed = SeedKvCache::create(c, o);
-    ASSERT_TRUE(seed.ok()) << seed.status().to_string();
+    ASSERT_OK(seed);
     EXPECT_EQ((*seed)->compute_stream(), *backend->wrap_stream(&token));
   }
 }
@@ -637,7 +631,7 @@ TEST(CallerStreamOptionsTest, SeedKvCacheQueuesOnTheCallersStreamInBothModes) {
 TEST(CallerStreamOptionsTest, NativeAndBackendStreamTogetherAreRefused) {
   auto backend = create_cpu_backend();
   auto s = backend->create_stream();
-  ASSERT_TRUE(s.ok());
+  ASSERT_OK(s);
   int token = 0;
   KvCacheOptions o;
   o.backend = backend.get();

@@ -79,20 +79,20 @@ class StorageCacheTest : public ::testing::Test {
     fo.directory = dir_;
     fo.max_bytes = max_bytes;
     auto store = make_file_tier(StorageLayout::from_config(c, "test-model"), fo);
-    ASSERT_TRUE(store.ok()) << store.status().to_string();
+    ASSERT_OK(store);
     store_ = std::move(store).value();
     KvCacheOptions o;
     o.backend = faults_ != nullptr ? static_cast<Backend*>(faults_.get()) : backend_.get();
     o.storage = store_.get();
     o.storage_staging_blocks = staging;
     auto cache = KvCache::create(c, o);
-    ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+    ASSERT_OK(cache);
     cache_ = std::move(cache).value();
   }
 
   void expect_invariants() {
     const Status s = cache_->check_invariants();
-    ASSERT_TRUE(s.ok()) << s.to_string();
+    ASSERT_OK(s);
   }
 
   // Adds a sequence, writes the model's K/V of its uncached tokens, commits, finishes it (its
@@ -105,9 +105,9 @@ class StorageCacheTest : public ::testing::Test {
   // may offload).
   void compute(SequenceId id, const std::vector<TokenId>& tokens, bool finish) {
     auto cached = cache_->add_sequence(id, tokens);
-    ASSERT_TRUE(cached.ok()) << cached.status().to_string();
+    ASSERT_OK(cached);
     const std::vector<TokenId> rest(tokens.begin() + *cached, tokens.end());
-    ASSERT_TRUE(cache_->reserve(id, static_cast<int64_t>(rest.size())).ok());
+    ASSERT_OK(cache_->reserve(id, static_cast<int64_t>(rest.size())));
     for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
       const std::vector<uint16_t> k = model_rows(config_, layer, 0, rest, *cached);
       const std::vector<uint16_t> v = model_rows(config_, layer, 1, rest, *cached);
@@ -118,7 +118,9 @@ class StorageCacheTest : public ::testing::Test {
       ASSERT_OK(cache_->synchronize());
     }
     ASSERT_OK(cache_->commit(id, rest));
-    if (finish) ASSERT_OK(cache_->finish(id));
+    if (finish) {
+      ASSERT_OK(cache_->finish(id));
+    }
     expect_invariants();
   }
 
@@ -209,7 +211,7 @@ TEST_F(StorageCacheTest, ARestartedCacheFetchesAPromptFromStorageAndReadsTheSame
   open(small_config());  // a new store object and cache on the same directory: a restart
   const std::vector<TokenId> p0 = prompt(0);
   auto fetched = cache_->fetch_from_storage(p0);
-  ASSERT_TRUE(fetched.ok()) << fetched.status().to_string();
+  ASSERT_OK(fetched);
   EXPECT_EQ(*fetched, 2);
   EXPECT_LE(cache_->storage_in_flight(), 1);  // the read may already have landed
   expect_invariants();
@@ -222,10 +224,10 @@ TEST_F(StorageCacheTest, ARestartedCacheFetchesAPromptFromStorageAndReadsTheSame
   EXPECT_EQ(st.host.cached_blocks, 2);
 
   auto cached = cache_->add_sequence(42, p0);
-  ASSERT_TRUE(cached.ok()) << cached.status().to_string();
+  ASSERT_OK(cached);
   EXPECT_EQ(*cached, 8) << "both full blocks hit on the host tier";
   EXPECT_EQ(cache_->stats().prefix_host_hit_blocks, 2);
-  ASSERT_TRUE(cache_->reserve(42, 1).ok());  // onboards them to the device
+  ASSERT_OK(cache_->reserve(42, 1));  // onboards them to the device
   expect_invariants();
   expect_model_bytes(42, p0, 8);
 
@@ -247,7 +249,7 @@ TEST_F(StorageCacheTest, AFailedPollAfterAFetchLeavesTheFetchDoneAndTheReadLands
   faults_->fail_nth(FaultKind::kSync, 1);  // the first event query: the poll after the read
   const std::vector<TokenId> p0 = prompt(0);
   auto fetched = cache_->fetch_from_storage(p0);
-  ASSERT_TRUE(fetched.ok()) << fetched.status().to_string();
+  ASSERT_OK(fetched);
   EXPECT_EQ(faults_->injected(), 1) << "the query after the read was queued failed";
   EXPECT_EQ(*fetched, 2);
   expect_invariants();
@@ -255,9 +257,9 @@ TEST_F(StorageCacheTest, AFailedPollAfterAFetchLeavesTheFetchDoneAndTheReadLands
   EXPECT_EQ(cache_->storage_in_flight(), 0);
   EXPECT_EQ(cache_->stats().storage_hit_blocks, 2);
   auto cached = cache_->add_sequence(42, p0);
-  ASSERT_TRUE(cached.ok()) << cached.status().to_string();
+  ASSERT_OK(cached);
   EXPECT_EQ(*cached, 8);
-  ASSERT_TRUE(cache_->reserve(42, 1).ok());
+  ASSERT_OK(cache_->reserve(42, 1));
   expect_invariants();
   expect_model_bytes(42, p0, 8);
   cache_.reset();  // before the wrapper it runs on
@@ -293,7 +295,7 @@ TEST_F(StorageCacheTest, TwoProcessesSharePrefixesThroughTheStore) {
   EXPECT_EQ(*cache_->fetch_from_storage(p0), 2);
   ASSERT_OK(cache_->flush_storage());
   EXPECT_EQ(*cache_->add_sequence(42, p0), 8);
-  ASSERT_TRUE(cache_->reserve(42, 1).ok());
+  ASSERT_OK(cache_->reserve(42, 1));
   expect_invariants();
   expect_model_bytes(42, p0, 8);
 }
@@ -318,7 +320,7 @@ TEST_F(StorageCacheTest, ACorruptBlockFileIsAMissNeverGarbage) {
   // Flip one byte in the middle of every stored block file.
   ASSERT_GT(corrupt_files(""), 0);
   auto fetched = cache_->fetch_from_storage(prompt(0));
-  ASSERT_TRUE(fetched.ok()) << fetched.status().to_string();
+  ASSERT_OK(fetched);
   ASSERT_EQ(*fetched, 2) << "the store still lists both blocks: the read finds the damage";
   ASSERT_OK(cache_->flush_storage());
   expect_invariants();
@@ -358,7 +360,7 @@ TEST_F(StorageCacheTest, ACorruptSecondBlockLeavesTheFirstAHit) {
   EXPECT_EQ(st.storage_bytes_read, config_.block_bytes());
   EXPECT_EQ(st.host.cached_blocks, 1);
   EXPECT_EQ(*cache_->add_sequence(42, p0), 4);
-  ASSERT_TRUE(cache_->reserve(42, 1).ok());
+  ASSERT_OK(cache_->reserve(42, 1));
   expect_invariants();
   expect_model_bytes(42, p0, 4);
 }
@@ -409,15 +411,15 @@ TEST_P(StorageWriteBackTest, ARestartedCacheReadsBackTheDroppedBlocksOwnBytes) {
 
   open(c);  // a restart over the same directory
   auto fetched = cache_->fetch_from_storage(p0);
-  ASSERT_TRUE(fetched.ok()) << fetched.status().to_string();
+  ASSERT_OK(fetched);
   const int64_t blocks = std::min<int64_t>(4, c.num_host_blocks);
   EXPECT_EQ(*fetched, blocks);
   ASSERT_OK(cache_->flush_storage());
   expect_invariants();
   auto cached = cache_->add_sequence(42, p0);
-  ASSERT_TRUE(cached.ok()) << cached.status().to_string();
+  ASSERT_OK(cached);
   ASSERT_EQ(*cached, blocks * c.block_size);
-  ASSERT_TRUE(cache_->reserve(42, 1).ok());
+  ASSERT_OK(cache_->reserve(42, 1));
   expect_invariants();
   expect_model_bytes(42, p0, *cached);
 }
@@ -435,14 +437,14 @@ TEST_F(StorageCacheTest, AStoreOfAnotherLayoutOrACacheWithoutAHostTierIsRefused)
   CacheConfig other = c;
   other.head_dim = 16;
   auto store = make_file_tier(StorageLayout::from_config(other, "test-model"), fo);
-  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  ASSERT_OK(store);
   KvCacheOptions o;
   o.backend = backend_.get();
   o.storage = store->get();
   EXPECT_EQ(KvCache::create(c, o).status().code(), StatusCode::kInvalidArgument);
   c.num_host_blocks = 0;
   auto same = make_file_tier(StorageLayout::from_config(c, "test-model"), fo);
-  ASSERT_TRUE(same.ok());
+  ASSERT_OK(same);
   o.storage = same->get();
   EXPECT_EQ(KvCache::create(c, o).status().code(), StatusCode::kInvalidArgument);
 }

@@ -25,6 +25,7 @@
 #include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/fault_injection.hpp"
 #include "pagedkv/storage_tier.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -76,7 +77,7 @@ class StorageRandomTest : public ::testing::TestWithParam<int64_t> {
     FileTierOptions fo;
     fo.directory = dir_;
     auto store = make_file_tier(StorageLayout::from_config(c, "random-model"), fo);
-    ASSERT_TRUE(store.ok()) << store.status().to_string();
+    ASSERT_OK(store);
     store_ = std::move(store).value();
   }
 
@@ -97,13 +98,13 @@ TEST_P(StorageRandomTest, EveryByteReadBackFromStorageIsTheModels) {
     open_store(o.config);
     o.storage = store_.get();
     auto w = KvWorkload::create(o);
-    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    ASSERT_OK(w);
     workload_ = std::move(w).value();
     for (int epoch = 0; epoch <= kRestarts; ++epoch) {
       if (epoch > 0) {
-        ASSERT_TRUE(workload_->stop_cache().ok()) << describe(workload_->counters());
+        ASSERT_OK(workload_->stop_cache()) << describe(workload_->counters());
         open_store(o.config);  // the next "process" opens the directory anew
-        ASSERT_TRUE(workload_->start_cache(store_.get()).ok()) << describe(workload_->counters());
+        ASSERT_OK(workload_->start_cache(store_.get())) << describe(workload_->counters());
       }
       workload_->run(steps);
       workload_->verify_all();
@@ -142,7 +143,7 @@ TEST_P(StorageRandomTest, InjectedFaultsLoseNothing) {
   open_store(o.config);
   o.storage = store_.get();
   auto w = KvWorkload::create(o);
-  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  ASSERT_OK(w);
   workload_ = std::move(w).value();
   const FaultKind kinds[] = {FaultKind::kCopy, FaultKind::kLaunch, FaultKind::kEvent,
                              FaultKind::kSync};
@@ -152,9 +153,9 @@ TEST_P(StorageRandomTest, InjectedFaultsLoseNothing) {
     if (done > 0 && done % (steps / 4 / 10 * 10) == 0) {
       cache_backend.disarm_all();
       io_backend.disarm_all();
-      ASSERT_TRUE(workload_->stop_cache().ok()) << describe(workload_->counters());
+      ASSERT_OK(workload_->stop_cache()) << describe(workload_->counters());
       open_store(o.config);
-      ASSERT_TRUE(workload_->start_cache(store_.get()).ok()) << describe(workload_->counters());
+      ASSERT_OK(workload_->start_cache(store_.get())) << describe(workload_->counters());
     }
     cache_backend.disarm_all();
     cache_backend.fail_nth(kinds[(done / 10) % 4], 1 + static_cast<int64_t>(rng() % 30));

@@ -17,6 +17,7 @@
 #include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/fault_injection.hpp"
 #include "support/backend_test.hpp"
+#include "support/status_matchers.hpp"
 #include "support/stream_gate.hpp"
 
 namespace pagedkv::runtime {
@@ -75,7 +76,7 @@ class Pools {
   TierPools mapped_pools() const {
     TierPools p = pools_;
     StatusOr<void*> mapped = backend_.mapped_device_pointer(pools_.host);
-    EXPECT_TRUE(mapped.ok()) << mapped.status().to_string();
+    EXPECT_OK(mapped);
     p.host_mapped = mapped.ok() ? *mapped : nullptr;
     return p;
   }
@@ -85,24 +86,19 @@ class Pools {
     std::vector<uint8_t> bytes(static_cast<size_t>(block_bytes_));
     std::mt19937 rng(seed);
     for (auto& x : bytes) x = static_cast<uint8_t>(rng() | 1);  // never zero
-    EXPECT_TRUE(backend_
-                    .copy_async(device_block(b), bytes.data(), bytes.size(),
-                                CopyKind::kHostToDevice, Stream{})
-                    .ok());
-    EXPECT_TRUE(backend_.synchronize_stream(Stream{}).ok());
+    EXPECT_OK(backend_.copy_async(device_block(b), bytes.data(), bytes.size(),
+                                  CopyKind::kHostToDevice, Stream{}));
+    EXPECT_OK(backend_.synchronize_stream(Stream{}));
     return bytes;
   }
   std::vector<uint8_t> read(Tier tier, int64_t b) {
     std::vector<uint8_t> bytes(static_cast<size_t>(block_bytes_));
-    EXPECT_TRUE(backend_.synchronize_stream(Stream{}).ok());
+    EXPECT_OK(backend_.synchronize_stream(Stream{}));
     void* src = tier == Tier::kDevice ? device_block(b) : host_block(b);
-    EXPECT_TRUE(
-        backend_
-            .copy_async(bytes.data(), src, bytes.size(),
-                        tier == Tier::kDevice ? CopyKind::kDeviceToHost : CopyKind::kHostToHost,
-                        Stream{})
-            .ok());
-    EXPECT_TRUE(backend_.synchronize_stream(Stream{}).ok());
+    EXPECT_OK(backend_.copy_async(
+        bytes.data(), src, bytes.size(),
+        tier == Tier::kDevice ? CopyKind::kDeviceToHost : CopyKind::kHostToHost, Stream{}));
+    EXPECT_OK(backend_.synchronize_stream(Stream{}));
     return bytes;
   }
   char* device_block(int64_t b) const {
@@ -123,23 +119,23 @@ TYPED_TEST_SUITE(TransferEngineTest, pagedkv::testing::AllBackends, pagedkv::tes
 TYPED_TEST(TransferEngineTest, RoundTripDeviceHostDeviceIsBitExact) {
   Pools p(this->backend(), 16, 8, 4096 + 64);
   auto engine = TransferEngine::create(this->backend(), p.pools());
-  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  ASSERT_OK(engine);
   std::vector<std::vector<uint8_t>> original;
   const int32_t sources[] = {2, 3, 4, 9, 11};
   for (int32_t b : sources) original.push_back(p.fill_device(b, 100u + b));
 
   auto out = (*engine)->submit(
       {offload(2, 0), offload(3, 1), offload(4, 2), offload(9, 5), offload(11, 7)}, Stream{});
-  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  ASSERT_OK(out);
   EXPECT_EQ((*engine)->copies_issued(), 1);   // one batch
   EXPECT_EQ((*engine)->regions_issued(), 3);  // 2..4 merge into one run
-  ASSERT_TRUE((*engine)->order_after(*out, Stream{}).ok());
+  ASSERT_OK((*engine)->order_after(*out, Stream{}));
   for (int32_t b : sources) p.fill_device(b, 7u);  // overwrite the originals after the copy
 
   auto back = (*engine)->submit(
       {restore(0, 12), restore(1, 13), restore(2, 14), restore(5, 1), restore(7, 0)}, Stream{});
-  ASSERT_TRUE(back.ok());
-  ASSERT_TRUE((*engine)->wait(*back).ok());
+  ASSERT_OK(back);
+  ASSERT_OK((*engine)->wait(*back));
   EXPECT_TRUE(*(*engine)->is_complete(*out));
   const int32_t targets[] = {12, 13, 14, 1, 0};
   for (size_t i = 0; i < 5; ++i) {
@@ -151,7 +147,7 @@ TYPED_TEST(TransferEngineTest, RoundTripDeviceHostDeviceIsBitExact) {
 TYPED_TEST(TransferEngineTest, InvalidMovesQueueNothing) {
   Pools p(this->backend(), 4, 2, 512);
   auto engine = TransferEngine::create(this->backend(), p.pools());
-  ASSERT_TRUE(engine.ok());
+  ASSERT_OK(engine);
   const std::vector<uint8_t> before = p.fill_device(0, 1);
   auto s1 = (*engine)->submit({offload(0, 0), offload(1, 2)}, Stream{});  // host block 2 of 2
   EXPECT_EQ(s1.status().code(), StatusCode::kOutOfRange);
@@ -188,23 +184,22 @@ void offload_then_reuse(bool ordered, bool* offloaded_intact, bool* new_write_in
   const int64_t block_bytes = 1024;
   Pools p(*backend, 4, 2, block_bytes);
   auto engine = TransferEngine::create(*backend, p.pools());
-  ASSERT_TRUE(engine.ok());
+  ASSERT_OK(engine);
   const std::vector<uint8_t> original = p.fill_device(1, 42);
 
   auto ticket = (*engine)->submit({offload(1, 0)}, Stream{});
-  ASSERT_TRUE(ticket.ok());
+  ASSERT_OK(ticket);
   EXPECT_FALSE(*(*engine)->is_complete(*ticket));  // the copy is still sleeping
   if (ordered) {
-    ASSERT_TRUE((*engine)->order_after(*ticket, Stream{}).ok());
+    ASSERT_OK((*engine)->order_after(*ticket, Stream{}));
   }
   // Reuse device block 1 for another sequence's writes, on the compute (default) stream.
   const kernels::FillBody write{reinterpret_cast<uint32_t*>(p.device_block(1)), 0x5a5a5a5au};
-  ASSERT_TRUE(
-      backend->launch({KernelId::kFill, &write, sizeof(write), block_bytes / 4}, Stream{}).ok());
+  ASSERT_OK(backend->launch({KernelId::kFill, &write, sizeof(write), block_bytes / 4}, Stream{}));
 
   auto back = (*engine)->submit({restore(0, 3)}, Stream{});
-  ASSERT_TRUE(back.ok());
-  ASSERT_TRUE((*engine)->order_after(*back, Stream{}).ok());
+  ASSERT_OK(back);
+  ASSERT_OK((*engine)->order_after(*back, Stream{}));
   *offloaded_intact = p.read(Tier::kDevice, 3) == original;
   *new_write_intact = p.read(Tier::kDevice, 1) == std::vector<uint8_t>(block_bytes, 0x5a);
 }
@@ -301,7 +296,7 @@ TYPED_TEST(TransferEngineTest, ScatteredOffloadAndRestoreAreOneBatchedCopyPerDir
   const int64_t block_bytes = 1000 + 24;  // not a power of two
   Pools p(fi, 96, 64, block_bytes);
   auto engine = TransferEngine::create(fi, p.pools());
-  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  ASSERT_OK(engine);
   std::mt19937 rng(77);
   const std::vector<int32_t> devices = scattered_blocks(n, 96, rng);
   const std::vector<int32_t> hosts = scattered_blocks(n, 64, rng);
@@ -313,8 +308,8 @@ TYPED_TEST(TransferEngineTest, ScatteredOffloadAndRestoreAreOneBatchedCopyPerDir
   std::vector<BlockMove> offloads;
   for (int32_t i = 0; i < n; ++i) offloads.push_back(offload(devices[i], hosts[i]));
   auto out = (*engine)->submit(offloads, Stream{});
-  ASSERT_TRUE(out.ok()) << out.status().to_string();
-  ASSERT_TRUE((*engine)->order_after(*out, Stream{}).ok());
+  ASSERT_OK(out);
+  ASSERT_OK((*engine)->order_after(*out, Stream{}));
   std::vector<CopyCall> calls = fi.copy_calls();
   EXPECT_EQ(fi.count(FaultKind::kCopy), 1) << "one batched copy for the offload, not one per block";
   for (int32_t b : devices) p.fill_device(b, 9u);  // the compute stream reuses the blocks
@@ -325,8 +320,8 @@ TYPED_TEST(TransferEngineTest, ScatteredOffloadAndRestoreAreOneBatchedCopyPerDir
   for (int32_t i = 0; i < n; ++i) restores.push_back(restore(hosts[i], targets[i]));
   fi.reset_counts();
   auto back = (*engine)->submit(restores, Stream{});
-  ASSERT_TRUE(back.ok()) << back.status().to_string();
-  ASSERT_TRUE((*engine)->wait(*back).ok());
+  ASSERT_OK(back);
+  ASSERT_OK((*engine)->wait(*back));
   EXPECT_EQ(fi.count(FaultKind::kCopy), 1) << "one batched copy for the restore";
   for (const CopyCall& c : fi.copy_calls()) calls.push_back(c);
   ASSERT_EQ(calls.size(), 2u);
@@ -356,7 +351,7 @@ TYPED_TEST(TransferEngineTest, EvictAndRestoreJobIsOneBatchPerDirectionAndKeepsE
   const int64_t block_bytes = 777;
   Pools p(fi, 32, 64, block_bytes);
   auto engine = TransferEngine::create(fi, p.pools());
-  ASSERT_TRUE(engine.ok());
+  ASSERT_OK(engine);
   std::vector<std::vector<uint8_t>> victims, restored;
   std::vector<BlockMove> moves;
   for (int32_t i = 0; i < n; ++i) {
@@ -365,8 +360,8 @@ TYPED_TEST(TransferEngineTest, EvictAndRestoreJobIsOneBatchPerDirectionAndKeepsE
     // Put the block to restore into host slot 40 + i (through device block 0).
     restored.push_back(p.fill_device(0, 1900u + i));
     auto staged = (*engine)->submit({offload(0, 40 + i)}, Stream{});
-    ASSERT_TRUE(staged.ok());
-    ASSERT_TRUE((*engine)->wait(*staged).ok());
+    ASSERT_OK(staged);
+    ASSERT_OK((*engine)->wait(*staged));
     moves.push_back(offload(slot, 2 * i));   // victim out to host slot 2i
     moves.push_back(restore(40 + i, slot));  // restored block into the freed device slot
   }
@@ -374,9 +369,9 @@ TYPED_TEST(TransferEngineTest, EvictAndRestoreJobIsOneBatchPerDirectionAndKeepsE
   fi.reset_counts();
   int64_t queued = -1;
   auto job = (*engine)->submit(moves, Stream{}, &queued);
-  ASSERT_TRUE(job.ok()) << job.status().to_string();
+  ASSERT_OK(job);
   EXPECT_EQ(queued, 2 * n);
-  ASSERT_TRUE((*engine)->wait(*job).ok());
+  ASSERT_OK((*engine)->wait(*job));
   const std::vector<CopyCall> calls = fi.copy_calls();
   ASSERT_EQ(calls.size(), 2u);
   EXPECT_EQ(calls[0].kind, CopyKind::kDeviceToHost);
@@ -394,19 +389,19 @@ TYPED_TEST(TransferEngineTest, ADependencyCycleSplitsABatchAndKeepsEveryByte) {
   FaultInjectionBackend fi(this->backend());
   Pools p(fi, 16, 16, 512);
   auto engine = TransferEngine::create(fi, p.pools());
-  ASSERT_TRUE(engine.ok());
+  ASSERT_OK(engine);
   const std::vector<uint8_t> d5 = p.fill_device(5, 1), d4 = p.fill_device(4, 2);
   const std::vector<uint8_t> h3 = p.fill_device(0, 3);
   const std::vector<uint8_t> h7 = p.fill_device(1, 4);
   auto staged = (*engine)->submit({offload(0, 3), offload(1, 7)}, Stream{});
-  ASSERT_TRUE(staged.ok());
-  ASSERT_TRUE((*engine)->wait(*staged).ok());
+  ASSERT_OK(staged);
+  ASSERT_OK((*engine)->wait(*staged));
   fi.record_copies(true);
   fi.reset_counts();
   auto job =
       (*engine)->submit({offload(5, 1), restore(3, 9), offload(4, 3), restore(7, 5)}, Stream{});
-  ASSERT_TRUE(job.ok()) << job.status().to_string();
-  ASSERT_TRUE((*engine)->wait(*job).ok());
+  ASSERT_OK(job);
+  ASSERT_OK((*engine)->wait(*job));
   EXPECT_EQ(fi.copy_calls().size(), 3u);
   EXPECT_EQ(p.read(Tier::kHost, 1), d5);
   EXPECT_EQ(p.read(Tier::kDevice, 9), h3);
@@ -418,7 +413,7 @@ TYPED_TEST(TransferEngineTest, AFailedBatchReportsTheQueuedPrefix) {
   FaultInjectionBackend fi(this->backend());
   Pools p(fi, 16, 16, 256);
   auto engine = TransferEngine::create(fi, p.pools());
-  ASSERT_TRUE(engine.ok());
+  ASSERT_OK(engine);
   const std::vector<uint8_t> d0 = p.fill_device(0, 5), d2 = p.fill_device(2, 6);
   // Independent moves: the offloads go first (copy #1), then the restores (copy #2).
   const std::vector<BlockMove> moves = {offload(0, 0), offload(2, 1), restore(4, 6), restore(5, 7)};
@@ -429,7 +424,7 @@ TYPED_TEST(TransferEngineTest, AFailedBatchReportsTheQueuedPrefix) {
     EXPECT_EQ(job.status().code(), StatusCode::kInternal);
     EXPECT_NE(job.status().message().find("copy_batch"), std::string::npos);
     EXPECT_EQ(queued, nth == 1 ? 0 : 2) << "fault on copy #" << nth;
-    ASSERT_TRUE((*engine)->synchronize().ok());
+    ASSERT_OK((*engine)->synchronize());
   }
   // The second attempt's offloads ran.
   EXPECT_EQ(p.read(Tier::kHost, 0), d0);
@@ -464,7 +459,7 @@ TEST(TransferEngineGroups, InterleavedMovesLandInTheirGroupsPools) {
     TransferOptions options;
     options.kernel_block_bytes = threshold;
     auto engine = TransferEngine::create(*backend, {a.mapped_pools(), b.mapped_pools()}, options);
-    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+    ASSERT_OK(engine);
     EXPECT_EQ((*engine)->uses_kernel(), threshold != kNeverKernel);
     std::vector<uint8_t> want[2][3];
     std::vector<BlockMove> out;
@@ -477,8 +472,8 @@ TEST(TransferEngineGroups, InterleavedMovesLandInTheirGroupsPools) {
       }
     }
     auto t = (*engine)->submit(out, Stream{});
-    ASSERT_TRUE(t.ok()) << t.status().to_string();
-    ASSERT_TRUE((*engine)->wait(*t).ok());
+    ASSERT_OK(t);
+    ASSERT_OK((*engine)->wait(*t));
     if (threshold == kNeverKernel) {
       EXPECT_EQ((*engine)->regions_issued(), 2) << "one run per group";
     }
@@ -492,8 +487,8 @@ TEST(TransferEngineGroups, InterleavedMovesLandInTheirGroupsPools) {
       }
     }
     t = (*engine)->submit(back, Stream{});
-    ASSERT_TRUE(t.ok()) << t.status().to_string();
-    ASSERT_TRUE((*engine)->wait(*t).ok());
+    ASSERT_OK(t);
+    ASSERT_OK((*engine)->wait(*t));
     for (int32_t i = 0; i < 3; ++i) {
       for (int32_t g = 0; g < 2; ++g) {
         EXPECT_EQ(pools[g]->read(Tier::kDevice, 5 - i), want[g][i]) << "group " << g << " " << i;
@@ -510,7 +505,7 @@ TEST(TransferEngineGroups, InterleavedMovesLandInTheirGroupsPools) {
     past.group = 1;
     EXPECT_EQ((*engine)->submit({offload(1, 1), past}, Stream{}).status().code(),
               StatusCode::kOutOfRange);
-    ASSERT_TRUE((*engine)->synchronize().ok());
+    ASSERT_OK((*engine)->synchronize());
     EXPECT_EQ(a.read(Tier::kHost, 1), before);
   }
 }
@@ -522,7 +517,7 @@ TEST(TransferEngineCreate, ChoosesThePathByBlockBytesAndMapping) {
     TransferOptions options;
     options.kernel_block_bytes = threshold;
     auto e = TransferEngine::create(*backend, pools, options);
-    EXPECT_TRUE(e.ok()) << e.status().to_string();
+    EXPECT_OK(e);
     return e.ok() && (*e)->uses_kernel();
   };
   EXPECT_TRUE(at(p.mapped_pools(), 4097));
@@ -586,18 +581,18 @@ std::vector<std::vector<uint8_t>> run_random_jobs(Backend& backend, int64_t thre
   }
   device_model[0] = p.read(Tier::kDevice, 0);
   auto engine = make_engine(backend, p, threshold);
-  EXPECT_TRUE(engine.ok()) << engine.status().to_string();
+  EXPECT_OK(engine);
   if (!engine.ok()) return {};
   EXPECT_EQ((*engine)->uses_kernel(), expect_kernel);
   std::mt19937 rng(2026);
   TransferTicket last = 0;
   for (int job = 0; job < 60; ++job) {
     auto t = (*engine)->submit(random_job(rng, kDevice, kHost, device_model, host_model), Stream{});
-    EXPECT_TRUE(t.ok()) << t.status().to_string();
+    EXPECT_OK(t);
     if (t.ok()) last = *t;
   }
-  EXPECT_TRUE((*engine)->wait(last).ok());
-  EXPECT_TRUE((*engine)->synchronize().ok());
+  EXPECT_OK((*engine)->wait(last));
+  EXPECT_OK((*engine)->synchronize());
   *kernels = (*engine)->kernels_issued();
   *copies = (*engine)->copies_issued();
   std::vector<std::vector<uint8_t>> all;
@@ -653,7 +648,7 @@ TYPED_TEST(TransferEngineTest, KernelPathIsOneLaunchPerDirectionAndNoBlockCopies
   const int64_t block_bytes = 1000 + 24;
   Pools p(fi, 96, 64, block_bytes);
   auto engine = make_engine(fi, p, kAlwaysKernel);
-  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  ASSERT_OK(engine);
   ASSERT_TRUE((*engine)->uses_kernel());
   std::mt19937 rng(78);
   const std::vector<int32_t> devices = scattered_blocks(n, 96, rng);
@@ -684,8 +679,8 @@ TYPED_TEST(TransferEngineTest, KernelPathIsOneLaunchPerDirectionAndNoBlockCopies
   fi.record_launches(true);
   fi.reset_counts();
   auto job = (*engine)->submit(moves, Stream{});
-  ASSERT_TRUE(job.ok()) << job.status().to_string();
-  ASSERT_TRUE((*engine)->wait(*job).ok());
+  ASSERT_OK(job);
+  ASSERT_OK((*engine)->wait(*job));
   EXPECT_EQ(fi.count(FaultKind::kLaunch), 2) << "one copy kernel per direction";
   // No block goes through a copy: the only copies upload each kernel's (src, dst) pairs to
   // device memory, on the kernel's stream just before it (not read over PCIe by every thread).
@@ -709,8 +704,8 @@ TYPED_TEST(TransferEngineTest, KernelPathIsOneLaunchPerDirectionAndNoBlockCopies
   // A second job reuses the first one's pair buffers once it completed: no allocation.
   fi.reset_counts();
   auto again = (*engine)->submit({offload(devices[0], free_hosts[0])}, Stream{});
-  ASSERT_TRUE(again.ok());
-  ASSERT_TRUE((*engine)->wait(*again).ok());
+  ASSERT_OK(again);
+  ASSERT_OK((*engine)->wait(*again));
   EXPECT_EQ(fi.count(FaultKind::kLaunch), 1);
   EXPECT_EQ(fi.count(FaultKind::kAllocation), 0);
   EXPECT_EQ(p.read(Tier::kHost, free_hosts[0]), restored[0]);
@@ -722,7 +717,7 @@ TYPED_TEST(TransferEngineTest, CopyKernelLaunchesAreCappedOnLowPriorityStreams) 
   FaultInjectionBackend fi(this->backend());
   Pools p(fi, 32, 32, 1024);
   auto engine = make_engine(fi, p, kAlwaysKernel);
-  ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+  ASSERT_OK(engine);
   ASSERT_TRUE((*engine)->uses_kernel());
   EXPECT_EQ(fi.stream_priority((*engine)->device_to_host_stream()), StreamPriority::kLow);
   EXPECT_EQ(fi.stream_priority((*engine)->host_to_device_stream()), StreamPriority::kLow);
@@ -732,8 +727,8 @@ TYPED_TEST(TransferEngineTest, CopyKernelLaunchesAreCappedOnLowPriorityStreams) 
   std::memcpy(p.host_block(5), h5.data(), h5.size());  // pinned: written directly
   fi.record_launches(true);
   auto job = (*engine)->submit({offload(3, 7), restore(5, 9)}, Stream{});
-  ASSERT_TRUE(job.ok()) << job.status().to_string();
-  ASSERT_TRUE((*engine)->wait(*job).ok());
+  ASSERT_OK(job);
+  ASSERT_OK((*engine)->wait(*job));
   const std::vector<LaunchCall> launches = fi.launch_calls();
   ASSERT_EQ(launches.size(), 2u);
   for (const LaunchCall& l : launches) {
@@ -751,7 +746,7 @@ TYPED_TEST(TransferEngineTest, AFailedKernelLaunchReportsTheQueuedPrefix) {
   FaultInjectionBackend fi(this->backend());
   Pools p(fi, 16, 16, 256);
   auto engine = make_engine(fi, p, kAlwaysKernel);
-  ASSERT_TRUE(engine.ok());
+  ASSERT_OK(engine);
   const std::vector<uint8_t> d0 = p.fill_device(0, 5), d2 = p.fill_device(2, 6);
   // Independent moves: the offloads go first (launch #1), then the restores (launch #2).
   const std::vector<BlockMove> moves = {offload(0, 0), offload(2, 1), restore(4, 6), restore(5, 7)};
@@ -763,14 +758,14 @@ TYPED_TEST(TransferEngineTest, AFailedKernelLaunchReportsTheQueuedPrefix) {
     EXPECT_NE(job.status().message().find("injected fault: launch"), std::string::npos)
         << job.status().message();
     EXPECT_EQ(queued, nth == 1 ? 0 : 2) << "fault on launch #" << nth;
-    ASSERT_TRUE((*engine)->synchronize().ok());
+    ASSERT_OK((*engine)->synchronize());
   }
   // The second attempt's offloads ran.
   EXPECT_EQ(p.read(Tier::kHost, 0), d0);
   EXPECT_EQ(p.read(Tier::kHost, 1), d2);
   // So does a failed allocation of a pairs buffer (a fresh engine has none to reuse).
   auto fresh = make_engine(fi, p, kAlwaysKernel);
-  ASSERT_TRUE(fresh.ok());
+  ASSERT_OK(fresh);
   fi.fail_nth(FaultKind::kAllocation, 1);
   int64_t queued = -1;
   auto failed = (*fresh)->submit(moves, Stream{}, &queued);
@@ -778,7 +773,7 @@ TYPED_TEST(TransferEngineTest, AFailedKernelLaunchReportsTheQueuedPrefix) {
   EXPECT_NE(failed.status().message().find("injected fault: allocation"), std::string::npos)
       << failed.status().message();
   EXPECT_EQ(queued, 0);
-  ASSERT_TRUE((*fresh)->synchronize().ok());
+  ASSERT_OK((*fresh)->synchronize());
   const LiveObjects live = fi.live();
   engine->reset();
   fresh->reset();
@@ -833,7 +828,7 @@ TEST(TransferOrdering, ARestoreWaitsForTheOffloadThatFreesItsSlot) {
   GatedOffloads gated(*cpu);
   Pools p(gated, 4, 4, 2048);
   auto engine = TransferEngine::create(gated, p.pools());
-  ASSERT_TRUE(engine.ok());
+  ASSERT_OK(engine);
   // Host block 1 holds the block to restore (written directly: an offload would be gated).
   std::vector<uint8_t> to_restore(2048);
   std::mt19937 rng(11);
@@ -842,7 +837,7 @@ TEST(TransferOrdering, ARestoreWaitsForTheOffloadThatFreesItsSlot) {
   const std::vector<uint8_t> victim = p.fill_device(1, 12);
 
   auto job = (*engine)->submit({offload(1, 2), restore(1, 1)}, Stream{});
-  ASSERT_TRUE(job.ok());
+  ASSERT_OK(job);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   // The offload is held at the gate; the restore into its slot must be held too.
   EXPECT_FALSE(*(*engine)->is_complete(*job));
@@ -850,7 +845,7 @@ TEST(TransferOrdering, ARestoreWaitsForTheOffloadThatFreesItsSlot) {
   std::memcpy(now.data(), p.device_block(1), now.size());  // racy only if the test fails
   EXPECT_EQ(now, victim) << "the restore overwrote a slot the offload had not read yet";
   gated.gate.release();
-  ASSERT_TRUE((*engine)->wait(*job).ok());
+  ASSERT_OK((*engine)->wait(*job));
   EXPECT_EQ(p.read(Tier::kHost, 2), victim);
   EXPECT_EQ(p.read(Tier::kDevice, 1), to_restore);
 }

@@ -89,13 +89,13 @@ class TransferOverlapTest : public ::testing::TestWithParam<std::tuple<bool, Bac
     o.backend = backend_.get();
     o.transfer_kernel_block_bytes = 0;  // batched copies: one delayed copy per direction
     auto cache = KvCache::create(config_, o);
-    ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+    ASSERT_OK(cache);
     cache_ = std::move(cache).value();
     for (int64_t i = 0; i < shape_for(kind()).tokens; ++i) {
       tokens_.push_back(static_cast<TokenId>(300 + 7 * i));
     }
-    ASSERT_TRUE(cache_->add_sequence(1, tokens_).ok());
-    ASSERT_TRUE(cache_->reserve(1, static_cast<int64_t>(tokens_.size())).ok());
+    ASSERT_OK(cache_->add_sequence(1, tokens_));
+    ASSERT_OK(cache_->reserve(1, static_cast<int64_t>(tokens_.size())));
     write_model(1, tokens_, 0);
     ASSERT_OK(cache_->commit(1, tokens_));
     ASSERT_OK(cache_->offload(1));
@@ -130,9 +130,9 @@ class TransferOverlapTest : public ::testing::TestWithParam<std::tuple<bool, Bac
   // transfer was still running once it had completed.
   bool compute_ran_ahead_of_the_copies() {
     auto event = backend_->create_event();
-    EXPECT_TRUE(event.ok());
-    EXPECT_TRUE(backend_->record_event(*event, cache_->compute_stream()).ok());
-    EXPECT_TRUE(backend_->synchronize_event(*event).ok());
+    EXPECT_OK(event);
+    EXPECT_OK(backend_->record_event(*event, cache_->compute_stream()));
+    EXPECT_OK(backend_->synchronize_event(*event));
     const bool in_flight = *cache_->residency(1) == SequenceResidency::kInFlight;
     backend_->destroy_event(*event);
     return in_flight;
@@ -173,9 +173,9 @@ TEST_P(TransferOverlapTest, ARestoreLetsComputeRunAheadAndABatchOfItWaitsForTheC
   // A batch of the sequence (each group's): its readers on the compute stream come after the
   // copies.
   auto batch = cache_->build_batches({1});
-  ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+  ASSERT_OK(batch);
   auto event = backend_->create_event();
-  ASSERT_TRUE(event.ok());
+  ASSERT_OK(event);
   ASSERT_OK(backend_->record_event(*event, cache_->compute_stream()));
   ASSERT_OK(backend_->synchronize_event(*event));
   EXPECT_EQ(*cache_->residency(1), SequenceResidency::kDevice)
@@ -189,7 +189,7 @@ TEST_P(TransferOverlapTest, AWriteIntoAPrefetchedBlockComesAfterTheCopies) {
   // back: the write must not be overwritten by the copy still under way.
   ASSERT_OK(cache_->prefetch({1}));
   const std::vector<TokenId> next = {999};
-  ASSERT_TRUE(cache_->reserve(1, 1).ok());
+  ASSERT_OK(cache_->reserve(1, 1));
   const int64_t end = static_cast<int64_t>(tokens_.size());
   write_model(1, next, end);
   ASSERT_OK(cache_->commit(1, next));
@@ -207,12 +207,12 @@ TEST_P(TransferOverlapTest, AReservationDoesNotWaitForAnOffloadReadingOtherBlock
   ASSERT_OK(cache_->synchronize());
   const std::vector<TokenId> second = {11, 12, 13, 14, 15};  // two blocks, the second has room
   ASSERT_EQ(*cache_->add_sequence(2, second), 0);
-  ASSERT_TRUE(cache_->reserve(2, 5).ok());
+  ASSERT_OK(cache_->reserve(2, 5));
   write_model(2, second, 0);
   ASSERT_OK(cache_->commit(2, second));
   ASSERT_OK(cache_->offload(1));
   ASSERT_EQ(*cache_->residency(1), SequenceResidency::kInFlight);
-  ASSERT_TRUE(cache_->reserve(2, 1).ok());
+  ASSERT_OK(cache_->reserve(2, 1));
   EXPECT_TRUE(compute_ran_ahead_of_the_copies())
       << "the reservation made the compute stream wait for the offload";
   write_model(2, {16}, 5);

@@ -13,6 +13,7 @@
 #include "pagedkv/cpu_backend.hpp"
 #include "runtime/kv_model.hpp"
 #include "support/backend_test.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv {
 namespace {
@@ -49,25 +50,25 @@ Device make_device(const CacheConfig& config) {
   KvCacheOptions ko;
   ko.backend = d.backend.get();
   auto c = KvCache::create(config, ko);
-  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_OK(c);
   if (c.ok()) d.cache = std::move(c).value();
   return d;
 }
 
 void append(Device& d, const CacheConfig& config, SequenceId id, const std::vector<TokenId>& tokens,
             int64_t start) {
-  ASSERT_TRUE(d.cache->reserve(id, static_cast<int64_t>(tokens.size())).ok());
+  ASSERT_OK(d.cache->reserve(id, static_cast<int64_t>(tokens.size())));
   for (int32_t layer = 0; layer < config.num_layers; ++layer) {
     const std::vector<uint16_t> k = model_rows(config, layer, 0, tokens, start);
     const std::vector<uint16_t> v = model_rows(config, layer, 1, tokens, start);
     DeviceBuffer dk(*d.backend, k.size() * 2), dv(*d.backend, v.size() * 2);
     dk.upload(k);
     dv.upload(v);
-    ASSERT_TRUE(d.cache->write_kv(id, layer, dk.data(), dv.data(), DType::kFloat16).ok());
-    ASSERT_TRUE(d.cache->synchronize().ok());
+    ASSERT_OK(d.cache->write_kv(id, layer, dk.data(), dv.data(), DType::kFloat16));
+    ASSERT_OK(d.cache->synchronize());
   }
-  ASSERT_TRUE(d.cache->commit(id, tokens).ok());
-  ASSERT_TRUE(d.cache->check_invariants().ok());
+  ASSERT_OK(d.cache->commit(id, tokens));
+  ASSERT_OK(d.cache->check_invariants());
 }
 
 void expect_contents(Device& d, const CacheConfig& config, SequenceId id,
@@ -76,11 +77,9 @@ void expect_contents(Device& d, const CacheConfig& config, SequenceId id,
   for (int32_t layer = 0; layer < config.num_layers; ++layer) {
     const size_t elems = static_cast<size_t>(n * config.num_kv_heads * config.head_dim);
     DeviceBuffer k(*d.backend, elems * 2), v(*d.backend, elems * 2);
-    ASSERT_TRUE(d.cache
-                    ->gather_layer(id, layer, k.data(), v.data(), DType::kFloat16,
-                                   PackedLayout::kTokenMajor)
-                    .ok());
-    ASSERT_TRUE(d.cache->synchronize().ok());
+    ASSERT_OK(d.cache->gather_layer(id, layer, k.data(), v.data(), DType::kFloat16,
+                                    PackedLayout::kTokenMajor));
+    ASSERT_OK(d.cache->synchronize());
     const std::vector<uint16_t> gk = k.download<uint16_t>(), gv = v.download<uint16_t>();
     for (int64_t t = 0; t < n; ++t)
       for (int32_t h = 0; h < config.num_kv_heads; ++h)
@@ -111,7 +110,7 @@ TEST(TwoDevices, EachDeviceHoldsItsOwnPool) {
   auto again = KvCache::create(config, on_a);
   ASSERT_FALSE(again.ok());
   EXPECT_EQ(again.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_TRUE(a.cache->check_invariants().ok());
+  EXPECT_OK(a.cache->check_invariants());
 }
 
 TEST(TwoDevices, WorkOnOneCacheLeavesTheOtherAlone) {
@@ -122,9 +121,9 @@ TEST(TwoDevices, WorkOnOneCacheLeavesTheOtherAlone) {
   ASSERT_NE(b.cache, nullptr);
   // The same sequence ids on both, with different tokens, interleaved.
   const std::vector<TokenId> ta = tokens_from(100, 14), tb = tokens_from(900, 9);
-  ASSERT_TRUE(a.cache->add_sequence(1, {}).ok());
-  ASSERT_TRUE(b.cache->add_sequence(1, {}).ok());
-  ASSERT_TRUE(a.cache->add_sequence(2, {}).ok());
+  ASSERT_OK(a.cache->add_sequence(1, {}));
+  ASSERT_OK(b.cache->add_sequence(1, {}));
+  ASSERT_OK(a.cache->add_sequence(2, {}));
   append(a, config, 1, {ta.begin(), ta.begin() + 7}, 0);
   append(b, config, 1, tb, 0);
   append(a, config, 1, {ta.begin() + 7, ta.end()}, 7);
@@ -132,11 +131,11 @@ TEST(TwoDevices, WorkOnOneCacheLeavesTheOtherAlone) {
   const ControlStats b_before = b.cache->stats();
 
   // Offload and restore on A: B's residency, counters and bytes do not move.
-  ASSERT_TRUE(a.cache->offload(1).ok());
+  ASSERT_OK(a.cache->offload(1));
   ASSERT_EQ(*a.cache->residency(1) == SequenceResidency::kDevice, false);
   EXPECT_EQ(*b.cache->residency(1), SequenceResidency::kDevice);
-  ASSERT_TRUE(a.cache->restore(1).ok());
-  ASSERT_TRUE(a.cache->synchronize().ok());
+  ASSERT_OK(a.cache->restore(1));
+  ASSERT_OK(a.cache->synchronize());
   EXPECT_EQ(b.cache->stats().device, b_before.device);
   EXPECT_EQ(b.cache->stats().sequences_offloaded, 0);
   EXPECT_EQ(a.cache->stats().sequences_offloaded, 1);
@@ -145,8 +144,8 @@ TEST(TwoDevices, WorkOnOneCacheLeavesTheOtherAlone) {
   expect_contents(a, config, 1, ta);
   expect_contents(a, config, 2, tokens_from(500, 5));
   expect_contents(b, config, 1, tb);
-  EXPECT_TRUE(a.cache->check_invariants().ok());
-  EXPECT_TRUE(b.cache->check_invariants().ok());
+  EXPECT_OK(a.cache->check_invariants());
+  EXPECT_OK(b.cache->check_invariants());
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "core/control_plane.hpp"
 #include "model.hpp"
 #include "report.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv::sim {
 namespace {
@@ -33,8 +34,8 @@ int cli(std::vector<std::string> args, std::string* out, std::string* err) {
 CacheConfig preset_config(const std::string& name) {
   CacheConfig c;
   const StatusOr<ModelShape> m = find_model(name);
-  EXPECT_TRUE(m.ok()) << name;
-  EXPECT_TRUE(apply_model(m.value(), &c).ok()) << name;
+  EXPECT_OK(m) << name;
+  EXPECT_OK(apply_model(m.value(), &c)) << name;
   return c;
 }
 
@@ -43,12 +44,12 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 TEST(Presets, EveryPresetGivesAValidConfig) {
   for (const ModelShape& m : model_presets()) {
     CacheConfig c;
-    ASSERT_TRUE(apply_model(m, &c).ok()) << m.name;
+    ASSERT_OK(apply_model(m, &c)) << m.name;
     c = c.with_pools(int64_t{4} << 30, int64_t{1} << 30, 4096).value();
-    EXPECT_TRUE(c.validate().ok()) << m.name << ": " << c.validate().to_string();
+    EXPECT_OK(c.validate()) << m.name;
     EXPECT_EQ(c.num_groups(), m.sliding_window > 0 ? 2 : 1) << m.name;
   }
-  ASSERT_TRUE(find_model("llama").ok());
+  ASSERT_OK(find_model("llama"));
   EXPECT_EQ(find_model("tiny").value().name, model_presets().front().name) << "tiny is the default";
 }
 
@@ -185,17 +186,17 @@ TEST(Capacity, AWindowGroupHoldsAtMostItsWindowPlusOneBlock) {
     core::ControlOptions options;
     options.enable_events = false;
     auto cp = std::move(core::ControlPlane::create(c, options)).value();
-    ASSERT_TRUE(cp->add_sequence(1, {}).ok());
+    ASSERT_OK(cp->add_sequence(1, {}));
     const int64_t bound = ceil_div(window, c.block_size) + 1;
     const TokenId token = 3;
     for (int64_t length = 0; length < 3000; ++length) {
-      ASSERT_TRUE(cp->reserve(1, 1).ok()) << window << " " << length;
+      ASSERT_OK(cp->reserve(1, 1)) << window << " " << length;
       const auto blocks = cp->block_locations(1).value();
       const int64_t held = std::count_if(blocks.begin(), blocks.end(),
                                          [](const BlockLocation& b) { return b.block >= 0; });
       ASSERT_EQ(held, c.blocks_per_sequence(length)) << "window " << window << " at " << length;
       ASSERT_LE(held, bound) << "window " << window << " at " << length;
-      ASSERT_TRUE(cp->commit(1, &token, 1).ok());
+      ASSERT_OK(cp->commit(1, &token, 1));
     }
     // Far past the window: the window's blocks (ceil(W / block_size)) and, when the window does
     // not start on a block boundary or the next token opens a block, one more.
@@ -239,7 +240,7 @@ TEST(Capacity, Gemma3HoldsMoreThanThreeTimesTheSequencesAt32K) {
   const double formula = 62.0 * (kContext / 16 + 1) / (10.0 * (kContext / 16 + 1) + 52.0 * 65);
   EXPECT_GT(formula, 3.0);
   const StatusOr<Capacity> cap = measure_capacity(c, kContext, kBudget);
-  ASSERT_TRUE(cap.ok()) << cap.status().to_string();
+  ASSERT_OK(cap);
   EXPECT_NEAR(cap->memory.gain(), formula, 1e-9);
   const int64_t per_layer_block = int64_t{16} * 16 * 128 * 2 * 2;  // tokens x heads x dim x K,V
   EXPECT_EQ(cap->memory.uniform_bytes, 62 * 2049 * per_layer_block);
@@ -275,7 +276,7 @@ TEST(Capacity, Gemma3HoldsMoreThanThreeTimesTheSequencesAt32K) {
 TEST(Capacity, AUniformModelGainsNothing) {
   for (const char* name : {"llama", "deepseek"}) {
     const StatusOr<Capacity> cap = measure_capacity(preset_config(name), 8192, int64_t{40} << 30);
-    ASSERT_TRUE(cap.ok()) << name;
+    ASSERT_OK(cap) << name;
     EXPECT_EQ(cap->sequences, cap->uniform_sequences) << name;
     EXPECT_GT(cap->sequences, 0) << name;
     EXPECT_DOUBLE_EQ(cap->memory.gain(), 1.0) << name;

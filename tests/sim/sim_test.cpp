@@ -15,6 +15,7 @@
 #include "pagedkv/stats_fields.hpp"
 #include "report.hpp"
 #include "scheduler.hpp"
+#include "support/status_matchers.hpp"
 #include "workload.hpp"
 
 namespace pagedkv::sim {
@@ -36,9 +37,9 @@ SimResult run_or_die(const std::vector<Request>& w, const CacheConfig& c, Schedu
                      bool data = true) {
   s.check_invariants = true;
   auto engine = data ? make_cache_engine(c, s.token_budget) : make_control_engine(c);
-  EXPECT_TRUE(engine.ok()) << engine.status().to_string();
+  EXPECT_OK(engine);
   auto r = run_simulation(w, *engine.value(), c, s);
-  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_OK(r);
   return r.ok() ? r.value() : SimResult{};
 }
 
@@ -57,7 +58,7 @@ TEST(Simulation, SharedSystemPromptHitRateMatchesItsShareOfTokens) {
   w.speculative_share = 0;
   w.output_mean = 16;
   auto reqs = generate_workload(w);
-  ASSERT_TRUE(reqs.ok());
+  ASSERT_OK(reqs);
   const CacheConfig c = small_config(1024, 0);
   const SimResult r = run_or_die(reqs.value(), c, SchedulerConfig{});
   ASSERT_EQ(r.completed, w.num_requests);
@@ -85,7 +86,7 @@ TEST(Simulation, HostTierAbsorbsADevicePoolOverflow) {
   w.system_prompt_share = 0.5;
   w.multi_turn_share = 0;  // every request fits the small device pool on its own
   auto reqs = generate_workload(w);
-  ASSERT_TRUE(reqs.ok());
+  ASSERT_OK(reqs);
   SchedulerConfig s;
   s.max_batch = 4;
   s.max_running = 16;
@@ -116,7 +117,7 @@ TEST(Simulation, HostTierServesPrefixHitsUnderDevicePressure) {
   w.parallel_share = 0;
   w.speculative_share = 0;
   auto reqs = generate_workload(w);
-  ASSERT_TRUE(reqs.ok());
+  ASSERT_OK(reqs);
   SchedulerConfig s;
   s.max_batch = 2;
   s.max_running = 2;
@@ -166,7 +167,7 @@ TEST(Simulation, SpeculativeAndParallelRequestsComplete) {
   w.speculative_share = 0.5;
   w.multi_turn_share = 0.5;
   auto reqs = generate_workload(w);
-  ASSERT_TRUE(reqs.ok());
+  ASSERT_OK(reqs);
   const SimResult r = run_or_die(reqs.value(), small_config(512, 256), SchedulerConfig{});
   EXPECT_EQ(r.completed, w.num_requests);
   EXPECT_GT(r.forks, 0);
@@ -369,7 +370,7 @@ TEST(Report, CarriesEveryCountOfTheStats) {
   std::ostringstream text;
   write_text_report(text, c, SchedulerConfig{}, RunInfo{}, r);
   const std::string path = temp_path("stats_timeline.csv");
-  ASSERT_TRUE(write_timeline_csv(path, r).ok());
+  ASSERT_OK(write_timeline_csv(path, r));
   std::ifstream csv(path);
   std::string header, row;
   ASSERT_TRUE(std::getline(csv, header));

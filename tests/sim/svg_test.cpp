@@ -9,6 +9,8 @@
 #include <fstream>
 #include <string>
 
+#include "support/status_matchers.hpp"
+
 namespace pagedkv::sim {
 namespace {
 
@@ -73,7 +75,7 @@ TEST(Svg, RendersInHeadlessChromium) {
   c.num_host_blocks = 512;
   const std::string dir = ::testing::TempDir();
   const std::string chart = dir + "pagedkv_sim_chart.svg", blank = dir + "pagedkv_sim_blank.svg";
-  ASSERT_TRUE(write_svg(chart, c, synthetic_run(), "pagedkv-sim test chart").ok());
+  ASSERT_OK(write_svg(chart, c, synthetic_run(), "pagedkv-sim test chart"));
   {
     // The baseline: an empty white page of the same size, rendered the same way.
     std::ofstream f(blank);

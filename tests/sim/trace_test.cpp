@@ -5,6 +5,8 @@
 
 #include <sstream>
 
+#include "support/status_matchers.hpp"
+
 namespace pagedkv::sim {
 namespace {
 
@@ -13,11 +15,11 @@ TEST(Trace, RoundTripsAGeneratedWorkload) {
   c.num_requests = 120;
   c.seed = 7;
   auto w = generate_workload(c);
-  ASSERT_TRUE(w.ok());
+  ASSERT_OK(w);
   std::stringstream buf;
-  ASSERT_TRUE(write_trace(buf, w.value()).ok());
+  ASSERT_OK(write_trace(buf, w.value()));
   auto back = read_trace(buf, "mem");
-  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  ASSERT_OK(back);
   // The reader sorts by arrival; the generator emits later turns with their conversation's
   // start time, so compare as sets ordered by id.
   std::vector<Request> a = w.value(), b = back.value();
@@ -35,7 +37,7 @@ TEST(Trace, PrefixGroupFormBuildsSharedPrefixes) {
       "{\"id\": 2, \"arrival_s\": 0.5, \"prefix_group\": 3, \"prefix_len\": 32, "
       "\"prompt_len\": 50, \"output_len\": 5}\n");
   auto t = read_trace(in, "t");
-  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  ASSERT_OK(t);
   ASSERT_EQ(t.value().size(), 2u);
   const Request& a = t.value()[0];
   const Request& b = t.value()[1];

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "support/status_matchers.hpp"
+
 namespace pagedkv::sim {
 namespace {
 
@@ -13,11 +15,12 @@ TEST(Workload, SameSeedGivesTheSameRequests) {
   c.num_requests = 200;
   c.seed = 42;
   auto a = generate_workload(c), b = generate_workload(c);
-  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_OK(a);
+  ASSERT_OK(b);
   EXPECT_EQ(a.value(), b.value());
   c.seed = 43;
   auto d = generate_workload(c);
-  ASSERT_TRUE(d.ok());
+  ASSERT_OK(d);
   EXPECT_NE(a.value(), d.value());
 }
 
@@ -25,7 +28,7 @@ TEST(Workload, ProducesEveryFeature) {
   WorkloadConfig c;
   c.num_requests = 400;
   auto w = generate_workload(c);
-  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  ASSERT_OK(w);
   const std::vector<Request>& r = w.value();
   ASSERT_EQ(r.size(), 400u);
   int parallel = 0, spec = 0, later_turns = 0;
@@ -61,7 +64,7 @@ TEST(Workload, SharedSystemPromptsStartTheirPrompts) {
   c.system_prompt_share = 1.0;
   c.multi_turn_share = 0;
   auto w = generate_workload(c);
-  ASSERT_TRUE(w.ok());
+  ASSERT_OK(w);
   const std::vector<TokenId> sys = prefix_tokens(0, c.system_prompt_len);
   for (const Request& q : w.value())
     EXPECT_TRUE(std::equal(sys.begin(), sys.end(), q.prompt.begin())) << q.id;

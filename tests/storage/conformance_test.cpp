@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "storage/storage_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv::testing {
 namespace {
@@ -137,7 +138,7 @@ class StoreTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<StorageTier> make(const StorageLayout& layout, int32_t threads = 2,
                                     int64_t max_queued = 4096) {
     auto t = env_->make(layout, threads, max_queued);
-    EXPECT_TRUE(t.ok()) << t.status().to_string();
+    EXPECT_OK(t);
     return t.ok() ? std::move(t).value() : nullptr;
   }
   std::unique_ptr<StoreEnv> env_;
@@ -156,7 +157,7 @@ TEST_P(StoreTest, RoundTripOfRandomOddSizedBlocksIsBitExact) {
     std::vector<const void*> p;
     for (size_t i = begin; i < end; ++i) p.push_back(blocks[i].data());
     auto job = tier->submit_put(k, p);
-    ASSERT_TRUE(job.ok()) << job.status().to_string();
+    ASSERT_OK(job);
     jobs.push_back(*job);
   }
   for (const auto& [id, c] : collect(*tier, jobs)) EXPECT_TRUE(c.ok) << c.error;
@@ -353,18 +354,18 @@ TEST_P(StoreTest, FullWriteQueueRejectsTheWholeJob) {
   set_paused(*tier, true);  // nothing is written until resumed: the queue stays as filled
   auto first = tier->submit_put({keys[0], keys[1], keys[2]},
                                 {blocks[0].data(), blocks[1].data(), blocks[2].data()});
-  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  ASSERT_OK(first);
   auto rejected = tier->submit_put({keys[3], keys[4]}, {blocks[3].data(), blocks[4].data()});
   EXPECT_EQ(rejected.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(rejected.status().message().find("queue full"), std::string::npos);
   auto too_big = tier->submit_put(keys, cptrs(blocks));
   EXPECT_EQ(too_big.status().code(), StatusCode::kResourceExhausted);
   auto last = tier->submit_put({keys[5]}, {blocks[5].data()});
-  ASSERT_TRUE(last.ok()) << last.status().to_string();
+  ASSERT_OK(last);
   // Gets are not bounded by the write queue.
   auto out = poisoned(1, layout.block_bytes);
   auto get = tier->submit_get({keys[0]}, ptrs(out));
-  EXPECT_TRUE(get.ok());
+  EXPECT_OK(get);
   EXPECT_EQ(tier->stats().rejected_puts, 2 + 6);
   set_paused(*tier, false);
   tier->drain();
@@ -391,7 +392,7 @@ TEST_P(StoreTest, ManyJobsInFlightAllCompleteOnce) {
     std::vector<const void*> p;
     for (size_t i = j * kPerJob; i < (j + 1) * kPerJob; ++i) p.push_back(blocks[i].data());
     auto job = tier->submit_put(k, p);
-    ASSERT_TRUE(job.ok()) << job.status().to_string();
+    ASSERT_OK(job);
     jobs.push_back(*job);
   }
   for (const auto& [id, c] : collect(*tier, jobs)) EXPECT_TRUE(c.ok) << c.error;
@@ -419,7 +420,7 @@ TEST_P(StoreTest, RemoveDeletesStoredBlocksAndIgnoresMissingOnes) {
   const auto keys = keys_from(0x31, 4);
   const auto blocks = random_blocks(3, layout.block_bytes, 10);
   ASSERT_TRUE(finish(*tier, tier->submit_put({keys[0], keys[1], keys[2]}, cptrs(blocks))).ok);
-  ASSERT_TRUE(tier->remove({keys[1], keys[3]}).ok());
+  ASSERT_OK(tier->remove({keys[1], keys[3]}));
   tier->drain();
   EXPECT_EQ(tier->stats().removed, 1);
   EXPECT_EQ(tier->batch_exists({keys[0]}).value(), 1u);

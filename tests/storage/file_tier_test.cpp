@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "storage/storage_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv::testing {
 namespace {
@@ -27,7 +28,7 @@ class FileTierTest : public ::testing::Test {
     o.max_bytes = max_bytes;
     o.fsync = fsync;
     auto t = make_file_tier(layout, o);
-    EXPECT_TRUE(t.ok()) << t.status().to_string();
+    EXPECT_OK(t);
     return t.ok() ? std::move(t).value() : nullptr;
   }
   std::string store_dir() const { return dir_.path() + "/" + hex(odd_layout().fingerprint()); }
@@ -111,7 +112,7 @@ TEST_F(FileTierTest, LiveInstancesSeeEachOthersBlocks) {
   EXPECT_EQ(out, blocks);
   // A removes one; B's lookup still finds it in its own index, but its get fails (a miss) and
   // B forgets it.
-  ASSERT_TRUE(a->remove({keys[1]}).ok());
+  ASSERT_OK(a->remove({keys[1]}));
   a->drain();
   EXPECT_EQ(b->batch_exists(keys).value(), 3u);
   EXPECT_FALSE(finish(*b, b->submit_get({keys[1]}, {out[1].data()})).ok);

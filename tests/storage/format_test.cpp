@@ -8,6 +8,7 @@
 #include "storage/block_format.hpp"
 #include "storage/crc32c.hpp"
 #include "storage/storage_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv::testing {
 namespace {
@@ -83,7 +84,7 @@ TEST(StorageLayoutTest, FromConfigCopiesTheShapeAndTheBlockSize) {
   EXPECT_EQ(l.page_layout, PageLayout::kHND);
   EXPECT_EQ(l.model_id, "m");
   EXPECT_EQ(l.block_bytes, 6 * 2 * 8 * 3 * 40 * 2);
-  EXPECT_TRUE(detail::validate_storage_layout(l).ok());
+  EXPECT_OK(detail::validate_storage_layout(l));
 }
 
 TEST(StorageLayoutTest, MalformedLayoutsNameTheField) {

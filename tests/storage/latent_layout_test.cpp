@@ -8,6 +8,7 @@
 
 #include "storage/block_format.hpp"
 #include "storage/storage_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv::testing {
 namespace {
@@ -69,8 +70,7 @@ TEST(LatentStorageLayoutTest, FromConfigCarriesTheKindAndTheRopeSplit) {
   EXPECT_EQ(l.rope_dim, 5);
   EXPECT_EQ(l.block_bytes, 444);
   EXPECT_EQ(l.fingerprint(), latent_layout().fingerprint());
-  EXPECT_TRUE(detail::validate_storage_layout(l).ok())
-      << detail::validate_storage_layout(l).to_string();
+  EXPECT_OK(detail::validate_storage_layout(l));
   EXPECT_EQ(StorageLayout::from_config(CacheConfig{}, "m").kv_kind, KvKind::kKeyValue);
   EXPECT_EQ(StorageLayout::from_config(CacheConfig{}, "m").rope_dim, 0);
 }
@@ -133,7 +133,7 @@ TEST(LatentStorageLayoutTest, FileStoreRoundTripsLatentBlocksAndKvStoreNeverFind
   FileTierOptions o;
   o.directory = dir.path();
   auto latent = make_file_tier(latent_layout(), o);
-  ASSERT_TRUE(latent.ok()) << latent.status().to_string();
+  ASSERT_OK(latent);
   const auto keys = keys_from(0x500, 3);
   const auto blocks = random_blocks(3, 444, 9);
   ASSERT_TRUE(finish(**latent, (*latent)->submit_put(keys, cptrs(blocks))).ok);
@@ -146,7 +146,7 @@ TEST(LatentStorageLayoutTest, FileStoreRoundTripsLatentBlocksAndKvStoreNeverFind
   kv.rope_dim = 0;
   kv.num_layers = 1;
   auto kv_store = make_file_tier(kv, o);
-  ASSERT_TRUE(kv_store.ok()) << kv_store.status().to_string();
+  ASSERT_OK(kv_store);
   EXPECT_EQ((*kv_store)->batch_exists(keys).value(), 0u);
   auto kv_out = poisoned(1, 444);
   EXPECT_FALSE(finish(**kv_store, (*kv_store)->submit_get({keys[0]}, ptrs(kv_out))).ok);

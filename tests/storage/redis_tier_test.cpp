@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "storage/storage_test_util.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv::testing {
 namespace {
@@ -27,7 +28,7 @@ class RedisTierTest : public ::testing::Test {
     o.port = port;
     o.timeout_ms = 500;
     auto t = make_redis_tier(odd_layout(), o);
-    EXPECT_TRUE(t.ok()) << t.status().to_string();
+    EXPECT_OK(t);
     return t.ok() ? std::move(t).value() : nullptr;
   }
   RedisServer server_;

@@ -22,6 +22,7 @@
 
 #include "pagedkv/storage_tier.hpp"
 #include "storage/queued_tier.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv::testing {
 
@@ -116,7 +117,7 @@ inline std::map<uint64_t, StorageCompletion> collect(
 
 /// Runs one job to completion and returns its completion.
 inline StorageCompletion finish(StorageTier& tier, StatusOr<uint64_t> job) {
-  EXPECT_TRUE(job.ok()) << job.status().to_string();
+  EXPECT_OK(job);
   if (!job.ok()) return StorageCompletion{0, false, job.status().to_string()};
   tier.drain();
   auto got = collect(tier, {job.value()});

@@ -11,6 +11,7 @@
 
 #include "kernels/basic_bodies.hpp"
 #include "pagedkv/backend.hpp"
+#include "support/status_matchers.hpp"
 
 namespace pagedkv::testing {
 
@@ -52,7 +53,7 @@ class BackendTest : public ::testing::Test {
                    << ": the CUDA instantiation is skipped";
     }
     auto backend = create_backend(Tag::kKind);
-    ASSERT_TRUE(backend.ok()) << backend.status().to_string();
+    ASSERT_OK(backend);
     backend_ = std::move(backend).value();
   }
 
@@ -66,7 +67,7 @@ class DeviceBuffer {
  public:
   DeviceBuffer(Backend& backend, size_t bytes) : backend_(&backend), bytes_(bytes) {
     auto ptr = backend.allocate_device(bytes == 0 ? 1 : bytes);
-    EXPECT_TRUE(ptr.ok()) << ptr.status().to_string();
+    EXPECT_OK(ptr);
     if (ptr.ok()) data_ = *ptr;
   }
   ~DeviceBuffer() { backend_->free_device(data_); }
@@ -78,8 +79,8 @@ class DeviceBuffer {
 
   /// Copies `bytes()` bytes from `src` into the buffer and waits.
   void upload(const void* src) {
-    ASSERT_TRUE(backend_->copy_async(data_, src, bytes_, CopyKind::kHostToDevice, Stream{}).ok());
-    ASSERT_TRUE(backend_->synchronize_stream(Stream{}).ok());
+    ASSERT_OK(backend_->copy_async(data_, src, bytes_, CopyKind::kHostToDevice, Stream{}));
+    ASSERT_OK(backend_->synchronize_stream(Stream{}));
   }
   template <typename T>
   void upload(const std::vector<T>& src) {
@@ -90,10 +91,9 @@ class DeviceBuffer {
   template <typename T>
   std::vector<T> download() {
     std::vector<T> out(bytes_ / sizeof(T));
-    EXPECT_TRUE(backend_->synchronize_stream(Stream{}).ok());
-    EXPECT_TRUE(
-        backend_->copy_async(out.data(), data_, bytes_, CopyKind::kDeviceToHost, Stream{}).ok());
-    EXPECT_TRUE(backend_->synchronize_stream(Stream{}).ok());
+    EXPECT_OK(backend_->synchronize_stream(Stream{}));
+    EXPECT_OK(backend_->copy_async(out.data(), data_, bytes_, CopyKind::kDeviceToHost, Stream{}));
+    EXPECT_OK(backend_->synchronize_stream(Stream{}));
     return out;
   }
 
