@@ -233,16 +233,16 @@ TEST(TransferOrdering, UsesAndReusesWaitOnlyForTheJobsTouchingTheirBlocks) {
   auto backend = create_cpu_backend(options);
   Pools p(*backend, 8, 4, 1024);
   auto engine = TransferEngine::create(*backend, p.pools());
-  ASSERT_TRUE(engine.ok());
+  ASSERT_OK(engine);
   TransferEngine& e = **engine;
   auto stream = backend->create_stream();
-  ASSERT_TRUE(stream.ok());
+  ASSERT_OK(stream);
   // Whether work queued on the stream now completes while `ticket` is still in flight.
   auto runs_ahead = [&](TransferTicket ticket) {
     auto ev = backend->create_event();
-    EXPECT_TRUE(ev.ok());
-    EXPECT_TRUE(backend->record_event(*ev, *stream).ok());
-    EXPECT_TRUE(backend->synchronize_event(*ev).ok());
+    EXPECT_OK(ev);
+    EXPECT_OK(backend->record_event(*ev, *stream));
+    EXPECT_OK(backend->synchronize_event(*ev));
     const bool ahead = !*e.is_complete(ticket);
     backend->destroy_event(*ev);
     return ahead;
@@ -250,30 +250,30 @@ TEST(TransferOrdering, UsesAndReusesWaitOnlyForTheJobsTouchingTheirBlocks) {
 
   // Job 1 reads device block 1 (an offload) and writes device block 5 (a restore).
   auto job = e.submit({offload(1, 0), restore(2, 5)}, Stream{});
-  ASSERT_TRUE(job.ok());
+  ASSERT_OK(job);
   EXPECT_EQ(e.blocks_pending(0, /*read=*/true), 1);
   EXPECT_EQ(e.blocks_pending(0, /*read=*/false), 1);
   const int32_t other_blocks[] = {0, 2, -1, 7};
   const int64_t other_slots[] = {3 * 4, 6 * 4 + 1, -1};  // blocks 3 and 6 (4-token blocks)
-  ASSERT_TRUE(e.order_block_use(0, other_blocks, 4, *stream).ok());
-  ASSERT_TRUE(e.order_block_reuse(0, other_slots, 3, 4, *stream).ok());
+  ASSERT_OK(e.order_block_use(0, other_blocks, 4, *stream));
+  ASSERT_OK(e.order_block_reuse(0, other_slots, 3, 4, *stream));
   const int32_t block_read[] = {1};
-  ASSERT_TRUE(e.order_block_use(0, block_read, 1, *stream).ok());  // reads wait for writes only
+  ASSERT_OK(e.order_block_use(0, block_read, 1, *stream));  // reads wait for writes only
   EXPECT_TRUE(runs_ahead(*job)) << "the stream waited for a job that touches none of its blocks";
 
   const int32_t restored[] = {5};
-  ASSERT_TRUE(e.order_block_use(0, restored, 1, *stream).ok());
+  ASSERT_OK(e.order_block_use(0, restored, 1, *stream));
   EXPECT_FALSE(runs_ahead(*job)) << "a use of the restored block ran before the restore";
   EXPECT_EQ(e.blocks_pending(0, false), 0);
 
   auto second = e.submit({offload(3, 1)}, Stream{});
-  ASSERT_TRUE(second.ok());
+  ASSERT_OK(second);
   const int64_t reused[] = {3 * 4 + 2};
-  ASSERT_TRUE(e.order_block_reuse(0, reused, 1, 4, *stream).ok());
+  ASSERT_OK(e.order_block_reuse(0, reused, 1, 4, *stream));
   EXPECT_FALSE(runs_ahead(*second)) << "a write into the offloaded block ran before the offload";
   // Job 1 had completed (its read of block 1 retired) and job 2's read was ordered: no entry.
   EXPECT_EQ(e.blocks_pending(0, true), 0);
-  ASSERT_TRUE(e.synchronize().ok());
+  ASSERT_OK(e.synchronize());
   backend->destroy_stream(*stream);
 }
 
