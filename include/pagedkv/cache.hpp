@@ -408,6 +408,9 @@ class KvCache {
   Status order_block_reuse(int32_t g, const int64_t* slots, size_t n);
   // kOutOfRange unless 0 <= g < num_groups().
   Status check_group(int32_t g) const;
+  // The group and in-group index of the model layer an op is asked for: layer_group(), except
+  // that with one group the layer is passed through unchecked (the op checks it).
+  StatusOr<LayerGroup> op_layer(int32_t layer) const;
   // Forgets the uploaded slots of `id`'s reservation in every group.
   void forget_slot_uploads(SequenceId id);
   // Uploads group `g`'s metadata `m` of the batch being built into `*out`.

@@ -19,6 +19,12 @@ namespace pagedkv {
 
 using runtime::part;
 
+StatusOr<LayerGroup> KvCache::op_layer(int32_t layer) const {
+  // With one group the op checks the layer itself, with its own message, as it always has.
+  if (num_groups() == 1) return LayerGroup{0, layer};
+  return layer_group(layer);
+}
+
 StatusOr<const int64_t*> KvCache::device_slots(SequenceId id, int32_t g, int64_t* count) {
   slot_scratch_.clear();
   PAGEDKV_RETURN_IF_ERROR(control_->group_reserved_slots(id, g, &slot_scratch_));
@@ -45,11 +51,7 @@ Status KvCache::write_kv(SequenceId id, int32_t layer, const void* key, const vo
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::write_kv");
   PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("write_kv"));
-  // One group: the op checks the layer, as it always has.
-  LayerGroup lg{0, layer};
-  if (num_groups() > 1) {
-    PAGEDKV_ASSIGN_OR_RETURN(lg, layer_group(layer));
-  }
+  PAGEDKV_ASSIGN_OR_RETURN(LayerGroup lg, op_layer(layer));
   WriteKvArgs args;
   PAGEDKV_ASSIGN_OR_RETURN(args.slot_mapping, device_slots(id, lg.group, &args.num_tokens));
   args.key = key;
@@ -84,14 +86,11 @@ Status KvCache::write_kv_batch(const DeviceBatch& batch, int32_t layer, const vo
   PAGEDKV_RETURN_IF_ERROR(check_batch_current(batch));
   // A slot mapping in the upload arena is reused after the next build: a replay would read it.
   if (!batch.caller_owned_slots) PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("write_kv_batch"));
-  LayerGroup lg{0, layer};
-  if (num_groups() > 1) {
-    PAGEDKV_ASSIGN_OR_RETURN(lg, layer_group(layer));
-    if (lg.group != batch.group) {
-      return invalid_argument("layer " + std::to_string(layer) + " is group " +
-                              std::to_string(lg.group) + "'s; the batch is group " +
-                              std::to_string(batch.group) + "'s");
-    }
+  PAGEDKV_ASSIGN_OR_RETURN(LayerGroup lg, op_layer(layer));
+  if (lg.group != batch.group) {
+    return invalid_argument("layer " + std::to_string(layer) + " is group " +
+                            std::to_string(lg.group) + "'s; the batch is group " +
+                            std::to_string(batch.group) + "'s");
   }
   WriteKvArgs args;
   args.key = key;
@@ -244,10 +243,7 @@ Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* 
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::gather_layer");
   PAGEDKV_RETURN_IF_ERROR(broken_);
   PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("gather_layer"));
-  LayerGroup lg{0, layer};
-  if (num_groups() > 1) {
-    PAGEDKV_ASSIGN_OR_RETURN(lg, layer_group(layer));
-  }
+  PAGEDKV_ASSIGN_OR_RETURN(LayerGroup lg, op_layer(layer));
   PAGEDKV_ASSIGN_OR_RETURN(int64_t length, control_->length(id));
   // Compared as differences from `length`: position_begin + num_tokens can overflow int64 for
   // caller-supplied values (found by tests/fuzz).
