@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "benchmarks/goal_reporter.hpp"
+#include "device_data.hpp"
 #include "kernels/basic_bodies.hpp"
 #include "pagedkv/backend.hpp"
 #include "pagedkv/ops.hpp"
@@ -81,6 +82,14 @@ struct Buf {
 
 void upload(Backend& be, void* dst, const void* src, size_t n) {
   (void)be.copy_async(dst, src, n, CopyKind::kHostToDevice, {});
+  (void)be.synchronize_stream({});
+}
+
+/// Fills `bytes` of backend memory with finite kDType values, made where the memory is (on the
+/// device on CUDA: no PCIe copy of a pool-sized buffer in a short GPU slot).
+void fill(Backend& be, void* dst, size_t bytes, uint64_t seed) {
+  const auto n = static_cast<int64_t>(bytes / dtype_size(kDType));
+  (void)testing::fill_pattern(be, {}, dst, n, kDType, seed);
   (void)be.synchronize_stream({});
 }
 
@@ -148,11 +157,9 @@ void run_op(benchmark::State& state, BackendKind kind, Op op, bool decode) {
   Buf pool(be, pool_bytes), k(be, payload / 2), v(be, payload / 2), dslots(be, slots.size() * 8),
       dtable(be, blocks.size() * 4), dpairs(be, pairs.size() * 4 + 8),
       dindptr(be, indptr.size() * 4), copy_dst(be, payload);
-  std::vector<uint8_t> noise(std::max(pool_bytes, payload / 2));
-  for (auto& b : noise) b = static_cast<uint8_t>(rng() & 0x3f);  // finite fp16 bit patterns
-  upload(be, pool.p, noise.data(), pool_bytes);
-  upload(be, k.p, noise.data(), payload / 2);
-  upload(be, v.p, noise.data(), payload / 2);
+  fill(be, pool.p, pool_bytes, 1);
+  fill(be, k.p, payload / 2, 2);
+  fill(be, v.p, payload / 2, 3);
   upload(be, dslots.p, slots.data(), slots.size() * 8);
   upload(be, dtable.p, blocks.data(), blocks.size() * 4);
   if (!pairs.empty()) upload(be, dpairs.p, pairs.data(), pairs.size() * 4);
@@ -290,10 +297,8 @@ void run_decode_step(benchmark::State& state, BackendKind kind, bool all_layers)
   // The pool is not filled: a write reads none of it (the warm-up step touches its pages).
   Buf pool(be, pool_bytes), k(be, layer_bytes * kStepLayers), v(be, layer_bytes * kStepLayers),
       dslots(be, slots.size() * 8), copy_dst(be, 2 * layer_bytes * kStepLayers);
-  std::vector<uint8_t> noise(layer_bytes * kStepLayers);
-  for (auto& b : noise) b = static_cast<uint8_t>(rng() & 0x3f);
-  upload(be, k.p, noise.data(), noise.size());
-  upload(be, v.p, noise.data(), noise.size());
+  fill(be, k.p, layer_bytes * kStepLayers, 4);
+  fill(be, v.p, layer_bytes * kStepLayers, 5);
   upload(be, dslots.p, slots.data(), slots.size() * 8);
 
   const PoolRef ref{pool.p, kDType, layout, num_blocks};

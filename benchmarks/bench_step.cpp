@@ -39,12 +39,12 @@
 #include <cstring>
 #include <memory>
 #include <ostream>
-#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "benchmarks/goal_reporter.hpp"
+#include "device_data.hpp"
 #include "pagedkv/backend.hpp"
 #include "pagedkv/cache.hpp"
 
@@ -161,11 +161,9 @@ class StepBench {
   std::unique_ptr<KvCache> cache_;
   int64_t num_device_blocks_ = 0;
   // Inputs: prefill [layers][max_context][row] (position p of a prompt is written from row p),
-  // decode [layers][batch][row]; host copies for verify().
+  // decode [layers][batch][row]; verify() compares reads with them on the backend.
   std::unique_ptr<DeviceBuffer> pref_k_, pref_v_, dec_k_[kDecodeInputs], dec_v_[kDecodeInputs];
   std::unique_ptr<DeviceBuffer> gather_k_, gather_v_;
-  std::vector<uint16_t> pref_k_host_, pref_v_host_;
-  std::vector<uint16_t> dec_k_host_[kDecodeInputs], dec_v_host_[kDecodeInputs];
 
   std::vector<Row> rows_;
   std::vector<SequenceId> running_;  // rows_[i].id, the decode batch in row order
@@ -179,13 +177,6 @@ class StepBench {
   int64_t step_ = 0;
   int64_t bytes_ = 0;
 };
-
-Status upload(Backend& backend, Stream stream, const DeviceBuffer& dst,
-              const std::vector<uint16_t>& src) {
-  PAGEDKV_RETURN_IF_ERROR(
-      backend.copy_async(dst.get(), src.data(), src.size() * 2, CopyKind::kHostToDevice, stream));
-  return backend.synchronize_stream(stream);
-}
 
 Status StepBench::set_up(BackendKind kind) {
   PAGEDKV_ASSIGN_OR_RETURN(backend_, create_backend(kind));
@@ -214,32 +205,25 @@ Status StepBench::set_up(BackendKind kind) {
                 static_cast<size_t>(num_device_blocks_ * config.block_bytes()));
   }
 
-  // Random finite fp16 bit patterns (exponent below all-ones), distinct per layer and row.
-  std::mt19937 rng(7);
-  auto noise = [&](std::vector<uint16_t>* host, int64_t rows) {
-    host->resize(static_cast<size_t>(rows * kRowElems));  // kRowElems is even
-    for (size_t i = 0; i < host->size(); i += 2) {
-      const uint32_t bits = rng() & 0xbbffbbffu;
-      (*host)[i] = static_cast<uint16_t>(bits);
-      (*host)[i + 1] = static_cast<uint16_t>(bits >> 16);
-    }
-  };
-  auto make = [&](std::unique_ptr<DeviceBuffer>* buf, std::vector<uint16_t>* host,
-                  int64_t rows) -> Status {
+  // Finite fp16 values, distinct per buffer, layer and row, made where the buffers are (on the
+  // device on CUDA: no PCIe copy of the inputs).
+  uint64_t seed = 7;
+  auto make = [&](std::unique_ptr<DeviceBuffer>* buf, bool fill, int64_t rows) -> Status {
     *buf = std::make_unique<DeviceBuffer>();
     PAGEDKV_RETURN_IF_ERROR((*buf)->allocate(be, static_cast<size_t>(rows * kRowBytes)));
-    if (host == nullptr) return ok_status();
-    noise(host, rows);
-    return upload(be, stream, **buf, *host);
+    if (!fill) return ok_status();
+    PAGEDKV_RETURN_IF_ERROR(
+        testing::fill_pattern(be, stream, (*buf)->get(), rows * kRowElems, kDType, seed++));
+    return be.synchronize_stream(stream);
   };
-  PAGEDKV_RETURN_IF_ERROR(make(&pref_k_, &pref_k_host_, kLayers * max_context()));
-  PAGEDKV_RETURN_IF_ERROR(make(&pref_v_, &pref_v_host_, kLayers * max_context()));
+  PAGEDKV_RETURN_IF_ERROR(make(&pref_k_, true, kLayers * max_context()));
+  PAGEDKV_RETURN_IF_ERROR(make(&pref_v_, true, kLayers * max_context()));
   for (int i = 0; i < kDecodeInputs; ++i) {
-    PAGEDKV_RETURN_IF_ERROR(make(&dec_k_[i], &dec_k_host_[i], kLayers * batch_));
-    PAGEDKV_RETURN_IF_ERROR(make(&dec_v_[i], &dec_v_host_[i], kLayers * batch_));
+    PAGEDKV_RETURN_IF_ERROR(make(&dec_k_[i], true, kLayers * batch_));
+    PAGEDKV_RETURN_IF_ERROR(make(&dec_v_[i], true, kLayers * batch_));
   }
-  PAGEDKV_RETURN_IF_ERROR(make(&gather_k_, nullptr, max_context()));
-  PAGEDKV_RETURN_IF_ERROR(make(&gather_v_, nullptr, max_context()));
+  PAGEDKV_RETURN_IF_ERROR(make(&gather_k_, false, max_context()));
+  PAGEDKV_RETURN_IF_ERROR(make(&gather_v_, false, max_context()));
 
   for (int64_t t = 0; t < kPrefixTokens; ++t) prefix_.push_back(static_cast<TokenId>(t + 1));
   rows_.resize(static_cast<size_t>(batch_));
@@ -337,44 +321,39 @@ Status StepBench::step(StepTimer& timer) {
 Status StepBench::verify() {
   Backend& be = *backend_;
   const Stream stream = cache_->compute_stream();
-  std::vector<uint16_t> keys(static_cast<size_t>(max_context() * kRowElems));
-  std::vector<uint16_t> values(keys.size());
   for (int64_t r : {int64_t{0}, batch_ / 2, batch_ - 1}) {
     const Row& row = rows_[static_cast<size_t>(r)];
     const int64_t len = row.prompt_len + row.decodes;
     for (int32_t layer : {0, 13, kLayers - 1}) {
       PAGEDKV_RETURN_IF_ERROR(cache_->gather_layer(
           row.id, layer, gather_k_->get(), gather_v_->get(), kDType, PackedLayout::kTokenMajor));
-      const size_t bytes = static_cast<size_t>(len * kRowBytes);
-      PAGEDKV_RETURN_IF_ERROR(
-          be.copy_async(keys.data(), gather_k_->get(), bytes, CopyKind::kDeviceToHost, stream));
-      PAGEDKV_RETURN_IF_ERROR(
-          be.copy_async(values.data(), gather_v_->get(), bytes, CopyKind::kDeviceToHost, stream));
-      PAGEDKV_RETURN_IF_ERROR(cache_->synchronize());
-      for (int64_t p = 0; p < len; ++p) {
-        // Prompt position p came from prefill row p; decode k from row r of the input of the
-        // step it ran in.
-        const uint16_t* want_k;
-        const uint16_t* want_v;
-        if (p < row.prompt_len) {
-          const size_t at = static_cast<size_t>((layer * max_context() + p) * kRowElems);
-          want_k = pref_k_host_.data() + at;
-          want_v = pref_v_host_.data() + at;
-        } else {
-          const int64_t s = row.first_decode_step + (p - row.prompt_len);
-          const int input = static_cast<int>(s % kDecodeInputs);
-          const size_t at = static_cast<size_t>((layer * batch_ + r) * kRowElems);
-          want_k = dec_k_host_[input].data() + at;
-          want_v = dec_v_host_[input].data() + at;
-        }
-        const size_t at = static_cast<size_t>(p * kRowElems);
-        if (std::memcmp(keys.data() + at, want_k, kRowBytes) != 0 ||
-            std::memcmp(values.data() + at, want_v, kRowBytes) != 0) {
+      // `n` rows read back from position p on, against `want_k` / `want_v` (on the device, on
+      // the compute stream, behind the gather).
+      auto check = [&](int64_t p, int64_t n, const void* want_k, const void* want_v) -> Status {
+        const size_t bytes = static_cast<size_t>(n * kRowBytes);
+        for (const auto& [want, got] :
+             {std::pair{want_k, gather_k_->row(p)}, std::pair{want_v, gather_v_->row(p)}}) {
+          PAGEDKV_ASSIGN_OR_RETURN(auto diff,
+                                   testing::first_mismatch(be, stream, want, got, bytes));
+          if (!diff.has_value()) continue;
           return internal_error("read back differs from what was written: sequence " +
                                 std::to_string(row.id) + " (batch row " + std::to_string(r) +
                                 "), layer " + std::to_string(layer) + ", position " +
-                                std::to_string(p) + " of " + std::to_string(len));
+                                std::to_string(p + diff->index / kRowBytes) + " of " +
+                                std::to_string(len));
         }
+        return ok_status();
+      };
+      // The prompt came from prefill rows 0.. of the layer; decode position p from row r of the
+      // input of the step it ran in.
+      const int64_t prompt_at = int64_t{layer} * max_context();
+      PAGEDKV_RETURN_IF_ERROR(
+          check(0, row.prompt_len, pref_k_->row(prompt_at), pref_v_->row(prompt_at)));
+      for (int64_t p = row.prompt_len; p < len; ++p) {
+        const int64_t s = row.first_decode_step + (p - row.prompt_len);
+        const int input = static_cast<int>(s % kDecodeInputs);
+        const int64_t at = int64_t{layer} * batch_ + r;
+        PAGEDKV_RETURN_IF_ERROR(check(p, 1, dec_k_[input]->row(at), dec_v_[input]->row(at)));
       }
     }
   }

@@ -8,19 +8,17 @@
 #include <cstdint>
 #include <vector>
 
+#include "kv_model_value.hpp"
 #include "pagedkv/config.hpp"
 #include "pagedkv/control_types.hpp"
 #include "pagedkv/dtype.hpp"
 
 namespace pagedkv::testing {
 
-/// A distinct, never-zero fp16 value (bits) for one element.
+/// A distinct, never-zero fp16 value (bits) for one element (kv_model_value.hpp).
 inline uint16_t kv_value(int64_t pos, TokenId token, int32_t layer, int32_t part, int32_t head,
                          int32_t d) {
-  const int64_t h =
-      (pos * 40503LL + token * 2654435761LL + layer * 97 + part * 7919 + head * 131 + d * 17) %
-      4093;
-  return float_to_half_bits(0.25f + static_cast<float>(h) / 1024.0f);
+  return kv_model_bits(pos, token, layer, part, head, d);
 }
 
 /// Keys (part 0) or values (part 1) of `tokens` at positions start.. for one layer, token-major

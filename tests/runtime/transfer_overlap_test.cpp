@@ -18,7 +18,7 @@
 
 #include "pagedkv/cache.hpp"
 #include "pagedkv/cpu_backend.hpp"
-#include "runtime/kv_model.hpp"
+#include "runtime/device_kv_model.hpp"
 #include "runtime/runtime_backends.hpp"
 #include "support/backend_test.hpp"
 #include "support/status_matchers.hpp"
@@ -27,7 +27,8 @@ namespace pagedkv {
 namespace {
 
 using testing::DeviceBuffer;
-using testing::model_rows;
+using testing::make_model_rows;
+using testing::model_rows_difference;
 
 // The cache's shape. On the CPU backend every copy of the transfer engine sleeps 150 ms; on a
 // GPU a sequence of about 64 MiB (96 MiB with the window group) takes about 1-2 ms over PCIe, ample
@@ -119,8 +120,11 @@ class TransferOverlapTest : public ::testing::TestWithParam<std::tuple<bool, Bac
     for (int32_t layer = 0; layer < config_.num_layers; ++layer) {
       DeviceBuffer k(*backend_, tokens.size() * row(layer) * 2),
           v(*backend_, tokens.size() * row(layer) * 2);
-      k.upload(model_rows(layer_config(layer), layer, 0, tokens, start));
-      v.upload(model_rows(layer_config(layer), layer, 1, tokens, start));
+      const Stream s = cache_->compute_stream();
+      ASSERT_OK(
+          make_model_rows(*backend_, s, k.data(), layer_config(layer), layer, 0, tokens, start));
+      ASSERT_OK(
+          make_model_rows(*backend_, s, v.data(), layer_config(layer), layer, 1, tokens, start));
       ASSERT_OK(cache_->write_kv(id, layer, k.data(), v.data(), DType::kFloat16));
       ASSERT_OK(cache_->synchronize());
     }
@@ -145,11 +149,13 @@ class TransferOverlapTest : public ::testing::TestWithParam<std::tuple<bool, Bac
           v(*backend_, tokens_.size() * row(layer) * 2);
       ASSERT_OK(cache_->gather_layer(1, layer, k.data(), v.data(), DType::kFloat16,
                                      PackedLayout::kTokenMajor, 0, n));
-      ASSERT_OK(backend_->synchronize_stream(cache_->compute_stream()));
-      EXPECT_EQ(k.download<uint16_t>(), model_rows(layer_config(layer), layer, 0, tokens_, 0))
-          << layer;
-      EXPECT_EQ(v.download<uint16_t>(), model_rows(layer_config(layer), layer, 1, tokens_, 0))
-          << layer;
+      const Stream s = cache_->compute_stream();
+      EXPECT_EQ(
+          model_rows_difference(*backend_, s, k.data(), layer_config(layer), layer, 0, tokens_, 0),
+          "");
+      EXPECT_EQ(
+          model_rows_difference(*backend_, s, v.data(), layer_config(layer), layer, 1, tokens_, 0),
+          "");
     }
   }
 
