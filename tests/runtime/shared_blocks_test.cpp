@@ -348,6 +348,37 @@ TEST_P(SharedBlocksTest, WindowPagesAnOffloadStillReadsAreWrittenAfterIt) {
   EXPECT_EQ(one().stats().sequences_offloaded, 3);
 }
 
+// Erasing a sequence keeps the window pages of prefix blocks another live sequence still holds:
+// sequence 2 holds blocks 0..3 in its window; sequence 1 hits them, grows past them, and is
+// erased. A third prompt with sequence 2's tokens then still hits all 64 of them (the window
+// group's pages of blocks 0..3 are there), and sequence 2 still reads its bytes.
+TEST_P(SharedBlocksTest, AnEraseKeepsTheWindowPagesAnotherSequenceHolds) {
+  make(window_first(64, 32), sharing());
+  ASSERT_FALSE(HasFatalFailure());
+  const std::vector<TokenId> shared = iota_tokens(64, 10);
+  Status appended;
+  ASSERT_EQ(*add_and_prefill(2, shared, &appended), 0);
+  ASSERT_OK(appended);
+  const std::vector<BlockLocation> window_of_2 = *cache_->block_locations(2, kWindow);
+  ASSERT_EQ(window_of_2.size(), 4u);
+  std::vector<TokenId> longer = shared;
+  for (TokenId t : iota_tokens(64, 900)) longer.push_back(t);
+  ASSERT_EQ(*add_and_prefill(1, longer, &appended), 64);
+  ASSERT_OK(appended);
+  invariants();
+  ASSERT_OK(cache_->erase(1));
+  ref_.erase(1);
+  invariants();
+  EXPECT_EQ(*cache_->block_locations(2, kWindow), window_of_2);
+  EXPECT_EQ(check_gather(2), "");
+  std::vector<TokenId> third = shared;
+  third.push_back(77);
+  ASSERT_EQ(*add_and_prefill(3, third, &appended), 64);
+  ASSERT_OK(appended);
+  invariants();
+  EXPECT_EQ(check_gather(3), "");
+}
+
 // ---------------------------------------------------------------- events
 
 // A router sees each group's blocks under that group's index: the full group's blocks as the
