@@ -23,6 +23,7 @@
 #include "pagedkv/cpu_backend.hpp"
 #include "runtime/runtime_backends.hpp"
 #include "support/backend_test.hpp"
+#include "support/forwarding_backend.hpp"
 #include "support/named_stats.hpp"
 #include "support/status_matchers.hpp"
 
@@ -38,9 +39,9 @@ constexpr int64_t kSteps = 3000;
 // function of its size and of how many allocations came before), so two runs on different
 // backends start from identical memory; the pinned allocations are remembered (pinned memory is
 // host memory on both backends).
-class FilledAllocBackend final : public Backend {
+class FilledAllocBackend final : public testing::ForwardingBackend {
  public:
-  explicit FilledAllocBackend(Backend& inner) : inner_(inner) {}
+  explicit FilledAllocBackend(Backend& inner) : ForwardingBackend(inner) {}
 
   /// The pinned allocation of exactly `bytes` bytes made last, or null.
   const uint8_t* pinned_of_size(size_t bytes) const {
@@ -50,20 +51,18 @@ class FilledAllocBackend final : public Backend {
     return nullptr;
   }
 
-  BackendKind kind() const override { return inner_.kind(); }
-  std::string description() const override { return "filled " + inner_.description(); }
+  std::string description() const override { return "filled " + inner().description(); }
   StatusOr<void*> allocate_device(size_t bytes) override {
-    auto p = inner_.allocate_device(bytes);
+    auto p = inner().allocate_device(bytes);
     if (!p.ok()) return p;
     const std::vector<uint8_t> fill = pattern(bytes);
     PAGEDKV_RETURN_IF_ERROR(
-        inner_.copy_async(*p, fill.data(), bytes, CopyKind::kHostToDevice, Stream{}));
-    PAGEDKV_RETURN_IF_ERROR(inner_.synchronize_stream(Stream{}));
+        inner().copy_async(*p, fill.data(), bytes, CopyKind::kHostToDevice, Stream{}));
+    PAGEDKV_RETURN_IF_ERROR(inner().synchronize_stream(Stream{}));
     return p;
   }
-  void free_device(void* ptr) override { inner_.free_device(ptr); }
   StatusOr<void*> allocate_pinned(size_t bytes) override {
-    auto p = inner_.allocate_pinned(bytes);
+    auto p = inner().allocate_pinned(bytes);
     if (!p.ok()) return p;
     const std::vector<uint8_t> fill = pattern(bytes);
     std::memcpy(*p, fill.data(), bytes);
@@ -74,36 +73,10 @@ class FilledAllocBackend final : public Backend {
     pinned_.erase(std::remove_if(pinned_.begin(), pinned_.end(),
                                  [ptr](const auto& a) { return a.first == ptr; }),
                   pinned_.end());
-    inner_.free_pinned(ptr);
+    inner().free_pinned(ptr);
   }
-  // Forwarded, so that both runs move blocks with the copy kernel (the workload's blocks are
-  // small) and the comparison covers it.
-  StatusOr<void*> mapped_device_pointer(void* p) override {
-    return inner_.mapped_device_pointer(p);
-  }
-  StatusOr<Stream> create_stream(StreamPriority p = StreamPriority::kNormal) override {
-    return inner_.create_stream(p);
-  }
-  StatusOr<Stream> wrap_stream(void* n) override { return inner_.wrap_stream(n); }
-  StatusOr<void*> native_stream(Stream s) override { return inner_.native_stream(s); }
-  void destroy_stream(Stream s) override { inner_.destroy_stream(s); }
-  StatusOr<Event> create_event() override { return inner_.create_event(); }
-  void destroy_event(Event e) override { inner_.destroy_event(e); }
-  Status record_event(Event e, Stream s) override { return inner_.record_event(e, s); }
-  Status wait_event(Stream s, Event e) override { return inner_.wait_event(s, e); }
-  StatusOr<bool> query_event(Event e) override { return inner_.query_event(e); }
-  Status synchronize_event(Event e) override { return inner_.synchronize_event(e); }
-  Status synchronize_stream(Stream s) override { return inner_.synchronize_stream(s); }
-  Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind, Stream s) override {
-    return inner_.copy_async(dst, src, bytes, kind, s);
-  }
-  Status copy_batch(const CopyRegion* r, size_t n, CopyKind kind, Stream s) override {
-    return inner_.copy_batch(r, n, kind, s);
-  }
-  Status launch_host_func(Stream s, std::function<void()> fn) override {
-    return inner_.launch_host_func(s, std::move(fn));
-  }
-  Status launch(const KernelLaunch& l, Stream s) override { return inner_.launch(l, s); }
+  // Everything else is forwarded, mapped_device_pointer included, so that both runs move blocks
+  // with the copy kernel (the workload's blocks are small) and the comparison covers it.
 
  private:
   std::vector<uint8_t> pattern(size_t bytes) {
@@ -116,7 +89,6 @@ class FilledAllocBackend final : public Backend {
     return v;
   }
 
-  Backend& inner_;
   uint64_t allocations_ = 0;
   std::vector<std::pair<void*, size_t>> pinned_;
 };

@@ -18,6 +18,7 @@
 #include "kv_workload.hpp"
 #include "pagedkv/cache.hpp"
 #include "pagedkv/cpu_backend.hpp"
+#include "support/forwarding_backend.hpp"
 #include "support/named_stats.hpp"
 #include "support/status_matchers.hpp"
 
@@ -29,45 +30,24 @@ constexpr int64_t kOps = 10000;
 // A CPU backend whose streams stall for a random time before some copies and launches: the
 // stall is queued on the same stream (a host function that sleeps), so the caller never waits
 // for it, but everything behind it on that stream finishes later.
-class JitterBackend final : public Backend {
+class JitterBackend final : public testing::ForwardingBackend {
  public:
   JitterBackend(std::unique_ptr<Backend> inner, uint64_t seed)
-      : inner_(std::move(inner)), rng_(seed) {}
+      : ForwardingBackend(std::move(inner)), rng_(seed) {}
   int64_t stalls() const { return stalls_; }
 
-  BackendKind kind() const override { return inner_->kind(); }
-  std::string description() const override { return "jitter over " + inner_->description(); }
-  StatusOr<void*> allocate_device(size_t b) override { return inner_->allocate_device(b); }
-  void free_device(void* p) override { inner_->free_device(p); }
-  StatusOr<void*> allocate_pinned(size_t b) override { return inner_->allocate_pinned(b); }
-  void free_pinned(void* p) override { inner_->free_pinned(p); }
-  StatusOr<Stream> create_stream(StreamPriority p = StreamPriority::kNormal) override {
-    return inner_->create_stream(p);
-  }
-  StatusOr<Stream> wrap_stream(void* n) override { return inner_->wrap_stream(n); }
-  StatusOr<void*> native_stream(Stream s) override { return inner_->native_stream(s); }
-  void destroy_stream(Stream s) override { inner_->destroy_stream(s); }
-  StatusOr<Event> create_event() override { return inner_->create_event(); }
-  void destroy_event(Event e) override { inner_->destroy_event(e); }
-  Status record_event(Event e, Stream s) override { return inner_->record_event(e, s); }
-  Status wait_event(Stream s, Event e) override { return inner_->wait_event(s, e); }
-  StatusOr<bool> query_event(Event e) override { return inner_->query_event(e); }
-  Status synchronize_event(Event e) override { return inner_->synchronize_event(e); }
-  Status synchronize_stream(Stream s) override { return inner_->synchronize_stream(s); }
+  std::string description() const override { return "jitter over " + inner().description(); }
   Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind, Stream s) override {
     PAGEDKV_RETURN_IF_ERROR(maybe_stall(s));
-    return inner_->copy_async(dst, src, bytes, kind, s);
+    return inner().copy_async(dst, src, bytes, kind, s);
   }
   Status copy_batch(const CopyRegion* r, size_t n, CopyKind kind, Stream s) override {
     PAGEDKV_RETURN_IF_ERROR(maybe_stall(s));
-    return inner_->copy_batch(r, n, kind, s);
-  }
-  Status launch_host_func(Stream s, std::function<void()> fn) override {
-    return inner_->launch_host_func(s, std::move(fn));
+    return inner().copy_batch(r, n, kind, s);
   }
   Status launch(const KernelLaunch& l, Stream s) override {
     PAGEDKV_RETURN_IF_ERROR(maybe_stall(s));
-    return inner_->launch(l, s);
+    return inner().launch(l, s);
   }
 
  private:
@@ -75,9 +55,8 @@ class JitterBackend final : public Backend {
     if (rng_() % 3 != 0) return ok_status();
     const auto us = std::chrono::microseconds(1 + rng_() % 60);
     ++stalls_;
-    return inner_->launch_host_func(s, [us] { std::this_thread::sleep_for(us); });
+    return inner().launch_host_func(s, [us] { std::this_thread::sleep_for(us); });
   }
-  std::unique_ptr<Backend> inner_;
   std::mt19937_64 rng_;
   int64_t stalls_ = 0;
 };

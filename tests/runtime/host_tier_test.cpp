@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <set>
@@ -27,6 +28,7 @@
 #include "runtime/kv_model.hpp"
 #include "runtime/runtime_backends.hpp"
 #include "support/backend_test.hpp"
+#include "support/gated_transfers.hpp"
 #include "support/named_stats.hpp"
 #include "support/status_matchers.hpp"
 
@@ -79,10 +81,13 @@ class HostTierFixture : public ::testing::Test {
   // `copy_delay` (a device's copies lag on their own); with
   // `inject_faults` the cache runs on a FaultInjectionBackend wrapping it (the test's own
   // uploads and downloads use the inner backend, so only the cache's calls are counted).
+  // With `gated` the cache runs on a GatedTransfers wrapper (gated_): arm() holds its copies
+  // until release().
   void make(CacheConfig config, std::chrono::microseconds copy_delay = milliseconds(5),
-            bool inject_faults = false) {
+            bool inject_faults = false, bool gated = false) {
     cache_.reset();
     faults_.reset();
+    gated_.reset();
     config.backend = kind_;
     config_ = config;
     CpuBackendOptions options;
@@ -96,6 +101,10 @@ class HostTierFixture : public ::testing::Test {
       faults_ = std::make_unique<FaultInjectionBackend>(*backend_);
       o.backend = faults_.get();
     }
+    if (gated) {
+      gated_ = std::make_unique<testing::GatedTransfers>(*o.backend);
+      o.backend = gated_.get();
+    }
     auto c = KvCache::create(config, o);
     ASSERT_OK(c);
     cache_ = std::move(c).value();
@@ -103,6 +112,7 @@ class HostTierFixture : public ::testing::Test {
 
   void TearDown() override {
     cache_.reset();
+    gated_.reset();
     faults_.reset();
   }
 
@@ -239,6 +249,7 @@ class HostTierFixture : public ::testing::Test {
   CacheConfig config_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<FaultInjectionBackend> faults_;
+  std::unique_ptr<testing::GatedTransfers> gated_;  // over faults_ or backend_
   std::unique_ptr<KvCache> cache_;
   TokenId next_token_ = 1000;
 };
@@ -525,14 +536,16 @@ TEST_P(HostTierTest, PrefetchRestoresWhatFitsInListOrderAndNothingElse) {
 TEST_F(HostTierCpuTest, SeedDefect1PrefixOfAnOffloadedSequenceNeverReadsReusedBlocks) {
   CacheConfig c = small_config();
   c.num_device_blocks = 3;
-  make(c, milliseconds(30));
+  make(c, milliseconds(30), false, /*gated=*/true);
   constexpr SequenceId kX = 1, kY = 2, kZ = 3;
   const std::vector<TokenId> px = fresh(8), py = fresh(12);
   add_written(kX, px);
   const std::vector<BlockLocation> x_device = locations(kX);
+  gated_->arm();
   ASSERT_OK(cache_->offload(kX));
+  EXPECT_EQ(residency(kX), SequenceResidency::kInFlight) << "the offload copies are held";
+  gated_->release();  // and then sleep while Y takes X's freed blocks
   expect_invariants();
-  EXPECT_EQ(residency(kX), SequenceResidency::kInFlight) << "the offload copies are sleeping";
 
   add_written(kY, py);  // three blocks of three: X's two freed ones among them
   int reused = 0;
@@ -614,29 +627,28 @@ TEST_P(HostTierTest, OffloadCanUseHostRoomHeldByACachedChain) {
 }
 
 // Seed defect 7, part 2: the seed's copies were synchronous. offload() and restore() return
-// long before a 50 ms copy finishes; residency says kInFlight until then.
+// while their copies are still held back; residency says kInFlight until they ran.
 TEST_F(HostTierCpuTest, SeedDefect7OffloadAndRestoreAreAsynchronous) {
-  const auto delay = milliseconds(50);
-  make(small_config(), delay);
+  make(small_config(), milliseconds(0), false, /*gated=*/true);
   const std::vector<TokenId> p = fresh(8);
   add_written(1, p);
-  auto timed = [&](const std::function<Status()>& call) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const Status s = call();
-    const auto dt = std::chrono::steady_clock::now() - t0;
-    EXPECT_OK(s);
-    return dt;
+  // The copies are held at a gate until release(): a call that waited for its copy would never
+  // return, so each runs on another thread, which must finish while the gate is still closed.
+  auto returns_with_copies_held = [&](const std::function<Status()>& call) {
+    gated_->arm();
+    auto done = std::async(std::launch::async, call);
+    const bool returned = done.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+    EXPECT_TRUE(returned) << "the call waited for its copy";
+    if (returned) EXPECT_EQ(residency(1), SequenceResidency::kInFlight);
+    gated_->release();
+    EXPECT_OK(done.get());
   };
-  auto dt = timed([&] { return cache_->offload(1); });
-  EXPECT_EQ(residency(1), SequenceResidency::kInFlight);
-  EXPECT_LT(dt, delay / 2) << "offload waited for its copy";
+  returns_with_copies_held([&] { return cache_->offload(1); });
   expect_invariants();
   ASSERT_OK(cache_->synchronize());
   EXPECT_EQ(residency(1), SequenceResidency::kHost);
 
-  dt = timed([&] { return cache_->restore(1); });
-  EXPECT_EQ(residency(1), SequenceResidency::kInFlight);
-  EXPECT_LT(dt, delay / 2) << "restore waited for its copy";
+  returns_with_copies_held([&] { return cache_->restore(1); });
   expect_invariants();
   ASSERT_OK(cache_->synchronize());
   EXPECT_EQ(residency(1), SequenceResidency::kDevice);

@@ -14,6 +14,7 @@
 #include "runtime/kv_model.hpp"
 #include "runtime/runtime_backends.hpp"
 #include "support/backend_test.hpp"
+#include "support/gated_transfers.hpp"
 #include "support/status_matchers.hpp"
 
 namespace pagedkv {
@@ -44,14 +45,21 @@ std::vector<TokenId> iota_tokens(int n, TokenId first) {
 
 class KvCacheFixture : public ::testing::Test {
  protected:
-  // `options` shape the CPU backend only (testing::make_backend).
-  void make(CacheConfig config, const CpuBackendOptions& options = {}) {
+  // `options` shape the CPU backend only (testing::make_backend). `gated`: the cache runs on a
+  // GatedTransfers wrapper (gated_), whose arm() holds its copies until release().
+  void make(CacheConfig config, const CpuBackendOptions& options = {}, bool gated = false) {
+    cache_.reset();
+    gated_.reset();
     config.backend = kind_;
     config_ = config;
     backend_ = testing::make_backend(kind_, options);
     ASSERT_NE(backend_, nullptr);
     KvCacheOptions o;
     o.backend = backend_.get();
+    if (gated) {
+      gated_ = std::make_unique<testing::GatedTransfers>(*backend_);
+      o.backend = gated_.get();
+    }
     auto c = KvCache::create(config, o);
     ASSERT_OK(c);
     cache_ = std::move(c).value();
@@ -119,16 +127,18 @@ class KvCacheFixture : public ::testing::Test {
     slow.copy_delay = std::chrono::milliseconds(30);
     CacheConfig c = small_config();
     c.num_device_blocks = 4;  // room for one 12-token sequence at a time
-    make(c, slow_copies ? slow : CpuBackendOptions{});
+    make(c, slow_copies ? slow : CpuBackendOptions{}, slow_copies);
     const std::vector<TokenId> a = iota_tokens(12, 1000), b = iota_tokens(12, 2000);
     ASSERT_OK(cache_->add_sequence(1, a));
     append(1, a, 0);
     const std::set<int32_t> a_blocks = device_blocks(1);
     ASSERT_EQ(a_blocks.size(), 3u);
 
+    if (slow_copies) gated_->arm();
     ASSERT_OK(cache_->offload(1));
     if (slow_copies) {
-      EXPECT_EQ(*cache_->residency(1), SequenceResidency::kInFlight);  // the copy is sleeping
+      EXPECT_EQ(*cache_->residency(1), SequenceResidency::kInFlight);  // held at the gate
+      gated_->release();  // and then sleeping while B writes into A's former blocks
     }
     ASSERT_OK(cache_->add_sequence(2, b));
     append(2, b, 0);  // 3 blocks out of 4: at least two were A's
@@ -150,6 +160,7 @@ class KvCacheFixture : public ::testing::Test {
   BackendKind kind_ = BackendKind::kCpu;
   CacheConfig config_;
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<testing::GatedTransfers> gated_;  // between the backend and the cache
   std::unique_ptr<KvCache> cache_;
 };
 
@@ -225,21 +236,24 @@ TEST_F(KvCacheCpuTest, OffloadReuseRestoreWithSlowCopies) { offload_reuse_restor
 TEST_P(KvCacheTest, OffloadReuseRestore) { offload_reuse_restore(false); }
 
 TEST_F(KvCacheCpuTest, ResidencyFollowsOffloadAndRestore) {
-  CpuBackendOptions slow;
-  slow.copy_delay = std::chrono::milliseconds(20);
-  make(small_config(), slow);
+  make(small_config(), {}, /*gated=*/true);
   const std::vector<TokenId> a = iota_tokens(8, 1);
   ASSERT_OK(cache_->add_sequence(1, a));
   append(1, a, 0);
   EXPECT_EQ(*cache_->residency(1), SequenceResidency::kDevice);
+  gated_->arm();
   ASSERT_OK(cache_->offload(1));
-  EXPECT_EQ(*cache_->residency(1), SequenceResidency::kInFlight);
+  EXPECT_EQ(*cache_->residency(1), SequenceResidency::kInFlight);  // its copies are held
+  gated_->release();
   ASSERT_OK(cache_->synchronize());
   EXPECT_EQ(*cache_->residency(1), SequenceResidency::kHost);
   EXPECT_EQ(cache_->gather_layer(1, 0, nullptr, nullptr, DType::kFloat16, PackedLayout::kHeadMajor)
                 .code(),
             StatusCode::kFailedPrecondition);
+  gated_->arm();
   ASSERT_OK(cache_->restore(1));
+  EXPECT_EQ(*cache_->residency(1), SequenceResidency::kInFlight);
+  gated_->release();
   ASSERT_OK(cache_->synchronize());
   EXPECT_EQ(*cache_->residency(1), SequenceResidency::kDevice);
   expect_contents(1, a);

@@ -16,6 +16,7 @@
 #include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/seed_cache.hpp"
 #include "runtime/runtime_backends.hpp"
+#include "support/forwarding_backend.hpp"
 #include "support/status_matchers.hpp"
 
 namespace pagedkv {
@@ -44,17 +45,15 @@ CacheConfig config_for(CacheMode mode) {
 
 // Forwards every call to another backend and keeps the bytes of the live device allocations
 // made through it and their peak, so a test can see what a call allocated.
-class DeviceBytesBackend final : public Backend {
+class DeviceBytesBackend final : public testing::ForwardingBackend {
  public:
-  explicit DeviceBytesBackend(Backend& inner) : inner_(inner) {}
+  explicit DeviceBytesBackend(Backend& inner) : ForwardingBackend(inner) {}
   int64_t live() const { return live_; }
   int64_t peak() const { return peak_; }
   void reset_peak() { peak_ = live_; }
 
-  BackendKind kind() const override { return inner_.kind(); }
-  std::string description() const override { return inner_.description(); }
   StatusOr<void*> allocate_device(size_t bytes) override {
-    auto p = inner_.allocate_device(bytes);
+    auto p = inner().allocate_device(bytes);
     if (p.ok()) {
       sizes_[*p] = bytes;
       live_ += static_cast<int64_t>(bytes);
@@ -68,44 +67,10 @@ class DeviceBytesBackend final : public Backend {
       live_ -= static_cast<int64_t>(it->second);
       sizes_.erase(it);
     }
-    inner_.free_device(ptr);
-  }
-  StatusOr<void*> allocate_pinned(size_t bytes) override { return inner_.allocate_pinned(bytes); }
-  void free_pinned(void* ptr) override { inner_.free_pinned(ptr); }
-  StatusOr<Stream> create_stream(StreamPriority p = StreamPriority::kNormal) override {
-    return inner_.create_stream(p);
-  }
-  StatusOr<Stream> wrap_stream(void* native) override { return inner_.wrap_stream(native); }
-  StatusOr<void*> native_stream(Stream stream) override { return inner_.native_stream(stream); }
-  void destroy_stream(Stream stream) override { inner_.destroy_stream(stream); }
-  StatusOr<Event> create_event() override { return inner_.create_event(); }
-  void destroy_event(Event event) override { inner_.destroy_event(event); }
-  Status record_event(Event event, Stream stream) override {
-    return inner_.record_event(event, stream);
-  }
-  Status wait_event(Stream stream, Event event) override {
-    return inner_.wait_event(stream, event);
-  }
-  StatusOr<bool> query_event(Event event) override { return inner_.query_event(event); }
-  Status synchronize_event(Event event) override { return inner_.synchronize_event(event); }
-  Status synchronize_stream(Stream stream) override { return inner_.synchronize_stream(stream); }
-  Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind,
-                    Stream stream) override {
-    return inner_.copy_async(dst, src, bytes, kind, stream);
-  }
-  Status copy_batch(const CopyRegion* regions, size_t count, CopyKind kind,
-                    Stream stream) override {
-    return inner_.copy_batch(regions, count, kind, stream);
-  }
-  Status launch_host_func(Stream stream, std::function<void()> fn) override {
-    return inner_.launch_host_func(stream, std::move(fn));
-  }
-  Status launch(const KernelLaunch& launch, Stream stream) override {
-    return inner_.launch(launch, stream);
+    inner().free_device(ptr);
   }
 
  private:
-  Backend& inner_;
   std::unordered_map<void*, size_t> sizes_;
   int64_t live_ = 0;
   int64_t peak_ = 0;

@@ -20,6 +20,7 @@
 #include "pagedkv/model_cache.hpp"
 #include "runtime/model_cache_harness.hpp"
 #include "runtime/null_storage.hpp"
+#include "support/gated_transfers.hpp"
 #include "support/status_matchers.hpp"
 
 namespace pagedkv {
@@ -283,9 +284,12 @@ TEST_P(SharedBlocksTest, WindowPagesAnOffloadStillReadsAreWrittenAfterIt) {
   c.groups[kFull].num_host_blocks = 8;
   cache_.reset();
   ref_.clear();
+  // Copies held at a gate while the test looks (GatedTransfers), and slow once released.
   CpuBackendOptions slow;
   slow.copy_delay = std::chrono::milliseconds(30);
-  backend_ = create_cpu_backend(slow);
+  auto gated_backend = std::make_unique<testing::GatedTransfers>(create_cpu_backend(slow));
+  testing::GatedTransfers& gated = *gated_backend;
+  backend_ = std::move(gated_backend);
   ModelKvCacheOptions o = sharing();
   o.cache.backend = backend_.get();
   o.cache.transfer_kernel_block_bytes = 0;  // batched copies, which sleep (the kernel does not)
@@ -301,8 +305,10 @@ TEST_P(SharedBlocksTest, WindowPagesAnOffloadStillReadsAreWrittenAfterIt) {
   std::vector<int32_t> a_pages;
   const std::vector<BlockLocation> a_blocks = *cache_->block_locations(1, kWindow);
   for (const BlockLocation& b : a_blocks) a_pages.push_back(b.block);
+  gated.arm();
   ASSERT_OK(cache_->offload(1));
-  EXPECT_EQ(*cache_->residency(1), SequenceResidency::kInFlight);  // the copy is sleeping
+  EXPECT_EQ(*cache_->residency(1), SequenceResidency::kInFlight);  // the copy is held
+  gated.release();  // and then sleeps while B writes (the test's uploads wait for compute)
 
   // B: 40 tokens in one batched step, into at least two of A's former pages.
   const std::vector<TokenId> b = iota_tokens(40, 2000);
@@ -336,9 +342,11 @@ TEST_P(SharedBlocksTest, WindowPagesAnOffloadStillReadsAreWrittenAfterIt) {
   // The window group has pages for one of them: restoring A offloads B to make room there
   // (the full group has room for both), and the other way round.
   for (const auto& [in, out] : {std::pair<SequenceId, SequenceId>{1, 2}, {2, 1}}) {
+    gated.arm();
     const Status st = cache_->restore(in);
-    ASSERT_OK(st);
     EXPECT_EQ(*cache_->residency(out), SequenceResidency::kInFlight);
+    gated.release();
+    ASSERT_OK(st);
     ASSERT_OK(cache_->synchronize());
     EXPECT_TRUE(cache_->drain_evicted_sequences().empty());
     EXPECT_EQ(*cache_->residency(out), SequenceResidency::kHost);

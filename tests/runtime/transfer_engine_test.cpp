@@ -17,6 +17,8 @@
 #include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/fault_injection.hpp"
 #include "support/backend_test.hpp"
+#include "support/forwarding_backend.hpp"
+#include "support/gated_transfers.hpp"
 #include "support/status_matchers.hpp"
 #include "support/stream_gate.hpp"
 
@@ -178,24 +180,27 @@ TEST(TransferEngineCreate, RejectsBadPools) {
 // (ordered after the copy by order_after, no host blocking), then restore. Both the new writes
 // and the offloaded bytes must survive.
 void offload_then_reuse(bool ordered, bool* offloaded_intact, bool* new_write_intact) {
-  CpuBackendOptions options;
-  options.copy_delay = std::chrono::milliseconds(100);
-  auto backend = create_cpu_backend(options);
+  // The offload's copy is held at a gate until the reuse is queued: without the ordering the
+  // write runs first, every time.
+  testing::GatedTransfers backend(create_cpu_backend());
   const int64_t block_bytes = 1024;
-  Pools p(*backend, 4, 2, block_bytes);
-  auto engine = TransferEngine::create(*backend, p.pools());
+  Pools p(backend, 4, 2, block_bytes);
+  auto engine = TransferEngine::create(backend, p.pools());
   ASSERT_OK(engine);
   const std::vector<uint8_t> original = p.fill_device(1, 42);
 
+  backend.arm();
   auto ticket = (*engine)->submit({offload(1, 0)}, Stream{});
   ASSERT_OK(ticket);
-  EXPECT_FALSE(*(*engine)->is_complete(*ticket));  // the copy is still sleeping
+  EXPECT_FALSE(*(*engine)->is_complete(*ticket));  // the copy is held
   if (ordered) {
     ASSERT_OK((*engine)->order_after(*ticket, Stream{}));
   }
   // Reuse device block 1 for another sequence's writes, on the compute (default) stream.
   const kernels::FillBody write{reinterpret_cast<uint32_t*>(p.device_block(1)), 0x5a5a5a5au};
-  ASSERT_OK(backend->launch({KernelId::kFill, &write, sizeof(write), block_bytes / 4}, Stream{}));
+  ASSERT_OK(backend.launch({KernelId::kFill, &write, sizeof(write), block_bytes / 4}, Stream{}));
+  if (!ordered) ASSERT_OK(backend.synchronize_stream(Stream{}));  // the write lands first
+  backend.release();
 
   auto back = (*engine)->submit({restore(0, 3)}, Stream{});
   ASSERT_OK(back);
@@ -783,44 +788,18 @@ TYPED_TEST(TransferEngineTest, AFailedKernelLaunchReportsTheQueuedPrefix) {
 
 // A CPU backend whose device-to-host batches first wait at a gate on their stream: the
 // restores of a job must not overtake the offloads whose device slots they overwrite.
-class GatedOffloads final : public Backend {
+class GatedOffloads final : public testing::ForwardingBackend {
  public:
-  explicit GatedOffloads(Backend& inner) : inner_(inner) {}
+  explicit GatedOffloads(Backend& inner) : ForwardingBackend(inner) {}
   pagedkv::testing::StreamGate gate;
 
-  BackendKind kind() const override { return inner_.kind(); }
-  std::string description() const override { return "gated " + inner_.description(); }
-  StatusOr<void*> allocate_device(size_t b) override { return inner_.allocate_device(b); }
-  void free_device(void* p) override { inner_.free_device(p); }
-  StatusOr<void*> allocate_pinned(size_t b) override { return inner_.allocate_pinned(b); }
-  void free_pinned(void* p) override { inner_.free_pinned(p); }
-  StatusOr<Stream> create_stream(StreamPriority p = StreamPriority::kNormal) override {
-    return inner_.create_stream(p);
-  }
-  StatusOr<Stream> wrap_stream(void* n) override { return inner_.wrap_stream(n); }
-  StatusOr<void*> native_stream(Stream s) override { return inner_.native_stream(s); }
-  void destroy_stream(Stream s) override { inner_.destroy_stream(s); }
-  StatusOr<Event> create_event() override { return inner_.create_event(); }
-  void destroy_event(Event e) override { inner_.destroy_event(e); }
-  Status record_event(Event e, Stream s) override { return inner_.record_event(e, s); }
-  Status wait_event(Stream s, Event e) override { return inner_.wait_event(s, e); }
-  StatusOr<bool> query_event(Event e) override { return inner_.query_event(e); }
-  Status synchronize_event(Event e) override { return inner_.synchronize_event(e); }
-  Status synchronize_stream(Stream s) override { return inner_.synchronize_stream(s); }
-  Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind, Stream s) override {
-    return inner_.copy_async(dst, src, bytes, kind, s);
-  }
+  std::string description() const override { return "gated " + inner().description(); }
   Status copy_batch(const CopyRegion* r, size_t n, CopyKind kind, Stream s) override {
-    if (kind == CopyKind::kDeviceToHost) PAGEDKV_RETURN_IF_ERROR(gate.close(inner_, s));
-    return inner_.copy_batch(r, n, kind, s);
+    if (kind == CopyKind::kDeviceToHost) PAGEDKV_RETURN_IF_ERROR(gate.close(inner(), s));
+    return inner().copy_batch(r, n, kind, s);
   }
-  Status launch_host_func(Stream s, std::function<void()> fn) override {
-    return inner_.launch_host_func(s, std::move(fn));
-  }
-  Status launch(const KernelLaunch& l, Stream s) override { return inner_.launch(l, s); }
 
  private:
-  Backend& inner_;
 };
 
 TEST(TransferOrdering, ARestoreWaitsForTheOffloadThatFreesItsSlot) {
