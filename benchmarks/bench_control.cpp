@@ -399,7 +399,7 @@ void BM_PrefixMatch(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * len);
   state.SetLabel("items = tokens matched");
 }
-BENCHMARK(BM_PrefixMatch)->RangeMultiplier(8)->Range(128, 32768);
+BENCHMARK(BM_PrefixMatch)->Arg(128)->Arg(1024)->Arg(8192)->Arg(32768);
 
 // A full cache of `cached` unreferenced blocks in 64-block chains (LRU order goes chain by chain,
 // leaves before parents).
