@@ -22,16 +22,12 @@ int64_t ControlPlane::match_prefix(const std::vector<TokenId>& prompt, Namespace
   const int64_t full = std::min(len, cap + block_size_ - 1) / block_size_;
   std::vector<LogicalId> found;
   found.reserve(static_cast<size_t>(full));
-  NodeId parent = kRootNode;
-  uint64_t hash = PrefixIndex::root_hash(ns);
-  for (int64_t i = 0; i < full; ++i) {
-    const TokenId* t = &prompt[static_cast<size_t>(i * block_size_)];
-    if (window_ == 0) {
-      const NodeId n = index_.find(parent, ns, t);
-      if (n < 0) break;
-      found.push_back(index_.node(n).block);
-      parent = n;
-    } else {
+  if (window_ == 0) {
+    index_.match(ns, prompt.data(), full, &found);
+  } else {
+    uint64_t hash = PrefixIndex::root_hash(ns);
+    for (int64_t i = 0; i < full; ++i) {
+      const TokenId* t = &prompt[static_cast<size_t>(i * block_size_)];
       const NodeId n = index_.find_flat(hash, ns, t);
       found.push_back(n < 0 ? kNoBlock : index_.node(n).block);
       hash = index_.chain_hash(hash, t);
