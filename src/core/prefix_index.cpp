@@ -129,7 +129,7 @@ uint64_t PrefixIndex::block_digest(const TokenId* tokens) const {
   return sum;
 }
 
-bool PrefixIndex::same_tokens(NodeId n, const TokenId* tokens) const {
+inline bool PrefixIndex::same_tokens(NodeId n, const TokenId* tokens) const {
   const TokenId* mine = this->tokens(n);
   switch (block_size_) {
     case 16:
@@ -141,8 +141,8 @@ bool PrefixIndex::same_tokens(NodeId n, const TokenId* tokens) const {
   }
 }
 
-bool PrefixIndex::same_key(NodeId n, NodeId parent, uint64_t parent_hash, NamespaceId ns,
-                           const TokenId* tokens) const {
+inline bool PrefixIndex::same_key(NodeId n, NodeId parent, uint64_t parent_hash, NamespaceId ns,
+                                  const TokenId* tokens) const {
   const PrefixNode& x = nodes_[static_cast<size_t>(n)];
   return x.parent == parent && x.parent_hash == parent_hash && x.ns == ns && same_tokens(n, tokens);
 }
@@ -177,13 +177,19 @@ PrefixIndex::Lookup PrefixIndex::lookup_hashed(NodeId parent, uint64_t parent_ha
 
 void PrefixIndex::match(NamespaceId ns, const TokenId* tokens, int64_t n,
                         std::vector<LogicalId>* blocks) const {
+  // A cached prompt is mostly a chain that was inserted in order, so the parent's newest child is
+  // tried first: comparing its key needs no hash and no probe. Only the first block and a branch
+  // point (a parent whose newest child is another) hash and probe.
   const size_t bs = static_cast<size_t>(block_size_);
   NodeId parent = kRootNode;
   uint64_t parent_hash = root_hash(ns);
   for (int64_t i = 0; i < n; ++i) {
     const TokenId* t = tokens + static_cast<size_t>(i) * bs;
-    const NodeId c = find_hashed(chain_hash(parent_hash, t), parent, parent_hash, ns, t);
-    if (c < 0) return;
+    NodeId c = parent == kRootNode ? -1 : nodes_[static_cast<size_t>(parent)].newest_child;
+    if (c < 0 || !same_key(c, parent, parent_hash, ns, t)) {
+      c = find_hashed(chain_hash(parent_hash, t), parent, parent_hash, ns, t);
+      if (c < 0) return;
+    }
     const PrefixNode& x = nodes_[static_cast<size_t>(c)];
     blocks->push_back(x.block);
     parent = c;
@@ -226,7 +232,11 @@ NodeId PrefixIndex::insert(const Lookup& missing, LogicalId block) {
   x.next_same_hash = slot.node;  // -1 for a new hash; else n heads the collision chain
   slot.lo = static_cast<uint32_t>(x.hash);
   slot.node = n;
-  if (missing.parent != kRootNode) ++nodes_[static_cast<size_t>(missing.parent)].children;
+  if (missing.parent != kRootNode) {
+    PrefixNode& p = nodes_[static_cast<size_t>(missing.parent)];
+    ++p.children;
+    p.newest_child = n;
+  }
   ++size_;
   ++changes_;
   return n;
@@ -251,7 +261,11 @@ void PrefixIndex::remove(NodeId n) {
     }
     nodes_[static_cast<size_t>(p)].next_same_hash = x.next_same_hash;
   }
-  if (x.parent != kRootNode) --nodes_[static_cast<size_t>(x.parent)].children;
+  if (x.parent != kRootNode) {
+    PrefixNode& p = nodes_[static_cast<size_t>(x.parent)];
+    --p.children;
+    if (p.newest_child == n) p.newest_child = -1;  // a reused id must not pose as the child
+  }
   x.live = false;
   x.block = kNoBlock;
   free_nodes_.push_back(n);

@@ -29,6 +29,7 @@ struct PrefixNode {
   NamespaceId ns = 0;
   int32_t children = 0;
   NodeId next_same_hash = -1;  // collision chain in the hash map
+  NodeId newest_child = -1;    // the child inserted last, if still there: match()'s first guess
   bool live = false;
 };
 
