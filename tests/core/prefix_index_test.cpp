@@ -125,6 +125,46 @@ TEST(PrefixIndexTest, IndexFilledThroughLookupsAnswersAsOneFilledByPlainInserts)
   }
 }
 
+// match() tries each parent's newest child before hashing: on a bushy tree (2-token blocks over
+// two ids, so four children at most) with leaves removed and node ids reused throughout, it
+// answers as a walk of find() block by block.
+TEST(PrefixIndexTest, MatchAnswersAsAWalkOfFinds) {
+  constexpr int32_t kBs = 2;
+  constexpr int64_t kDepth = 6;
+  std::mt19937 rng(23);
+  PrefixIndex index(kBs, 64);
+  const auto random_prompt = [&rng] {
+    std::vector<TokenId> p(static_cast<size_t>(kBs * (1 + rng() % kDepth)));
+    for (TokenId& x : p) x = static_cast<TokenId>(rng() % 2);
+    return p;
+  };
+  for (int step = 0; step < 5000; ++step) {
+    const std::vector<TokenId> p = random_prompt();
+    const int64_t n = static_cast<int64_t>(p.size()) / kBs;
+    std::vector<LogicalId> want;
+    NodeId parent = kRootNode;
+    for (int64_t i = 0; i < n; ++i) {
+      const NodeId c = index.find(parent, 0, &p[static_cast<size_t>(i * kBs)]);
+      if (c < 0) break;
+      want.push_back(index.node(c).block);
+      parent = c;
+    }
+    std::vector<LogicalId> got;
+    index.match(0, p.data(), n, &got);
+    ASSERT_EQ(got, want) << "step " << step;
+
+    if (rng() % 2 == 0) {  // register the rest of the prompt, room permitting
+      for (int64_t i = static_cast<int64_t>(want.size()); i < n && index.size() < 64; ++i) {
+        parent = index.insert(parent, 0, &p[static_cast<size_t>(i * kBs)], step);
+      }
+    } else {  // remove a few leaves
+      for (NodeId m = 0; m < index.capacity(); ++m) {
+        if (index.node(m).live && index.node(m).children == 0 && rng() % 4 == 0) index.remove(m);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace core
 }  // namespace pagedkv
