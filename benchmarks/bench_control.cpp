@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <memory>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -399,7 +400,75 @@ void BM_PrefixMatch(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * len);
   state.SetLabel("items = tokens matched");
 }
-BENCHMARK(BM_PrefixMatch)->RangeMultiplier(8)->Range(128, 32768);
+BENCHMARK(BM_PrefixMatch)->Arg(128)->Arg(1024)->Arg(8192)->Arg(32768);
+
+// Registering a prompt that is not cached: add + reserve + commit (which hashes and inserts
+// every full block) + erase (which takes them out of the index again), tokens per second.
+void BM_PrefixRegister(benchmark::State& state) {
+  const int64_t len = state.range(0);
+  constexpr int32_t kBs = 16;
+  auto cp = make(len / kBs + 64, kBs, true);
+  const auto p = tokens(len, 1);
+  SequenceId id = 0;
+  for (auto _ : state) {
+    auto c = cp->add_sequence(id, p);
+    benchmark::DoNotOptimize(c);
+    (void)cp->reserve(id, len);
+    (void)cp->commit(id, p);
+    (void)cp->erase(id++);
+  }
+  state.SetItemsProcessed(state.iterations() * len);
+  state.SetLabel("items = tokens registered");
+}
+BENCHMARK(BM_PrefixRegister)->Arg(1024)->Arg(32768);
+
+// A cache of about `cached` blocks holding a `len`-token prompt whose blocks were committed one at
+// a time between other prompts' chains of random length (0 to 1,022 blocks), so that the
+// prompt's index nodes, token ids and block records lie far apart in memory, as after a server's
+// churn, and the cache's metadata outgrows the CPU caches.
+std::unique_ptr<ControlPlane> scattered_cache(int64_t len, int64_t cached, SequenceId* id) {
+  constexpr int32_t kBs = 16;
+  const int64_t blocks = len / kBs;
+  auto cp = make(cached + blocks + 1024, kBs, true);
+  std::mt19937_64 rng(7);
+  const auto p = tokens(len, 1);
+  const SequenceId target = (*id)++;
+  (void)cp->add_sequence(target, {}).value();
+  TokenId filler = 1 << 30;
+  for (int64_t b = 0; b < blocks; ++b) {
+    (void)cp->reserve(target, kBs).value();
+    (void)cp->commit(target, &p[static_cast<size_t>(b * kBs)], kBs);
+    const int64_t n =
+        static_cast<int64_t>(rng() % static_cast<uint64_t>(2 * cached / blocks)) * kBs;
+    if (n == 0) continue;
+    const auto f = tokens(n, filler);
+    filler += static_cast<TokenId>(n);
+    (void)cp->add_sequence(*id, f).value();
+    (void)cp->reserve(*id, n).value();
+    (void)cp->commit(*id, f);
+    (void)cp->finish((*id)++);
+  }
+  (void)cp->finish(target);
+  return cp;
+}
+
+// BM_PrefixMatch on a scattered_cache() of ~1M blocks: every block of the match misses the CPU
+// caches unless the walk hides it.
+void BM_PrefixMatchScattered(benchmark::State& state) {
+  const int64_t len = state.range(0);
+  SequenceId id = 0;
+  auto cp = scattered_cache(len, state.range(1), &id);
+  const auto p = tokens(len, 1);
+  for (auto _ : state) {
+    auto c = cp->add_sequence(id, p);
+    benchmark::DoNotOptimize(c);
+    (void)cp->finish(id);
+    ++id;
+  }
+  state.SetItemsProcessed(state.iterations() * len);
+  state.SetLabel("items = tokens matched");
+}
+BENCHMARK(BM_PrefixMatchScattered)->Args({1024, 1 << 20})->Args({32768, 1 << 20});
 
 // A full cache of `cached` unreferenced blocks in 64-block chains (LRU order goes chain by chain,
 // leaves before parents).

@@ -224,6 +224,10 @@ Status ControlPlane::check_invariants() const {
       return broken(name() + " chained hash is wrong");
     }
     if (!index_.reachable(n)) return broken(name() + " is not reachable through the hash map");
+    const NodeId newest = x.newest_child;  // match()'s guess: a live child or none
+    if (newest >= 0 && (!index_.node(newest).live || index_.node(newest).parent != n)) {
+      return broken(name() + " names a newest child that is not its child");
+    }
   }
   if (nodes != index_.size()) return broken("prefix index size");
   for (NodeId n = 0; n < index_.capacity(); ++n) {

@@ -29,6 +29,7 @@ struct PrefixNode {
   NamespaceId ns = 0;
   int32_t children = 0;
   NodeId next_same_hash = -1;  // collision chain in the hash map
+  NodeId newest_child = -1;    // the child inserted last, if still there: match()'s first guess
   bool live = false;
 };
 
@@ -40,7 +41,7 @@ class PrefixIndex {
 
   /// Hash of the empty prefix of a namespace.
   static uint64_t root_hash(NamespaceId ns);
-  /// Chained hash of a block after a prefix whose hash is `parent_hash`.
+  /// Chained hash of a block after a prefix whose hash is `parent_hash` (docs/events.md).
   uint64_t chain_hash(uint64_t parent_hash, const TokenId* tokens) const;
   /// Hash of the prefix ending at `parent` (root_hash(ns) for kRootNode).
   uint64_t prefix_hash(NodeId parent, NamespaceId ns) const {
@@ -49,6 +50,11 @@ class PrefixIndex {
 
   /// The child of `parent` holding `tokens` (block_size ids) in namespace `ns`, or -1.
   NodeId find(NodeId parent, NamespaceId ns, const TokenId* tokens) const;
+  /// Follows the tree from the root of `ns` along the first `n` blocks of `tokens` (n x
+  /// block_size ids) and appends the block of each node found to `blocks`, up to the first miss.
+  /// The same as find() block by block.
+  void match(NamespaceId ns, const TokenId* tokens, int64_t n,
+             std::vector<LogicalId>* blocks) const;
   /// Adds a child (which must not exist) for `block`; returns its id.
   NodeId insert(NodeId parent, NamespaceId ns, const TokenId* tokens, LogicalId block);
   /// Where a key is, or would go: the node holding it (or -1) with the key's chained hash and
@@ -108,8 +114,14 @@ class PrefixIndex {
   bool reachable(NodeId n) const;
 
  private:
+  // chain_hash() without the parent: the order-dependent sum of the block's words.
+  uint64_t block_digest(const TokenId* tokens) const;
   bool same_key(NodeId n, NodeId parent, uint64_t parent_hash, NamespaceId ns,
                 const TokenId* tokens) const;
+  bool same_tokens(NodeId n, const TokenId* tokens) const;
+  // The node holding the key (parent, parent_hash, ns, tokens) whose chained hash is `hash`, or -1.
+  NodeId find_hashed(uint64_t hash, NodeId parent, uint64_t parent_hash, NamespaceId ns,
+                     const TokenId* tokens) const;
   Lookup lookup_hashed(NodeId parent, uint64_t parent_hash, NamespaceId ns,
                        const TokenId* tokens) const;
 

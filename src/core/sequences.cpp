@@ -20,18 +20,15 @@ int64_t ControlPlane::match_prefix(const std::vector<TokenId>& prompt, Namespace
   // needs). Full attention follows the tree and stops at the first miss; a window cache's flat
   // nodes are looked up by the chained hash of the tokens before them, misses and all.
   const int64_t full = std::min(len, cap + block_size_ - 1) / block_size_;
-  std::vector<LogicalId> found;
+  std::vector<LogicalId> local;  // without `blocks`, the blocks found are only counted
+  std::vector<LogicalId>& found = blocks != nullptr ? *blocks : local;
   found.reserve(static_cast<size_t>(full));
-  NodeId parent = kRootNode;
-  uint64_t hash = PrefixIndex::root_hash(ns);
-  for (int64_t i = 0; i < full; ++i) {
-    const TokenId* t = &prompt[static_cast<size_t>(i * block_size_)];
-    if (window_ == 0) {
-      const NodeId n = index_.find(parent, ns, t);
-      if (n < 0) break;
-      found.push_back(index_.node(n).block);
-      parent = n;
-    } else {
+  if (window_ == 0) {
+    index_.match(ns, prompt.data(), full, &found);
+  } else {
+    uint64_t hash = PrefixIndex::root_hash(ns);
+    for (int64_t i = 0; i < full; ++i) {
+      const TokenId* t = &prompt[static_cast<size_t>(i * block_size_)];
       const NodeId n = index_.find_flat(hash, ns, t);
       found.push_back(n < 0 ? kNoBlock : index_.node(n).block);
       hash = index_.chain_hash(hash, t);
@@ -48,12 +45,11 @@ int64_t ControlPlane::match_prefix(const std::vector<TokenId>& prompt, Namespace
     bool usable = true;
     for (size_t i = first; i < end && usable; ++i) usable = found[i] != kNoBlock;
     if (!usable || (!groups_.empty() && !group_pages_cover(found, c))) continue;
-    if (blocks != nullptr) {
-      blocks->assign(found.begin(), found.begin() + static_cast<std::ptrdiff_t>(end));
-      std::fill(blocks->begin(), blocks->begin() + static_cast<std::ptrdiff_t>(first), kNoBlock);
-    }
+    found.resize(end);
+    std::fill(found.begin(), found.begin() + static_cast<std::ptrdiff_t>(first), kNoBlock);
     return c;
   }
+  found.clear();
   return 0;
 }
 
@@ -104,18 +100,19 @@ StatusOr<int64_t> ControlPlane::add_sequence(SequenceId id, const std::vector<To
   Sequence* s = seqs_.create(id);
   s->options = options;
   s->tokens.assign(prompt.begin(), prompt.begin() + cached);
-  s->blocks = matched;
+  s->blocks = std::move(matched);
+  const std::vector<LogicalId>& held = s->blocks;
   s->first_live = window_first_block(cached);
   if (!groups_.empty()) {
     set_group_first_live(s, cached);
-    for (size_t i = 0; i < matched.size(); ++i) hold_group_pages(*s, i, matched[i]);
+    for (size_t i = 0; i < held.size(); ++i) hold_group_pages(*s, i, held[i]);
   }
   bool on_host = false;
-  for (size_t i = s->first_live; i < matched.size(); ++i) {
-    BlockInfo& info = blocks_[matched[i]];
+  for (size_t i = s->first_live; i < held.size(); ++i) {
+    BlockInfo& info = blocks_[held[i]];
     if (info.ref++ == 0) {
       tier(info.tier).remove_cached();
-      unlist(matched[i]);
+      unlist(held[i]);
     }
     info.last_access = ++tick_;
     if (info.tier == Tier::kHost) {

@@ -6,14 +6,43 @@
 
 #include <gtest/gtest.h>
 
+#include <numeric>
 #include <random>
 #include <vector>
+
+#include "events/block_hash_reference.hpp"
 
 namespace pagedkv {
 namespace core {
 namespace {
 
 constexpr int32_t kBlock = 4;
+
+// The documented block hash (docs/events.md), through both digest paths (the unrolled block
+// sizes 16 and 32, and the general loop with an odd tail), against values a Python
+// implementation of the formula gave and against the test suite's own reference.
+TEST(PrefixIndexTest, ChainHashIsTheDocumentedFormula) {
+  std::vector<TokenId> b16(16), b32(32);
+  std::iota(b16.begin(), b16.end(), 1);
+  std::iota(b32.begin(), b32.end(), 100);
+  const std::vector<TokenId> b5 = {-1, 7, 2147483647, -2147483647 - 1, 5};
+  const uint64_t root0 = PrefixIndex::root_hash(0);
+  EXPECT_EQ(PrefixIndex(16, 1).chain_hash(root0, b16.data()), 0x4c0505f43d60d444ull);
+  EXPECT_EQ(PrefixIndex(32, 1).chain_hash(root0, b32.data()), 0x4ab72a5600036545ull);
+  EXPECT_EQ(PrefixIndex(5, 1).chain_hash(PrefixIndex::root_hash(7), b5.data()),
+            0x0d921d2c245d9bbaull);
+  EXPECT_EQ(PrefixIndex(2, 1).chain_hash(root0, std::vector<TokenId>{0, 0}.data()),
+            0xd30056e39fe3cc97ull);
+
+  std::mt19937 rng(11);
+  for (int32_t bs = 1; bs <= 40; ++bs) {
+    std::vector<TokenId> t(static_cast<size_t>(bs));
+    for (TokenId& x : t) x = static_cast<TokenId>(rng());
+    const uint64_t parent = (uint64_t{rng()} << 32) | rng();
+    EXPECT_EQ(PrefixIndex(bs, 1).chain_hash(parent, t.data()), testing::ref_block_hash(parent, t))
+        << "block size " << bs;
+  }
+}
 
 TEST(PrefixIndexTest, InsertFromAMissedLookupIsThePlainInsert) {
   PrefixIndex index(kBlock, 16);
@@ -93,6 +122,46 @@ TEST(PrefixIndexTest, IndexFilledThroughLookupsAnswersAsOneFilledByPlainInserts)
     ASSERT_EQ(n, looked_nodes[i]);
     EXPECT_TRUE(looked.reachable(n));
     EXPECT_EQ(looked.node(n).block, plain.node(plain_nodes[i]).block);
+  }
+}
+
+// match() tries each parent's newest child before hashing: on a bushy tree (2-token blocks over
+// two ids, so four children at most) with leaves removed and node ids reused throughout, it
+// answers as a walk of find() block by block.
+TEST(PrefixIndexTest, MatchAnswersAsAWalkOfFinds) {
+  constexpr int32_t kBs = 2;
+  constexpr int64_t kDepth = 6;
+  std::mt19937 rng(23);
+  PrefixIndex index(kBs, 64);
+  const auto random_prompt = [&rng] {
+    std::vector<TokenId> p(static_cast<size_t>(kBs * (1 + rng() % kDepth)));
+    for (TokenId& x : p) x = static_cast<TokenId>(rng() % 2);
+    return p;
+  };
+  for (int step = 0; step < 5000; ++step) {
+    const std::vector<TokenId> p = random_prompt();
+    const int64_t n = static_cast<int64_t>(p.size()) / kBs;
+    std::vector<LogicalId> want;
+    NodeId parent = kRootNode;
+    for (int64_t i = 0; i < n; ++i) {
+      const NodeId c = index.find(parent, 0, &p[static_cast<size_t>(i * kBs)]);
+      if (c < 0) break;
+      want.push_back(index.node(c).block);
+      parent = c;
+    }
+    std::vector<LogicalId> got;
+    index.match(0, p.data(), n, &got);
+    ASSERT_EQ(got, want) << "step " << step;
+
+    if (rng() % 2 == 0) {  // register the rest of the prompt, room permitting
+      for (int64_t i = static_cast<int64_t>(want.size()); i < n && index.size() < 64; ++i) {
+        parent = index.insert(parent, 0, &p[static_cast<size_t>(i * kBs)], step);
+      }
+    } else {  // remove a few leaves
+      for (NodeId m = 0; m < index.capacity(); ++m) {
+        if (index.node(m).live && index.node(m).children == 0 && rng() % 4 == 0) index.remove(m);
+      }
+    }
   }
 }
 

