@@ -165,9 +165,11 @@ void ControlPlane::evict_one(Transfers* out) {
 
 void ControlPlane::prefetch_victims_after(LogicalId victim) const {
   // An eviction's time is its cache misses: the block record, the prefix node and the hash slot
-  // of the victim, each needed before the next can be found. The next victims are the ones
-  // listed after this one, so each eviction fetches the next victim's slot, the one after's
-  // node and the record after that, each from a line an earlier eviction fetched.
+  // of the victim, each needed before the next can be found. The next victim is either the
+  // victim's parent, which this eviction may make a leaf (a chain released together goes leaf
+  // first, then up), or the block listed after this one; both are prefetched, each from lines
+  // an earlier eviction fetched, so the misses overlap the work between evictions.
+  prefetch_parent_of(victim);
   const EvictionQueue& queue = tier(Tier::kDevice).queue();
   const LogicalId v2 = queue.next_in_list(victim);
   if (v2 == kNoBlock) return;
@@ -177,6 +179,20 @@ void ControlPlane::prefetch_victims_after(LogicalId victim) const {
   if (blocks_[v3].node >= 0) index_.prefetch_node(blocks_[v3].node);
   const LogicalId v4 = queue.next_in_list(v3);
   if (v4 != kNoBlock) __builtin_prefetch(&blocks_[v4]);
+}
+
+void ControlPlane::prefetch_parent_of(LogicalId victim) const {
+  // The parent's node is read by this eviction anyway (its children counts); its slot and block
+  // record are what evicting it next will miss on, and the grandparent's node what that
+  // eviction reads first.
+  const NodeId node = blocks_[victim].node;
+  if (node < 0) return;
+  const NodeId parent = index_.node(node).parent;
+  if (parent == kRootNode) return;
+  const PrefixNode& p = index_.node(parent);
+  index_.prefetch_slot(parent);
+  __builtin_prefetch(&blocks_[p.block]);
+  if (p.parent != kRootNode) index_.prefetch_node(p.parent);
 }
 
 LogicalId ControlPlane::take_device_block(Transfers* out) {
