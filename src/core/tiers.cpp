@@ -165,11 +165,12 @@ void ControlPlane::evict_one(Transfers* out) {
 
 void ControlPlane::prefetch_victims_after(LogicalId victim) const {
   // An eviction's time is its cache misses: the block record, the prefix node and the hash slot
-  // of the victim, each needed before the next can be found. The next victim is either the
-  // victim's parent, which this eviction may make a leaf (a chain released together goes leaf
-  // first, then up), or the block listed after this one; both are prefetched, each from lines
-  // an earlier eviction fetched, so the misses overlap the work between evictions.
-  prefetch_parent_of(victim);
+  // of the victim, each needed before the next can be found. So each eviction prefetches what
+  // the next ones will read, from lines an earlier eviction fetched: along the victim's parents
+  // when the parent is next (a chain released together goes leaf first, then up), else along the
+  // queue's list (the slot of the victim listed next, the node of the one after, the record of
+  // the one after that).
+  if (prefetch_parents_of(victim)) return;
   const EvictionQueue& queue = tier(Tier::kDevice).queue();
   const LogicalId v2 = queue.next_in_list(victim);
   if (v2 == kNoBlock) return;
@@ -181,18 +182,23 @@ void ControlPlane::prefetch_victims_after(LogicalId victim) const {
   if (v4 != kNoBlock) __builtin_prefetch(&blocks_[v4]);
 }
 
-void ControlPlane::prefetch_parent_of(LogicalId victim) const {
-  // The parent's node is read by this eviction anyway (its children counts); its slot and block
-  // record are what evicting it next will miss on, and the grandparent's node what that
-  // eviction reads first.
+bool ControlPlane::prefetch_parents_of(LogicalId victim) const {
   const NodeId node = blocks_[victim].node;
-  if (node < 0) return;
+  if (node < 0) return false;
   const NodeId parent = index_.node(node).parent;
-  if (parent == kRootNode) return;
+  if (parent == kRootNode) return false;
+  // The parent's node and record are read by this eviction anyway (its children counts).
   const PrefixNode& p = index_.node(parent);
+  const BlockInfo& pb = blocks_[p.block];
+  if (pb.ref != 0 || pb.tier != Tier::kDevice || pb.device_children != 1) return false;
+  // The parent becomes evictable: its slot is what evicting it will miss on; the grandparent's
+  // record and the node above it are what the eviction after that reads first.
   index_.prefetch_slot(parent);
-  __builtin_prefetch(&blocks_[p.block]);
-  if (p.parent != kRootNode) index_.prefetch_node(p.parent);
+  if (p.parent == kRootNode) return true;
+  const PrefixNode& g = index_.node(p.parent);
+  __builtin_prefetch(&blocks_[g.block]);
+  if (g.parent != kRootNode) index_.prefetch_node(g.parent);
+  return true;
 }
 
 LogicalId ControlPlane::take_device_block(Transfers* out) {
