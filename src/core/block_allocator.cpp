@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cassert>
 
+#include "core/huge_pages.hpp"
+
 namespace pagedkv {
 namespace core {
 
@@ -16,7 +18,7 @@ BlockAllocator::BlockAllocator(int64_t device_blocks, int64_t host_blocks) {
   }
   // A logical block exists per occupied physical slot, so this many ids always suffice.
   const int64_t logical = device_blocks + host_blocks;
-  blocks_.resize(static_cast<size_t>(logical));
+  resize_huge(&blocks_, static_cast<size_t>(logical));
   free_logical_.reserve(static_cast<size_t>(logical));
   for (int64_t i = logical - 1; i >= 0; --i) free_logical_.push_back(static_cast<LogicalId>(i));
 }

@@ -39,8 +39,10 @@ class BlockDivider {
   int shift_ = -1;
 };
 
-/// Everything the control plane knows about one logical block.
-struct BlockInfo {
+/// Everything the control plane knows about one logical block. One cache line, aligned to one:
+/// an eviction reads and writes most of a record, and a record split over two lines costs two
+/// misses where the blocks do not fit the cache.
+struct alignas(64) BlockInfo {
   Tier tier = Tier::kDevice;
   bool listed = false;   // in the eviction queue
   bool in_heap = false;  // listed in the queue's out-of-order heap, not in a priority list
@@ -60,6 +62,7 @@ struct BlockInfo {
   uint64_t expiry_gen = 0;   // invalidates stale entries of the expiry heap
   uint64_t last_access = 0;  // monotone tick of the last reference or release
 };
+static_assert(sizeof(BlockInfo) == 64, "a block record is one cache line");
 
 /// Logical blocks plus one free stack of physical slots per tier.
 class BlockAllocator {

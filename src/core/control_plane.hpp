@@ -388,6 +388,9 @@ class ControlPlane {
   void evict_one(Transfers* out);
   // Prefetches what evicting the victims listed after `victim` will read (tiers.cpp).
   void prefetch_victims_after(LogicalId victim) const;
+  // When evicting `victim` makes its parent evictable (a chain's usual order), prefetches what
+  // evicting the parent and its parent will read, and returns true.
+  bool prefetch_parents_of(LogicalId victim) const;
   void relist_parked();
   // Drops the first cached leaf of tier `t`'s queue (reported in out->host_drops for the
   // write-back when asked to); false when there is none.

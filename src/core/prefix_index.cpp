@@ -4,6 +4,8 @@
 #include <cassert>
 #include <cstring>
 
+#include "core/huge_pages.hpp"
+
 namespace pagedkv {
 namespace core {
 
@@ -72,13 +74,13 @@ inline bool equal_ids(const TokenId* a, const TokenId* b) {
 }  // namespace
 
 PrefixIndex::PrefixIndex(int32_t block_size, int64_t max_nodes) : block_size_(block_size) {
-  nodes_.resize(static_cast<size_t>(max_nodes));
-  tokens_.resize(static_cast<size_t>(max_nodes) * static_cast<size_t>(block_size));
+  resize_huge(&nodes_, static_cast<size_t>(max_nodes));
+  resize_huge(&tokens_, static_cast<size_t>(max_nodes) * static_cast<size_t>(block_size));
   free_nodes_.reserve(static_cast<size_t>(max_nodes));
   for (int64_t i = max_nodes - 1; i >= 0; --i) free_nodes_.push_back(static_cast<NodeId>(i));
   size_t cap = 16;
   while (cap < 2 * static_cast<size_t>(max_nodes)) cap *= 2;
-  slots_.resize(cap);
+  resize_huge(&slots_, cap);
   mask_ = cap - 1;
 }
 

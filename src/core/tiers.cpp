@@ -165,9 +165,12 @@ void ControlPlane::evict_one(Transfers* out) {
 
 void ControlPlane::prefetch_victims_after(LogicalId victim) const {
   // An eviction's time is its cache misses: the block record, the prefix node and the hash slot
-  // of the victim, each needed before the next can be found. The next victims are the ones
-  // listed after this one, so each eviction fetches the next victim's slot, the one after's
-  // node and the record after that, each from a line an earlier eviction fetched.
+  // of the victim, each needed before the next can be found. So each eviction prefetches what
+  // the next ones will read, from lines an earlier eviction fetched: along the victim's parents
+  // when the parent is next (a chain released together goes leaf first, then up), else along the
+  // queue's list (the slot of the victim listed next, the node of the one after, the record of
+  // the one after that).
+  if (prefetch_parents_of(victim)) return;
   const EvictionQueue& queue = tier(Tier::kDevice).queue();
   const LogicalId v2 = queue.next_in_list(victim);
   if (v2 == kNoBlock) return;
@@ -177,6 +180,25 @@ void ControlPlane::prefetch_victims_after(LogicalId victim) const {
   if (blocks_[v3].node >= 0) index_.prefetch_node(blocks_[v3].node);
   const LogicalId v4 = queue.next_in_list(v3);
   if (v4 != kNoBlock) __builtin_prefetch(&blocks_[v4]);
+}
+
+bool ControlPlane::prefetch_parents_of(LogicalId victim) const {
+  const NodeId node = blocks_[victim].node;
+  if (node < 0) return false;
+  const NodeId parent = index_.node(node).parent;
+  if (parent == kRootNode) return false;
+  // The parent's node and record are read by this eviction anyway (its children counts).
+  const PrefixNode& p = index_.node(parent);
+  const BlockInfo& pb = blocks_[p.block];
+  if (pb.ref != 0 || pb.tier != Tier::kDevice || pb.device_children != 1) return false;
+  // The parent becomes evictable: its slot is what evicting it will miss on; the grandparent's
+  // record and the node above it are what the eviction after that reads first.
+  index_.prefetch_slot(parent);
+  if (p.parent == kRootNode) return true;
+  const PrefixNode& g = index_.node(p.parent);
+  __builtin_prefetch(&blocks_[g.block]);
+  if (g.parent != kRootNode) index_.prefetch_node(g.parent);
+  return true;
 }
 
 LogicalId ControlPlane::take_device_block(Transfers* out) {
