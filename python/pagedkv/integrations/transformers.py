@@ -1,0 +1,321 @@
+"""pagedkv as the KV cache of a Hugging Face transformers model (docs/transformers.md).
+
+    from pagedkv.integrations.transformers import PagedCache, kv_cache_for
+    kv = kv_cache_for(model.config, num_device_blocks=4096, dtype="fp32")   # shared by requests
+    cache = PagedCache(model, kv)
+    cache.add(input_ids)                   # prefix hit: generate() computes only the suffix
+    out = model.generate(input_ids, past_key_values=cache, max_new_tokens=32)
+    cache.finish()                         # full blocks stay cached for the next request
+
+Each row of the batch is one pagedkv sequence. A forward step reserves the step's slots of
+every row in one `reserve_batch`, each layer writes its new K/V through one `write_kv_batch`
+and reads the layer's K/V back from the pool (a gather over a zero-copy DLPack view of it),
+and the step ends with one `commit_batch` of the tokens the model read. The token ids come
+from a forward pre-hook on the model: transformers hands a cache K/V but never the tokens,
+and pagedkv's prefix index is keyed by tokens.
+
+Needs torch and transformers (tested: torch 2.14.0, transformers 5.20.2, scripts/test-integrations).
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any, Optional, Sequence
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
+
+import pagedkv
+
+_POOL_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+_SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+_next_id = itertools.count(1 << 40)  # far from ids a server picks by hand on a shared KvCache
+
+
+def pool_dtype(dtype: torch.dtype) -> str:
+    """The pagedkv pool dtype that stores `dtype` without rounding ("fp32", "fp16", "bf16")."""
+    if dtype not in _POOL_DTYPES:
+        raise ValueError(f"no pagedkv pool dtype for {dtype}")
+    return _POOL_DTYPES[dtype]
+
+
+def model_shape(config: Any) -> dict:
+    """num_layers, num_kv_heads, head_dim and the per-layer types of a transformers config (its
+    text decoder's, for a multimodal one): what the pool's page shape and the layers need."""
+    text = config.get_text_config(decoder=True)
+    layer_types, layer_kwargs = get_layer_types_and_kwargs(text)
+    unsupported = sorted(set(layer_types) - set(_SUPPORTED_LAYER_TYPES))
+    if unsupported:
+        raise NotImplementedError(f"pagedkv: layer types {unsupported} are not supported yet")
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    windows = [kw.get("sliding_window") or 0 for kw in layer_kwargs]
+    return dict(num_layers=len(layer_types), num_kv_heads=kv_heads, head_dim=head_dim,
+                windows=windows)
+
+
+def kv_cache_for(config: Any, *, block_size: int = 16, num_device_blocks: int = 1024,
+                 dtype: str = "fp32", backend: str = "cpu", **fields: Any) -> pagedkv.KvCache:
+    """A pagedkv KvCache shaped for a transformers model config. Create one per model and share
+    it between requests: that is what makes a later prompt hit an earlier one's prefix.
+    `fields` are further CacheConfig fields (num_host_blocks, page_layout, ...)."""
+    shape = model_shape(config)
+    return pagedkv.KvCache(num_layers=shape["num_layers"], num_kv_heads=shape["num_kv_heads"],
+                           head_dim=shape["head_dim"], block_size=block_size,
+                           num_device_blocks=num_device_blocks, dtype=dtype, backend=backend,
+                           **fields)
+
+
+class PagedLayer(CacheLayerMixin):
+    """One model layer's face of a PagedCache: transformers asks layers for their lengths and
+    mask sizes and whether they slide; the K/V themselves live in the shared pool."""
+
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, cache: "PagedCache", layer: int, sliding_window: int) -> None:
+        super().__init__()
+        self._cache = weakref.ref(cache)  # the cache owns its layers, not the reverse
+        self.layer = layer
+        self.sliding_window = sliding_window
+        self.is_sliding = sliding_window > 0
+        self.is_initialized = True
+
+    @property
+    def cache(self) -> "PagedCache":
+        """The PagedCache this layer belongs to."""
+        return self._cache()
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Nothing to allocate: the pool exists before the first token."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Routed to the cache, which owns the step (reserve, write, commit)."""
+        return self.cache.update(key_states, value_states, self.layer)
+
+    def first_visible(self, past: int) -> int:
+        """The first position this layer's attention sees when `past` tokens are cached: 0, or
+        for a window of W the W - 1 newest cached ones onwards (transformers' sliding layer
+        keeps exactly those, so the masks and the sums match its own cache's)."""
+        if not self.is_sliding:
+            return 0
+        return max(past - self.sliding_window + 1, 0)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """(kv_length, kv_offset) of the K/V update() will return, for transformers' masks."""
+        past = self.cache.get_seq_length()
+        offset = self.first_visible(past)
+        return past - offset + query_length, offset
+
+    def get_seq_length(self) -> int:
+        """Tokens cached (committed) for every row."""
+        return self.cache.get_seq_length()
+
+    def get_max_length(self) -> int:
+        """-1: the pool bounds the length, not the layer."""
+        return -1
+
+    def reset(self) -> None:
+        """Not supported: a pagedkv sequence is shortened by rollback, ended by finish."""
+        raise NotImplementedError("PagedCache: use finish() and a new PagedCache")
+
+
+class PagedCache(Cache):
+    """A transformers Cache whose K/V live in a pagedkv KvCache, one sequence per batch row.
+
+    PagedCache(model, kv=None, **kv_fields): `kv` is a KvCache made by kv_cache_for (shared
+    between requests for prefix hits); None makes one from `kv_fields` (kv_cache_for's keywords,
+    dtype defaulting to the model's). add(input_ids) admits the rows before generate() and
+    returns the prefix hit; without it the first forward admits them and computes every token.
+    finish() ends the rows (full blocks stay cached) and unhooks the model.
+    """
+
+    def __init__(self, model: torch.nn.Module, kv: Optional[pagedkv.KvCache] = None,
+                 **kv_fields: Any) -> None:
+        shape = model_shape(model.config)
+        if kv is None:
+            kv_fields.setdefault("dtype", pool_dtype(model.dtype))
+            kv = kv_cache_for(model.config, **kv_fields)
+        self.kv = kv
+        layers = [PagedLayer(self, i, w) for i, w in enumerate(shape["windows"])]
+        super().__init__(layers=layers)
+        self.ids: list[int] = []
+        self.length = 0              # committed tokens, the same in every row
+        self.prefix_hit = 0          # tokens the last add() took from the prefix cache
+        self.computed_tokens = 0     # tokens per row whose K/V the model computed and wrote
+        self._tokens: Optional[torch.Tensor] = None
+        self._step = None
+        self._pools = [self._pool_views(layer) for layer in range(len(layers))]
+        self._hook = model.register_forward_pre_hook(_weak_hook(self), with_kwargs=True)
+
+    # -- admission -----------------------------------------------------------------------------
+
+    def add(self, input_ids: torch.Tensor, use_prefix_cache: bool = True) -> int:
+        """Admits each row of `input_ids` [batch, len] as a new sequence and returns the tokens
+        every row takes from the prefix cache (rows are cut back to the shortest hit, since
+        transformers runs one length for the whole batch). generate() then computes only the
+        rest. Raises if rows are already admitted."""
+        if self.ids:
+            raise RuntimeError("PagedCache.add: rows already admitted; finish() first")
+        rows = input_ids.tolist()
+        ids = [self._new_id() for _ in rows]
+        hits = [self.kv.add_sequence(i, row) for i, row in zip(ids, rows)]
+        hit = min(hits) if use_prefix_cache else 0
+        for i, h in zip(ids, hits):
+            if h > hit:
+                self.kv.rollback(i, hit)
+        self.ids, self.length, self.prefix_hit = ids, hit, hit
+        return hit
+
+    def finish(self) -> None:
+        """Ends every row (its full blocks stay in the prefix cache for later prompts) and
+        removes the model hook. The cache is empty afterwards and can add() again."""
+        for i in self.ids:
+            self.kv.finish(i)
+        self.ids, self.length, self._step = [], 0, None
+        self.close()
+
+    def close(self) -> None:
+        """Removes the forward hook (finish() does it too)."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def _new_id(self) -> int:
+        """A sequence id no sequence of the shared KvCache has."""
+        while True:
+            i = next(_next_id)
+            if not self.kv.contains(i):
+                return i
+
+    def _see_inputs(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        """Forward pre-hook: keeps the step's token ids (commit needs them) and admits the rows
+        on the first forward when add() was not called."""
+        if kwargs.get("past_key_values") is not self:
+            return
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        if input_ids is None:
+            raise NotImplementedError("PagedCache needs input_ids (the prefix index is keyed by "
+                                      "tokens); inputs_embeds alone are not supported")
+        if not self.ids:
+            self.add(input_ids, use_prefix_cache=False)
+        self._tokens = input_ids
+
+    # -- the step --------------------------------------------------------------------------------
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Writes the step's K/V [batch, heads, new, dim] of layer `layer_idx` into the pool and
+        returns the K/V the layer attends to, [batch, heads, visible, dim], read back from it.
+        Layer 0 begins the step (reserve); the last layer ends it (commit)."""
+        if layer_idx == 0:
+            self._begin_step(key_states.shape[-2])
+        self._write(layer_idx, key_states, value_states)
+        keys, values = self._read(layer_idx, key_states.dtype)
+        if layer_idx == len(self.layers) - 1:
+            self._end_step()
+        return keys, values
+
+    def _begin_step(self, new: int) -> None:
+        """Reserves `new` slots in every row in one call and builds the batch whose slot mapping
+        the writes follow and whose block tables the reads follow."""
+        if self._tokens is None or tuple(self._tokens.shape) != (len(self.ids), new):
+            raise RuntimeError("PagedCache: the step's input_ids were not seen (call the model "
+                               "with input_ids=... and past_key_values=cache)")
+        self.kv.reserve_batch(self.ids, new)
+        batch = self.kv.build_batch(self.ids)
+        tables = torch.from_numpy(batch.host.block_tables).long()
+        self._step = (batch, tables, new)
+
+    def _write(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """One write_kv_batch of every row's new tokens: [batch, heads, new, dim] becomes the
+        [tokens, heads, dim] rows the slot mapping lists (sequence after sequence)."""
+        batch, _, new = self._step
+        self.kv.write_kv_batch(batch, layer, _token_rows(key), _token_rows(value))
+
+    def _read(self, layer: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's visible K/V of every row, gathered from the pool views straight into
+        [batch, heads, visible, dim] (contiguous, the layout transformers' own cache returns)."""
+        _, tables, new = self._step
+        self.kv.synchronize()  # the CPU backend writes on a worker stream
+        start = self.layers[layer].first_visible(self.length)
+        block_size = self.kv.config.block_size
+        pos = torch.arange(start, self.length + new)
+        blocks = tables[:, pos // block_size][:, None, :]          # [batch, 1, visible]
+        heads = torch.arange(self.kv.config.num_kv_heads)[None, :, None]
+        offsets = (pos % block_size)[None, None, :]
+        keys, values = self._pools[layer]
+        k = keys[blocks, heads, offsets]
+        v = values[blocks, heads, offsets]
+        return k.to(dtype), v.to(dtype)
+
+    def _end_step(self) -> None:
+        """Commits the tokens the step read, row after row; full blocks enter the prefix index."""
+        _, _, new = self._step
+        self.kv.commit_batch(self.ids, self._tokens.reshape(-1).tolist(), new)
+        self.length += new
+        self.computed_tokens += new
+        self._step = None
+        self._tokens = None
+
+    def _pool_views(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zero-copy torch views of one layer of the pool, as [blocks, heads, block_size, dim]
+        whatever the page layout (NHD views are permuted, not copied)."""
+        k, v = (torch.from_dlpack(a) for a in self.kv.layer_kv(layer))
+        if self.kv.config.page_layout == pagedkv.PageLayout.NHD:
+            k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
+        return k, v
+
+    # -- what transformers asks ------------------------------------------------------------------
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Tokens cached in every row (after add(): the prefix hit)."""
+        return self.length
+
+    def get_max_length(self, layer_idx: Optional[int] = None) -> int:
+        """-1: bounded by the pool, not by a fixed shape."""
+        return -1
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Not built yet (assisted decoding): pagedkv's rollback would do it."""
+        raise NotImplementedError("PagedCache.crop")
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Not built yet (beam search): pagedkv's fork would do it."""
+        raise NotImplementedError("PagedCache.reorder_cache")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Not built yet (num_return_sequences > 1): fork would do it."""
+        if repeats != 1:
+            raise NotImplementedError("PagedCache.batch_repeat_interleave")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Not built yet."""
+        raise NotImplementedError("PagedCache.batch_select_indices")
+
+
+def _weak_hook(cache: PagedCache):
+    """A forward pre-hook that calls cache._see_inputs while the cache lives: the model must not
+    keep a cache (and its pool) alive after the caller dropped it without finish()."""
+    ref = weakref.ref(cache)
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        target = ref()
+        if target is not None:
+            target._see_inputs(module, args, kwargs)
+
+    return hook
+
+
+def _token_rows(x: torch.Tensor) -> torch.Tensor:
+    """[batch, heads, new, dim] as [batch * new, heads, dim] with each token's [heads, dim]
+    contiguous (what write_kv_batch reads); a copy only when the strides are not already so."""
+    b, h, n, d = x.shape
+    rows = x.transpose(1, 2).reshape(b * n, h, d)
+    if rows.stride(2) != 1 or rows.stride(1) != d:
+        rows = rows.contiguous()
+    return rows
+
+
+__all__ = ["PagedCache", "PagedLayer", "kv_cache_for", "model_shape", "pool_dtype"]

@@ -1,0 +1,144 @@
+"""pagedkv as a transformers Cache: greedy generation through pagedkv against transformers' own
+DynamicCache, computed in the same test from the same random-weight model (no weights are
+downloaded). Run by scripts/test-integrations (pinned torch and transformers)."""
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from pagedkv.integrations.transformers import PagedCache, kv_cache_for, pool_dtype  # noqa: E402
+
+LOGIT_TOLERANCE = 1e-5
+
+
+def tiny(config_class, model_class, dtype=torch.float32, **fields):
+    """A small random-weight causal LM (seeded) that never stops early (no EOS)."""
+    torch.manual_seed(0)
+    base = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    base.update(fields)
+    model = model_class(config_class(**base)).to(dtype).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def llama(dtype=torch.float32):
+    return tiny(transformers.LlamaConfig, transformers.LlamaForCausalLM, dtype)
+
+
+def mistral():
+    """Every layer slides, over a window shorter than prompt + generation."""
+    return tiny(transformers.MistralConfig, transformers.MistralForCausalLM, sliding_window=24)
+
+
+def gemma3():
+    """Sliding layers next to a full one (pattern 2), head_dim set apart from hidden/heads."""
+    return tiny(transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM, head_dim=32,
+                query_pre_attn_scalar=32, sliding_window=20, num_hidden_layers=4,
+                sliding_window_pattern=2)
+
+
+def prompt(length, batch=1, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 128, (batch, length), generator=gen)
+
+
+def generate(model, input_ids, new_tokens, **kwargs):
+    """Greedy generation with the per-step logits."""
+    with torch.no_grad():
+        out = model.generate(input_ids, max_new_tokens=new_tokens, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True, **kwargs)
+    return out.sequences, torch.stack(out.logits)
+
+
+def assert_same_generation(reference, paged, tolerance=LOGIT_TOLERANCE):
+    (ref_tokens, ref_logits), (tokens, logits) = reference, paged
+    assert torch.equal(tokens, ref_tokens), f"tokens differ:\n{tokens}\n{ref_tokens}"
+    diff = (logits.float() - ref_logits.float()).abs().max().item()
+    assert diff <= tolerance, f"logits differ by {diff}"
+
+
+def paged_generate(model, kv, input_ids, new_tokens, **kwargs):
+    cache = PagedCache(model, kv)
+    try:
+        return generate(model, input_ids, new_tokens, past_key_values=cache, **kwargs), cache
+    finally:
+        cache.finish()
+
+
+@pytest.mark.parametrize("make", [llama, mistral, gemma3], ids=["llama", "mistral", "gemma3"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_generation_equals_dynamic_cache(make, batch):
+    model = make()
+    kv = kv_cache_for(model.config, num_device_blocks=64, dtype="fp32")
+    input_ids = prompt(21, batch)  # crosses blocks of 16 and the windows of 20 and 24
+    reference = generate(model, input_ids, 24)
+    paged, cache = paged_generate(model, kv, input_ids, 24)
+    assert_same_generation(reference, paged)
+    assert cache.computed_tokens == 21 + 23  # the prompt, then one token per decode forward
+    kv.check_invariants()
+
+
+def test_left_padded_batch_equals_dynamic_cache():
+    model = llama()
+    kv = kv_cache_for(model.config, num_device_blocks=64)
+    input_ids = prompt(19, 2)
+    mask = torch.ones_like(input_ids)
+    mask[1, :5] = 0  # row 1 is a shorter prompt, left-padded
+    reference = generate(model, input_ids, 20, attention_mask=mask)
+    paged, _ = paged_generate(model, kv, input_ids, 20, attention_mask=mask)
+    assert_same_generation(reference, paged)
+
+
+def test_a_prompt_sharing_a_cached_prefix_computes_only_its_suffix():
+    model = llama()
+    kv = kv_cache_for(model.config, num_device_blocks=64)
+    first = prompt(40)
+    paged_generate(model, kv, first, 8)  # finish() leaves its two full blocks cached
+
+    second = torch.cat([first[:, :35], prompt(10, seed=7)], dim=1)  # 45 tokens, 32 shared
+    reference = generate(model, second, 12)
+    cache = PagedCache(model, kv)
+    assert cache.add(second) == 32
+    paged = generate(model, second, 12, past_key_values=cache)
+    cache.finish()
+    assert_same_generation(reference, paged)
+    assert cache.computed_tokens == (45 - 32) + 11
+    assert kv.stats()["prefix_hit_blocks"] >= 2 if "prefix_hit_blocks" in kv.stats() else True
+
+
+def test_without_add_the_first_forward_admits_and_computes_every_token():
+    model = llama()
+    kv = kv_cache_for(model.config, num_device_blocks=64)
+    first = prompt(40)
+    paged_generate(model, kv, first, 4)
+    reference = generate(model, first, 6)
+    paged, cache = paged_generate(model, kv, first, 6)  # the same prompt, all of it cached
+    assert_same_generation(reference, paged)
+    assert cache.computed_tokens == 40 + 5
+
+
+def test_fp16_pool_matches_transformers_run_in_fp16():
+    model = llama(torch.float16)
+    kv = kv_cache_for(model.config, num_device_blocks=64, dtype=pool_dtype(torch.float16))
+    input_ids = prompt(21, 2)
+    reference = generate(model, input_ids, 16)
+    paged, _ = paged_generate(model, kv, input_ids, 16)
+    assert_same_generation(reference, paged, tolerance=0.0)  # fp16 in, fp16 stored: no rounding
+
+
+def test_a_cache_made_from_the_model_takes_its_dtype():
+    model = llama()
+    cache = PagedCache(model, num_device_blocks=32)
+    assert cache.kv.config.dtype.name == "FLOAT32"
+    reference = generate(model, prompt(9), 5)
+    assert_same_generation(reference, generate(model, prompt(9), 5, past_key_values=cache))
+    cache.finish()
+
+
+def test_generation_fails_loudly_when_the_pool_is_too_small():
+    model = llama()
+    kv = kv_cache_for(model.config, num_device_blocks=2)  # 32 tokens per row at most
+    with pytest.raises(Exception, match="(?i)exhausted|room|blocks"):
+        paged_generate(model, kv, prompt(21), 20)
