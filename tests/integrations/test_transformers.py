@@ -6,6 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import pagedkv  # noqa: E402
 from pagedkv.integrations.transformers import PagedCache, kv_cache_for, pool_dtype  # noqa: E402
 
 LOGIT_TOLERANCE = 1e-5
@@ -91,8 +92,9 @@ def test_left_padded_batch_equals_dynamic_cache():
     assert_same_generation(reference, paged)
 
 
-def test_a_prompt_sharing_a_cached_prefix_computes_only_its_suffix():
-    model = llama()
+@pytest.mark.parametrize("make", [llama, gemma3], ids=["llama", "gemma3"])
+def test_a_prompt_sharing_a_cached_prefix_computes_only_its_suffix(make):
+    model = make()
     kv = kv_cache_for(model.config, num_device_blocks=64)
     first = prompt(40)
     paged_generate(model, kv, first, 8)  # finish() leaves its two full blocks cached
@@ -105,7 +107,8 @@ def test_a_prompt_sharing_a_cached_prefix_computes_only_its_suffix():
     cache.finish()
     assert_same_generation(reference, paged)
     assert cache.computed_tokens == (45 - 32) + 11
-    assert kv.stats()["prefix_hit_blocks"] >= 2 if "prefix_hit_blocks" in kv.stats() else True
+    stats = kv.group(0).stats() if isinstance(kv, pagedkv.ModelKvCache) else kv.stats()
+    assert stats["prefix_hit_tokens"] >= 32
 
 
 def test_without_add_the_first_forward_admits_and_computes_every_token():
@@ -142,3 +145,44 @@ def test_generation_fails_loudly_when_the_pool_is_too_small():
     kv = kv_cache_for(model.config, num_device_blocks=2)  # 32 tokens per row at most
     with pytest.raises(Exception, match="(?i)exhausted|room|blocks"):
         paged_generate(model, kv, prompt(21), 20)
+
+
+def test_head_major_pages_give_the_same_generation():
+    model = gemma3()
+    kv = kv_cache_for(model.config, num_device_blocks=64, page_layout="hnd")
+    input_ids = prompt(21, 2)
+    reference = generate(model, input_ids, 20)
+    paged, _ = paged_generate(model, kv, input_ids, 20)
+    assert_same_generation(reference, paged)
+
+
+def test_sliding_layers_live_in_window_groups_that_release_old_blocks():
+    model = mistral()  # window 24, blocks of 16: at most ceil(24 / 16) + 1 = 3 blocks a row
+    kv = kv_cache_for(model.config, num_device_blocks=64)
+    assert isinstance(kv, pagedkv.ModelKvCache) and kv.num_groups == 1
+    input_ids = prompt(21, 2)
+    reference = generate(model, input_ids, 60)
+    cache = PagedCache(model, kv)
+    paged = generate(model, input_ids, 60, past_key_values=cache)
+    held = [kv.held_blocks(i, 0) for i in cache.ids]
+    cache.finish()
+    assert_same_generation(reference, paged)
+    assert max(held) <= 3, held  # 81 tokens, 6 blocks with full attention
+    assert kv.group(0).stats()["window_released_blocks"] > 0
+
+
+def test_gemma3_has_a_full_group_and_a_window_group():
+    model = gemma3()
+    kv = kv_cache_for(model.config, num_device_blocks=64)
+    assert [g.name for g in kv.groups] == ["full", f"window{model.config.sliding_window}"]
+    assert kv.layer_group(1)[0] == 0 and kv.layer_group(0)[0] == 1  # pattern 2: odd layers full
+
+
+def test_windows_kept_whole_in_one_cache_give_the_same_generation():
+    model = gemma3()
+    kv = kv_cache_for(model.config, num_device_blocks=64, paged_windows=False)
+    assert isinstance(kv, pagedkv.KvCache)
+    input_ids = prompt(21, 2)
+    reference = generate(model, input_ids, 30)
+    paged, _ = paged_generate(model, kv, input_ids, 30)
+    assert_same_generation(reference, paged)

@@ -55,15 +55,44 @@ def model_shape(config: Any) -> dict:
 
 
 def kv_cache_for(config: Any, *, block_size: int = 16, num_device_blocks: int = 1024,
-                 dtype: str = "fp32", backend: str = "cpu", **fields: Any) -> pagedkv.KvCache:
-    """A pagedkv KvCache shaped for a transformers model config. Create one per model and share
+                 window_device_blocks: Optional[int] = None, dtype: str = "fp32",
+                 backend: str = "cpu", paged_windows: bool = True, **fields: Any) -> Any:
+    """A pagedkv cache shaped for a transformers model config. Create one per model and share
     it between requests: that is what makes a later prompt hit an earlier one's prefix.
+
+    A model whose layers all attend fully gets a KvCache. One with sliding-window layers gets a
+    ModelKvCache whose window groups release the blocks that fall out of the window (a decoding
+    sequence holds ceil(W / block_size) + 1 blocks of such a group); paged_windows=False keeps
+    every position of every layer in one KvCache instead. `num_device_blocks` sizes the pool of
+    full-attention layers, `window_device_blocks` (default: the same) each window group's.
     `fields` are further CacheConfig fields (num_host_blocks, page_layout, ...)."""
     shape = model_shape(config)
-    return pagedkv.KvCache(num_layers=shape["num_layers"], num_kv_heads=shape["num_kv_heads"],
-                           head_dim=shape["head_dim"], block_size=block_size,
-                           num_device_blocks=num_device_blocks, dtype=dtype, backend=backend,
-                           **fields)
+    common = dict(num_layers=shape["num_layers"], block_size=block_size, backend=backend,
+                  **fields)
+    groups = _groups(shape, block_size, dtype, num_device_blocks,
+                     window_device_blocks or num_device_blocks) if paged_windows else None
+    if not groups:
+        return pagedkv.KvCache(num_kv_heads=shape["num_kv_heads"], head_dim=shape["head_dim"],
+                               num_device_blocks=num_device_blocks, dtype=dtype, **common)
+    return pagedkv.ModelKvCache(groups=groups, **common)
+
+
+def _groups(shape: dict, block_size: int, dtype: str, full_blocks: int,
+            window_blocks: int) -> Optional[list]:
+    """KV groups for a model with sliding layers: one for the full-attention layers, one per
+    window size; None when no layer slides by at least a block (pagedkv's smallest window), so
+    one uniform KvCache serves. A window below block_size stays in the full group: correct,
+    only not paged by window."""
+    by_window: dict = {}
+    for layer, window in enumerate(shape["windows"]):
+        by_window.setdefault(window if window >= block_size else 0, []).append(layer)
+    if set(by_window) == {0}:
+        return None
+    heads, dim = shape["num_kv_heads"], shape["head_dim"]
+    return [pagedkv.KvGroup(name=f"window{w}" if w else "full", layers=layers, num_kv_heads=heads,
+                            head_dim=dim, dtype=dtype, sliding_window=w,
+                            num_device_blocks=window_blocks if w else full_blocks)
+            for w, layers in sorted(by_window.items())]
 
 
 class PagedLayer(CacheLayerMixin):
@@ -124,7 +153,8 @@ class PagedLayer(CacheLayerMixin):
 class PagedCache(Cache):
     """A transformers Cache whose K/V live in a pagedkv KvCache, one sequence per batch row.
 
-    PagedCache(model, kv=None, **kv_fields): `kv` is a KvCache made by kv_cache_for (shared
+    PagedCache(model, kv=None, **kv_fields): `kv` is a KvCache or ModelKvCache made by
+    kv_cache_for (shared
     between requests for prefix hits); None makes one from `kv_fields` (kv_cache_for's keywords,
     dtype defaulting to the model's). add(input_ids) admits the rows before generate() and
     returns the prefix hit; without it the first forward admits them and computes every token.
@@ -147,6 +177,9 @@ class PagedCache(Cache):
         self._tokens: Optional[torch.Tensor] = None
         self._step = None
         self._pools = [self._pool_views(layer) for layer in range(len(layers))]
+        self._nhd = kv.config.page_layout == pagedkv.PageLayout.NHD
+        model_cache = isinstance(kv, pagedkv.ModelKvCache)
+        self._group = [kv.layer_group(i)[0] if model_cache else 0 for i in range(len(layers))]
         self._hook = model.register_forward_pre_hook(_weak_hook(self), with_kwargs=True)
 
     # -- admission -----------------------------------------------------------------------------
@@ -225,7 +258,8 @@ class PagedCache(Cache):
                                "with input_ids=... and past_key_values=cache)")
         self.kv.reserve_batch(self.ids, new)
         batch = self.kv.build_batch(self.ids)
-        tables = torch.from_numpy(batch.host.block_tables).long()
+        groups = batch.groups if isinstance(batch, pagedkv.ModelBatch) else [batch]
+        tables = [torch.from_numpy(g.host.block_tables).long() for g in groups]
         self._step = (batch, tables, new)
 
     def _write(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
@@ -235,20 +269,31 @@ class PagedCache(Cache):
         self.kv.write_kv_batch(batch, layer, _token_rows(key), _token_rows(value))
 
     def _read(self, layer: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer's visible K/V of every row, gathered from the pool views straight into
-        [batch, heads, visible, dim] (contiguous, the layout transformers' own cache returns)."""
+        """The layer's visible K/V of every row, [batch, heads, visible, dim]: whole pages are
+        gathered from the zero-copy pool views (one contiguous copy each), then sliced to the
+        visible positions without a further copy."""
         _, tables, new = self._step
         self.kv.synchronize()  # the CPU backend writes on a worker stream
         start = self.layers[layer].first_visible(self.length)
         block_size = self.kv.config.block_size
-        pos = torch.arange(start, self.length + new)
-        blocks = tables[:, pos // block_size][:, None, :]          # [batch, 1, visible]
-        heads = torch.arange(self.kv.config.num_kv_heads)[None, :, None]
-        offsets = (pos % block_size)[None, None, :]
+        first, last = start // block_size, (self.length + new - 1) // block_size
+        blocks = tables[self._group[layer]][:, first:last + 1]
+        begin = start - first * block_size
         keys, values = self._pools[layer]
-        k = keys[blocks, heads, offsets]
-        v = values[blocks, heads, offsets]
-        return k.to(dtype), v.to(dtype)
+        return (self._pages(keys, blocks, begin, self.length + new - start).to(dtype),
+                self._pages(values, blocks, begin, self.length + new - start).to(dtype))
+
+    def _pages(self, pool: torch.Tensor, blocks: torch.Tensor, begin: int,
+               count: int) -> torch.Tensor:
+        """Positions [begin, begin + count) of the pages `blocks` [batch, n] of one pool view,
+        as [batch, heads, count, dim]."""
+        pages = pool[blocks]  # [batch, n, block_size, heads, dim] (NHD) or [.., heads, bs, dim]
+        b, n = blocks.shape
+        if self._nhd:
+            rows = pages.reshape(b, n * pages.shape[2], pages.shape[3], pages.shape[4])
+            return rows[:, begin:begin + count].transpose(1, 2)
+        heads = pages.transpose(1, 2).reshape(b, pages.shape[2], n * pages.shape[3], -1)
+        return heads[:, :, begin:begin + count]
 
     def _end_step(self) -> None:
         """Commits the tokens the step read, row after row; full blocks enter the prefix index."""
@@ -260,12 +305,9 @@ class PagedCache(Cache):
         self._tokens = None
 
     def _pool_views(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Zero-copy torch views of one layer of the pool, as [blocks, heads, block_size, dim]
-        whatever the page layout (NHD views are permuted, not copied)."""
-        k, v = (torch.from_dlpack(a) for a in self.kv.layer_kv(layer))
-        if self.kv.config.page_layout == pagedkv.PageLayout.NHD:
-            k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
-        return k, v
+        """Zero-copy torch views of one layer of the pool, [blocks, block_size, heads, dim] (NHD)
+        or [blocks, heads, block_size, dim] (HND); a page is contiguous in either."""
+        return tuple(torch.from_dlpack(a) for a in self.kv.layer_kv(layer))
 
     # -- what transformers asks ------------------------------------------------------------------
 
