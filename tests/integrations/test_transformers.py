@@ -7,7 +7,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import pagedkv  # noqa: E402
-from pagedkv.integrations.transformers import PagedCache, kv_cache_for, pool_dtype  # noqa: E402
+from pagedkv.integrations.transformers import (  # noqa: E402
+    PagedCache, PagedGenerator, kv_cache_for, pool_dtype)
 
 LOGIT_TOLERANCE = 1e-5
 
@@ -186,3 +187,18 @@ def test_windows_kept_whole_in_one_cache_give_the_same_generation():
     reference = generate(model, input_ids, 30)
     paged, _ = paged_generate(model, kv, input_ids, 30)
     assert_same_generation(reference, paged)
+
+
+@pytest.mark.parametrize("make", [llama, gemma3], ids=["llama", "gemma3"])
+def test_the_driver_serves_prompts_of_different_lengths_in_one_batch(make):
+    model = make()
+    kv = kv_cache_for(model.config, num_device_blocks=128)
+    base = prompt(40)[0].tolist()
+    prompts = [prompt(21, seed=2)[0].tolist(), base, base[:35] + [5, 6, 7], prompt(9, seed=3)[0].tolist()]
+    references = [generate(model, torch.tensor([p]), 14) for p in prompts]
+    generator = PagedGenerator(model, kv)
+    tokens, logits = generator.generate(prompts, 14, return_logits=True)
+    assert generator.prefix_hits == [0, 0, 32, 0]  # the third prompt reuses the second's blocks
+    for p, reference, new, step_logits in zip(prompts, references, tokens, logits):
+        assert_same_generation(reference, (torch.tensor([p + new]), step_logits[:, None]))
+    kv.check_invariants()

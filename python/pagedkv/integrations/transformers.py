@@ -51,7 +51,7 @@ def model_shape(config: Any) -> dict:
     kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     windows = [kw.get("sliding_window") or 0 for kw in layer_kwargs]
     return dict(num_layers=len(layer_types), num_kv_heads=kv_heads, head_dim=head_dim,
-                windows=windows)
+                windows=windows, types=list(layer_types))
 
 
 def kv_cache_for(config: Any, *, block_size: int = 16, num_device_blocks: int = 1024,
@@ -102,8 +102,10 @@ class PagedLayer(CacheLayerMixin):
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, cache: "PagedCache", layer: int, sliding_window: int) -> None:
+    def __init__(self, cache: "PagedCache", layer: int, sliding_window: int,
+                 layer_type: str = "full_attention") -> None:
         super().__init__()
+        self.layer_type = layer_type
         self._cache = weakref.ref(cache)  # the cache owns its layers, not the reverse
         self.layer = layer
         self.sliding_window = sliding_window
@@ -168,10 +170,12 @@ class PagedCache(Cache):
             kv_fields.setdefault("dtype", pool_dtype(model.dtype))
             kv = kv_cache_for(model.config, **kv_fields)
         self.kv = kv
-        layers = [PagedLayer(self, i, w) for i, w in enumerate(shape["windows"])]
+        layers = [PagedLayer(self, i, w, t)
+                  for i, (w, t) in enumerate(zip(shape["windows"], shape["types"]))]
         super().__init__(layers=layers)
-        self.ids: list[int] = []
-        self.length = 0              # committed tokens, the same in every row
+        self.ids: list[int] = []       # one pagedkv sequence per row
+        self.lengths: list[int] = []   # committed tokens of each row
+        self.rows: list[int] = []      # the rows a forward steps (select()); all by default
         self.prefix_hit = 0          # tokens the last add() took from the prefix cache
         self.computed_tokens = 0     # tokens per row whose K/V the model computed and wrote
         self._tokens: Optional[torch.Tensor] = None
@@ -198,15 +202,35 @@ class PagedCache(Cache):
         for i, h in zip(ids, hits):
             if h > hit:
                 self.kv.rollback(i, hit)
-        self.ids, self.length, self.prefix_hit = ids, hit, hit
+        self.ids, self.lengths, self.prefix_hit = ids, [hit] * len(ids), hit
+        self.rows = list(range(len(ids)))
         return hit
+
+    def add_row(self, prompt: Sequence[int]) -> tuple[int, int]:
+        """Admits one more request as a new row (the driver's way: rows of different lengths);
+        returns (row, tokens its prompt takes from the prefix cache). select() it to prefill."""
+        seq = self._new_id()
+        hit = self.kv.add_sequence(seq, list(prompt))
+        self.ids.append(seq)
+        self.lengths.append(hit)
+        return len(self.ids) - 1, hit
+
+    def select(self, rows: Sequence[int]) -> None:
+        """The rows the next forwards step, in this order (input_ids row i is rows[i])."""
+        self.rows = list(rows)
+
+    @property
+    def length(self) -> int:
+        """Committed tokens of the stepped rows when they agree (what transformers asks for);
+        the longest otherwise (then the caller passes position_ids and masks)."""
+        return max((self.lengths[r] for r in self.rows), default=0)
 
     def finish(self) -> None:
         """Ends every row (its full blocks stay in the prefix cache for later prompts) and
         removes the model hook. The cache is empty afterwards and can add() again."""
         for i in self.ids:
             self.kv.finish(i)
-        self.ids, self.length, self._step = [], 0, None
+        self.ids, self.lengths, self.rows, self._step = [], [], [], None
         self.close()
 
     def close(self) -> None:
@@ -253,11 +277,12 @@ class PagedCache(Cache):
     def _begin_step(self, new: int) -> None:
         """Reserves `new` slots in every row in one call and builds the batch whose slot mapping
         the writes follow and whose block tables the reads follow."""
-        if self._tokens is None or tuple(self._tokens.shape) != (len(self.ids), new):
+        if self._tokens is None or tuple(self._tokens.shape) != (len(self.rows), new):
             raise RuntimeError("PagedCache: the step's input_ids were not seen (call the model "
                                "with input_ids=... and past_key_values=cache)")
-        self.kv.reserve_batch(self.ids, new)
-        batch = self.kv.build_batch(self.ids)
+        ids = [self.ids[r] for r in self.rows]
+        self.kv.reserve_batch(ids, new)
+        batch = self.kv.build_batch(ids)
         groups = batch.groups if isinstance(batch, pagedkv.ModelBatch) else [batch]
         tables = [torch.from_numpy(g.host.block_tables).long() for g in groups]
         self._step = (batch, tables, new)
@@ -274,14 +299,44 @@ class PagedCache(Cache):
         visible positions without a further copy."""
         _, tables, new = self._step
         self.kv.synchronize()  # the CPU backend writes on a worker stream
-        start = self.layers[layer].first_visible(self.length)
-        block_size = self.kv.config.block_size
-        first, last = start // block_size, (self.length + new - 1) // block_size
-        blocks = tables[self._group[layer]][:, first:last + 1]
-        begin = start - first * block_size
+        table = tables[self._group[layer]]
         keys, values = self._pools[layer]
-        return (self._pages(keys, blocks, begin, self.length + new - start).to(dtype),
-                self._pages(values, blocks, begin, self.length + new - start).to(dtype))
+        lengths = {self.lengths[r] for r in self.rows}
+        if len(lengths) > 1:
+            return (self._ragged(keys, table, layer, new).to(dtype),
+                    self._ragged(values, table, layer, new).to(dtype))
+        length = lengths.pop()
+        start = self.layers[layer].first_visible(length)
+        block_size = self.kv.config.block_size
+        first, last = start // block_size, (length + new - 1) // block_size
+        blocks = table[:, first:last + 1]
+        begin = start - first * block_size
+        return (self._pages(keys, blocks, begin, length + new - start).to(dtype),
+                self._pages(values, blocks, begin, length + new - start).to(dtype))
+
+    def visible(self, layer: int, new: int = 1) -> list[tuple[int, int]]:
+        """(first position, count) each stepped row's attention sees at `layer` in a step of
+        `new` tokens; rows of a ragged step are padded to the longest count (mask the rest)."""
+        out = []
+        for r in self.rows:
+            start = self.layers[layer].first_visible(self.lengths[r])
+            out.append((start, self.lengths[r] + new - start))
+        return out
+
+    def _ragged(self, pool: torch.Tensor, table: torch.Tensor, layer: int,
+                new: int) -> torch.Tensor:
+        """Rows of different lengths: each row's visible positions, left-aligned and padded to
+        the longest with copies of its own last position, as [batch, heads, longest, dim]."""
+        spans = self.visible(layer, new)
+        longest = max(count for _, count in spans)
+        j = torch.arange(longest)[None, :]
+        start = torch.tensor([s for s, _ in spans])[:, None]
+        count = torch.tensor([c for _, c in spans])[:, None]
+        pos = start + torch.minimum(j, count - 1)
+        block_size = self.kv.config.block_size
+        blocks = table.gather(1, pos // block_size)
+        nhd = pool if self._nhd else pool.transpose(1, 2)  # [blocks, block_size, heads, dim]
+        return nhd[blocks, pos % block_size].transpose(1, 2)
 
     def _pages(self, pool: torch.Tensor, blocks: torch.Tensor, begin: int,
                count: int) -> torch.Tensor:
@@ -298,8 +353,10 @@ class PagedCache(Cache):
     def _end_step(self) -> None:
         """Commits the tokens the step read, row after row; full blocks enter the prefix index."""
         _, _, new = self._step
-        self.kv.commit_batch(self.ids, self._tokens.reshape(-1).tolist(), new)
-        self.length += new
+        ids = [self.ids[r] for r in self.rows]
+        self.kv.commit_batch(ids, self._tokens.reshape(-1).tolist(), new)
+        for r in self.rows:
+            self.lengths[r] += new
         self.computed_tokens += new
         self._step = None
         self._tokens = None
@@ -312,7 +369,7 @@ class PagedCache(Cache):
     # -- what transformers asks ------------------------------------------------------------------
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Tokens cached in every row (after add(): the prefix hit)."""
+        """Tokens cached in the stepped rows (after add(): the prefix hit)."""
         return self.length
 
     def get_max_length(self, layer_idx: Optional[int] = None) -> int:
@@ -335,6 +392,80 @@ class PagedCache(Cache):
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Not built yet."""
         raise NotImplementedError("PagedCache.batch_select_indices")
+
+
+class PagedGenerator:
+    """Serves many prompts through one model and one pagedkv cache, greedy: each prompt is
+    prefilled alone, computing only what its cached prefix lacks, then every request decodes
+    in one batch whatever its length (one reserve_batch, build_batch and commit_batch a step,
+    one write_kv_batch a layer), with the masks and positions that rows of different lengths
+    need. PagedGenerator(model, kv=None, **kv_fields), as PagedCache."""
+
+    def __init__(self, model: torch.nn.Module, kv: Any = None, **kv_fields: Any) -> None:
+        if kv is None:
+            kv_fields.setdefault("dtype", pool_dtype(model.dtype))
+            kv = kv_cache_for(model.config, **kv_fields)
+        self.model = model
+        self.kv = kv
+        self.prefix_hits: list[int] = []  # tokens each prompt of the last generate() reused
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 return_logits: bool = False) -> Any:
+        """The max_new_tokens greedy tokens of every prompt (a list of lists); with
+        return_logits, also each request's [max_new_tokens, vocab] logits. Every request ends
+        with finish(): its full blocks stay cached for later prompts."""
+        cache = PagedCache(self.model, self.kv)
+        try:
+            with torch.no_grad():
+                first = [self._prefill(cache, list(p)) for p in prompts]
+                self.prefix_hits = [hit for _, hit in first]
+                steps = [[logits] for logits, _ in first]
+                self._decode(cache, steps, max_new_tokens)
+        finally:
+            cache.finish()
+        tokens = [[int(s.argmax()) for s in request] for request in steps]
+        if return_logits:
+            return tokens, [torch.stack(request) for request in steps]
+        return tokens
+
+    def _prefill(self, cache: PagedCache, prompt: list) -> tuple[torch.Tensor, int]:
+        """Admits one prompt and runs the model over what the prefix cache lacks; returns the
+        last position's logits and the hit. transformers builds the masks from the cache."""
+        row, hit = cache.add_row(prompt)
+        cache.select([row])
+        input_ids = torch.tensor([prompt[hit:]])
+        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True)
+        return out.logits[0, -1], hit
+
+    def _decode(self, cache: PagedCache, steps: list, max_new_tokens: int) -> None:
+        """max_new_tokens - 1 batched steps over every request, appending each step's logits."""
+        cache.select(range(len(steps)))
+        for _ in range(max_new_tokens - 1):
+            input_ids = torch.tensor([[int(s[-1].argmax())] for s in steps])
+            positions = torch.tensor([[cache.lengths[r]] for r in cache.rows])
+            out = self.model(input_ids=input_ids, position_ids=positions,
+                             attention_mask=self._masks(cache), past_key_values=cache,
+                             use_cache=True)
+            for request, logits in zip(steps, out.logits[:, -1]):
+                request.append(logits)
+
+    def _masks(self, cache: PagedCache) -> Any:
+        """Additive 4D masks [batch, 1, 1, longest] of a decode step, one per layer type (a
+        dict, as hybrid models take it; one tensor for a one-type model): 0 over each row's
+        visible positions, the dtype's minimum over its padding. transformers uses a 4D mask
+        as given, so it never needs one length for the whole batch."""
+        dtype = self.model.dtype
+        masks = {}
+        for layer in cache.layers:
+            if layer.layer_type in masks:
+                continue
+            counts = torch.tensor([count for _, count in cache.visible(layer.layer, 1)])
+            longest = int(counts.max())
+            padding = torch.arange(longest)[None, :] >= counts[:, None]
+            mask = torch.zeros(len(counts), 1, 1, longest, dtype=dtype)
+            masks[layer.layer_type] = mask.masked_fill(padding[:, None, None, :],
+                                                       torch.finfo(dtype).min)
+        return masks.popitem()[1] if len(masks) == 1 else masks
 
 
 def _weak_hook(cache: PagedCache):
@@ -360,4 +491,4 @@ def _token_rows(x: torch.Tensor) -> torch.Tensor:
     return rows
 
 
-__all__ = ["PagedCache", "PagedLayer", "kv_cache_for", "model_shape", "pool_dtype"]
+__all__ = ["PagedCache", "PagedGenerator", "PagedLayer", "kv_cache_for", "model_shape", "pool_dtype"]
