@@ -6,16 +6,20 @@ Builds a Llama-shaped model with random weights from a small LlamaConfig (nothin
 downloaded), generates with transformers' default DynamicCache and with a pagedkv PagedCache
 in alternating rounds of the same run, checks that the tokens are identical, and prints the
 tokens/s of each (best round) and their ratio. Then runs a second request that shares the first
-prompt's prefix and shows it computing only its suffix. Needs torch and transformers
+prompt's prefix and shows it computing only its suffix, and serves prompts of different lengths
+with PagedGenerator (one batched decode) next to transformers' left-padded batched generation.
+Needs torch and transformers
 (scripts/test-integrations installs the pinned versions).
 """
 import argparse
+import os
 import time
 
 import torch
 import transformers
 
-from pagedkv.integrations.transformers import PagedCache, kv_cache_for
+os.environ.setdefault("PAGEDKV_LOG_LEVEL", "warn")
+from pagedkv.integrations.transformers import PagedCache, PagedGenerator, kv_cache_for
 
 
 def build_model(args):
@@ -69,6 +73,36 @@ def prefix_demo(model, kv, input_ids, args):
         raise SystemExit("FAIL: the prefix-hit request generated other tokens")
 
 
+def many_requests(model, kv, args):
+    """Prompts of different lengths: transformers' batched generate (left-padded, DynamicCache)
+    against PagedGenerator (each prompt prefilled alone, one ragged batched decode)."""
+    gen = torch.Generator().manual_seed(2)
+    lengths = [args.prompt // 2 + (i * args.prompt) // (2 * args.requests)
+               for i in range(args.requests)]
+    prompts = [torch.randint(3, args.vocab, (n,), generator=gen).tolist() for n in lengths]
+    longest = max(lengths)
+    padded = torch.zeros(len(prompts), longest, dtype=torch.long)
+    mask = torch.zeros_like(padded)
+    for i, p in enumerate(prompts):
+        padded[i, longest - len(p):] = torch.tensor(p)
+        mask[i, longest - len(p):] = 1
+    best = {"transformers": float("inf"), "pagedkv": float("inf")}
+    for _ in range(args.rounds):
+        ref, seconds = timed_generate(model, padded, args.new_tokens, attention_mask=mask)
+        best["transformers"] = min(best["transformers"], seconds)
+        start = time.perf_counter()
+        tokens = PagedGenerator(model, kv).generate(prompts, args.new_tokens)
+        best["pagedkv"] = min(best["pagedkv"], time.perf_counter() - start)
+    same = all(ref[i, longest:].tolist() == t for i, t in enumerate(tokens))
+    total = len(prompts) * args.new_tokens
+    print(f"{len(prompts)} requests, prompts of {min(lengths)}-{longest} tokens, "
+          f"{args.new_tokens} new tokens each:")
+    for name, seconds in best.items():
+        print(f"  {name:13s} {total / seconds:8.1f} tokens/s ({seconds * 1e3:.0f} ms)")
+    print(f"  pagedkv / transformers: {best['transformers'] / best['pagedkv']:.2f}x; "
+          f"tokens identical to the padded batch: {same}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=4)
@@ -78,13 +112,15 @@ def main():
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=6)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
     model = build_model(args)
-    blocks = args.batch * ((args.prompt + args.new_tokens) // 16 + 2) * 2
+    rows = max(args.batch, args.requests)
+    blocks = rows * ((args.prompt + args.new_tokens) // 16 + 2) * 2
     kv = kv_cache_for(model.config, num_device_blocks=blocks, dtype="fp32")
     input_ids = torch.randint(3, args.vocab, (args.batch, args.prompt),
                               generator=torch.Generator().manual_seed(1))
@@ -98,6 +134,7 @@ def main():
     print(f"  pagedkv / transformers: {best['transformers'] / best['pagedkv']:.2f}x; "
           f"tokens identical")
     prefix_demo(model, kv, input_ids, args)
+    many_requests(model, kv, args)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,11 @@
 """pagedkv as a transformers Cache: greedy generation through pagedkv against transformers' own
 DynamicCache, computed in the same test from the same random-weight model (no weights are
 downloaded). Run by scripts/test-integrations (pinned torch and transformers)."""
+import os
+
 import pytest
+
+os.environ.setdefault("PAGEDKV_LOG_LEVEL", "warn")
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -123,13 +127,14 @@ def test_without_add_the_first_forward_admits_and_computes_every_token():
     assert cache.computed_tokens == 40 + 5
 
 
-def test_fp16_pool_matches_transformers_run_in_fp16():
-    model = llama(torch.float16)
-    kv = kv_cache_for(model.config, num_device_blocks=64, dtype=pool_dtype(torch.float16))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_half_pools_match_transformers_run_in_the_same_dtype(dtype):
+    model = llama(dtype)
+    kv = kv_cache_for(model.config, num_device_blocks=64, dtype=pool_dtype(dtype))
     input_ids = prompt(21, 2)
     reference = generate(model, input_ids, 16)
     paged, _ = paged_generate(model, kv, input_ids, 16)
-    assert_same_generation(reference, paged, tolerance=0.0)  # fp16 in, fp16 stored: no rounding
+    assert_same_generation(reference, paged, tolerance=0.0)  # stored as computed: no rounding
 
 
 def test_a_cache_made_from_the_model_takes_its_dtype():

@@ -326,14 +326,21 @@ class PagedCache(Cache):
     def _ragged(self, pool: torch.Tensor, table: torch.Tensor, layer: int,
                 new: int) -> torch.Tensor:
         """Rows of different lengths: each row's visible positions, left-aligned and padded to
-        the longest with copies of its own last position, as [batch, heads, longest, dim]."""
+        the longest, as [batch, heads, longest, dim] (the padding holds other positions of the
+        row: mask it). When every row starts at the same offset in its first page (always for
+        full attention) whole pages are copied; otherwise positions are gathered one by one."""
         spans = self.visible(layer, new)
         longest = max(count for _, count in spans)
-        j = torch.arange(longest)[None, :]
-        start = torch.tensor([s for s, _ in spans])[:, None]
-        count = torch.tensor([c for _, c in spans])[:, None]
-        pos = start + torch.minimum(j, count - 1)
         block_size = self.kv.config.block_size
+        start = torch.tensor([s for s, _ in spans])[:, None]
+        last = torch.tensor([s + c - 1 for s, c in spans])[:, None] // block_size
+        if len({s % block_size for s, _ in spans}) == 1:
+            begin = spans[0][0] % block_size
+            n = (begin + longest + block_size - 1) // block_size
+            index = torch.minimum(start // block_size + torch.arange(n)[None, :], last)
+            return self._pages(pool, table.gather(1, index), begin, longest)
+        count = torch.tensor([c for _, c in spans])[:, None]
+        pos = start + torch.minimum(torch.arange(longest)[None, :], count - 1)
         blocks = table.gather(1, pos // block_size)
         nhd = pool if self._nhd else pool.transpose(1, 2)  # [blocks, block_size, heads, dim]
         return nhd[blocks, pos % block_size].transpose(1, 2)
