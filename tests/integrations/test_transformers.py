@@ -199,7 +199,8 @@ def test_the_driver_serves_prompts_of_different_lengths_in_one_batch(make):
     model = make()
     kv = kv_cache_for(model.config, num_device_blocks=128)
     base = prompt(40)[0].tolist()
-    prompts = [prompt(21, seed=2)[0].tolist(), base, base[:35] + [5, 6, 7], prompt(9, seed=3)[0].tolist()]
+    prompts = [prompt(21, seed=2)[0].tolist(), base, base[:35] + [5, 6, 7],
+               prompt(9, seed=3)[0].tolist()]
     references = [generate(model, torch.tensor([p]), 14) for p in prompts]
     generator = PagedGenerator(model, kv)
     tokens, logits = generator.generate(prompts, 14, return_logits=True)

@@ -156,15 +156,14 @@ class PagedCache(Cache):
     """A transformers Cache whose K/V live in a pagedkv KvCache, one sequence per batch row.
 
     PagedCache(model, kv=None, **kv_fields): `kv` is a KvCache or ModelKvCache made by
-    kv_cache_for (shared
-    between requests for prefix hits); None makes one from `kv_fields` (kv_cache_for's keywords,
-    dtype defaulting to the model's). add(input_ids) admits the rows before generate() and
-    returns the prefix hit; without it the first forward admits them and computes every token.
-    finish() ends the rows (full blocks stay cached) and unhooks the model.
+    kv_cache_for (shared between requests for prefix hits); None makes one from `kv_fields`
+    (kv_cache_for's keywords, dtype defaulting to the model's). add(input_ids) admits the
+    rows before generate() and returns the prefix hit; without it the first forward admits
+    them and computes every token. finish() ends the rows (full blocks stay cached) and
+    unhooks the model.
     """
 
-    def __init__(self, model: torch.nn.Module, kv: Optional[pagedkv.KvCache] = None,
-                 **kv_fields: Any) -> None:
+    def __init__(self, model: torch.nn.Module, kv: Any = None, **kv_fields: Any) -> None:
         shape = model_shape(model.config)
         if kv is None:
             kv_fields.setdefault("dtype", pool_dtype(model.dtype))
@@ -176,8 +175,8 @@ class PagedCache(Cache):
         self.ids: list[int] = []       # one pagedkv sequence per row
         self.lengths: list[int] = []   # committed tokens of each row
         self.rows: list[int] = []      # the rows a forward steps (select()); all by default
-        self.prefix_hit = 0          # tokens the last add() took from the prefix cache
-        self.computed_tokens = 0     # tokens per row whose K/V the model computed and wrote
+        self.prefix_hit = 0            # tokens the last add() took from the prefix cache
+        self.computed_tokens = 0       # positions a row's K/V were computed for, over all steps
         self._tokens: Optional[torch.Tensor] = None
         self._step = None
         self._pools = [self._pool_views(layer) for layer in range(len(layers))]
@@ -498,4 +497,5 @@ def _token_rows(x: torch.Tensor) -> torch.Tensor:
     return rows
 
 
-__all__ = ["PagedCache", "PagedGenerator", "PagedLayer", "kv_cache_for", "model_shape", "pool_dtype"]
+__all__ = ["PagedCache", "PagedGenerator", "PagedLayer", "kv_cache_for", "model_shape",
+           "pool_dtype"]
