@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 import pagedkv  # noqa: E402
 from pagedkv.integrations.transformers import (  # noqa: E402
-    PagedCache, PagedGenerator, kv_cache_for, pool_dtype)
+    ATTENTION, PagedCache, PagedGenerator, kv_cache_for, pool_dtype, register_attention)
 
 LOGIT_TOLERANCE = 1e-5
 
@@ -208,3 +208,37 @@ def test_the_driver_serves_prompts_of_different_lengths_in_one_batch(make):
     for p, reference, new, step_logits in zip(prompts, references, tokens, logits):
         assert_same_generation(reference, (torch.tensor([p + new]), step_logits[:, None]))
     kv.check_invariants()
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_paged_decode_attention_gives_the_same_generation(batch):
+    register_attention()
+    model = llama()
+    input_ids = prompt(21, batch)
+    reference = generate(model, input_ids, 20)
+    model.set_attn_implementation(ATTENTION)  # prefill: sdpa; decode: pagedkv's kernel
+    kv = kv_cache_for(model.config, num_device_blocks=64)
+    paged, _ = paged_generate(model, kv, input_ids, 20)
+    assert_same_generation(reference, paged)
+
+
+def test_the_driver_decodes_ragged_rows_with_paged_attention():
+    register_attention()
+    model = llama()
+    prompts = [prompt(21, seed=2)[0].tolist(), prompt(40)[0].tolist(),
+               prompt(9, seed=3)[0].tolist()]
+    references = [generate(model, torch.tensor([p]), 12) for p in prompts]
+    model.set_attn_implementation(ATTENTION)
+    generator = PagedGenerator(model, kv_cache_for(model.config, num_device_blocks=64))
+    tokens, logits = generator.generate(prompts, 12, return_logits=True)
+    for p, reference, new, step_logits in zip(prompts, references, tokens, logits):
+        assert_same_generation(reference, (torch.tensor([p + new]), step_logits[:, None]))
+
+
+def test_paged_attention_leaves_other_caches_to_sdpa():
+    register_attention()
+    model = llama()
+    input_ids = prompt(21, 2)
+    reference = generate(model, input_ids, 10)
+    model.set_attn_implementation(ATTENTION)
+    assert_same_generation(reference, generate(model, input_ids, 10))  # DynamicCache

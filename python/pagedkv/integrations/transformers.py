@@ -179,11 +179,16 @@ class PagedCache(Cache):
         self.computed_tokens = 0       # positions a row's K/V were computed for, over all steps
         self._tokens: Optional[torch.Tensor] = None
         self._step = None
+        self._in_place = False
+        self._commit = None
         self._pools = [self._pool_views(layer) for layer in range(len(layers))]
         self._nhd = kv.config.page_layout == pagedkv.PageLayout.NHD
         model_cache = isinstance(kv, pagedkv.ModelKvCache)
         self._group = [kv.layer_group(i)[0] if model_cache else 0 for i in range(len(layers))]
         self._hook = model.register_forward_pre_hook(_weak_hook(self), with_kwargs=True)
+        self._config = model.config
+        # The decode kernel reads a uniform KvCache without windows (not a ModelKvCache).
+        self._kernel_ok = not model_cache and not any(shape["windows"])
 
     # -- admission -----------------------------------------------------------------------------
 
@@ -208,6 +213,7 @@ class PagedCache(Cache):
     def add_row(self, prompt: Sequence[int]) -> tuple[int, int]:
         """Admits one more request as a new row (the driver's way: rows of different lengths);
         returns (row, tokens its prompt takes from the prefix cache). select() it to prefill."""
+        self._flush()
         seq = self._new_id()
         hit = self.kv.add_sequence(seq, list(prompt))
         self.ids.append(seq)
@@ -227,6 +233,7 @@ class PagedCache(Cache):
     def finish(self) -> None:
         """Ends every row (its full blocks stay in the prefix cache for later prompts) and
         removes the model hook. The cache is empty afterwards and can add() again."""
+        self._flush()
         for i in self.ids:
             self.kv.finish(i)
         self.ids, self.lengths, self.rows, self._step = [], [], [], None
@@ -268,7 +275,10 @@ class PagedCache(Cache):
         if layer_idx == 0:
             self._begin_step(key_states.shape[-2])
         self._write(layer_idx, key_states, value_states)
-        keys, values = self._read(layer_idx, key_states.dtype)
+        if self._in_place:
+            keys, values = _tagged(key_states, self, layer_idx), value_states
+        else:
+            keys, values = self._read(layer_idx, key_states.dtype)
         if layer_idx == len(self.layers) - 1:
             self._end_step()
         return keys, values
@@ -279,9 +289,12 @@ class PagedCache(Cache):
         if self._tokens is None or tuple(self._tokens.shape) != (len(self.rows), new):
             raise RuntimeError("PagedCache: the step's input_ids were not seen (call the model "
                                "with input_ids=... and past_key_values=cache)")
+        self._flush()
         ids = [self.ids[r] for r in self.rows]
         self.kv.reserve_batch(ids, new)
-        batch = self.kv.build_batch(ids)
+        self._in_place = (new == 1 and self._kernel_ok
+                          and getattr(self._config, "_attn_implementation", None) == ATTENTION)
+        batch = self.kv.build_batch(ids, csr=self._in_place)
         groups = batch.groups if isinstance(batch, pagedkv.ModelBatch) else [batch]
         tables = [torch.from_numpy(g.host.block_tables).long() for g in groups]
         self._step = (batch, tables, new)
@@ -360,12 +373,20 @@ class PagedCache(Cache):
         """Commits the tokens the step read, row after row; full blocks enter the prefix index."""
         _, _, new = self._step
         ids = [self.ids[r] for r in self.rows]
-        self.kv.commit_batch(ids, self._tokens.reshape(-1).tolist(), new)
+        self._commit = (ids, self._tokens.reshape(-1).tolist(), new)
+        if not self._in_place:  # else the last layer's attention still reads the batch
+            self._flush()
         for r in self.rows:
             self.lengths[r] += new
         self.computed_tokens += new
-        self._step = None
         self._tokens = None
+
+    def _flush(self) -> None:
+        """Commits the last step's tokens if that is still to do (a commit makes the step's
+        batch stale, so after in-place attention it waits for the next call)."""
+        if self._commit is not None:
+            self.kv.commit_batch(*self._commit)
+            self._commit, self._step = None, None
 
     def _pool_views(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Zero-copy torch views of one layer of the pool, [blocks, block_size, heads, dim] (NHD)
@@ -474,6 +495,49 @@ class PagedGenerator:
         return masks.popitem()[1] if len(masks) == 1 else masks
 
 
+ATTENTION = "pagedkv"
+
+
+def register_attention(name: str = ATTENTION) -> str:
+    """Registers the paged decode attention with transformers under `name` (and sdpa's mask
+    for it) and returns the name: model.set_attn_implementation(name), or
+    from_pretrained(..., attn_implementation=name). Idempotent."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(name, paged_attention)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
+
+
+def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                    value: torch.Tensor, attention_mask: Any, scaling: Optional[float] = None,
+                    dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """An AttentionInterface function: a decode step (one new token a row) of a PagedCache
+    whose K/V the cache left in the pool is computed by pagedkv's decode attention kernel over
+    the step's batch (each row's own length, GQA by head groups); anything else (prefill,
+    another cache) goes to transformers' sdpa."""
+    paged = getattr(key, "_pagedkv", None)
+    if paged is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      dropout=dropout, scaling=scaling, **kwargs)
+    cache, layer = paged
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    q = query[:, :, 0, :].contiguous()  # [batch, q_heads, dim]
+    out = torch.from_dlpack(cache.kv._decode_attention(cache._step[0], q, layer, scaling))
+    return out.to(query.dtype)[:, None], None
+
+
+def _tagged(key: torch.Tensor, cache: PagedCache, layer: int) -> torch.Tensor:
+    """A view of the step's new keys marked for paged_attention: the K/V stay in the pool."""
+    view = key.view_as(key)
+    view._pagedkv = (cache, layer)
+    return view
+
+
 def _weak_hook(cache: PagedCache):
     """A forward pre-hook that calls cache._see_inputs while the cache lives: the model must not
     keep a cache (and its pool) alive after the caller dropped it without finish()."""
@@ -497,5 +561,5 @@ def _token_rows(x: torch.Tensor) -> torch.Tensor:
     return rows
 
 
-__all__ = ["PagedCache", "PagedGenerator", "PagedLayer", "kv_cache_for", "model_shape",
-           "pool_dtype"]
+__all__ = ["ATTENTION", "PagedCache", "PagedGenerator", "PagedLayer", "kv_cache_for",
+           "model_shape", "paged_attention", "pool_dtype", "register_attention"]
