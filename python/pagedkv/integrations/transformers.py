@@ -1,0 +1,565 @@
+"""pagedkv as the KV cache of a Hugging Face transformers model (docs/transformers.md).
+
+    from pagedkv.integrations.transformers import PagedCache, kv_cache_for
+    kv = kv_cache_for(model.config, num_device_blocks=4096, dtype="fp32")   # shared by requests
+    cache = PagedCache(model, kv)
+    cache.add(input_ids)                   # prefix hit: generate() computes only the suffix
+    out = model.generate(input_ids, past_key_values=cache, max_new_tokens=32)
+    cache.finish()                         # full blocks stay cached for the next request
+
+Each row of the batch is one pagedkv sequence. A forward step reserves the step's slots of
+every row in one `reserve_batch`, each layer writes its new K/V through one `write_kv_batch`
+and reads the layer's K/V back from the pool (a gather over a zero-copy DLPack view of it),
+and the step ends with one `commit_batch` of the tokens the model read. The token ids come
+from a forward pre-hook on the model: transformers hands a cache K/V but never the tokens,
+and pagedkv's prefix index is keyed by tokens.
+
+Needs torch and transformers (tested: torch 2.14.0, transformers 5.20.2, scripts/test-integrations).
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any, Optional, Sequence
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
+
+import pagedkv
+
+_POOL_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+_SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+_next_id = itertools.count(1 << 40)  # far from ids a server picks by hand on a shared KvCache
+
+
+def pool_dtype(dtype: torch.dtype) -> str:
+    """The pagedkv pool dtype that stores `dtype` without rounding ("fp32", "fp16", "bf16")."""
+    if dtype not in _POOL_DTYPES:
+        raise ValueError(f"no pagedkv pool dtype for {dtype}")
+    return _POOL_DTYPES[dtype]
+
+
+def model_shape(config: Any) -> dict:
+    """num_layers, num_kv_heads, head_dim and the per-layer types of a transformers config (its
+    text decoder's, for a multimodal one): what the pool's page shape and the layers need."""
+    text = config.get_text_config(decoder=True)
+    layer_types, layer_kwargs = get_layer_types_and_kwargs(text)
+    unsupported = sorted(set(layer_types) - set(_SUPPORTED_LAYER_TYPES))
+    if unsupported:
+        raise NotImplementedError(f"pagedkv: layer types {unsupported} are not supported yet")
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    windows = [kw.get("sliding_window") or 0 for kw in layer_kwargs]
+    return dict(num_layers=len(layer_types), num_kv_heads=kv_heads, head_dim=head_dim,
+                windows=windows, types=list(layer_types))
+
+
+def kv_cache_for(config: Any, *, block_size: int = 16, num_device_blocks: int = 1024,
+                 window_device_blocks: Optional[int] = None, dtype: str = "fp32",
+                 backend: str = "cpu", paged_windows: bool = True, **fields: Any) -> Any:
+    """A pagedkv cache shaped for a transformers model config. Create one per model and share
+    it between requests: that is what makes a later prompt hit an earlier one's prefix.
+
+    A model whose layers all attend fully gets a KvCache. One with sliding-window layers gets a
+    ModelKvCache whose window groups release the blocks that fall out of the window (a decoding
+    sequence holds ceil(W / block_size) + 1 blocks of such a group); paged_windows=False keeps
+    every position of every layer in one KvCache instead. `num_device_blocks` sizes the pool of
+    full-attention layers, `window_device_blocks` (default: the same) each window group's.
+    `fields` are further CacheConfig fields (num_host_blocks, page_layout, ...)."""
+    shape = model_shape(config)
+    common = dict(num_layers=shape["num_layers"], block_size=block_size, backend=backend,
+                  **fields)
+    groups = _groups(shape, block_size, dtype, num_device_blocks,
+                     window_device_blocks or num_device_blocks) if paged_windows else None
+    if not groups:
+        return pagedkv.KvCache(num_kv_heads=shape["num_kv_heads"], head_dim=shape["head_dim"],
+                               num_device_blocks=num_device_blocks, dtype=dtype, **common)
+    return pagedkv.ModelKvCache(groups=groups, **common)
+
+
+def _groups(shape: dict, block_size: int, dtype: str, full_blocks: int,
+            window_blocks: int) -> Optional[list]:
+    """KV groups for a model with sliding layers: one for the full-attention layers, one per
+    window size; None when no layer slides by at least a block (pagedkv's smallest window), so
+    one uniform KvCache serves. A window below block_size stays in the full group: correct,
+    only not paged by window."""
+    by_window: dict = {}
+    for layer, window in enumerate(shape["windows"]):
+        by_window.setdefault(window if window >= block_size else 0, []).append(layer)
+    if set(by_window) == {0}:
+        return None
+    heads, dim = shape["num_kv_heads"], shape["head_dim"]
+    return [pagedkv.KvGroup(name=f"window{w}" if w else "full", layers=layers, num_kv_heads=heads,
+                            head_dim=dim, dtype=dtype, sliding_window=w,
+                            num_device_blocks=window_blocks if w else full_blocks)
+            for w, layers in sorted(by_window.items())]
+
+
+class PagedLayer(CacheLayerMixin):
+    """One model layer's face of a PagedCache: transformers asks layers for their lengths and
+    mask sizes and whether they slide; the K/V themselves live in the shared pool."""
+
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, cache: "PagedCache", layer: int, sliding_window: int,
+                 layer_type: str = "full_attention") -> None:
+        super().__init__()
+        self.layer_type = layer_type
+        self._cache = weakref.ref(cache)  # the cache owns its layers, not the reverse
+        self.layer = layer
+        self.sliding_window = sliding_window
+        self.is_sliding = sliding_window > 0
+        self.is_initialized = True
+
+    @property
+    def cache(self) -> "PagedCache":
+        """The PagedCache this layer belongs to."""
+        return self._cache()
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Nothing to allocate: the pool exists before the first token."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Routed to the cache, which owns the step (reserve, write, commit)."""
+        return self.cache.update(key_states, value_states, self.layer)
+
+    def first_visible(self, past: int) -> int:
+        """The first position this layer's attention sees when `past` tokens are cached: 0, or
+        for a window of W the W - 1 newest cached ones onwards (transformers' sliding layer
+        keeps exactly those, so the masks and the sums match its own cache's)."""
+        if not self.is_sliding:
+            return 0
+        return max(past - self.sliding_window + 1, 0)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """(kv_length, kv_offset) of the K/V update() will return, for transformers' masks."""
+        past = self.cache.get_seq_length()
+        offset = self.first_visible(past)
+        return past - offset + query_length, offset
+
+    def get_seq_length(self) -> int:
+        """Tokens cached (committed) for every row."""
+        return self.cache.get_seq_length()
+
+    def get_max_length(self) -> int:
+        """-1: the pool bounds the length, not the layer."""
+        return -1
+
+    def reset(self) -> None:
+        """Not supported: a pagedkv sequence is shortened by rollback, ended by finish."""
+        raise NotImplementedError("PagedCache: use finish() and a new PagedCache")
+
+
+class PagedCache(Cache):
+    """A transformers Cache whose K/V live in a pagedkv KvCache, one sequence per batch row.
+
+    PagedCache(model, kv=None, **kv_fields): `kv` is a KvCache or ModelKvCache made by
+    kv_cache_for (shared between requests for prefix hits); None makes one from `kv_fields`
+    (kv_cache_for's keywords, dtype defaulting to the model's). add(input_ids) admits the
+    rows before generate() and returns the prefix hit; without it the first forward admits
+    them and computes every token. finish() ends the rows (full blocks stay cached) and
+    unhooks the model.
+    """
+
+    def __init__(self, model: torch.nn.Module, kv: Any = None, **kv_fields: Any) -> None:
+        shape = model_shape(model.config)
+        if kv is None:
+            kv_fields.setdefault("dtype", pool_dtype(model.dtype))
+            kv = kv_cache_for(model.config, **kv_fields)
+        self.kv = kv
+        layers = [PagedLayer(self, i, w, t)
+                  for i, (w, t) in enumerate(zip(shape["windows"], shape["types"]))]
+        super().__init__(layers=layers)
+        self.ids: list[int] = []       # one pagedkv sequence per row
+        self.lengths: list[int] = []   # committed tokens of each row
+        self.rows: list[int] = []      # the rows a forward steps (select()); all by default
+        self.prefix_hit = 0            # tokens the last add() took from the prefix cache
+        self.computed_tokens = 0       # positions a row's K/V were computed for, over all steps
+        self._tokens: Optional[torch.Tensor] = None
+        self._step = None
+        self._in_place = False
+        self._commit = None
+        self._pools = [self._pool_views(layer) for layer in range(len(layers))]
+        self._nhd = kv.config.page_layout == pagedkv.PageLayout.NHD
+        model_cache = isinstance(kv, pagedkv.ModelKvCache)
+        self._group = [kv.layer_group(i)[0] if model_cache else 0 for i in range(len(layers))]
+        self._hook = model.register_forward_pre_hook(_weak_hook(self), with_kwargs=True)
+        self._config = model.config
+        # The decode kernel reads a uniform KvCache without windows (not a ModelKvCache).
+        self._kernel_ok = not model_cache and not any(shape["windows"])
+
+    # -- admission -----------------------------------------------------------------------------
+
+    def add(self, input_ids: torch.Tensor, use_prefix_cache: bool = True) -> int:
+        """Admits each row of `input_ids` [batch, len] as a new sequence and returns the tokens
+        every row takes from the prefix cache (rows are cut back to the shortest hit, since
+        transformers runs one length for the whole batch). generate() then computes only the
+        rest. Raises if rows are already admitted."""
+        if self.ids:
+            raise RuntimeError("PagedCache.add: rows already admitted; finish() first")
+        rows = input_ids.tolist()
+        ids = [self._new_id() for _ in rows]
+        hits = [self.kv.add_sequence(i, row) for i, row in zip(ids, rows)]
+        hit = min(hits) if use_prefix_cache else 0
+        for i, h in zip(ids, hits):
+            if h > hit:
+                self.kv.rollback(i, hit)
+        self.ids, self.lengths, self.prefix_hit = ids, [hit] * len(ids), hit
+        self.rows = list(range(len(ids)))
+        return hit
+
+    def add_row(self, prompt: Sequence[int]) -> tuple[int, int]:
+        """Admits one more request as a new row (the driver's way: rows of different lengths);
+        returns (row, tokens its prompt takes from the prefix cache). select() it to prefill."""
+        self._flush()
+        seq = self._new_id()
+        hit = self.kv.add_sequence(seq, list(prompt))
+        self.ids.append(seq)
+        self.lengths.append(hit)
+        return len(self.ids) - 1, hit
+
+    def select(self, rows: Sequence[int]) -> None:
+        """The rows the next forwards step, in this order (input_ids row i is rows[i])."""
+        self.rows = list(rows)
+
+    @property
+    def length(self) -> int:
+        """Committed tokens of the stepped rows when they agree (what transformers asks for);
+        the longest otherwise (then the caller passes position_ids and masks)."""
+        return max((self.lengths[r] for r in self.rows), default=0)
+
+    def finish(self) -> None:
+        """Ends every row (its full blocks stay in the prefix cache for later prompts) and
+        removes the model hook. The cache is empty afterwards and can add() again."""
+        self._flush()
+        for i in self.ids:
+            self.kv.finish(i)
+        self.ids, self.lengths, self.rows, self._step = [], [], [], None
+        self.close()
+
+    def close(self) -> None:
+        """Removes the forward hook (finish() does it too)."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def _new_id(self) -> int:
+        """A sequence id no sequence of the shared KvCache has."""
+        while True:
+            i = next(_next_id)
+            if not self.kv.contains(i):
+                return i
+
+    def _see_inputs(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        """Forward pre-hook: keeps the step's token ids (commit needs them) and admits the rows
+        on the first forward when add() was not called."""
+        if kwargs.get("past_key_values") is not self:
+            return
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        if input_ids is None:
+            raise NotImplementedError("PagedCache needs input_ids (the prefix index is keyed by "
+                                      "tokens); inputs_embeds alone are not supported")
+        if not self.ids:
+            self.add(input_ids, use_prefix_cache=False)
+        self._tokens = input_ids
+
+    # -- the step --------------------------------------------------------------------------------
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Writes the step's K/V [batch, heads, new, dim] of layer `layer_idx` into the pool and
+        returns the K/V the layer attends to, [batch, heads, visible, dim], read back from it.
+        Layer 0 begins the step (reserve); the last layer ends it (commit)."""
+        if layer_idx == 0:
+            self._begin_step(key_states.shape[-2])
+        self._write(layer_idx, key_states, value_states)
+        if self._in_place:
+            keys, values = _tagged(key_states, self, layer_idx), value_states
+        else:
+            keys, values = self._read(layer_idx, key_states.dtype)
+        if layer_idx == len(self.layers) - 1:
+            self._end_step()
+        return keys, values
+
+    def _begin_step(self, new: int) -> None:
+        """Reserves `new` slots in every row in one call and builds the batch whose slot mapping
+        the writes follow and whose block tables the reads follow."""
+        if self._tokens is None or tuple(self._tokens.shape) != (len(self.rows), new):
+            raise RuntimeError("PagedCache: the step's input_ids were not seen (call the model "
+                               "with input_ids=... and past_key_values=cache)")
+        self._flush()
+        ids = [self.ids[r] for r in self.rows]
+        self.kv.reserve_batch(ids, new)
+        self._in_place = (new == 1 and self._kernel_ok
+                          and getattr(self._config, "_attn_implementation", None) == ATTENTION)
+        batch = self.kv.build_batch(ids, csr=self._in_place)
+        groups = batch.groups if isinstance(batch, pagedkv.ModelBatch) else [batch]
+        tables = [torch.from_numpy(g.host.block_tables).long() for g in groups]
+        self._step = (batch, tables, new)
+
+    def _write(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """One write_kv_batch of every row's new tokens: [batch, heads, new, dim] becomes the
+        [tokens, heads, dim] rows the slot mapping lists (sequence after sequence)."""
+        batch, _, new = self._step
+        self.kv.write_kv_batch(batch, layer, _token_rows(key), _token_rows(value))
+
+    def _read(self, layer: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's visible K/V of every row, [batch, heads, visible, dim]: whole pages are
+        gathered from the zero-copy pool views (one contiguous copy each), then sliced to the
+        visible positions without a further copy."""
+        _, tables, new = self._step
+        self.kv.synchronize()  # the CPU backend writes on a worker stream
+        table = tables[self._group[layer]]
+        keys, values = self._pools[layer]
+        lengths = {self.lengths[r] for r in self.rows}
+        if len(lengths) > 1:
+            return (self._ragged(keys, table, layer, new).to(dtype),
+                    self._ragged(values, table, layer, new).to(dtype))
+        length = lengths.pop()
+        start = self.layers[layer].first_visible(length)
+        block_size = self.kv.config.block_size
+        first, last = start // block_size, (length + new - 1) // block_size
+        blocks = table[:, first:last + 1]
+        begin = start - first * block_size
+        return (self._pages(keys, blocks, begin, length + new - start).to(dtype),
+                self._pages(values, blocks, begin, length + new - start).to(dtype))
+
+    def visible(self, layer: int, new: int = 1) -> list[tuple[int, int]]:
+        """(first position, count) each stepped row's attention sees at `layer` in a step of
+        `new` tokens; rows of a ragged step are padded to the longest count (mask the rest)."""
+        out = []
+        for r in self.rows:
+            start = self.layers[layer].first_visible(self.lengths[r])
+            out.append((start, self.lengths[r] + new - start))
+        return out
+
+    def _ragged(self, pool: torch.Tensor, table: torch.Tensor, layer: int,
+                new: int) -> torch.Tensor:
+        """Rows of different lengths: each row's visible positions, left-aligned and padded to
+        the longest, as [batch, heads, longest, dim] (the padding holds other positions of the
+        row: mask it). When every row starts at the same offset in its first page (always for
+        full attention) whole pages are copied; otherwise positions are gathered one by one."""
+        spans = self.visible(layer, new)
+        longest = max(count for _, count in spans)
+        block_size = self.kv.config.block_size
+        start = torch.tensor([s for s, _ in spans])[:, None]
+        last = torch.tensor([s + c - 1 for s, c in spans])[:, None] // block_size
+        if len({s % block_size for s, _ in spans}) == 1:
+            begin = spans[0][0] % block_size
+            n = (begin + longest + block_size - 1) // block_size
+            index = torch.minimum(start // block_size + torch.arange(n)[None, :], last)
+            return self._pages(pool, table.gather(1, index), begin, longest)
+        count = torch.tensor([c for _, c in spans])[:, None]
+        pos = start + torch.minimum(torch.arange(longest)[None, :], count - 1)
+        blocks = table.gather(1, pos // block_size)
+        nhd = pool if self._nhd else pool.transpose(1, 2)  # [blocks, block_size, heads, dim]
+        return nhd[blocks, pos % block_size].transpose(1, 2)
+
+    def _pages(self, pool: torch.Tensor, blocks: torch.Tensor, begin: int,
+               count: int) -> torch.Tensor:
+        """Positions [begin, begin + count) of the pages `blocks` [batch, n] of one pool view,
+        as [batch, heads, count, dim]."""
+        pages = pool[blocks]  # [batch, n, block_size, heads, dim] (NHD) or [.., heads, bs, dim]
+        b, n = blocks.shape
+        if self._nhd:
+            rows = pages.reshape(b, n * pages.shape[2], pages.shape[3], pages.shape[4])
+            return rows[:, begin:begin + count].transpose(1, 2)
+        heads = pages.transpose(1, 2).reshape(b, pages.shape[2], n * pages.shape[3], -1)
+        return heads[:, :, begin:begin + count]
+
+    def _end_step(self) -> None:
+        """Commits the tokens the step read, row after row; full blocks enter the prefix index."""
+        _, _, new = self._step
+        ids = [self.ids[r] for r in self.rows]
+        self._commit = (ids, self._tokens.reshape(-1).tolist(), new)
+        if not self._in_place:  # else the last layer's attention still reads the batch
+            self._flush()
+        for r in self.rows:
+            self.lengths[r] += new
+        self.computed_tokens += new
+        self._tokens = None
+
+    def _flush(self) -> None:
+        """Commits the last step's tokens if that is still to do (a commit makes the step's
+        batch stale, so after in-place attention it waits for the next call)."""
+        if self._commit is not None:
+            self.kv.commit_batch(*self._commit)
+            self._commit, self._step = None, None
+
+    def _pool_views(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zero-copy torch views of one layer of the pool, [blocks, block_size, heads, dim] (NHD)
+        or [blocks, heads, block_size, dim] (HND); a page is contiguous in either."""
+        return tuple(torch.from_dlpack(a) for a in self.kv.layer_kv(layer))
+
+    # -- what transformers asks ------------------------------------------------------------------
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Tokens cached in the stepped rows (after add(): the prefix hit)."""
+        return self.length
+
+    def get_max_length(self, layer_idx: Optional[int] = None) -> int:
+        """-1: bounded by the pool, not by a fixed shape."""
+        return -1
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Not built yet (assisted decoding): pagedkv's rollback would do it."""
+        raise NotImplementedError("PagedCache.crop")
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Not built yet (beam search): pagedkv's fork would do it."""
+        raise NotImplementedError("PagedCache.reorder_cache")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Not built yet (num_return_sequences > 1): fork would do it."""
+        if repeats != 1:
+            raise NotImplementedError("PagedCache.batch_repeat_interleave")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Not built yet."""
+        raise NotImplementedError("PagedCache.batch_select_indices")
+
+
+class PagedGenerator:
+    """Serves many prompts through one model and one pagedkv cache, greedy: each prompt is
+    prefilled alone, computing only what its cached prefix lacks, then every request decodes
+    in one batch whatever its length (one reserve_batch, build_batch and commit_batch a step,
+    one write_kv_batch a layer), with the masks and positions that rows of different lengths
+    need. PagedGenerator(model, kv=None, **kv_fields), as PagedCache."""
+
+    def __init__(self, model: torch.nn.Module, kv: Any = None, **kv_fields: Any) -> None:
+        if kv is None:
+            kv_fields.setdefault("dtype", pool_dtype(model.dtype))
+            kv = kv_cache_for(model.config, **kv_fields)
+        self.model = model
+        self.kv = kv
+        self.prefix_hits: list[int] = []  # tokens each prompt of the last generate() reused
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 return_logits: bool = False) -> Any:
+        """The max_new_tokens greedy tokens of every prompt (a list of lists); with
+        return_logits, also each request's [max_new_tokens, vocab] logits. Every request ends
+        with finish(): its full blocks stay cached for later prompts."""
+        cache = PagedCache(self.model, self.kv)
+        try:
+            with torch.no_grad():
+                first = [self._prefill(cache, list(p)) for p in prompts]
+                self.prefix_hits = [hit for _, hit in first]
+                steps = [[logits] for logits, _ in first]
+                self._decode(cache, steps, max_new_tokens)
+        finally:
+            cache.finish()
+        tokens = [[int(s.argmax()) for s in request] for request in steps]
+        if return_logits:
+            return tokens, [torch.stack(request) for request in steps]
+        return tokens
+
+    def _prefill(self, cache: PagedCache, prompt: list) -> tuple[torch.Tensor, int]:
+        """Admits one prompt and runs the model over what the prefix cache lacks; returns the
+        last position's logits and the hit. transformers builds the masks from the cache."""
+        row, hit = cache.add_row(prompt)
+        cache.select([row])
+        input_ids = torch.tensor([prompt[hit:]])
+        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True)
+        return out.logits[0, -1], hit
+
+    def _decode(self, cache: PagedCache, steps: list, max_new_tokens: int) -> None:
+        """max_new_tokens - 1 batched steps over every request, appending each step's logits."""
+        cache.select(range(len(steps)))
+        for _ in range(max_new_tokens - 1):
+            input_ids = torch.tensor([[int(s[-1].argmax())] for s in steps])
+            positions = torch.tensor([[cache.lengths[r]] for r in cache.rows])
+            out = self.model(input_ids=input_ids, position_ids=positions,
+                             attention_mask=self._masks(cache), past_key_values=cache,
+                             use_cache=True)
+            for request, logits in zip(steps, out.logits[:, -1]):
+                request.append(logits)
+
+    def _masks(self, cache: PagedCache) -> Any:
+        """Additive 4D masks [batch, 1, 1, longest] of a decode step, one per layer type (a
+        dict, as hybrid models take it; one tensor for a one-type model): 0 over each row's
+        visible positions, the dtype's minimum over its padding. transformers uses a 4D mask
+        as given, so it never needs one length for the whole batch."""
+        dtype = self.model.dtype
+        masks = {}
+        for layer in cache.layers:
+            if layer.layer_type in masks:
+                continue
+            counts = torch.tensor([count for _, count in cache.visible(layer.layer, 1)])
+            longest = int(counts.max())
+            padding = torch.arange(longest)[None, :] >= counts[:, None]
+            mask = torch.zeros(len(counts), 1, 1, longest, dtype=dtype)
+            masks[layer.layer_type] = mask.masked_fill(padding[:, None, None, :],
+                                                       torch.finfo(dtype).min)
+        return masks.popitem()[1] if len(masks) == 1 else masks
+
+
+ATTENTION = "pagedkv"
+
+
+def register_attention(name: str = ATTENTION) -> str:
+    """Registers the paged decode attention with transformers under `name` (and sdpa's mask
+    for it) and returns the name: model.set_attn_implementation(name), or
+    from_pretrained(..., attn_implementation=name). Idempotent."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(name, paged_attention)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
+
+
+def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                    value: torch.Tensor, attention_mask: Any, scaling: Optional[float] = None,
+                    dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """An AttentionInterface function: a decode step (one new token a row) of a PagedCache
+    whose K/V the cache left in the pool is computed by pagedkv's decode attention kernel over
+    the step's batch (each row's own length, GQA by head groups); anything else (prefill,
+    another cache) goes to transformers' sdpa."""
+    paged = getattr(key, "_pagedkv", None)
+    if paged is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      dropout=dropout, scaling=scaling, **kwargs)
+    cache, layer = paged
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    q = query[:, :, 0, :].contiguous()  # [batch, q_heads, dim]
+    out = torch.from_dlpack(cache.kv._decode_attention(cache._step[0], q, layer, scaling))
+    return out.to(query.dtype)[:, None], None
+
+
+def _tagged(key: torch.Tensor, cache: PagedCache, layer: int) -> torch.Tensor:
+    """A view of the step's new keys marked for paged_attention: the K/V stay in the pool."""
+    view = key.view_as(key)
+    view._pagedkv = (cache, layer)
+    return view
+
+
+def _weak_hook(cache: PagedCache):
+    """A forward pre-hook that calls cache._see_inputs while the cache lives: the model must not
+    keep a cache (and its pool) alive after the caller dropped it without finish()."""
+    ref = weakref.ref(cache)
+
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        target = ref()
+        if target is not None:
+            target._see_inputs(module, args, kwargs)
+
+    return hook
+
+
+def _token_rows(x: torch.Tensor) -> torch.Tensor:
+    """[batch, heads, new, dim] as [batch * new, heads, dim] with each token's [heads, dim]
+    contiguous (what write_kv_batch reads); a copy only when the strides are not already so."""
+    b, h, n, d = x.shape
+    rows = x.transpose(1, 2).reshape(b * n, h, d)
+    if rows.stride(2) != 1 or rows.stride(1) != d:
+        rows = rows.contiguous()
+    return rows
+
+
+__all__ = ["ATTENTION", "PagedCache", "PagedGenerator", "PagedLayer", "kv_cache_for",
+           "model_shape", "paged_attention", "pool_dtype", "register_attention"]
