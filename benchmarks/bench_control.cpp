@@ -382,6 +382,21 @@ BENCHMARK_CAPTURE(BM_DecodeStepWithCommit, commit_batch, true)
     ->Unit(benchmark::kMicrosecond);
 
 // Longest-prefix match of a fully cached prompt (add + finish of a sequence that reuses it).
+// The timed loop of the prefix-match rows: each iteration adds `prompt` (cached) as a new
+// sequence, from id `first_id` on, and finishes it.
+void time_prefix_matches(benchmark::State& state, ControlPlane& cp,
+                         const std::vector<TokenId>& prompt, SequenceId first_id) {
+  SequenceId id = first_id;
+  for (auto _ : state) {
+    auto c = cp.add_sequence(id, prompt);
+    benchmark::DoNotOptimize(c);
+    (void)cp.finish(id);
+    ++id;
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(prompt.size()));
+  state.SetLabel("items = tokens matched");
+}
+
 void BM_PrefixMatch(benchmark::State& state) {
   const int64_t len = state.range(0);
   constexpr int32_t kBs = 16;
@@ -390,15 +405,7 @@ void BM_PrefixMatch(benchmark::State& state) {
   (void)cp->add_sequence(0, p).value();
   (void)cp->reserve(0, len).value();
   (void)cp->commit(0, p);
-  SequenceId id = 1;
-  for (auto _ : state) {
-    auto c = cp->add_sequence(id, p);
-    benchmark::DoNotOptimize(c);
-    (void)cp->finish(id);
-    ++id;
-  }
-  state.SetItemsProcessed(state.iterations() * len);
-  state.SetLabel("items = tokens matched");
+  time_prefix_matches(state, *cp, p, 1);
 }
 BENCHMARK(BM_PrefixMatch)->Arg(128)->Arg(1024)->Arg(8192)->Arg(32768);
 
@@ -458,15 +465,7 @@ void BM_PrefixMatchScattered(benchmark::State& state) {
   const int64_t len = state.range(0);
   SequenceId id = 0;
   auto cp = scattered_cache(len, state.range(1), &id);
-  const auto p = tokens(len, 1);
-  for (auto _ : state) {
-    auto c = cp->add_sequence(id, p);
-    benchmark::DoNotOptimize(c);
-    (void)cp->finish(id);
-    ++id;
-  }
-  state.SetItemsProcessed(state.iterations() * len);
-  state.SetLabel("items = tokens matched");
+  time_prefix_matches(state, *cp, tokens(len, 1), id);
 }
 BENCHMARK(BM_PrefixMatchScattered)->Args({1024, 1 << 20})->Args({32768, 1 << 20});
 

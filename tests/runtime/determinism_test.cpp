@@ -37,21 +37,9 @@ class JitterBackend final : public testing::ForwardingBackend {
   int64_t stalls() const { return stalls_; }
 
   std::string description() const override { return "jitter over " + inner().description(); }
-  Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind, Stream s) override {
-    PAGEDKV_RETURN_IF_ERROR(maybe_stall(s));
-    return inner().copy_async(dst, src, bytes, kind, s);
-  }
-  Status copy_batch(const CopyRegion* r, size_t n, CopyKind kind, Stream s) override {
-    PAGEDKV_RETURN_IF_ERROR(maybe_stall(s));
-    return inner().copy_batch(r, n, kind, s);
-  }
-  Status launch(const KernelLaunch& l, Stream s) override {
-    PAGEDKV_RETURN_IF_ERROR(maybe_stall(s));
-    return inner().launch(l, s);
-  }
 
  private:
-  Status maybe_stall(Stream s) {
+  Status before_work(Stream s) override {
     if (rng_() % 3 != 0) return ok_status();
     const auto us = std::chrono::microseconds(1 + rng_() % 60);
     ++stalls_;

@@ -48,15 +48,28 @@ class ForwardingBackend : public Backend {
   Status synchronize_event(Event e) override { return inner_->synchronize_event(e); }
   Status synchronize_stream(Stream s) override { return inner_->synchronize_stream(s); }
   Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind, Stream s) override {
+    PAGEDKV_RETURN_IF_ERROR(before_work(s));
     return inner_->copy_async(dst, src, bytes, kind, s);
   }
   Status copy_batch(const CopyRegion* r, size_t n, CopyKind kind, Stream s) override {
+    PAGEDKV_RETURN_IF_ERROR(before_work(s));
     return inner_->copy_batch(r, n, kind, s);
   }
   Status launch_host_func(Stream s, std::function<void()> fn) override {
     return inner_->launch_host_func(s, std::move(fn));
   }
-  Status launch(const KernelLaunch& l, Stream s) override { return inner_->launch(l, s); }
+  Status launch(const KernelLaunch& l, Stream s) override {
+    PAGEDKV_RETURN_IF_ERROR(before_work(s));
+    return inner_->launch(l, s);
+  }
+
+ protected:
+  /// Called before each copy or kernel launch is queued on `s` (not before a host function):
+  /// a subclass may queue something ahead of it there (a stall, a gate). An error is the call's.
+  virtual Status before_work(Stream s) {
+    (void)s;
+    return ok_status();
+  }
 
  private:
   std::unique_ptr<Backend> owned_;

@@ -40,21 +40,9 @@ class GatedTransfers final : public ForwardingBackend {
     gated_streams_.erase(s.handle);
     inner().destroy_stream(s);
   }
-  Status copy_async(void* dst, const void* src, size_t bytes, CopyKind kind, Stream s) override {
-    PAGEDKV_RETURN_IF_ERROR(hold(s));
-    return inner().copy_async(dst, src, bytes, kind, s);
-  }
-  Status copy_batch(const CopyRegion* r, size_t n, CopyKind kind, Stream s) override {
-    PAGEDKV_RETURN_IF_ERROR(hold(s));
-    return inner().copy_batch(r, n, kind, s);
-  }
-  Status launch(const KernelLaunch& l, Stream s) override {
-    PAGEDKV_RETURN_IF_ERROR(hold(s));
-    return inner().launch(l, s);
-  }
 
  private:
-  Status hold(Stream s) {
+  Status before_work(Stream s) override {
     if (!armed_ || gated_streams_.count(s.handle) == 0) return ok_status();
     return gates_.back()->close(inner(), s);
   }
