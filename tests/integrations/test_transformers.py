@@ -127,6 +127,59 @@ def test_without_add_the_first_forward_admits_and_computes_every_token():
     assert cache.computed_tokens == 40 + 5
 
 
+def test_rows_offloaded_and_restored_between_decode_steps_give_the_same_generation():
+    """A preemption mid-generation: before two decode forwards every row goes to the host tier,
+    the device pool is overwritten with NaN, and the rows come back (to whatever blocks are
+    free). Tokens and logits must not change: the K/V came back from the host copies."""
+    model = llama()
+    kv = kv_cache_for(model.config, num_device_blocks=64, num_host_blocks=64)
+    input_ids = prompt(21, 2)
+    reference = generate(model, input_ids, 16)
+    cache = PagedCache(model, kv)
+    forwards, preempted = [0], []
+
+    def preempt(module, args, kwargs):
+        forwards[0] += 1
+        if forwards[0] not in (4, 9):
+            return
+        for seq in cache.ids:
+            kv.offload(seq)
+        kv.synchronize()
+        assert all(kv.residency(seq) == pagedkv.SequenceResidency.HOST for seq in cache.ids)
+        for layer in range(model.config.num_hidden_layers):
+            for part in kv.layer_kv(layer):
+                torch.from_dlpack(part).fill_(float("nan"))
+        for seq in cache.ids:
+            kv.restore(seq)
+        preempted.append(forwards[0])
+
+    hook = model.register_forward_pre_hook(preempt, with_kwargs=True)
+    try:
+        paged = generate(model, input_ids, 16, past_key_values=cache)
+    finally:
+        hook.remove()
+        cache.finish()
+    assert preempted == [4, 9]
+    assert_same_generation(reference, paged)
+    assert kv.stats()["sequences_offloaded"] == 4
+    kv.check_invariants()
+
+
+def test_assisted_decoding_rolls_back_rejected_draft_tokens():
+    """Assisted (speculative) decoding: a small draft model proposes tokens, the model checks
+    several at once and crop()s the rejected ones, which rolls them back in pagedkv. The same
+    run over transformers' own cache is the reference, token for token."""
+    model = llama()
+    draft = tiny(transformers.LlamaConfig, transformers.LlamaForCausalLM, num_hidden_layers=1)
+    kv = kv_cache_for(model.config, num_device_blocks=64)
+    input_ids = prompt(21)
+    reference = generate(model, input_ids, 20, assistant_model=draft)
+    paged, cache = paged_generate(model, kv, input_ids, 20, assistant_model=draft)
+    assert_same_generation(reference, paged)
+    assert cache.computed_tokens > 21 + 19, "no draft token was ever rejected and rolled back"
+    kv.check_invariants()
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_half_pools_match_transformers_run_in_the_same_dtype(dtype):
     model = llama(dtype)

@@ -100,7 +100,6 @@ class PagedLayer(CacheLayerMixin):
     mask sizes and whether they slide; the K/V themselves live in the shared pool."""
 
     is_compileable = False
-    is_croppable = False
 
     def __init__(self, cache: "PagedCache", layer: int, sliding_window: int,
                  layer_type: str = "full_attention") -> None:
@@ -110,6 +109,8 @@ class PagedLayer(CacheLayerMixin):
         self.layer = layer
         self.sliding_window = sliding_window
         self.is_sliding = sliding_window > 0
+        # crop() is pagedkv's rollback; a window layer may have released what it would need.
+        self.is_croppable = not self.is_sliding
         self.is_initialized = True
 
     @property
@@ -404,8 +405,20 @@ class PagedCache(Cache):
         return -1
 
     def crop(self, tokens_to_remove: int) -> None:
-        """Not built yet (assisted decoding): pagedkv's rollback would do it."""
-        raise NotImplementedError("PagedCache.crop")
+        """Drops the last `-tokens_to_remove` tokens of every row (assisted decoding takes back
+        the draft tokens the model rejected): pagedkv's rollback, which frees blocks left empty
+        and keeps full blocks other sequences share. A positive count is refused, as
+        transformers' own layers do; 0 changes nothing."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"PagedCache.crop({tokens_to_remove}): pass a negative count of "
+                             "tokens to remove")
+        if tokens_to_remove == 0:
+            return
+        self._flush()
+        for r, seq in enumerate(self.ids):
+            keep = max(0, self.lengths[r] + tokens_to_remove)
+            self.kv.rollback(seq, keep)
+            self.lengths[r] = keep
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Not built yet (beam search): pagedkv's fork would do it."""
