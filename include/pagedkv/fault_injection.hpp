@@ -30,11 +30,17 @@ enum class FaultKind : uint8_t {
   kCopy = 1,        // copy_async, copy_batch (one call however many regions)
   kLaunch = 2,      // launch (the transfer engine's copy kernel too), launch_host_func
   kEvent = 3,       // create_stream, create_event, record_event, wait_event
-  kSync = 4,        // synchronize_stream, synchronize_event, query_event (fails without waiting)
+  kSync = 4,        // synchronize_stream, synchronize_event
+  kQuery = 5,       // query_event (fails without waiting)
 };
-inline constexpr int kNumFaultKinds = 5;
+inline constexpr int kNumFaultKinds = 6;
 
-/// "allocation", "copy", "launch", "event" or "sync".
+/// "allocation", "copy", "launch", "event", "sync" or "query".
+///
+/// Queries have their own kind because how many a call makes depends on timing (a poll stops at
+/// the first copy still running), so counting them with the waits would make the n-th sync fault
+/// land on different calls from run to run. A caller may absorb a failed query (a poll that
+/// fails is retried later); the other kinds come back from the call that met them.
 const char* fault_kind_name(FaultKind kind);
 
 /// Objects made through a FaultInjectionBackend and not yet released through it, for leak
@@ -92,6 +98,8 @@ class FaultInjectionBackend final : public Backend {
   int64_t count(FaultKind kind) const;
   /// Faults injected since construction or reset_counts().
   int64_t injected() const;
+  /// Faults of `kind` injected since construction or reset_counts().
+  int64_t injected(FaultKind kind) const;
   /// The message of the last injected fault ("" when none).
   std::string last_fault() const;
   /// Zeroes the counts, the injected count and the last fault; disarms every kind. The live
@@ -156,6 +164,7 @@ class FaultInjectionBackend final : public Backend {
   struct Counter {
     std::atomic<int64_t> calls{0};
     std::atomic<int64_t> target{0};  // the index of the call to fail; 0 when disarmed
+    std::atomic<int64_t> injected{0};
   };
   // Counts a call of `kind`; an error when it is the armed one.
   Status tick(FaultKind kind, const char* call);

@@ -18,6 +18,8 @@ const char* fault_kind_name(FaultKind kind) {
       return "event";
     case FaultKind::kSync:
       return "sync";
+    case FaultKind::kQuery:
+      return "query";
   }
   return "unknown";
 }
@@ -43,6 +45,10 @@ int64_t FaultInjectionBackend::count(FaultKind kind) const {
 
 int64_t FaultInjectionBackend::injected() const { return injected_.load(); }
 
+int64_t FaultInjectionBackend::injected(FaultKind kind) const {
+  return counters_[static_cast<size_t>(kind)].injected.load();
+}
+
 std::string FaultInjectionBackend::last_fault() const {
   std::lock_guard<std::mutex> lock(last_mutex_);
   return last_fault_;
@@ -52,6 +58,7 @@ void FaultInjectionBackend::reset_counts() {
   for (Counter& c : counters_) {
     c.target.store(0);
     c.calls.store(0);
+    c.injected.store(0);
   }
   injected_.store(0);
   capture_violations_.store(0);
@@ -106,6 +113,7 @@ Status FaultInjectionBackend::tick(FaultKind kind, const char* call) {
     return ok_status();
   }
   injected_.fetch_add(1);
+  c.injected.fetch_add(1);
   std::string message = std::string("injected fault: ") + fault_kind_name(kind) + " #" +
                         std::to_string(index) + " (" + call + ")";
   {
@@ -251,7 +259,7 @@ Status FaultInjectionBackend::wait_event(Stream stream, Event event) {
 
 StatusOr<bool> FaultInjectionBackend::query_event(Event event) {
   PAGEDKV_RETURN_IF_ERROR(outside_capture("query_event"));
-  PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kSync, "query_event"));
+  PAGEDKV_RETURN_IF_ERROR(tick(FaultKind::kQuery, "query_event"));
   return inner_.query_event(event);
 }
 

@@ -22,7 +22,7 @@ namespace {
 using testing::DeviceBuffer;
 
 constexpr FaultKind kAllKinds[] = {FaultKind::kAllocation, FaultKind::kCopy, FaultKind::kLaunch,
-                                   FaultKind::kEvent, FaultKind::kSync};
+                                   FaultKind::kEvent,      FaultKind::kSync, FaultKind::kQuery};
 
 template <typename Body>
 KernelLaunch make_launch(KernelId id, const Body& body, int64_t n) {
@@ -39,7 +39,13 @@ using testing::StreamGate;
 
 class FaultInjectionBackendTest : public ::testing::Test {
  protected:
-  FaultInjectionBackendTest() : inner_(create_cpu_backend()), fi_(*inner_) {}
+  FaultInjectionBackendTest() : inner_(create_cpu_backend()), fi_(*inner_) {
+    StatusOr<Event> e = inner_->create_event();  // made on the inner backend: not counted
+    EXPECT_OK(e);
+    if (e.ok()) recorded_ = *e;
+    EXPECT_OK(inner_->record_event(recorded_, Stream{}));
+  }
+  ~FaultInjectionBackendTest() override { inner_->destroy_event(recorded_); }
 
   // One call of `kind` through the wrapper; its status. Resources it makes are released.
   Status call(FaultKind kind) {
@@ -61,6 +67,8 @@ class FaultInjectionBackendTest : public ::testing::Test {
       }
       case FaultKind::kSync:
         return fi_.synchronize_stream(Stream{});
+      case FaultKind::kQuery:
+        return fi_.query_event(recorded_).status();
     }
     return internal_error("unknown kind");
   }
@@ -70,6 +78,7 @@ class FaultInjectionBackendTest : public ::testing::Test {
   std::vector<uint8_t> scratch_b_ = std::vector<uint8_t>(64, 2);
   std::unique_ptr<Backend> inner_;
   FaultInjectionBackend fi_;
+  Event recorded_{};  // recorded on the default stream, for query_event
 };
 
 TEST_F(FaultInjectionBackendTest, ReportsTheInnerKindAndDescription) {
@@ -80,6 +89,7 @@ TEST_F(FaultInjectionBackendTest, ReportsTheInnerKindAndDescription) {
   EXPECT_STREQ(fault_kind_name(FaultKind::kLaunch), "launch");
   EXPECT_STREQ(fault_kind_name(FaultKind::kEvent), "event");
   EXPECT_STREQ(fault_kind_name(FaultKind::kSync), "sync");
+  EXPECT_STREQ(fault_kind_name(FaultKind::kQuery), "query");
 }
 
 TEST_F(FaultInjectionBackendTest, PassthroughGivesTheInnerBackendsResults) {
@@ -135,7 +145,8 @@ TEST_F(FaultInjectionBackendTest, PassthroughGivesTheInnerBackendsResults) {
   EXPECT_EQ(fi_.count(FaultKind::kCopy), 3);
   EXPECT_EQ(fi_.count(FaultKind::kLaunch), 2);
   EXPECT_EQ(fi_.count(FaultKind::kEvent), 4);  // create_stream, create_event, record, wait
-  EXPECT_EQ(fi_.count(FaultKind::kSync), 4);   // synchronize_event, 2 synchronize_stream, query
+  EXPECT_EQ(fi_.count(FaultKind::kSync), 3);   // synchronize_event, 2 synchronize_stream
+  EXPECT_EQ(fi_.count(FaultKind::kQuery), 1);
   EXPECT_EQ(fi_.live(), LiveObjects{});
 }
 
@@ -159,6 +170,9 @@ TEST_F(FaultInjectionBackendTest, ExactlyTheNthCallOfTheArmedKindFailsOnce) {
     EXPECT_FALSE(fi_.armed(kind));
     EXPECT_EQ(fi_.count(kind), 6) << fault_kind_name(kind);
     EXPECT_EQ(fi_.injected(), 1) << fault_kind_name(kind);
+    for (FaultKind other : kAllKinds) {
+      EXPECT_EQ(fi_.injected(other), other == kind ? 1 : 0) << fault_kind_name(other);
+    }
   }
 }
 
@@ -173,7 +187,10 @@ TEST_F(FaultInjectionBackendTest, MessageNamesTheCall) {
   fi_.fail_nth(FaultKind::kEvent, 1);
   EXPECT_EQ(fi_.create_stream().status().message(), "injected fault: event #1 (create_stream)");
   fi_.fail_nth(FaultKind::kSync, 1);
-  EXPECT_EQ(fi_.query_event(Event{}).status().message(), "injected fault: sync #1 (query_event)");
+  EXPECT_EQ(fi_.synchronize_stream(Stream{}).message(),
+            "injected fault: sync #1 (synchronize_stream)");
+  fi_.fail_nth(FaultKind::kQuery, 1);
+  EXPECT_EQ(fi_.query_event(Event{}).status().message(), "injected fault: query #1 (query_event)");
 }
 
 TEST_F(FaultInjectionBackendTest, OtherKindsAreUnaffected) {
@@ -411,7 +428,7 @@ TEST(FaultInjectionBackend, FailedEventAndSyncCallsDoNothing) {
   EXPECT_EQ(fi.synchronize_stream(Stream{}).code(), StatusCode::kInternal);
   fi.fail_nth(FaultKind::kSync, 1);
   EXPECT_EQ(fi.synchronize_event(*ev).code(), StatusCode::kInternal);
-  fi.fail_nth(FaultKind::kSync, 1);
+  fi.fail_nth(FaultKind::kQuery, 1);
   EXPECT_EQ(fi.query_event(*ev).status().code(), StatusCode::kInternal);
   done = inner->query_event(*ev);
   ASSERT_OK(done);

@@ -197,6 +197,7 @@ class Harness {
   CacheConfig config_;
   Backend* inner_ = nullptr;                 // process-wide, see backends()
   FaultInjectionBackend* faults_ = nullptr;  // process-wide, wraps inner_; the cache's backend
+  FaultKind armed_kind_ = FaultKind::kCopy;  // the kind arm_fault() armed last (one at a time)
   std::vector<std::unique_ptr<void, std::function<void(void*)>>> buffers_;
   std::unique_ptr<MemoryStore> store_;  // the storage tier, when the input asks for one
   std::unique_ptr<KvCache> cache_;      // declared after the buffers and store: destroyed first

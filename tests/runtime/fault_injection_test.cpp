@@ -54,7 +54,7 @@ using testing::kv_value;
 using testing::model_rows;
 
 constexpr FaultKind kAllKinds[] = {FaultKind::kAllocation, FaultKind::kCopy, FaultKind::kLaunch,
-                                   FaultKind::kEvent, FaultKind::kSync};
+                                   FaultKind::kEvent,      FaultKind::kSync, FaultKind::kQuery};
 constexpr size_t kMaxProblemsPerRun = 6;
 
 CacheConfig scenario_config() {

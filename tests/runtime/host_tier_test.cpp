@@ -639,7 +639,9 @@ TEST_F(HostTierCpuTest, SeedDefect7OffloadAndRestoreAreAsynchronous) {
     auto done = std::async(std::launch::async, call);
     const bool returned = done.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
     EXPECT_TRUE(returned) << "the call waited for its copy";
-    if (returned) EXPECT_EQ(residency(1), SequenceResidency::kInFlight);
+    if (returned) {
+      EXPECT_EQ(residency(1), SequenceResidency::kInFlight);
+    }
     gated_->release();
     EXPECT_OK(done.get());
   };

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <string>
@@ -241,12 +242,13 @@ TEST_P(KvCacheRandomized, InjectedFaultsLoseNothing) {
   std::unique_ptr<KvWorkload> w = make_workload(options);
   ASSERT_NE(w, nullptr);
   const FaultKind kinds[] = {FaultKind::kCopy, FaultKind::kLaunch, FaultKind::kEvent,
-                             FaultKind::kSync};
+                             FaultKind::kSync, FaultKind::kQuery};
   std::mt19937_64 rng(11);
   const int64_t steps = std::min<int64_t>(steps_from_env(), 20000);
   for (int64_t done = 0; done < steps && !w->has_problem(); done += 10) {
     cache_backend.disarm_all();
-    cache_backend.fail_nth(kinds[(done / 10) % 4], 1 + static_cast<int64_t>(rng() % 30));
+    cache_backend.fail_nth(kinds[(done / 10) % std::size(kinds)],
+                           1 + static_cast<int64_t>(rng() % 30));
     for (FaultKind kind : kinds) {
       if (!io_backend.armed(kind)) io_backend.fail_nth(kind, 1 + static_cast<int64_t>(rng() % 30));
     }

@@ -246,7 +246,7 @@ TEST_F(StorageCacheTest, AFailedPollAfterAFetchLeavesTheFetchDoneAndTheReadLands
   faults_ = std::make_unique<FaultInjectionBackend>(*backend_);
   open(small_config());  // a restart, on the fault-injecting backend
   faults_->reset_counts();
-  faults_->fail_nth(FaultKind::kSync, 1);  // the first event query: the poll after the read
+  faults_->fail_nth(FaultKind::kQuery, 1);  // the first event query: the poll after the read
   const std::vector<TokenId> p0 = prompt(0);
   auto fetched = cache_->fetch_from_storage(p0);
   ASSERT_OK(fetched);

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <string>
@@ -146,7 +147,7 @@ TEST_P(StorageRandomTest, InjectedFaultsLoseNothing) {
   ASSERT_OK(w);
   workload_ = std::move(w).value();
   const FaultKind kinds[] = {FaultKind::kCopy, FaultKind::kLaunch, FaultKind::kEvent,
-                             FaultKind::kSync};
+                             FaultKind::kSync, FaultKind::kQuery};
   std::mt19937_64 rng(o.seed);
   const int64_t steps = std::min<int64_t>(steps_from_env(), 4000);
   for (int64_t done = 0; done < steps && !workload_->has_problem(); done += 10) {
@@ -158,7 +159,8 @@ TEST_P(StorageRandomTest, InjectedFaultsLoseNothing) {
       ASSERT_OK(workload_->start_cache(store_.get())) << describe(workload_->counters());
     }
     cache_backend.disarm_all();
-    cache_backend.fail_nth(kinds[(done / 10) % 4], 1 + static_cast<int64_t>(rng() % 30));
+    cache_backend.fail_nth(kinds[(done / 10) % std::size(kinds)],
+                           1 + static_cast<int64_t>(rng() % 30));
     for (FaultKind kind : kinds) {
       if (!io_backend.armed(kind)) io_backend.fail_nth(kind, 1 + static_cast<int64_t>(rng() % 30));
     }

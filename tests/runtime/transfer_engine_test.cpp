@@ -199,7 +199,9 @@ void offload_then_reuse(bool ordered, bool* offloaded_intact, bool* new_write_in
   // Reuse device block 1 for another sequence's writes, on the compute (default) stream.
   const kernels::FillBody write{reinterpret_cast<uint32_t*>(p.device_block(1)), 0x5a5a5a5au};
   ASSERT_OK(backend.launch({KernelId::kFill, &write, sizeof(write), block_bytes / 4}, Stream{}));
-  if (!ordered) ASSERT_OK(backend.synchronize_stream(Stream{}));  // the write lands first
+  if (!ordered) {
+    ASSERT_OK(backend.synchronize_stream(Stream{}));  // the write lands first
+  }
   backend.release();
 
   auto back = (*engine)->submit({restore(0, 3)}, Stream{});

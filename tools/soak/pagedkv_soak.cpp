@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <string>
@@ -94,18 +95,19 @@ int run(const Flags& f) {
   auto seconds = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
-  // Runs in chunks: every fault_every ops one kind of call (copy, launch, event, sync) is armed
-  // to fail within its next 30 calls (one armed at a time: the cache takes a fault back with
+  // Runs in chunks: every fault_every ops one kind of call (copy, launch, event, sync, query) is
+  // armed to fail within its next 30 calls (one armed at a time: the cache takes a fault back with
   // calls of its own), every progress_every ops the counters are printed.
   const pagedkv::FaultKind kinds[] = {pagedkv::FaultKind::kCopy, pagedkv::FaultKind::kLaunch,
-                                      pagedkv::FaultKind::kEvent, pagedkv::FaultKind::kSync};
+                                      pagedkv::FaultKind::kEvent, pagedkv::FaultKind::kSync,
+                                      pagedkv::FaultKind::kQuery};
   std::mt19937_64 rng(f.seed);
   const int64_t progress = f.progress_every > 0 ? f.progress_every : f.ops;
   const int64_t fault = f.fault_every > 0 ? f.fault_every : f.ops;
   for (int64_t done = 0; done < f.ops;) {
     if (faults != nullptr && done % fault == 0) {
       faults->disarm_all();
-      faults->fail_nth(kinds[rng() % 4], 1 + static_cast<int64_t>(rng() % 30));
+      faults->fail_nth(kinds[rng() % std::size(kinds)], 1 + static_cast<int64_t>(rng() % 30));
     }
     const int64_t n = std::min({f.ops - done, progress - done % progress, fault - done % fault});
     w.run(n);
