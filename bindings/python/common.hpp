@@ -303,5 +303,6 @@ void register_batch(nb::module_& m, nb::class_<PyCache>& cls);
 void register_reference(nb::module_& m, nb::class_<PyCache>& cls);
 void register_model_cache(nb::module_& m);
 void register_storage(nb::module_& m);
+void register_regions(nb::module_& m, nb::class_<PyCache>& cache);
 
 }  // namespace pagedkv::python

@@ -12,4 +12,5 @@ NB_MODULE(_C, m) {
   register_reference(m, cache);
   register_model_cache(m);
   register_storage(m);
+  register_regions(m, cache);
 }

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include "pagedkv/control_types.hpp"
 #include "pagedkv/device/paged_view.cuh"  // compiles with any C++17 compiler
 #include "pagedkv/ops.hpp"
+#include "pagedkv/regions.hpp"
 #include "pagedkv/status.hpp"
 #include "pagedkv/storage_tier.hpp"
 
@@ -183,6 +185,17 @@ class KvCache {
   const CacheConfig& group_config(int32_t g) const;
   /// Group `g`'s device pool. Requires 0 <= g < num_groups().
   PoolRef device_pool(int32_t g) const;
+  /// Every pool as a region to register with a transfer engine: per group, the device pool and,
+  /// when there is one, the host pool (regions.hpp).
+  std::vector<PoolRegion> regions() const;
+  /// How group `group`'s pool on `tier` (kDevice or kHost) lays its blocks out, with the
+  /// fingerprint of its layout and `model_id`. kOutOfRange for a group, kInvalidArgument for
+  /// kStorage, kFailedPrecondition for a host tier the cache does not have. Another process that
+  /// writes blocks through it (a peer's READ into this pool) must do so after the reserve that
+  /// gave it those blocks and a synchronize() (work still queued may touch a reused block), and
+  /// before commit, which declares the tokens' K/V written.
+  StatusOr<BlockGeometry> block_geometry(int32_t group, Tier tier,
+                                         const std::string& model_id = "") const;
   /// The group and in-group index of a model layer. kOutOfRange.
   StatusOr<LayerGroup> layer_group(int32_t layer) const;
 

@@ -358,7 +358,7 @@ class _KvCache:
 
     def __init__(self, config: _CacheConfig, enable_events: bool = True, event_capacity: int = 65536, storage: StorageTier | None = None, storage_staging_blocks: int = 64, device: int = -1, stream: object | None = None, step_shape: tuple[int, int, int] | None = None) -> None:
         """
-        Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)); `storage` a FileTier or RedisTier of the config's layout, which the cache holds; `device` the CUDA device (-1: the current one); `stream` the caller's stream (an int handle or an object with `cuda_stream`), on which the cache then queues its work.
+        Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)); `storage` a FileTier or RedisTier of the config's layout, which the cache holds; `device` the CUDA device (-1: the current one); `stream` the caller's stream (an int handle or an object with `cuda_stream`), on which the cache then queues its work; `step_shape` (max_batch, max_blocks_per_sequence, max_tokens) the largest step, for which the upload arena is sized now (KvCacheOptions::step_shape).
         """
 
     @property
@@ -567,6 +567,16 @@ class _KvCache:
     def _bench_step_cpp(self, ids: Sequence[int], steps: int) -> float:
         """
         Seconds for `steps` C++ steps of reserve_batch + build_batch + commit_batch.
+        """
+
+    def regions(self) -> list[dict[str, Any]]:
+        """
+        Every pool as a region to register with a transfer engine: dicts {group, tier, base, bytes, memory ('DRAM'/'VRAM'), device}, per group the device pool then the host pool.
+        """
+
+    def block_geometry(self, group: int = 0, tier: Tier = Tier.DEVICE, model_id: str = '') -> BlockGeometry:
+        """
+        The BlockGeometry of a group's pool on a tier (Tier.DEVICE or Tier.HOST), its fingerprint naming model_id too. A peer writes a sequence's blocks after the reserve that gave them and synchronize(), before commit. OutOfRangeError, InvalidArgumentError, FailedPreconditionError (no host tier).
         """
 
 class BatchArrays:
@@ -994,3 +1004,85 @@ class RedisTier(StorageTier):
         """host:port of the server."""
 
     def __repr__(self) -> str: ...
+
+class BlockGeometry:
+    """
+    How one pool lays its blocks out (pagedkv/regions.hpp): block b is the block_bytes bytes at base + b * block_bytes, layer l of it at layer_base[l] + b * block_bytes. Send to_dict() to a peer, which rebuilds it with BlockGeometry.from_dict.
+    """
+
+    @property
+    def group(self) -> int: ...
+
+    @property
+    def tier(self) -> Tier: ...
+
+    @property
+    def base(self) -> int: ...
+
+    @property
+    def bytes(self) -> int: ...
+
+    @property
+    def memory(self) -> str:
+        """"DRAM" or "VRAM" (NIXL's memory types)."""
+
+    @property
+    def device(self) -> int: ...
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def block_bytes(self) -> int: ...
+
+    @property
+    def layer_bytes(self) -> int: ...
+
+    @property
+    def layer_base(self) -> list[int]: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @property
+    def num_kv_heads(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def dtype(self) -> DType: ...
+
+    @property
+    def page_layout(self) -> PageLayout: ...
+
+    @property
+    def kv_kind(self) -> KvKind: ...
+
+    @property
+    def fingerprint(self) -> int: ...
+
+    def block_address(self, block: int) -> int:
+        """The address of the block's first byte. InvalidArgumentError."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain ints and strings, for the wire (e.g. json.dumps)."""
+
+    @staticmethod
+    def from_dict(d: dict) -> BlockGeometry:
+        """
+        The geometry to_dict() described. InvalidArgumentError for a missing or mistyped field, or a region too small for its blocks.
+        """
+
+def check_same_block_layout(a: BlockGeometry, b: BlockGeometry) -> None:
+    """
+    Raises FailedPreconditionError unless blocks of a and b hold the same bytes for the same tokens (same layout fingerprint, model id included, and block size in bytes).
+    """
+
+def pair_block_runs(src: BlockGeometry, src_ids: Sequence[int], dst: BlockGeometry, dst_ids: Sequence[int]) -> list[tuple[int, int, int, int, int, int]]:
+    """
+    Block src_ids[i] of src goes to dst_ids[i] of dst: the copies as runs (src_block, dst_block, blocks, src_address, dst_address, bytes), consecutive ids on both sides merged. InvalidArgumentError (sizes, ids), FailedPreconditionError (layouts differ).
+    """

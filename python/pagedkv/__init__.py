@@ -50,6 +50,7 @@ from .errors import (
 
 Batch = _C.Batch
 BatchArrays = _C.BatchArrays
+BlockGeometry = _C.BlockGeometry
 ControlEvent = _C.ControlEvent
 EventKind = _C.EventKind
 FileTier = _C.FileTier
@@ -60,6 +61,9 @@ SequenceResidency = _C.SequenceResidency
 StorageLayout = _C.StorageLayout
 StorageTier = _C.StorageTier
 Tier = _C.Tier
+# A cache's pools as regions for a transfer engine, block ids as addresses (docs/scale-out.md).
+check_same_block_layout = _C.check_same_block_layout
+pair_block_runs = _C.pair_block_runs
 
 __version__ = "0.1.0"
 
@@ -154,7 +158,8 @@ class ModelKvCache(_C._ModelKvCache):
 
 
 __all__ = [
-    "AlreadyExistsError", "BackendKind", "Batch", "BatchArrays", "CacheConfig", "CacheMode",
+    "AlreadyExistsError", "BackendKind", "Batch", "BatchArrays", "BlockGeometry", "CacheConfig",
+    "CacheMode", "check_same_block_layout", "pair_block_runs",
     "ControlEvent", "DType", "EventKind", "EvictionPolicy", "FailedPreconditionError",
     "FileTier", "InternalError", "InvalidArgumentError", "KvCache", "KvGroup", "KvKind",
     "ModelBatch", "ModelGroup", "ModelKvCache", "NotFoundError", "OutOfRangeError", "PageLayout",

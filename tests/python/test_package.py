@@ -31,7 +31,7 @@ def test_stubs_declare_every_public_name_of_the_extension():
     for cls in (pagedkv._C._KvCache, pagedkv.Batch, pagedkv.BatchArrays, pagedkv.ControlEvent,
                 pagedkv._C._ModelKvCache, pagedkv.ModelBatch, pagedkv.ModelGroup,
                 pagedkv._C._KvGroup, pagedkv._C._CacheConfig, pagedkv.StorageLayout,
-                pagedkv.StorageTier, pagedkv.FileTier, pagedkv.RedisTier):
+                pagedkv.StorageTier, pagedkv.FileTier, pagedkv.RedisTier, pagedkv.BlockGeometry):
         assert f"class {cls.__name__}" in stub
         for name in vars(cls):
             if not name.startswith("__"):

@@ -657,6 +657,18 @@ std::vector<Row> rows() {
       {"block_locations unknown id",
        [](Ctx& c) { return c.cache->block_locations(kSeqUnknown).status(); }, S::kNotFound,
        "does not exist"},
+      {"block_geometry group past num_groups",
+       [](Ctx& c) { return c.cache->block_geometry(1, Tier::kDevice).status(); }, S::kOutOfRange,
+       "group 1"},
+      {"block_geometry storage tier",
+       [](Ctx& c) { return c.cache->block_geometry(0, Tier::kStorage).status(); },
+       S::kInvalidArgument, "storage tier"},
+      {"pair_block_runs block past the pool",
+       [](Ctx& c) {
+         const BlockGeometry g = *c.cache->block_geometry(0, Tier::kDevice);
+         return pair_block_runs(g, {0}, g, {static_cast<int32_t>(g.num_blocks)}).status();
+       },
+       S::kInvalidArgument, "dst_ids[0]"},
       // ---- data-plane ops on the cache's pool ----
       {"op write_kv layer past num_layers",
        [](Ctx& c) {
