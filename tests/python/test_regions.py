@@ -122,3 +122,13 @@ def test_a_prompt_moves_to_another_cache_through_its_blocks(rng):
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
     assert decode_side.add_sequence(10, prompt) == 20  # the full blocks are its prefix now
+
+
+def test_the_nixl_module_says_what_it_needs_when_nixl_is_missing(monkeypatch):
+    import importlib
+    import sys
+    for name in ("nixl_cu13", "nixl"):
+        monkeypatch.setitem(sys.modules, name, None)  # makes `import name` fail
+    monkeypatch.delitem(sys.modules, "pagedkv.nixl", raising=False)
+    with pytest.raises(pagedkv.UnimplementedError, match="nixl-cu13==1.5.1"):
+        importlib.import_module("pagedkv.nixl")
