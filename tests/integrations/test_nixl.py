@@ -134,15 +134,20 @@ def fragment(cache, rng, n):
 
 
 def gathered(cache, seq):
+    return gathered_prefix(cache, seq, -1)
+
+
+def gathered_prefix(cache, seq, n):
+    """Every layer's K and V of the first n tokens (-1: all) as fp32 bytes."""
     out = []
     for layer in range(cache.config.num_layers):
-        k, v = cache.gather_layer(seq, layer, dtype=pagedkv.DType.FLOAT32)
+        k, v = cache.gather_layer(seq, layer, dtype=pagedkv.DType.FLOAT32, num_tokens=n)
         out += [np.asarray(k).tobytes(), np.asarray(v).tobytes()]
     return out
 
 
 @pytest.mark.parametrize("page_layout", ["NHD", "HND"])
-@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32", "fp8"])
 def test_prompts_move_and_read_as_the_prefill_side_wrote_them(start_prefill, dtype, page_layout):
     fields = cache_fields(dtype, page_layout)
     prefill = start_prefill(fields)
@@ -157,14 +162,26 @@ def test_prompts_move_and_read_as_the_prefill_side_wrote_them(start_prefill, dty
         moved = pull_prompt(peer, remote, seq, prompt, offer)
         assert moved == n
         local = [b for _, b in cache.block_locations(seq)]
-        runs_seen.append(len(pagedkv.pair_block_runs(remote.geometry, offer["ids"][:len(local)],
-                                                     peer.geometry, local)))
+        runs_seen.append((len(pagedkv.pair_block_runs(remote.geometry, offer["ids"][:len(local)],
+                                                      peer.geometry, local)), len(local)))
         assert gathered(cache, seq) == prefill.gather(seq), f"sequence {seq}"
         cache.check_invariants()
         # The moved prompt is this side's prefix now: its full blocks are a hit.
         assert cache.add_sequence(100 + seq, prompt) == min(n // 4 * 4, n - 1)  # >= 1 computed
         cache.erase(100 + seq)
-    assert any(r > 1 for r in runs_seen), "scattered ids split into several runs"
+        # And the decode side decodes on from it.
+        for step in range(3):
+            cache.reserve(seq, 1)
+            shape = (1, cache.config.num_kv_heads, cache.config.head_dim)
+            for layer in range(cache.config.num_layers):
+                cache.write_kv(seq, layer, rng.standard_normal(shape).astype(np.float32),
+                               rng.standard_normal(shape).astype(np.float32))
+            cache.commit(seq, [60000 + step])
+        assert cache.length(seq) == n + 3
+        assert gathered_prefix(cache, seq, n) == prefill.gather(seq), "decoding kept the prompt"
+        cache.check_invariants()
+    assert any(r > 1 for r, _ in runs_seen), "scattered ids split into several runs"
+    assert any(r < blocks for r, blocks in runs_seen), "consecutive ids merged into runs"
     state = prefill.released([1, 2, 3])
     assert state["released"] == [1, 2, 3] and state["pinned"] == 0
     assert not any(state["contains"].values()), "released sequences are finished"
