@@ -12,7 +12,8 @@ transformers = pytest.importorskip("transformers")
 
 import pagedkv  # noqa: E402
 from pagedkv.integrations.transformers import (  # noqa: E402
-    ATTENTION, PagedCache, PagedGenerator, kv_cache_for, pool_dtype, register_attention)
+    ATTENTION, PagedCache, PagedGenerator, SequenceEvictedError, kv_cache_for, pool_dtype,
+    register_attention)
 
 LOGIT_TOLERANCE = 1e-5
 
@@ -63,6 +64,13 @@ def assert_same_generation(reference, paged, tolerance=LOGIT_TOLERANCE):
     assert torch.equal(tokens, ref_tokens), f"tokens differ:\n{tokens}\n{ref_tokens}"
     diff = (logits.float() - ref_logits.float()).abs().max().item()
     assert diff <= tolerance, f"logits differ by {diff}"
+
+
+def poison(kv, num_layers):
+    """Fills the whole device pool with NaN: a position read before it is written shows."""
+    for layer in range(num_layers):
+        for part in kv.layer_kv(layer):
+            torch.from_dlpack(part).fill_(float("nan"))
 
 
 def paged_generate(model, kv, input_ids, new_tokens, **kwargs):
@@ -255,6 +263,7 @@ def test_the_driver_serves_prompts_of_different_lengths_in_one_batch(make):
     prompts = [prompt(21, seed=2)[0].tolist(), base, base[:35] + [5, 6, 7],
                prompt(9, seed=3)[0].tolist()]
     references = [generate(model, torch.tensor([p]), 14) for p in prompts]
+    poison(kv, model.config.num_hidden_layers)  # the ragged reads' padding must not read it
     generator = PagedGenerator(model, kv)
     tokens, logits = generator.generate(prompts, 14, return_logits=True)
     assert generator.prefix_hits == [0, 0, 32, 0]  # the third prompt reuses the second's blocks
@@ -295,3 +304,178 @@ def test_paged_attention_leaves_other_caches_to_sdpa():
     reference = generate(model, input_ids, 10)
     model.set_attn_implementation(ATTENTION)
     assert_same_generation(reference, generate(model, input_ids, 10))  # DynamicCache
+
+
+def blocks_used_and_held(kv, ids):
+    """(device blocks in use, blocks the sequences hold counted per sequence) of the pool that
+    holds the full-attention layers (a window model's first group): used < held means shared."""
+    if isinstance(kv, pagedkv.ModelKvCache):
+        return (kv.group(0).stats()["device"]["used_blocks"],
+                sum(kv.held_blocks(i, 0) for i in ids))
+    return kv.stats()["device"]["used_blocks"], sum(len(kv.block_locations(i)) for i in ids)
+
+
+@pytest.mark.parametrize("make", [llama, mistral], ids=["llama", "mistral"])
+def test_beam_search_forks_rows_and_equals_dynamic_cache(make):
+    """num_beams=3: generate() repeats each prompt three times (the rows share one prefill
+    through fork) and reorders the beams every step (reorder_cache: a fork of each chosen
+    parent, an erase of each dropped beam). Same sequences and scores as DynamicCache."""
+    model = make()
+    kv = kv_cache_for(model.config, num_device_blocks=64)
+    input_ids = prompt(21, 2)
+
+    def beams(**kwargs):
+        with torch.no_grad():
+            out = model.generate(input_ids, max_new_tokens=10, do_sample=False, num_beams=3,
+                                 num_return_sequences=2, output_scores=True,
+                                 return_dict_in_generate=True, **kwargs)
+        return out.sequences, out.sequences_scores
+
+    ref_tokens, ref_scores = beams()
+    cache = PagedCache(model, kv)
+    tokens, scores = beams(past_key_values=cache)
+    used, held = blocks_used_and_held(kv, cache.ids)
+    cache.finish()
+    assert torch.equal(tokens, ref_tokens), f"tokens differ:\n{tokens}\n{ref_tokens}"
+    assert (scores - ref_scores).abs().max().item() <= LOGIT_TOLERANCE
+    assert len(cache.ids) == 0 and held == 6 * 2  # 6 beams of 31 tokens: 2 blocks each
+    assert used < held, (used, held)  # the prompt's full block is one block for 3 beams
+    assert cache.computed_tokens == 21 + 9
+    kv.check_invariants()
+
+
+def test_sampled_return_sequences_share_the_prompt_blocks():
+    """num_return_sequences=3 (sampling, seeded: transformers refuses it greedy): the three
+    copies of a prompt are written once and forked, so after the prefill each prompt's rows
+    hold the same two blocks. Same tokens and logits as DynamicCache under the same seed."""
+    model = llama()
+    kv = kv_cache_for(model.config, num_device_blocks=64)
+    input_ids = prompt(21, 2)
+
+    def sample(**kwargs):
+        torch.manual_seed(5)
+        with torch.no_grad():
+            out = model.generate(input_ids, max_new_tokens=12, do_sample=True, top_k=0,
+                                 num_return_sequences=3, output_logits=True,
+                                 return_dict_in_generate=True, **kwargs)
+        return out.sequences, torch.stack(out.logits)
+
+    reference = sample()
+    cache = PagedCache(model, kv)
+    after_prefill = []
+
+    def look(module, args, kwargs):
+        if not after_prefill and cache.lengths and cache.lengths[0] == 21:
+            after_prefill.append(blocks_used_and_held(kv, cache.ids))
+
+    hook = model.register_forward_pre_hook(look, with_kwargs=True)
+    try:
+        paged = sample(past_key_values=cache)
+    finally:
+        hook.remove()
+        cache.finish()
+    assert_same_generation(reference, paged)
+    assert after_prefill == [(2 * 2, 6 * 2)]  # 2 blocks a prompt, held by its 3 rows
+    assert kv.stats()["copy_on_write"] > 0  # the rows diverged in the shared partial block
+    kv.check_invariants()
+
+
+def test_batch_repeat_interleave_and_select_equal_dynamic_cache():
+    """The Cache API by hand: a prefilled row repeated three times, a step where the copies
+    read the same token (written once), one where they diverge (copy-on-write), a selection
+    that drops a row and repeats another (erase, fork); logits as DynamicCache's each step."""
+    model = llama()
+    kv = kv_cache_for(model.config, num_device_blocks=64)
+    steps = [torch.tensor([[5], [5], [5]]), torch.tensor([[6], [7], [8]]),
+             torch.tensor([[9], [9], [10]])]
+
+    def run(cache):
+        logits, shared = [], []
+        with torch.no_grad():
+            logits.append(model(input_ids=prompt(21), past_key_values=cache).logits[:, -1])
+            cache.batch_repeat_interleave(3)
+            for i, step in enumerate(steps):
+                if i == 2:
+                    cache.batch_select_indices(torch.tensor([2, 0, 0]))
+                logits.append(model(input_ids=step, past_key_values=cache).logits[:, -1])
+                if isinstance(cache, PagedCache):
+                    shared.append(blocks_used_and_held(kv, cache.ids))
+        return logits, shared
+
+    reference, _ = run(transformers.DynamicCache(config=model.config))
+    cache = PagedCache(model, kv)
+    paged, shared = run(cache)
+    cache.finish()
+    for ref, got in zip(reference, paged):
+        assert (ref.expand_as(got) - got).abs().max().item() <= LOGIT_TOLERANCE
+    # 22 tokens in all three rows, one write: 2 blocks; then each row's second block its own
+    # (copy-on-write); then rows 1 and 2 continue row 0 and diverge, and the sequence of the
+    # row left out is erased: still 1 shared + 3 (5 if the dropped row had been kept).
+    assert shared == [(2, 6), (4, 6), (4, 6)], shared
+    kv.check_invariants()
+
+
+def test_generate_raises_when_pagedkv_drops_a_row_it_cannot_recompute():
+    """Another request on the shared cache needs the whole pool mid-generation: pagedkv drops
+    the inactive row. generate() cannot recompute it, so the next step raises, naming the
+    way out, instead of attending over missing K/V."""
+    model = llama()
+    kv = kv_cache_for(model.config, num_device_blocks=8)
+    cache = PagedCache(model, kv)
+    forwards = [0]
+
+    def other_request(module, args, kwargs):
+        forwards[0] += 1
+        if forwards[0] == 3:
+            kv.add_sequence(7, list(range(8 * 16)))
+            kv.reserve(7, 8 * 16)
+
+    hook = model.register_forward_pre_hook(other_request, with_kwargs=True)
+    try:
+        with pytest.raises(SequenceEvictedError, match="dropped by pagedkv.*PagedGenerator"):
+            generate(model, prompt(21), 10, past_key_values=cache)
+    finally:
+        hook.remove()
+        cache.finish()
+    assert kv.stats()["sequences_evicted"] == 1
+    kv.erase(7)
+    kv.check_invariants()
+
+
+@pytest.mark.parametrize("make, blocks", [(llama, 8), (mistral, 5), (gemma3, 6)],
+                         ids=["llama", "mistral", "gemma3"])
+def test_the_driver_recomputes_the_requests_pagedkv_evicted(make, blocks):
+    """8 requests through a pool that holds about two: admitting one makes pagedkv drop
+    another (drain_evicted_sequences), a decode step that does not fit sends the latest back
+    (preempted); both are recomputed from their prompt and the tokens they had. Every request
+    still gets exactly transformers' own generation."""
+    model = make()
+    kv = kv_cache_for(model.config, num_device_blocks=blocks)
+    prompts = [prompt(9 + 5 * i, seed=10 + i)[0].tolist() for i in range(8)]
+    poison(kv, model.config.num_hidden_layers)
+    references = [generate(model, torch.tensor([p]), 20) for p in prompts]
+    generator = PagedGenerator(model, kv)
+    tokens, logits = generator.generate(prompts, 20, return_logits=True)
+    for p, reference, new, step_logits in zip(prompts, references, tokens, logits):
+        assert_same_generation(reference, (torch.tensor([p + new]), step_logits[:, None]))
+    stats = generator.stats
+    assert stats["evicted"] > 0 and stats["recomputed"] >= stats["evicted"], stats
+    assert stats["recomputed"] == stats["evicted"] + stats["preempted"], stats
+    counts = kv.group(0).stats() if isinstance(kv, pagedkv.ModelKvCache) else kv.stats()
+    assert counts["sequences_evicted"] == stats["evicted"]
+    kv.check_invariants()
+
+
+def test_the_driver_under_pressure_with_a_host_tier_offloads_and_restores():
+    model = llama()
+    kv = kv_cache_for(model.config, num_device_blocks=8, num_host_blocks=16)
+    prompts = [prompt(9 + 5 * i, seed=10 + i)[0].tolist() for i in range(8)]
+    poison(kv, model.config.num_hidden_layers)
+    references = [generate(model, torch.tensor([p]), 20) for p in prompts]
+    generator = PagedGenerator(model, kv)
+    tokens = generator.generate(prompts, 20)
+    for p, reference, new in zip(prompts, references, tokens):
+        assert torch.equal(torch.tensor([p + new]), reference[0])
+    assert kv.stats()["sequences_offloaded"] > 0 and kv.stats()["sequences_restored"] > 0
+    assert generator.stats["evicted"] == 0  # moved to the host, not dropped
+    kv.check_invariants()

@@ -12,7 +12,9 @@ every row in one `reserve_batch`, each layer writes its new K/V through one `wri
 and reads the layer's K/V back from the pool (a gather over a zero-copy DLPack view of it),
 and the step ends with one `commit_batch` of the tokens the model read. The token ids come
 from a forward pre-hook on the model: transformers hands a cache K/V but never the tokens,
-and pagedkv's prefix index is keyed by tokens.
+and pagedkv's prefix index is keyed by tokens. Beam search and repeated rows are pagedkv's
+fork (rows share blocks, copy-on-write); PagedGenerator recomputes a request whose sequence
+pagedkv dropped to make room.
 
 Needs torch and transformers (tested: torch 2.14.0, transformers 5.20.2, scripts/test-integrations).
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections import deque
 from typing import Any, Optional, Sequence
 
 import torch
@@ -30,6 +33,11 @@ import pagedkv
 _POOL_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 _SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 _next_id = itertools.count(1 << 40)  # far from ids a server picks by hand on a shared KvCache
+
+
+class SequenceEvictedError(RuntimeError):
+    """A row's pagedkv sequence was dropped to make room (its K/V are gone) and the caller cannot
+    recompute it: generate() through a PagedCache. PagedGenerator recomputes such requests."""
 
 
 def pool_dtype(dtype: torch.dtype) -> str:
@@ -161,7 +169,8 @@ class PagedCache(Cache):
     (kv_cache_for's keywords, dtype defaulting to the model's). add(input_ids) admits the
     rows before generate() and returns the prefix hit; without it the first forward admits
     them and computes every token. finish() ends the rows (full blocks stay cached) and
-    unhooks the model.
+    unhooks the model. Rows repeated (num_return_sequences, beams) or reordered (beam search)
+    are pagedkv forks: they share blocks, copied on write.
     """
 
     def __init__(self, model: torch.nn.Module, kv: Any = None, **kv_fields: Any) -> None:
@@ -173,12 +182,20 @@ class PagedCache(Cache):
         layers = [PagedLayer(self, i, w, t)
                   for i, (w, t) in enumerate(zip(shape["windows"], shape["types"]))]
         super().__init__(layers=layers)
-        self.ids: list[int] = []       # one pagedkv sequence per row
+        self.ids: list[Optional[int]] = []  # one pagedkv sequence per row; None: row ended
         self.lengths: list[int] = []   # committed tokens of each row
         self.rows: list[int] = []      # the rows a forward steps (select()); all by default
         self.prefix_hit = 0            # tokens the last add() took from the prefix cache
         self.computed_tokens = 0       # positions a row's K/V were computed for, over all steps
+        self.evicted_rows = 0          # rows whose sequence pagedkv dropped to make room
+        # Deferred forks, child row -> parent row: the child shares the parent's blocks from
+        # the parent's next step on when both step the same tokens (the repeated rows of
+        # num_return_sequences and beams), so that step writes the K/V once.
+        self._forks: dict[int, int] = {}
+        self._lost: list[int] = []
         self._tokens: Optional[torch.Tensor] = None
+        self._mask: Any = None
+        self._reserved: Optional[tuple] = None
         self._step = None
         self._in_place = False
         self._commit = None
@@ -197,26 +214,44 @@ class PagedCache(Cache):
         """Admits each row of `input_ids` [batch, len] as a new sequence and returns the tokens
         every row takes from the prefix cache (rows are cut back to the shortest hit, since
         transformers runs one length for the whole batch). generate() then computes only the
-        rest. Raises if rows are already admitted."""
+        rest. A row equal to an earlier one (generate() repeats each prompt for
+        num_return_sequences and beams) becomes a fork of it after the first step, which
+        writes its K/V once. Raises if rows are already admitted."""
         if self.ids:
             raise RuntimeError("PagedCache.add: rows already admitted; finish() first")
         rows = input_ids.tolist()
         ids = [self._new_id() for _ in rows]
-        hits = [self.kv.add_sequence(i, row) for i, row in zip(ids, rows)]
-        hit = min(hits) if use_prefix_cache else 0
-        for i, h in zip(ids, hits):
+        first: dict = {}
+        hits = []
+        for r, (seq, row) in enumerate(zip(ids, rows)):
+            parent = first.setdefault(tuple(row), r)
+            if parent != r:
+                self._forks[r] = parent
+            else:
+                hits.append((seq, self.kv.add_sequence(seq, row)))
+        hit = min(h for _, h in hits) if use_prefix_cache else 0
+        for seq, h in hits:
             if h > hit:
-                self.kv.rollback(i, hit)
+                self.kv.rollback(seq, hit)
         self.ids, self.lengths, self.prefix_hit = ids, [hit] * len(ids), hit
         self.rows = list(range(len(ids)))
         return hit
 
     def add_row(self, prompt: Sequence[int]) -> tuple[int, int]:
         """Admits one more request as a new row (the driver's way: rows of different lengths);
-        returns (row, tokens its prompt takes from the prefix cache). select() it to prefill."""
+        returns (row, tokens its prompt takes from the prefix cache). select() it to prefill.
+        A prompt cached whole is cut back by one token: its forward needs a token to compute."""
         self._flush()
+        prompt = list(prompt)
         seq = self._new_id()
-        hit = self.kv.add_sequence(seq, list(prompt))
+        hit = self.kv.add_sequence(seq, prompt)
+        if prompt and hit >= len(prompt):
+            hit = len(prompt) - 1
+            try:
+                self.kv.rollback(seq, hit)
+            except pagedkv.FailedPreconditionError:  # a window group released what that needs
+                hit = 0
+                self.kv.rollback(seq, hit)
         self.ids.append(seq)
         self.lengths.append(hit)
         return len(self.ids) - 1, hit
@@ -224,6 +259,36 @@ class PagedCache(Cache):
     def select(self, rows: Sequence[int]) -> None:
         """The rows the next forwards step, in this order (input_ids row i is rows[i])."""
         self.rows = list(rows)
+
+    def reserve(self, new: int) -> None:
+        """Reserves the next forward's `new` slots of every selected row now, so a caller that
+        can recompute learns before running the model whether the step fits
+        (ResourceExhaustedError, nothing changed) and which other rows pagedkv dropped to make
+        room (lost_rows()). The forward must follow with the same rows."""
+        self._reserve_rows(new, None)
+
+    def lost_rows(self) -> list[int]:
+        """Rows whose sequence pagedkv dropped to make room since the last call (their K/V are
+        gone; the rows are ended). Another owner of the shared KvCache may have drained the
+        report, so rows are also checked one by one."""
+        self._note_victims(self.kv.drain_evicted_sequences())
+        gone = [seq for r, seq in enumerate(self.ids)
+                if seq is not None and r not in self._forks and not self.kv.contains(seq)]
+        self._note_victims(gone)
+        lost, self._lost = self._lost, []
+        return lost
+
+    def end_row(self, row: int, keep: bool = True) -> None:
+        """Ends one row: finish() (keep: its full blocks stay cached for later prompts) or erase
+        its sequence. The row index stays; it is never stepped again."""
+        self._flush()
+        self._fork_pending(parent=row)
+        seq = self.ids[row]
+        if row in self._forks:
+            del self._forks[row]
+        elif seq is not None and self.kv.contains(seq):
+            (self.kv.finish if keep else self.kv.erase)(seq)
+        self.ids[row] = None
 
     @property
     def length(self) -> int:
@@ -235,9 +300,11 @@ class PagedCache(Cache):
         """Ends every row (its full blocks stay in the prefix cache for later prompts) and
         removes the model hook. The cache is empty afterwards and can add() again."""
         self._flush()
-        for i in self.ids:
-            self.kv.finish(i)
+        for r, seq in enumerate(self.ids):
+            if seq is not None and r not in self._forks and self.kv.contains(seq):
+                self.kv.finish(seq)
         self.ids, self.lengths, self.rows, self._step = [], [], [], None
+        self._forks, self._reserved = {}, None
         self.close()
 
     def close(self) -> None:
@@ -265,6 +332,93 @@ class PagedCache(Cache):
         if not self.ids:
             self.add(input_ids, use_prefix_cache=False)
         self._tokens = input_ids
+        self._mask = kwargs.get("attention_mask")
+
+    # -- fork ------------------------------------------------------------------------------------
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeats every row `repeats` times in place (row r becomes rows r * repeats ...), as
+        transformers' layers do for num_return_sequences: each copy is a fork of the row,
+        sharing its blocks (copied on write), made when the rows next step different tokens."""
+        if repeats < 1:
+            raise ValueError(f"PagedCache.batch_repeat_interleave({repeats})")
+        if repeats == 1:
+            return
+        self._flush()
+        ids, lengths, forks = [], [], {}
+        for r, seq in enumerate(self.ids):
+            if seq is None:
+                raise SequenceEvictedError(f"PagedCache: row {r} has no sequence to repeat")
+            root = self._forks.get(r, r) * repeats  # the first copy of the row's root
+            for copy in range(repeats):
+                if len(ids) != root:
+                    forks[len(ids)] = root
+                ids.append(seq if copy == 0 else self._new_id())
+                lengths.append(self.lengths[r])
+        self._forks = forks
+        self.ids, self.lengths, self.rows = ids, lengths, list(range(len(ids)))
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Beam search: row i continues from row beam_idx[i]. The first row that picks a parent
+        takes its sequence over, the others fork it (blocks shared, copied on write), and the
+        rows no beam picked are erased: no K/V byte moves here."""
+        self._select(beam_idx)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keeps rows `indices` in that order (as transformers' layers do); the same as
+        reorder_cache: repeats are forks, rows left out are erased."""
+        self._select(indices)
+
+    def _select(self, indices: Any) -> None:
+        order = [int(i) for i in (indices.tolist() if hasattr(indices, "tolist") else indices)]
+        if order == list(range(len(self.ids))):
+            return
+        self._flush()
+        self._fork_pending()
+        ids, taken = [], set()
+        for old in order:
+            seq = self.ids[old]
+            if seq is None:
+                raise SequenceEvictedError(f"PagedCache: row {old} has no sequence to select")
+            if old in taken:
+                child = self._new_id()
+                self.kv.fork(seq, child)
+                seq = child
+            taken.add(old)
+            ids.append(seq)
+        for old, seq in enumerate(self.ids):
+            if old not in taken and seq is not None and self.kv.contains(seq):
+                self.kv.erase(seq)  # a dropped beam: nothing worth keeping cached
+        self.lengths = [self.lengths[old] for old in order]
+        self.ids, self.rows = ids, list(range(len(ids)))
+
+    def _fork_pending(self, parent: Optional[int] = None, keep: Sequence[int] = ()) -> None:
+        """Makes the deferred forks (of `parent` only, when given; but those in `keep`) now: a
+        child then shares what its parent holds before the parent changes."""
+        for child, p in list(self._forks.items()):
+            if child in keep or (parent is not None and p != parent):
+                continue
+            self.kv.fork(self.ids[p], self.ids[child])
+            del self._forks[child]
+
+    def _riders(self, tokens: Optional[torch.Tensor]) -> list[int]:
+        """The deferred children that ride this step on their parent's K/V: child and parent
+        both stepped, with the same tokens (and attention mask). The others fork now."""
+        if not self._forks:
+            return []
+        if tokens is None or not (self._mask is None or isinstance(self._mask, torch.Tensor)):
+            return []
+        at = {r: i for i, r in enumerate(self.rows)}
+        riders = []
+        for child, parent in self._forks.items():
+            if child in at and parent in at:
+                i, j = at[child], at[parent]
+                same = torch.equal(tokens[i], tokens[j])
+                if same and self._mask is not None:
+                    same = self._mask.dim() == 2 and torch.equal(self._mask[i], self._mask[j])
+                if same:
+                    riders.append(child)
+        return riders
 
     # -- the step --------------------------------------------------------------------------------
 
@@ -284,33 +438,81 @@ class PagedCache(Cache):
             self._end_step()
         return keys, values
 
+    def _reserve_rows(self, new: int, tokens: Optional[torch.Tensor]) -> None:
+        """One reserve_batch of the stepped rows that own a sequence (riders use their
+        parent's), after checking none was dropped; then notes the rows pagedkv dropped."""
+        self._flush()
+        riders = self._riders(tokens)
+        self._fork_pending(keep=riders)
+        missing = [r for r in self.rows if self.ids[r] is None
+                   or (r not in self._forks and not self.kv.contains(self.ids[r]))]
+        if missing:
+            raise SequenceEvictedError(
+                f"PagedCache: the sequences of rows {missing} were dropped by pagedkv to make "
+                "room (another request's reserve on the shared cache); their K/V are gone and "
+                "generate() cannot recompute them. Give the cache a host tier "
+                "(num_host_blocks: rows are offloaded instead), a larger pool, or serve the "
+                "requests through PagedGenerator, which recomputes them")
+        owners = [i for i, r in enumerate(self.rows) if r not in self._forks]
+        self.kv.reserve_batch([self.ids[self.rows[i]] for i in owners], new)
+        self._note_victims(self.kv.drain_evicted_sequences())
+        self._reserved = (list(self.rows), new, owners)
+
+    def _note_victims(self, victims: Sequence[int]) -> None:
+        """Ends the rows whose sequences are among `victims` (and children deferred on them)."""
+        if not victims:
+            return
+        gone = set(victims)
+        for r, seq in enumerate(self.ids):
+            if seq in gone and r not in self._forks:
+                self.ids[r] = None
+                self._lost.append(r)
+                self.evicted_rows += 1
+        for child, parent in list(self._forks.items()):
+            if self.ids[parent] is None:
+                del self._forks[child]
+                self.ids[child] = None
+                self._lost.append(child)
+
     def _begin_step(self, new: int) -> None:
-        """Reserves `new` slots in every row in one call and builds the batch whose slot mapping
-        the writes follow and whose block tables the reads follow."""
+        """Reserves `new` slots in every row in one call (unless reserve() did) and builds the
+        batch whose slot mapping the writes follow and whose block tables the reads follow."""
         if self._tokens is None or tuple(self._tokens.shape) != (len(self.rows), new):
             raise RuntimeError("PagedCache: the step's input_ids were not seen (call the model "
                                "with input_ids=... and past_key_values=cache)")
-        self._flush()
-        ids = [self.ids[r] for r in self.rows]
-        self.kv.reserve_batch(ids, new)
-        self._in_place = (new == 1 and self._kernel_ok
+        reserved = self._reserved
+        if reserved is None or reserved[0] != self.rows or reserved[1] != new:
+            self._reserve_rows(new, self._tokens)
+        owners = self._reserved[2]
+        self._reserved = None
+        ids = [self.ids[self.rows[i]] for i in owners]
+        alone = len(owners) == len(self.rows)
+        self._in_place = (alone and new == 1 and self._kernel_ok
                           and getattr(self._config, "_attn_implementation", None) == ATTENTION)
         batch = self.kv.build_batch(ids, csr=self._in_place)
         groups = batch.groups if isinstance(batch, pagedkv.ModelBatch) else [batch]
         tables = [torch.from_numpy(g.host.block_tables).long() for g in groups]
-        self._step = (batch, tables, new)
+        if not alone:  # a rider reads its parent's table row
+            at = {self.rows[i]: k for k, i in enumerate(owners)}
+            pick = torch.tensor([at[self._forks.get(r, r)] for r in self.rows])
+            tables = [t[pick] for t in tables]
+            owners = torch.tensor(owners)
+        self._step = (batch, tables, new, None if alone else owners)
 
     def _write(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
         """One write_kv_batch of every row's new tokens: [batch, heads, new, dim] becomes the
-        [tokens, heads, dim] rows the slot mapping lists (sequence after sequence)."""
-        batch, _, new = self._step
+        [tokens, heads, dim] rows the slot mapping lists (sequence after sequence); a rider's
+        K/V are its parent's and are not written."""
+        batch, _, _, owners = self._step
+        if owners is not None:
+            key, value = key[owners], value[owners]
         self.kv.write_kv_batch(batch, layer, _token_rows(key), _token_rows(value))
 
     def _read(self, layer: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's visible K/V of every row, [batch, heads, visible, dim]: whole pages are
         gathered from the zero-copy pool views (one contiguous copy each), then sliced to the
         visible positions without a further copy."""
-        _, tables, new = self._step
+        _, tables, new, _ = self._step
         self.kv.synchronize()  # the CPU backend writes on a worker stream
         table = tables[self._group[layer]]
         keys, values = self._pools[layer]
@@ -339,20 +541,25 @@ class PagedCache(Cache):
     def _ragged(self, pool: torch.Tensor, table: torch.Tensor, layer: int,
                 new: int) -> torch.Tensor:
         """Rows of different lengths: each row's visible positions, left-aligned and padded to
-        the longest, as [batch, heads, longest, dim] (the padding holds other positions of the
-        row: mask it). When every row starts at the same offset in its first page (always for
-        full attention) whole pages are copied; otherwise positions are gathered one by one."""
+        the longest, as [batch, heads, longest, dim] (the padding is zeros or a copy of a
+        position of the row: mask it). When every row starts at the same offset in its first
+        page (always for full attention) whole pages are copied; otherwise positions are
+        gathered one by one."""
         spans = self.visible(layer, new)
         longest = max(count for _, count in spans)
         block_size = self.kv.config.block_size
         start = torch.tensor([s for s, _ in spans])[:, None]
         last = torch.tensor([s + c - 1 for s, c in spans])[:, None] // block_size
+        count = torch.tensor([c for _, c in spans])[:, None]
         if len({s % block_size for s, _ in spans}) == 1:
             begin = spans[0][0] % block_size
             n = (begin + longest + block_size - 1) // block_size
             index = torch.minimum(start // block_size + torch.arange(n)[None, :], last)
-            return self._pages(pool, table.gather(1, index), begin, longest)
-        count = torch.tensor([c for _, c in spans])[:, None]
+            rows = self._pages(pool, table.gather(1, index), begin, longest)
+            # A page's tail past the row's length was never written: whatever a reused block
+            # held (NaN too) would reach the output through the masked weights (0 * NaN).
+            padding = torch.arange(longest)[None, :] >= count
+            return rows.masked_fill_(padding[:, None, :, None], 0) if padding.any() else rows
         pos = start + torch.minimum(torch.arange(longest)[None, :], count - 1)
         blocks = table.gather(1, pos // block_size)
         nhd = pool if self._nhd else pool.transpose(1, 2)  # [blocks, block_size, heads, dim]
@@ -371,12 +578,15 @@ class PagedCache(Cache):
         return heads[:, :, begin:begin + count]
 
     def _end_step(self) -> None:
-        """Commits the tokens the step read, row after row; full blocks enter the prefix index."""
-        _, _, new = self._step
-        ids = [self.ids[r] for r in self.rows]
-        self._commit = (ids, self._tokens.reshape(-1).tolist(), new)
+        """Commits the tokens the step read, row after row (full blocks enter the prefix index),
+        then makes the riders' forks: they share the blocks just written."""
+        _, _, new, owners = self._step
+        tokens = self._tokens if owners is None else self._tokens[owners]
+        stepped = self.rows if owners is None else [self.rows[i] for i in owners.tolist()]
+        self._commit = ([self.ids[r] for r in stepped], tokens.reshape(-1).tolist(), new)
         if not self._in_place:  # else the last layer's attention still reads the batch
             self._flush()
+        self._fork_pending()  # only riders are left deferred by now
         for r in self.rows:
             self.lengths[r] += new
         self.computed_tokens += new
@@ -415,31 +625,41 @@ class PagedCache(Cache):
         if tokens_to_remove == 0:
             return
         self._flush()
+        self._fork_pending()
         for r, seq in enumerate(self.ids):
+            if seq is None:
+                continue
             keep = max(0, self.lengths[r] + tokens_to_remove)
             self.kv.rollback(seq, keep)
             self.lengths[r] = keep
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Not built yet (beam search): pagedkv's fork would do it."""
-        raise NotImplementedError("PagedCache.reorder_cache")
 
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        """Not built yet (num_return_sequences > 1): fork would do it."""
-        if repeats != 1:
-            raise NotImplementedError("PagedCache.batch_repeat_interleave")
+class _Request:
+    """One prompt in PagedGenerator: what it generated, and the cache row holding its K/V."""
 
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Not built yet."""
-        raise NotImplementedError("PagedCache.batch_select_indices")
+    def __init__(self, index: int, prompt: list) -> None:
+        self.index = index
+        self.prompt = prompt
+        self.tokens: list[int] = []
+        self.logits: list[torch.Tensor] = []
+        self.row: Optional[int] = None
+        self.admissions = 0
 
 
 class PagedGenerator:
-    """Serves many prompts through one model and one pagedkv cache, greedy: each prompt is
-    prefilled alone, computing only what its cached prefix lacks, then every request decodes
-    in one batch whatever its length (one reserve_batch, build_batch and commit_batch a step,
-    one write_kv_batch a layer), with the masks and positions that rows of different lengths
-    need. PagedGenerator(model, kv=None, **kv_fields), as PagedCache."""
+    """Serves many prompts through one model and one pagedkv cache, greedy. Requests are
+    admitted in order, each prefilled alone (computing only what its cached prefix lacks), and
+    every admitted request decodes in one batch whatever its length (one reserve_batch,
+    build_batch and commit_batch a step, one write_kv_batch a layer), with the masks and
+    positions that rows of different lengths need. PagedGenerator(model, kv=None,
+    **kv_fields), as PagedCache.
+
+    Under memory pressure a pool smaller than the requests together is enough: a request whose
+    sequence pagedkv dropped to make room (drain_evicted_sequences) goes back to the queue, and
+    so does the latest admitted one when a decode step does not fit (it is finished, so its
+    full blocks stay cached); either is recomputed later by prefilling its prompt and what it
+    generated so far, with any prefix hit. `stats` counts what happened in the last generate().
+    """
 
     def __init__(self, model: torch.nn.Module, kv: Any = None, **kv_fields: Any) -> None:
         if kv is None:
@@ -448,46 +668,119 @@ class PagedGenerator:
         self.model = model
         self.kv = kv
         self.prefix_hits: list[int] = []  # tokens each prompt of the last generate() reused
+        self.stats: dict = {}
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  return_logits: bool = False) -> Any:
         """The max_new_tokens greedy tokens of every prompt (a list of lists); with
         return_logits, also each request's [max_new_tokens, vocab] logits. Every request ends
-        with finish(): its full blocks stay cached for later prompts."""
+        with finish(): its full blocks stay cached for later prompts. ResourceExhaustedError
+        when one request alone does not fit the pool."""
+        if max_new_tokens < 1:
+            raise ValueError("PagedGenerator.generate: max_new_tokens must be at least 1")
+        requests = [_Request(i, list(p)) for i, p in enumerate(prompts)]
+        self.prefix_hits = [0] * len(requests)
+        # evicted: dropped by pagedkv; preempted: taken out by the driver when a decode step
+        # did not fit; recomputed: prefills of either kind, with the tokens they computed.
+        self.stats = dict(evicted=0, preempted=0, recomputed=0, recomputed_tokens=0,
+                          recompute_hit_tokens=0)
+        waiting, running = deque(requests), []
+        # Once the pool is full (a request dropped or preempted), admitting more before one
+        # finishes would only push another out: each re-admission recomputes a request.
+        self._full = False
         cache = PagedCache(self.model, self.kv)
         try:
             with torch.no_grad():
-                first = [self._prefill(cache, list(p)) for p in prompts]
-                self.prefix_hits = [hit for _, hit in first]
-                steps = [[logits] for logits, _ in first]
-                self._decode(cache, steps, max_new_tokens)
+                while waiting or running:
+                    if not (self._full and running):
+                        self._admit(cache, waiting, running, max_new_tokens)
+                    if running:
+                        self._decode(cache, waiting, running, max_new_tokens)
         finally:
             cache.finish()
-        tokens = [[int(s.argmax()) for s in request] for request in steps]
+        tokens = [r.tokens for r in requests]
         if return_logits:
-            return tokens, [torch.stack(request) for request in steps]
+            return tokens, [torch.stack(r.logits) for r in requests]
         return tokens
 
-    def _prefill(self, cache: PagedCache, prompt: list) -> tuple[torch.Tensor, int]:
-        """Admits one prompt and runs the model over what the prefix cache lacks; returns the
-        last position's logits and the hit. transformers builds the masks from the cache."""
-        row, hit = cache.add_row(prompt)
-        cache.select([row])
-        input_ids = torch.tensor([prompt[hit:]])
-        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True)
-        return out.logits[0, -1], hit
-
-    def _decode(self, cache: PagedCache, steps: list, max_new_tokens: int) -> None:
-        """max_new_tokens - 1 batched steps over every request, appending each step's logits."""
-        cache.select(range(len(steps)))
-        for _ in range(max_new_tokens - 1):
-            input_ids = torch.tensor([[int(s[-1].argmax())] for s in steps])
-            positions = torch.tensor([[cache.lengths[r]] for r in cache.rows])
-            out = self.model(input_ids=input_ids, position_ids=positions,
-                             attention_mask=self._masks(cache), past_key_values=cache,
+    def _admit(self, cache: PagedCache, waiting: deque, running: list, max_new: int) -> None:
+        """Prefills waiting requests in order until one does not fit or one's reserve made
+        pagedkv drop another (then the running ones decode before more are admitted)."""
+        while waiting:
+            request = waiting[0]
+            context = request.prompt + request.tokens
+            row, hit = cache.add_row(context)
+            cache.select([row])
+            try:
+                cache.reserve(len(context) - hit)
+            except pagedkv.ResourceExhaustedError:
+                cache.end_row(row)
+                if not running:
+                    raise  # alone it does not fit the pool
+                self._full = True
+                return
+            waiting.popleft()
+            if request.admissions:
+                self.stats["recomputed"] += 1
+                self.stats["recomputed_tokens"] += len(context) - hit
+                self.stats["recompute_hit_tokens"] += hit
+            else:
+                self.prefix_hits[request.index] = hit
+            request.admissions += 1
+            request.row = row
+            running.append(request)
+            out = self.model(input_ids=torch.tensor([context[hit:]]), past_key_values=cache,
                              use_cache=True)
-            for request, logits in zip(steps, out.logits[:, -1]):
-                request.append(logits)
+            self._emit(cache, request, out.logits[0, -1], running, max_new)
+            if self._requeue_lost(cache, waiting, running):
+                return
+
+    def _decode(self, cache: PagedCache, waiting: deque, running: list, max_new: int) -> None:
+        """One batched decode step of every running request. When it does not fit, the latest
+        admitted request goes back to the queue (finished: its full blocks stay cached and
+        evictable) until it does."""
+        while True:
+            self._requeue_lost(cache, waiting, running)
+            if not running:
+                return
+            cache.select([r.row for r in running])
+            try:
+                cache.reserve(1)
+                break
+            except pagedkv.ResourceExhaustedError:
+                if len(running) == 1:
+                    raise
+                victim = running.pop()
+                cache.end_row(victim.row)
+                self.stats["preempted"] += 1
+                self._full = True
+                _requeue(waiting, victim)
+        input_ids = torch.tensor([[r.tokens[-1]] for r in running])
+        positions = torch.tensor([[cache.lengths[r]] for r in cache.rows])
+        out = self.model(input_ids=input_ids, position_ids=positions,
+                         attention_mask=self._masks(cache), past_key_values=cache, use_cache=True)
+        for request, logits in zip(list(running), out.logits[:, -1]):
+            self._emit(cache, request, logits, running, max_new)
+
+    def _emit(self, cache: PagedCache, request: _Request, logits: torch.Tensor, running: list,
+              max_new: int) -> None:
+        """Appends the step's greedy token; a request with all its tokens is finished."""
+        request.logits.append(logits)
+        request.tokens.append(int(logits.argmax()))
+        if len(request.tokens) == max_new:
+            cache.end_row(request.row)
+            running.remove(request)
+            self._full = False
+
+    def _requeue_lost(self, cache: PagedCache, waiting: deque, running: list) -> bool:
+        """Sends the running requests whose sequences pagedkv dropped back to the queue."""
+        lost = set(cache.lost_rows())
+        for request in [r for r in running if r.row in lost]:
+            running.remove(request)
+            self.stats["evicted"] += 1
+            _requeue(waiting, request)
+        self._full = self._full or bool(lost)
+        return bool(lost)
 
     def _masks(self, cache: PagedCache) -> Any:
         """Additive 4D masks [batch, 1, 1, longest] of a decode step, one per layer type (a
@@ -506,6 +799,13 @@ class PagedGenerator:
             masks[layer.layer_type] = mask.masked_fill(padding[:, None, None, :],
                                                        torch.finfo(dtype).min)
         return masks.popitem()[1] if len(masks) == 1 else masks
+
+
+def _requeue(waiting: deque, request: _Request) -> None:
+    """Puts a request back in the queue in arrival order (ahead of the ones never admitted)."""
+    request.row = None
+    at = next((i for i, w in enumerate(waiting) if w.index > request.index), len(waiting))
+    waiting.insert(at, request)
 
 
 ATTENTION = "pagedkv"
@@ -574,5 +874,5 @@ def _token_rows(x: torch.Tensor) -> torch.Tensor:
     return rows
 
 
-__all__ = ["ATTENTION", "PagedCache", "PagedGenerator", "PagedLayer", "kv_cache_for",
-           "model_shape", "paged_attention", "pool_dtype", "register_attention"]
+__all__ = ["ATTENTION", "PagedCache", "PagedGenerator", "PagedLayer", "SequenceEvictedError",
+           "kv_cache_for", "model_shape", "paged_attention", "pool_dtype", "register_attention"]
