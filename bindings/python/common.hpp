@@ -15,6 +15,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -57,9 +58,14 @@ T value_or_throw(StatusOr<T>&& s) {
 /// The object Python holds for a storage tier (pagedkv.FileTier, pagedkv.RedisTier). A store
 /// serves one cache (KvCacheOptions::storage): `user` names it while it lives.
 struct PyStore {
+  // The buffers of raw submit_get jobs not yet reported by poll(), by job (GIL held). Declared
+  // before `tier`, so they outlive the store's destructor, which waits for those jobs.
+  std::unordered_map<uint64_t, std::vector<nb::object>> held_buffers;
   std::unique_ptr<StorageTier> tier;
   // The PyCache or PyModelCache this store serves, or null. Read and written with the GIL held.
   const void* user = nullptr;
+  // Serializes the raw calls (raw_store.cpp), which run without the GIL.
+  std::mutex raw_mu;
 };
 
 /// A cache's storage tiers (the Python objects, one per group, None where a group has none),
@@ -304,5 +310,7 @@ void register_reference(nb::module_& m, nb::class_<PyCache>& cls);
 void register_model_cache(nb::module_& m);
 void register_storage(nb::module_& m);
 void register_regions(nb::module_& m, nb::class_<PyCache>& cache);
+/// The raw store calls (batch_exists, submit_put, submit_get, poll, drain, remove) on StorageTier.
+void def_raw_store_calls(nb::class_<PyStore>& cls);
 
 }  // namespace pagedkv::python

@@ -199,6 +199,18 @@ void register_storage(nb::module_& m) {
       .def_rw("rope_dim", &StorageLayout::rope_dim)
       .def_rw("model_id", &StorageLayout::model_id)
       .def_rw("block_bytes", &StorageLayout::block_bytes)
+      .def_rw("engine_digest", &StorageLayout::engine_digest,
+              "Set by opaque(): the name of another engine's block layout.")
+      .def_static(
+          "opaque",
+          [](int64_t block_bytes, const std::string& engine_digest) {
+            if (engine_digest.empty()) throw_invalid("engine_digest: must not be empty");
+            return StorageLayout::opaque(block_bytes, engine_digest);
+          },
+          nb::arg("block_bytes"), nb::arg("engine_digest"),
+          "Blocks of block_bytes bytes that pagedkv stores and checksums but does not "
+          "interpret (another engine's chunks), named by engine_digest: everything that changes "
+          "their bytes. For stores driven through the raw calls; no cache takes such a store.")
       .def_static(
           "from_config",
           [](nb::handle config, const std::string& model_id, std::optional<int32_t> group) {
@@ -221,9 +233,11 @@ void register_storage(nb::module_& m) {
            })
       .def("__repr__", &layout_repr);
 
-  nb::class_<PyStore>(m, "StorageTier",
-                      "A store of whole KV blocks behind a cache's host tier (FileTier, "
-                      "RedisTier). It serves one cache at a time; the cache keeps it alive.")
+  nb::class_<PyStore> store(m, "StorageTier",
+                            "A store of whole KV blocks behind a cache's host tier (FileTier, "
+                            "RedisTier), or driven directly through its raw calls. It serves one "
+                            "cache at a time; the cache keeps it alive.");
+  store
       .def_prop_ro(
           "medium", [](const PyStore& s) { return std::string(s.tier->medium()); },
           "'DISK' or 'REDIS'.")
@@ -239,6 +253,7 @@ void register_storage(nb::module_& m) {
           [](const PyStore& s) { return storage_stats_dict(s.tier->stats()); },
           "Counters since the store was created, as a dict: puts, gets, bytes_written, "
           "bytes_read, failed_puts, failed_gets, rejected_puts, removed (blocks unless bytes).");
+  def_raw_store_calls(store);
 
   nb::class_<PyFileTier, PyStore>(
       m, "FileTier",

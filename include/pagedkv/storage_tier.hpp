@@ -46,9 +46,17 @@ struct StorageLayout {
   std::string model_id;
   /// Bytes of one block (all layers, K and V or latents), as CacheConfig::block_bytes().
   int64_t block_bytes = 0;
+  /// Set only by opaque(): names another engine's block layout; the shape fields above are 0.
+  std::string engine_digest;
 
   /// The layout of a cache configuration.
   static StorageLayout from_config(const CacheConfig& config, std::string model_id);
+  /// Blocks of `block_bytes` bytes that pagedkv stores and checksums but does not interpret:
+  /// another engine's unit (vLLM's CPU-tier chunk rows, SGLang's host pages), for a store driven
+  /// directly through StorageTier. `engine_digest` (non-empty) names everything that changes
+  /// those bytes (model, dtype, block size, layout, parallelism): a store of another digest
+  /// never serves a block. No KvCache takes such a store (its fingerprint is no cache's).
+  static StorageLayout opaque(int64_t block_bytes, std::string engine_digest);
   /// A stable 64-bit digest of every field (the same in every process and build).
   uint64_t fingerprint() const;
 };

@@ -934,6 +934,19 @@ class StorageLayout:
     @block_bytes.setter
     def block_bytes(self, arg: int, /) -> None: ...
 
+    @property
+    def engine_digest(self) -> str:
+        """Set by opaque(): the name of another engine's block layout."""
+
+    @engine_digest.setter
+    def engine_digest(self, arg: str, /) -> None: ...
+
+    @staticmethod
+    def opaque(block_bytes: int, engine_digest: str) -> StorageLayout:
+        """
+        Blocks of block_bytes bytes that pagedkv stores and checksums but does not interpret (another engine's chunks), named by engine_digest: everything that changes their bytes. For stores driven through the raw calls; no cache takes such a store.
+        """
+
     @staticmethod
     def from_config(config: object, model_id: str, group: int | None = None) -> StorageLayout:
         """
@@ -951,7 +964,7 @@ class StorageLayout:
 
 class StorageTier:
     """
-    A store of whole KV blocks behind a cache's host tier (FileTier, RedisTier). It serves one cache at a time; the cache keeps it alive.
+    A store of whole KV blocks behind a cache's host tier (FileTier, RedisTier), or driven directly through its raw calls. It serves one cache at a time; the cache keeps it alive.
     """
 
     @property
@@ -970,6 +983,34 @@ class StorageTier:
         """
         Counters since the store was created, as a dict: puts, gets, bytes_written, bytes_read, failed_puts, failed_gets, rejected_puts, removed (blocks unless bytes).
         """
+
+    def batch_exists(self, keys: Sequence) -> int:
+        """
+        How many of keys, from the first, are stored. A key is an int (block hash, namespace 0), a tuple (namespace, block hash) or 16 bytes (a 128-bit key: namespace then hash, little-endian). FailedPreconditionError while a cache uses the store.
+        """
+
+    def submit_put(self, keys: Sequence, buffers: Sequence) -> int:
+        """
+        Queues writes of keys[i] from buffers[i] (an int address or a buffer of the layout's block_bytes); the bytes are copied before it returns. Returns the job id. ResourceExhaustedError (nothing queued) when the write queue is full; InvalidArgumentError for mismatched lists or a buffer of another size.
+        """
+
+    def submit_get(self, keys: Sequence, buffers: Sequence) -> int:
+        """
+        Queues reads of keys[i] into buffers[i] (int addresses, which must stay valid until the job completes, or writable buffers, which the store keeps alive until poll() reports the job). Returns the job id. InvalidArgumentError.
+        """
+
+    def poll(self) -> list:
+        """
+        The jobs finished since the last poll: dicts {job, ok, error, blocks_ok} (a failed get's blocks_ok leading blocks are good).
+        """
+
+    def drain(self) -> None:
+        """
+        Waits until every queued job has finished (their results come from the next poll).
+        """
+
+    def remove(self, keys: Sequence) -> None:
+        """Removes the stored blocks of keys (missing ones are no error)."""
 
 class FileTier(StorageTier):
     """

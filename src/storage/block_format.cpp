@@ -89,6 +89,18 @@ uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
 }
 
 Status validate_storage_layout(const StorageLayout& l) {
+  if (!l.engine_digest.empty()) {
+    if (l.num_layers != 0 || l.num_kv_heads != 0 || l.head_dim != 0 || l.block_size != 0 ||
+        l.rope_dim != 0) {
+      return invalid_argument(
+          "layout.engine_digest: an opaque layout (StorageLayout::opaque) has no shape fields");
+    }
+    if (l.block_bytes <= 0) {
+      return invalid_argument("layout.block_bytes: must be positive, got " +
+                              std::to_string(l.block_bytes));
+    }
+    return ok_status();
+  }
   const auto positive = [](const char* field, int64_t v) {
     return v > 0 ? ok_status()
                  : invalid_argument(std::string("layout.") + field + ": must be positive, got " +
@@ -158,12 +170,20 @@ StorageLayout StorageLayout::from_config(const CacheConfig& config, std::string 
   return l;
 }
 
+StorageLayout StorageLayout::opaque(int64_t block_bytes, std::string engine_digest) {
+  StorageLayout l;
+  l.block_bytes = block_bytes;
+  l.engine_digest = std::move(engine_digest);
+  return l;
+}
+
 // The canonical encoding (docs/storage.md): the ASCII tag "pagedkv.storage.v1", then
 // num_layers, num_kv_heads, head_dim, block_size as 4-byte little-endian integers, dtype and
 // page_layout as one byte each, block_bytes as 8 bytes, the model id's length as 8 bytes and its
 // bytes; a latent layout then appends kv_kind as one byte and rope_dim as 4 bytes (a K/V layout
 // appends nothing, so its fingerprint, and every store written before latents existed, stays as
-// it was); the fingerprint is the 64-bit FNV-1a of that.
+// it was); an opaque layout then appends the byte 0xE0, the engine digest's length as 8 bytes
+// and its bytes; the fingerprint is the 64-bit FNV-1a of that.
 uint64_t StorageLayout::fingerprint() const {
   static const char kTag[] = "pagedkv.storage.v1";
   std::string bytes(kTag, sizeof(kTag) - 1);
@@ -182,6 +202,11 @@ uint64_t StorageLayout::fingerprint() const {
   if (kv_kind != KvKind::kKeyValue) {
     append(static_cast<uint8_t>(kv_kind), 1);
     append(static_cast<uint32_t>(rope_dim), 4);
+  }
+  if (!engine_digest.empty()) {
+    append(0xE0, 1);
+    append(engine_digest.size(), 8);
+    bytes += engine_digest;
   }
   return detail::fnv1a64(bytes.data(), bytes.size());
 }

@@ -176,6 +176,29 @@ TEST_P(StoreTest, RoundTripOfRandomOddSizedBlocksIsBitExact) {
   EXPECT_EQ(s.failed_puts + s.failed_gets + s.rejected_puts, 0);
 }
 
+// Another engine's blocks (an opaque layout of an odd size): stored and read back bit-exact,
+// and invisible to a store of another digest.
+TEST_P(StoreTest, AnOpaqueLayoutRoundTripsAndOtherDigestsMiss) {
+  const StorageLayout layout = StorageLayout::opaque(3001, "engine:model-a:chunk16");
+  auto tier = make(layout);
+  ASSERT_NE(tier, nullptr);
+  const auto keys = keys_from(0xfeedfacecafebeefull, 9);
+  const auto blocks = random_blocks(9, layout.block_bytes, 5);
+  std::vector<const void*> p;
+  for (const auto& b : blocks) p.push_back(b.data());
+  const StorageCompletion put = finish(*tier, tier->submit_put(keys, p));
+  EXPECT_TRUE(put.ok) << put.error;
+  auto out = poisoned(9, layout.block_bytes);
+  const StorageCompletion got = finish(*tier, tier->submit_get(keys, ptrs(out)));
+  EXPECT_TRUE(got.ok) << got.error;
+  for (size_t i = 0; i < 9; ++i) EXPECT_EQ(out[i], blocks[i]) << "block " << i;
+  auto other = make(StorageLayout::opaque(3001, "engine:model-b:chunk16"));
+  ASSERT_NE(other, nullptr);
+  auto seen = other->batch_exists(keys);
+  ASSERT_OK(seen);
+  EXPECT_EQ(*seen, 0u);
+}
+
 TEST_P(StoreTest, RoundTripIsBitExactForEveryDtype) {
   for (DType dt : {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat8E4M3}) {
     SCOPED_TRACE(dtype_name(dt));

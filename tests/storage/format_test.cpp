@@ -115,6 +115,35 @@ TEST(StorageLayoutTest, MalformedLayoutsNameTheField) {
   EXPECT_EQ(make_file_tier(l, o).status().code(), StatusCode::kInvalidArgument);
 }
 
+// An engine's own blocks (StorageLayout::opaque): any byte size, named by the engine's digest,
+// never confused with a pagedkv layout or another digest.
+TEST(StorageLayoutTest, AnOpaqueLayoutIsNamedByItsDigestAndSize) {
+  const StorageLayout a = StorageLayout::opaque(1000, "vllm:llama-3-8b:bf16:16:tp1");
+  EXPECT_OK(detail::validate_storage_layout(a));
+  EXPECT_EQ(a.block_bytes, 1000);
+  EXPECT_EQ(a.num_layers, 0);
+  EXPECT_NE(a.fingerprint(),
+            StorageLayout::opaque(1000, "vllm:llama-3-8b:bf16:16:tp2").fingerprint());
+  EXPECT_NE(a.fingerprint(),
+            StorageLayout::opaque(1001, "vllm:llama-3-8b:bf16:16:tp1").fingerprint());
+  EXPECT_EQ(a.fingerprint(),
+            StorageLayout::opaque(1000, "vllm:llama-3-8b:bf16:16:tp1").fingerprint());
+  // Not the fingerprint of a pagedkv layout with the digest as its model id.
+  StorageLayout named = odd_layout(a.engine_digest);
+  EXPECT_NE(a.fingerprint(), named.fingerprint());
+
+  const auto refused = [](StorageLayout l, const char* field) {
+    const Status s = detail::validate_storage_layout(l);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << field;
+    EXPECT_NE(s.message().find(field), std::string::npos) << s.message();
+  };
+  refused(StorageLayout::opaque(0, "d"), "block_bytes");
+  refused(StorageLayout::opaque(-5, "d"), "block_bytes");
+  StorageLayout shaped = StorageLayout::opaque(4104, "d");
+  shaped.num_layers = 1;
+  refused(shaped, "engine_digest");
+}
+
 TEST(Crc32cTest, MatchesThePublishedCheckValues) {
   // "123456789" (the CRC catalogue's check value) and the RFC 3720 (iSCSI) B.4 vectors.
   const char* digits = "123456789";

@@ -1,0 +1,131 @@
+"""A store driven directly through its raw calls (StorageTier.batch_exists, submit_put,
+submit_get, poll, drain, remove) on caller buffers, with an opaque layout of another engine's
+block size: what the vLLM and SGLang adapters build on (docs/storage.md, Raw store)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pagedkv
+
+BLOCK = 3001  # an engine's chunk size: nothing pagedkv would pick
+
+
+def make_store(tmp_path, digest="engine:model-a:chunk16", block=BLOCK, **options):
+    layout = pagedkv.StorageLayout.opaque(block, digest)
+    return pagedkv.FileTier(layout, str(tmp_path / "store"), **options)
+
+
+def finished(store, jobs):
+    """Polls until every job in `jobs` is reported; their completions by job."""
+    store.drain()
+    done = {c["job"]: c for c in store.poll()}
+    assert set(jobs) <= set(done), f"jobs {set(jobs) - set(done)} not reported after drain"
+    return done
+
+
+def rows(rng, n):
+    return rng.integers(0, 256, size=(n, BLOCK), dtype=np.uint8)
+
+
+def test_put_exists_get_round_trip_on_numpy_rows(tmp_path):
+    store = make_store(tmp_path)
+    rng = np.random.default_rng(1)
+    data = rows(rng, 5)
+    keys = [bytes([i]) * 16 for i in range(5)]
+    job = store.submit_put(keys, list(data))
+    assert finished(store, [job])[job]["ok"]
+    assert store.batch_exists(keys) == 5
+    assert store.batch_exists(keys[:2] + [b"\xff" * 16] + keys[2:]) == 2  # stops at a miss
+    out = np.zeros((5, BLOCK), dtype=np.uint8)
+    job = store.submit_get(keys, list(out))
+    done = finished(store, [job])[job]
+    assert done["ok"] and done["blocks_ok"] == 5 and done["error"] == ""
+    np.testing.assert_array_equal(out, data)
+    stats = store.stats()
+    assert stats["puts"] == 5 and stats["gets"] == 5 and stats["bytes_written"] == 5 * BLOCK
+
+
+def test_addresses_are_buffers_too(tmp_path):
+    store = make_store(tmp_path)
+    data = rows(np.random.default_rng(2), 3)
+    out = np.zeros_like(data)
+    keys = [(7, 100 + i) for i in range(3)]
+    put = store.submit_put(keys, [data[i].ctypes.data for i in range(3)])
+    finished(store, [put])
+    get = store.submit_get(keys, [out[i].ctypes.data for i in range(3)])
+    assert finished(store, [get])[get]["ok"]
+    np.testing.assert_array_equal(out, data)
+
+
+def test_the_three_key_forms_name_the_same_128_bit_keys(tmp_path):
+    store = make_store(tmp_path)
+    data = rows(np.random.default_rng(3), 1)
+    ns, block_hash = 0x0102030405060708, 0x1112131415161718
+    as_bytes = ns.to_bytes(8, "little") + block_hash.to_bytes(8, "little")
+    finished(store, [store.submit_put([as_bytes], [data[0]])])
+    assert store.batch_exists([(ns, block_hash)]) == 1
+    assert store.batch_exists([block_hash]) == 0  # namespace 0: another key
+    assert store.batch_exists([(ns + 1, block_hash)]) == 0
+
+
+def test_a_missing_block_fails_its_get_and_says_how_many_are_good(tmp_path):
+    store = make_store(tmp_path)
+    data = rows(np.random.default_rng(4), 2)
+    finished(store, [store.submit_put([1, 2], list(data))])
+    out = np.zeros((3, BLOCK), dtype=np.uint8)
+    job = store.submit_get([1, 2, 3], list(out))
+    done = finished(store, [job])[job]
+    assert not done["ok"] and done["blocks_ok"] == 2 and done["error"]
+    np.testing.assert_array_equal(out[:2], data)
+
+
+def test_remove_and_another_digest_miss(tmp_path):
+    store = make_store(tmp_path)
+    data = rows(np.random.default_rng(5), 2)
+    finished(store, [store.submit_put([1, 2], list(data))])
+    other = make_store(tmp_path, digest="engine:model-b:chunk16")
+    assert other.batch_exists([1, 2]) == 0
+    store.remove([1, 99])  # queued, like puts: done once drained
+    store.drain()
+    assert store.batch_exists([1]) == 0 and store.batch_exists([2]) == 1
+
+
+def test_bad_calls_are_refused_and_queue_nothing(tmp_path):
+    store = make_store(tmp_path)
+    good = np.zeros(BLOCK, dtype=np.uint8)
+    with pytest.raises(pagedkv.InvalidArgumentError, match="3000 bytes"):
+        store.submit_put([1], [np.zeros(BLOCK - 1, dtype=np.uint8)])
+    with pytest.raises(pagedkv.InvalidArgumentError, match="writable"):
+        store.submit_get([1], [bytes(BLOCK)])
+    with pytest.raises(pagedkv.InvalidArgumentError, match="16 bytes"):
+        store.batch_exists([b"short"])
+    with pytest.raises(pagedkv.InvalidArgumentError, match="keys"):
+        store.submit_put(["not a key"], [good])
+    with pytest.raises(pagedkv.InvalidArgumentError):
+        store.submit_put([1, 2], [good])
+    with pytest.raises(pagedkv.InvalidArgumentError, match="null"):
+        store.submit_get([1], [0])
+    with pytest.raises(pagedkv.InvalidArgumentError, match="engine_digest"):
+        pagedkv.StorageLayout.opaque(BLOCK, "")
+    store.drain()
+    assert store.poll() == [] and store.stats()["puts"] == 0
+
+
+def test_a_store_serving_a_cache_refuses_raw_calls(tmp_path):
+    config = pagedkv.CacheConfig(num_layers=1, num_kv_heads=1, head_dim=8, block_size=4,
+                                 num_device_blocks=4, num_host_blocks=4, backend="cpu")
+    store = pagedkv.FileTier(config, str(tmp_path / "s"), model_id="m")
+    cache = pagedkv.KvCache(config, storage=store)
+    with pytest.raises(pagedkv.FailedPreconditionError, match="serves a cache"):
+        store.batch_exists([1])
+    assert cache.storage is store
+
+
+def test_a_cache_refuses_an_opaque_store(tmp_path):
+    config = pagedkv.CacheConfig(num_layers=1, num_kv_heads=1, head_dim=8, block_size=4,
+                                 num_device_blocks=4, num_host_blocks=4, backend="cpu")
+    store = make_store(tmp_path, block=2 * 4 * 8 * 2)
+    with pytest.raises(pagedkv.PagedKvError):
+        pagedkv.KvCache(config, storage=store)
+    assert not store.in_use
