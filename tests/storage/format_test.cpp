@@ -141,6 +141,14 @@ TEST(Crc32cTest, HardwareAndPortableAgreeAtEveryLengthAndAlignment) {
           << "offset " << off << " length " << n;
     }
   }
+  // Long inputs take the three-stream paths (stretches of 256 and 8192 bytes) and their joins.
+  const auto big = random_blocks(1, 60000, 13)[0];
+  for (size_t n : {767, 768, 769, 3000, 24575, 24576, 24583, 33000, 59999}) {
+    for (size_t off : {0, 1}) {
+      ASSERT_EQ(detail::crc32c(big.data() + off, n), detail::crc32c_portable(big.data() + off, n))
+          << "offset " << off << " length " << n;
+    }
+  }
   // Continuing a CRC over a split equals the CRC of the whole.
   EXPECT_EQ(detail::crc32c(data.data() + 100, 200, detail::crc32c(data.data(), 100)),
             detail::crc32c(data.data(), 300));
