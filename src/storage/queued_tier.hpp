@@ -111,6 +111,8 @@ class QueuedStorageTier : public StorageTier {
   // Put buffers (header + payload) kept for reuse: a fresh large allocation costs a page fault
   // per 4 KiB on first touch, which halved the put throughput of 256 KiB blocks.
   static constexpr int64_t kSpareBytes = int64_t{64} << 20;
+  // submit_put queues a job's blocks in chunks of about this many bytes as it copies them.
+  static constexpr size_t kCopyChunkBytes = size_t{1} << 20;
   std::mutex spare_mu_;
   std::vector<std::unique_ptr<unsigned char[]>> spare_;
   size_t max_spare_ = 1;
