@@ -136,7 +136,7 @@ struct FileTierOptions {
   /// I/O threads (each appends to a segment of its own).
   int32_t threads = 2;
   /// A segment takes blocks until it would pass this size (it always takes one).
-  int64_t segment_bytes = int64_t{64} << 20;
+  int64_t segment_bytes = int64_t{32} << 20;
 };
 
 /// Options of the Redis (or Valkey) store.

@@ -48,6 +48,7 @@ struct KeyHash {
 // Records per preadv / pwritev: two iovecs each, within IOV_MAX (1024).
 constexpr size_t kMaxRunRecords = 512;
 constexpr size_t kReadHeadBytes = kRecordHeaderBytes + kBlockHeaderBytes;
+constexpr size_t kReadRunBytes = size_t{512} << 10;
 
 class FileTier final : public detail::QueuedStorageTier {
  public:
@@ -62,6 +63,7 @@ class FileTier final : public detail::QueuedStorageTier {
   ~FileTier() override {
     stop_workers();
     for (size_t t = 0; t < active_.size(); ++t) seal(static_cast<int>(t));
+    release_free_files(&free_);
   }
 
   // The largest segment: options.segment_bytes, and with a size bound at most a quarter of it
@@ -93,6 +95,7 @@ class FileTier final : public detail::QueuedStorageTier {
       return unavailable("make_file_tier: cannot write in " + store_dir_ + ": " +
                          errno_text(write_errno));
     }
+    detail::remove_free_files(store_dir_);  // a dead process's, never read
     rescan_directory(/*at_open=*/true);
     reclaim_over_bound();
     start_workers();
@@ -166,7 +169,8 @@ class FileTier final : public detail::QueuedStorageTier {
         RecordHeader h;
         h.key = blocks[i + j].key;
         h.body_bytes = body;
-        encode_record_header(h, heads.data() + j * kRecordHeaderBytes);
+        encode_record_header(h, detail::record_seed(seg->id),
+                             heads.data() + j * kRecordHeaderBytes);
         iov[2 * j] = {heads.data() + j * kRecordHeaderBytes, kRecordHeaderBytes};
         iov[2 * j + 1] = {blocks[i + j].data, body};
       }
@@ -177,7 +181,13 @@ class FileTier final : public detail::QueuedStorageTier {
       if (!error.empty()) {
         // Nothing of the chunk becomes visible; cut the segment back so that later appends
         // follow the last good record, or stop appending to it when even that fails.
-        if (::ftruncate(seg->fd, start) != 0) retire(thread);
+        if (::ftruncate(seg->fd, start) == 0) {
+          std::lock_guard<std::mutex> lock(mu_);
+          total_bytes_ += start - seg->seen_bytes;
+          seg->seen_bytes = start;
+        } else {
+          retire(thread);
+        }
         for (size_t j = 0; j < k; ++j) blocks[i + j].error = seg->path + ": " + error;
         i += k;
         continue;
@@ -215,9 +225,12 @@ class FileTier final : public detail::QueuedStorageTier {
     std::vector<unsigned char> heads(std::min(n, kMaxRunRecords) * kReadHeadBytes);
     std::vector<iovec> iov(2 * std::min(n, kMaxRunRecords));
     for (size_t r = 0; r < wants.size();) {
-      // A run of adjacent records: one preadv.
+      // A run of adjacent records: one preadv. Runs are short enough that the checksums then
+      // read the blocks from the CPU's cache, not from memory.
+      const size_t max_run = std::max<size_t>(
+          1, std::min(kMaxRunRecords, kReadRunBytes / static_cast<size_t>(record_bytes_)));
       size_t k = 1;
-      while (r + k < wants.size() && k < kMaxRunRecords && wants[r + k].seg == wants[r].seg &&
+      while (r + k < wants.size() && k < max_run && wants[r + k].seg == wants[r].seg &&
              wants[r + k].offset == wants[r].offset + static_cast<int64_t>(k) * record_bytes_) {
         ++k;
       }
@@ -237,7 +250,7 @@ class FileTier final : public detail::QueuedStorageTier {
         } else if (got < static_cast<int64_t>(j + 1) * record_bytes_) {
           b.error = "the segment ends before the record (truncated)";
         } else {
-          b.error = verify(heads.data() + j * kReadHeadBytes, b, &damaged);
+          b.error = verify(*w.seg, heads.data() + j * kReadHeadBytes, b, &damaged);
         }
         if (!b.error.empty()) forget(b.key, w.seg, w.offset, damaged);
       }
@@ -260,6 +273,13 @@ class FileTier final : public detail::QueuedStorageTier {
   }
 
  private:
+  // A dead segment's file kept for reuse (renamed to <id>.free).
+  struct FreeFile {
+    int fd = -1;
+    std::string path;
+    int64_t bytes = 0;
+  };
+
   struct Loc {
     SegmentPtr seg;
     int64_t offset = 0;  // of the record header
@@ -268,9 +288,10 @@ class FileTier final : public detail::QueuedStorageTier {
 
   // Checks a record read by a get: its header (a block of this key), the block header and the
   // payload's CRC. Sets *damaged when the record is corrupt (not merely removed).
-  std::string verify(const unsigned char* head, const BlockIo& b, bool* damaged) {
+  std::string verify(const Segment& seg, const unsigned char* head, const BlockIo& b,
+                     bool* damaged) {
     RecordHeader h;
-    std::string why = detail::decode_record_header(head, &h);
+    std::string why = detail::decode_record_header(head, detail::record_seed(seg.id), &h);
     if (why.empty() && h.type == RecordType::kRemoved) return "removed";
     if (why.empty() && (h.type != RecordType::kBlock || !(h.key == b.key))) {
       why = "the record names another key";
@@ -308,7 +329,8 @@ class FileTier final : public detail::QueuedStorageTier {
         segments_.erase(seg->id);
       };
       const char* path = seg->path.c_str();
-      int fd = ::open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      int fd = take_free_file(seg->path);
+      if (fd < 0) fd = ::open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
       if (fd < 0 && errno == ENOENT) {  // the directory was removed under us: make it again
         std::string ignored;
         detail::make_dirs(store_dir_, &ignored);
@@ -337,11 +359,14 @@ class FileTier final : public detail::QueuedStorageTier {
         *error = seg->path + ": " + why;
         return nullptr;
       }
+      struct stat st {};
+      const int64_t size = ::fstat(fd, &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
       std::lock_guard<std::mutex> lock(mu_);
       seg->fd = fd;
-      seg->bytes = seg->seen_bytes = static_cast<int64_t>(kSegmentHeaderBytes);
+      seg->bytes = static_cast<int64_t>(kSegmentHeaderBytes);
+      seg->seen_bytes = std::max(seg->bytes, size);  // a recycled file keeps its old length
       seg->last_used = ++clock_;
-      total_bytes_ += seg->bytes;
+      total_bytes_ += seg->seen_bytes;
       active = seg;
       return seg;
     }
@@ -357,17 +382,19 @@ class FileTier final : public detail::QueuedStorageTier {
     unsigned char head[kRecordHeaderBytes];
     RecordHeader h;
     h.type = RecordType::kSeal;
-    encode_record_header(h, head);
+    encode_record_header(h, detail::record_seed(seg->id), head);
     iovec iov{head, sizeof(head)};
+    // The seal ends the file: a recycled one is cut after it.
+    const int64_t end = seg->bytes + static_cast<int64_t>(kRecordHeaderBytes);
     const bool sealed = detail::pwritev_all(seg->fd, &iov, 1, seg->bytes).empty() &&
+                        (seg->seen_bytes <= end || ::ftruncate(seg->fd, end) == 0) &&
                         (!options_.fsync || ::fdatasync(seg->fd) == 0);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (sealed) {
         seg->sealed = true;
-        seg->bytes += static_cast<int64_t>(kRecordHeaderBytes);
-        total_bytes_ += static_cast<int64_t>(kRecordHeaderBytes);
-        seg->seen_bytes = seg->bytes;
+        total_bytes_ += end - seg->seen_bytes;
+        seg->bytes = seg->seen_bytes = end;
       }
       seg->ours = false;
     }
@@ -403,8 +430,10 @@ class FileTier final : public detail::QueuedStorageTier {
         ++seg->live;
       }
       const int64_t end = start + static_cast<int64_t>(k) * record_bytes_;
-      total_bytes_ += end - seg->bytes;
-      seg->bytes = seg->seen_bytes = end;
+      const int64_t seen = std::max(seg->seen_bytes, end);
+      total_bytes_ += seen - seg->seen_bytes;
+      seg->seen_bytes = seen;
+      seg->bytes = end;
       seg->last_used = ++clock_;
     }
     for (const auto& [offset, key] : duplicates) mark_removed(seg, offset, key);
@@ -451,7 +480,7 @@ class FileTier final : public detail::QueuedStorageTier {
     h.type = RecordType::kRemoved;
     h.key = key;
     h.body_bytes = kBlockHeaderBytes + static_cast<uint64_t>(layout_.block_bytes);
-    encode_record_header(h, head);
+    encode_record_header(h, detail::record_seed(seg->id), head);
     iovec iov{head, sizeof(head)};
     if (!detail::pwritev_all(seg->fd, &iov, 1, offset).empty()) return;
     if (options_.fsync) ::fdatasync(seg->fd);
@@ -466,7 +495,11 @@ class FileTier final : public detail::QueuedStorageTier {
 
   // A segment with no live block left is garbage: deleted at once, without waiting for the size
   // bound (unless something still appends to it).
+  // Its file is kept for reuse by a later segment when nothing else holds it, the free list
+  // has room and the bound allows: rewriting pages a file already has in the page cache costs
+  // much less than allocating new ones.
   void drop_if_dead(const SegmentPtr& seg) {
+    bool recycle = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = segments_.find(seg->id);
@@ -475,8 +508,45 @@ class FileTier final : public detail::QueuedStorageTier {
         return;
       }
       drop_locked(seg);
+      recycle = seg.use_count() == 1 && free_.size() < active_.size() &&
+                (options_.max_bytes <= 0 ||
+                 total_bytes_ + free_bytes_ + seg->seen_bytes <= options_.max_bytes);
+    }
+    if (recycle) {
+      const std::string path = store_dir_ + "/" + hex16(seg->id) + detail::kFreeSuffix;
+      if (::rename(seg->path.c_str(), path.c_str()) == 0) {
+        std::lock_guard<std::mutex> lock(mu_);
+        free_.push_back(FreeFile{seg->fd, path, seg->seen_bytes});
+        free_bytes_ += seg->seen_bytes;
+        seg->fd = -1;  // the free list owns it now
+        return;
+      }
     }
     ::unlink(seg->path.c_str());
+  }
+
+  // A free file renamed to `path` (link: never over an existing name), or -1 when none.
+  int take_free_file(const std::string& path) {
+    FreeFile f;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (free_.empty()) return -1;
+      f = std::move(free_.back());
+      free_.pop_back();
+      free_bytes_ -= f.bytes;
+    }
+    const bool linked = ::link(f.path.c_str(), path.c_str()) == 0;
+    ::unlink(f.path.c_str());
+    if (linked) return f.fd;
+    ::close(f.fd);
+    return -1;
+  }
+
+  void release_free_files(std::vector<FreeFile>* files) {
+    for (FreeFile& f : *files) {
+      ::close(f.fd);
+      ::unlink(f.path.c_str());
+    }
   }
 
   // ---- the size bound ----
@@ -486,10 +556,17 @@ class FileTier final : public detail::QueuedStorageTier {
   void reclaim_over_bound() {
     if (options_.max_bytes <= 0) return;
     std::vector<SegmentPtr> dropped;
+    std::vector<FreeFile> unused;
     int64_t blocks = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      while (total_bytes_ > options_.max_bytes) {
+      while (total_bytes_ + free_bytes_ > options_.max_bytes) {
+        if (!free_.empty()) {  // files kept for reuse go first
+          free_bytes_ -= free_.back().bytes;
+          unused.push_back(std::move(free_.back()));
+          free_.pop_back();
+          continue;
+        }
         SegmentPtr victim;
         for (const auto& [id, seg] : segments_) {
           if (!seg->ours && !seg->busy &&
@@ -507,6 +584,7 @@ class FileTier final : public detail::QueuedStorageTier {
         dropped.push_back(std::move(victim));
       }
     }
+    release_free_files(&unused);
     for (const SegmentPtr& seg : dropped) ::unlink(seg->path.c_str());
     count_removed(blocks);
     std::lock_guard<std::mutex> lock(mu_);
@@ -626,7 +704,8 @@ class FileTier final : public detail::QueuedStorageTier {
     }
     for (const SegmentPtr& seg : growing) {
       struct stat st {};
-      if (::fstat(seg->fd, &st) != 0 || st.st_size == seg->seen_bytes) continue;
+      // More than the valid prefix: appended records (or a torn tail, read again).
+      if (::fstat(seg->fd, &st) != 0 || st.st_size <= seg->bytes) continue;
       detail::ScanResult scan = detail::scan_segment(*seg, fingerprint_, layout_.block_bytes);
       index_scanned(seg, scan, /*new_segment=*/false, /*at_open=*/false);
     }
@@ -641,8 +720,10 @@ class FileTier final : public detail::QueuedStorageTier {
   std::mutex mu_;
   Index index_;
   std::map<uint64_t, SegmentPtr> segments_;
-  uint64_t clock_ = 0;  // least recently used order: a segment's last_used is a tick of it
-  int64_t total_bytes_ = 0;
+  uint64_t clock_ = 0;          // least recently used order: a segment's last_used is a tick of it
+  int64_t total_bytes_ = 0;     // of the segments' files
+  std::vector<FreeFile> free_;  // at most one per I/O thread
+  int64_t free_bytes_ = 0;
   uint64_t next_segment_id_ = 1;
   timespec dir_mtime_{};
 };

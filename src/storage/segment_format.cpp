@@ -43,19 +43,23 @@ std::string check_segment_header(const unsigned char* in, uint64_t fingerprint,
   return {};
 }
 
-void encode_record_header(const RecordHeader& h, unsigned char* out) {
+uint32_t record_seed(uint64_t segment_id) {
+  return static_cast<uint32_t>(segment_id ^ (segment_id >> 32));
+}
+
+void encode_record_header(const RecordHeader& h, uint32_t seed, unsigned char* out) {
   put_le(out + 0, kRecordMagic, 4);
   put_le(out + 4, static_cast<uint16_t>(h.type), 2);
   put_le(out + 6, kRecordHeaderBytes, 2);
   put_le(out + 8, h.key.ns, 8);
   put_le(out + 16, h.key.block_hash, 8);
   put_le(out + 24, h.body_bytes, 8);
-  put_le(out + kRecordCrcOffset, crc32c(out, kRecordCrcOffset), 4);
+  put_le(out + kRecordCrcOffset, crc32c(out, kRecordCrcOffset, seed), 4);
 }
 
-std::string decode_record_header(const unsigned char* in, RecordHeader* h) {
+std::string decode_record_header(const unsigned char* in, uint32_t seed, RecordHeader* h) {
   if (get_le(in, 4) != kRecordMagic) return "bad record magic";
-  if (get_le(in + kRecordCrcOffset, 4) != crc32c(in, kRecordCrcOffset)) {
+  if (get_le(in + kRecordCrcOffset, 4) != crc32c(in, kRecordCrcOffset, seed)) {
     return "record header checksum mismatch";
   }
   if (get_le(in + 6, 2) != kRecordHeaderBytes) return "bad record header size";

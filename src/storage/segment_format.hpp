@@ -38,10 +38,13 @@ void encode_segment_header(uint64_t fingerprint, uint64_t block_bytes, unsigned 
 std::string check_segment_header(const unsigned char* in, uint64_t fingerprint,
                                  uint64_t block_bytes);
 
-/// Writes the 40 record header bytes of `h` to `out`.
-void encode_record_header(const RecordHeader& h, unsigned char* out);
-/// Decodes the 40 bytes at `in` into *h: empty when magic, size, CRC and type are valid, else
-/// why not (a torn or scribbled record).
-std::string decode_record_header(const unsigned char* in, RecordHeader* h);
+/// The seed of a segment's record header CRCs: its id, so that the records a recycled file held
+/// in an earlier life (under another id) never read as records of its new one.
+uint32_t record_seed(uint64_t segment_id);
+/// Writes the 40 record header bytes of `h` to `out`, for a segment whose record_seed is `seed`.
+void encode_record_header(const RecordHeader& h, uint32_t seed, unsigned char* out);
+/// Decodes the 40 bytes at `in` into *h: empty when magic, size, CRC (with `seed`) and type are
+/// valid, else why not (a torn or scribbled record, or one of the file's earlier life).
+std::string decode_record_header(const unsigned char* in, uint32_t seed, RecordHeader* h);
 
 }  // namespace pagedkv::detail

@@ -69,6 +69,19 @@ std::vector<uint64_t> list_segments(const std::string& dir) {
   return ids;
 }
 
+void remove_free_files(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  const size_t n = std::strlen(kFreeSuffix);
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() == 16 + n && name.compare(16, n, kFreeSuffix) == 0) {
+      ::unlink((dir + "/" + name).c_str());
+    }
+  }
+  ::closedir(d);
+}
+
 SegmentPtr open_segment(const std::string& dir, uint64_t id, uint64_t fingerprint,
                         int64_t block_bytes) {
   const std::string path = segment_path(dir, id);
@@ -103,13 +116,14 @@ ScanResult scan_segment(const Segment& seg, uint64_t fingerprint, int64_t block_
   out.size = static_cast<int64_t>(st.st_size);
   const auto body = static_cast<int64_t>(kBlockHeaderBytes) + block_bytes;
   const auto head_bytes = static_cast<int64_t>(kRecordHeaderBytes);
+  const uint32_t seed = record_seed(seg.id);
   // A sealed segment (its last record a seal) was finished by its writer: headers suffice.
   bool trusted = false;
   if (out.size >= head_bytes + static_cast<int64_t>(kSegmentHeaderBytes)) {
     unsigned char tail[kRecordHeaderBytes];
     RecordHeader h;
     trusted = read_at(seg.fd, tail, sizeof(tail), out.size - head_bytes) &&
-              decode_record_header(tail, &h).empty() && h.type == RecordType::kSeal;
+              decode_record_header(tail, seed, &h).empty() && h.type == RecordType::kSeal;
   }
   std::vector<unsigned char> payload;
   if (!trusted) payload.resize(static_cast<size_t>(block_bytes));
@@ -122,7 +136,7 @@ ScanResult scan_segment(const Segment& seg, uint64_t fingerprint, int64_t block_
       break;
     }
     RecordHeader h;
-    out.torn = decode_record_header(head, &h);
+    out.torn = decode_record_header(head, seed, &h);
     if (!out.torn.empty()) break;
     if (h.type == RecordType::kSeal) {
       out.sealed = true;

@@ -36,6 +36,11 @@ struct Segment {
 };
 using SegmentPtr = std::shared_ptr<Segment>;
 
+/// A dead segment's file kept for reuse: <dir>/<id: 16 hex>.free (deleted at startup).
+inline constexpr char kFreeSuffix[] = ".free";
+/// Deletes the files kept for reuse in `dir`.
+void remove_free_files(const std::string& dir);
+
 /// <dir>/<id: 16 hex>.seg
 std::string segment_path(const std::string& dir, uint64_t id);
 /// The ids of the segment files in `dir`, ascending.

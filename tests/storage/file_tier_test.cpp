@@ -230,6 +230,49 @@ TEST_F(FileTierTest, RestartTakesTheLruOrderFromModificationTimesAndAppliesASmal
   EXPECT_EQ(second->stats().removed, 4);
 }
 
+// A segment whose blocks were all removed is deleted at once, its file reused for the next
+// segment (its pages are in the page cache already). Records of the file's earlier life, past
+// the new segment's end, never read back, even after a crash left the new one unsealed.
+TEST_F(FileTierTest, ADeadSegmentsFileIsReusedAndItsOldRecordsNeverReadAgain) {
+  FileTierOptions o = options(/*threads=*/1);
+  o.segment_bytes = kTwoRecordSegment;
+  const auto a = keys_from(0x10000, 2), b = keys_from(0x20000, 2), c = keys_from(0x30000, 1);
+  const auto a_blocks = random_blocks(2, kPayload, 40), b_blocks = random_blocks(2, kPayload, 41);
+  const auto c_blocks = random_blocks(1, kPayload, 42);
+  std::string unsealed;  // the reused segment as a crash would have left it
+  std::string reused;
+  {
+    auto tier = make(o);
+    ASSERT_NE(tier, nullptr);
+    put(*tier, a, a_blocks);
+    put(*tier, b, b_blocks);  // a's segment is sealed
+    const std::string first = segments().front();
+    struct stat before {};
+    ASSERT_EQ(::stat(first.c_str(), &before), 0);
+    ASSERT_OK(tier->remove(a));
+    tier->drain();
+    EXPECT_FALSE(fs::exists(first)) << "a segment with no live block is deleted";
+    put(*tier, c, c_blocks);  // b's segment is sealed; c goes to a new one in a's old file
+    const auto files = segments();
+    ASSERT_EQ(files.size(), 2u);
+    reused = files.back();
+    struct stat after {};
+    ASSERT_EQ(::stat(reused.c_str(), &after), 0);
+    EXPECT_EQ(after.st_ino, before.st_ino) << "the dead segment's file was not reused";
+    EXPECT_EQ(int64_t(after.st_size), kTwoRecordSegment) << "it keeps its old length";
+    unsealed = file_bytes(reused);
+    expect_reads(*tier, c, c_blocks);
+  }
+  EXPECT_EQ(int64_t(fs::file_size(reused)), 32 + kRecord + 40) << "sealed and cut after the seal";
+  std::ofstream(reused, std::ios::binary | std::ios::trunc) << unsealed;  // the crash
+  auto tier = make(o);
+  ASSERT_NE(tier, nullptr);
+  EXPECT_EQ(tier->batch_exists({a[0]}).value(), 0u);
+  EXPECT_EQ(tier->batch_exists({a[1]}).value(), 0u) << "a record of the file's earlier life";
+  expect_reads(*tier, b, b_blocks);
+  expect_reads(*tier, c, c_blocks);
+}
+
 TEST_F(FileTierTest, LiveInstancesSeeEachOthersBlocks) {
   auto a = make();
   auto b = make();
