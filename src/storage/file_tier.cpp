@@ -48,7 +48,7 @@ struct KeyHash {
 // Records per preadv / pwritev: two iovecs each, within IOV_MAX (1024).
 constexpr size_t kMaxRunRecords = 512;
 constexpr size_t kReadHeadBytes = kRecordHeaderBytes + kBlockHeaderBytes;
-constexpr size_t kReadRunBytes = size_t{512} << 10;
+constexpr size_t kReadRunBytes = size_t{128} << 10;
 
 class FileTier final : public detail::QueuedStorageTier {
  public:
@@ -321,7 +321,7 @@ class FileTier final : public detail::QueuedStorageTier {
         std::lock_guard<std::mutex> lock(mu_);
         seg->id = next_segment_id_++;
         seg->path = detail::segment_path(store_dir_, seg->id);
-        seg->ours = true;
+        seg->ours = seg->mine = true;
         segments_[seg->id] = seg;
       }
       const auto unregister = [&] {
@@ -508,7 +508,8 @@ class FileTier final : public detail::QueuedStorageTier {
         return;
       }
       drop_locked(seg);
-      recycle = seg.use_count() == 1 && free_.size() < active_.size() &&
+      // Never another store's: it may still read (and mark) records at the old offsets.
+      recycle = seg->mine && seg.use_count() == 1 && free_.size() < active_.size() &&
                 (options_.max_bytes <= 0 ||
                  total_bytes_ + free_bytes_ + seg->seen_bytes <= options_.max_bytes);
     }

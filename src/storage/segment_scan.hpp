@@ -21,6 +21,7 @@ struct Segment {
   int fd = -1;
   int64_t mtime_ns = 0;    // when opened
   bool ours = false;       // one of this store's I/O threads appends to it
+  bool mine = false;       // this store made it (only such a file is reused once dead)
   bool sealed = false;     // ends with a seal record: its writer closed it
   int64_t bytes = 0;       // the valid prefix: the header and whole records
   int64_t seen_bytes = 0;  // the file's size when last looked at (more than bytes: a torn tail)
