@@ -49,6 +49,16 @@ struct KeyHash {
 constexpr size_t kMaxRunRecords = 512;
 constexpr size_t kReadHeadBytes = kRecordHeaderBytes + kBlockHeaderBytes;
 constexpr size_t kReadRunBytes = size_t{128} << 10;
+// Directory timestamps move in steps of a timer tick (up to 10 ms); twice that is racy.
+constexpr int64_t kRacyNs = 20'000'000;
+
+int64_t ns_of(const timespec& t) { return int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec; }
+
+int64_t now_ns() {
+  timespec t{};
+  ::clock_gettime(CLOCK_REALTIME, &t);
+  return ns_of(t);
+}
 
 class FileTier final : public detail::QueuedStorageTier {
  public:
@@ -606,8 +616,9 @@ class FileTier final : public detail::QueuedStorageTier {
   // Indexes the segments not known yet, and forgets those another store deleted. At startup the
   // least recently used order is that of the segments' modification times.
   void rescan_directory(bool at_open) {
+    listed_ns_ = now_ns();  // before the stat: a change after it is seen as racy next time
     struct stat dir {};
-    if (::stat(store_dir_.c_str(), &dir) == 0) dir_mtime_ = dir.st_mtim;
+    if (::stat(store_dir_.c_str(), &dir) == 0) dir_mtime_ns_ = ns_of(dir.st_mtim);
     std::vector<uint64_t> ids = detail::list_segments(store_dir_);
     std::vector<SegmentPtr> found;
     {
@@ -685,15 +696,11 @@ class FileTier final : public detail::QueuedStorageTier {
   void catch_up() {
     struct stat dir {};
     if (::stat(store_dir_.c_str(), &dir) != 0) return;
-    const timespec now = [] {
-      timespec t{};
-      ::clock_gettime(CLOCK_REALTIME, &t);
-      return t;
-    }();
-    // A directory changed within the last second may change again without its mtime moving
-    // (coarse timestamps), so it is listed again until it has been still for a second.
-    if (dir.st_mtim.tv_sec != dir_mtime_.tv_sec || dir.st_mtim.tv_nsec != dir_mtime_.tv_nsec ||
-        now.tv_sec - dir.st_mtim.tv_sec < 2) {
+    // Listed again when the directory changed since, or when it changed so close to the last
+    // listing that a change after it may not have moved the (coarse) timestamp: once per new
+    // segment of anyone's, not once per lookup.
+    const int64_t mtime = ns_of(dir.st_mtim);
+    if (mtime != dir_mtime_ns_ || mtime + kRacyNs >= listed_ns_) {
       rescan_directory(/*at_open=*/false);
     }
     std::vector<SegmentPtr> growing;
@@ -726,7 +733,8 @@ class FileTier final : public detail::QueuedStorageTier {
   std::vector<FreeFile> free_;  // at most one per I/O thread
   int64_t free_bytes_ = 0;
   uint64_t next_segment_id_ = 1;
-  timespec dir_mtime_{};
+  int64_t dir_mtime_ns_ = 0;  // the directory's modification time at the last listing
+  int64_t listed_ns_ = 0;     // when that listing began (CLOCK_REALTIME)
 };
 
 }  // namespace
