@@ -257,7 +257,7 @@ void register_storage(nb::module_& m) {
 
   nb::class_<PyFileTier, PyStore>(
       m, "FileTier",
-      "The file store: one directory of block files, which outlives the process (a restart on "
+      "The file store: one directory of segment files, which outlives the process (a restart on "
       "the same directory and layout finds its blocks). docs/storage.md.")
       .def("__init__", &init_file_tier, nb::arg("layout_or_config"), nb::arg("directory"),
            nb::kw_only(), nb::arg("model_id").none() = nb::none(),

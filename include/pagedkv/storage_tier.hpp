@@ -128,19 +128,23 @@ class StorageTier {
   virtual StorageStats stats() const = 0;
 };
 
-/// Options of the embedded default store: one directory of block files.
+/// Options of the embedded default store: blocks appended to segment files in one directory.
 struct FileTierOptions {
   /// The directory (created when missing). Blocks of other layouts in it are never read.
   std::string directory;
-  /// Bytes the store may hold; the least recently used blocks are deleted beyond it (0: no bound).
+  /// Bytes the store's segment files may hold; beyond it the least recently used segments are
+  /// deleted whole (0: no bound). Segments being appended to (one per I/O thread) are never
+  /// deleted, so the bound also caps segments at max_bytes / 4.
   int64_t max_bytes = 0;
-  /// fsync each block file (and its directory) before it becomes visible; off is faster and
+  /// fdatasync each batch of appended blocks before they become visible; off is faster and
   /// survives a process crash but not a power loss.
   bool fsync = false;
   /// Puts queued and not yet written, in blocks; beyond it submit_put is kResourceExhausted.
   int64_t max_queued_blocks = 4096;
-  /// I/O threads.
+  /// I/O threads (each appends to a segment of its own).
   int32_t threads = 2;
+  /// A segment takes blocks until it would pass this size (it always takes one).
+  int64_t segment_bytes = int64_t{32} << 20;
 };
 
 /// Options of the Redis (or Valkey) store.

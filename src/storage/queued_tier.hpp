@@ -41,6 +41,20 @@ class QueuedStorageTier : public StorageTier {
   int64_t outage_warnings() const { return outage_warnings_.load(); }
 
  protected:
+  /// One block of a batch (put_blocks / get_blocks): its key, its bytes, and why it failed.
+  struct BlockIo {
+    StorageKey key;
+    unsigned char* data = nullptr;  // puts: header (encoded) and payload; gets: the destination
+    std::string error;              // set by the store; empty when the block succeeded
+  };
+  /// Most blocks of one job an I/O thread takes at once (1: one at a time). A job is cut into
+  /// about one batch per thread, so that every thread works on a large one.
+  virtual size_t max_batch_blocks() const { return 1; }
+  /// Stores a batch (each block as put_block would); the default calls put_block for each.
+  virtual void put_blocks(int thread, BlockIo* blocks, size_t n);
+  /// Reads and verifies a batch (each as get_block would); the default calls get_block for each.
+  virtual void get_blocks(int thread, BlockIo* blocks, size_t n);
+
   /// Stores one block. `stored` holds the header (already encoded) and the payload, `n` bytes.
   /// Returns an empty string on success, else why it failed (and nothing became visible).
   virtual std::string put_block(int thread, const StorageKey& key, const unsigned char* stored,
@@ -76,7 +90,8 @@ class QueuedStorageTier : public StorageTier {
   std::unique_ptr<unsigned char[]> take_buffer();
   void give_back(std::unique_ptr<unsigned char[]> buffer);
   void worker(int thread);
-  void run_task(int thread, const Task& task);
+  void run_batch(int thread, const std::vector<Task>& batch);
+  void finish_task(const Task& task, const std::string& error);
 
   const int32_t threads_;
   const int64_t max_queued_blocks_;
@@ -96,6 +111,8 @@ class QueuedStorageTier : public StorageTier {
   // Put buffers (header + payload) kept for reuse: a fresh large allocation costs a page fault
   // per 4 KiB on first touch, which halved the put throughput of 256 KiB blocks.
   static constexpr int64_t kSpareBytes = int64_t{64} << 20;
+  // submit_put queues a job's blocks in chunks of about this many bytes as it copies them.
+  static constexpr size_t kCopyChunkBytes = size_t{1} << 20;
   std::mutex spare_mu_;
   std::vector<std::unique_ptr<unsigned char[]>> spare_;
   size_t max_spare_ = 1;

@@ -96,10 +96,21 @@ def check_bytes(cache, id, tokens, layer, heads, dim, begin, end):
         assert got.tobytes() == want.tobytes(), f"layer {layer} part {part}"
 
 
-def block_files(directory, layout):
-    """The block files of a store's layout (docs/storage.md, FileTier)."""
+def block_records(directory, layout):
+    """The live block records in a store's segments (docs/storage.md, FileTier): a 32-byte
+    segment header, then records of a 40-byte header (type at 4, body bytes at 24) and a body."""
     root = pathlib.Path(directory) / f"{layout.fingerprint():016x}"
-    return sorted(root.glob("*/*.blk"))
+    records = []
+    for segment in sorted(root.glob("*.seg")):
+        data = segment.read_bytes()
+        off = 32
+        while off + 40 <= len(data) and data[off:off + 4] == b"PKSR":
+            kind = int.from_bytes(data[off + 4:off + 6], "little")
+            body = int.from_bytes(data[off + 24:off + 32], "little")
+            if kind == 1:
+                records.append((segment.name, off))
+            off += 40 + body
+    return records
 
 
 def restart_round_trip(make_store, check_files=None):
@@ -155,8 +166,8 @@ def test_a_restarted_kv_cache_fetches_a_prompt_from_a_file_tier_and_reads_the_sa
 
     def check_files(store, written):
         assert store.layout == layout and store.directory == str(tmp_path)
-        # Each write-back is one file named by its block (all of the prompts' blocks differ).
-        assert len(block_files(tmp_path, layout)) == written
+        # Each write-back is one block record (all of the prompts' blocks differ).
+        assert len(block_records(tmp_path, layout)) == written
 
     restart_round_trip(lambda: pagedkv.FileTier(small_config(), str(tmp_path),
                                                 model_id="test-model"), check_files)
@@ -240,7 +251,7 @@ def test_a_restarted_model_cache_hits_what_each_group_fetched_from_its_file_tier
         written = model.group(g).stats()["storage_blocks_written"]
         assert written >= 6, f"group {g}"
         assert stores[g].stats()["puts"] == written
-        assert len(block_files(tmp_path, stores[g].layout)) == written
+        assert len(block_records(tmp_path, stores[g].layout)) == written
     del model, stores
     gc.collect()
 

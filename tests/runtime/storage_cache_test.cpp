@@ -145,24 +145,41 @@ class StorageCacheTest : public ::testing::Test {
     }
   }
 
-  // Flips one byte in the middle of every stored block file whose name contains `name` (every
-  // one for ""); returns how many.
+  // Flips one byte in the middle of the payload of every stored block whose hash, in hex,
+  // contains `name` (every one for ""); returns how many. The blocks are records in the file
+  // store's segments (docs/storage.md): a 32-byte segment header, then records of a 40-byte
+  // header (type at 4, hash at 16, body bytes at 24) and the body (48-byte header, payload).
   int corrupt_files(const std::string& name) {
     int corrupted = 0;
     for (const auto& entry : fs::recursive_directory_iterator(dir_)) {
-      if (!entry.is_regular_file() || entry.file_size() < 64 ||
-          entry.path().filename().string().find(name) == std::string::npos) {
-        continue;
-      }
+      if (!entry.is_regular_file() || entry.path().extension() != ".seg") continue;
       std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
-      const auto at = static_cast<std::streamoff>(entry.file_size() / 2);
-      f.seekg(at);
-      char c = 0;
-      f.read(&c, 1);
-      c = static_cast<char>(c ^ 0x5a);
-      f.seekp(at);
-      f.write(&c, 1);
-      ++corrupted;
+      const auto size = static_cast<std::streamoff>(entry.file_size());
+      for (std::streamoff off = 32; off + 40 <= size;) {
+        unsigned char head[40];
+        f.seekg(off);
+        f.read(reinterpret_cast<char*>(head), 40);
+        const auto le = [&](int at, int bytes) {
+          uint64_t v = 0;
+          for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | head[at + i];
+          return v;
+        };
+        if (std::string(reinterpret_cast<char*>(head), 4) != "PKSR") break;
+        const auto body = static_cast<std::streamoff>(le(24, 8));
+        char hash[17];
+        std::snprintf(hash, sizeof(hash), "%016llx", static_cast<unsigned long long>(le(16, 8)));
+        if (le(4, 2) == 1 && std::string(hash).find(name) != std::string::npos) {
+          const std::streamoff at = off + 40 + 48 + (body - 48) / 2;
+          f.seekg(at);
+          char c = 0;
+          f.read(&c, 1);
+          c = static_cast<char>(c ^ 0x5a);
+          f.seekp(at);
+          f.write(&c, 1);
+          ++corrupted;
+        }
+        off += 40 + body;
+      }
     }
     return corrupted;
   }
@@ -317,7 +334,7 @@ TEST_F(StorageCacheTest, ACorruptBlockFileIsAMissNeverGarbage) {
   open(small_config());
   push_through_to_storage(6);
   open(small_config());  // the restarted store lists the blocks; then they rot on disk
-  // Flip one byte in the middle of every stored block file.
+  // Flip one byte in the middle of every stored block.
   ASSERT_GT(corrupt_files(""), 0);
   auto fetched = cache_->fetch_from_storage(prompt(0));
   ASSERT_OK(fetched);
@@ -333,7 +350,7 @@ TEST_F(StorageCacheTest, ACorruptBlockFileIsAMissNeverGarbage) {
   expect_invariants();
 }
 
-// Only prompt 0's second block file rots: the read of both lands the first (a hit of one block,
+// Only prompt 0's second stored block rots: the read of both lands the first (a hit of one block,
 // the first cache's bytes), the second is a miss.
 TEST_F(StorageCacheTest, ACorruptSecondBlockLeavesTheFirstAHit) {
   open(small_config());

@@ -2,6 +2,7 @@
 // code under test.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -169,6 +170,23 @@ TEST(Crc32cTest, HardwareAndPortableAgreeAtEveryLengthAndAlignment) {
       ASSERT_EQ(detail::crc32c(data.data() + off, n), detail::crc32c_portable(data.data() + off, n))
           << "offset " << off << " length " << n;
     }
+  }
+  // Long inputs take the three-stream paths (stretches of 256 and 8192 bytes) and their joins.
+  const auto big = random_blocks(1, 60000, 13)[0];
+  for (size_t n : {767, 768, 769, 3000, 24575, 24576, 24583, 33000, 59999}) {
+    for (size_t off : {0, 1}) {
+      ASSERT_EQ(detail::crc32c(big.data() + off, n), detail::crc32c_portable(big.data() + off, n))
+          << "offset " << off << " length " << n;
+    }
+  }
+  // The copying variant copies and agrees.
+  for (size_t n : {0, 7, 769, 24583, 59999}) {
+    std::vector<unsigned char> copy(n + 1, 0xA5);
+    EXPECT_EQ(detail::crc32c_copy(copy.data(), big.data() + 1, n),
+              detail::crc32c_portable(big.data() + 1, n))
+        << n;
+    EXPECT_TRUE(std::equal(copy.begin(), copy.begin() + long(n), big.begin() + 1)) << n;
+    EXPECT_EQ(copy[n], 0xA5) << "wrote past the end";
   }
   // Continuing a CRC over a split equals the CRC of the whole.
   EXPECT_EQ(detail::crc32c(data.data() + 100, 200, detail::crc32c(data.data(), 100)),

@@ -1,0 +1,78 @@
+#include "storage/segment_format.hpp"
+
+#include "storage/crc32c.hpp"
+
+namespace pagedkv::detail {
+namespace {
+
+void put_le(unsigned char* p, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+
+uint64_t get_le(const unsigned char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+constexpr size_t kSegmentCrcOffset = kSegmentHeaderBytes - 4;
+constexpr size_t kRecordCrcOffset = kRecordHeaderBytes - 4;
+
+}  // namespace
+
+void encode_segment_header(uint64_t fingerprint, uint64_t block_bytes, unsigned char* out) {
+  put_le(out + 0, kSegmentMagic, 4);
+  put_le(out + 4, kSegmentFormatVersion, 2);
+  put_le(out + 6, kSegmentHeaderBytes, 2);
+  put_le(out + 8, fingerprint, 8);
+  put_le(out + 16, block_bytes, 8);
+  put_le(out + 24, 0, 4);
+  put_le(out + kSegmentCrcOffset, crc32c(out, kSegmentCrcOffset), 4);
+}
+
+std::string check_segment_header(const unsigned char* in, uint64_t fingerprint,
+                                 uint64_t block_bytes) {
+  if (get_le(in, 4) != kSegmentMagic) return "bad segment magic";
+  if (get_le(in + kSegmentCrcOffset, 4) != crc32c(in, kSegmentCrcOffset)) {
+    return "segment header checksum mismatch";
+  }
+  if (get_le(in + 4, 2) != kSegmentFormatVersion) return "unknown segment format version";
+  if (get_le(in + 6, 2) != kSegmentHeaderBytes) return "bad segment header size";
+  if (get_le(in + 8, 8) != fingerprint) return "layout fingerprint differs";
+  if (get_le(in + 16, 8) != block_bytes) return "block size differs";
+  return {};
+}
+
+uint32_t record_seed(uint64_t segment_id) {
+  return static_cast<uint32_t>(segment_id ^ (segment_id >> 32));
+}
+
+void encode_record_header(const RecordHeader& h, uint32_t seed, unsigned char* out) {
+  put_le(out + 0, kRecordMagic, 4);
+  put_le(out + 4, static_cast<uint16_t>(h.type), 2);
+  put_le(out + 6, kRecordHeaderBytes, 2);
+  put_le(out + 8, h.key.ns, 8);
+  put_le(out + 16, h.key.block_hash, 8);
+  put_le(out + 24, h.body_bytes, 8);
+  put_le(out + kRecordCrcOffset, crc32c(out, kRecordCrcOffset, seed), 4);
+}
+
+std::string decode_record_header(const unsigned char* in, uint32_t seed, RecordHeader* h) {
+  if (get_le(in, 4) != kRecordMagic) return "bad record magic";
+  if (get_le(in + kRecordCrcOffset, 4) != crc32c(in, kRecordCrcOffset, seed)) {
+    return "record header checksum mismatch";
+  }
+  if (get_le(in + 6, 2) != kRecordHeaderBytes) return "bad record header size";
+  const uint64_t type = get_le(in + 4, 2);
+  if (type < static_cast<uint64_t>(RecordType::kBlock) ||
+      type > static_cast<uint64_t>(RecordType::kSeal)) {
+    return "unknown record type " + std::to_string(type);
+  }
+  h->type = static_cast<RecordType>(type);
+  h->key.ns = get_le(in + 8, 8);
+  h->key.block_hash = get_le(in + 16, 8);
+  h->body_bytes = get_le(in + 24, 8);
+  return {};
+}
+
+}  // namespace pagedkv::detail
