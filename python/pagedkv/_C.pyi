@@ -1010,11 +1010,13 @@ class StorageTier:
         """
 
     def remove(self, keys: Sequence) -> None:
-        """Removes the stored blocks of keys (missing ones are no error)."""
+        """
+        Queues the removal of the stored blocks of keys (missing ones are no error); done by the next drain().
+        """
 
 class FileTier(StorageTier):
     """
-    The file store: one directory of block files, which outlives the process (a restart on the same directory and layout finds its blocks). docs/storage.md.
+    The file store: one directory of segment files, which outlives the process (a restart on the same directory and layout finds its blocks). docs/storage.md.
     """
 
     def __init__(self, layout_or_config: object, directory: str, *, model_id: str | None = None, group: int | None = None, max_bytes: int = 0, fsync: bool = False, max_queued_blocks: int = 4096, threads: int = 2) -> None:
