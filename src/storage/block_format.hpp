@@ -11,6 +11,16 @@
 
 namespace pagedkv::detail {
 
+/// The little-endian integers of the stored formats (block headers, segment records).
+inline void put_le(unsigned char* p, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+inline uint64_t get_le(const unsigned char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
 inline constexpr size_t kBlockHeaderBytes = 48;
 /// "PKVS" in file order.
 inline constexpr uint32_t kBlockMagic = 0x53564B50u;

@@ -1,19 +1,10 @@
 #include "storage/segment_format.hpp"
 
+#include "storage/block_format.hpp"
 #include "storage/crc32c.hpp"
 
 namespace pagedkv::detail {
 namespace {
-
-void put_le(unsigned char* p, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
-}
-
-uint64_t get_le(const unsigned char* p, int bytes) {
-  uint64_t v = 0;
-  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
 
 constexpr size_t kSegmentCrcOffset = kSegmentHeaderBytes - 4;
 constexpr size_t kRecordCrcOffset = kRecordHeaderBytes - 4;

@@ -8,9 +8,6 @@ No GPU and no model: the host pool is a small stand-in with SGLang's page-pointe
 Needs sglang==0.5.23 (scripts/test-integrations installs it); skipped without."""
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
 import time
 
 import pytest
@@ -57,31 +54,6 @@ class PageFirstPool:
     def slots(self, pages):
         return torch.cat([torch.arange(p * self.page_size, (p + 1) * self.page_size)
                           for p in pages])
-
-
-@pytest.fixture(scope="module")
-def redis_port():
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("redis-server is not installed")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no"], stdout=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "redis did not start"
-                time.sleep(0.05)
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
 @pytest.fixture(params=["file", "redis"])

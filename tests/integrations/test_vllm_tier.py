@@ -8,10 +8,6 @@ this test starts on 127.0.0.1 (and stops). No GPU, no model: the primary tier is
 Needs vllm==0.33.0 (scripts/test-integrations installs it); skipped without."""
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
 import time
 
 import numpy as np
@@ -48,31 +44,6 @@ class Region:
 class Spec:
     """The parts of vLLM's OffloadingSpec the tier reads (tests give the digest instead)."""
     config = None
-
-
-@pytest.fixture(scope="module")
-def redis_port():
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("redis-server is not installed")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no"], stdout=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "redis did not start"
-                time.sleep(0.05)
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
 @pytest.fixture(params=["file", "redis"])
