@@ -11,10 +11,10 @@
 // referenced that it evicted, and victims it dropped (drain_evicted_sequences), stay gone. If
 // even that repair fails, every later call returns the kInternal error that says so.
 //
-// Several KV groups (a config with `groups`: one full-attention group and up to three
-// sliding-window groups, as gpt-oss and Gemma 2/3 have) live in one KvCache whose groups share
-// the logical blocks (core::ControlPlane, "several KV groups"): one sequence table, prefix tree
-// and planner for all of them, and per group its own device and host pools. The calls are the
+// Several KV groups (a config with `groups`: full-attention and MLA latent groups, and up to
+// three sliding-window groups, as gpt-oss and Gemma 2/3 have) live in one KvCache whose groups
+// share the logical blocks (core::ControlPlane, "several KV groups"): one sequence table, prefix
+// tree and planner for all of them, and per group its own device and host pools. The calls are the
 // one-group calls; layer indices are the model's (CacheConfig::groups lists each group's), each
 // group has its own batch (build_batches) and device view, and ModelKvCache offers the same
 // cache with the model-level calls (ModelKvCacheOptions::share_blocks).
@@ -157,8 +157,8 @@ class KvCache {
  public:
   /// Validates the config (paged mode), creates or borrows the backend, allocates the device
   /// pool and, when num_host_blocks > 0, the pinned host pool, once (per group). kInvalidArgument
-  /// names the field (also for groups other than one full-attention group and at most three
-  /// window groups); kResourceExhausted when a pool cannot be had; kUnimplemented for dense
+  /// names the field (also for groups with no full-attention group, or more than three window
+  /// groups); kResourceExhausted when a pool cannot be had; kUnimplemented for dense
   /// mode, and for a storage tier with several groups (not built yet).
   static StatusOr<std::unique_ptr<KvCache>> create(const CacheConfig& config,
                                                    KvCacheOptions options = {});

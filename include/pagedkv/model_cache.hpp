@@ -5,11 +5,11 @@
 // routes each model layer to its group. Two ways to hold the groups:
 //  - separate planes (the default): each group is a KvCache of its own, with its own sequence
 //    table, prefix tree and planner, and group(g) is that cache;
-//  - shared blocks (ModelKvCacheOptions::share_blocks; one full-attention group and up to three
-//    window groups, no storage tiers): one KvCache holds every group (cache.hpp, "several KV
-//    groups"), so a sequence is looked up, planned and committed once for all groups. The
-//    control part of a decode step then costs about 1.4x one group's instead of 2.3x
-//    (docs/hybrid-models.md).
+//  - shared blocks (ModelKvCacheOptions::share_blocks; at least one full-attention or latent
+//    group and up to three window groups, no storage tiers): one KvCache holds every group
+//    (cache.hpp, "several KV groups"), so a sequence is looked up, planned and committed once for
+//    all groups. The control part of a decode step then costs about 1.4x one group's instead
+//    of 2.3x (docs/hybrid-models.md).
 //
 // A sequence lives in every group with the same committed length and reservation. A prefix hit
 // counts only as far as every group can supply it (all blocks for full attention, the blocks
@@ -38,9 +38,9 @@ struct ModelKvCacheOptions {
   /// different bytes under the same key): give each group's store its own model id.
   std::vector<StorageTier*> storage;
   /// Hold every group in one KvCache whose groups share the logical blocks (see the file
-  /// comment). Needs one full-attention group and at most three window groups, and no storage
-  /// tier (kInvalidArgument, kUnimplemented). group(g) is then that one cache for every g: use
-  /// this class's per-group calls (group_config, block_locations, device_view) for a group.
+  /// comment). Needs a full-attention (or latent) group and at most three window groups, and no
+  /// storage tier (kInvalidArgument, kUnimplemented). group(g) is then that one cache for every g:
+  /// use this class's per-group calls (group_config, block_locations, device_view) for a group.
   bool share_blocks = false;
 };
 

@@ -205,7 +205,7 @@ Status BatchMetadataBuilder::build_groups(const std::vector<Sequence*>& rows,
     Sequence& s = *rows[static_cast<size_t>(r)];
     for (size_t w = 0; w < windows; ++w) {
       const GroupPages& g = (*pages)[w];
-      (*window_builders)[w].write_row(r, s, s.group_first_live[w],
+      (*window_builders)[w].write_row(r, s, g.first_held(s.group_first_live),
                                       [&g](LogicalId b) { return g.page(b); });
     }
     write_row(r, s, s.first_live, [&blocks](LogicalId b) { return blocks[b].phys; });

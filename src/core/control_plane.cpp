@@ -15,12 +15,11 @@ namespace core {
 
 namespace {
 
-// A config with groups: one full-attention group, whose blocks the window groups share, and at
-// most Sequence::kMaxWindowGroups window groups. Sets `*full`.
+// A config with groups: at least one full-attention group (sliding_window 0; a latent group
+// counts), whose blocks the others share, and at most Sequence::kMaxWindowGroups window groups.
+// The owner of the logical blocks is the full group with the most device blocks (the first of
+// those): it bounds how many blocks every group can share. Sets `*full`.
 Status check_shared_groups(const CacheConfig& config, int32_t* full) {
-  const auto name = [&config](size_t g) {
-    return "groups[" + std::to_string(g) + "] (" + config.groups[g].name + ")";
-  };
   if (config.groups.size() == 1) {
     return invalid_argument("groups: one group: create the plane from config.group_config(0)");
   }
@@ -29,18 +28,14 @@ Status check_shared_groups(const CacheConfig& config, int32_t* full) {
     const KvGroup& k = config.groups[g];
     if (k.sliding_window > 0) {
       ++windows;
-    } else if (*full >= 0) {
-      return invalid_argument(name(g) +
-                              ": a plane of several groups shares the blocks of one "
-                              "full-attention group, and " +
-                              name(static_cast<size_t>(*full)) + " is one too");
-    } else {
+    } else if (*full < 0 ||
+               k.num_device_blocks > config.groups[static_cast<size_t>(*full)].num_device_blocks) {
       *full = static_cast<int32_t>(g);
     }
   }
   if (*full < 0) {
     return invalid_argument(
-        "groups: a plane of several groups needs one full-attention group (sliding_window 0) "
+        "groups: a plane of several groups needs a full-attention group (sliding_window 0) "
         "whose blocks the window groups share; every group here has a window");
   }
   if (windows > Sequence::kMaxWindowGroups) {
@@ -77,11 +72,13 @@ StatusOr<std::unique_ptr<ControlPlane>> ControlPlane::create(const CacheConfig& 
       new ControlPlane(config.group_config(full), std::move(options)));
   cp->num_groups_ = static_cast<int32_t>(config.groups.size());
   cp->full_group_ = full;
+  int32_t live_slot = 0;  // the next window group's bound in Sequence::group_first_live
   for (int32_t g = 0; g < cp->num_groups_; ++g) {
     if (g == full) continue;
     const KvGroup& k = config.groups[static_cast<size_t>(g)];
-    cp->groups_.emplace_back(g, k.sliding_window, config.block_size, k.num_device_blocks,
-                             k.num_host_blocks, cp->blocks_.num_logical());
+    cp->groups_.emplace_back(g, k.sliding_window, k.sliding_window > 0 ? live_slot++ : -1,
+                             config.block_size, k.num_device_blocks, k.num_host_blocks,
+                             cp->blocks_.num_logical());
     cp->group_batch_.emplace_back(config.block_size);
   }
   return cp;
@@ -154,7 +151,8 @@ void ControlPlane::release_tail(Sequence* s, size_t keep) {
   }
   s->first_live = std::min(s->first_live, keep);
   for (size_t w = 0; w < groups_.size(); ++w) {
-    s->group_first_live[w] = static_cast<uint32_t>(std::min<size_t>(s->group_first_live[w], keep));
+    const GroupPages& g = groups_[w];
+    g.set_first_held(s->group_first_live, std::min(g.first_held(s->group_first_live), keep));
   }
 }
 

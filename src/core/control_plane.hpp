@@ -96,12 +96,15 @@ struct Arrival {
 /// is in the pool of the tier its block is on (an offload or restore moves held pages, named by
 /// group in Transfers::moves; pages are cached on the device only). The calls, their checks and
 /// their errors are the one-group plane's; a plan's undo restores the window groups' pages too.
-/// Blocks arriving from a store have no window pages (a hit needs its window's pages).
+/// Blocks arriving from a store have no window pages (a hit needs its window's pages). Further
+/// full-attention groups (several shapes, or an MLA latent group) are such page maps too, with
+/// no window: a page for every block their holders hold, never trimmed.
 class ControlPlane {
  public:
   /// Validates `config` (which must be paged mode) and `options` (kInvalidArgument) and builds
-  /// empty pools. With `groups`: exactly one full-attention group and at most
-  /// Sequence::kMaxWindowGroups sliding-window groups (kInvalidArgument).
+  /// empty pools. With `groups`: at least one full-attention group (the one with the most device
+  /// blocks owns the logical blocks; any others, latent ones included, keep a page per block)
+  /// and at most Sequence::kMaxWindowGroups sliding-window groups (kInvalidArgument).
   static StatusOr<std::unique_ptr<ControlPlane>> create(const CacheConfig& config,
                                                         ControlOptions options = {});
 

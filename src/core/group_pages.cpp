@@ -6,10 +6,11 @@
 namespace pagedkv {
 namespace core {
 
-GroupPages::GroupPages(int32_t config_index, int64_t window, int64_t block_size,
+GroupPages::GroupPages(int32_t config_index, int64_t window, int32_t live_slot, int64_t block_size,
                        int64_t device_pages, int64_t host_pages, int64_t num_logical)
     : config_index_(config_index),
       window_(window),
+      live_slot_(window > 0 ? live_slot : -1),
       bdiv_(block_size),
       num_pages_{device_pages, host_pages},
       rec_(static_cast<size_t>(num_logical)) {

@@ -1,7 +1,10 @@
-// The pages of one sliding-window KV group in a control plane whose groups share the logical
-// blocks (control_plane.hpp, "several KV groups"). The plane's logical block table is the full
-// attention group's; a window group keeps a page of its own pool only for the blocks some
-// holder still attends to, plus cached pages a later prefix hit can reuse.
+// The pages of one KV group in a control plane whose groups share the logical blocks
+// (control_plane.hpp, "several KV groups"), other than the group that owns them. The plane's
+// logical block table is the owner's (a full-attention group); every other group keeps a page of
+// its own pool for the blocks some holder still attends to, plus cached pages a later prefix hit
+// can reuse. A sliding-window group holds only the pages inside its holders' windows; a group
+// with no window (another full-attention or an MLA latent group) holds a page for every block of
+// its holders and never trims.
 //
 // Per logical block: the page (or -1) and the holders that need it (sequences holding the block
 // at a table index inside their window). A page nobody needs stays while its block is in the
@@ -22,17 +25,28 @@ namespace core {
 
 class GroupPages {
  public:
-  /// `window` tokens (> 0), pools of `device_pages` and `host_pages`, logical ids in
-  /// [0, num_logical).
-  GroupPages(int32_t config_index, int64_t window, int64_t block_size, int64_t device_pages,
-             int64_t host_pages, int64_t num_logical);
+  /// `window` tokens (0: none), pools of `device_pages` and `host_pages`, logical ids in
+  /// [0, num_logical). A window group keeps its holders' bounds in Sequence::group_first_live
+  /// at `live_slot` (-1 without a window: the bound is always 0).
+  GroupPages(int32_t config_index, int64_t window, int32_t live_slot, int64_t block_size,
+             int64_t device_pages, int64_t host_pages, int64_t num_logical);
 
   /// The group's index in CacheConfig::groups.
   int32_t config_index() const { return config_index_; }
+  /// Tokens of the sliding window; 0 for a group with none.
   int64_t window() const { return window_; }
   /// The first table index a sequence of `length` committed tokens still attends to.
   size_t first_block(int64_t length) const {
-    return static_cast<size_t>(bdiv_.div(std::max<int64_t>(0, length - window_)));
+    return window_ == 0 ? 0
+                        : static_cast<size_t>(bdiv_.div(std::max<int64_t>(0, length - window_)));
+  }
+  /// The first table index whose page a sequence holds here, from its `group_first_live`.
+  size_t first_held(const uint32_t* group_first_live) const {
+    return live_slot_ < 0 ? 0 : group_first_live[live_slot_];
+  }
+  /// Sets that bound (a group with no window has none to set: it is always 0).
+  void set_first_held(uint32_t* group_first_live, size_t first) const {
+    if (live_slot_ >= 0) group_first_live[live_slot_] = static_cast<uint32_t>(first);
   }
 
   /// The page of logical block `b` (in the pool of the tier the block is on), or -1.
@@ -104,6 +118,7 @@ class GroupPages {
 
   int32_t config_index_;
   int64_t window_;
+  int32_t live_slot_;
   BlockDivider bdiv_;
   int64_t num_pages_[kNumTiers];
   std::vector<Record> rec_;  // by logical id

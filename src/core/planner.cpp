@@ -111,13 +111,14 @@ Status ControlPlane::plan_group_pages(const std::vector<int64_t>& need, const Se
     int64_t useful = 0;
     for (size_t w = 0; w < ng; ++w) {
       int64_t gain = 0;
-      for (size_t i = v.group_first_live[w]; i < v.blocks.size(); ++i) {
+      const size_t first = groups_[w].first_held(v.group_first_live);
+      for (size_t i = first; i < v.blocks.size(); ++i) {
         const LogicalId b = v.blocks[i];
         const int32_t d = ++dropped[w][b];
         gain += groups_[w].holders(b) - d == 0 && blocks_[b].tier == Tier::kDevice ? 1 : 0;
       }
       if (!keep) {
-        for (size_t i = v.group_first_live[w]; i < v.blocks.size(); ++i) --dropped[w][v.blocks[i]];
+        for (size_t i = first; i < v.blocks.size(); ++i) --dropped[w][v.blocks[i]];
       } else {
         room[w] += gain;
       }
@@ -160,7 +161,8 @@ Status ControlPlane::plan_group_pages(const std::vector<int64_t>& need, const Se
       if (!own(b)) continue;
       --host_room;
       for (size_t w = 0; w < ng; ++w) {
-        group_host[w] -= i >= v->group_first_live[w] && groups_[w].page(b) >= 0 ? 1 : 0;
+        group_host[w] -=
+            i >= groups_[w].first_held(v->group_first_live) && groups_[w].page(b) >= 0 ? 1 : 0;
       }
     }
   }
@@ -206,9 +208,11 @@ Status ControlPlane::plan_group_pages(const std::vector<int64_t>& need, const Se
   }
   const size_t w = static_cast<size_t>(short_group());
   const GroupPages& g = groups_[w];
-  return resource_exhausted("out of pages in group " + std::to_string(g.config_index()) +
-                            " (window " + std::to_string(g.window()) + "): need " +
-                            std::to_string(need[w]) + ", " + std::to_string(room[w]) +
+  const std::string kind =
+      g.window() > 0 ? "window " + std::to_string(g.window()) : std::string("full attention");
+  return resource_exhausted("out of pages in group " + std::to_string(g.config_index()) + " (" +
+                            kind + "): need " + std::to_string(need[w]) + ", " +
+                            std::to_string(room[w]) +
                             " free, cached or held by inactive sequences");
 }
 

@@ -26,7 +26,8 @@ struct alignas(64) Sequence {
   // Blocks [0, first_live) fell out of the sliding window: kNoBlock (always 0 without one).
   size_t first_live = 0;
   // A plane with window groups sharing the blocks (GroupPages): per window group, the first
-  // table index whose page the sequence holds in that group.
+  // table index whose page the sequence holds in that group (GroupPages::first_held; groups
+  // with no window need no bound).
   static constexpr int kMaxWindowGroups = 3;
   uint32_t group_first_live[kMaxWindowGroups] = {};
   bool active = false;

@@ -245,7 +245,8 @@ Status ControlPlane::fork(SequenceId parent, SequenceId child) {
   c->first_live = std::min(p->first_live, keep);
   for (LogicalId b : c->live_blocks()) ++blocks_[b].ref;  // held by the parent: never 0 -> 1
   for (size_t w = 0; w < groups_.size(); ++w) {
-    c->group_first_live[w] = static_cast<uint32_t>(std::min<size_t>(p->group_first_live[w], keep));
+    const GroupPages& g = groups_[w];
+    g.set_first_held(c->group_first_live, std::min(g.first_held(p->group_first_live), keep));
   }
   for (size_t i = 0; i < c->blocks.size(); ++i) {
     if (!groups_.empty()) hold_group_pages(*c, i, c->blocks[i]);

@@ -20,7 +20,7 @@ std::string group_name(const GroupPages& g) { return "group " + std::to_string(g
 
 void ControlPlane::hold_group_pages(const Sequence& s, size_t i, LogicalId b) {
   for (size_t w = 0; w < groups_.size(); ++w) {
-    if (i >= s.group_first_live[w]) groups_[w].hold(b);
+    if (i >= groups_[w].first_held(s.group_first_live)) groups_[w].hold(b);
   }
 }
 
@@ -28,7 +28,7 @@ void ControlPlane::drop_group_pages(const Sequence& s, size_t i, LogicalId b, bo
   const Tier t = blocks_[b].tier;
   const bool cacheable = blocks_[b].node >= 0 && t == Tier::kDevice;
   for (size_t w = 0; w < groups_.size(); ++w) {
-    if (i < s.group_first_live[w]) continue;
+    if (i < groups_[w].first_held(s.group_first_live)) continue;
     if (undoable) {
       journal_.group_ops.push_back(Journal::GroupOp{
           Journal::GroupOpKind::kDrop, t, static_cast<int32_t>(w), b, groups_[w].page(b), -1});
@@ -45,7 +45,8 @@ bool ControlPlane::group_pages_can_swap(const Sequence& s, size_t i, LogicalId o
                                         LogicalId theirs) const {
   for (size_t w = 0; w < groups_.size(); ++w) {
     const GroupPages& g = groups_[w];
-    if (i >= s.group_first_live[w] && g.page(theirs) < 0 && g.holders(ours) != 1) return false;
+    if (i >= g.first_held(s.group_first_live) && g.page(theirs) < 0 && g.holders(ours) != 1)
+      return false;
   }
   return true;
 }
@@ -54,7 +55,7 @@ void ControlPlane::swap_group_pages(const Sequence& s, size_t i, LogicalId ours,
   // `ours` is not indexed (register_full_block returns first when it is): its pages are freed.
   for (size_t w = 0; w < groups_.size(); ++w) {
     GroupPages& g = groups_[w];
-    if (i < s.group_first_live[w]) continue;
+    if (i < g.first_held(s.group_first_live)) continue;
     if (g.page(theirs) >= 0) {
       g.hold(theirs);
       g.drop(ours, /*cacheable=*/false, Tier::kDevice);
@@ -77,7 +78,7 @@ bool ControlPlane::group_pages_cover(const std::vector<LogicalId>& found, int64_
 
 void ControlPlane::set_group_first_live(Sequence* s, int64_t length) {
   for (size_t w = 0; w < groups_.size(); ++w) {
-    s->group_first_live[w] = static_cast<uint32_t>(groups_[w].first_block(length));
+    groups_[w].set_first_held(s->group_first_live, groups_[w].first_block(length));
   }
 }
 
@@ -86,14 +87,14 @@ void ControlPlane::trim_group_windows(Sequence* s) {
   for (size_t w = 0; w < groups_.size(); ++w) {
     GroupPages& g = groups_[w];
     const size_t first = g.first_block(len);
-    const size_t from = s->group_first_live[w];
+    const size_t from = g.first_held(s->group_first_live);
     if (first <= from) continue;
     for (size_t i = from; i < first; ++i) {
       const BlockInfo& b = blocks_[s->blocks[i]];
       g.drop(s->blocks[i], b.node >= 0 && b.tier == Tier::kDevice, b.tier);
     }
     counters_.window_released_blocks += static_cast<int64_t>(first - from);
-    s->group_first_live[w] = static_cast<uint32_t>(first);
+    g.set_first_held(s->group_first_live, first);
   }
 }
 
@@ -149,7 +150,7 @@ void ControlPlane::add_group_need(const Sequence& s, const ReserveNeed& n,
 
 int64_t ControlPlane::group_pages_on(const Sequence& s, size_t w, Tier t, bool exclusive) const {
   int64_t n = 0;
-  for (size_t i = s.group_first_live[w]; i < s.blocks.size(); ++i) {
+  for (size_t i = groups_[w].first_held(s.group_first_live); i < s.blocks.size(); ++i) {
     const LogicalId b = s.blocks[i];
     const BlockInfo& info = blocks_[b];
     if (info.tier == t && groups_[w].page(b) >= 0 && (!exclusive || info.ref == 1)) ++n;
@@ -191,8 +192,9 @@ void ControlPlane::copy_group_pages(LogicalId src, LogicalId dst, Transfers* out
 Status ControlPlane::check_group_windows_rollback(const Sequence& s, int64_t length) const {
   for (size_t w = 0; w < groups_.size(); ++w) {
     const GroupPages& g = groups_[w];
-    if (length == 0 || g.first_block(length) >= s.group_first_live[w]) continue;
-    const int64_t first = static_cast<int64_t>(s.group_first_live[w]) * block_size_;
+    const size_t held = g.first_held(s.group_first_live);
+    if (length == 0 || g.first_block(length) >= held) continue;
+    const int64_t first = static_cast<int64_t>(held) * block_size_;
     return failed_precondition("rollback: " + seq_name(s.id) + " no longer holds the tokens " +
                                "before " + std::to_string(first) + " in " + group_name(g) +
                                " (they fell out of its sliding window); the shortest length it "
@@ -211,15 +213,16 @@ Status ControlPlane::check_group_invariants() const {
     std::vector<int32_t> holders(static_cast<size_t>(nlog), 0);
     for (const auto& kv : seqs_.all()) {
       const Sequence& s = *kv.second;
-      if (s.group_first_live[w] > s.blocks.size()) {
+      const size_t held = g.first_held(s.group_first_live);
+      if (held > s.blocks.size()) {
         return broken(name + ": sequence " + std::to_string(s.id) + " first live index past " +
                       "its table");
       }
-      if (s.group_first_live[w] > g.first_block(s.length())) {
+      if (held > g.first_block(s.length())) {
         return broken(name + ": sequence " + std::to_string(s.id) +
                       " lacks pages its window needs");
       }
-      for (size_t i = s.group_first_live[w]; i < s.blocks.size(); ++i) {
+      for (size_t i = held; i < s.blocks.size(); ++i) {
         ++holders[static_cast<size_t>(s.blocks[i])];
       }
     }
@@ -299,7 +302,7 @@ StatusOr<std::vector<BlockLocation>> ControlPlane::group_block_locations(Sequenc
   const size_t w = window_index(g);
   const GroupPages& pages = groups_[w];
   std::vector<BlockLocation> out(s->blocks.size(), BlockLocation{Tier::kDevice, -1});
-  for (size_t i = s->group_first_live[w]; i < s->blocks.size(); ++i) {
+  for (size_t i = pages.first_held(s->group_first_live); i < s->blocks.size(); ++i) {
     const LogicalId b = s->blocks[i];
     // A page's tier is its block's: the pages follow their blocks between tiers.
     out[i] = BlockLocation{blocks_[b].tier, pages.page(b)};

@@ -482,6 +482,38 @@ TEST_P(ModelCacheRandom, MlaModelEveryReadMatchesTheReference) {
   RecordProperty("counters", describe(c));
 }
 
+// Every kind of group in one cache sharing the blocks: two full-attention groups of different
+// shapes (one of them an MLA latent group, keys only) beside a sliding-window group. The owner
+// of the blocks is the group with the most device blocks; the latent group, with fewer, evicts
+// cached pages of its own.
+CacheConfig mixed_config() {
+  CacheConfig c = hybrid_config();
+  c.num_layers = 7;
+  KvGroup latent = KvGroup::latent("latent", {6}, 40, 8);
+  latent.num_device_blocks = 22;
+  latent.num_host_blocks = 32;
+  c.groups.push_back(latent);
+  return c;
+}
+
+TEST_P(ModelCacheRandom, FullLatentAndWindowGroupsSharingBlocksEveryReadMatchesTheReference) {
+  constexpr int64_t kOps = 2500;
+  for (uint64_t seed = 11; seed <= 12; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    ModelKvCacheOptions options = holding(true);
+    if (seed % 2 == 0) options.cache.transfer_kernel_block_bytes = 0;
+    make(mixed_config(), options);
+    ASSERT_FALSE(HasFatalFailure());
+    ASSERT_TRUE(cache_->shares_blocks());
+    EXPECT_EQ(cache_->group(0).full_group(), 0);
+    RunCounters c;
+    ASSERT_NO_FATAL_FAILURE(run(seed, kOps, c));
+    expect_coverage(c, kOps);
+    EXPECT_GT(cache_->group(0).stats().window_released_blocks, 0);
+    RecordProperty("seed" + std::to_string(seed), describe(c));
+  }
+}
+
 // DeepSeek's latent width, a shorter run.
 TEST_P(ModelCacheRandom, DeepSeekLatentEveryReadMatchesTheReference) {
   constexpr int64_t kOps = 300;
