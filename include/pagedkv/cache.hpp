@@ -381,6 +381,13 @@ class KvCache {
   /// As block_locations() in group `g`: a window group's pages, -1 for the blocks out of its
   /// window. kOutOfRange for a group outside the cache, kNotFound.
   StatusOr<std::vector<BlockLocation>> block_locations(SequenceId id, int32_t g) const;
+  /// Blocks (pages) the sequence holds in group `g`: not those out of a window group's window.
+  /// kOutOfRange for a bad group, kNotFound.
+  StatusOr<int64_t> held_blocks(SequenceId id, int32_t g = 0) const;
+  /// Bytes of the blocks the sequence holds over every group, on whichever tier they are (an
+  /// offloaded sequence's host blocks count too; a block shared with other sequences counts in
+  /// full). kNotFound.
+  StatusOr<int64_t> held_bytes(SequenceId id) const;
   /// The device slot (`block * block_size + offset`) of a committed or reserved position. The
   /// control plane owns every reservation and its slots; ask here rather than keep the slots
   /// reserve() returned, which an offload or restore moves. kNotFound, kOutOfRange (past the

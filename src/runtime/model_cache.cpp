@@ -552,16 +552,16 @@ StatusOr<std::vector<BlockLocation>> ModelKvCache::block_locations(SequenceId id
 }
 
 StatusOr<int64_t> ModelKvCache::held_blocks(SequenceId id, int32_t g) const {
-  PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks, block_locations(id, g));
-  return static_cast<int64_t>(std::count_if(blocks.begin(), blocks.end(),
-                                            [](const BlockLocation& b) { return b.block >= 0; }));
+  PAGEDKV_RETURN_IF_ERROR(check_group(g));
+  return shared_ ? groups_.front()->held_blocks(id, g) : group(g).held_blocks(id);
 }
 
 StatusOr<int64_t> ModelKvCache::held_bytes(SequenceId id) const {
+  if (shared_) return groups_.front()->held_bytes(id);
   int64_t bytes = 0;
   for (int32_t g = 0; g < num_groups(); ++g) {
-    PAGEDKV_ASSIGN_OR_RETURN(int64_t n, held_blocks(id, g));
-    bytes += n * group_config(g).block_bytes();
+    PAGEDKV_ASSIGN_OR_RETURN(int64_t n, group(g).held_bytes(id));
+    bytes += n;
   }
   return bytes;
 }
