@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -17,6 +18,7 @@
 
 #include "kernels/basic_bodies.hpp"
 #include "pagedkv/cache.hpp"
+#include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/stats_fields.hpp"
 #include "support/status_matchers.hpp"
 
@@ -182,12 +184,18 @@ TEST(NullBackend, KvCacheWithFullSizePools) {
 // One random sequence of cache calls, applied to a cache on the CPU backend and one on the null
 // backend: every call gives the same status, and after it both have the same committed lengths,
 // the same blocks (tier and id, in every group) and the same stats.
-void run_same_decisions(const CacheConfig& base, uint64_t seed) {
+// `cpu_options` shape the CPU backend (copy delays: the decisions must not depend on how long
+// the copies take).
+void run_same_decisions(const CacheConfig& base, uint64_t seed,
+                        const CpuBackendOptions& cpu_options = {}) {
+  std::unique_ptr<Backend> cpu_backend = create_cpu_backend(cpu_options);
   std::map<BackendKind, std::unique_ptr<KvCache>> caches;
   for (BackendKind kind : {BackendKind::kCpu, BackendKind::kNull}) {
     CacheConfig c = base;
     c.backend = kind;
-    StatusOr<std::unique_ptr<KvCache>> made = KvCache::create(c);
+    KvCacheOptions options;
+    if (kind == BackendKind::kCpu) options.backend = cpu_backend.get();
+    StatusOr<std::unique_ptr<KvCache>> made = KvCache::create(c, options);
     ASSERT_OK(made);
     caches[kind] = std::move(made).value();
   }
@@ -319,6 +327,11 @@ TEST(NullBackend, KvCacheMakesTheCpuBackendsDecisions) {
     SCOPED_TRACE(seed);
     run_same_decisions(small_config(), seed);
   }
+  // Copies that lag on the CPU backend's copy streams (transfers still in flight at the next
+  // call) change nothing either.
+  CpuBackendOptions slow;
+  slow.copy_delay = std::chrono::microseconds(200);
+  run_same_decisions(small_config(), 6, slow);
 }
 
 // The same with two KV groups (full attention and a window of 8 tokens) on shared blocks.
