@@ -94,7 +94,7 @@ class Backend {
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
 
-  /// kCpu or kCuda.
+  /// kCpu, kCuda or kNull.
   virtual BackendKind kind() const = 0;
   /// A one-line description of the executor, e.g. "cuda: NVIDIA H200 (132 SMs, sm_90)".
   virtual std::string description() const = 0;
@@ -191,11 +191,12 @@ Status validate_copy_batch(const CopyRegion* regions, size_t count);
 Status validate_stream_priority(StreamPriority priority);
 
 /// Creates a backend. kAuto picks CUDA when this build has it and a device is present, else the
-/// CPU backend; the choice is logged once. kCuda without a device (or without CUDA in this build)
-/// is kUnavailable. A CUDA backend belongs to device `device` (-1: the device current when it is
-/// created): each of its calls makes that device current and gives the caller's back afterwards,
-/// so a process can hold one cache per GPU. A CPU backend reports `device` as its ordinal (-1:
-/// 0). kInvalidArgument for a device below -1 or (CUDA) not present.
+/// CPU backend (never the null backend, which only kNull gives); the choice is logged once. kCuda
+/// without a device (or without CUDA in this build) is kUnavailable. A CUDA backend belongs to
+/// device `device` (-1: the device current when it is created): each of its calls makes that device
+/// current and gives the caller's back afterwards, so a process can hold one cache per GPU. A CPU
+/// backend reports `device` as its ordinal (-1: 0). kInvalidArgument for a device below -1 or
+/// (CUDA) not present.
 StatusOr<std::unique_ptr<Backend>> create_backend(BackendKind kind = BackendKind::kAuto,
                                                   int32_t device = -1);
 

@@ -26,8 +26,9 @@ enum class EvictionPolicy : uint8_t { kNone = 0, kLru = 1, kFifo = 2 };
 /// page.
 enum class KvKind : uint8_t { kKeyValue = 0, kLatent = 1 };
 
-/// Which executor runs the data plane.
-enum class BackendKind : uint8_t { kAuto = 0, kCpu = 1, kCuda = 2 };
+/// Which executor runs the data plane. kNull runs none: copies and kernels are dropped and the
+/// pools cost no memory (null_backend.hpp), for sizing runs that need the decisions only.
+enum class BackendKind : uint8_t { kAuto = 0, kCpu = 1, kCuda = 2, kNull = 3 };
 
 /// Paged (block pool) or dense (per-sequence contiguous buffers, the seed's default).
 enum class CacheMode : uint8_t { kPaged = 0, kDense = 1 };

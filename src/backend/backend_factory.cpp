@@ -5,6 +5,7 @@
 #include "common/logging.hpp"
 #include "pagedkv/backend.hpp"
 #include "pagedkv/cpu_backend.hpp"
+#include "pagedkv/null_backend.hpp"
 
 #if defined(PAGEDKV_WITH_CUDA)
 #include "backend/cuda/cuda_factory.hpp"
@@ -51,6 +52,12 @@ StatusOr<std::unique_ptr<Backend>> create_backend(BackendKind kind, int32_t devi
     case BackendKind::kCpu:
       backend = create_cpu_backend(cpu);
       break;
+    case BackendKind::kNull: {
+      NullBackendOptions null_options;
+      null_options.device_ordinal = cpu.device_ordinal;
+      backend = create_null_backend(null_options);
+      break;
+    }
     case BackendKind::kCuda: {
 #if defined(PAGEDKV_WITH_CUDA)
       PAGEDKV_ASSIGN_OR_RETURN(backend, cuda::create_cuda_backend(device));

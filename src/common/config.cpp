@@ -29,6 +29,8 @@ const char* backend_kind_name(BackendKind k) {
       return "cpu";
     case BackendKind::kCuda:
       return "cuda";
+    case BackendKind::kNull:
+      return "null";
   }
   return "unknown";
 }
@@ -268,8 +270,8 @@ Status CacheConfig::validate() const {
   if (static_cast<int>(eviction_policy) > static_cast<int>(EvictionPolicy::kFifo)) {
     return field_error("eviction_policy", "must be none, lru or fifo");
   }
-  if (static_cast<int>(backend) > static_cast<int>(BackendKind::kCuda)) {
-    return field_error("backend", "must be auto, cpu or cuda");
+  if (static_cast<int>(backend) > static_cast<int>(BackendKind::kNull)) {
+    return field_error("backend", "must be auto, cpu, cuda or null");
   }
   if (mode != CacheMode::kPaged && mode != CacheMode::kDense) {
     return field_error("mode", "must be paged or dense");

@@ -35,7 +35,7 @@ TEST(CacheConfig, EachInvalidFieldIsNamed) {
       {"page_layout", [](CacheConfig& c) { c.page_layout = static_cast<PageLayout>(5); }},
       {"eviction_policy",
        [](CacheConfig& c) { c.eviction_policy = static_cast<EvictionPolicy>(7); }},
-      {"backend", [](CacheConfig& c) { c.backend = static_cast<BackendKind>(3); }},
+      {"backend", [](CacheConfig& c) { c.backend = static_cast<BackendKind>(4); }},
       {"mode", [](CacheConfig& c) { c.mode = static_cast<CacheMode>(2); }},
       {"max_sequence_length", [](CacheConfig& c) { c.max_sequence_length = 0; }},
       {"dense_initial_length", [](CacheConfig& c) { c.dense_initial_length = 0; }},
@@ -135,6 +135,7 @@ TEST(CacheConfig, EnumNames) {
   EXPECT_STREQ(page_layout_name(PageLayout::kHND), "HND");
   EXPECT_STREQ(eviction_policy_name(EvictionPolicy::kFifo), "fifo");
   EXPECT_STREQ(backend_kind_name(BackendKind::kCuda), "cuda");
+  EXPECT_STREQ(backend_kind_name(BackendKind::kNull), "null");
   EXPECT_STREQ(dtype_name(DType::kFloat8E4M3), "fp8_e4m3");
   DType t;
   ASSERT_TRUE(parse_dtype("bf16", &t));

@@ -12,6 +12,7 @@
 
 #include "cli.hpp"
 #include "engine.hpp"
+#include "pagedkv/model_cache.hpp"
 #include "pagedkv/stats_fields.hpp"
 #include "report.hpp"
 #include "scheduler.hpp"
@@ -36,7 +37,7 @@ CacheConfig small_config(int64_t device_blocks, int64_t host_blocks) {
 SimResult run_or_die(const std::vector<Request>& w, const CacheConfig& c, SchedulerConfig s,
                      bool data = true) {
   s.check_invariants = true;
-  auto engine = data ? make_cache_engine(c, s.token_budget) : make_control_engine(c);
+  auto engine = data ? make_cache_engine(c, s.token_budget) : make_no_data_engine(c);
   EXPECT_OK(engine);
   auto r = run_simulation(w, *engine.value(), c, s);
   EXPECT_OK(r);
@@ -192,6 +193,53 @@ int cli(std::vector<std::string> args, std::string* out, std::string* err) {
 
 std::string temp_path(const std::string& name) {
   return ::testing::TempDir() + "pagedkv_sim_" + name;
+}
+
+// Two groups of one window and one full-attention layer share the logical blocks; two
+// full-attention groups of different shapes the shared plane does not take yet, so the engine
+// holds one cache per group for them and a workload still runs, with data and without.
+TEST(Simulation, GroupsTheSharedBlocksRefuseRunOnACachePerGroup) {
+  auto two_groups = [](int32_t window) {
+    CacheConfig c = small_config(0, 0);
+    KvGroup a, b;
+    a.name = "a";
+    a.layers = {0};
+    a.num_kv_heads = 2;
+    a.sliding_window = window;
+    b.name = "b";
+    b.layers = {1};
+    b.num_kv_heads = 1;
+    for (KvGroup* g : {&a, &b}) {
+      g->head_dim = 32;
+      g->num_device_blocks = 128;
+      g->num_host_blocks = 256;
+    }
+    c.groups = {a, b};
+    return c;
+  };
+  StatusOr<std::unique_ptr<ModelKvCache>> shared = make_model_cache(two_groups(64));
+  ASSERT_OK(shared);
+  EXPECT_TRUE((*shared)->shares_blocks());
+  const CacheConfig full_full = two_groups(0);
+  StatusOr<std::unique_ptr<ModelKvCache>> apart = make_model_cache(full_full);
+  ASSERT_OK(apart);
+  EXPECT_FALSE((*apart)->shares_blocks());
+
+  WorkloadConfig w;
+  w.num_requests = 30;
+  w.prompt_mean = 100;
+  w.output_mean = 16;
+  auto reqs = generate_workload(w);
+  ASSERT_OK(reqs);
+  for (bool data : {true, false}) {
+    auto engine = data ? make_cache_engine(full_full, 256) : make_no_data_engine(full_full);
+    ASSERT_OK(engine);
+    EXPECT_NE((*engine)->description().find("one cache per KV group"), std::string::npos);
+    EXPECT_EQ((*engine)->has_data(), data);
+    const SimResult r = run_or_die(reqs.value(), full_full, SchedulerConfig{}, data);
+    EXPECT_EQ(r.completed, w.num_requests) << "data " << data;
+    EXPECT_EQ(r.group_stats.size(), 2u) << "counted per group";
+  }
 }
 
 TEST(Cli, JsonReportParsesAndIsConsistent) {

@@ -1,54 +1,49 @@
 #include "capacity.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <memory>
 
-#include "core/control_plane.hpp"
+#include "engine.hpp"
 #include "model.hpp"
+#include "pagedkv/model_cache.hpp"
 
 namespace pagedkv {
 namespace sim {
 
 namespace {
 
-// Decoding sequences of `context` tokens that fit in the device pools of `config`: each
-// prefilled a block at a time in every group, then its next token reserved, until a group is
+// Decoding sequences of `context` tokens that fit in the device pools of `config`: a model cache
+// on the null backend (make_model_cache: the groups share the logical blocks where they can),
+// each sequence prefilled a block at a time, then its next token reserved, until the cache is
 // out of blocks.
 StatusOr<int64_t> fill(const CacheConfig& config, int64_t context) {
-  std::vector<std::unique_ptr<core::ControlPlane>> planes;
-  core::ControlOptions options;
-  options.enable_events = false;
-  for (int32_t g = 0; g < config.num_groups(); ++g) {
-    CacheConfig c = config.group_config(g);
-    c.num_host_blocks = 0;                      // device capacity only
-    c.eviction_policy = EvictionPolicy::kNone;  // never take blocks from a sequence
-    c.enable_prefix_caching = false;            // distinct prompts: nothing to share
-    c.max_sequence_length = std::max<int64_t>(c.max_sequence_length, context + 1);
-    PAGEDKV_ASSIGN_OR_RETURN(std::unique_ptr<core::ControlPlane> cp,
-                             core::ControlPlane::create(c, options));
-    planes.push_back(std::move(cp));
-  }
-  const int64_t bs = config.block_size;
+  CacheConfig c = config;
+  c.backend = BackendKind::kNull;  // decisions only: pools that cost no memory
+  c.num_host_blocks = 0;           // device capacity only
+  for (KvGroup& g : c.groups) g.num_host_blocks = 0;
+  c.eviction_policy = EvictionPolicy::kNone;  // never take blocks from a sequence
+  c.enable_prefix_caching = false;            // distinct prompts: nothing to share
+  c.max_sequence_length = static_cast<int32_t>(
+      std::max<int64_t>(c.max_sequence_length, std::min<int64_t>(context + 1, INT32_MAX)));
+  PAGEDKV_ASSIGN_OR_RETURN(std::unique_ptr<ModelKvCache> cache, make_model_cache(c));
+  const int64_t bs = c.block_size;
   const std::vector<TokenId> chunk(static_cast<size_t>(bs), 1);
-  ReserveResult rr;  // reused
-  // Reserves `n` in every group: false when one is out of blocks.
+  const std::vector<TokenId> last(static_cast<size_t>(context % bs == 0 ? bs : context % bs), 1);
+  // Reserves `n`: false when the cache is out of blocks.
   auto reserve = [&](SequenceId id, int64_t n) -> StatusOr<bool> {
-    for (auto& cp : planes) {
-      rr.slots.clear();
-      rr.transfers = Transfers{};
-      const Status st = cp->reserve_into(id, n, &rr);
-      if (st.code() == StatusCode::kResourceExhausted) return false;
-      PAGEDKV_RETURN_IF_ERROR(st);
-    }
+    const Status st = cache->reserve(id, n).status();
+    if (st.code() == StatusCode::kResourceExhausted) return false;
+    PAGEDKV_RETURN_IF_ERROR(st);
     return true;
   };
   for (SequenceId id = 0;; ++id) {
-    for (auto& cp : planes) PAGEDKV_RETURN_IF_ERROR(cp->add_sequence(id, {}).status());
+    PAGEDKV_RETURN_IF_ERROR(cache->add_sequence(id, {}).status());
     for (int64_t done = 0; done < context;) {
       const int64_t n = std::min(bs, context - done);
       PAGEDKV_ASSIGN_OR_RETURN(bool fits, reserve(id, n));
       if (!fits) return static_cast<int64_t>(id);
-      for (auto& cp : planes) PAGEDKV_RETURN_IF_ERROR(cp->commit(id, chunk.data(), n));
+      PAGEDKV_RETURN_IF_ERROR(cache->commit(id, n == bs ? chunk : last));
       done += n;
     }
     PAGEDKV_ASSIGN_OR_RETURN(bool fits, reserve(id, 1));

@@ -36,7 +36,7 @@ struct SequenceMemory {
 /// The memory of one sequence of `context` tokens in `config` (groups or not).
 SequenceMemory sequence_memory(const CacheConfig& config, int64_t context);
 
-/// Sequences that fit, measured by reserving through control planes.
+/// Sequences that fit, measured by reserving through the cache on the null backend.
 struct Capacity {
   int64_t context = 0;
   int64_t budget_bytes = 0;
@@ -47,12 +47,13 @@ struct Capacity {
   double gain() const;
 };
 
-/// How many decoding sequences of `context` tokens fit in `budget_bytes` of device memory:
-/// one core::ControlPlane per group (no host tier, no eviction, the budget split in proportion
-/// to what a sequence takes in each group, CacheConfig::with_pools), each sequence prefilled a
-/// block at a time in every group (so a window group releases blocks as they fall out of its
-/// window) and its next token reserved, until a group is out of blocks; then the same for the
-/// uniform cache. kInvalidArgument for a context below 1 or a budget below 1 byte.
+/// How many decoding sequences of `context` tokens fit in `budget_bytes` of device memory: the
+/// model's cache on the null backend (make_model_cache; no host tier, no eviction, the budget
+/// split between the groups in proportion to what a sequence takes in each,
+/// CacheConfig::with_pools), each sequence prefilled a block at a time (so a window group
+/// releases blocks as they fall out of its window) and its next token reserved, until the cache
+/// is out of blocks; then the same for the uniform cache. kInvalidArgument for a context below 1 or
+/// a budget below 1 byte.
 StatusOr<Capacity> measure_capacity(const CacheConfig& config, int64_t context,
                                     int64_t budget_bytes);
 

@@ -69,7 +69,9 @@ void add_flags(CLI::App& app, Options& o) {
       ->group(g1);
   app.add_option("--host-gib", o.host_gib, "host pool size in GiB (overrides --host-blocks)")
       ->group(g1);
-  app.add_option("--backend", o.backend, "auto, cpu or cuda")->group(g1)->capture_default_str();
+  app.add_option("--backend", o.backend, "auto, cpu, cuda or null (null: as --no-data)")
+      ->group(g1)
+      ->capture_default_str();
   app.add_option("--eviction", o.eviction, "lru, fifo or none")->group(g1)->capture_default_str();
   app.add_flag("--no-host-prefix-cache", o.no_host_prefix_cache,
                "drop cached prefix blocks evicted from the device instead of moving them to the "
@@ -86,7 +88,8 @@ void add_flags(CLI::App& app, Options& o) {
                  "device budget, against the uniform cache of the same model (one or more)")
       ->group(g1);
   app.add_flag("--no-data", o.no_data,
-               "drive the control plane alone (no KV bytes): plan full-size models on a laptop")
+               "run the cache on the null backend (no KV bytes, pools cost no memory): plan "
+               "full-size models on a laptop")
       ->group(g1);
 
   WorkloadConfig& w = o.workload;
@@ -200,13 +203,15 @@ Status build_config(const Options& o, CacheConfig* c, std::string* model_name, B
     return invalid_argument("dtype: unknown element type '" + o.dtype + "'");
   PAGEDKV_RETURN_IF_ERROR(apply_model(m, c));
   c->block_size = o.block_size;
-  static const std::map<std::string, BackendKind> kBackends = {
-      {"auto", BackendKind::kAuto}, {"cpu", BackendKind::kCpu}, {"cuda", BackendKind::kCuda}};
+  static const std::map<std::string, BackendKind> kBackends = {{"auto", BackendKind::kAuto},
+                                                               {"cpu", BackendKind::kCpu},
+                                                               {"cuda", BackendKind::kCuda},
+                                                               {"null", BackendKind::kNull}};
   static const std::map<std::string, EvictionPolicy> kPolicies = {{"lru", EvictionPolicy::kLru},
                                                                   {"fifo", EvictionPolicy::kFifo},
                                                                   {"none", EvictionPolicy::kNone}};
   auto b = kBackends.find(o.backend);
-  if (b == kBackends.end()) return invalid_argument("backend: must be auto, cpu or cuda");
+  if (b == kBackends.end()) return invalid_argument("backend: must be auto, cpu, cuda or null");
   c->backend = b->second;
   auto p = kPolicies.find(o.eviction);
   if (p == kPolicies.end()) return invalid_argument("eviction: must be lru, fifo or none");
@@ -356,12 +361,13 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
   }
   if (Status s = size_memory(o, budget, requests, &config, &info); !s.ok()) return fail(err, s);
 
+  if (config.backend == BackendKind::kNull) o.no_data = true;
   if (o.no_data && !o.storage_dir.empty()) {
     return fail(err, invalid_argument("--storage-dir needs KV bytes to store: drop --no-data"));
   }
   int64_t max_tokens = o.sched.token_budget;
   StatusOr<std::unique_ptr<Engine>> engine =
-      o.no_data ? make_control_engine(config)
+      o.no_data ? make_no_data_engine(config)
                 : make_cache_engine(
                       config, max_tokens,
                       StorageOptions{o.storage_dir, static_cast<int64_t>(o.storage_gib * (1 << 30)),
@@ -389,7 +395,8 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
     const std::string title = "pagedkv-sim: " + model_name + ", " +
                               std::to_string(config.num_device_blocks) + " device + " +
                               std::to_string(config.num_host_blocks) + " host blocks";
-    if (Status s = write_svg(o.plot, config, r, title); !s.ok()) return fail(err, s);
+    if (Status s = write_svg(o.plot, counted_pools(config, r), r, title); !s.ok())
+      return fail(err, s);
   }
   if (o.json)
     out << report_json(config, o.sched, info, r).dump(2) << "\n";

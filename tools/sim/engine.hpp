@@ -1,12 +1,15 @@
-// The cache the simulator drives: either a full KvCache (control plane, kernels, both tiers)
-// or, for --no-data, a core::ControlPlane alone (the same decisions, no KV bytes), so an
+// The cache the simulator drives: a KvCache (control plane, kernels, both tiers) on the
+// config's backend. For --no-data that backend is the null one (BackendKind::kNull: copies and
+// kernels dropped, pools that cost no memory), so the decisions are the cache's own and an
 // operator can plan a full-size model and pool on a laptop. A model of several KV groups
-// (CacheConfig::groups: sliding-window and full-attention layers) is a ModelKvCache, or for
-// --no-data one control plane per group driven in step the way ModelKvCache drives its caches.
+// (CacheConfig::groups: sliding-window and full-attention layers) is a ModelKvCache whose groups
+// share the logical blocks (ModelKvCacheOptions::share_blocks), or one cache per group for a
+// shape the shared blocks do not take yet.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +18,9 @@
 #include "pagedkv/status.hpp"
 
 namespace pagedkv {
+
+class ModelKvCache;
+
 namespace sim {
 
 /// The calls the scheduler makes; each mirrors the KvCache method of the same name.
@@ -49,19 +55,19 @@ class Engine {
   virtual Status synchronize() = 0;
   /// Sequences the cache dropped to make room since the last call.
   virtual std::vector<SequenceId> drain_evicted() = 0;
-  /// The cache's counts; with several groups, merge_group_stats() of theirs.
+  /// The cache's counts: with groups that share blocks, the plane's (its blocks are the
+  /// full-attention group's); with a cache per group, merge_group_stats() of theirs.
   virtual ControlStats stats() const = 0;
-  /// KV groups (CacheConfig::num_groups()).
-  virtual int32_t num_groups() const { return 1; }
-  /// The counts of group `g` (of its own pools, in its own blocks).
-  virtual ControlStats group_stats(int32_t g) const {
+  /// The counts of group `g` (of its own pools, in its own blocks), or nullopt when the cache
+  /// does not count it apart: a window group whose pages the shared plane plans itself.
+  virtual std::optional<ControlStats> group_stats(int32_t g) const {
     (void)g;
     return stats();
   }
   virtual Status check_invariants() const = 0;
-  /// "cpu: ..." / "cuda: ..." or "none (--no-data: control plane only)".
+  /// "cpu: ..." / "cuda: ..." / "null: ..." (--no-data).
   virtual std::string description() const = 0;
-  /// Whether KV bytes are written and moved.
+  /// Whether KV bytes are written and moved (false on the null backend).
   virtual bool has_data() const = 0;
   /// Milliseconds the device and host pools took to allocate (0 without data).
   virtual double device_alloc_ms() const = 0;
@@ -75,16 +81,24 @@ struct StorageOptions {
   std::string model_id = "pagedkv-sim";
 };
 
-/// A KvCache on `config.backend` (a ModelKvCache when `config` has groups); writes come from a
-/// scratch buffer of `max_tokens` tokens. kInvalidArgument for a storage tier with groups.
+/// A KvCache on `config.backend` (a ModelKvCache with shared blocks when `config` has groups,
+/// one cache per group where the shared blocks refuse the groups' shape); writes come from a
+/// scratch buffer of `max_tokens` tokens, and none are made on the null backend.
+/// kInvalidArgument for a storage tier with groups.
 StatusOr<std::unique_ptr<Engine>> make_cache_engine(const CacheConfig& config, int64_t max_tokens,
                                                     const StorageOptions& storage = {});
 
-/// A core::ControlPlane alone (one per group when `config` has groups).
-StatusOr<std::unique_ptr<Engine>> make_control_engine(const CacheConfig& config);
+/// The model cache make_cache_engine drives for a config with groups (also takes one without):
+/// a ModelKvCache whose groups share the logical blocks, or one cache per group where the
+/// shared plane refuses the groups' shape (today two full-attention groups, or a latent group
+/// beside others). Events off. kInvalidArgument for a bad config.
+StatusOr<std::unique_ptr<ModelKvCache>> make_model_cache(const CacheConfig& config);
 
-/// One ControlStats for a model of several groups: the counts of things every group does once
-/// per sequence or prompt (sequences, prefix lookups, their tokens and hit / miss blocks,
+/// make_cache_engine on the null backend (--no-data): the cache's decisions, no KV bytes.
+StatusOr<std::unique_ptr<Engine>> make_no_data_engine(const CacheConfig& config);
+
+/// One ControlStats for a model held as one cache per group: the counts of things every group does
+/// once per sequence or prompt (sequences, prefix lookups, their tokens and hit / miss blocks,
 /// sequence offloads, restores and drops) are the largest group's, every other count (blocks and
 /// bytes per tier, blocks moved) is the sum over the groups, so a tier's blocks add up to the
 /// groups' pools (blocks of different sizes). One group: its own counts.

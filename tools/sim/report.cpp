@@ -49,10 +49,23 @@ std::string fmt(const char* f, ...) {
   return buf;
 }
 
-// Bytes of `blocks` blocks of every group's count `field`: each group's blocks at its own size.
+// The group the cache's own counts are in when its groups share the logical blocks (the plane
+// counts the full-attention group's blocks; window pages it plans apart).
+CacheConfig counted_group(const CacheConfig& c) {
+  for (int32_t g = 0; g < c.num_groups(); ++g) {
+    CacheConfig gc = c.group_config(g);
+    if (gc.sliding_window == 0) return gc;
+  }
+  return c.group_config(0);
+}
+
+int64_t counted_block_bytes(const CacheConfig& c) { return counted_group(c).block_bytes(); }
+
+// Bytes of `blocks` blocks of every group's count `field`: each group's blocks at its own size,
+// or with shared blocks the full-attention group's pages only.
 int64_t bytes_of(const CacheConfig& c, const SimResult& r, int64_t ControlStats::*field) {
   if (c.groups.empty() || r.group_stats.size() != c.groups.size()) {
-    return r.stats.*field * c.block_bytes();
+    return r.stats.*field * counted_block_bytes(c);
   }
   int64_t bytes = 0;
   for (int32_t g = 0; g < c.num_groups(); ++g)
@@ -71,6 +84,19 @@ int64_t pool_bytes(const CacheConfig& c, bool host) {
 }
 
 const char* kind_name(KvKind k) { return k == KvKind::kLatent ? "latent" : "key-value"; }
+
+}  // namespace
+
+CacheConfig counted_pools(const CacheConfig& c, const SimResult& r) {
+  if (c.groups.empty() || r.group_stats.size() == c.groups.size()) return c;
+  CacheConfig out = c;
+  const CacheConfig g = counted_group(c);
+  out.num_device_blocks = g.num_device_blocks;
+  out.num_host_blocks = g.num_host_blocks;
+  return out;
+}
+
+namespace {
 
 nlohmann::json memory_json(const SequenceMemory& m) {
   nlohmann::json groups = nlohmann::json::array();
@@ -255,13 +281,14 @@ nlohmann::json report_json(const CacheConfig& c, const SchedulerConfig& sc, cons
                             {"demoted_bytes", bytes_of(c, r, &ControlStats::blocks_demoted)},
                             {"dropped_blocks", st.host_blocks_dropped},
                             {"hit_blocks", st.prefix_host_hit_blocks}};
+  const CacheConfig counted = counted_pools(c, r);
   j["blocks"] = {{"device",
-                  {{"capacity", c.num_device_blocks},
+                  {{"capacity", counted.num_device_blocks},
                    {"peak", s.device_peak},
                    {"peak_referenced", s.device_peak_used},
                    {"mean", s.device_mean}}},
                  {"host",
-                  {{"capacity", c.num_host_blocks},
+                  {{"capacity", counted.num_host_blocks},
                    {"peak", s.host_peak},
                    {"peak_referenced", s.host_peak_used},
                    {"mean", s.host_mean}}}};
@@ -293,8 +320,9 @@ void write_text_report(std::ostream& out, const CacheConfig& c, const SchedulerC
   const PrefixSplit split = split_prefix_hits(r);
   const ControlStats& st = r.stats;
   const int64_t bb = c.block_bytes();
-  const double dev_cap = static_cast<double>(std::max<int64_t>(c.num_device_blocks, 1));
-  const double host_cap = static_cast<double>(std::max<int64_t>(c.num_host_blocks, 1));
+  const CacheConfig counted = counted_pools(c, r);
+  const double dev_cap = static_cast<double>(std::max<int64_t>(counted.num_device_blocks, 1));
+  const double host_cap = static_cast<double>(std::max<int64_t>(counted.num_host_blocks, 1));
   out << "pagedkv-sim\n";
   if (c.kv_kind == KvKind::kLatent)
     out << fmt(
@@ -362,15 +390,17 @@ void write_text_report(std::ostream& out, const CacheConfig& c, const SchedulerC
         bytes_str(static_cast<double>(bytes_of(c, r, &ControlStats::blocks_demoted))).c_str(),
         st.host_blocks_dropped,
         c.cache_prefixes_on_host ? "" : "; demotion off (--no-host-prefix-cache)");
+  if (counted.num_device_blocks != c.num_device_blocks)
+    out << "  blocks below     the full-attention group's: the groups share its logical blocks\n";
   out << fmt("  device blocks    peak %" PRId64 " (%.0f%%), mean %.0f (%.0f%%) of %" PRId64
              " [referenced + cached]; peak referenced %" PRId64 "\n",
              s.device_peak, 100 * s.device_peak / dev_cap, s.device_mean,
-             100 * s.device_mean / dev_cap, c.num_device_blocks, s.device_peak_used);
+             100 * s.device_mean / dev_cap, counted.num_device_blocks, s.device_peak_used);
   if (c.num_host_blocks > 0)
     out << fmt("  host blocks      peak %" PRId64 " (%.0f%%), mean %.0f (%.0f%%) of %" PRId64
                " [referenced + cached]; peak referenced %" PRId64 "\n",
                s.host_peak, 100 * s.host_peak / host_cap, s.host_mean, 100 * s.host_mean / host_cap,
-               c.num_host_blocks, s.host_peak_used);
+               counted.num_host_blocks, s.host_peak_used);
   else
     out << "  host blocks      no host tier\n";
   out << fmt("  evictions        %" PRId64 " cached device blocks dropped (%s), %" PRId64

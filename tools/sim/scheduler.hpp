@@ -64,8 +64,10 @@ struct SimResult {
   int64_t lookup_blocks = 0;  // full prompt blocks looked up, counted by the simulator
   int64_t steps = 0;
   double sim_time_s = 0, wall_s = 0;
-  ControlStats stats;  // the cache's counters at the end (merge_group_stats over the groups)
-  std::vector<ControlStats> group_stats;  // each KV group's counters at the end
+  ControlStats stats;  // the cache's counters at the end (Engine::stats)
+  /// Each KV group's counters at the end, where the cache counts them apart (one cache per
+  /// group); empty with one group or shared blocks.
+  std::vector<ControlStats> group_stats;
   std::vector<StepRecord> timeline;
 };
 
