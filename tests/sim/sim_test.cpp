@@ -195,20 +195,21 @@ std::string temp_path(const std::string& name) {
   return ::testing::TempDir() + "pagedkv_sim_" + name;
 }
 
-// Two groups of one window and one full-attention layer share the logical blocks; two
-// full-attention groups of different shapes the shared plane does not take yet, so the engine
-// holds one cache per group for them and a workload still runs, with data and without.
+// A window beside a full-attention group, and two full-attention groups of different shapes,
+// share the logical blocks; groups that all have a window the shared plane does not take, so the
+// engine holds one cache per group for them and a workload still runs, with data and without.
 TEST(Simulation, GroupsTheSharedBlocksRefuseRunOnACachePerGroup) {
-  auto two_groups = [](int32_t window) {
+  auto two_groups = [](int32_t window_a, int32_t window_b) {
     CacheConfig c = small_config(0, 0);
     KvGroup a, b;
     a.name = "a";
     a.layers = {0};
     a.num_kv_heads = 2;
-    a.sliding_window = window;
+    a.sliding_window = window_a;
     b.name = "b";
     b.layers = {1};
     b.num_kv_heads = 1;
+    b.sliding_window = window_b;
     for (KvGroup* g : {&a, &b}) {
       g->head_dim = 32;
       g->num_device_blocks = 128;
@@ -217,11 +218,14 @@ TEST(Simulation, GroupsTheSharedBlocksRefuseRunOnACachePerGroup) {
     c.groups = {a, b};
     return c;
   };
-  StatusOr<std::unique_ptr<ModelKvCache>> shared = make_model_cache(two_groups(64));
-  ASSERT_OK(shared);
-  EXPECT_TRUE((*shared)->shares_blocks());
-  const CacheConfig full_full = two_groups(0);
-  StatusOr<std::unique_ptr<ModelKvCache>> apart = make_model_cache(full_full);
+  for (int32_t window_a : {64, 0}) {  // a window beside full attention, two full groups
+    StatusOr<std::unique_ptr<ModelKvCache>> shared = make_model_cache(two_groups(window_a, 0));
+    ASSERT_OK(shared);
+    EXPECT_TRUE((*shared)->shares_blocks());
+  }
+  // Every group with a window: no group owns the blocks for the widest one.
+  const CacheConfig windows_only = two_groups(64, 32);
+  StatusOr<std::unique_ptr<ModelKvCache>> apart = make_model_cache(windows_only);
   ASSERT_OK(apart);
   EXPECT_FALSE((*apart)->shares_blocks());
 
@@ -232,11 +236,12 @@ TEST(Simulation, GroupsTheSharedBlocksRefuseRunOnACachePerGroup) {
   auto reqs = generate_workload(w);
   ASSERT_OK(reqs);
   for (bool data : {true, false}) {
-    auto engine = data ? make_cache_engine(full_full, 256) : make_no_data_engine(full_full);
+    auto engine =
+        data ? make_cache_engine(windows_only, 256) : make_no_data_engine(windows_only);
     ASSERT_OK(engine);
     EXPECT_NE((*engine)->description().find("one cache per KV group"), std::string::npos);
     EXPECT_EQ((*engine)->has_data(), data);
-    const SimResult r = run_or_die(reqs.value(), full_full, SchedulerConfig{}, data);
+    const SimResult r = run_or_die(reqs.value(), windows_only, SchedulerConfig{}, data);
     EXPECT_EQ(r.completed, w.num_requests) << "data " << data;
     EXPECT_EQ(r.group_stats.size(), 2u) << "counted per group";
   }

@@ -90,8 +90,8 @@ StatusOr<std::unique_ptr<Engine>> make_cache_engine(const CacheConfig& config, i
 
 /// The model cache make_cache_engine drives for a config with groups (also takes one without):
 /// a ModelKvCache whose groups share the logical blocks, or one cache per group where the
-/// shared plane refuses the groups' shape (today two full-attention groups, or a latent group
-/// beside others). Events off. kInvalidArgument for a bad config.
+/// shared plane refuses the groups' shape (today groups that all have a window, or more than
+/// three windows). Events off. kInvalidArgument for a bad config.
 StatusOr<std::unique_ptr<ModelKvCache>> make_model_cache(const CacheConfig& config);
 
 /// make_cache_engine on the null backend (--no-data): the cache's decisions, no KV bytes.
