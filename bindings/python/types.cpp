@@ -44,7 +44,8 @@ void register_types(nb::module_& m) {
   nb::enum_<BackendKind>(m, "BackendKind")
       .value("AUTO", BackendKind::kAuto)
       .value("CPU", BackendKind::kCpu)
-      .value("CUDA", BackendKind::kCuda);
+      .value("CUDA", BackendKind::kCuda)
+      .value("NULL", BackendKind::kNull);
   nb::enum_<Tier>(m, "Tier", "Where a block's bytes live; STORAGE appears only in events.")
       .value("DEVICE", Tier::kDevice)
       .value("HOST", Tier::kHost)

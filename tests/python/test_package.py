@@ -44,6 +44,25 @@ def test_the_cpu_backend_is_chosen_through_the_config():
     assert make_cache(backend="cpu").backend_description.startswith("cpu")
 
 
+def test_the_null_backend_sizes_a_pool_far_above_this_machine_without_bytes():
+    # 256 GiB of device pool on a machine of 24 GiB: the null backend maps it and never touches
+    # it (pagedkv-sim --no-data); the decisions are the CPU backend's.
+    blocks = (256 << 30) // (32 * 2 * 16 * 8 * 128 * 2)
+    null = pagedkv.KvCache(num_layers=32, num_kv_heads=8, head_dim=128, block_size=16,
+                           num_device_blocks=blocks, backend="null")
+    assert null.backend_description.startswith("null")
+    assert null.pool_info["device_bytes"] == blocks * 32 * 2 * 16 * 8 * 128 * 2
+    cpu = pagedkv.KvCache(num_layers=1, num_kv_heads=1, head_dim=8, block_size=16,
+                          num_device_blocks=blocks, backend="cpu")
+    for cache in (null, cpu):
+        assert cache.add_sequence(1, list(range(100))) == 0
+        cache.reserve(1, 100)
+        cache.commit(1, list(range(100)))
+        assert cache.add_sequence(2, list(range(90))) == 80
+        cache.check_invariants()
+    assert null.block_locations(1) == cpu.block_locations(1)
+
+
 def test_a_sliding_window_cache_keeps_only_the_window():
     # Window 16 over blocks of 4: after 40 single-token steps the first blocks are released
     # (reported as block -1) and at most ceil(16 / 4) + 1 blocks are held.
