@@ -126,6 +126,7 @@ class QueuedStorageTier : public StorageTier {
   std::mutex spare_mu_;
   std::vector<std::unique_ptr<unsigned char[]>> spare_;
   size_t max_spare_ = 1;
+  size_t borrowed_batch_blocks_ = 1;  // most blocks of a borrowed put per batch (kCopyChunkBytes)
 
   std::atomic<int64_t> puts_{0}, gets_{0}, bytes_written_{0}, bytes_read_{0};
   std::atomic<int64_t> failed_puts_{0}, failed_gets_{0}, rejected_puts_{0}, removed_{0};
