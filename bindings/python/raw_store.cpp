@@ -202,7 +202,9 @@ void def_raw_store_calls(nb::class_<PyStore>& cls) {
         if (timeout && !(*timeout >= 0)) {
           throw_invalid("timeout: seconds >= 0, or None for no limit");
         }
-        const int64_t ms = timeout ? static_cast<int64_t>(*timeout * 1000.0 + 0.5) : -1;
+        // Beyond about 300 years is no limit (and would overflow the milliseconds).
+        const int64_t ms =
+            timeout && *timeout < 1e13 ? static_cast<int64_t>(*timeout * 1000.0 + 0.5) : -1;
         StatusOr<std::vector<StorageCompletion>> done = [&] {
           // Not under raw_mu: other threads submit and poll while this one waits.
           nb::gil_scoped_release release;

@@ -99,3 +99,5 @@ def test_wait_takes_only_its_jobs_and_blocks_without_the_gil(tmp_path):
     with pytest.raises(pagedkv.InvalidArgumentError, match="timeout"):
         store.wait([second], timeout=-1)
     assert store.wait([], timeout=0) == []
+    third = store.submit_put([300], [data[0]])
+    assert [c["job"] for c in store.wait([third], timeout=1e300)] == [third]  # no limit
