@@ -17,7 +17,7 @@
 namespace pagedkv {
 namespace detail {
 
-constexpr size_t kReadRunBytes = size_t{128} << 10;  // a get's preadv: adjacent records up to this
+constexpr size_t kReadRunBytes = size_t{512} << 10;  // a get's preadv: adjacent records up to this
 
 FileTier::FileTier(const StorageLayout& layout, const FileTierOptions& options)
     : QueuedStorageTier(layout, options.threads, options.max_queued_blocks),
