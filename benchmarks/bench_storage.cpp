@@ -112,7 +112,23 @@ void read_file(const std::string& path, unsigned char* p, size_t n) {
   ::close(fd);
 }
 
-void BM_FileTier(benchmark::State& state, bool put) {
+// What an iteration runs: a copying put, a borrowed put (submit_put_borrowed) or a get.
+enum class Op { kPut, kBorrowed, kGet };
+
+StatusOr<uint64_t> submit(StorageTier& tier, Op op, Job& job) {
+  switch (op) {
+    case Op::kPut:
+      return tier.submit_put(job.keys, job.src);
+    case Op::kBorrowed:
+      return tier.submit_put_borrowed(job.keys, job.src);
+    case Op::kGet:
+      break;
+  }
+  return tier.submit_get(job.keys, job.dst);
+}
+
+void BM_FileTier(benchmark::State& state, Op op) {
+  const bool put = op != Op::kGet;
   const int64_t kib = state.range(0);
   const StorageLayout layout = layout_of(kib);
   const std::string dir = scratch_dir();
@@ -146,10 +162,8 @@ void BM_FileTier(benchmark::State& state, bool put) {
         for (StorageKey& k : job.keys) k.ns = ns + 1;
         ++ns;
         state.ResumeTiming();
-        ok = ok && run_job(*tier, tier->submit_put(job.keys, job.src));
-      } else {
-        ok = ok && run_job(*tier, tier->submit_get(job.keys, job.dst));
       }
+      ok = ok && run_job(*tier, submit(*tier, op, job));
     }
     if (!ok) state.SkipWithError("a job failed");
     if (!put && job.out != job.data) state.SkipWithError("read back differs");
@@ -351,7 +365,8 @@ class PlainClient {
   int fd_;
 };
 
-void BM_RedisTier(benchmark::State& state, bool put) {
+void BM_RedisTier(benchmark::State& state, Op op) {
+  const bool put = op != Op::kGet;
   const int64_t kib = state.range(0);
   const StorageLayout layout = layout_of(kib);
   const int port = BenchRedis::get().port();
@@ -377,8 +392,7 @@ void BM_RedisTier(benchmark::State& state, bool put) {
     }
     bool ok = true;
     for (auto _ : state) {
-      ok = ok && run_job(*tier, put ? tier->submit_put(job.keys, job.src)
-                                    : tier->submit_get(job.keys, job.dst));
+      ok = ok && run_job(*tier, submit(*tier, op, job));
     }
     if (!ok) state.SkipWithError("a job failed");
     if (!put && job.out != job.data) state.SkipWithError("read back differs");
@@ -417,22 +431,32 @@ void BM_RedisTier(benchmark::State& state, bool put) {
                                                benchmark::Counter::kIsRate);
 }
 
-BENCHMARK_CAPTURE(BM_FileTier, put, true)
+BENCHMARK_CAPTURE(BM_FileTier, put, Op::kPut)
     ->Arg(32)
     ->Arg(256)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_FileTier, get, false)
+BENCHMARK_CAPTURE(BM_FileTier, put_borrowed, Op::kBorrowed)
     ->Arg(32)
     ->Arg(256)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_RedisTier, put, true)
+BENCHMARK_CAPTURE(BM_FileTier, get, Op::kGet)
     ->Arg(32)
     ->Arg(256)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
-BENCHMARK_CAPTURE(BM_RedisTier, get, false)
+BENCHMARK_CAPTURE(BM_RedisTier, put, Op::kPut)
+    ->Arg(32)
+    ->Arg(256)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_RedisTier, put_borrowed, Op::kBorrowed)
+    ->Arg(32)
+    ->Arg(256)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_RedisTier, get, Op::kGet)
     ->Arg(32)
     ->Arg(256)
     ->Unit(benchmark::kMillisecond)

@@ -1,11 +1,13 @@
 // The raw store calls of pagedkv._C.StorageTier (FileTier, RedisTier) on caller buffers, for an
 // engine that drives a store itself (vLLM's secondary tier, SGLang's HiCache storage): the
 // StorageTier interface of pagedkv/storage_tier.hpp. A store serving a cache refuses them.
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -87,6 +89,38 @@ auto with_store(PyStore& s, F&& f) {
   return f(*s.tier);
 }
 
+nb::dict completion_dict(const StorageCompletion& c) {
+  nb::dict d;
+  d["job"] = c.job;
+  d["ok"] = c.ok;
+  d["error"] = c.error;
+  d["blocks_ok"] = c.blocks_ok;
+  return d;
+}
+
+// The completions Python takes: their jobs' buffers are no longer needed (GIL held).
+nb::list take_completions(PyStore& s, const std::vector<StorageCompletion>& done) {
+  nb::list out;
+  for (const StorageCompletion& c : done) {
+    s.held_buffers.erase(c.job);
+    out.append(completion_dict(c));
+  }
+  return out;
+}
+
+// The addresses of `buffers`, and the buffer objects, for the store to hold while a job runs.
+template <typename P>
+std::vector<P> addresses(const nb::sequence& buffers, int64_t bytes, bool writable,
+                         std::vector<nb::object>* held) {
+  std::vector<P> p;
+  size_t i = 0;
+  for (nb::handle b : buffers) {
+    p.push_back(address_of(b, i++, bytes, writable));
+    held->push_back(nb::borrow(b));
+  }
+  return p;
+}
+
 }  // namespace
 
 void def_raw_store_calls(nb::class_<PyStore>& cls) {
@@ -118,47 +152,82 @@ void def_raw_store_calls(nb::class_<PyStore>& cls) {
       "ResourceExhaustedError (nothing queued) when the write queue is full; "
       "InvalidArgumentError for mismatched lists or a buffer of another size.");
   cls.def(
+      "submit_put_borrowed",
+      [](PyStore& s, const nb::sequence& keys, const nb::sequence& buffers) {
+        check_free(s);
+        const std::vector<StorageKey> k = keys_of(keys);
+        std::vector<nb::object> held;
+        const std::vector<const void*> p =
+            addresses<const void*>(buffers, s.tier->layout().block_bytes, false, &held);
+        const uint64_t job = value_or_throw(
+            with_store(s, [&](StorageTier& t) { return t.submit_put_borrowed(k, p); }));
+        s.held_buffers.emplace(job, std::move(held));  // alive until poll() or wait() takes it
+        return job;
+      },
+      nb::arg("keys"), nb::arg("buffers"),
+      "Queues writes of keys[i] from buffers[i] without copying them: the store's threads read "
+      "the buffers, which must stay unchanged (and int addresses valid) until poll() or wait() "
+      "reports the job; buffer objects are kept alive until then. Returns the job id. "
+      "ResourceExhaustedError (nothing queued) when the write queue is full; "
+      "InvalidArgumentError for mismatched lists or a buffer of another size.");
+  cls.def(
       "submit_get",
       [](PyStore& s, const nb::sequence& keys, const nb::sequence& buffers) {
         check_free(s);
         const std::vector<StorageKey> k = keys_of(keys);
-        const int64_t bytes = s.tier->layout().block_bytes;
-        std::vector<void*> p;
         std::vector<nb::object> held;
-        size_t i = 0;
-        for (nb::handle b : buffers) {
-          p.push_back(address_of(b, i++, bytes, true));
-          held.push_back(nb::borrow(b));
-        }
+        const std::vector<void*> p =
+            addresses<void*>(buffers, s.tier->layout().block_bytes, true, &held);
         const uint64_t job =
             value_or_throw(with_store(s, [&](StorageTier& t) { return t.submit_get(k, p); }));
-        s.held_buffers.emplace(job, std::move(held));  // alive until poll() reports the job
+        s.held_buffers.emplace(job, std::move(held));  // alive until poll() or wait() takes it
         return job;
       },
       nb::arg("keys"), nb::arg("buffers"),
       "Queues reads of keys[i] into buffers[i] (int addresses, which must stay valid until the "
-      "job completes, or writable buffers, which the store keeps alive until poll() reports "
-      "the job). Returns the job id. InvalidArgumentError.");
+      "job completes, or writable buffers, which the store keeps alive until poll() or wait() "
+      "takes the job). Returns the job id. InvalidArgumentError.");
   cls.def(
       "poll",
       [](PyStore& s) {
         check_free(s);
-        const std::vector<StorageCompletion> done =
-            with_store(s, [](StorageTier& t) { return t.poll(); });
-        nb::list out;
-        for (const StorageCompletion& c : done) {
-          s.held_buffers.erase(c.job);
-          nb::dict d;
-          d["job"] = c.job;
-          d["ok"] = c.ok;
-          d["error"] = c.error;
-          d["blocks_ok"] = c.blocks_ok;
-          out.append(d);
-        }
-        return out;
+        return take_completions(s, with_store(s, [](StorageTier& t) { return t.poll(); }));
       },
       "The jobs finished since the last poll: dicts {job, ok, error, blocks_ok} (a failed get's "
       "blocks_ok leading blocks are good).");
+  cls.def(
+      "wait",
+      [](PyStore& s, const std::vector<uint64_t>& jobs, std::optional<double> timeout) {
+        check_free(s);
+        if (timeout && !(*timeout >= 0)) {
+          throw_invalid("timeout: seconds >= 0, or None for no limit");
+        }
+        // Beyond about 300 years is no limit (and would overflow the milliseconds).
+        const int64_t ms =
+            timeout && *timeout < 1e13 ? static_cast<int64_t>(*timeout * 1000.0 + 0.5) : -1;
+        StatusOr<std::vector<StorageCompletion>> done = [&] {
+          // Not under raw_mu: other threads submit and poll while this one waits.
+          nb::gil_scoped_release release;
+          return s.tier->wait(jobs, ms);
+        }();
+        return take_completions(s, value_or_throw(std::move(done)));
+      },
+      nb::arg("jobs"), nb::arg("timeout") = nb::none(),
+      "Blocks (without the GIL) until every job of jobs has finished or timeout seconds pass "
+      "(None: no limit), and takes their completions: dicts as poll() gives, for those that "
+      "finished; a later poll() does not report them, other jobs' completions stay for it. "
+      "May be called from another thread while one submits. NotFoundError (nothing taken) for "
+      "a job already taken or never submitted.");
+  cls.def(
+      "exists_each",
+      [](PyStore& s, const nb::sequence& keys) {
+        check_free(s);
+        const std::vector<StorageKey> k = keys_of(keys);
+        return value_or_throw(with_store(s, [&](StorageTier& t) { return t.exists_each(k); }));
+      },
+      nb::arg("keys"),
+      "Whether each of keys is stored: a list of bools (batch_exists counts only the leading "
+      "ones). An unreachable store answers all False.");
   cls.def(
       "drain",
       [](PyStore& s) {

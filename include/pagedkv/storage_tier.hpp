@@ -110,17 +110,37 @@ class StorageTier {
   /// cannot be reached answers 0 (and logs a warning once): every lookup becomes a miss.
   virtual StatusOr<size_t> batch_exists(const std::vector<StorageKey>& keys) = 0;
   /// Queues writes of `keys[i]` from `blocks[i]` (layout().block_bytes each). The bytes are
-  /// copied before this returns, so the caller may reuse its buffers at once. Returns the job id.
+  /// copied before this returns, so the caller may reuse its buffers at once (see
+  /// submit_put_borrowed for a put without the copy). Returns the job id.
   /// kResourceExhausted (nothing queued) when the write queue is full: the caller drops the
   /// blocks instead. kInvalidArgument for mismatched sizes.
   virtual StatusOr<uint64_t> submit_put(const std::vector<StorageKey>& keys,
                                         const std::vector<const void*>& blocks) = 0;
+  /// As submit_put, but nothing is copied on the caller's thread: the store's threads checksum
+  /// and write `blocks[i]` in place, so the caller keeps them valid and unchanged until it has
+  /// taken the job's completion (poll or wait). Same errors as submit_put. A store that cannot
+  /// borrow copies (the default).
+  virtual StatusOr<uint64_t> submit_put_borrowed(const std::vector<StorageKey>& keys,
+                                                 const std::vector<const void*>& blocks) {
+    return submit_put(keys, blocks);
+  }
   /// Queues reads of `keys[i]` into `blocks[i]`, which must stay valid and untouched until the
   /// job completes. Returns the job id; kInvalidArgument for mismatched sizes.
   virtual StatusOr<uint64_t> submit_get(const std::vector<StorageKey>& keys,
                                         const std::vector<void*>& blocks) = 0;
+  /// Whether each of `keys` is stored (not only the leading ones, as batch_exists). A store that
+  /// cannot be reached answers all false. The default asks batch_exists once per key.
+  virtual StatusOr<std::vector<bool>> exists_each(const std::vector<StorageKey>& keys);
   /// The jobs that finished since the last poll, in no particular order.
   virtual std::vector<StorageCompletion> poll() = 0;
+  /// Blocks until every job of `jobs` has finished or `timeout_ms` passes (negative: no limit),
+  /// and takes their completions (a later poll does not report them; other jobs' completions
+  /// stay for poll). Returns those that finished, in no particular order. Unlike the other calls
+  /// it may run on another thread beside the owner's. kNotFound (nothing taken) for a job that
+  /// is neither running nor waiting to be taken (already polled, or never submitted);
+  /// kUnimplemented where the store has no wait (the default).
+  virtual StatusOr<std::vector<StorageCompletion>> wait(const std::vector<uint64_t>& jobs,
+                                                        int64_t timeout_ms);
   /// Blocks the caller until every queued job has finished (shutdown, tests).
   virtual void drain() = 0;
   /// Removes the blocks of `keys` that are stored (missing ones are not an error).

@@ -994,14 +994,29 @@ class StorageTier:
         Queues writes of keys[i] from buffers[i] (an int address or a buffer of the layout's block_bytes); the bytes are copied before it returns. Returns the job id. ResourceExhaustedError (nothing queued) when the write queue is full; InvalidArgumentError for mismatched lists or a buffer of another size.
         """
 
+    def submit_put_borrowed(self, keys: Sequence, buffers: Sequence) -> int:
+        """
+        Queues writes of keys[i] from buffers[i] without copying them: the store's threads read the buffers, which must stay unchanged (and int addresses valid) until poll() or wait() reports the job; buffer objects are kept alive until then. Returns the job id. ResourceExhaustedError (nothing queued) when the write queue is full; InvalidArgumentError for mismatched lists or a buffer of another size.
+        """
+
     def submit_get(self, keys: Sequence, buffers: Sequence) -> int:
         """
-        Queues reads of keys[i] into buffers[i] (int addresses, which must stay valid until the job completes, or writable buffers, which the store keeps alive until poll() reports the job). Returns the job id. InvalidArgumentError.
+        Queues reads of keys[i] into buffers[i] (int addresses, which must stay valid until the job completes, or writable buffers, which the store keeps alive until poll() or wait() takes the job). Returns the job id. InvalidArgumentError.
         """
 
     def poll(self) -> list:
         """
         The jobs finished since the last poll: dicts {job, ok, error, blocks_ok} (a failed get's blocks_ok leading blocks are good).
+        """
+
+    def wait(self, jobs: Sequence[int], timeout: float | None = None) -> list:
+        """
+        Blocks (without the GIL) until every job of jobs has finished or timeout seconds pass (None: no limit), and takes their completions: dicts as poll() gives, for those that finished; a later poll() does not report them, other jobs' completions stay for it. May be called from another thread while one submits. NotFoundError (nothing taken) for a job already taken or never submitted.
+        """
+
+    def exists_each(self, keys: Sequence) -> list[bool]:
+        """
+        Whether each of keys is stored: a list of bools (batch_exists counts only the leading ones). An unreachable store answers all False.
         """
 
     def drain(self) -> None:

@@ -1,6 +1,7 @@
 #include "storage/queued_tier.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -14,8 +15,9 @@ struct QueuedStorageTier::Job {
   Kind kind = Kind::kPut;
   uint64_t id = 0;
   std::vector<StorageKey> keys;
-  std::vector<std::unique_ptr<unsigned char[]>> stored;  // puts: header + payload per block
-  std::vector<uint32_t> crcs;                            // puts: each payload's CRC-32C
+  std::vector<std::unique_ptr<unsigned char[]>> stored;  // copying puts: each payload's copy
+  std::vector<uint32_t> crcs;                            // copying puts: each payload's CRC-32C
+  std::vector<const void*> borrowed;                     // borrowed puts: the caller's payloads
   std::vector<void*> dsts;                               // gets
   std::vector<uint8_t> block_ok;                         // gets: block i read and verified
   size_t remaining = 0;
@@ -40,9 +42,11 @@ QueuedStorageTier::QueuedStorageTier(StorageLayout layout, int32_t threads,
       fingerprint_(layout_.fingerprint()),
       threads_(threads),
       max_queued_blocks_(max_queued_blocks) {
-  const int64_t buffer_bytes = static_cast<int64_t>(kBlockHeaderBytes) + layout_.block_bytes;
+  borrowed_batch_blocks_ = std::max<size_t>(
+      1, kCopyChunkBytes / static_cast<size_t>(std::max<int64_t>(1, layout_.block_bytes)));
   max_spare_ = static_cast<size_t>(std::max<int64_t>(
-      1, std::min<int64_t>(max_queued_blocks, kSpareBytes / std::max<int64_t>(1, buffer_bytes))));
+      1, std::min<int64_t>(max_queued_blocks,
+                           kSpareBytes / std::max<int64_t>(1, layout_.block_bytes))));
 }
 
 std::unique_ptr<unsigned char[]> QueuedStorageTier::take_buffer() {
@@ -54,7 +58,7 @@ std::unique_ptr<unsigned char[]> QueuedStorageTier::take_buffer() {
       return b;
     }
   }
-  const size_t n = kBlockHeaderBytes + static_cast<size_t>(layout_.block_bytes);
+  const auto n = static_cast<size_t>(layout_.block_bytes);
   return std::unique_ptr<unsigned char[]>(new (std::nothrow) unsigned char[n]);
 }
 
@@ -110,17 +114,8 @@ StatusOr<uint64_t> QueuedStorageTier::submit_put(const std::vector<StorageKey>& 
   Status s = check_job("submit_put", keys, blocks);
   if (!s.ok()) return s;
   const auto n = static_cast<int64_t>(keys.size());
-  {
-    // Checked before copying, so a full queue costs no copy; checked again when queuing.
-    std::lock_guard<std::mutex> lock(mu_);
-    if (queued_put_blocks_ + n > max_queued_blocks_) {
-      rejected_puts_ += n;
-      return resource_exhausted("submit_put: write queue full (" +
-                                std::to_string(queued_put_blocks_) + " of " +
-                                std::to_string(max_queued_blocks_) + " blocks queued, " +
-                                std::to_string(n) + " more asked); nothing queued");
-    }
-  }
+  s = check_room(n);  // before copying, so a full queue costs no copy; again when queuing
+  if (!s.ok()) return s;
   auto job = std::make_shared<Job>();
   job->kind = Kind::kPut;
   job->keys = keys;
@@ -144,6 +139,7 @@ StatusOr<uint64_t> QueuedStorageTier::submit_put(const std::vector<StorageKey>& 
     }
     queued_put_blocks_ += n;
     job->id = next_job_++;
+    running_.insert(job->id);
   }
   // Queued a chunk at a time as the copy goes, so that the I/O threads write the first blocks
   // while the later ones are copied: the copy is about half the cost of a write to the page
@@ -153,7 +149,7 @@ StatusOr<uint64_t> QueuedStorageTier::submit_put(const std::vector<StorageKey>& 
   for (size_t i = 0; i < keys.size(); i += chunk) {
     const size_t end = std::min(keys.size(), i + chunk);
     for (size_t j = i; j < end; ++j) {  // the checksum in the same pass: one read of the bytes
-      job->crcs[j] = crc32c_copy(job->stored[j].get() + kBlockHeaderBytes, blocks[j], payload);
+      job->crcs[j] = crc32c_copy(job->stored[j].get(), blocks[j], payload);
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -162,6 +158,28 @@ StatusOr<uint64_t> QueuedStorageTier::submit_put(const std::vector<StorageKey>& 
     work_cv_.notify_one();
   }
   return job->id;
+}
+
+Status QueuedStorageTier::check_room(int64_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (queued_put_blocks_ + n <= max_queued_blocks_) return ok_status();
+  rejected_puts_ += n;
+  return resource_exhausted("submit_put: write queue full (" + std::to_string(queued_put_blocks_) +
+                            " of " + std::to_string(max_queued_blocks_) + " blocks queued, " +
+                            std::to_string(n) + " more asked); nothing queued");
+}
+
+StatusOr<uint64_t> QueuedStorageTier::submit_put_borrowed(const std::vector<StorageKey>& keys,
+                                                          const std::vector<const void*>& blocks) {
+  Status s = check_job("submit_put_borrowed", keys, blocks);
+  if (!s.ok()) return s;
+  s = check_room(static_cast<int64_t>(keys.size()));
+  if (!s.ok()) return s;
+  auto job = std::make_shared<Job>();
+  job->kind = Kind::kPut;
+  job->keys = keys;
+  job->borrowed = blocks;  // checksummed and written in place by the I/O threads
+  return enqueue(std::move(job));
 }
 
 StatusOr<uint64_t> QueuedStorageTier::submit_get(const std::vector<StorageKey>& keys,
@@ -199,6 +217,7 @@ StatusOr<uint64_t> QueuedStorageTier::enqueue(std::shared_ptr<Job> job) {
       queued_put_blocks_ += static_cast<int64_t>(n);
     }
     job->id = next_job_++;
+    if (job->kind != Kind::kRemove) running_.insert(job->id);
     for (size_t i = 0; i < n; ++i) tasks_.push_back(Task{job, i});
   }
   work_cv_.notify_all();
@@ -209,6 +228,41 @@ std::vector<StorageCompletion> QueuedStorageTier::poll() {
   std::vector<StorageCompletion> out;
   std::lock_guard<std::mutex> lock(mu_);
   out.swap(completions_);
+  return out;
+}
+
+StatusOr<std::vector<StorageCompletion>> QueuedStorageTier::wait(const std::vector<uint64_t>& jobs,
+                                                                 int64_t timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto taken = [this](uint64_t id) {
+    return std::none_of(completions_.begin(), completions_.end(),
+                        [id](const StorageCompletion& c) { return c.job == id; });
+  };
+  for (uint64_t id : jobs) {
+    if (running_.count(id) == 0 && taken(id)) {
+      return not_found("wait: job " + std::to_string(id) +
+                       " is not pending (already taken by poll or wait, or never submitted)");
+    }
+  }
+  const auto finished = [&] {
+    return std::none_of(jobs.begin(), jobs.end(),
+                        [this](uint64_t id) { return running_.count(id) != 0; });
+  };
+  if (timeout_ms < 0) {
+    done_cv_.wait(lock, finished);
+  } else {
+    done_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), finished);
+  }
+  // Ours move out; the rest stay for poll (a poll on another thread may have taken some of ours).
+  std::vector<StorageCompletion> out;
+  const auto ours = [&](const StorageCompletion& c) {
+    return std::find(jobs.begin(), jobs.end(), c.job) != jobs.end();
+  };
+  for (StorageCompletion& c : completions_) {
+    if (ours(c)) out.push_back(std::move(c));
+  }
+  completions_.erase(std::remove_if(completions_.begin(), completions_.end(), ours),
+                     completions_.end());
   return out;
 }
 
@@ -250,7 +304,10 @@ void QueuedStorageTier::worker(int thread) {
     const std::shared_ptr<Job> job = tasks_.front().job;
     const size_t share =
         (job->keys.size() + static_cast<size_t>(threads_) - 1) / static_cast<size_t>(threads_);
-    const size_t limit = job->kind == Kind::kRemove ? 1 : std::min(max_batch_blocks(), share);
+    size_t limit = job->kind == Kind::kRemove ? 1 : std::min(max_batch_blocks(), share);
+    // A borrowed put's batch is checksummed, then written: small enough that the write reads
+    // the blocks from the CPU's cache, not a second time from memory.
+    if (!job->borrowed.empty()) limit = std::min(limit, borrowed_batch_blocks_);
     do {
       batch.push_back(std::move(tasks_.front()));
       tasks_.pop_front();
@@ -265,9 +322,8 @@ void QueuedStorageTier::worker(int thread) {
 }
 
 void QueuedStorageTier::put_blocks(int thread, BlockIo* blocks, size_t n) {
-  const size_t bytes = kBlockHeaderBytes + static_cast<size_t>(layout_.block_bytes);
   for (size_t i = 0; i < n; ++i) {
-    blocks[i].error = put_block(thread, blocks[i].key, blocks[i].data, bytes);
+    blocks[i].error = put_block(thread, blocks[i].key, blocks[i].header, blocks[i].data);
   }
 }
 
@@ -285,29 +341,34 @@ void QueuedStorageTier::run_batch(int thread, const std::vector<Task>& batch) {
     }
     return;
   }
+  const bool borrowed = !job.borrowed.empty();
   std::vector<BlockIo> io;
   std::vector<const Task*> owner;  // io[i] is the block of *owner[i]
+  std::vector<unsigned char> heads(job.kind == Kind::kPut ? batch.size() * kBlockHeaderBytes : 0);
   io.reserve(batch.size());
   owner.reserve(batch.size());
   for (const Task& t : batch) {
     const StorageKey& key = job.keys[t.index];
     if (job.kind == Kind::kPut) {
       if (already_stored(thread, key)) {  // nothing to write: stored, not written
-        give_back(std::move(job.stored[t.index]));
+        if (!borrowed) give_back(std::move(job.stored[t.index]));
         ++puts_;
         finish_task(t, {});
         continue;
       }
-      unsigned char* stored = job.stored[t.index].get();
+      // A borrowed block is checksummed here, on the I/O thread, from the caller's memory.
+      auto* data = static_cast<unsigned char*>(borrowed ? const_cast<void*>(job.borrowed[t.index])
+                                                        : job.stored[t.index].get());
       BlockHeader h;
       h.fingerprint = fingerprint_;
       h.key = key;
       h.payload_bytes = payload;
-      h.payload_crc = job.crcs[t.index];
-      encode_block_header(h, stored);
-      io.push_back(BlockIo{key, stored, {}});
+      h.payload_crc = borrowed ? crc32c(data, static_cast<size_t>(payload)) : job.crcs[t.index];
+      unsigned char* head = heads.data() + io.size() * kBlockHeaderBytes;
+      encode_block_header(h, head);
+      io.push_back(BlockIo{key, data, head, {}});
     } else {
-      io.push_back(BlockIo{key, static_cast<unsigned char*>(job.dsts[t.index]), {}});
+      io.push_back(BlockIo{key, static_cast<unsigned char*>(job.dsts[t.index]), nullptr, {}});
     }
     owner.push_back(&t);
   }
@@ -321,7 +382,7 @@ void QueuedStorageTier::run_batch(int thread, const std::vector<Task>& batch) {
     const Task& t = *owner[i];
     const bool ok = io[i].error.empty();
     if (job.kind == Kind::kPut) {
-      give_back(std::move(job.stored[t.index]));  // the copy is no longer needed
+      if (!borrowed) give_back(std::move(job.stored[t.index]));  // the copy is no longer needed
       if (ok) {
         ++puts_;
         bytes_written_ += static_cast<int64_t>(payload);
@@ -363,6 +424,8 @@ void QueuedStorageTier::finish_task(const Task& task, const std::string& error) 
                 " blocks failed; first: " + job.first_error;
     }
     completions_.push_back(std::move(c));
+    running_.erase(job.id);
+    done_cv_.notify_all();
   }
 }
 

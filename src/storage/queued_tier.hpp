@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "pagedkv/storage_tier.hpp"
@@ -27,9 +28,13 @@ class QueuedStorageTier : public StorageTier {
   const StorageLayout& layout() const override { return layout_; }
   StatusOr<uint64_t> submit_put(const std::vector<StorageKey>& keys,
                                 const std::vector<const void*>& blocks) override;
+  StatusOr<uint64_t> submit_put_borrowed(const std::vector<StorageKey>& keys,
+                                         const std::vector<const void*>& blocks) override;
   StatusOr<uint64_t> submit_get(const std::vector<StorageKey>& keys,
                                 const std::vector<void*>& blocks) override;
   std::vector<StorageCompletion> poll() override;
+  StatusOr<std::vector<StorageCompletion>> wait(const std::vector<uint64_t>& jobs,
+                                                int64_t timeout_ms) override;
   void drain() override;
   Status remove(const std::vector<StorageKey>& keys) override;
   StorageStats stats() const override;
@@ -44,8 +49,9 @@ class QueuedStorageTier : public StorageTier {
   /// One block of a batch (put_blocks / get_blocks): its key, its bytes, and why it failed.
   struct BlockIo {
     StorageKey key;
-    unsigned char* data = nullptr;  // puts: header (encoded) and payload; gets: the destination
-    std::string error;              // set by the store; empty when the block succeeded
+    unsigned char* data = nullptr;          // puts: the payload; gets: the destination
+    const unsigned char* header = nullptr;  // puts: the encoded block header (kBlockHeaderBytes)
+    std::string error;                      // set by the store; empty when the block succeeded
   };
   /// Most blocks of one job an I/O thread takes at once (1: one at a time). A job is cut into
   /// about one batch per thread, so that every thread works on a large one.
@@ -55,10 +61,11 @@ class QueuedStorageTier : public StorageTier {
   /// Reads and verifies a batch (each as get_block would); the default calls get_block for each.
   virtual void get_blocks(int thread, BlockIo* blocks, size_t n);
 
-  /// Stores one block. `stored` holds the header (already encoded) and the payload, `n` bytes.
-  /// Returns an empty string on success, else why it failed (and nothing became visible).
-  virtual std::string put_block(int thread, const StorageKey& key, const unsigned char* stored,
-                                size_t n) = 0;
+  /// Stores one block: its encoded header (kBlockHeaderBytes) followed by its payload
+  /// (layout().block_bytes; a borrowed put's is the caller's memory). Returns an empty string on
+  /// success, else why it failed (and nothing became visible).
+  virtual std::string put_block(int thread, const StorageKey& key, const unsigned char* header,
+                                const unsigned char* payload) = 0;
   /// Whether `key` is stored already, so that a put of it can be skipped (a key names its bytes:
   /// the same chained prefix hash, namespace and layout). Only a cheap check; default: never.
   virtual bool already_stored(int /*thread*/, const StorageKey& /*key*/) { return false; }
@@ -87,6 +94,7 @@ class QueuedStorageTier : public StorageTier {
     size_t index;
   };
   StatusOr<uint64_t> enqueue(std::shared_ptr<Job> job);
+  Status check_room(int64_t blocks);
   std::unique_ptr<unsigned char[]> take_buffer();
   void give_back(std::unique_ptr<unsigned char[]> buffer);
   void worker(int thread);
@@ -99,6 +107,8 @@ class QueuedStorageTier : public StorageTier {
   mutable std::mutex mu_;
   std::condition_variable work_cv_;
   std::condition_variable idle_cv_;
+  std::condition_variable done_cv_;       // a put or get job completed
+  std::unordered_set<uint64_t> running_;  // put and get jobs queued and not yet complete
   std::deque<Task> tasks_;
   std::vector<StorageCompletion> completions_;
   int64_t queued_put_blocks_ = 0;
@@ -108,7 +118,7 @@ class QueuedStorageTier : public StorageTier {
   bool stopping_ = false;
   std::vector<std::thread> workers_;
 
-  // Put buffers (header + payload) kept for reuse: a fresh large allocation costs a page fault
+  // Put buffers (payloads) kept for reuse: a fresh large allocation costs a page fault
   // per 4 KiB on first touch, which halved the put throughput of 256 KiB blocks.
   static constexpr int64_t kSpareBytes = int64_t{64} << 20;
   // submit_put queues a job's blocks in chunks of about this many bytes as it copies them.
@@ -116,6 +126,7 @@ class QueuedStorageTier : public StorageTier {
   std::mutex spare_mu_;
   std::vector<std::unique_ptr<unsigned char[]>> spare_;
   size_t max_spare_ = 1;
+  size_t borrowed_batch_blocks_ = 1;  // most blocks of a borrowed put per batch (kCopyChunkBytes)
 
   std::atomic<int64_t> puts_{0}, gets_{0}, bytes_written_{0}, bytes_read_{0};
   std::atomic<int64_t> failed_puts_{0}, failed_gets_{0}, rejected_puts_{0}, removed_{0};

@@ -61,21 +61,20 @@ struct Connection {
 // go into one buffer, an argument of kCopyLimit bytes or more is sent from the caller's memory.
 class Request {
  public:
+  // One argument: `size` bytes at `data`, then `more_size` at `more` (a block's header and its
+  // payload, which a borrowed put keeps apart).
   struct Arg {
     const void* data;
     size_t size;
+    const void* more = nullptr;
+    size_t more_size = 0;
   };
   void add(std::initializer_list<Arg> args) {
     text("*" + std::to_string(args.size()) + "\r\n");
     for (const Arg& a : args) {
-      text("$" + std::to_string(a.size) + "\r\n");
-      if (a.size < kCopyLimit) {
-        buf_.append(static_cast<const char*>(a.data), a.size);
-      } else {
-        pieces_.push_back(Piece{nullptr, buf_.size() - mark_, mark_});
-        mark_ = buf_.size();
-        pieces_.push_back(Piece{a.data, a.size, 0});
-      }
+      text("$" + std::to_string(a.size + a.more_size) + "\r\n");
+      part(a.data, a.size);
+      if (a.more_size > 0) part(a.more, a.more_size);
       text("\r\n");
     }
   }
@@ -115,6 +114,15 @@ class Request {
     size_t offset;
   };
   void text(const std::string& t) { buf_ += t; }
+  void part(const void* data, size_t size) {
+    if (size < kCopyLimit) {
+      buf_.append(static_cast<const char*>(data), size);
+      return;
+    }
+    pieces_.push_back(Piece{nullptr, buf_.size() - mark_, mark_});
+    mark_ = buf_.size();
+    pieces_.push_back(Piece{data, size, 0});
+  }
   std::string buf_;
   std::vector<Piece> pieces_;
   size_t mark_ = 0;  // buf_ before it is covered by pieces_
@@ -136,54 +144,23 @@ class RedisTier final : public detail::QueuedStorageTier {
   const char* medium() const override { return "REDIS"; }
 
   StatusOr<size_t> batch_exists(const std::vector<StorageKey>& keys) override {
-    // On a connection that was open before this call the server may have restarted since:
-    // one more try on a fresh connection tells that apart from a server that is gone.
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      const bool was_open = owner_conn_.ctx != nullptr && owner_conn_.ctx->err == 0;
-      redisContext* c = connect(owner_conn_);
-      if (c == nullptr) return size_t{0};
-      size_t found = 0;
-      std::string failure;
-      for (size_t begin = 0; begin < keys.size() && failure.empty(); begin += kExistsChunk) {
-        const size_t end = std::min(keys.size(), begin + kExistsChunk);
-        std::vector<std::string> names;
-        names.reserve(end - begin);
-        Request req;
-        for (size_t i = begin; i < end; ++i) {
-          names.push_back(redis_key(keys[i]));
-          req.add({{"EXISTS", 6}, {names.back().data(), names.back().size()}});
-        }
-        if (!req.send(c->fd)) {
-          failure = "EXISTS: " + std::string(std::strerror(errno));
-          break;
-        }
-        bool missing = false;
-        for (size_t i = begin; i < end; ++i) {
-          void* raw = nullptr;
-          if (redisGetReply(c, &raw) != REDIS_OK || raw == nullptr) {
-            failure = std::string("EXISTS: ") + (c->err != 0 ? c->errstr : "no reply");
-            break;
-          }
-          Reply r(static_cast<redisReply*>(raw));
-          const bool exists = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
-          if (!exists) missing = true;
-          if (!missing) ++found;
-        }
-        if (missing && failure.empty()) return found;
-      }
-      if (failure.empty()) return found;
-      drop(owner_conn_, failure);
-      if (!was_open) break;
-    }
-    return size_t{0};
+    std::vector<bool> found = exists(keys, /*stop_at_missing=*/true);
+    return static_cast<size_t>(std::find(found.begin(), found.end(), false) - found.begin());
+  }
+
+  StatusOr<std::vector<bool>> exists_each(const std::vector<StorageKey>& keys) override {
+    return exists(keys, /*stop_at_missing=*/false);
   }
 
  protected:
-  std::string put_block(int thread, const StorageKey& key, const unsigned char* stored,
-                        size_t n) override {
+  std::string put_block(int thread, const StorageKey& key, const unsigned char* header,
+                        const unsigned char* payload) override {
     const std::string k = redis_key(key);
     Request req;
-    req.add({{"SET", 3}, {k.data(), k.size()}, {stored, n}});
+    req.add(
+        {{"SET", 3},
+         {k.data(), k.size()},
+         {header, detail::kBlockHeaderBytes, payload, static_cast<size_t>(layout_.block_bytes)}});
     std::string error;
     Reply r = command(conn(thread), "SET", req, &error);
     if (r == nullptr) return error;
@@ -218,6 +195,52 @@ class RedisTier final : public detail::QueuedStorageTier {
   }
 
  private:
+  // Whether each key is stored, by pipelined EXISTS in chunks; with `stop_at_missing` the
+  // chunks after the one holding the first missing key are not asked (those answer false).
+  // A server that cannot be reached answers all false.
+  std::vector<bool> exists(const std::vector<StorageKey>& keys, bool stop_at_missing) {
+    // On a connection that was open before this call the server may have restarted since:
+    // one more try on a fresh connection tells that apart from a server that is gone.
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const bool was_open = owner_conn_.ctx != nullptr && owner_conn_.ctx->err == 0;
+      redisContext* c = connect(owner_conn_);
+      if (c == nullptr) break;
+      std::vector<bool> found(keys.size(), false);
+      std::string failure;
+      bool missing = false;
+      for (size_t begin = 0; begin < keys.size() && !(stop_at_missing && missing);
+           begin += kExistsChunk) {
+        const size_t end = std::min(keys.size(), begin + kExistsChunk);
+        std::vector<std::string> names;
+        names.reserve(end - begin);
+        Request req;
+        for (size_t i = begin; i < end; ++i) {
+          names.push_back(redis_key(keys[i]));
+          req.add({{"EXISTS", 6}, {names.back().data(), names.back().size()}});
+        }
+        if (!req.send(c->fd)) {
+          failure = "EXISTS: " + std::string(std::strerror(errno));
+          break;
+        }
+        for (size_t i = begin; i < end; ++i) {
+          void* raw = nullptr;
+          if (redisGetReply(c, &raw) != REDIS_OK || raw == nullptr) {
+            failure = std::string("EXISTS: ") + (c->err != 0 ? c->errstr : "no reply");
+            break;
+          }
+          Reply r(static_cast<redisReply*>(raw));
+          found[i] = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+          missing = missing || !found[i];
+        }
+        if (!failure.empty()) break;
+      }
+      if (failure.empty()) return found;
+      drop(owner_conn_, failure);
+      if (!was_open) break;
+    }
+    return std::vector<bool>(keys.size(), false);
+  }
+
   Connection& conn(int thread) { return workers_conn_[static_cast<size_t>(thread)]; }
 
   std::string redis_key(const StorageKey& k) const {

@@ -188,6 +188,23 @@ def test_a_load_of_missing_keys_fails_and_names_the_good_ones(tier_config):
     tier.submit_store(again)
     result = [r for r in tier.get_finished_jobs() if r.job_id == 903][0]
     assert result.success and result.transfer_bytes == 0
+    # Held and new chunks in one store: only the new one is written (straight from its row).
+    fresh = keys("fresh", 1)
+    region.rows[4] = rng.integers(-128, 128, size=ROW, dtype=np.int8)
+    want = region.rows[4].copy()
+    mixed = TransferJob(job_id=904, keys=[ks[0]] + fresh + [ks[1]], chunk_ids=np.array([0, 4, 1]),
+                        is_promotion=False, req_context=ctx)
+    tier.submit_store(mixed)
+    tier.drain_jobs()
+    result = [r for r in tier.get_finished_jobs() if r.job_id == 904][0]
+    assert result.success and result.transfer_bytes == ROW
+    assert list(list(tier.take_events())[-1].keys) == fresh
+    region.rows[3] = 0
+    tier.submit_load(TransferJob(job_id=905, keys=fresh, chunk_ids=np.array([3]),
+                                 is_promotion=True, req_context=ctx))
+    tier.drain_jobs()
+    assert [r.success for r in tier.get_finished_jobs() if r.job_id == 905] == [True]
+    np.testing.assert_array_equal(region.rows[3], want)
     manager.shutdown()
 
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
-import time
 from typing import Any, Dict, List, Optional
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
@@ -45,8 +43,6 @@ class PagedKvStorage(HiCacheStorage):
                                        "directory: the file backend needs one")
         self._store = None  # made when the host pool is registered: it fixes the block size
         self._pieces = 0  # pointers per page
-        self._lock = threading.Lock()
-        self._done: Dict[int, dict] = {}  # completions polled for another thread's job
 
     # ---- set-up ----
 
@@ -108,16 +104,9 @@ class PagedKvStorage(HiCacheStorage):
                                           "the page size")
 
     def _wait(self, job: int) -> dict:
-        """The completion of `job` (another thread's completions are kept for it)."""
-        while True:
-            with self._lock:
-                if job in self._done:
-                    return self._done.pop(job)
-                for c in self._store.poll():
-                    self._done[c["job"]] = c
-                if job in self._done:
-                    return self._done.pop(job)
-            time.sleep(0.0002)
+        """The completion of `job`: the store's wait blocks without the GIL and takes this job's
+        completion only (never poll(), so other threads' jobs stay theirs)."""
+        return self._store.wait([job])[0]
 
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
         self._ready()
@@ -134,7 +123,8 @@ class PagedKvStorage(HiCacheStorage):
         if not self.config.is_storage_writer:
             return [True] * len(keys)  # an MLA replica: the writer rank stores the latents
         ptrs, _ = self.mem_pool_host.get_page_buffer_meta(host_indices)
-        done = self._wait(self._store.submit_put(self._keys(keys), list(ptrs)))
+        # Borrowed: the call waits for the job, so the pages stay as they are until it is done.
+        done = self._wait(self._store.submit_put_borrowed(self._keys(keys), list(ptrs)))
         return [done["ok"]] * len(keys)
 
     def batch_get_v1(self, keys: List[str], host_indices: Any,

@@ -148,15 +148,18 @@ class PagedKvTier(SecondaryTierManager):
         keys = list(job_metadata.keys)
         chunks = list(job_metadata.chunk_ids)
         # Chunks the store holds already are not written again.
-        todo = [i for i, k in enumerate(keys) if not self._store.batch_exists([store_key(k)])]
+        held = self._store.exists_each([store_key(k) for k in keys])
+        todo = [i for i, h in enumerate(held) if not h]
         if not todo:
             self._finished.append(JobResult(job_metadata.job_id, True, transfer_time=0.0,
                                             transfer_bytes=0))
             return
         moved = [keys[i] for i in todo]
         try:
-            job = self._store.submit_put([store_key(k) for k in moved],
-                                         self._rows([chunks[i] for i in todo]))
+            # Borrowed: the store's threads read the primary tier's rows, which vLLM keeps
+            # unchanged until this job's result is reported (get_finished_jobs).
+            job = self._store.submit_put_borrowed([store_key(k) for k in moved],
+                                                  self._rows([chunks[i] for i in todo]))
         except ResourceExhaustedError:  # the write queue is full: this cascade is dropped
             self._finished.append(JobResult(job_metadata.job_id, False))
             return

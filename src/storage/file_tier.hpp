@@ -1,0 +1,186 @@
+// FileTier: blocks appended to segment files under <directory>/<fingerprint>/ (docs/storage.md,
+// segment_format.hpp). Each I/O thread appends whole batches to its own segment with one pwritev
+// (and one fdatasync with `fsync`), then publishes the blocks in an in-memory index, so a get
+// finds a block only once all of its bytes are written. A get reads a run of adjacent records
+// with one preadv straight into the destinations and verifies every block. remove() rewrites the
+// block's record header in place as removed. The size bound drops whole least recently used
+// segments. At startup the index is rebuilt by scanning the segments (segment_scan.hpp).
+// The class is defined across file_tier.cpp (puts, gets, lookups), file_tier_segments.cpp
+// (appending, the index, removal and reclaim) and file_tier_scan.cpp (what is on disk).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "storage/block_format.hpp"
+#include "storage/queued_tier.hpp"
+#include "storage/segment_format.hpp"
+#include "storage/segment_scan.hpp"
+
+namespace pagedkv::detail {
+
+struct FileKeyHash {
+  size_t operator()(const StorageKey& k) const {
+    return static_cast<size_t>(k.block_hash ^ (k.ns * 0x9E3779B97F4A7C15ull));
+  }
+};
+
+// Records per preadv / pwritev: two iovecs each, within IOV_MAX (1024).
+inline constexpr size_t kMaxRunRecords = 512;
+// A record's header and its block's header: what a get reads apart from the payload.
+inline constexpr size_t kReadHeadBytes = kRecordHeaderBytes + kBlockHeaderBytes;
+
+class FileTier final : public QueuedStorageTier {
+ public:
+  FileTier(const StorageLayout& layout, const FileTierOptions& options);
+
+  ~FileTier() override;
+
+  // The largest segment: options.segment_bytes, and with a size bound at most a quarter of it
+  // (reclaim drops whole segments), but always room for one record and the seal.
+  static int64_t effective_segment_bytes(const FileTierOptions& o, int64_t record_bytes);
+
+  // Creates the directory, checks it can be written, and indexes the segments already there.
+  Status open();
+
+  const char* medium() const override { return "DISK"; }
+
+  StatusOr<size_t> batch_exists(const std::vector<StorageKey>& keys) override;
+
+  StatusOr<std::vector<bool>> exists_each(const std::vector<StorageKey>& keys) override;
+
+ protected:
+  size_t max_batch_blocks() const override { return kMaxRunRecords; }
+
+  std::string put_block(int thread, const StorageKey& key, const unsigned char* header,
+                        const unsigned char* payload) override {
+    BlockIo b{key, const_cast<unsigned char*>(payload), header, {}};
+    put_blocks(thread, &b, 1);
+    return b.error;
+  }
+
+  std::string get_block(int thread, const StorageKey& key, void* dst) override {
+    BlockIo b{key, static_cast<unsigned char*>(dst), nullptr, {}};
+    get_blocks(thread, &b, 1);
+    return b.error;
+  }
+
+  // A key names its bytes (the chained hash of the prefix, the namespace and the layout): a
+  // stored one needs no second copy. A damaged one is found by the next get, which forgets it.
+  bool already_stored(int, const StorageKey& key) override { return lookup(key, nullptr); }
+
+  void put_blocks(int thread, BlockIo* blocks, size_t n) override;
+
+  void get_blocks(int, BlockIo* blocks, size_t n) override;
+
+  bool remove_block(int, const StorageKey& key) override;
+
+ private:
+  // A dead segment's file kept for reuse (renamed to <id>.free).
+  struct FreeFile {
+    int fd = -1;
+    std::string path;
+    int64_t bytes = 0;
+  };
+
+  struct Loc {
+    SegmentPtr seg;
+    int64_t offset = 0;  // of the record header
+  };
+  using Index = std::unordered_map<StorageKey, Loc, FileKeyHash>;
+
+  // Checks a record read by a get: its header (a block of this key), the block header and the
+  // payload's CRC. Sets *damaged when the record is corrupt (not merely removed).
+  std::string verify(const Segment& seg, const unsigned char* head, const BlockIo& b,
+                     bool* damaged);
+
+  // ---- segments this store appends to ----
+
+  SegmentPtr active_segment(int thread, std::string* error);
+
+  // Closes the thread's segment with a seal record (a restart then trusts its records' headers
+  // and need not re-read their payloads).
+  void seal(int thread);
+
+  // Stops appending to the thread's segment without sealing it (after a failed write).
+  void retire(int thread);
+
+  // Makes `k` records just written at `start` visible.
+  void publish(const SegmentPtr& seg, const BlockIo* blocks, size_t k, int64_t start);
+
+  // ---- the index ----
+
+  bool lookup(const StorageKey& k, Loc* loc);
+
+  void unindex(Index::iterator it);
+
+  // A get failed: lookups stop finding the block. A damaged record is also marked removed on
+  // disk, so that a restart does not index it again.
+  void forget(const StorageKey& key, const SegmentPtr& seg, int64_t offset, bool damaged);
+
+  // Rewrites a block record's header as removed (one small write; the body stays).
+  void mark_removed(const SegmentPtr& seg, int64_t offset, const StorageKey& key);
+
+  // Whether no other live store appends to a segment that is not ours: sealed, or it holds a
+  // record and its writer's flock is gone. (A new, empty one may not be locked yet.)
+  static bool nobody_appends(const Segment& seg);
+
+  // A segment with no live block left is garbage: deleted at once, without waiting for the size
+  // bound (unless something still appends to it).
+  // Its file is kept for reuse by a later segment when nothing else holds it, the free list
+  // has room and the bound allows: rewriting pages a file already has in the page cache costs
+  // much less than allocating new ones.
+  void drop_if_dead(const SegmentPtr& seg);
+
+  // A free file renamed to `path` (link: never over an existing name), or -1 when none.
+  int take_free_file(const std::string& path);
+
+  void release_free_files(std::vector<FreeFile>* files);
+
+  // ---- the size bound ----
+
+  // Drops least recently used segments (never one being appended to) while the store is over
+  // max_bytes; their blocks simply miss from then on.
+  void reclaim_over_bound();
+
+  void drop_locked(const SegmentPtr& seg);
+
+  // ---- what is on disk: startup, and other stores on the directory ----
+
+  // Indexes the segments not known yet, and forgets those another store deleted. At startup the
+  // least recently used order is that of the segments' modification times.
+  void rescan_directory(bool at_open);
+
+  // Adds the blocks a scan found; returns how many. At startup a second copy of a key is
+  // marked removed (only one copy may stay live, or a remove() would leave one behind).
+  int64_t index_scanned(const SegmentPtr& seg, const detail::ScanResult& scan, bool new_segment,
+                        bool at_open);
+
+  // Finds what other live stores on the directory wrote since we last looked: new segments
+  // (when the directory changed) and records appended to their unsealed ones.
+  void catch_up();
+
+  const FileTierOptions options_;
+  const std::string store_dir_;
+  const int64_t record_bytes_;      // record header, block header and payload
+  const int64_t segment_bytes_;     // a segment takes records while they (and a seal) fit
+  std::vector<SegmentPtr> active_;  // per I/O thread: the segment it appends to, or null
+
+  std::mutex mu_;
+  Index index_;
+  std::map<uint64_t, SegmentPtr> segments_;
+  uint64_t clock_ = 0;          // least recently used order: a segment's last_used is a tick of it
+  int64_t total_bytes_ = 0;     // of the segments' files
+  std::vector<FreeFile> free_;  // at most one per I/O thread
+  int64_t free_bytes_ = 0;
+  uint64_t next_segment_id_ = 1;
+  int64_t dir_mtime_ns_ = 0;  // the directory's modification time at the last listing
+  int64_t listed_ns_ = 0;     // when that listing began (CLOCK_REALTIME)
+};
+
+}  // namespace pagedkv::detail
