@@ -93,6 +93,8 @@ class BackendKind(enum.Enum):
 
     CUDA = 2
 
+    NULL = 3
+
 class Tier(enum.Enum):
     """Where a block's bytes live; STORAGE appears only in events."""
 
