@@ -156,7 +156,8 @@ Status ControlPlane::check_commit_count(const Sequence& s, int64_t n, const char
                              std::to_string(s.pending) + " reserved for " + seq_name(s.id));
 }
 
-void ControlPlane::append_tokens(Sequence* s, const TokenId* tokens, int64_t n) {
+// Inline: the per-id commit() path calls it once per token run.
+inline void ControlPlane::append_tokens(Sequence* s, const TokenId* tokens, int64_t n) {
   if (n == 1) {
     s->tokens.push_back(*tokens);  // the decode step's case, without a ranged insert
   } else {
