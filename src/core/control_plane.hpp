@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/batch_metadata.hpp"
@@ -418,6 +419,10 @@ class ControlPlane {
   Status check_commit_count(const Sequence& s, int64_t n, const char* what) const;
   // The effect of a checked commit: appends the tokens, indexes completed blocks, trims the window.
   void append_committed(Sequence* s, const TokenId* tokens, int64_t n);
+  // append_committed() without the indexing and trims (commit_batch registers after all rows).
+  void append_tokens(Sequence* s, const TokenId* tokens, int64_t n);
+  // register_full_block() for each of filled_, in order, prefetching the next one's hash slot.
+  void register_filled();
   void release_block(LogicalId id, const Sequence& owner);
   void release_tail(Sequence* s, size_t keep);
   void unlist(LogicalId id);
@@ -529,6 +534,8 @@ class ControlPlane {
     bool pages_only;  // the reference is gone already; only the window groups' holds are left
   };
   std::vector<DeferredRelease> deferred_release_;
+  // (sequence, table index) of the blocks a commit_batch filled, registered after its appends.
+  std::vector<std::pair<Sequence*, size_t>> filled_;
   void flush_deferred_releases();
   // Cached device blocks taken out of the device queue while they had host children and no
   // host room.

@@ -89,10 +89,15 @@ struct Journal {
   /// in one stretch (a reserve restores, then reserves), so a repeat is the latest entry.
   SavedSequence& sequence(const Sequence& s) {
     if (!sequences.empty() && sequences.back().id == s.id) return sequences.back();
-    sequences.push_back(SavedSequence{s.id, s.last_used, static_cast<int32_t>(s.pending),
-                                      static_cast<uint32_t>(s.blocks.size()), -1, kNoBlock, 0, 0,
-                                      s.offloaded});
-    return sequences.back();
+    // Written field by field in place: a temporary copied in is read back as wider words than
+    // it was written with, a store-forwarding stall that was most of a decode step's reserve.
+    SavedSequence& x = sequences.emplace_back();
+    x.id = s.id;
+    x.last_used = s.last_used;
+    x.pending = static_cast<int32_t>(s.pending);
+    x.blocks = static_cast<uint32_t>(s.blocks.size());
+    x.offloaded = s.offloaded;
+    return x;
   }
 };
 

@@ -102,6 +102,12 @@ class PrefixIndex {
     __builtin_prefetch(&slots_[nodes_[static_cast<size_t>(n)].hash & mask_]);
   }
 
+  /// Prefetch hint for a coming lookup of `tokens` after the prefix hashed `parent_hash`: the
+  /// hash-map slot its key starts probing at.
+  void prefetch_key(uint64_t parent_hash, const TokenId* tokens) const {
+    __builtin_prefetch(&slots_[chain_hash(parent_hash, tokens) & mask_]);
+  }
+
   const PrefixNode& node(NodeId n) const { return nodes_[static_cast<size_t>(n)]; }
   /// The block_size token ids of a node.
   const TokenId* tokens(NodeId n) const {

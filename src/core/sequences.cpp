@@ -156,8 +156,8 @@ Status ControlPlane::check_commit_count(const Sequence& s, int64_t n, const char
                              std::to_string(s.pending) + " reserved for " + seq_name(s.id));
 }
 
-void ControlPlane::append_committed(Sequence* s, const TokenId* tokens, int64_t n) {
-  const int64_t old_len = s->length();
+// Inline: the per-id commit() path calls it once per token run.
+inline void ControlPlane::append_tokens(Sequence* s, const TokenId* tokens, int64_t n) {
   if (n == 1) {
     s->tokens.push_back(*tokens);  // the decode step's case, without a ranged insert
   } else {
@@ -165,9 +165,14 @@ void ControlPlane::append_committed(Sequence* s, const TokenId* tokens, int64_t 
   }
   s->pending -= n;
   touch(s);
+}
+
+void ControlPlane::append_committed(Sequence* s, const TokenId* tokens, int64_t n) {
+  const int64_t old_len = s->length();
+  append_tokens(s, tokens, n);
   if (config_.enable_prefix_caching) {
     const int64_t new_len = old_len + n;
-    for (int64_t i = old_len / block_size_; (i + 1) * block_size_ <= new_len; ++i) {
+    for (int64_t i = bdiv_.div(old_len); (i + 1) * block_size_ <= new_len; ++i) {
       register_full_block(s, static_cast<size_t>(i));
     }
   }
@@ -179,12 +184,54 @@ Status ControlPlane::commit_batch(const std::vector<SequenceId>& ids, const Toke
                                   int64_t n_each) {
   PAGEDKV_RETURN_IF_ERROR(check_commit_batch(ids, tokens, n_each));
   // check_commit_batch resolved `ids`; nothing below can fail.
+  // Each row appends to its own token array, a line the rest of the step has pushed out of the
+  // cache: fetch a few rows ahead, the record first, then (once it has arrived) that line.
+  // Without windows, a row's commit is the append plus (every block_size tokens) the indexing
+  // of the block it filled, whose new key lands in a random hash slot: the blocks are indexed
+  // after all appends, in row order (the same events and outcome), each prefetching the next
+  // one's slot. Windows trim after indexing, row by row: they keep commit()'s order.
+  const bool defer = config_.enable_prefix_caching && window_ == 0 && groups_.empty();
+  filled_.clear();
   const size_t rows = resolved_.size();
   for (size_t i = 0; i < rows; ++i) {
-    if (i + 4 < rows) __builtin_prefetch(resolved_[i + 4]);
-    append_committed(resolved_[i], tokens + static_cast<int64_t>(i) * n_each, n_each);
+    if (i + 32 < rows) __builtin_prefetch(resolved_[i + 32]);
+    if (i + 16 < rows) {
+      const std::vector<TokenId>& t = resolved_[i + 16]->tokens;
+      __builtin_prefetch(t.data() + t.size(), 1);
+    }
+    Sequence* s = resolved_[i];
+    const TokenId* row = tokens + static_cast<int64_t>(i) * n_each;
+    if (!defer) {
+      append_committed(s, row, n_each);
+      continue;
+    }
+    const int64_t old_len = s->length();
+    append_tokens(s, row, n_each);
+    for (int64_t b = bdiv_.div(old_len); (b + 1) * block_size_ <= old_len + n_each; ++b) {
+      filled_.emplace_back(s, static_cast<size_t>(b));
+    }
   }
+  register_filled();
   return ok_status();
+}
+
+void ControlPlane::register_filled() {
+  const size_t n = filled_.size();
+  for (size_t k = 0; k < n; ++k) {
+    if (k + 1 < n) {
+      // The next key's hash (computed again by its lookup) tells where its slot is.
+      const Sequence& s = *filled_[k + 1].first;
+      const size_t i = filled_[k + 1].second;
+      const LogicalId before = i == 0 ? kNoBlock : s.blocks[i - 1];
+      const NodeId parent = before == kNoBlock ? kRootNode : blocks_[before].node;
+      if (blocks_[s.blocks[i]].node < 0 && (i == 0 || parent >= 0)) {
+        index_.prefetch_key(index_.prefix_hash(parent, s.options.ns),
+                            &s.tokens[i * static_cast<size_t>(block_size_)]);
+      }
+    }
+    register_full_block(filled_[k].first, filled_[k].second);
+  }
+  filled_.clear();  // no pointer outlives the call
 }
 
 Status ControlPlane::check_commit_batch(const std::vector<SequenceId>& ids, const TokenId* tokens,
@@ -197,7 +244,10 @@ Status ControlPlane::check_commit_batch(const std::vector<SequenceId>& ids, cons
   // A decode step commits the batch reserve_batch and build_batch resolved: the memo skips the
   // id lookups (and the duplicate check it already passed).
   PAGEDKV_RETURN_IF_ERROR(resolve(ids, /*check_offloaded=*/false, "commit_batch"));
-  for (const Sequence* s : resolved_) {  // in commit()'s order of checks
+  const size_t rows = resolved_.size();
+  for (size_t i = 0; i < rows; ++i) {  // in commit()'s order of checks
+    if (i + 8 < rows) __builtin_prefetch(&resolved_[i + 8]->pending);
+    const Sequence* s = resolved_[i];
     PAGEDKV_RETURN_IF_ERROR(check_commit_count(*s, n_each, "commit_batch"));
     if (s->offloaded) {
       return failed_precondition("commit_batch: " + seq_name(s->id) + " is offloaded");

@@ -126,6 +126,42 @@ TEST_P(CommitBatchRandom, MatchesPerSequenceCommit) {
 
 INSTANTIATE_TEST_SUITE_P(Windows, CommitBatchRandom, ::testing::Values(0, 8));
 
+// Rows that each fill several blocks, the second with the same tokens as the first: the blocks
+// are indexed after all appends (commit_batch defers them), still chain by chain and row by row,
+// so the second row's blocks are replaced by the first's as with commit() per id.
+TEST(CommitBatch, RowsFillingSeveralBlocksShareThemAsPerIdCommits) {
+  auto one = make_cp(tiny_config(4, 32));               // commit() per id
+  auto bat = make_cp(tiny_config(4, 32));               // commit_batch()
+  const std::vector<TokenId> row = iota_tokens(12, 0);  // blocks 0..3, 4..7, 8..11
+  std::vector<TokenId> toks = row;
+  toks.insert(toks.end(), row.begin(), row.end());
+  for (ControlPlane* cp : {one.get(), bat.get()}) {
+    ASSERT_OK(cp->add_sequence(1, {}));
+    ASSERT_OK(cp->add_sequence(2, {}));
+    ReserveResult r;
+    ASSERT_OK(cp->reserve_batch({1, 2}, 12, &r));
+  }
+  ASSERT_OK(one->commit(1, toks.data(), 12));
+  ASSERT_OK(one->commit(2, toks.data() + 12, 12));
+  ASSERT_OK(bat->commit_batch({1, 2}, toks.data(), 12));
+  const std::vector<int32_t> first = testing_util::device_blocks(*bat, 1);
+  ASSERT_EQ(first.size(), 3u);
+  EXPECT_EQ(testing_util::device_blocks(*bat, 2), first);
+  EXPECT_EQ(bat->stats().device.free_blocks, 32 - 3);  // the second row's own three were freed
+  EXPECT_EQ(*bat->cached_prefix(iota_tokens(13, 0), 0), 12);
+  const std::vector<EventKey> events = event_keys(bat.get());
+  ASSERT_EQ(events.size(), 3u);
+  for (size_t k = 0; k < events.size(); ++k) {
+    EXPECT_EQ(std::get<0>(events[k]), EventKind::kBlockStored) << k;
+    EXPECT_EQ(std::get<4>(events[k]), iota_tokens(4, static_cast<TokenId>(4 * k))) << k;
+    if (k > 0) {
+      EXPECT_EQ(std::get<3>(events[k]), std::get<2>(events[k - 1])) << k;  // parent = previous
+    }
+  }
+  EXPECT_EQ(event_keys(one.get()), events);
+  expect_same(one.get(), bat.get(), {1, 2});
+}
+
 // Two sequences in a decode step: reserve_batch({1, 2}, 2) resolves the batch the commit reuses.
 class CommitBatchRefusals : public ::testing::Test {
  protected:
