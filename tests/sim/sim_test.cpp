@@ -236,8 +236,7 @@ TEST(Simulation, GroupsTheSharedBlocksRefuseRunOnACachePerGroup) {
   auto reqs = generate_workload(w);
   ASSERT_OK(reqs);
   for (bool data : {true, false}) {
-    auto engine =
-        data ? make_cache_engine(windows_only, 256) : make_no_data_engine(windows_only);
+    auto engine = data ? make_cache_engine(windows_only, 256) : make_no_data_engine(windows_only);
     ASSERT_OK(engine);
     EXPECT_NE((*engine)->description().find("one cache per KV group"), std::string::npos);
     EXPECT_EQ((*engine)->has_data(), data);
