@@ -48,6 +48,9 @@ enum class CopyKind : uint8_t {
   kHostToHost = 3,
 };
 
+/// "device-to-host" and so on, for messages.
+const char* copy_kind_name(CopyKind kind);
+
 /// One copy of a batch: `bytes` bytes from `src` to `dst`. A region of zero bytes is skipped.
 struct CopyRegion {
   void* dst = nullptr;

@@ -1,4 +1,5 @@
-// Default implementations of the optional Backend methods, and the stream-priority helpers.
+// Default implementations of the optional Backend methods, and the names and checks of the
+// backend enums.
 #include <string>
 
 #include "pagedkv/backend.hpp"
@@ -11,6 +12,20 @@ const char* stream_priority_name(StreamPriority priority) {
       return "normal";
     case StreamPriority::kLow:
       return "low";
+  }
+  return "unknown";
+}
+
+const char* copy_kind_name(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::kDeviceToDevice:
+      return "device-to-device";
+    case CopyKind::kDeviceToHost:
+      return "device-to-host";
+    case CopyKind::kHostToDevice:
+      return "host-to-device";
+    case CopyKind::kHostToHost:
+      return "host-to-host";
   }
   return "unknown";
 }

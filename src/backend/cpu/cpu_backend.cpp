@@ -33,20 +33,6 @@ void* allocate_host(size_t bytes) {
   return ptr;
 }
 
-const char* copy_kind_name(CopyKind kind) {
-  switch (kind) {
-    case CopyKind::kDeviceToDevice:
-      return "device-to-device";
-    case CopyKind::kDeviceToHost:
-      return "device-to-host";
-    case CopyKind::kHostToDevice:
-      return "host-to-device";
-    case CopyKind::kHostToHost:
-      return "host-to-host";
-  }
-  return "unknown";
-}
-
 template <typename Body>
 void run_body(const void* params, int64_t num_items) {
   Body body;

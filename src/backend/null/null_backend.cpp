@@ -18,20 +18,6 @@
 namespace pagedkv {
 namespace {
 
-const char* copy_kind_name(CopyKind kind) {
-  switch (kind) {
-    case CopyKind::kDeviceToDevice:
-      return "device-to-device";
-    case CopyKind::kDeviceToHost:
-      return "device-to-host";
-    case CopyKind::kHostToDevice:
-      return "host-to-device";
-    case CopyKind::kHostToHost:
-      return "host-to-host";
-  }
-  return "unknown";
-}
-
 class NullBackend final : public Backend {
  public:
   explicit NullBackend(const NullBackendOptions& options) : options_(options) {
