@@ -175,7 +175,7 @@ void ControlPlane::remove_node(NodeId node) {
   const NodeId parent = x.parent;
   emit_block_event(EventKind::kBlockRemoved, node);
   for (const GroupPages& g : groups_) {
-    if (g.page(id) >= 0) emit_page_event(EventKind::kBlockRemoved, id, g);
+    if (g.page(id) >= 0) emit_page_event(EventKind::kBlockRemoved, id, g, blocks_[id].tier);
   }
   if (parent != kRootNode && blocks_[id].tier == Tier::kDevice) {
     --blocks_[index_.node(parent).block].device_children;

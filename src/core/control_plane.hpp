@@ -95,7 +95,8 @@ struct Arrival {
 /// pool for the blocks a holder still attends to (GroupPages). A decode step reads each
 /// sequence's record, table entry and block record once for all groups. A window group's page
 /// is in the pool of the tier its block is on (an offload or restore moves held pages, named by
-/// group in Transfers::moves; pages are cached on the device only). The calls, their checks and
+/// group in Transfers::moves; a cached page follows its block when that tier's pool has a free or
+/// cached page to give it, and is dropped otherwise). The calls, their checks and
 /// their errors are the one-group plane's; a plan's undo restores the window groups' pages too.
 /// Blocks arriving from a store have no window pages (a hit needs its window's pages). Further
 /// full-attention groups (several shapes, or an MLA latent group) are such page maps too, with
@@ -446,8 +447,8 @@ class ControlPlane {
   void take_group_pages(LogicalId id);
   // The index among groups_ of config group `g` (not the full group).
   size_t window_index(int32_t g) const { return static_cast<size_t>(g < full_group_ ? g : g - 1); }
-  // The held window pages of `id` follow it from tier `from` to `to` (moves named by group);
-  // cached ones are released instead (pages are cached on the device only).
+  // The window pages of `id` follow it from tier `from` to `to` (moves named by group); a cached
+  // one is released instead when `to` has neither a free nor a cached page of that group.
   void move_group_pages(LogicalId id, Tier from, Tier to, Transfers* out);
   // Window group w's pages of the blocks `s` holds there that are on tier `t` (only those of
   // blocks it holds alone, when `exclusive`).

@@ -21,20 +21,21 @@ GroupPages::GroupPages(int32_t config_index, int64_t window, int32_t live_slot, 
   }
 }
 
-int32_t GroupPages::take_device_page(LogicalId* evicted) {
-  std::vector<int32_t>& free = free_[idx(Tier::kDevice)];
+int32_t GroupPages::take_page(Tier t, LogicalId* evicted) {
+  std::vector<int32_t>& free = free_[idx(t)];
   if (free.empty()) {
     // Evict the least recently cached page and hand it over at once.
-    const LogicalId victim = head_;
+    const LogicalId victim = head_[idx(t)];
     Record& v = rec_[static_cast<size_t>(victim)];
-    unlink(victim);
+    unlink(victim, t);
     const int32_t p = v.page;
     v.page = -1;
     ++evicted_;
     *evicted = victim;
     // The next eviction starts from the new head's successor: fetch it now.
-    if (head_ != kNoBlock) {
-      const LogicalId after = rec_[static_cast<size_t>(head_)].next;
+    const LogicalId head = head_[idx(t)];
+    if (head != kNoBlock) {
+      const LogicalId after = rec_[static_cast<size_t>(head)].next;
       if (after != kNoBlock) __builtin_prefetch(&rec_[static_cast<size_t>(after)]);
     }
     return p;
@@ -49,15 +50,15 @@ LogicalId GroupPages::take(LogicalId b) {
   Record& r = rec_[static_cast<size_t>(b)];
   assert(r.page < 0 && room() > 0);
   LogicalId victim = kNoBlock;
-  r.page = take_device_page(&victim);
+  r.page = take_page(Tier::kDevice, &victim);
   r.holders = 1;
   return victim;
 }
 
-void GroupPages::hold(LogicalId b) {
+void GroupPages::hold(LogicalId b, Tier t) {
   Record& r = rec_[static_cast<size_t>(b)];
   assert(r.page >= 0);
-  if (r.holders++ == 0) unlink(b);
+  if (r.holders++ == 0) unlink(b, t);
 }
 
 void GroupPages::drop(LogicalId b, bool cacheable, Tier t) {
@@ -65,7 +66,7 @@ void GroupPages::drop(LogicalId b, bool cacheable, Tier t) {
   assert(r.holders > 0);
   if (--r.holders > 0) return;
   if (cacheable) {
-    link_tail(b);
+    link_tail(b, t);
   } else {
     free_[idx(t)].push_back(r.page);
     r.page = -1;
@@ -84,18 +85,13 @@ void GroupPages::adopt(LogicalId from, LogicalId to) {
 
 int32_t GroupPages::move(LogicalId b, Tier from, Tier to, LogicalId* evicted) {
   Record& r = rec_[static_cast<size_t>(b)];
-  assert(r.page >= 0 && r.holders > 0 && from != to);
-  int32_t p = -1;
-  if (to == Tier::kDevice) {
-    p = take_device_page(evicted);
-  } else {
-    assert(!free_[idx(to)].empty());
-    *evicted = kNoBlock;
-    p = free_[idx(to)].back();
-    free_[idx(to)].pop_back();
-  }
+  assert(r.page >= 0 && from != to && room(to) > 0);
+  const bool listed = r.holders == 0;
+  if (listed) unlink(b, from);
+  const int32_t p = take_page(to, evicted);
   free_[idx(from)].push_back(r.page);
   r.page = p;
+  if (listed) link_tail(b, to);
   return p;
 }
 
@@ -108,10 +104,13 @@ void GroupPages::reclaim(Tier t, int32_t page) {
 
 void GroupPages::move_back(LogicalId b, Tier now, Tier to, int32_t page) {
   Record& r = rec_[static_cast<size_t>(b)];
-  assert(r.page >= 0 && r.holders > 0);
+  assert(r.page >= 0);
+  const bool listed = r.holders == 0;
+  if (listed) unlink(b, now);
   free_[idx(now)].push_back(r.page);
   reclaim(to, page);
   r.page = page;
+  if (listed) link_tail(b, to);
 }
 
 void GroupPages::untake(LogicalId b) {
@@ -126,7 +125,7 @@ void GroupPages::undrop(LogicalId b, int32_t page, Tier t) {
   Record& r = rec_[static_cast<size_t>(b)];
   if (r.page >= 0) {
     assert(r.page == page);
-    hold(b);
+    hold(b, t);
     return;
   }
   // The drop freed it: take that page back (nothing later in the call reused it, or that use
@@ -140,48 +139,55 @@ void GroupPages::release(LogicalId b, Tier t) {
   Record& r = rec_[static_cast<size_t>(b)];
   if (r.page < 0) return;
   assert(r.holders == 0);
-  if (t == Tier::kDevice) unlink(b);  // a page without holders is cached only on the device
+  unlink(b, t);
   free_[idx(t)].push_back(r.page);
   r.page = -1;
 }
 
-void GroupPages::link_tail(LogicalId b) {
+void GroupPages::link_tail(LogicalId b, Tier t) {
   Record& r = rec_[static_cast<size_t>(b)];
-  r.prev = tail_;
+  LogicalId& head = head_[idx(t)];
+  LogicalId& tail = tail_[idx(t)];
+  r.prev = tail;
   r.next = kNoBlock;
-  if (tail_ == kNoBlock) {
-    head_ = b;
+  if (tail == kNoBlock) {
+    head = b;
   } else {
-    rec_[static_cast<size_t>(tail_)].next = b;
+    rec_[static_cast<size_t>(tail)].next = b;
   }
-  tail_ = b;
-  ++cached_;
+  tail = b;
+  ++cached_[idx(t)];
 }
 
-void GroupPages::unlink(LogicalId b) {
+void GroupPages::unlink(LogicalId b, Tier t) {
   Record& r = rec_[static_cast<size_t>(b)];
   if (r.prev == kNoBlock) {
-    head_ = r.next;
+    head_[idx(t)] = r.next;
   } else {
     rec_[static_cast<size_t>(r.prev)].next = r.next;
   }
   if (r.next == kNoBlock) {
-    tail_ = r.prev;
+    tail_[idx(t)] = r.prev;
   } else {
     rec_[static_cast<size_t>(r.next)].prev = r.prev;
   }
   r.prev = r.next = kNoBlock;
-  --cached_;
+  --cached_[idx(t)];
 }
 
 bool GroupPages::list_consistent() const {
-  int64_t n = 0;
-  LogicalId prev = kNoBlock;
-  for (LogicalId b = head_; b != kNoBlock; b = rec_[static_cast<size_t>(b)].next) {
-    if (++n > cached_ || !cached(b) || rec_[static_cast<size_t>(b)].prev != prev) return false;
-    prev = b;
+  for (int t = 0; t < kNumTiers; ++t) {
+    int64_t n = 0;
+    LogicalId prev = kNoBlock;
+    for (LogicalId b = head_[t]; b != kNoBlock; b = rec_[static_cast<size_t>(b)].next) {
+      if (++n > cached_[t] || !cached(b) || rec_[static_cast<size_t>(b)].prev != prev) {
+        return false;
+      }
+      prev = b;
+    }
+    if (n != cached_[t] || prev != tail_[t]) return false;
   }
-  return n == cached_ && prev == tail_;
+  return true;
 }
 
 }  // namespace core

@@ -8,10 +8,12 @@
 //
 // Per logical block: the page (or -1) and the holders that need it (sequences holding the block
 // at a table index inside their window). A page nobody needs stays while its block is in the
-// prefix index (cached, listed least recently released first, evicted page by page when the
-// pool runs dry) and is freed at once otherwise. O(1) per operation; no allocation after
-// construction. Which block owns a page is not kept: only check_invariants() asks, and it
-// recounts.
+// prefix index (cached, in the pool of the tier its block is on, listed per tier least recently
+// cached first, evicted page by page when that pool runs dry) and is freed at once otherwise. A
+// cached page follows its block between tiers when the other tier has room for it, so a prefix
+// hit on a block the host tier keeps finds every group's pages. O(1) per operation; no
+// allocation after construction. Which block owns a page is not kept: only check_invariants()
+// asks, and it recounts.
 #pragma once
 
 #include <cstddef>
@@ -53,8 +55,8 @@ class GroupPages {
   int32_t page(LogicalId b) const { return rec_[static_cast<size_t>(b)].page; }
   /// Holders that need the page of `b`.
   int32_t holders(LogicalId b) const { return rec_[static_cast<size_t>(b)].holders; }
-  /// Whether the page of `b` is cached: kept with no holder, listed for eviction. Only device
-  /// pages are: a page without holders is freed unless its block is indexed and on the device.
+  /// Whether the page of `b` is cached: kept with no holder (its block is indexed), listed for
+  /// eviction in the tier its block is on.
   bool cached(LogicalId b) const {
     const Record& r = rec_[static_cast<size_t>(b)];
     return r.page >= 0 && r.holders == 0;
@@ -65,30 +67,33 @@ class GroupPages {
   }
   /// The free pages of a tier (for invariant checks).
   const std::vector<int32_t>& free_pages(Tier t) const { return free_[idx(t)]; }
-  int64_t cached_count() const { return cached_; }
-  /// Device pages a reserve can have: free or cached.
-  int64_t room() const { return free_count(Tier::kDevice) + cached_; }
-  /// Cached pages evicted so far.
+  /// Cached pages in tier `t`'s pool.
+  int64_t cached_count(Tier t = Tier::kDevice) const { return cached_[idx(t)]; }
+  /// Pages of tier `t` a reserve or a move can have: free or cached.
+  int64_t room(Tier t = Tier::kDevice) const { return free_count(t) + cached_[idx(t)]; }
+  /// Cached pages evicted so far (on either tier).
   int64_t evicted() const { return evicted_; }
-  /// Whether the cached list, walked from its head, holds exactly the cached pages in order
-  /// (for invariant checks). O(cached pages).
+  /// Whether each tier's cached list, walked from its head, holds exactly that tier's cached
+  /// pages in order (for invariant checks). O(cached pages).
   bool list_consistent() const;
 
   /// Gives the new (device) logical block `b` a page with one holder, evicting the least
   /// recently cached page when none is free; returns the block whose page it evicted, or
   /// kNoBlock. Requires room() > 0 and no page for `b`.
   LogicalId take(LogicalId b);
-  /// One more holder of `b`'s page (which must exist); a cached page is no longer cached.
-  void hold(LogicalId b);
-  /// One holder fewer. The last one leaves the page cached when `cacheable` (the block is
-  /// indexed and on the device), else frees it into tier `t`'s pool.
+  /// One more holder of `b`'s page (which must exist, in tier `t`, its block's); a cached page
+  /// is no longer cached.
+  void hold(LogicalId b, Tier t);
+  /// One holder fewer. The last one leaves the page cached in tier `t` when `cacheable` (the
+  /// block is indexed), else frees it into tier `t`'s pool.
   void drop(LogicalId b, bool cacheable, Tier t);
   /// Hands the page of `from`, held by one holder, to `to`, which has none, with that holder:
   /// two blocks of the same tokens after the same prefix hold the same keys and values.
   void adopt(LogicalId from, LogicalId to);
-  /// The held page of `b` follows its block from tier `from` to `to`: a page there is taken
-  /// (on the device as take() does, `*evicted` the block whose cached page it evicted, or
-  /// kNoBlock; on the host one must be free), the old one freed. Returns the new page.
+  /// The page of `b`, held or cached, follows its block from tier `from` to `to`: a page there
+  /// is taken (a free one, else the least recently cached one is evicted: `*evicted` its
+  /// block, or kNoBlock), the old one freed; a cached page is listed in `to` as the most
+  /// recently cached. Returns the new page. Requires room(to) > 0.
   int32_t move(LogicalId b, Tier from, Tier to, LogicalId* evicted);
   /// Undoes move(): `b`'s page, now in tier `now`, goes back to the free page `page` of `to`.
   void move_back(LogicalId b, Tier now, Tier to, int32_t page);
@@ -105,14 +110,14 @@ class GroupPages {
   struct Record {
     int32_t page = -1;
     int32_t holders = 0;
-    LogicalId prev = kNoBlock;  // cached list, least recently cached first
+    LogicalId prev = kNoBlock;  // its tier's cached list, least recently cached first
     LogicalId next = kNoBlock;
   };
   static size_t idx(Tier t) { return static_cast<size_t>(t); }
-  void link_tail(LogicalId b);
-  void unlink(LogicalId b);
-  // A free device page, evicting the least recently cached one when none is free.
-  int32_t take_device_page(LogicalId* evicted);
+  void link_tail(LogicalId b, Tier t);
+  void unlink(LogicalId b, Tier t);
+  // A free page of tier `t`, evicting the least recently cached one there when none is free.
+  int32_t take_page(Tier t, LogicalId* evicted);
   // Takes the free page `page` of tier `t` out of its free stack. O(free pages).
   void reclaim(Tier t, int32_t page);
 
@@ -122,8 +127,9 @@ class GroupPages {
   BlockDivider bdiv_;
   int64_t num_pages_[kNumTiers];
   std::vector<Record> rec_;  // by logical id
-  LogicalId head_ = kNoBlock, tail_ = kNoBlock;
-  int64_t cached_ = 0;
+  LogicalId head_[kNumTiers] = {kNoBlock, kNoBlock};
+  LogicalId tail_[kNumTiers] = {kNoBlock, kNoBlock};
+  int64_t cached_[kNumTiers] = {0, 0};
   int64_t evicted_ = 0;
   std::vector<int32_t> free_[kNumTiers];
 };

@@ -22,7 +22,7 @@ struct Journal {
     LogicalId block = kNoBlock;
     Tier from_tier = Tier::kDevice;  // kMove: where it came from; kRelease: where it was
     int32_t from_phys = -1;
-    int32_t move_index = -1;  // kMove: its place in the call's Transfers::moves
+    int32_t move_index = -1;  // kMove(Cached): its place in the call's Transfers::moves
   };
   // A sequence's state before the call (plain data: a decode step saves one per member). Its
   // table is recovered from the old length, the copy-on-write source and the dropped tail
@@ -41,14 +41,16 @@ struct Journal {
   // A window group's page taken for a new block, a hold on one dropped (with the page it had),
   // or a held page moved with its block (from `page` on `tier`), by the call (a plane of
   // several groups, shared_groups.cpp).
-  enum class GroupOpKind : uint8_t { kTake, kDrop, kMove };
+  // kMoveCached: a cached page that followed its block; undone by dropping it (its old page may
+  // be taken by then), so its events are not taken back.
+  enum class GroupOpKind : uint8_t { kTake, kDrop, kMove, kMoveCached };
   struct GroupOp {
     GroupOpKind kind = GroupOpKind::kTake;
     Tier tier = Tier::kDevice;
     int32_t group = 0;  // index among the plane's window groups
     LogicalId block = kNoBlock;
     int32_t page = -1;
-    int32_t move_index = -1;  // kMove: its place in the call's Transfers::moves
+    int32_t move_index = -1;  // kMove(Cached): its place in the call's Transfers::moves
   };
   struct Released {
     LogicalId block = kNoBlock;

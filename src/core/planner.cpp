@@ -47,7 +47,7 @@ Status ControlPlane::plan_device_blocks(int64_t need, const Sequence* protect, V
   int64_t host_room = tier(Tier::kHost).room();  // where offloads go
   // Each window group's free host pages, for the held pages an offload moves there.
   std::vector<int64_t> group_host(groups_.size());
-  for (size_t w = 0; w < groups_.size(); ++w) group_host[w] = groups_[w].free_count(Tier::kHost);
+  for (size_t w = 0; w < groups_.size(); ++w) group_host[w] = groups_[w].room(Tier::kHost);
   std::vector<int64_t> pages(groups_.size());
   const auto groups_take = [&](const Sequence& v) {
     if (!group_pages_fit(v, group_host, &pages)) return false;
@@ -154,7 +154,7 @@ Status ControlPlane::plan_group_pages(const std::vector<int64_t>& need, const Se
   };
   int64_t host_room = tier(Tier::kHost).room();
   std::vector<int64_t> group_host(ng);
-  for (size_t w = 0; w < ng; ++w) group_host[w] = groups_[w].free_count(Tier::kHost);
+  for (size_t w = 0; w < ng; ++w) group_host[w] = groups_[w].room(Tier::kHost);
   for (const Sequence* v : plan->offload) {
     for (size_t i = v->first_live; i < v->blocks.size(); ++i) {
       const LogicalId b = v->blocks[i];

@@ -20,13 +20,13 @@ std::string group_name(const GroupPages& g) { return "group " + std::to_string(g
 
 void ControlPlane::hold_group_pages(const Sequence& s, size_t i, LogicalId b) {
   for (size_t w = 0; w < groups_.size(); ++w) {
-    if (i >= groups_[w].first_held(s.group_first_live)) groups_[w].hold(b);
+    if (i >= groups_[w].first_held(s.group_first_live)) groups_[w].hold(b, blocks_[b].tier);
   }
 }
 
 void ControlPlane::drop_group_pages(const Sequence& s, size_t i, LogicalId b, bool undoable) {
   const Tier t = blocks_[b].tier;
-  const bool cacheable = blocks_[b].node >= 0 && t == Tier::kDevice;
+  const bool cacheable = blocks_[b].node >= 0;
   for (size_t w = 0; w < groups_.size(); ++w) {
     if (i < groups_[w].first_held(s.group_first_live)) continue;
     if (undoable) {
@@ -34,10 +34,6 @@ void ControlPlane::drop_group_pages(const Sequence& s, size_t i, LogicalId b, bo
           Journal::GroupOpKind::kDrop, t, static_cast<int32_t>(w), b, groups_[w].page(b), -1});
     }
     groups_[w].drop(b, cacheable, t);
-    // An indexed block's page announced on the host goes with its last holder there.
-    if (blocks_[b].node >= 0 && groups_[w].page(b) < 0) {
-      emit_page_event(EventKind::kBlockRemoved, b, groups_[w], t, /*revocable=*/undoable);
-    }
   }
 }
 
@@ -57,7 +53,7 @@ void ControlPlane::swap_group_pages(const Sequence& s, size_t i, LogicalId ours,
     GroupPages& g = groups_[w];
     if (i < g.first_held(s.group_first_live)) continue;
     if (g.page(theirs) >= 0) {
-      g.hold(theirs);
+      g.hold(theirs, blocks_[theirs].tier);
       g.drop(ours, /*cacheable=*/false, Tier::kDevice);
     } else {
       g.adopt(ours, theirs);  // a window page of theirs was evicted: ours has the same bytes
@@ -91,7 +87,7 @@ void ControlPlane::trim_group_windows(Sequence* s) {
     if (first <= from) continue;
     for (size_t i = from; i < first; ++i) {
       const BlockInfo& b = blocks_[s->blocks[i]];
-      g.drop(s->blocks[i], b.node >= 0 && b.tier == Tier::kDevice, b.tier);
+      g.drop(s->blocks[i], b.node >= 0, b.tier);
     }
     counters_.window_released_blocks += static_cast<int64_t>(first - from);
     g.set_first_held(s->group_first_live, first);
@@ -120,22 +116,23 @@ void ControlPlane::move_group_pages(LogicalId id, Tier from, Tier to, Transfers*
     GroupPages& g = groups_[w];
     const int32_t src = g.page(id);
     if (src < 0) continue;
-    if (g.holders(id) == 0) {
-      // A cached page (the block is demoted): pages are cached on the device only.
+    if (g.holders(id) == 0 && g.room(to) == 0) {
+      // A cached page goes with its block only where a page is free or cached.
       g.release(id, from);
       emit_page_event(EventKind::kBlockRemoved, id, g, from);
       continue;
     }
+    const bool cached = g.holders(id) == 0;
     LogicalId evicted = kNoBlock;
     const int32_t dst = g.move(id, from, to, &evicted);
-    if (evicted != kNoBlock) emit_page_event(EventKind::kBlockRemoved, evicted, g);
-    journal_.group_ops.push_back(Journal::GroupOp{Journal::GroupOpKind::kMove, from,
-                                                  static_cast<int32_t>(w), id, src,
-                                                  static_cast<int32_t>(out->moves.size())});
+    if (evicted != kNoBlock) emit_page_event(EventKind::kBlockRemoved, evicted, g, to);
+    journal_.group_ops.push_back(Journal::GroupOp{
+        cached ? Journal::GroupOpKind::kMoveCached : Journal::GroupOpKind::kMove, from,
+        static_cast<int32_t>(w), id, src, static_cast<int32_t>(out->moves.size())});
     out->moves.push_back(BlockMove{from, src, to, dst, g.config_index()});
     if (registered) {  // as the full group's tier change: stored there, then gone from here
-      emit_page_event(EventKind::kBlockStored, id, g, to, /*revocable=*/true);
-      emit_page_event(EventKind::kBlockRemoved, id, g, from, /*revocable=*/true);
+      emit_page_event(EventKind::kBlockStored, id, g, to, /*revocable=*/!cached);
+      emit_page_event(EventKind::kBlockRemoved, id, g, from, /*revocable=*/!cached);
     }
   }
 }
@@ -170,6 +167,16 @@ void ControlPlane::undo_group_ops(int64_t moves_done, std::vector<BlockMove>* in
       case Journal::GroupOpKind::kDrop:
         g.undrop(it->block, it->page, it->tier);
         break;
+      case Journal::GroupOpKind::kMoveCached:
+        // The page may have been evicted since: it is dropped (its old page stays free).
+        if (g.page(it->block) < 0) break;
+        if (g.cached(it->block)) {
+          const Tier now = it->tier == Tier::kDevice ? Tier::kHost : Tier::kDevice;
+          g.release(it->block, now);
+          emit_page_event(EventKind::kBlockRemoved, it->block, g, now);
+          break;
+        }
+        [[fallthrough]];  // held since, in the same call: moved back as a held page
       case Journal::GroupOpKind::kMove: {
         const Tier now = it->tier == Tier::kDevice ? Tier::kHost : Tier::kDevice;
         if (it->move_index < moves_done) {
@@ -227,7 +234,7 @@ Status ControlPlane::check_group_invariants() const {
       }
     }
     int64_t owned[kNumTiers] = {0, 0};
-    int64_t cached = 0;
+    int64_t cached[kNumTiers] = {0, 0};
     std::vector<LogicalId> owner[kNumTiers];
     for (int t = 0; t < kNumTiers; ++t) {
       owner[t].assign(static_cast<size_t>(g.capacity(static_cast<Tier>(t))), kNoBlock);
@@ -257,13 +264,13 @@ Status ControlPlane::check_group_invariants() const {
                       " is out of range or another block's too");
       }
       owner[t][static_cast<size_t>(p)] = b;
-      // Nobody attends to it: it is kept only as a cached device page of an indexed block.
+      // Nobody attends to it: it is kept only as a cached page of an indexed block.
       if (holders[i] == 0) {
-        if (blocks_[b].node < 0 || blocks_[b].tier != Tier::kDevice) {
+        if (blocks_[b].node < 0) {
           return broken(name + ": block " + std::to_string(b) +
-                        " keeps a page nobody holds, off the device or out of the index");
+                        " keeps a page nobody holds, out of the index");
         }
-        ++cached;
+        ++cached[t];
       }
     }
     for (int t = 0; t < kNumTiers; ++t) {
@@ -283,10 +290,14 @@ Status ControlPlane::check_group_invariants() const {
                       " != " + std::to_string(g.capacity(static_cast<Tier>(t))));
       }
     }
-    if (cached != g.cached_count() || !g.list_consistent()) {
-      return broken(name + ": " + std::to_string(g.cached_count()) + " cached pages counted, " +
-                    std::to_string(cached) + " recounted, or their list is broken");
+    for (int t = 0; t < kNumTiers; ++t) {
+      if (cached[t] != g.cached_count(static_cast<Tier>(t))) {
+        return broken(name + ": tier " + std::to_string(t) + " " +
+                      std::to_string(g.cached_count(static_cast<Tier>(t))) +
+                      " cached pages counted, " + std::to_string(cached[t]) + " recounted");
+      }
     }
+    if (!g.list_consistent()) return broken(name + ": a list of cached pages is broken");
   }
   return ok_status();
 }

@@ -268,10 +268,11 @@ Status ControlPlane::run_offload(SequenceId id, Transfers* out) {
   for (size_t w = 0; w < groups_.size(); ++w) {
     const int64_t pages = group_pages_on(*s, w, Tier::kDevice, /*exclusive=*/true);
     const GroupPages& g = groups_[w];
-    if (pages > g.free_count(Tier::kHost)) {
+    if (pages > g.room(Tier::kHost)) {
       return resource_exhausted("offload: " + seq_name(id) + " needs " + std::to_string(pages) +
                                 " host pages in group " + std::to_string(g.config_index()) + ", " +
-                                std::to_string(g.free_count(Tier::kHost)) + " free");
+                                std::to_string(g.room(Tier::kHost)) +
+                                " free or held by cached pages");
     }
   }
   begin_journal();

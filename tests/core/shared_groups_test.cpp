@@ -286,6 +286,60 @@ TEST(SharedGroups, AWindowPageTwoSequencesHoldIsNotTakenOver) {
   PAGEDKV_EXPECT_INV(*cp);
 }
 
+// A cached block demoted to the host takes every group's cached page with it, so a prompt hits
+// it in every group (a window group needs the pages of its window, another full-attention group
+// all of them), and restoring the hit brings those pages back beside the block.
+TEST(SharedGroups, AHostHitFindsEveryGroupsPages) {
+  for (const int32_t window : {4, 0}) {
+    SCOPED_TRACE("window " + std::to_string(window));
+    CacheConfig c = shared_config(4, 4, {window}, 4);
+    for (KvGroup& g : c.groups) g.num_host_blocks = 8;
+    auto cp = make_cp(c);
+    const std::vector<TokenId> t = iota_tokens(8, 50);
+    ASSERT_OK(cp->add_sequence(1, {}));
+    ASSERT_OK(cp->reserve(1, 8));
+    ASSERT_OK(cp->commit(1, t));
+    ASSERT_OK(cp->finish(1));  // two cached blocks, with both groups' pages
+    ASSERT_EQ(cp->group_pages(0).cached, 2);
+    ASSERT_OK(cp->add_sequence(2, {}));
+    auto r = cp->reserve(2, 16);  // every device block: both cached ones are demoted
+    ASSERT_OK(r);
+    int64_t to_host[2] = {0, 0};
+    for (const BlockMove& m : r.value().transfers.moves) {
+      ASSERT_EQ(m.dst_tier, Tier::kHost);
+      ++to_host[m.group];
+    }
+    EXPECT_EQ(to_host[0], 2);  // the window (or second full) group's pages
+    EXPECT_EQ(to_host[1], 2);  // the owner's blocks
+    EXPECT_EQ(cp->stats().host.cached_blocks, 2);
+    PAGEDKV_EXPECT_INV(*cp);
+    ASSERT_OK(cp->finish(2));
+    std::vector<TokenId> prompt = iota_tokens(9, 50);
+    EXPECT_EQ(cp->cached_prefix(prompt, 0).value(), 8);
+    auto hit = cp->add_sequence(3, prompt);
+    ASSERT_OK(hit);
+    EXPECT_EQ(hit.value(), 8);
+    PAGEDKV_EXPECT_INV(*cp);
+    auto group_locations = cp->group_block_locations(3, 0);
+    ASSERT_OK(group_locations);
+    const std::vector<BlockLocation>& pages = group_locations.value();
+    ASSERT_EQ(pages.size(), 2u);
+    for (size_t i = window == 0 ? 0 : 1; i < pages.size(); ++i) {
+      EXPECT_EQ(pages[i].tier, Tier::kHost);
+      EXPECT_GE(pages[i].block, 0);
+    }
+    auto restore = cp->reserve(3, 1);  // brings the hit back to the device
+    ASSERT_OK(restore);
+    int64_t to_device[2] = {0, 0};
+    for (const BlockMove& m : restore.value().transfers.moves) {
+      if (m.dst_tier == Tier::kDevice) ++to_device[m.group];
+    }
+    EXPECT_EQ(to_device[1], 2);
+    EXPECT_EQ(to_device[0], 2);  // a window page outside the window comes back as cached
+    PAGEDKV_EXPECT_INV(*cp);
+  }
+}
+
 // A shared plane whose window group never trims (a window longer than any sequence, a pool as
 // large as the full group's) decides exactly as a one-group plane: the same hits, slots,
 // copies, drops and full-group tables under the same random calls, and the window group's
