@@ -94,8 +94,16 @@ struct KvCacheOptions {
   /// A storage tier behind the host tier (not owned; must outlive the cache and serve only it):
   /// cached host blocks that the host LRU drops are written back to it, and
   /// fetch_from_storage() brings a prompt's blocks back from it into the host tier. Its layout
-  /// must be the config's (StorageLayout::from_config) and the cache needs a host tier.
+  /// must be the config's (StorageLayout::from_config) and the cache needs a host tier. With
+  /// several groups use `group_storage` instead.
   StorageTier* storage = nullptr;
+  /// Several groups: one store (or null: that group's pages are not stored) per group, in
+  /// config order, each of its group's layout (StorageLayout::from_config(group_config(g)));
+  /// no two groups share a store. The group that owns the blocks (the full-attention group with
+  /// the most device blocks) needs one: fetches start from it. A dropped host block is written
+  /// to every store whose group kept a page of it, and a fetch reads each group's pages of the
+  /// blocks its store holds, so a hit covers every group. Empty: no storage tier.
+  std::vector<StorageTier*> group_storage;
   /// Dropped host blocks staged for write-back at once (pinned, block_bytes each); a drop that
   /// finds every staging slot taken is not written back (ControlStats::storage_writes_dropped).
   int64_t storage_staging_blocks = 64;
@@ -159,7 +167,7 @@ class KvCache {
   /// pool and, when num_host_blocks > 0, the pinned host pool, once (per group). kInvalidArgument
   /// names the field (also for groups with no full-attention group, or more than three window
   /// groups); kResourceExhausted when a pool cannot be had; kUnimplemented for dense
-  /// mode, and for a storage tier with several groups (not built yet).
+  /// mode.
   static StatusOr<std::unique_ptr<KvCache>> create(const CacheConfig& config,
                                                    KvCacheOptions options = {});
   ~KvCache();

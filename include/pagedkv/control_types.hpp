@@ -70,6 +70,10 @@ struct DroppedBlock {
   /// usually on the device. The write-back copies from here, ahead of the call's moves.
   BlockLocation source{Tier::kHost, -1};
   std::vector<TokenId> tokens;
+  /// The KV group (a config index) whose page this is, in a cache of several groups: a dropped
+  /// block is reported once per group that kept a page of it, each `source` in that group's
+  /// pools. 0 with one group.
+  int32_t group = 0;
 };
 
 /// What the data plane must do, in this order, before it writes the new tokens of a call:

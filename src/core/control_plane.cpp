@@ -80,6 +80,10 @@ StatusOr<std::unique_ptr<ControlPlane>> ControlPlane::create(const CacheConfig& 
                              config.block_size, k.num_device_blocks, k.num_host_blocks,
                              cp->blocks_.num_logical());
     cp->group_batch_.emplace_back(config.block_size);
+    if (cp->report_host_drops_) {
+      cp->group_origins_.emplace_back();
+      cp->group_origins_.back().resize(k.num_device_blocks, k.num_host_blocks);
+    }
   }
   return cp;
 }

@@ -74,12 +74,28 @@ struct StorageLookup {
   int64_t prompt_length = 0;
   int64_t cap = 0;
   int64_t first_block = 0;
+  // Several groups: the blocks the index held before the listed ones (their groups' pages count
+  // toward a hit).
+  std::vector<LogicalId> found;
+};
+
+/// One group's pages of an arrival, in a plane of several groups: block `index[k]` of the
+/// arrival gets host page `pages[k]` of group `group` (a config index).
+struct GroupArrival {
+  int32_t group = 0;
+  std::vector<int32_t> index;
+  std::vector<int32_t> pages;
 };
 
 /// Host slots taken for blocks coming back from a store (ControlPlane::begin_arrival).
 struct Arrival {
   uint64_t id = 0;
   std::vector<int32_t> host_blocks;  // physical host ids, for the first host_blocks.size() blocks
+  /// Several groups: the other groups' host pages the store reads into.
+  std::vector<GroupArrival> groups;
+  /// The longest prefix hit, in tokens, once every block and page has landed (none evicted
+  /// meanwhile); the lookup's cached_reach when nothing is taken.
+  int64_t reach = 0;
   /// Cached host blocks dropped to free those slots (reported with report_host_drops): their
   /// bytes are in their slots until the store's read overwrites them, so a write-back copies
   /// them out before the read is submitted.
@@ -227,7 +243,13 @@ class ControlPlane {
   /// sequence holds); a sliding-window cache takes free slots only. Fewer than `n` when fewer
   /// can be had. An empty result (n == 0, no slot to be had, or the prefix the lookup continues
   /// is gone) holds nothing. kInvalidArgument for a bad n.
-  StatusOr<Arrival> begin_arrival(const StorageLookup& lookup, int64_t n);
+  /// Several groups: `group_held`, when given, has an entry per config group (the owner's is
+  /// ignored; an empty one: that group has no store), saying which of the `n` blocks that
+  /// group's store holds; each such group takes host pages for the held blocks a hit needs (all
+  /// of them without a window, those of the longest hit's window with one), free ones first,
+  /// then its least recently cached host pages, as far as its host pool allows.
+  StatusOr<Arrival> begin_arrival(const StorageLookup& lookup, int64_t n,
+                                  const std::vector<std::vector<bool>>* group_held = nullptr);
   /// The store's answer for an arrival: `ok` registers its blocks in the prefix index as cached
   /// host blocks, so later prompts hit them (a block already indexed meanwhile, or, with full
   /// attention, one whose prefix was evicted meanwhile, is freed instead; a window cache's flat
@@ -238,7 +260,11 @@ class ControlPlane {
   /// rest did not (StorageCompletion::blocks_ok): with full attention those join the index (the
   /// ones after them would not be reachable), with a window only all of them (a window with a
   /// hole is no hit). kNotFound for an unknown arrival, kInvalidArgument for intact < 0.
-  StatusOr<int64_t> finish_arrival_partly(uint64_t arrival, int64_t intact);
+  /// Several groups: a group's page of a registered block becomes a cached host page when it
+  /// arrived intact (`group_ok[config index][k]` for Arrival::groups' k-th page; without
+  /// `group_ok`, when its block is among the first `intact`), and is freed otherwise.
+  StatusOr<int64_t> finish_arrival_partly(uint64_t arrival, int64_t intact,
+                                          const std::vector<std::vector<bool>>* group_ok = nullptr);
   /// Records that a block the host tier dropped is now kept by the storage tier (an event
   /// kBlockStored on Tier::kStorage, for routers; runtime::StorageAnnouncer decides when).
   void record_stored_in_storage(const DroppedBlock& block);
@@ -481,6 +507,16 @@ class ControlPlane {
   // Drops least recently used cached host leaves (never `parent`'s block) until `n` host slots
   // are free or none is left to drop; the drops go to out->host_drops.
   void make_arrival_room(NodeId parent, int64_t n, Arrival* out);
+  // Several groups: the host pages each group with a store takes for an arrival of `take`
+  // blocks (begin_arrival), the hit they give, and what finish_arrival does with them.
+  void take_arrival_pages(const StorageLookup& lookup, const std::vector<LogicalId>& blocks,
+                          const std::vector<std::vector<bool>>& group_held, Arrival* out);
+  int64_t grouped_reach(const StorageLookup& lookup, int64_t take,
+                        const std::vector<GroupArrival>& pages) const;
+  void settle_arrival_pages(const std::vector<GroupArrival>& pages,
+                            const std::vector<LogicalId>& blocks,
+                            const std::vector<bool>& registered, int64_t intact,
+                            const std::vector<std::vector<bool>>* group_ok);
   // Registers an arrived block as a cached host block under `node` (already inserted).
   void register_arrived(LogicalId id, NodeId node);
   void remove_node(NodeId node);
@@ -546,12 +582,14 @@ class ControlPlane {
   // Where the open call's moves took each slot's bytes from (kept when host drops are reported:
   // the write-back reads a dropped block from its origin).
   SlotOrigins origins_;
+  std::vector<SlotOrigins> group_origins_;  // the same per window group, with report_host_drops
   // The transfers and slots of the open plan (reused: a decode step allocates nothing).
   ReserveResult plan_result_;
   // Blocks coming back from a store: held (ref 1, unregistered) until finish_arrival.
   struct ArrivalRecord {
     StorageLookup lookup;  // trimmed to the blocks taken
     std::vector<LogicalId> blocks;
+    std::vector<GroupArrival> groups;  // pages held (one holder each) until the finish
   };
   std::unordered_map<uint64_t, ArrivalRecord> arrivals_;
   uint64_t next_arrival_ = 1;

@@ -46,11 +46,11 @@ int32_t GroupPages::take_page(Tier t, LogicalId* evicted) {
   return p;
 }
 
-LogicalId GroupPages::take(LogicalId b) {
+LogicalId GroupPages::take(LogicalId b, Tier t) {
   Record& r = rec_[static_cast<size_t>(b)];
-  assert(r.page < 0 && room() > 0);
+  assert(r.page < 0 && room(t) > 0);
   LogicalId victim = kNoBlock;
-  r.page = take_page(Tier::kDevice, &victim);
+  r.page = take_page(t, &victim);
   r.holders = 1;
   return victim;
 }

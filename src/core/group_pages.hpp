@@ -77,10 +77,11 @@ class GroupPages {
   /// pages in order (for invariant checks). O(cached pages).
   bool list_consistent() const;
 
-  /// Gives the new (device) logical block `b` a page with one holder, evicting the least
-  /// recently cached page when none is free; returns the block whose page it evicted, or
-  /// kNoBlock. Requires room() > 0 and no page for `b`.
-  LogicalId take(LogicalId b);
+  /// Gives logical block `b`, new on tier `t` (the device, or the host for a block arriving from
+  /// a store), a page there with one holder, evicting the least recently cached page of that
+  /// tier when none is free; returns the block whose page it evicted, or kNoBlock. Requires
+  /// room(t) > 0 and no page for `b`.
+  LogicalId take(LogicalId b, Tier t = Tier::kDevice);
   /// One more holder of `b`'s page (which must exist, in tier `t`, its block's); a cached page
   /// is no longer cached.
   void hold(LogicalId b, Tier t);

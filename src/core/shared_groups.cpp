@@ -130,6 +130,7 @@ void ControlPlane::move_group_pages(LogicalId id, Tier from, Tier to, Transfers*
         cached ? Journal::GroupOpKind::kMoveCached : Journal::GroupOpKind::kMove, from,
         static_cast<int32_t>(w), id, src, static_cast<int32_t>(out->moves.size())});
     out->moves.push_back(BlockMove{from, src, to, dst, g.config_index()});
+    if (report_host_drops_) group_origins_[w].record(out->moves.back());
     if (registered) {  // as the full group's tier change: stored there, then gone from here
       emit_page_event(EventKind::kBlockStored, id, g, to, /*revocable=*/!cached);
       emit_page_event(EventKind::kBlockRemoved, id, g, from, /*revocable=*/!cached);
@@ -231,6 +232,15 @@ Status ControlPlane::check_group_invariants() const {
       }
       for (size_t i = held; i < s.blocks.size(); ++i) {
         ++holders[static_cast<size_t>(s.blocks[i])];
+      }
+    }
+    // A page coming back from a store is held by its arrival.
+    for (const auto& kv : arrivals_) {
+      for (const GroupArrival& ga : kv.second.groups) {
+        if (ga.group != g.config_index()) continue;
+        for (const int32_t k : ga.index) {
+          ++holders[static_cast<size_t>(kv.second.blocks[static_cast<size_t>(k)])];
+        }
       }
     }
     int64_t owned[kNumTiers] = {0, 0};

@@ -65,10 +65,13 @@ StatusOr<StorageLookup> ControlPlane::storage_lookup(const std::vector<TokenId>&
     const NodeId n = index_.find(out.parent, ns, &prompt[static_cast<size_t>(i * block_size_)]);
     if (n < 0) break;
     out.parent = n;
+    if (!groups_.empty()) out.found.push_back(index_.node(n).block);
   }
   out.parent_hash = index_.prefix_hash(out.parent, ns);
   out.first_block = i;
-  out.cached_reach = hit_of_blocks(i, block_size_, len, cap);
+  // Several groups: a block counts only with the pages every group's hit needs.
+  out.cached_reach =
+      groups_.empty() ? hit_of_blocks(i, block_size_, len, cap) : grouped_reach(out, 0, {});
   uint64_t h = out.parent_hash;
   for (; i < last && static_cast<int64_t>(out.hashes.size()) < max_blocks; ++i) {
     const TokenId* block = &prompt[static_cast<size_t>(i * block_size_)];
@@ -142,7 +145,8 @@ void ControlPlane::make_arrival_room(NodeId parent, int64_t n, Arrival* out) {
   out->host_drops = std::move(dropped.host_drops);
 }
 
-StatusOr<Arrival> ControlPlane::begin_arrival(const StorageLookup& lookup, int64_t n) {
+StatusOr<Arrival> ControlPlane::begin_arrival(const StorageLookup& lookup, int64_t n,
+                                              const std::vector<std::vector<bool>>* group_held) {
   PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("begin_arrival"));
   const bool flat = !lookup.prefix_hashes.empty();
   if (n < 0 || n > static_cast<int64_t>(lookup.hashes.size()) ||
@@ -152,7 +156,20 @@ StatusOr<Arrival> ControlPlane::begin_arrival(const StorageLookup& lookup, int64
     return invalid_argument("begin_arrival: " + std::to_string(n) + " blocks of a lookup of " +
                             std::to_string(lookup.hashes.size()));
   }
+  if (group_held != nullptr) {
+    bool ok = !groups_.empty() && group_held->size() == static_cast<size_t>(num_groups_);
+    for (size_t g = 0; ok && g < group_held->size(); ++g) {
+      const size_t m = (*group_held)[g].size();
+      ok = m == 0 || m >= static_cast<size_t>(n);
+    }
+    if (!ok) {
+      return invalid_argument("begin_arrival: group_held needs one entry per group (" +
+                              std::to_string(num_groups_) + "), each empty or of at least " +
+                              std::to_string(n) + " blocks");
+    }
+  }
   Arrival out;
+  out.reach = lookup.cached_reach;
   const bool parent_alive = lookup.parent == kRootNode ||
                             (lookup.parent < index_.capacity() && index_.node(lookup.parent).live &&
                              index_.node(lookup.parent).hash == lookup.parent_hash);
@@ -175,6 +192,13 @@ StatusOr<Arrival> ControlPlane::begin_arrival(const StorageLookup& lookup, int64
     record.blocks.push_back(id);
     out.host_blocks.push_back(blocks_[id].phys);
   }
+  if (groups_.empty()) {
+    out.reach = storage_reach(lookup, take);
+  } else {
+    if (group_held != nullptr) take_arrival_pages(lookup, record.blocks, *group_held, &out);
+    out.reach = grouped_reach(lookup, take, out.groups);
+    record.groups = out.groups;
+  }
   out.id = next_arrival_++;
   arrivals_.emplace(out.id, std::move(record));
   return out;
@@ -184,10 +208,15 @@ StatusOr<int64_t> ControlPlane::finish_arrival(uint64_t arrival, bool ok) {
   return finish_arrival_partly(arrival, ok ? INT64_MAX : 0);
 }
 
-StatusOr<int64_t> ControlPlane::finish_arrival_partly(uint64_t arrival, int64_t intact) {
+StatusOr<int64_t> ControlPlane::finish_arrival_partly(
+    uint64_t arrival, int64_t intact, const std::vector<std::vector<bool>>* group_ok) {
   PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("finish_arrival"));
   if (intact < 0) {
     return invalid_argument("finish_arrival: " + std::to_string(intact) + " intact blocks");
+  }
+  if (group_ok != nullptr && group_ok->size() != static_cast<size_t>(num_groups_)) {
+    return invalid_argument("finish_arrival: group_ok needs one entry per group (" +
+                            std::to_string(num_groups_) + ")");
   }
   auto it = arrivals_.find(arrival);
   if (it == arrivals_.end()) {
@@ -223,6 +252,7 @@ StatusOr<int64_t> ControlPlane::finish_arrival_partly(uint64_t arrival, int64_t 
   NodeId parent = l.parent;
   bool chained = parent == kRootNode ||
                  (index_.node(parent).live && index_.node(parent).hash == l.parent_hash);
+  std::vector<bool> registered_at(record.blocks.size(), false);
   for (size_t i = 0; i < record.blocks.size(); ++i) {
     const LogicalId id = record.blocks[i];
     BlockInfo& b = blocks_[id];
@@ -247,14 +277,98 @@ StatusOr<int64_t> ControlPlane::finish_arrival_partly(uint64_t arrival, int64_t 
       register_arrived(id, node);
       if (parent != kRootNode) list_if_evictable(index_.node(parent).block);
       parent = node;
+      registered_at[i] = true;
       ++registered;
       continue;
     }
     chained = false;  // a later block without this one would not be reachable
     blocks_.release(id);
   }
+  settle_arrival_pages(record.groups, record.blocks, registered_at, static_cast<int64_t>(good),
+                       group_ok);
   counters_.storage_hit_blocks += registered;
   return registered;
+}
+
+void ControlPlane::take_arrival_pages(const StorageLookup& lookup,
+                                      const std::vector<LogicalId>& blocks,
+                                      const std::vector<std::vector<bool>>& group_held,
+                                      Arrival* out) {
+  const int64_t first = lookup.first_block;
+  const int64_t end = first + static_cast<int64_t>(blocks.size());
+  const int64_t longest = hit_of_blocks(end, block_size_, lookup.prompt_length, lookup.cap);
+  for (GroupPages& g : groups_) {
+    const std::vector<bool>& held = group_held[static_cast<size_t>(g.config_index())];
+    if (held.empty()) continue;
+    GroupArrival ga;
+    ga.group = g.config_index();
+    // A window needs the pages of the hit's last blocks: nearest the hit first, as far as
+    // the pool allows.
+    const int64_t from = std::max<int64_t>(first, static_cast<int64_t>(g.first_block(longest)));
+    for (int64_t j = end - 1; j >= from && g.room(Tier::kHost) > 0; --j) {
+      const size_t i = static_cast<size_t>(j - first);
+      if (!held[i]) continue;
+      const LogicalId evicted = g.take(blocks[i], Tier::kHost);
+      if (evicted != kNoBlock) emit_page_event(EventKind::kBlockRemoved, evicted, g, Tier::kHost);
+      ga.index.push_back(static_cast<int32_t>(i));
+      ga.pages.push_back(g.page(blocks[i]));
+    }
+    if (!ga.index.empty()) out->groups.push_back(std::move(ga));
+  }
+}
+
+int64_t ControlPlane::grouped_reach(const StorageLookup& lookup, int64_t take,
+                                    const std::vector<GroupArrival>& pages) const {
+  const int64_t first = lookup.first_block;
+  const int64_t end = first + take;
+  // arrived[w][i]: window group w gets a page for the i-th arriving block.
+  std::vector<std::vector<bool>> arrived(groups_.size(),
+                                         std::vector<bool>(static_cast<size_t>(take), false));
+  for (const GroupArrival& ga : pages) {
+    for (const int32_t i : ga.index) arrived[window_index(ga.group)][static_cast<size_t>(i)] = true;
+  }
+  const auto present = [&](size_t w, int64_t j) {
+    if (j >= first) return static_cast<bool>(arrived[w][static_cast<size_t>(j - first)]);
+    return j < static_cast<int64_t>(lookup.found.size()) &&
+           groups_[w].page(lookup.found[static_cast<size_t>(j)]) >= 0;
+  };
+  for (int64_t k = end; k > 0; --k) {
+    const int64_t c = std::min(k * block_size_, lookup.prompt_length - 1);
+    if (c <= 0 || c > lookup.cap) continue;
+    bool covered = true;
+    for (size_t w = 0; covered && w < groups_.size(); ++w) {
+      for (int64_t j = static_cast<int64_t>(groups_[w].first_block(c)); j < bdiv_.ceil_div(c);
+           ++j) {
+        if (!present(w, j)) {
+          covered = false;
+          break;
+        }
+      }
+    }
+    if (covered) return c;
+  }
+  return 0;
+}
+
+void ControlPlane::settle_arrival_pages(const std::vector<GroupArrival>& pages,
+                                        const std::vector<LogicalId>& blocks,
+                                        const std::vector<bool>& registered, int64_t intact,
+                                        const std::vector<std::vector<bool>>* group_ok) {
+  for (const GroupArrival& ga : pages) {
+    GroupPages& g = groups_[window_index(ga.group)];
+    const std::vector<bool>* ok =
+        group_ok == nullptr ? nullptr : &(*group_ok)[static_cast<size_t>(ga.group)];
+    for (size_t k = 0; k < ga.index.size(); ++k) {
+      const size_t i = static_cast<size_t>(ga.index[k]);
+      const bool arrived = ok == nullptr ? static_cast<int64_t>(i) < intact
+                                         : k < ok->size() && static_cast<bool>((*ok)[k]);
+      // A page of a block that joined the index is kept as a cached host page; else it is
+      // freed with its block.
+      const bool keep = registered[i] && arrived;
+      g.drop(blocks[i], keep, Tier::kHost);
+      if (keep) emit_page_event(EventKind::kBlockStored, blocks[i], g, Tier::kHost);
+    }
+  }
 }
 
 void ControlPlane::register_arrived(LogicalId id, NodeId node) {
@@ -277,6 +391,7 @@ void ControlPlane::record_stored_in_storage(const DroppedBlock& block) {
   e.parent_hash = block.parent_hash;
   e.ns = block.ns;
   e.tokens = block.tokens;
+  e.group = block.group;
   events_.push(std::move(e));
 }
 

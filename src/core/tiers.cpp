@@ -75,7 +75,17 @@ bool ControlPlane::drop_lru(Tier t, Transfers* out) {
     const BlockLocation source =
         journal_.open ? origins_.origin(t, blocks_[id].phys) : BlockLocation{t, blocks_[id].phys};
     out->host_drops.push_back(DroppedBlock{x.hash, x.parent_hash, x.ns, source,
-                                           std::vector<TokenId>(tokens, tokens + block_size_)});
+                                           std::vector<TokenId>(tokens, tokens + block_size_),
+                                           full_group_});
+    // Every other group's page of it (a cached page is on its block's tier), from its origin.
+    for (size_t w = 0; w < groups_.size(); ++w) {
+      const int32_t page = groups_[w].page(id);
+      if (page < 0) continue;
+      DroppedBlock d = out->host_drops.back();
+      d.group = groups_[w].config_index();
+      d.source = journal_.open ? group_origins_[w].origin(t, page) : BlockLocation{t, page};
+      out->host_drops.push_back(std::move(d));
+    }
   }
   remove_node(blocks_[id].node);
   release_logical(id);

@@ -15,7 +15,10 @@ namespace core {
 
 void ControlPlane::begin_journal() {
   journal_.begin(counters_, events_.next_sequence());
-  if (report_host_drops_) origins_.begin_call();
+  if (report_host_drops_) {
+    origins_.begin_call();
+    for (SlotOrigins& o : group_origins_) o.begin_call();
+  }
 }
 
 void ControlPlane::flush_deferred_releases() {

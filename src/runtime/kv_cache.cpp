@@ -65,10 +65,23 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   // shape (a full-attention group to own the blocks, at most three window groups).
   const CacheConfig config = num_groups > 1 ? model_config : model_config.group_config(0);
   if (num_groups > 1 && options.storage != nullptr) {
-    return unimplemented(
-        "storage: a storage tier for a cache of several groups is not built yet (window pages "
-        "in the storage tier); a ModelKvCache without share_blocks gives each group its own");
+    return invalid_argument(
+        "storage: a cache of several groups takes one store per group: set group_storage");
   }
+  if (!options.group_storage.empty() &&
+      options.group_storage.size() != static_cast<size_t>(num_groups)) {
+    return invalid_argument("group_storage: " + std::to_string(options.group_storage.size()) +
+                            " stores for " + std::to_string(num_groups) +
+                            " groups (one per group, or none)");
+  }
+  if (num_groups == 1 && !options.group_storage.empty()) {
+    options.storage = options.group_storage[0];  // one group: the same as `storage`
+    options.group_storage.clear();
+  }
+  const bool any_group_store =
+      std::any_of(options.group_storage.begin(), options.group_storage.end(),
+                  [](const StorageTier* s) { return s != nullptr; });
+  const bool stored = options.storage != nullptr || any_group_store;
   if (options.transfer_kernel_block_bytes < 0) {
     return invalid_argument("transfer_kernel_block_bytes: negative (" +
                             std::to_string(options.transfer_kernel_block_bytes) + ")");
@@ -105,7 +118,7 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   control_options.clock = options.clock;
   control_options.enable_events = options.enable_events;
   control_options.event_capacity = options.event_capacity;
-  control_options.report_host_drops = options.storage != nullptr;
+  control_options.report_host_drops = stored;
   PAGEDKV_ASSIGN_OR_RETURN(cache->control_, core::ControlPlane::create(config, control_options));
   cache->full_group_ = cache->control_->full_group();
   cache->layers_ = config.layer_groups();
@@ -151,11 +164,17 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   PAGEDKV_ASSIGN_OR_RETURN(cache->transfers_,
                            runtime::TransferEngine::create(be, pools, transfer_options));
   cache->pool_info_.transfer_kernel = cache->transfers_->uses_kernel();
-  if (options.storage != nullptr) {
-    PAGEDKV_ASSIGN_OR_RETURN(
-        cache->storage_,
-        runtime::StorageLink::create(be, options.storage, config, cache->groups_[0].device,
-                                     cache->groups_[0].host, options.storage_staging_blocks));
+  if (stored) {
+    std::vector<runtime::StorageLink::GroupStore> stores;
+    for (int32_t g = 0; g < num_groups; ++g) {
+      const GroupPool& p = cache->groups_[static_cast<size_t>(g)];
+      StorageTier* store =
+          num_groups == 1 ? options.storage : options.group_storage[static_cast<size_t>(g)];
+      stores.push_back(runtime::StorageLink::GroupStore{store, p.config, p.device, p.host});
+    }
+    PAGEDKV_ASSIGN_OR_RETURN(cache->storage_,
+                             runtime::StorageLink::create(be, stores, cache->full_group_,
+                                                          options.storage_staging_blocks));
   }
   const StepShape& shape = options.step_shape;
   const bool sized = shape.max_batch > 0 || shape.max_tokens > 0;

@@ -68,11 +68,6 @@ StatusOr<std::unique_ptr<ModelKvCache>> ModelKvCache::create(const CacheConfig& 
   }
   const bool any_store = std::any_of(options.storage.begin(), options.storage.end(),
                                      [](const StorageTier* t) { return t != nullptr; });
-  if (options.share_blocks && any_store) {
-    return unimplemented(
-        "storage: a model whose groups share blocks has no storage tier yet (window pages in the "
-        "storage tier are not built); leave share_blocks off to give each group its own");
-  }
   std::unique_ptr<ModelKvCache> cache(new ModelKvCache());
   cache->config_ = config;
   cache->shared_ = options.share_blocks;
@@ -94,7 +89,8 @@ StatusOr<std::unique_ptr<ModelKvCache>> ModelKvCache::create(const CacheConfig& 
   }
   cache->layers_ = config.layer_groups();
   if (cache->shared_) {
-    // One cache for every group; it checks their shape.
+    // One cache for every group; it checks their shape, and takes a store per group.
+    if (any_store) group_options.group_storage = options.storage;
     PAGEDKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> one, KvCache::create(config, group_options));
     cache->groups_.push_back(std::move(one));
     return cache;

@@ -19,6 +19,13 @@
 //
 // A finished put is announced on the storage tier once, parent first (StorageAnnouncer).
 //
+// Several KV groups: each group may have a store of its own layout (a lane: its store, pools,
+// staging area and announcer). A dropped block comes once per group that kept a page of it
+// (DroppedBlock::group), and goes to that group's store. A fetch asks the owner's store which
+// blocks it holds and every other group's store which of those it holds, and reads them all into
+// one arrival (ControlPlane::begin_arrival's group pages); the arrival is finished once every
+// lane's read has.
+//
 // Nothing here waits for the store; only flush() (tests, shutdown) does.
 #pragma once
 
@@ -40,12 +47,22 @@ namespace runtime {
 
 class StorageLink {
  public:
-  /// `store` (not owned) must have the layout of `config`; `device_pool` and `host_pool` hold
-  /// the device and host tiers. kInvalidArgument for a layout that differs or a cache without a
-  /// host tier; kResourceExhausted when the staging area cannot be had.
-  static StatusOr<std::unique_ptr<StorageLink>> create(Backend& backend, StorageTier* store,
-                                                       const CacheConfig& config, void* device_pool,
-                                                       void* host_pool, int64_t staging_blocks);
+  /// One group's store (not owned; null: the group's pages are not stored), which must have the
+  /// layout of `config` (the group's), and the group's pools of the device and host tiers.
+  struct GroupStore {
+    StorageTier* store = nullptr;
+    CacheConfig config;
+    void* device_pool = nullptr;
+    void* host_pool = nullptr;
+  };
+  /// `groups` by config index (one entry with one group); `owner` is the group that owns the
+  /// blocks (ControlPlane::full_group()), whose store must be given. kInvalidArgument for a
+  /// layout that differs, a missing owner store, two groups given one store, or a cache without
+  /// a host tier; kResourceExhausted when a staging area cannot be had. Each store gets
+  /// `staging_blocks` staging slots of its group's block.
+  static StatusOr<std::unique_ptr<StorageLink>> create(Backend& backend,
+                                                       const std::vector<GroupStore>& groups,
+                                                       int32_t owner, int64_t staging_blocks);
   /// Waits for the staging copies and every job of the store (they read or write the pools).
   ~StorageLink();
   StorageLink(const StorageLink&) = delete;
@@ -75,62 +92,82 @@ class StorageLink {
   void add_stats(ControlStats* stats) const;
 
  private:
-  StorageLink(Backend& backend, StorageTier* store, int64_t block_bytes, void* device_pool,
-              void* host_pool);
+  explicit StorageLink(Backend& backend) : backend_(backend) {}
 
-  // Blocks copied into staging slots by copies that complete with `ready` (or that ran already,
-  // when no event could be recorded and the stream was waited for instead).
+  // One group's store and what writing back to it takes.
+  struct Lane {
+    int32_t group = 0;  // config index
+    StorageTier* store = nullptr;
+    int64_t block_bytes = 0;
+    void* device_pool = nullptr;
+    void* host_pool = nullptr;
+    void* staging = nullptr;
+    std::vector<int64_t> free_staging;
+    // Puts in flight: the blocks they write, for events.
+    std::unordered_map<uint64_t, std::vector<DroppedBlock>> puts;
+    // Which finished puts are announced on the storage tier, and when.
+    StorageAnnouncer announcer;
+
+    void* staging_slot(int64_t i) const { return static_cast<char*>(staging) + i * block_bytes; }
+    const char* source_bytes(const BlockLocation& at) const {
+      const void* pool = at.tier == Tier::kDevice ? device_pool : host_pool;
+      return static_cast<const char*>(pool) + at.block * block_bytes;
+    }
+  };
+  // Blocks of one lane copied into staging slots by copies that complete with `ready` (or that
+  // ran already, when no event could be recorded and the stream was waited for instead).
   struct StagedBatch {
+    size_t lane = 0;
     Event ready{};
     bool ran = false;
     std::vector<DroppedBlock> blocks;
     std::vector<int64_t> slots;
   };
-  // A read waiting for the copy stream (`ready`), then in flight as store job `job`.
+  // One lane's read of an arrival: its keys into its pool (the owner's is lanes_[0]'s).
+  struct ReadPart {
+    size_t lane = 0;
+    std::vector<StorageKey> keys;
+    std::vector<void*> dst;
+    bool done = false;
+    int64_t intact = 0;  // blocks read and verified, from the first
+  };
+  // An arrival's reads, waiting for the copy stream (`ready`), then in flight.
   struct PendingRead {
     Event ready{};
     uint64_t arrival = 0;
-    std::vector<StorageKey> keys;
-    std::vector<void*> dst;
+    std::vector<ReadPart> parts;
   };
-  void* staging_slot(int64_t i) const { return static_cast<char*>(staging_) + i * block_bytes_; }
-  const char* source_bytes(const BlockLocation& at) const {
-    const void* pool = at.tier == Tier::kDevice ? device_pool_ : host_pool_;
-    return static_cast<const char*>(pool) + at.block * block_bytes_;
-  }
   // Whether the work before `e` ran; a failed query answers false and is kept in `first_error`
   // (when it holds none yet).
   bool ran(Event e, Status* first_error);
+  Status stage_lane(size_t lane, std::vector<DroppedBlock> drops, Stream copy_stream);
   Status send_staged();
   Status submit_reads(core::ControlPlane& control);
   Status collect(core::ControlPlane& control);
+  // A read part ended: the arrival is finished once all its parts have.
+  Status part_done(core::ControlPlane& control, uint64_t arrival, size_t lane, int64_t intact);
   // Announces the finished puts that can be (StorageAnnouncer).
   void announce(core::ControlPlane& control);
   StatusOr<Event> take_event();
   void give_event(Event e) { spare_events_.push_back(e); }
+  bool idle() const;
 
   Backend& backend_;
-  StorageTier* store_;
-  int64_t block_bytes_;
-  void* device_pool_;
-  void* host_pool_;
-  void* staging_ = nullptr;
-  std::vector<int64_t> free_staging_;
+  std::vector<Lane> lanes_;         // the owner's first
+  std::vector<int> lane_of_group_;  // by config index; -1: the group has no store
   std::vector<StagedBatch> staged_;
   std::vector<PendingRead> waiting_reads_;
   std::vector<Event> spare_events_;
   std::vector<Event> all_events_;
-  // Store jobs in flight: puts (the blocks they write, for events) and reads (their arrival).
-  std::unordered_map<uint64_t, std::vector<DroppedBlock>> puts_;
+  // Reads in flight: by arrival, and each lane's job to its arrival.
   std::unordered_map<uint64_t, PendingRead> reads_;
+  std::vector<std::unordered_map<uint64_t, uint64_t>> read_jobs_;  // by lane: job -> arrival
   // Counters (ControlStats::storage_*; storage_hit_blocks is the control plane's).
   int64_t blocks_written_ = 0;
   int64_t bytes_written_ = 0;
   int64_t bytes_read_ = 0;
   int64_t failed_blocks_ = 0;
   int64_t writes_dropped_ = 0;
-  // Which finished puts are announced on the storage tier, and when.
-  StorageAnnouncer announcer_;
 };
 
 }  // namespace runtime

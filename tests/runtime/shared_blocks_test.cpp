@@ -249,20 +249,28 @@ TEST_P(SharedBlocksTest, ShapesOneCacheCannotHoldAreRefusedAndTwoFullGroupsAreNo
   Status st = create_shared(no_full, {});
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("needs a full-attention group"), std::string::npos) << st.message();
-  // Window pages in the storage tier are not built: a store is refused, on either class.
+  // Stores come one per group (ModelKvCacheOptions::storage, KvCacheOptions::group_storage),
+  // and the group that owns the blocks needs one.
   testing::NullStorage store;
-  ModelKvCacheOptions with_store;
-  with_store.storage = {nullptr, &store};
-  st = create_shared(window_first(8, 8), with_store);
-  EXPECT_EQ(st.code(), StatusCode::kUnimplemented) << st.to_string();
+  CacheConfig hosted = window_first(8, 8);
+  for (KvGroup& g : hosted.groups) g.num_host_blocks = 8;
+  ModelKvCacheOptions window_store_only;
+  window_store_only.storage = {&store, nullptr};
+  st = create_shared(hosted, window_store_only);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("owns the blocks"), std::string::npos) << st.message();
   KvCacheOptions kv_options;
   kv_options.backend = backend.get();
   kv_options.storage = &store;
-  CacheConfig c = window_first(8, 8);
-  c.backend = kind();
-  c.num_host_blocks = 8;
-  st = KvCache::create(c, kv_options).status();
-  EXPECT_EQ(st.code(), StatusCode::kUnimplemented) << st.to_string();
+  hosted.backend = kind();
+  st = KvCache::create(hosted, kv_options).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("group_storage"), std::string::npos) << st.message();
+  kv_options.storage = nullptr;
+  kv_options.group_storage = {&store};
+  st = KvCache::create(hosted, kv_options).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("1 stores for 2 groups"), std::string::npos) << st.message();
   // Without a store, a null entry per group is fine.
   ModelKvCacheOptions nulls;
   nulls.storage = {nullptr, nullptr};
