@@ -5,7 +5,10 @@
 // group, and every read path (gather_layer, build_batch's tables, the device view through the
 // reference decode attention) is compared with the reference, with check_invariants() after
 // every step. Two models: a hybrid one (full-attention and sliding-window groups of different
-// shapes) and an MLA one (one latent group, keys only). Also: a changed byte is reported.
+// shapes) and an MLA one (one latent group, keys only). The hybrid one also with a FileTier per
+// group, every add fetching its prompt from storage first, so that blocks and window pages
+// written back and read again are checked as every other byte. Also: a changed byte is
+// reported.
 //
 // On both backends (runtime_backends.hpp).
 #include <gtest/gtest.h>
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "runtime/model_cache_harness.hpp"
+#include "storage/storage_test_util.hpp"
 #include "support/status_matchers.hpp"
 
 namespace pagedkv {
@@ -80,6 +84,7 @@ struct RunCounters {
   int64_t gathers = 0;
   int64_t views = 0;
   int64_t bytes_checked = 0;
+  int64_t fetched = 0;  // blocks an add brought back from storage first
 };
 
 std::string describe(const RunCounters& c) {
@@ -140,6 +145,14 @@ class ModelCacheRandom : public testing::ModelCacheHarness {
     for (int64_t i = 0; i < shared; ++i) prompt.push_back(family + static_cast<TokenId>(i));
     const std::vector<TokenId> tail = fresh(1 + static_cast<int64_t>(rng() % 40));
     prompt.insert(prompt.end(), tail.begin(), tail.end());
+    if (!stores_.empty()) {
+      // What the stores hold of the prompt lands first: the hit below may then reach it.
+      auto fetched = cache_->fetch_from_storage(prompt);
+      ASSERT_OK(fetched);
+      c.fetched += *fetched;
+      ASSERT_OK(cache_->flush_storage());
+      invariants();
+    }
     const int64_t want = agreed_by_brute_force(prompt);
     int64_t least = static_cast<int64_t>(prompt.size()), most = 0;
     for (int32_t g = 0; g < cache_->num_groups(); ++g) {
@@ -404,12 +417,19 @@ class ModelCacheRandom : public testing::ModelCacheHarness {
     }
   }
 
-  void run_hybrid(bool shared);
+  // With `stored`, a FileTier per group (fresh directories per seed).
+  void run_hybrid(bool shared, bool stored = false);
+  void TearDown() override {
+    cache_.reset();  // before the stores it writes to
+    stores_.clear();
+  }
   // The byte-change test of a hybrid cache held as `shared` says.
   void changed_byte_is_reported(bool shared);
 
   SequenceId next_id_ = 1;
   TokenId next_token_ = 50000000;
+  std::vector<std::unique_ptr<testing::TempDir>> dirs_;
+  std::vector<std::unique_ptr<StorageTier>> stores_;
 };
 INSTANTIATE_TEST_SUITE_P(Backends, ModelCacheRandom, testing::runtime_backends(),
                          testing::backend_param_name);
@@ -422,7 +442,7 @@ ModelKvCacheOptions holding(bool shared) {
 }
 
 // The hybrid model's run over PAGEDKV_HYBRID_SEEDS seeds, its groups held as `shared` says.
-void ModelCacheRandom::run_hybrid(bool shared) {
+void ModelCacheRandom::run_hybrid(bool shared, bool stored) {
   constexpr int64_t kOps = 3000;  // per seed
   const auto start = std::chrono::steady_clock::now();
   RunCounters total;
@@ -436,12 +456,34 @@ void ModelCacheRandom::run_hybrid(bool shared) {
     // Even seeds move blocks by batched copies, odd ones by the copy kernel (on the CPU backend,
     // whose host pool is mapped), so that both paths carry every group's moves.
     if (seed % 2 == 0) options.cache.transfer_kernel_block_bytes = 0;
+    cache_.reset();  // before the stores it writes to
+    stores_.clear();
+    dirs_.clear();
+    for (int32_t g = 0; stored && g < 2; ++g) {
+      dirs_.push_back(std::make_unique<testing::TempDir>());
+      FileTierOptions fo;
+      fo.directory = dirs_.back()->path();
+      auto store = make_file_tier(StorageLayout::from_config(hybrid_config().group_config(g),
+                                                             "random/" + std::to_string(g)),
+                                  fo);
+      ASSERT_OK(store);
+      stores_.push_back(std::move(store).value());
+      options.storage.push_back(stores_.back().get());
+    }
     make(hybrid_config(), options);
     ASSERT_FALSE(HasFatalFailure());
     ASSERT_EQ(cache_->shares_blocks(), shared);
     RunCounters c;
     ASSERT_NO_FATAL_FAILURE(run(seed, kOps, c));
     expect_coverage(c, kOps);
+    if (stored) {
+      // Both groups wrote back and read again: blocks of the full group, window pages.
+      for (int32_t g = 0; g < 2; ++g) {
+        EXPECT_GT(stores_[static_cast<size_t>(g)]->stats().puts, 20) << "group " << g;
+        EXPECT_GT(stores_[static_cast<size_t>(g)]->stats().gets, 5) << "group " << g;
+      }
+      EXPECT_GT(c.fetched, 5) << describe(c);
+    }
     // The window group refused some rollbacks, and limited some hits (in one cache, the hit
     // every group can supply is the only one it reports).
     EXPECT_GT(c.rollbacks_refused, 0) << describe(c);
@@ -471,6 +513,14 @@ TEST_P(ModelCacheRandom, HybridModelEveryReadMatchesTheReference) { run_hybrid(f
 // The same model with its groups in one cache sharing the blocks (ModelKvCacheOptions::
 // share_blocks): the same reference, read paths and pressure.
 TEST_P(ModelCacheRandom, HybridModelSharingBlocksEveryReadMatchesTheReference) { run_hybrid(true); }
+
+// The same, each group with a store of its own, in both forms.
+TEST_P(ModelCacheRandom, HybridModelWithStorageEveryReadMatchesTheReference) {
+  run_hybrid(false, true);
+}
+TEST_P(ModelCacheRandom, HybridModelSharingBlocksWithStorageEveryReadMatchesTheReference) {
+  run_hybrid(true, true);
+}
 
 TEST_P(ModelCacheRandom, MlaModelEveryReadMatchesTheReference) {
   constexpr int64_t kOps = 2000;
