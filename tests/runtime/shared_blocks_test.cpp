@@ -17,6 +17,7 @@
 
 #include "pagedkv/cache.hpp"
 #include "pagedkv/cpu_backend.hpp"
+#include "pagedkv/fault_injection.hpp"
 #include "pagedkv/model_cache.hpp"
 #include "runtime/model_cache_harness.hpp"
 #include "runtime/null_storage.hpp"
@@ -275,6 +276,75 @@ TEST_P(SharedBlocksTest, ShapesOneCacheCannotHoldAreRefusedAndTwoFullGroupsAreNo
   ModelKvCacheOptions nulls;
   nulls.storage = {nullptr, nullptr};
   EXPECT_OK(create_shared(window_first(8, 8), nulls));
+}
+
+// ---------------------------------------------------------------- faults
+
+// A fault in the middle of an offload or a restore of a sequence whose blocks and pages are in
+// both groups' pools: the failed call returns the injected error and changes nothing in either
+// group (every group's block locations and the residency as before, check_invariants()), a
+// retry succeeds, and the bytes read back. The n-th call of each kind, for the first calls.
+TEST_P(SharedBlocksTest, AFaultInAMoveOfEveryGroupChangesNothing) {
+  CacheConfig c = window_first(16, 4);
+  c.backend = kind();
+  c.groups[kWindow].num_host_blocks = 8;
+  c.groups[kFull].num_host_blocks = 8;
+  const auto locations = [&](SequenceId id) {
+    std::vector<BlockLocation> all;
+    for (const int32_t g : {kWindow, kFull}) {
+      const std::vector<BlockLocation> l = *cache_->block_locations(id, g);
+      all.insert(all.end(), l.begin(), l.end());
+    }
+    return all;
+  };
+  int64_t failed = 0;
+  for (const auto& [fault, kernel_bytes] :
+       {std::pair{FaultKind::kCopy, int64_t{0}}, std::pair{FaultKind::kLaunch, int64_t{1} << 20},
+        std::pair{FaultKind::kEvent, int64_t{0}}, std::pair{FaultKind::kAllocation, int64_t{0}}}) {
+    for (int64_t n = 1; n <= 4; ++n) {
+      SCOPED_TRACE(std::string(fault_kind_name(fault)) + " n=" + std::to_string(n));
+      cache_.reset();
+      ref_.clear();
+      backend_ = testing::make_backend(kind());
+      ASSERT_NE(backend_, nullptr);
+      auto faults = std::make_unique<FaultInjectionBackend>(*backend_);
+      struct CacheFirst {  // the cache goes before the backend it runs on, also on a failure
+        std::unique_ptr<ModelKvCache>& cache;
+        ~CacheFirst() { cache.reset(); }
+      } cache_first{cache_};
+      ModelKvCacheOptions o = sharing();
+      o.cache.backend = faults.get();
+      o.cache.transfer_kernel_block_bytes = kernel_bytes;
+      auto made = ModelKvCache::create(c, o);
+      ASSERT_OK(made);
+      cache_ = std::move(made).value();
+      config_ = c;
+      Status appended;
+      ASSERT_EQ(*add_and_prefill(1, iota_tokens(40, 1000), &appended), 0);
+      ASSERT_OK(appended);
+      ASSERT_OK(cache_->synchronize());
+      for (const bool offload : {true, false}) {
+        const std::vector<BlockLocation> before = locations(1);
+        const SequenceResidency was = *cache_->residency(1);
+        faults->fail_nth(fault, n);
+        const Status st = offload ? cache_->offload(1) : cache_->restore(1);
+        faults->disarm_all();
+        if (!st.ok()) {
+          ++failed;
+          EXPECT_EQ(st.code(), StatusCode::kInternal) << st.to_string();
+          EXPECT_EQ(locations(1), before);
+          EXPECT_EQ(*cache_->residency(1), was);
+          invariants();
+          ASSERT_OK(offload ? cache_->offload(1) : cache_->restore(1));
+        }
+        ASSERT_OK(cache_->synchronize());
+        invariants();
+      }
+      EXPECT_EQ(*cache_->residency(1), SequenceResidency::kDevice);
+      EXPECT_EQ(check_gather(1), "");
+    }
+  }
+  EXPECT_GT(failed, 4);
 }
 
 // ---------------------------------------------------------------- ordering
