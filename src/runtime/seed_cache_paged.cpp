@@ -493,6 +493,7 @@ StatusOr<std::unique_ptr<SeedImpl>> make_paged_seed_impl(const CacheConfig& conf
   o.backend = options.backend;
   o.compute_stream = options.compute_stream;
   o.native_compute_stream = options.native_compute_stream;
+  o.enable_events = options.enable_events;
   PAGEDKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::create(config, o));
   PAGEDKV_ASSIGN_OR_RETURN(std::unique_ptr<UploadArena> uploads,
                            UploadArena::create(cache->backend(), cache->compute_stream(), 1 << 20));
