@@ -86,7 +86,11 @@ fn page_faults() -> i64 {
     extern "C" {
         fn getrusage(who: i32, usage: *mut Rusage) -> i32;
     }
-    let mut u = Rusage { utime: [0; 2], stime: [0; 2], longs: [0; 14] };
+    let mut u = Rusage {
+        utime: [0; 2],
+        stime: [0; 2],
+        longs: [0; 14],
+    };
     unsafe { getrusage(0, &mut u) }; // RUSAGE_SELF
     u.longs[4] + u.longs[5]
 }
@@ -122,7 +126,8 @@ struct Seq {
 impl Seq {
     fn push(&mut self, token: u64) {
         let prev = self.chain.last().copied().unwrap_or(CHAIN_START);
-        self.chain.push(chain_next(prev, token, self.tokens.len() as u64));
+        self.chain
+            .push(chain_next(prev, token, self.tokens.len() as u64));
         self.tokens.push(token);
     }
 }
@@ -131,7 +136,11 @@ fn main() {
     let path = std::env::args().nth(1).expect("usage: seed_replay TRACE");
     let text = std::fs::read_to_string(&path).expect("cannot read the trace");
     let mut lines = text.lines();
-    assert_eq!(lines.next(), Some("pagedkv-replay-trace 1"), "not a replay trace");
+    assert_eq!(
+        lines.next(),
+        Some("pagedkv-replay-trace 1"),
+        "not a replay trace"
+    );
     let model: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
     assert_eq!(model[0], "model");
     let name = model[1].to_string();
@@ -170,11 +179,16 @@ fn main() {
                 let id = num(1);
                 let n = num(2) as usize;
                 let prompt: Vec<u32> = (0..n).map(|i| num(3 + i) as u32).collect();
-                let mut s = Seq { tokens: Vec::new(), chain: Vec::new() };
+                let mut s = Seq {
+                    tokens: Vec::new(),
+                    chain: Vec::new(),
+                };
                 for &t in &prompt {
                     s.push(t as u64);
                 }
-                let m = timer.time(0, || cache.allocate_sequence(id, &prompt)).expect("admit");
+                let m = timer
+                    .time(0, || cache.allocate_sequence(id, &prompt))
+                    .expect("admit");
                 // Layer-major input, [layer][pos - m][heads * dim], as a prefill produces it.
                 let rows = n - m;
                 kin.resize(layers * rows * row, f16::ZERO);
@@ -192,8 +206,14 @@ fn main() {
                         for p in m..n {
                             let at = (l * rows + p - m) * row;
                             cache
-                                .append_token(id, l, p, &kin[at..at + row], &vin[at..at + row],
-                                              Some(s.tokens[p]))
+                                .append_token(
+                                    id,
+                                    l,
+                                    p,
+                                    &kin[at..at + row],
+                                    &vin[at..at + row],
+                                    Some(s.tokens[p]),
+                                )
                                 .expect("prefill");
                         }
                     }
@@ -223,7 +243,11 @@ fn main() {
                         fill_row(&mut vin[at..at + row], c, l, heads, dim, 1);
                     }
                 }
-                let toks: Vec<u64> = ids.iter().zip(&pos).map(|(id, &p)| seqs[id].tokens[p]).collect();
+                let toks: Vec<u64> = ids
+                    .iter()
+                    .zip(&pos)
+                    .map(|(id, &p)| seqs[id].tokens[p])
+                    .collect();
                 let (kin, vin) = (&kin, &vin);
                 timer.time(1, || {
                     cache.set_active_sequences(&ids);
@@ -231,8 +255,14 @@ fn main() {
                         for i in 0..b {
                             let at = (l * b + i) * row;
                             cache
-                                .append_token(ids[i], l, pos[i], &kin[at..at + row],
-                                              &vin[at..at + row], Some(toks[i]))
+                                .append_token(
+                                    ids[i],
+                                    l,
+                                    pos[i],
+                                    &kin[at..at + row],
+                                    &vin[at..at + row],
+                                    Some(toks[i]),
+                                )
                                 .expect("decode");
                         }
                     }
@@ -246,7 +276,9 @@ fn main() {
             }
             "P" => {
                 let (id, layer) = (num(1), num(2) as usize);
-                let view = timer.time(2, || cache.get_packed_layer(id, layer)).expect("read");
+                let view = timer
+                    .time(2, || cache.get_packed_layer(id, layer))
+                    .expect("read");
                 let len = seqs[&id].tokens.len();
                 assert_eq!(view.length, len, "sequence {id}: packed length");
                 assert_eq!(view.key.len(), heads * len * dim);
@@ -274,8 +306,11 @@ fn main() {
 
     faults += page_faults();
     let wall: f64 = timer.wall.iter().sum();
-    let by_kind: Vec<String> =
-        KINDS.iter().zip(&timer.wall).map(|(k, w)| format!("{k}_ms={w:.1}")).collect();
+    let by_kind: Vec<String> = KINDS
+        .iter()
+        .zip(&timer.wall)
+        .map(|(k, w)| format!("{k}_ms={w:.1}"))
+        .collect();
     println!(
         "replay impl=rust model={name} wall_ms={wall:.1} cpu_ms={:.1} {} reads={reads} read_mib={:.0} written_mib={:.0} faults={faults} checksum=0x{checksum:016x}",
         timer.cpu as f64 / 1e6,

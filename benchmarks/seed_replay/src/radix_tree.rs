@@ -38,13 +38,23 @@ impl Default for RadixTree {
 impl RadixTree {
     pub fn new() -> Self {
         Self {
-            nodes: vec![Node { edge: Vec::new(), children: HashMap::new(), value: None, parent: ROOT }],
+            nodes: vec![Node {
+                edge: Vec::new(),
+                children: HashMap::new(),
+                value: None,
+                parent: ROOT,
+            }],
             free: Vec::new(),
         }
     }
 
     fn new_node(&mut self, edge: Vec<u64>, parent: usize) -> usize {
-        let node = Node { edge, children: HashMap::new(), value: None, parent };
+        let node = Node {
+            edge,
+            children: HashMap::new(),
+            value: None,
+            parent,
+        };
         if let Some(i) = self.free.pop() {
             self.nodes[i] = node;
             i
@@ -69,7 +79,11 @@ impl RadixTree {
                 }
             };
             let edge = &self.nodes[child].edge;
-            let common = edge.iter().zip(&key[pos..]).take_while(|(a, b)| a == b).count();
+            let common = edge
+                .iter()
+                .zip(&key[pos..])
+                .take_while(|(a, b)| a == b)
+                .count();
             if common == edge.len() {
                 node = child;
                 pos += common;
@@ -107,7 +121,9 @@ impl RadixTree {
 
     /// Forgets the value stored for exactly `key`, pruning nodes left without a purpose.
     pub fn remove(&mut self, key: &[u64]) {
-        let Some(mut node) = self.find(key) else { return };
+        let Some(mut node) = self.find(key) else {
+            return;
+        };
         self.nodes[node].value = None;
         // A valueless leaf goes; a valueless node left with one child merges into it.
         while node != ROOT && self.nodes[node].value.is_none() {
@@ -150,7 +166,9 @@ impl RadixTree {
         let mut node = ROOT;
         let mut pos = 0;
         while pos < key.len() {
-            let Some(&child) = self.nodes[node].children.get(&key[pos]) else { break };
+            let Some(&child) = self.nodes[node].children.get(&key[pos]) else {
+                break;
+            };
             let edge = &self.nodes[child].edge;
             if key.len() - pos < edge.len() || edge[..] != key[pos..pos + edge.len()] {
                 break;

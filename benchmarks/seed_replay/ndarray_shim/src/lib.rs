@@ -15,12 +15,18 @@ pub struct ShapeError;
 
 impl<T> Array4<T> {
     /// As ndarray's: Err unless the shape's product is `data.len()`.
-    pub fn from_shape_vec(shape: (usize, usize, usize, usize), data: Vec<T>) -> Result<Self, ShapeError> {
+    pub fn from_shape_vec(
+        shape: (usize, usize, usize, usize),
+        data: Vec<T>,
+    ) -> Result<Self, ShapeError> {
         let (a, b, c, d) = shape;
         if a * b * c * d != data.len() {
             return Err(ShapeError);
         }
-        Ok(Self { shape: [a, b, c, d], data })
+        Ok(Self {
+            shape: [a, b, c, d],
+            data,
+        })
     }
 
     pub fn shape(&self) -> &[usize] {
