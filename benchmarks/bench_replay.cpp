@@ -11,6 +11,7 @@
 // calls end with synchronize(), so the time covers the work done, not just queued. Prints one line,
 // the same fields as the Rust side:
 //   replay impl=<api> model=<name> wall_ms=... cpu_ms=... <op>_ms=... reads=... checksum=0x...
+// `faults` counts page faults in the timed part (none expected: the warm-up faults the pool in).
 // Every read is also compared with the values the trace says were written (--no-verify skips
 // that); a mismatch or a failed call exits 1.
 //
@@ -216,7 +217,7 @@ class KvCacheApi final : public Api {
   Model m_;
   size_t row_;
   std::unique_ptr<KvCache> cache_;
-  std::unique_ptr<Buffers> buffers_;  // before cache_ goes: declared after it
+  std::unique_ptr<Buffers> buffers_;  // freed before cache_ (declared after it)
   uint16_t* in_[2] = {};
   uint16_t* out_[2] = {};
   std::vector<SequenceId> one_{0};
