@@ -79,6 +79,10 @@ struct SeedKvCacheOptions {
   /// The caller's own stream (a cudaStream_t), used instead of compute_stream when set, as
   /// KvCacheOptions::native_compute_stream. Not owned.
   void* native_compute_stream = nullptr;
+  /// Record the paged KvCache's control events (paged_cache()->drain_events()), as
+  /// KvCacheOptions::enable_events; the seed has none, so a port that does not read them can
+  /// turn this off and save the ring's growth and a push per block event.
+  bool enable_events = true;
 };
 
 namespace runtime {

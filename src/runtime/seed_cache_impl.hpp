@@ -20,7 +20,7 @@ namespace pagedkv::runtime {
 /// values of the layers read, reused across cache misses (seed defect 10: no allocation per
 /// miss). A buffer is allocated on the first read of its layer, sized to that read in
 /// 16-position steps; a longer read regrows it by at least a quarter. A layer's packed copy is
-/// valid until invalidated.
+/// valid until invalidated. A removed sequence's buffers are kept (up to 64 MiB) for later reads.
 class PackedMirror {
  public:
   PackedMirror(Backend& backend, Stream stream, const CacheConfig& config)
@@ -52,12 +52,26 @@ class PackedMirror {
     int64_t valid_length = -1;  // -1 when invalid
   };
   SeedKvView view(const Layer& l, int64_t length) const;
+  // Moves the layers' buffers to the spares (their queued reads must be done).
   void free_layers(std::vector<Layer>& layers);
+  // A spare buffer of at least `capacity` positions (the smallest), or {} for none.
+  Layer take_spare(int64_t capacity);
+  // Keeps a buffer whose reads are done for a later read, freeing the smallest spares beyond
+  // kSpareBytes.
+  void keep_spare(Layer l);
+  int64_t buffer_bytes(int64_t capacity) const;
 
   Backend& backend_;
   Stream stream_;
   CacheConfig config_;
   std::unordered_map<SequenceId, std::vector<Layer>> entries_;  // num_layers each
+  // Buffers of removed sequences, for the next sequences' reads: a first read then touches
+  // memory already mapped (a fresh allocation faulted in every page under the gather: 19K
+  // faults in the seed replay, docs/runtime.md) and makes no device allocation. An outgrown
+  // buffer is still freed before its replacement is allocated, so a regrowth's peak is the new
+  // buffer alone.
+  std::vector<Layer> spares_;
+  int64_t spare_bytes_ = 0;
 };
 
 /// What a mode implements. Inputs are host fp16 arrays whose sizes the facade has checked.

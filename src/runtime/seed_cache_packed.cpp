@@ -9,13 +9,53 @@ namespace {
 // Small sequences share one size class instead of regrowing per token; longer ones grow in
 // these steps.
 constexpr int64_t kStep = 16;
+// Spare buffers kept for later reads, at most (a few sequences' worth of read layers).
+constexpr int64_t kSpareBytes = int64_t{64} << 20;
 
 }  // namespace
 
 PackedMirror::~PackedMirror() {
-  if (entries_.empty()) return;
-  backend_.synchronize_stream(stream_).ignore_error();  // queued gathers may still write them
-  for (auto& [id, layers] : entries_) free_layers(layers);
+  if (!entries_.empty()) {
+    backend_.synchronize_stream(stream_).ignore_error();  // queued gathers may still write them
+    for (auto& [id, layers] : entries_) free_layers(layers);
+  }
+  for (Layer& l : spares_) backend_.free_device(l.data);
+}
+
+int64_t PackedMirror::buffer_bytes(int64_t capacity) const {
+  return int64_t{2} * config_.num_kv_heads * capacity * config_.head_dim *
+         static_cast<int64_t>(sizeof(uint16_t));
+}
+
+PackedMirror::Layer PackedMirror::take_spare(int64_t capacity) {
+  auto best = spares_.end();
+  for (auto it = spares_.begin(); it != spares_.end(); ++it) {
+    if (it->capacity >= capacity && (best == spares_.end() || it->capacity < best->capacity)) {
+      best = it;
+    }
+  }
+  if (best == spares_.end()) return Layer{};
+  Layer l = *best;
+  *best = spares_.back();
+  spares_.pop_back();
+  spare_bytes_ -= buffer_bytes(l.capacity);
+  l.valid_length = -1;
+  return l;
+}
+
+void PackedMirror::keep_spare(Layer l) {
+  spares_.push_back(l);
+  spare_bytes_ += buffer_bytes(l.capacity);
+  while (spare_bytes_ > kSpareBytes) {
+    // The smallest go first: a large spare serves any shorter read, a small one few.
+    auto smallest =
+        std::min_element(spares_.begin(), spares_.end(),
+                         [](const Layer& a, const Layer& b) { return a.capacity < b.capacity; });
+    spare_bytes_ -= buffer_bytes(smallest->capacity);
+    backend_.free_device(smallest->data);
+    *smallest = spares_.back();
+    spares_.pop_back();
+  }
 }
 
 SeedKvView PackedMirror::view(const Layer& l, int64_t length) const {
@@ -26,7 +66,7 @@ SeedKvView PackedMirror::view(const Layer& l, int64_t length) const {
 
 void PackedMirror::free_layers(std::vector<Layer>& layers) {
   for (Layer& l : layers) {
-    if (l.data != nullptr) backend_.free_device(l.data);
+    if (l.data != nullptr) keep_spare(l);
     l = Layer{};
   }
 }
@@ -56,9 +96,12 @@ StatusOr<SeedKvView> PackedMirror::slot(SequenceId id, int32_t layer, int64_t le
       backend_.free_device(l.data);
       l = Layer{};
     }
-    const size_t bytes =
-        static_cast<size_t>(int64_t{2} * config_.num_kv_heads * capacity * config_.head_dim) *
-        sizeof(uint16_t);
+    Layer spare = take_spare(capacity);
+    if (spare.data != nullptr) {
+      l = spare;
+      return view(l, length);
+    }
+    const size_t bytes = static_cast<size_t>(buffer_bytes(capacity));
     auto fresh = backend_.allocate_device(bytes);
     if (!fresh.ok()) {
       if (std::all_of(layers.begin(), layers.end(),

@@ -312,6 +312,9 @@ class PagedSeedImpl final : public SeedImpl {
   // Makes the sequence writable: restores it when it is offloaded (a write to the host copy
   // would be lost). Only after an offload or restore somewhere does this look at the blocks.
   Status resident(SequenceId id) {
+    // Without a host tier nothing is ever offloaded: skip the check, whose moves() (a full
+    // stats() of the cache) was the largest host cost of an append_token.
+    if (!host_tier_) return ok_status();
     State& s = synced(id);
     if (s.moves == moves()) return ok_status();
     PAGEDKV_ASSIGN_OR_RETURN(SequenceResidency r, cache_->residency(id));
@@ -472,6 +475,10 @@ class PagedSeedImpl final : public SeedImpl {
   }
 
   CacheConfig config_;
+  // Whether any group has host blocks, so that a sequence can be offloaded at all.
+  bool host_tier_ = config_.num_host_blocks > 0 ||
+                    std::any_of(config_.groups.begin(), config_.groups.end(),
+                                [](const KvGroup& g) { return g.num_host_blocks > 0; });
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<UploadArena> uploads_;
   PackedMirror mirror_;
@@ -493,6 +500,7 @@ StatusOr<std::unique_ptr<SeedImpl>> make_paged_seed_impl(const CacheConfig& conf
   o.backend = options.backend;
   o.compute_stream = options.compute_stream;
   o.native_compute_stream = options.native_compute_stream;
+  o.enable_events = options.enable_events;
   PAGEDKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::create(config, o));
   PAGEDKV_ASSIGN_OR_RETURN(std::unique_ptr<UploadArena> uploads,
                            UploadArena::create(cache->backend(), cache->compute_stream(), 1 << 20));

@@ -313,6 +313,35 @@ TEST_P(SeedCacheTest, PackedLayerMissesReuseOneBuffer) {
   }
 }
 
+TEST_P(SeedCacheTest, PackedBuffersOfARemovedSequenceServeTheNextOne) {
+  // A removed sequence's packed buffers are kept for the next reads (paged mode): a new
+  // sequence's first read allocates nothing and still reads its own bytes, not the old ones.
+  if (!paged()) GTEST_SKIP() << "dense views are zero-copy";
+  ASSERT_OK(cache_->allocate_sequence(3, {}));
+  RefSeq old_ref;
+  append_advance(3, old_ref, 6);
+  auto old_view = cache_->get_packed_layer(3, 1);
+  ASSERT_OK(old_view);
+  const void* old_key = old_view->key;
+  ASSERT_OK(cache_->remove_sequence(3));
+
+  ASSERT_OK(cache_->allocate_sequence(4, {}));
+  RefSeq ref;
+  append_advance(4, ref, 5);  // shorter: fits the spare
+  auto v = cache_->get_packed_layer(4, 0);
+  ASSERT_OK(v);
+  EXPECT_EQ(v->key, old_key) << "the spare buffer was not reused";
+  expect_view(*v, ref, 0);
+  // A longer read than any spare allocates; both layers read right.
+  append_advance(4, ref, 20);
+  auto longer = cache_->get_packed_layer(4, 1);
+  ASSERT_OK(longer);
+  expect_view(*longer, ref, 1);
+  auto again = cache_->get_packed_layer(4, 0);
+  ASSERT_OK(again);
+  expect_view(*again, ref, 0);
+}
+
 TEST_P(SeedCacheTest, SetPackedLayerImportsOnlyThatLayer) {
   ASSERT_OK(cache_->allocate_sequence(5, {}));
   RefSeq ref;
