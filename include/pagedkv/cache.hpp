@@ -300,7 +300,7 @@ class KvCache {
   /// Sequences dropped (not offloaded) to make room since the last call.
   std::vector<SequenceId> drain_evicted_sequences();
 
-  // ---- storage tier (KvCacheOptions::storage) ----
+  // ---- storage tier (KvCacheOptions::storage, or group_storage) ----
 
   /// Starts bringing the blocks the storage tier holds after `prompt`'s cached prefix (full
   /// blocks, device or host) into host slots: free ones first, then those of the least recently
@@ -316,7 +316,9 @@ class KvCache {
   /// that hits them (ControlStats::prefix_host_hit_blocks) and they move to the device like any
   /// host hit. Never waits for the store; a scheduler that wants the hit waits for
   /// storage_in_flight() to drop before add_sequence. kOutOfRange for a prompt past
-  /// max_sequence_length.
+  /// max_sequence_length. Several groups (group_storage): the count is of the owner group's
+  /// blocks; each other group's store is asked which of them it holds, and the pages a hit
+  /// needs come in the same arrival.
   StatusOr<int64_t> fetch_from_storage(const std::vector<TokenId>& prompt,
                                        const SequenceOptions& options = {});
   /// fetch_from_storage() for a hit of at most `max_cached` tokens (-1: no bound), also saying
