@@ -90,6 +90,22 @@ class SharedBlocksTest : public testing::ModelCacheHarness {
                       const Snapshot& before) {
     expect_refusal(st, code, text, snapshot() == before);
   }
+
+  // The one cache of `c` on `backend` (not owned; backend_ must outlive it), offloads and
+  // restores by the copy kernel below `kernel_bytes`, and sequence 1 prefilled with 40 tokens
+  // (three pages of the window group's four).
+  void make_sharing_on(const CacheConfig& c, Backend* backend, int64_t kernel_bytes) {
+    ModelKvCacheOptions o = sharing();
+    o.cache.backend = backend;
+    o.cache.transfer_kernel_block_bytes = kernel_bytes;
+    auto made = ModelKvCache::create(c, o);
+    ASSERT_OK(made);
+    cache_ = std::move(made).value();
+    config_ = c;
+    Status appended;
+    ASSERT_EQ(*add_and_prefill(1, iota_tokens(40, 1000), &appended), 0);
+    ASSERT_OK(appended);
+  }
 };
 INSTANTIATE_TEST_SUITE_P(Backends, SharedBlocksTest, testing::runtime_backends(),
                          testing::backend_param_name);
@@ -312,16 +328,7 @@ TEST_P(SharedBlocksTest, AFaultInAMoveOfEveryGroupChangesNothing) {
         std::unique_ptr<ModelKvCache>& cache;
         ~CacheFirst() { cache.reset(); }
       } cache_first{cache_};
-      ModelKvCacheOptions o = sharing();
-      o.cache.backend = faults.get();
-      o.cache.transfer_kernel_block_bytes = kernel_bytes;
-      auto made = ModelKvCache::create(c, o);
-      ASSERT_OK(made);
-      cache_ = std::move(made).value();
-      config_ = c;
-      Status appended;
-      ASSERT_EQ(*add_and_prefill(1, iota_tokens(40, 1000), &appended), 0);
-      ASSERT_OK(appended);
+      ASSERT_NO_FATAL_FAILURE(make_sharing_on(c, faults.get(), kernel_bytes));
       ASSERT_OK(cache_->synchronize());
       for (const bool offload : {true, false}) {
         const std::vector<BlockLocation> before = locations(1);
@@ -368,18 +375,8 @@ TEST_P(SharedBlocksTest, WindowPagesAnOffloadStillReadsAreWrittenAfterIt) {
   auto gated_backend = std::make_unique<testing::GatedTransfers>(create_cpu_backend(slow));
   testing::GatedTransfers& gated = *gated_backend;
   backend_ = std::move(gated_backend);
-  ModelKvCacheOptions o = sharing();
-  o.cache.backend = backend_.get();
-  o.cache.transfer_kernel_block_bytes = 0;  // batched copies, which sleep (the kernel does not)
-  auto made = ModelKvCache::create(c, o);
-  ASSERT_OK(made);
-  cache_ = std::move(made).value();
-  config_ = c;
-
-  // A: 40 tokens, three pages of the window group's four.
-  Status appended;
-  ASSERT_EQ(*add_and_prefill(1, iota_tokens(40, 1000), &appended), 0);
-  ASSERT_OK(appended);
+  // A: 40 tokens, by batched copies, which sleep (the kernel does not).
+  ASSERT_NO_FATAL_FAILURE(make_sharing_on(c, backend_.get(), 0));
   std::vector<int32_t> a_pages;
   const std::vector<BlockLocation> a_blocks = *cache_->block_locations(1, kWindow);
   for (const BlockLocation& b : a_blocks) a_pages.push_back(b.block);
