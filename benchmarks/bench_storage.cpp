@@ -6,8 +6,10 @@
 //                 (what redis-benchmark -d <size> measures), sent by a minimal RESP client here
 //                 (one pass after each timed job, so that both see the same load).
 // The file store runs without fsync (page cache: the figures are CPU and syscall bound, not
-// disk bound). The Redis benchmarks start their own redis-server on 127.0.0.1 and skip when it
-// or hiredis is missing. Arguments: KiB per block.
+// disk bound). Its *_direct rows write with O_DIRECT (FileTierOptions::direct_io) and also give
+// ratio_direct, against a sequential O_DIRECT write / read of the same bytes (disk bound).
+// The Redis benchmarks start their own redis-server on 127.0.0.1 and skip when it or hiredis
+// is missing. Arguments: KiB per block.
 #include <arpa/inet.h>
 #include <benchmark/benchmark.h>
 #include <fcntl.h>
@@ -129,7 +131,24 @@ StatusOr<uint64_t> submit(StorageTier& tier, Op op, Job& job) {
   return tier.submit_get(job.keys, job.dst);
 }
 
-void BM_FileTier(benchmark::State& state, Op op) {
+// A sequential O_DIRECT write or read of `n` bytes (a multiple of 4096) from an aligned buffer:
+// the ceiling of the direct_io rows. False when the filesystem refuses O_DIRECT.
+bool direct_file(const std::string& path, unsigned char* aligned, size_t n, bool write) {
+  const int fd = ::open(
+      path.c_str(), (write ? O_WRONLY | O_CREAT | O_TRUNC : O_RDONLY) | O_DIRECT | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t r =
+        write ? ::write(fd, aligned + done, n - done) : ::read(fd, aligned + done, n - done);
+    if (r <= 0) break;
+    done += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  return done == n;
+}
+
+void BM_FileTier(benchmark::State& state, Op op, bool direct = false) {
   const bool put = op != Op::kGet;
   const int64_t kib = state.range(0);
   const StorageLayout layout = layout_of(kib);
@@ -143,6 +162,7 @@ void BM_FileTier(benchmark::State& state, Op op) {
   {
     FileTierOptions o;
     o.directory = dir + "/store";
+    o.direct_io = direct;
     auto made = make_file_tier(layout, o);
     if (!made.ok()) {
       state.SkipWithError(made.status().to_string().c_str());
@@ -212,6 +232,21 @@ void BM_FileTier(benchmark::State& state, Op op) {
   }
   seq /= reps;
   files /= reps;
+  // The direct_io rows also against a sequential O_DIRECT write / read of the same bytes.
+  double seq_direct = 0;
+  if (direct) {
+    std::unique_ptr<unsigned char, decltype(&std::free)> aligned(
+        static_cast<unsigned char*>(std::aligned_alloc(4096, flat.size())), &std::free);
+    std::memcpy(aligned.get(), flat.data(), flat.size());
+    const std::string d = dir + "/direct";
+    bool ok = direct_file(d, aligned.get(), flat.size(), /*write=*/true);
+    for (int r = 0; r < reps && ok; ++r) {
+      if (put) ::unlink(d.c_str());
+      seq_direct += seconds_of([&] { ok = direct_file(d, aligned.get(), flat.size(), put); }, 1);
+    }
+    if (!ok) state.SkipWithError("O_DIRECT refused by the filesystem (set TMPDIR elsewhere)");
+    seq_direct /= reps;
+  }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
 
@@ -224,6 +259,11 @@ void BM_FileTier(benchmark::State& state, Op op) {
                                                benchmark::Counter::kIsRate);
   state.counters["ratio_files"] = benchmark::Counter(
       files * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  if (direct) {
+    state.counters["direct_MBps"] = benchmark::Counter(total / seq_direct / 1e6);
+    state.counters["ratio_direct"] = benchmark::Counter(
+        seq_direct * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  }
 }
 
 // ---- Redis ----
@@ -453,6 +493,21 @@ BENCHMARK_CAPTURE(BM_FileTier, put_borrowed, Op::kBorrowed)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_FileTier, get, Op::kGet)
+    ->Arg(32)
+    ->Arg(256)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_FileTier, put_direct, Op::kPut, true)
+    ->Arg(32)
+    ->Arg(256)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_FileTier, put_borrowed_direct, Op::kBorrowed, true)
+    ->Arg(32)
+    ->Arg(256)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_FileTier, get_direct, Op::kGet, true)
     ->Arg(32)
     ->Arg(256)
     ->Unit(benchmark::kMillisecond)

@@ -390,7 +390,7 @@ TEST_P(StoreTest, MalformedCallsAreRejectedAndQueueNothing) {
   EXPECT_EQ(tier->batch_exists(keys).value(), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, StoreTest, ::testing::Values("file", "redis"),
+INSTANTIATE_TEST_SUITE_P(Stores, StoreTest, ::testing::Values("file", "file_direct", "redis"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
