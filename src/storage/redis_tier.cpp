@@ -9,8 +9,8 @@
 // SIGPIPE once the server has gone (killing a host process that does not ignore it), and it
 // would copy every block twice (formatting, then its output buffer) before writing it. Replies
 // are read by RespReader (resp_reader.hpp), which receives a block straight into its
-// destination. A batch of gets is pipelined: its GETs go out in one sendmsg, then the replies
-// are read in order, so the server is never idle waiting for the next request.
+// destination. A batch of puts or gets is pipelined: its SETs or GETs go out in one sendmsg,
+// then the replies are read in order, so the server is never idle waiting for the next request.
 #include "pagedkv/storage_tier.hpp"
 
 #if PAGEDKV_WITH_HIREDIS
@@ -43,13 +43,13 @@ constexpr auto kRetryInterval = std::chrono::milliseconds(200);
 // batch_exists pipelines its EXISTS commands in chunks of this many, stopping after the chunk
 // that holds the first missing key.
 constexpr size_t kExistsChunk = 32;
-// A batch of gets pipelines about this many bytes of replies: enough that the server has the
+// A batch of puts or gets pipelines about this many bytes of blocks: enough that the server has the
 // next GET to answer while a reply is received. Deeper is slower for large blocks (1 MiB and
 // 2 MiB measured 0.65-0.71 of a plain GET at 256 KiB, 512 KiB 0.95-1.2): replies that cannot go
 // to the socket at once are copied into the server's output buffer.
 constexpr size_t kPipelineBytes = size_t{512} << 10;
-// ... and at most this many GETs (small blocks).
-constexpr size_t kPipelineGets = 64;
+// ... and at most this many commands (small blocks).
+constexpr size_t kPipelineCommands = 64;
 
 using Reply = detail::RespReader::Reply;
 using ReplyType = detail::RespReader::Type;
@@ -164,22 +164,26 @@ class RedisTier final : public detail::QueuedStorageTier {
  protected:
   std::string put_block(int thread, const StorageKey& key, const unsigned char* header,
                         const unsigned char* payload) override {
-    const std::string k = redis_key(key);
-    Request req;
-    req.add(
-        {{"SET", 3},
-         {k.data(), k.size()},
-         {header, detail::kBlockHeaderBytes, payload, static_cast<size_t>(layout_.block_bytes)}});
-    std::string error;
-    Reply r;
-    if (!command(conn(thread), "SET", req, &r, &error)) return error;
-    if (r.type != ReplyType::kStatus) return "SET: " + reply_text(r);
-    return {};
+    BlockIo b{key, const_cast<unsigned char*>(payload), header, {}};
+    put_blocks(thread, &b, 1);
+    return b.error;
+  }
+
+  // Pipelined SETs, as get_blocks pipelines GETs. A SET sent again after a lost connection
+  // stores the same bytes again (a key names its bytes).
+  void put_blocks(int thread, BlockIo* blocks, size_t n) override {
+    pipelined(thread, blocks, n, "SET", [this](Connection& c, BlockIo& b) {
+      Reply r;
+      std::string lost = c.reader.read(c.ctx->fd, &r);
+      if (!lost.empty()) return "SET: " + lost;
+      if (r.type != ReplyType::kStatus) b.error = "SET: " + reply_text(r);
+      return std::string();
+    });
   }
 
   size_t max_batch_blocks() const override {
     return std::clamp<size_t>(kPipelineBytes / static_cast<size_t>(layout_.block_bytes), 1,
-                              kPipelineGets);
+                              kPipelineCommands);
   }
 
   std::string get_block(int thread, const StorageKey& key, void* dst) override {
@@ -188,39 +192,10 @@ class RedisTier final : public detail::QueuedStorageTier {
     return b.error;
   }
 
-  // Pipelined GETs (see the file comment). On a connection that was open before, a failure is
-  // tried once more on a fresh one for the blocks not read yet (the server may have restarted).
+  // Pipelined GETs (see the file comment).
   void get_blocks(int thread, BlockIo* blocks, size_t n) override {
-    Connection& c = conn(thread);
-    size_t done = 0;
-    std::string error;
-    for (int attempt = 0; attempt < 2 && done < n; ++attempt) {
-      const bool was_open = c.ctx != nullptr && c.ctx->err == 0;
-      redisContext* ctx = connect(c);
-      if (ctx == nullptr) {
-        error = "not connected to " + options_.host + ":" + std::to_string(options_.port);
-        break;
-      }
-      std::vector<std::string> names;
-      names.reserve(n - done);
-      Request req;
-      for (size_t i = done; i < n; ++i) {
-        names.push_back(redis_key(blocks[i].key));
-        req.add({{"GET", 3}, {names.back().data(), names.back().size()}});
-      }
-      if (!req.send(ctx->fd)) {
-        error = std::string("GET: ") + std::strerror(errno);
-      } else {
-        for (; done < n; ++done) {
-          error = read_block(c, blocks[done]);
-          if (!error.empty()) break;  // the connection is lost (a bad block sets its own error)
-        }
-        if (done == n) return;
-      }
-      drop(c, error);
-      if (!was_open) break;
-    }
-    for (size_t i = done; i < n; ++i) blocks[i].error = error;
+    pipelined(thread, blocks, n, "GET",
+              [this](Connection& c, BlockIo& b) { return read_block(c, b); });
   }
 
   bool remove_block(int thread, const StorageKey& key) override {
@@ -278,6 +253,53 @@ class RedisTier final : public detail::QueuedStorageTier {
       if (!was_open) break;
     }
     return std::vector<bool>(keys.size(), false);
+  }
+
+  // Sends one `what` (SET or GET) per block in one sendmsg, then reads the replies in order
+  // with read_reply(connection, block), which sets the block's error for a block that failed
+  // and returns why the connection was lost (empty: it was not). On a connection that was open
+  // before, a lost connection is tried once more on a fresh one for the blocks not answered yet
+  // (the server may have restarted).
+  template <typename ReadReply>
+  void pipelined(int thread, BlockIo* blocks, size_t n, const char* what, ReadReply read_reply) {
+    Connection& c = conn(thread);
+    const bool set = what[0] == 'S';
+    size_t done = 0;
+    std::string error;
+    for (int attempt = 0; attempt < 2 && done < n; ++attempt) {
+      const bool was_open = c.ctx != nullptr && c.ctx->err == 0;
+      redisContext* ctx = connect(c);
+      if (ctx == nullptr) {
+        error = "not connected to " + options_.host + ":" + std::to_string(options_.port);
+        break;
+      }
+      std::vector<std::string> names;
+      names.reserve(n - done);
+      Request req;
+      for (size_t i = done; i < n; ++i) {
+        names.push_back(redis_key(blocks[i].key));
+        if (set) {
+          req.add({{"SET", 3},
+                   {names.back().data(), names.back().size()},
+                   {blocks[i].header, kBlockHeaderBytes, blocks[i].data,
+                    static_cast<size_t>(layout_.block_bytes)}});
+        } else {
+          req.add({{"GET", 3}, {names.back().data(), names.back().size()}});
+        }
+      }
+      if (!req.send(ctx->fd)) {
+        error = std::string(what) + ": " + std::strerror(errno);
+      } else {
+        for (; done < n; ++done) {
+          error = read_reply(c, blocks[done]);
+          if (!error.empty()) break;
+        }
+        if (done == n) return;
+      }
+      drop(c, error);
+      if (!was_open) break;
+    }
+    for (size_t i = done; i < n; ++i) blocks[i].error = error;
   }
 
   Connection& conn(int thread) { return workers_conn_[static_cast<size_t>(thread)]; }
