@@ -82,12 +82,14 @@ void construct(T* self, const StorageLayout& layout, decltype(T::options) o, Mak
 
 void init_file_tier(PyFileTier* self, nb::handle layout_or_config, const std::string& directory,
                     const std::optional<std::string>& model_id, std::optional<int32_t> group,
-                    int64_t max_bytes, bool fsync, int64_t max_queued_blocks, int32_t threads) {
+                    int64_t max_bytes, bool fsync, int64_t max_queued_blocks, int32_t threads,
+                    bool direct_io) {
   const StorageLayout layout = layout_of(layout_or_config, model_id, group);
   FileTierOptions o;
   o.directory = directory;
   o.max_bytes = max_bytes;
   o.fsync = fsync;
+  o.direct_io = direct_io;
   o.max_queued_blocks = max_queued_blocks;
   o.threads = threads;
   construct(self, layout, std::move(o), &make_file_tier);
@@ -263,11 +265,14 @@ void register_storage(nb::module_& m) {
            nb::kw_only(), nb::arg("model_id").none() = nb::none(),
            nb::arg("group").none() = nb::none(), nb::arg("max_bytes") = 0, nb::arg("fsync") = false,
            nb::arg("max_queued_blocks") = 4096, nb::arg("threads") = 2,
+           nb::arg("direct_io") = false,
            "A store in `directory` (created when missing) for the blocks of a StorageLayout, or "
            "of a CacheConfig (group `group` of a model's config) and `model_id`. max_bytes bounds "
            "it (least recently used blocks go; 0: no bound); fsync makes every block survive a "
-           "power loss. InvalidArgumentError for a bad layout or option, UnavailableError when "
-           "the directory cannot be created or written.")
+           "power loss; direct_io writes its segments with O_DIRECT, past the page cache (where "
+           "the filesystem refuses O_DIRECT it logs a warning and writes through the page "
+           "cache). InvalidArgumentError for a bad layout or option, UnavailableError when the "
+           "directory cannot be created or written.")
       .def_prop_ro(
           "directory", [](const PyFileTier& s) { return s.options.directory; },
           "The store's directory.")

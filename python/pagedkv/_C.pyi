@@ -1036,9 +1036,9 @@ class FileTier(StorageTier):
     The file store: one directory of segment files, which outlives the process (a restart on the same directory and layout finds its blocks). docs/storage.md.
     """
 
-    def __init__(self, layout_or_config: object, directory: str, *, model_id: str | None = None, group: int | None = None, max_bytes: int = 0, fsync: bool = False, max_queued_blocks: int = 4096, threads: int = 2) -> None:
+    def __init__(self, layout_or_config: object, directory: str, *, model_id: str | None = None, group: int | None = None, max_bytes: int = 0, fsync: bool = False, max_queued_blocks: int = 4096, threads: int = 2, direct_io: bool = False) -> None:
         """
-        A store in `directory` (created when missing) for the blocks of a StorageLayout, or of a CacheConfig (group `group` of a model's config) and `model_id`. max_bytes bounds it (least recently used blocks go; 0: no bound); fsync makes every block survive a power loss. InvalidArgumentError for a bad layout or option, UnavailableError when the directory cannot be created or written.
+        A store in `directory` (created when missing) for the blocks of a StorageLayout, or of a CacheConfig (group `group` of a model's config) and `model_id`. max_bytes bounds it (least recently used blocks go; 0: no bound); fsync makes every block survive a power loss; direct_io writes its segments with O_DIRECT, past the page cache (where the filesystem refuses O_DIRECT it logs a warning and writes through the page cache). InvalidArgumentError for a bad layout or option, UnavailableError when the directory cannot be created or written.
         """
 
     @property

@@ -24,8 +24,8 @@ FileTier::FileTier(const StorageLayout& layout, const FileTierOptions& options)
       options_(options),
       store_dir_(options.directory + "/" + hex16(fingerprint_)),
       record_bytes_(static_cast<int64_t>(kReadHeadBytes) + layout.block_bytes),
-      segment_bytes_(effective_segment_bytes(options, record_bytes_)),
-      active_(static_cast<size_t>(options.threads)) {}
+      active_(static_cast<size_t>(options.threads)),
+      stages_(static_cast<size_t>(options.threads)) {}
 
 FileTier::~FileTier() {
   stop_workers();
@@ -33,11 +33,12 @@ FileTier::~FileTier() {
   release_free_files(&free_);
 }
 
-int64_t FileTier::effective_segment_bytes(const FileTierOptions& o, int64_t record_bytes) {
+int64_t FileTier::effective_segment_bytes(const FileTierOptions& o, int64_t record_bytes,
+                                          uint32_t align) {
   int64_t s = o.segment_bytes;
   if (o.max_bytes > 0) s = std::min(s, o.max_bytes / 4);
-  return std::max<int64_t>(
-      s, static_cast<int64_t>(kSegmentHeaderBytes + kRecordHeaderBytes) + record_bytes);
+  return std::max<int64_t>(s, first_record_offset(align) + record_stride(record_bytes, align) +
+                                  static_cast<int64_t>(kRecordHeaderBytes));
 }
 
 Status FileTier::open() {
@@ -58,6 +59,20 @@ Status FileTier::open() {
     return unavailable("make_file_tier: cannot write in " + store_dir_ + ": " +
                        errno_text(write_errno));
   }
+  if (options_.direct_io) {
+    std::string why;
+    if (probe_direct_io(&why)) {
+      align_ = kDirectAlign;
+    } else {
+      logger().warn(
+          "DISK storage tier: O_DIRECT is not supported in {} ({}); writing through the "
+          "page cache",
+          store_dir_, why);
+    }
+  }
+  segment_bytes_ = effective_segment_bytes(options_, record_bytes_, align_);
+  stage_bytes_ = static_cast<size_t>(
+      std::max<int64_t>(static_cast<int64_t>(kStageBytes), record_stride(record_bytes_, align_)));
   detail::remove_free_files(store_dir_);  // a dead process's, never read
   rescan_directory(/*at_open=*/true);
   reclaim_over_bound();
@@ -101,10 +116,11 @@ StatusOr<std::vector<bool>> FileTier::exists_each(const std::vector<StorageKey>&
 void FileTier::put_blocks(int thread, BlockIo* blocks, size_t n) {
   const size_t body = kBlockHeaderBytes + static_cast<size_t>(layout_.block_bytes);
   const auto payload = static_cast<size_t>(layout_.block_bytes);
-  // Per record: its header and the block header, then the payload from where it is (a
-  // borrowed put's is the caller's memory): two iovecs per record.
-  std::vector<unsigned char> heads(std::min(n, kMaxRunRecords) * kReadHeadBytes);
-  std::vector<iovec> iov(2 * std::min(n, kMaxRunRecords));
+  // Packed records: per record its header and the block header, then the payload from where it
+  // is (a borrowed put's is the caller's memory): two iovecs per record. Aligned ones are
+  // staged (append_aligned).
+  std::vector<unsigned char> heads;
+  std::vector<iovec> iov;
   size_t i = 0;
   while (i < n) {
     std::string error;
@@ -114,27 +130,35 @@ void FileTier::put_blocks(int thread, BlockIo* blocks, size_t n) {
       break;
     }
     const int64_t start = seg->bytes;
-    const bool empty = start == static_cast<int64_t>(kSegmentHeaderBytes);
+    const int64_t stride = stride_of(*seg);
+    const bool aligned = seg->align > 1;
+    const bool empty = start == first_record_offset(seg->align);
     // Room for the records and, later, the seal.
     const int64_t room = segment_bytes_ - start - static_cast<int64_t>(kRecordHeaderBytes);
-    size_t k = std::min(
-        {n - i, kMaxRunRecords, static_cast<size_t>(std::max<int64_t>(0, room / record_bytes_))});
+    size_t k = std::min({n - i, aligned ? stage_records(*seg) : kMaxRunRecords,
+                         static_cast<size_t>(std::max<int64_t>(0, room / stride))});
     if (k == 0 && empty) k = 1;
     if (k == 0) {
       seal(thread);
       continue;
     }
-    for (size_t j = 0; j < k; ++j) {
-      RecordHeader h;
-      h.key = blocks[i + j].key;
-      h.body_bytes = body;
-      unsigned char* head = heads.data() + j * kReadHeadBytes;
-      encode_record_header(h, detail::record_seed(seg->id), head);
-      std::memcpy(head + kRecordHeaderBytes, blocks[i + j].header, kBlockHeaderBytes);
-      iov[2 * j] = {head, kReadHeadBytes};
-      iov[2 * j + 1] = {blocks[i + j].data, payload};
+    if (aligned) {
+      error = append_aligned(thread, *seg, blocks + i, k, start);
+    } else {
+      heads.resize(std::max(heads.size(), k * kReadHeadBytes));
+      iov.resize(std::max(iov.size(), 2 * k));
+      for (size_t j = 0; j < k; ++j) {
+        RecordHeader h;
+        h.key = blocks[i + j].key;
+        h.body_bytes = body;
+        unsigned char* head = heads.data() + j * kReadHeadBytes;
+        encode_record_header(h, detail::record_seed(seg->id), head);
+        std::memcpy(head + kRecordHeaderBytes, blocks[i + j].header, kBlockHeaderBytes);
+        iov[2 * j] = {head, kReadHeadBytes};
+        iov[2 * j + 1] = {blocks[i + j].data, payload};
+      }
+      error = detail::pwritev_all(seg->fd, iov.data(), static_cast<int>(2 * k), start);
     }
-    error = detail::pwritev_all(seg->fd, iov.data(), static_cast<int>(2 * k), start);
     if (error.empty() && options_.fsync && ::fdatasync(seg->fd) != 0) {
       error = "fdatasync: " + errno_text(errno);
     }
@@ -182,32 +206,40 @@ void FileTier::get_blocks(int, BlockIo* blocks, size_t n) {
     return a.seg->id != b.seg->id ? a.seg->id < b.seg->id : a.offset < b.offset;
   });
   const auto payload = static_cast<size_t>(layout_.block_bytes);
-  std::vector<unsigned char> heads(std::min(n, kMaxRunRecords) * kReadHeadBytes);
-  std::vector<iovec> iov(2 * std::min(n, kMaxRunRecords));
+  // Three iovecs per record at most (an aligned one's padding goes to `pad`), within IOV_MAX.
+  constexpr size_t kMaxRun = kMaxRunRecords / 2;
+  std::vector<unsigned char> heads(std::min(n, kMaxRun) * kReadHeadBytes);
+  std::vector<iovec> iov(3 * std::min(n, kMaxRun));
+  std::vector<unsigned char> pad;
   for (size_t r = 0; r < wants.size();) {
     // A run of adjacent records: one preadv. Runs are short enough that the checksums then
     // read the blocks from the CPU's cache, not from memory.
-    const size_t max_run = std::max<size_t>(
-        1, std::min(kMaxRunRecords, kReadRunBytes / static_cast<size_t>(record_bytes_)));
+    const Segment& seg = *wants[r].seg;
+    const int64_t stride = stride_of(seg);
+    const size_t max_run =
+        std::max<size_t>(1, std::min(kMaxRun, kReadRunBytes / static_cast<size_t>(stride)));
     size_t k = 1;
     while (r + k < wants.size() && k < max_run && wants[r + k].seg == wants[r].seg &&
-           wants[r + k].offset == wants[r].offset + static_cast<int64_t>(k) * record_bytes_) {
+           wants[r + k].offset == wants[r].offset + static_cast<int64_t>(k) * stride) {
       ++k;
     }
+    const auto gap = static_cast<size_t>(stride - record_bytes_);  // an aligned record's padding
+    if (gap > pad.size()) pad.resize(gap);
+    int count = 0;
     for (size_t j = 0; j < k; ++j) {
-      iov[2 * j] = {heads.data() + j * kReadHeadBytes, kReadHeadBytes};
-      iov[2 * j + 1] = {blocks[wants[r + j].i].data, payload};
+      if (j > 0 && gap > 0) iov[static_cast<size_t>(count++)] = {pad.data(), gap};
+      iov[static_cast<size_t>(count++)] = {heads.data() + j * kReadHeadBytes, kReadHeadBytes};
+      iov[static_cast<size_t>(count++)] = {blocks[wants[r + j].i].data, payload};
     }
     std::string error;
-    const int64_t got = detail::preadv_all(wants[r].seg->fd, iov.data(), static_cast<int>(2 * k),
-                                           wants[r].offset, &error);
+    const int64_t got = detail::preadv_all(seg.fd, iov.data(), count, wants[r].offset, &error);
     for (size_t j = 0; j < k; ++j) {
       const Want& w = wants[r + j];
       BlockIo& b = blocks[w.i];
       bool damaged = false;
       if (got < 0) {
         b.error = error;
-      } else if (got < static_cast<int64_t>(j + 1) * record_bytes_) {
+      } else if (got < static_cast<int64_t>(j) * stride + record_bytes_) {
         b.error = "the segment ends before the record (truncated)";
       } else {
         b.error = verify(*w.seg, heads.data() + j * kReadHeadBytes, b, &damaged);
@@ -266,11 +298,13 @@ StatusOr<std::unique_ptr<StorageTier>> make_file_tier(const StorageLayout& layou
     return invalid_argument("make_file_tier: segment_bytes: must be positive, got " +
                             std::to_string(options.segment_bytes));
   }
-  // The smallest store: one segment of one block.
+  // The smallest store: one segment of one block (aligned records with direct_io).
+  const uint32_t align = options.direct_io ? detail::kDirectAlign : 1;
   const int64_t smallest =
-      static_cast<int64_t>(detail::kSegmentHeaderBytes + 2 * detail::kRecordHeaderBytes +
-                           detail::kBlockHeaderBytes) +
-      layout.block_bytes;
+      detail::first_record_offset(align) +
+      detail::record_stride(static_cast<int64_t>(detail::kReadHeadBytes) + layout.block_bytes,
+                            align) +
+      static_cast<int64_t>(detail::kRecordHeaderBytes);
   if (options.max_bytes < 0 || (options.max_bytes > 0 && options.max_bytes < smallest)) {
     return invalid_argument(
         "make_file_tier: max_bytes: must be 0 (no bound) or at least one segment of one block (" +

@@ -5,13 +5,17 @@
 // with one preadv straight into the destinations and verifies every block. remove() rewrites the
 // block's record header in place as removed. The size bound drops whole least recently used
 // segments. At startup the index is rebuilt by scanning the segments (segment_scan.hpp).
+// With FileTierOptions::direct_io the segments are written with O_DIRECT from aligned staging
+// buffers, records aligned to kDirectAlign (segment_format.hpp, version 2); reads stay buffered.
 // The class is defined across file_tier.cpp (puts, gets, lookups), file_tier_segments.cpp
-// (appending, the index, removal and reclaim) and file_tier_scan.cpp (what is on disk).
+// (appending, the index, removal and reclaim), file_tier_direct.cpp (O_DIRECT appends) and
+// file_tier_scan.cpp (what is on disk).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -34,6 +38,15 @@ struct FileKeyHash {
 inline constexpr size_t kMaxRunRecords = 512;
 // A record's header and its block's header: what a get reads apart from the payload.
 inline constexpr size_t kReadHeadBytes = kRecordHeaderBytes + kBlockHeaderBytes;
+// O_DIRECT's alignment of offsets, lengths and buffers: the page size, which every Linux
+// filesystem that takes O_DIRECT accepts (most need only the logical sector, 512 B).
+inline constexpr uint32_t kDirectAlign = 4096;
+// An O_DIRECT append stages its records in a buffer of about this size per I/O thread.
+inline constexpr size_t kStageBytes = size_t{2} << 20;
+
+// Test seam: while set, stores made from then on find O_DIRECT refused (as tmpfs did before
+// Linux 6.6) and fall back to writing through the page cache.
+void refuse_direct_io_for_testing(bool refuse);
 
 class FileTier final : public QueuedStorageTier {
  public:
@@ -42,8 +55,10 @@ class FileTier final : public QueuedStorageTier {
   ~FileTier() override;
 
   // The largest segment: options.segment_bytes, and with a size bound at most a quarter of it
-  // (reclaim drops whole segments), but always room for one record and the seal.
-  static int64_t effective_segment_bytes(const FileTierOptions& o, int64_t record_bytes);
+  // (reclaim drops whole segments), but always room for one record (of records aligned to
+  // `align`) and the seal.
+  static int64_t effective_segment_bytes(const FileTierOptions& o, int64_t record_bytes,
+                                         uint32_t align);
 
   // Creates the directory, checks it can be written, and indexes the segments already there.
   Status open();
@@ -100,6 +115,35 @@ class FileTier final : public QueuedStorageTier {
                      bool* damaged);
 
   // ---- segments this store appends to ----
+
+  int64_t stride_of(const Segment& seg) const { return record_stride(record_bytes_, seg.align); }
+
+  // Whether O_DIRECT writes work in the store's directory (a probe file written with it); when
+  // not, *why says what failed. tmpfs, for one, refuses O_DIRECT (EINVAL).
+  bool probe_direct_io(std::string* why) const;
+
+  // Opens seg.direct_fd for a segment that takes O_DIRECT appends; without it (a filesystem
+  // that refuses it only for some files) the segment is written through the page cache.
+  void open_direct(Segment& seg);
+  // Closes it once the segment takes no more appends.
+  static void close_direct(Segment& seg);
+
+  // Writes a new segment's header: the 32 bytes, or for an aligned segment a whole first
+  // alignment unit (the header then zeros). Empty string, or why it failed.
+  std::string write_segment_header(int thread, Segment& seg);
+
+  // Appends `k` blocks at `start` as aligned records (stride_of(seg) apart, zero-padded) from
+  // the thread's staging buffer: with O_DIRECT where seg.direct_fd is open, buffered otherwise
+  // (also after O_DIRECT fails with EINVAL). k * stride_of(seg) must fit stage_records().
+  std::string append_aligned(int thread, Segment& seg, const BlockIo* blocks, size_t k,
+                             int64_t start);
+
+  // How many aligned records of `seg` an append stages at once (at least one).
+  size_t stage_records(const Segment& seg) const;
+
+  // The thread's staging buffer (kDirectAlign-aligned, stage_bytes_), made on first use; null
+  // when it cannot be allocated.
+  unsigned char* stage(int thread);
 
   SegmentPtr active_segment(int thread, std::string* error);
 
@@ -167,9 +211,17 @@ class FileTier final : public QueuedStorageTier {
 
   const FileTierOptions options_;
   const std::string store_dir_;
-  const int64_t record_bytes_;      // record header, block header and payload
-  const int64_t segment_bytes_;     // a segment takes records while they (and a seal) fit
+  const int64_t record_bytes_;  // record header, block header and payload
+  // Set by open(), before the I/O threads start: the alignment of the records of new segments
+  // (kDirectAlign with direct_io where O_DIRECT works, else 1: packed), and the segment size.
+  uint32_t align_ = 1;
+  int64_t segment_bytes_ = 0;  // a segment takes records while they (and a seal) fit
+  size_t stage_bytes_ = 0;
   std::vector<SegmentPtr> active_;  // per I/O thread: the segment it appends to, or null
+  struct FreeAligned {
+    void operator()(unsigned char* p) const;
+  };
+  std::vector<std::unique_ptr<unsigned char, FreeAligned>> stages_;  // per I/O thread
 
   std::mutex mu_;
   Index index_;

@@ -49,15 +49,17 @@ SegmentPtr FileTier::active_segment(int thread, std::string* error) {
     }
     // Held while we append: another store never reclaims a segment that is being written.
     ::flock(fd, LOCK_EX | LOCK_NB);
-    unsigned char head[kSegmentHeaderBytes];
-    detail::encode_segment_header(fingerprint_, static_cast<uint64_t>(layout_.block_bytes), head);
-    iovec iov{head, sizeof(head)};
-    std::string why = detail::pwritev_all(fd, &iov, 1, 0);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      seg->fd = fd;  // the segment closes it from here on
+    }
+    seg->align = align_;
+    if (align_ > 1) open_direct(*seg);
+    std::string why = write_segment_header(thread, *seg);
     if (why.empty() && options_.fsync && !detail::fsync_dir(store_dir_, &why)) {
       why = "fsync: " + why;
     }
     if (!why.empty()) {
-      ::close(fd);
       ::unlink(path);
       unregister();
       *error = seg->path + ": " + why;
@@ -66,8 +68,7 @@ SegmentPtr FileTier::active_segment(int thread, std::string* error) {
     struct stat st {};
     const int64_t size = ::fstat(fd, &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
     std::lock_guard<std::mutex> lock(mu_);
-    seg->fd = fd;
-    seg->bytes = static_cast<int64_t>(kSegmentHeaderBytes);
+    seg->bytes = first_record_offset(seg->align);
     seg->seen_bytes = std::max(seg->bytes, size);  // a recycled file keeps its old length
     seg->last_used = ++clock_;
     total_bytes_ += seg->seen_bytes;
@@ -100,6 +101,7 @@ void FileTier::seal(int thread) {
     }
     seg->ours = false;
   }
+  close_direct(*seg);
   ::flock(seg->fd, LOCK_UN);
   drop_if_dead(seg);
   seg = nullptr;
@@ -111,6 +113,7 @@ void FileTier::retire(int thread) {
     std::lock_guard<std::mutex> lock(mu_);
     seg->ours = false;
   }
+  close_direct(*seg);
   ::flock(seg->fd, LOCK_UN);
   seg = nullptr;
 }
@@ -120,7 +123,7 @@ void FileTier::publish(const SegmentPtr& seg, const BlockIo* blocks, size_t k, i
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t j = 0; j < k; ++j) {
-      const int64_t offset = start + static_cast<int64_t>(j) * record_bytes_;
+      const int64_t offset = start + static_cast<int64_t>(j) * stride_of(*seg);
       // Two puts of one key raced: keep the first, so that a remove() finds every copy.
       if (!index_.emplace(blocks[j].key, Loc{seg, offset}).second) {
         duplicates.emplace_back(offset, blocks[j].key);
@@ -129,7 +132,7 @@ void FileTier::publish(const SegmentPtr& seg, const BlockIo* blocks, size_t k, i
       seg->keys.push_back(blocks[j].key);
       ++seg->live;
     }
-    const int64_t end = start + static_cast<int64_t>(k) * record_bytes_;
+    const int64_t end = start + static_cast<int64_t>(k) * stride_of(*seg);
     const int64_t seen = std::max(seg->seen_bytes, end);
     total_bytes_ += seen - seg->seen_bytes;
     seg->seen_bytes = seen;
@@ -182,7 +185,7 @@ void FileTier::mark_removed(const SegmentPtr& seg, int64_t offset, const Storage
 }
 
 bool FileTier::nobody_appends(const Segment& seg) {
-  return seg.sealed || (seg.seen_bytes > static_cast<int64_t>(kSegmentHeaderBytes) &&
+  return seg.sealed || (seg.seen_bytes > first_record_offset(seg.align) &&
                         ::flock(seg.fd, LOCK_EX | LOCK_NB) == 0);
 }
 

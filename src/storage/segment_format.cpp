@@ -11,23 +11,37 @@ constexpr size_t kRecordCrcOffset = kRecordHeaderBytes - 4;
 
 }  // namespace
 
-void encode_segment_header(uint64_t fingerprint, uint64_t block_bytes, unsigned char* out) {
+void encode_segment_header(uint64_t fingerprint, uint64_t block_bytes, uint32_t align,
+                           unsigned char* out) {
+  const bool aligned = align > 1;
   put_le(out + 0, kSegmentMagic, 4);
-  put_le(out + 4, kSegmentFormatVersion, 2);
+  put_le(out + 4, aligned ? kAlignedSegmentFormatVersion : kSegmentFormatVersion, 2);
   put_le(out + 6, kSegmentHeaderBytes, 2);
   put_le(out + 8, fingerprint, 8);
   put_le(out + 16, block_bytes, 8);
-  put_le(out + 24, 0, 4);
+  put_le(out + 24, aligned ? align : 0, 4);
   put_le(out + kSegmentCrcOffset, crc32c(out, kSegmentCrcOffset), 4);
 }
 
 std::string check_segment_header(const unsigned char* in, uint64_t fingerprint,
-                                 uint64_t block_bytes) {
+                                 uint64_t block_bytes, uint32_t* align) {
   if (get_le(in, 4) != kSegmentMagic) return "bad segment magic";
   if (get_le(in + kSegmentCrcOffset, 4) != crc32c(in, kSegmentCrcOffset)) {
     return "segment header checksum mismatch";
   }
-  if (get_le(in + 4, 2) != kSegmentFormatVersion) return "unknown segment format version";
+  const uint64_t version = get_le(in + 4, 2);
+  if (version == kSegmentFormatVersion) {
+    *align = 1;
+  } else if (version == kAlignedSegmentFormatVersion) {
+    const uint64_t a = get_le(in + 24, 4);
+    // At least the header, so that the first record never overlaps it.
+    if (a < kSegmentHeaderBytes || a > kMaxRecordAlign || (a & (a - 1)) != 0) {
+      return "bad record alignment " + std::to_string(a);
+    }
+    *align = static_cast<uint32_t>(a);
+  } else {
+    return "unknown segment format version";
+  }
   if (get_le(in + 6, 2) != kSegmentHeaderBytes) return "bad segment header size";
   if (get_le(in + 8, 8) != fingerprint) return "layout fingerprint differs";
   if (get_le(in + 16, 8) != block_bytes) return "block size differs";

@@ -50,6 +50,7 @@ bool read_at(int fd, void* p, size_t n, int64_t offset) {
 
 Segment::~Segment() {
   if (fd >= 0) ::close(fd);
+  if (direct_fd >= 0) ::close(direct_fd);
 }
 
 std::string segment_path(const std::string& dir, uint64_t id) {
@@ -96,11 +97,12 @@ SegmentPtr open_segment(const std::string& dir, uint64_t id, uint64_t fingerprin
   struct stat st {};
   unsigned char head[kSegmentHeaderBytes];
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || !read_at(fd, head, sizeof(head), 0) ||
-      !check_segment_header(head, fingerprint, static_cast<uint64_t>(block_bytes)).empty()) {
+      !check_segment_header(head, fingerprint, static_cast<uint64_t>(block_bytes), &seg->align)
+           .empty()) {
     return nullptr;
   }
   seg->mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-  seg->bytes = seg->seen_bytes = static_cast<int64_t>(kSegmentHeaderBytes);
+  seg->bytes = seg->seen_bytes = first_record_offset(seg->align);
   return seg;
 }
 
@@ -116,10 +118,11 @@ ScanResult scan_segment(const Segment& seg, uint64_t fingerprint, int64_t block_
   out.size = static_cast<int64_t>(st.st_size);
   const auto body = static_cast<int64_t>(kBlockHeaderBytes) + block_bytes;
   const auto head_bytes = static_cast<int64_t>(kRecordHeaderBytes);
+  const int64_t stride = record_stride(head_bytes + body, seg.align);
   const uint32_t seed = record_seed(seg.id);
   // A sealed segment (its last record a seal) was finished by its writer: headers suffice.
   bool trusted = false;
-  if (out.size >= head_bytes + static_cast<int64_t>(kSegmentHeaderBytes)) {
+  if (out.size >= head_bytes + first_record_offset(seg.align)) {
     unsigned char tail[kRecordHeaderBytes];
     RecordHeader h;
     trusted = read_at(seg.fd, tail, sizeof(tail), out.size - head_bytes) &&
@@ -169,7 +172,8 @@ ScanResult scan_segment(const Segment& seg, uint64_t fingerprint, int64_t block_
       }
       out.blocks.emplace_back(off, h.key);
     }
-    off += head_bytes + body;
+    // An aligned segment's padding is not checked: a crash that cut it spared the record.
+    off += stride;
   }
   if (out.torn.empty() && !out.sealed && off < out.size) out.torn = "a partial record header";
   out.end = off;

@@ -19,6 +19,10 @@ struct Segment {
   uint64_t id = 0;
   std::string path;
   int fd = -1;
+  // O_DIRECT appends (FileTierOptions::direct_io): the file opened again with O_DIRECT, while
+  // this store appends to it; -1 otherwise (appends then go through `fd`).
+  int direct_fd = -1;
+  uint32_t align = 1;      // records aligned to this (1: packed; segment_format.hpp)
   int64_t mtime_ns = 0;    // when opened
   bool ours = false;       // one of this store's I/O threads appends to it
   bool mine = false;       // this store made it (only such a file is reused once dead)

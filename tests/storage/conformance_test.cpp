@@ -252,6 +252,37 @@ TEST_P(StoreTest, CorruptTruncatedOrForeignBlockIsAFailedGet) {
   EXPECT_EQ(out[0], blocks[5]);
 }
 
+// One I/O thread reads the whole job as one batch (the Redis store pipelines its GETs): damaged
+// and missing blocks among intact ones fail alone, and the store keeps its place in the stream
+// of replies (a second get of the intact blocks reads them back too).
+TEST_P(StoreTest, BadBlocksInOneBatchFailAloneAndTheRestReadBack) {
+  const StorageLayout layout = odd_layout();
+  auto tier = make(layout, /*threads=*/1);
+  ASSERT_NE(tier, nullptr);
+  const auto keys = keys_from(0xba7c4, 9);
+  const auto blocks = random_blocks(9, layout.block_bytes, 17);
+  ASSERT_TRUE(finish(*tier, tier->submit_put(keys, cptrs(blocks))).ok);
+  const std::string good = env_->raw(layout, keys[2]).value();
+  env_->write_raw(layout, keys[2], good.substr(0, good.size() - 100));  // cut short
+  env_->write_raw(layout, keys[5], flip(env_->raw(layout, keys[5]).value(), 48 + 7));
+  ASSERT_OK(tier->remove({keys[7]}));
+  tier->drain();
+  auto out = poisoned(9, layout.block_bytes);
+  const StorageCompletion c = finish(*tier, tier->submit_get(keys, ptrs(out)));
+  EXPECT_FALSE(c.ok);
+  EXPECT_EQ(c.blocks_ok, 2u);
+  EXPECT_NE(c.error.find("3 of 9 blocks failed"), std::string::npos) << c.error;
+  EXPECT_EQ(tier->stats().failed_gets, 3);
+  EXPECT_EQ(tier->stats().gets, 6);
+  for (size_t i : {0, 1, 3, 4, 6, 8}) EXPECT_EQ(out[i], blocks[i]) << "block " << i;
+  const std::vector<StorageKey> intact = {keys[8], keys[0], keys[6], keys[1], keys[4], keys[3]};
+  auto again = poisoned(6, layout.block_bytes);
+  const StorageCompletion c2 = finish(*tier, tier->submit_get(intact, ptrs(again)));
+  EXPECT_TRUE(c2.ok) << c2.error;
+  const size_t order[] = {8, 0, 6, 1, 4, 3};
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(again[i], blocks[order[i]]) << "block " << order[i];
+}
+
 TEST_P(StoreTest, FullWriteQueueRejectsTheWholeJob) {
   const StorageLayout layout = odd_layout();
   auto tier = make(layout, /*threads=*/1, /*max_queued=*/4);
@@ -359,7 +390,7 @@ TEST_P(StoreTest, MalformedCallsAreRejectedAndQueueNothing) {
   EXPECT_EQ(tier->batch_exists(keys).value(), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, StoreTest, ::testing::Values("file", "redis"),
+INSTANTIATE_TEST_SUITE_P(Stores, StoreTest, ::testing::Values("file", "file_direct", "redis"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -185,7 +185,7 @@ TEST_P(RawCallTest, WaitBlocksUntilTheJobFinishes) {
   EXPECT_TRUE(tier->poll().empty());
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, RawCallTest, ::testing::Values("file", "redis"),
+INSTANTIATE_TEST_SUITE_P(Stores, RawCallTest, ::testing::Values("file", "file_direct", "redis"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -1,7 +1,9 @@
 // The file store's segments as the tests see them, parsed here independently of the library
 // (docs/storage.md): <dir>/<fingerprint>/<id: 16 hex>.seg, a 32-byte segment header, then
 // records of a 40-byte record header (type at 4, ns at 8, hash at 16, body bytes at 24) and a
-// body (a block: the 48-byte block header and the payload).
+// body (a block: the 48-byte block header and the payload). Version 1 packs the records; in
+// version 2 (O_DIRECT) the header names an alignment (at 24), the first record starts there and
+// each record is padded to a multiple of it.
 #pragma once
 
 #include <algorithm>
@@ -52,6 +54,20 @@ inline int64_t segment_bytes_on_disk(const std::string& dir, const StorageLayout
   return n;
 }
 
+/// A segment's format version (at 4) and record alignment (1 for packed records).
+struct SegmentFormat {
+  int version = 0;
+  uint64_t align = 1;
+  uint64_t first = 32;  // the first record's offset
+};
+inline SegmentFormat segment_format(const std::string& bytes) {
+  SegmentFormat f;
+  if (bytes.size() < 32) return f;
+  f.version = int(le_at(bytes, 4, 2));
+  if (f.version == 2) f.align = f.first = le_at(bytes, 24, 4);
+  return f;
+}
+
 /// Where a record is: its segment, the offset of its record header, its type.
 struct RecordAt {
   std::string path;
@@ -65,12 +81,14 @@ inline std::vector<RecordAt> all_records(const std::string& dir, const StorageLa
   std::vector<RecordAt> out;
   for (const std::string& p : segment_files(dir, l)) {
     const std::string s = file_bytes(p);
-    size_t off = 32;
+    const SegmentFormat f = segment_format(s);
+    size_t off = size_t(f.first);
     while (off + 40 <= s.size() && s.compare(off, 4, "PKSR") == 0) {
       RecordAt r{p, int64_t(off), int(le_at(s, off + 4, 2)),
                  StorageKey{le_at(s, off + 16, 8), le_at(s, off + 8, 8)}};
       out.push_back(r);
-      off += 40 + size_t(le_at(s, off + 24, 8));
+      const size_t record = 40 + size_t(le_at(s, off + 24, 8));
+      off += (record + f.align - 1) / f.align * f.align;
     }
   }
   return out;

@@ -45,6 +45,8 @@ class StoreEnv {
 
 class FileEnv : public StoreEnv {
  public:
+  /// `direct`: segments written with O_DIRECT (aligned records).
+  explicit FileEnv(bool direct = false) : direct_(direct) {}
   std::string setup() override { return dir_.path().empty() ? "mkdtemp failed" : ""; }
   StatusOr<std::unique_ptr<StorageTier>> make(const StorageLayout& layout, int32_t threads,
                                               int64_t max_queued) override {
@@ -52,6 +54,7 @@ class FileEnv : public StoreEnv {
     o.directory = dir_.path();
     o.threads = threads;
     o.max_queued_blocks = max_queued;
+    o.direct_io = direct_;
     return make_file_tier(layout, o);
   }
   // The body of the key's block record in its segment (segment_files.hpp).
@@ -73,6 +76,7 @@ class FileEnv : public StoreEnv {
   const char* short_block_reason() const override { return "checksum"; }
 
  private:
+  bool direct_;
   TempDir dir_;
 };
 
@@ -120,8 +124,8 @@ class RedisEnv : public StoreEnv {
 class StoreTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (GetParam() == "file") {
-      env_ = std::make_unique<FileEnv>();
+    if (GetParam() == "file" || GetParam() == "file_direct") {
+      env_ = std::make_unique<FileEnv>(GetParam() == "file_direct");
     } else {
       env_ = std::make_unique<RedisEnv>();
     }

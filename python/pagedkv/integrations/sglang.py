@@ -28,7 +28,7 @@ from ..errors import FailedPreconditionError, InvalidArgumentError, StatusCode
 
 class PagedKvStorage(HiCacheStorage):
     """A HiCache storage backend over a pagedkv store. Extra-config keys: `backend` "file"
-    (`directory`, `max_bytes`, `fsync`) or "redis" (`host`, `port`, `key_prefix`,
+    (`directory`, `max_bytes`, `fsync`, `direct_io`) or "redis" (`host`, `port`, `key_prefix`,
     `timeout_ms`), `threads`, `max_queued_blocks`, `digest` (names the page layout yourself)."""
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
@@ -64,7 +64,8 @@ class PagedKvStorage(HiCacheStorage):
                       threads=o.get("threads", 2))
         if o.get("backend", "file") == "file":
             self._store = FileTier(layout, o["directory"], max_bytes=o.get("max_bytes", 0),
-                                   fsync=o.get("fsync", False), **common)
+                                   fsync=o.get("fsync", False),
+                                   direct_io=o.get("direct_io", False), **common)
         else:
             self._store = RedisTier(layout, host=o.get("host", "127.0.0.1"),
                                     port=o.get("port", 6379),
