@@ -18,15 +18,12 @@ struct DeviceMemory {
 
 }  // namespace
 
-int backend_device_type(const KvCache& kv) {
-  return const_cast<KvCache&>(kv).backend().kind() == BackendKind::kCuda
-             ? static_cast<int>(nb::device::cuda::value)
-             : static_cast<int>(nb::device::cpu::value);
+int backend_device_type(const GroupRef& kv) {
+  return kv.backend().kind() == BackendKind::kCuda ? static_cast<int>(nb::device::cuda::value)
+                                                   : static_cast<int>(nb::device::cpu::value);
 }
 
-int backend_device_id(const KvCache& kv) {
-  return const_cast<KvCache&>(kv).backend().device_ordinal();
-}
+int backend_device_id(const GroupRef& kv) { return kv.backend().device_ordinal(); }
 
 nb::dlpack::dtype to_dlpack(DType t) {
   switch (t) {
@@ -58,7 +55,7 @@ nb::ndarray<> as_array(nb::handle obj, const char* what) {
   return a;
 }
 
-void check_device(const KvCache& kv, const nb::ndarray<>& a, const char* what) {
+void check_device(const GroupRef& kv, const nb::ndarray<>& a, const char* what) {
   if (a.device_type() != backend_device_type(kv) || a.device_id() != backend_device_id(kv)) {
     throw_invalid(std::string(what) + ": the array lives on DLPack device (" +
                   std::to_string(a.device_type()) + ", " + std::to_string(a.device_id()) +
@@ -67,7 +64,7 @@ void check_device(const KvCache& kv, const nb::ndarray<>& a, const char* what) {
   }
 }
 
-nb::ndarray<> as_index_buffer(const KvCache& kv, nb::handle obj, nb::dlpack::dtype dtype,
+nb::ndarray<> as_index_buffer(const GroupRef& kv, nb::handle obj, nb::dlpack::dtype dtype,
                               size_t ndim, const char* what) {
   nb::ndarray<> a = as_array(obj, what);
   check_device(kv, a, what);

@@ -173,12 +173,38 @@ auto unlocked(PyModelCache& self, Fn&& fn) {
   return fn(*self.model);
 }
 
+// ---- one group's cache, for the K/V helpers below ----
+
+/// What the K/V helpers read of one group's cache: its one-group config, its device pool and the
+/// backend. Made from a KvCache (implicitly: a one-group cache, or a group of a ModelKvCache of
+/// a cache per group) or from group `g` of a ModelKvCache in either form, whose groups may share
+/// one KvCache. Only valid while that cache lives; the helpers take it for one call.
+class GroupRef {
+ public:
+  GroupRef(const KvCache& kv)  // NOLINT(google-explicit-constructor): every KvCache call site
+      : config_(&kv.config()),
+        pool_(kv.device_pool()),
+        backend_(&const_cast<KvCache&>(kv).backend()) {}
+  GroupRef(const ModelKvCache& m, int32_t g)
+      : config_(&m.group_config(g)),
+        pool_(m.device_pool(g)),
+        backend_(&const_cast<KvCache&>(m.group(g)).backend()) {}
+  const CacheConfig& config() const { return *config_; }
+  PoolRef device_pool() const { return pool_; }
+  Backend& backend() const { return *backend_; }
+
+ private:
+  const CacheConfig* config_;
+  PoolRef pool_;
+  Backend* backend_;
+};
+
 // ---- arrays (arrays.cpp) ----
 
 /// DLPack device type of the cache's backend memory (kDLCPU or kDLCUDA).
-int backend_device_type(const KvCache& kv);
+int backend_device_type(const GroupRef& kv);
 /// DLPack device id of the cache's backend memory (Backend::device_ordinal).
-int backend_device_id(const KvCache& kv);
+int backend_device_id(const GroupRef& kv);
 /// The DLPack dtype of a pagedkv dtype.
 nb::dlpack::dtype to_dlpack(DType t);
 /// The pagedkv dtype of a DLPack input; kInvalidArgument naming `what` if it has none.
@@ -186,11 +212,11 @@ DType from_dlpack(nb::dlpack::dtype t, const char* what);
 /// Any DLPack producer (or capsule) as an array; kInvalidArgument naming `what` otherwise.
 nb::ndarray<> as_array(nb::handle obj, const char* what);
 /// `obj` as an array on the cache's device, of `dtype`, `ndim` dims, C-contiguous.
-nb::ndarray<> as_index_buffer(const KvCache& kv, nb::handle obj, nb::dlpack::dtype dtype,
+nb::ndarray<> as_index_buffer(const GroupRef& kv, nb::handle obj, nb::dlpack::dtype dtype,
                               size_t ndim, const char* what);
 /// kInvalidArgument unless `a` lives where the cache's backend computes: the same DLPack device
 /// type and device id.
-void check_device(const KvCache& kv, const nb::ndarray<>& a, const char* what);
+void check_device(const GroupRef& kv, const nb::ndarray<>& a, const char* what);
 /// A numpy array that owns `v`'s storage (no copy of the elements).
 template <typename T>
 nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& v) {
@@ -220,21 +246,21 @@ struct KvInput {
 /// The key and value inputs of a write_kv into `kv` (one group's cache): `value` must be None
 /// for a latent (MLA) cache and an array otherwise; `where` prefixes the messages ("" or
 /// "group 1 (mla): "). kInvalidArgument.
-std::pair<KvInput, KvInput> kv_inputs(const KvCache& kv, nb::handle key, nb::handle value,
+std::pair<KvInput, KvInput> kv_inputs(const GroupRef& kv, nb::handle key, nb::handle value,
                                       const std::string& where);
 /// The key and value inputs of a write_kv_batch into `kv`: [rows, heads, dim] each.
-std::pair<KvInput, KvInput> kv_batch_inputs(const KvCache& kv, nb::handle key, nb::handle value,
+std::pair<KvInput, KvInput> kv_batch_inputs(const GroupRef& kv, nb::handle key, nb::handle value,
                                             size_t rows, const std::string& where);
 /// The inputs of a write_kv_batch_all_layers into `kv`: [num_layers, rows, heads, dim] each,
 /// each token's [heads, dim] contiguous, any row and layer strides.
-std::pair<KvInput, KvInput> kv_all_layers_inputs(const KvCache& kv, nb::handle key,
+std::pair<KvInput, KvInput> kv_all_layers_inputs(const GroupRef& kv, nb::handle key,
                                                  nb::handle value, size_t rows,
                                                  const std::string& where);
 /// "token_major"/"nhd" or "head_major"/"hnd"; kInvalidArgument otherwise.
 PackedLayout parse_packed(const std::string& s);
 /// (K, V) zero-copy views of one layer of `kv`'s device pool, owned by `owner`; a latent pool
 /// has keys only and gives (latents, None). kOutOfRange for a layer outside the cache.
-std::pair<DlArray, std::optional<DlArray>> layer_views(nb::handle owner, const KvCache& kv,
+std::pair<DlArray, std::optional<DlArray>> layer_views(nb::handle owner, const GroupRef& kv,
                                                        int32_t layer);
 /// Output buffers of a gather_layer of `n` tokens from `kv` (one group's cache): the K (or
 /// latent) buffer and, unless latent, the V buffer, allocated on `kv`'s backend and owned by
@@ -247,10 +273,10 @@ struct GatherOutput {
   PackedLayout layout = PackedLayout::kTokenMajor;
   int64_t tokens = 0;
 };
-GatherOutput gather_output(nb::handle owner, KvCache& kv, const std::string& layout,
+GatherOutput gather_output(nb::handle owner, const GroupRef& kv, const std::string& layout,
                            std::optional<DType> dtype, int64_t tokens);
 /// The arrays of a finished gather_layer: (K, V), or (latents, None).
-std::pair<DlArray, std::optional<DlArray>> gather_result(const KvCache& kv, GatherOutput&& out);
+std::pair<DlArray, std::optional<DlArray>> gather_result(const GroupRef& kv, GatherOutput&& out);
 /// Every counter of ControlStats as a dict ("device" and "host" tier dicts included).
 nb::dict stats_dict(const ControlStats& s);
 /// The pools' sizes and allocation times as a dict (KvCache.pool_info, ModelGroup.pool_info).

@@ -323,7 +323,7 @@ void write_reserved_kv(Wrapper& s, SequenceId id, int32_t layer, const KvInput& 
 /// layer whose pool is `kv`'s (the wrapper's cache, or the layer's group), into new arrays owned
 /// by `self`; waits for the copy.
 template <typename Wrapper>
-std::pair<DlArray, std::optional<DlArray>> gather_to_arrays(nb::handle self, KvCache& kv,
+std::pair<DlArray, std::optional<DlArray>> gather_to_arrays(nb::handle self, const GroupRef& kv,
                                                             SequenceId id, int32_t layer,
                                                             const std::string& layout,
                                                             std::optional<DType> dtype,

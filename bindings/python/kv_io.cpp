@@ -24,10 +24,10 @@ void put(nb::dict& d, const char* name, const TierStats& t) {
   d[name] = tier;
 }
 
-bool is_latent(const KvCache& kv) { return kv.config().kv_kind == KvKind::kLatent; }
+bool is_latent(const GroupRef& kv) { return kv.config().kv_kind == KvKind::kLatent; }
 
 // [tokens, heads, dim], or with `layered` [every layer of the cache, tokens, heads, dim].
-KvInput kv_input(const KvCache& kv, nb::handle obj, const std::string& where, const char* what,
+KvInput kv_input(const GroupRef& kv, nb::handle obj, const std::string& where, const char* what,
                  bool layered = false) {
   const std::string name = where + what;
   nb::ndarray<> a = as_array(obj, name.c_str());
@@ -67,7 +67,7 @@ KvInput kv_input(const KvCache& kv, nb::handle obj, const std::string& where, co
 
 // A view of one layer's keys (or latents) or values of the whole pool, in the page layout's
 // axis order. The block stride is a whole block of every layer and part.
-DlArray pool_view(nb::handle owner, const KvCache& kv, int32_t layer, KvPart part) {
+DlArray pool_view(nb::handle owner, const GroupRef& kv, int32_t layer, KvPart part) {
   const PoolRef pool = kv.device_pool();
   const PoolLayout& l = pool.layout;
   const size_t elem = dtype_size(pool.dtype);
@@ -81,7 +81,7 @@ DlArray pool_view(nb::handle owner, const KvCache& kv, int32_t layer, KvPart par
                  backend_device_id(kv));
 }
 
-std::pair<KvInput, KvInput> key_value_inputs(const KvCache& kv, nb::handle key, nb::handle value,
+std::pair<KvInput, KvInput> key_value_inputs(const GroupRef& kv, nb::handle key, nb::handle value,
                                              const std::string& where, bool layered) {
   if (is_latent(kv)) {
     // The pool has one page per layer (the latents): a value has nowhere to go.
@@ -110,19 +110,19 @@ void check_batch_rows(const KvInput& k, size_t rows, const std::string& where) {
 
 }  // namespace
 
-std::pair<KvInput, KvInput> kv_inputs(const KvCache& kv, nb::handle key, nb::handle value,
+std::pair<KvInput, KvInput> kv_inputs(const GroupRef& kv, nb::handle key, nb::handle value,
                                       const std::string& where) {
   return key_value_inputs(kv, key, value, where, /*layered=*/false);
 }
 
-std::pair<KvInput, KvInput> kv_batch_inputs(const KvCache& kv, nb::handle key, nb::handle value,
+std::pair<KvInput, KvInput> kv_batch_inputs(const GroupRef& kv, nb::handle key, nb::handle value,
                                             size_t rows, const std::string& where) {
   std::pair<KvInput, KvInput> in = key_value_inputs(kv, key, value, where, /*layered=*/false);
   check_batch_rows(in.first, rows, where);
   return in;
 }
 
-std::pair<KvInput, KvInput> kv_all_layers_inputs(const KvCache& kv, nb::handle key,
+std::pair<KvInput, KvInput> kv_all_layers_inputs(const GroupRef& kv, nb::handle key,
                                                  nb::handle value, size_t rows,
                                                  const std::string& where) {
   std::pair<KvInput, KvInput> in = key_value_inputs(kv, key, value, where, /*layered=*/true);
@@ -136,7 +136,7 @@ PackedLayout parse_packed(const std::string& s) {
   throw_invalid("layout: 'token_major' ([len, heads, dim]) or 'head_major' ([heads, len, dim])");
 }
 
-std::pair<DlArray, std::optional<DlArray>> layer_views(nb::handle owner, const KvCache& kv,
+std::pair<DlArray, std::optional<DlArray>> layer_views(nb::handle owner, const GroupRef& kv,
                                                        int32_t layer) {
   const int32_t n = kv.config().num_layers;
   if (layer < 0 || layer >= n) {
@@ -149,7 +149,7 @@ std::pair<DlArray, std::optional<DlArray>> layer_views(nb::handle owner, const K
   return {pool_view(owner, kv, layer, KvPart::kKey), pool_view(owner, kv, layer, KvPart::kValue)};
 }
 
-GatherOutput gather_output(nb::handle owner, KvCache& kv, const std::string& layout,
+GatherOutput gather_output(nb::handle owner, const GroupRef& kv, const std::string& layout,
                            std::optional<DType> dtype, int64_t tokens) {
   const CacheConfig& c = kv.config();
   GatherOutput out;
@@ -163,7 +163,7 @@ GatherOutput gather_output(nb::handle owner, KvCache& kv, const std::string& lay
   return out;
 }
 
-std::pair<DlArray, std::optional<DlArray>> gather_result(const KvCache& kv, GatherOutput&& out) {
+std::pair<DlArray, std::optional<DlArray>> gather_result(const GroupRef& kv, GatherOutput&& out) {
   const CacheConfig& c = kv.config();
   const size_t h = size_t(c.num_kv_heads), d = size_t(c.head_dim), len = size_t(out.tokens);
   const size_t shape_tm[3] = {len, h, d}, shape_hm[3] = {h, len, d};

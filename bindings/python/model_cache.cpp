@@ -22,6 +22,8 @@ struct PyModelGroup {
   int32_t index = 0;
 
   KvCache& kv() const { return owner->model->group(index); }
+  GroupRef ref() const { return GroupRef(*owner->model, index); }
+  bool shared() const { return owner->model->shares_blocks(); }
 };
 
 // "group 1 (window)", as the C++ messages name a group.
@@ -52,8 +54,10 @@ void check_group(const ModelKvCache& m, int32_t g) {
 
 // `storage`: None, or one FileTier, RedisTier or None per group.
 void init_model(PyModelCache* self, const CacheConfig& config, bool enable_events,
-                size_t event_capacity, nb::handle storage, int64_t storage_staging_blocks) {
+                size_t event_capacity, nb::handle storage, int64_t storage_staging_blocks,
+                bool share_blocks) {
   ModelKvCacheOptions options;
+  options.share_blocks = share_blocks;
   options.cache.enable_events = enable_events;
   options.cache.event_capacity = event_capacity;
   options.cache.storage_staging_blocks = storage_staging_blocks;
@@ -150,16 +154,17 @@ void register_group(nb::module_& m) {
           },
           "The model layers the group holds; layer_kv(i) is the i-th of them.")
       .def_prop_ro(
-          "config", [](const PyModelGroup& g) { return g.kv().config(); },
+          "config", [](const PyModelGroup& g) { return g.ref().config(); },
           "The group's one-group config (its layers numbered from 0).")
       .def_prop_ro(
           "pool_info", [](const PyModelGroup& g) { return pool_info_dict(g.kv().pool_info()); },
-          "Bytes of the group's pools and their allocation times.")
+          "Bytes of the group's pools and their allocation times (with share_blocks: of every "
+          "group's pools, which one cache holds).")
       .def(
           "layer_kv",
           [](nb::handle self, int32_t layer) {
             const PyModelGroup& g = nb::cast<const PyModelGroup&>(self);
-            return layer_views(self, g.kv(), layer);
+            return layer_views(self, g.ref(), layer);
           },
           nb::arg("layer"),
           "(K, V) zero-copy views of the group's device pool for its layer `layer` (an index "
@@ -171,10 +176,18 @@ void register_group(nb::module_& m) {
             return stats_dict(
                 unlocked(*g.owner, [&](ModelKvCache& m) { return m.group(g.index).stats(); }));
           },
-          "The group's counters, as KvCache.stats().")
+          "The group's counters, as KvCache.stats() (with share_blocks: the one cache's, whose "
+          "device and host counts are the group that owns the blocks').")
       .def(
           "drain_events",
           [](PyModelGroup& g) {
+            if (g.shared()) {
+              // One cache records every group's events in one stream: draining one group's
+              // would lose the others'.
+              throw StatusError(failed_precondition(
+                  "drain_events: the groups share one cache (share_blocks); use "
+                  "ModelKvCache.drain_events, whose events name their group"));
+            }
             std::vector<ControlEvent> events = unlocked(
                 *g.owner, [&](ModelKvCache& m) { return m.group(g.index).drain_events(); });
             // The group's KvCache tags its events 0, as any KvCache does; a caller of the view
@@ -184,18 +197,19 @@ void register_group(nb::module_& m) {
           },
           "This group's control events since they were last drained (here or by "
           "ModelKvCache.drain_events, which reads the same events), oldest first, each with "
-          ".group = this group's index.")
+          ".group = this group's index. FailedPreconditionError with share_blocks: one cache "
+          "records every group's events, so drain them from the model.")
       .def(
           "block_locations",
           [](PyModelGroup& g, SequenceId id) {
             return location_pairs(value_or_throw(unlocked(
-                *g.owner, [&](ModelKvCache& m) { return m.group(g.index).block_locations(id); })));
+                *g.owner, [&](ModelKvCache& m) { return m.block_locations(id, g.index); })));
           },
           nb::arg("id"),
           "(Tier, physical block id) of each block of the sequence in this group; -1 for a block "
           "that fell out of a sliding window. NotFoundError.")
       .def("__repr__", [](const PyModelGroup& g) {
-        const CacheConfig& c = g.kv().config();
+        const CacheConfig& c = g.ref().config();
         return "ModelGroup(" + group_label(g.owner->model->config(), g.index) +
                ", layers=" + std::to_string(c.num_layers) +
                ", kv_kind=" + (c.kv_kind == KvKind::kLatent ? "latent" : "key_value") +
@@ -241,12 +255,16 @@ void register_model_cache(nb::module_& m) {
                                "The C++ ModelKvCache (use pagedkv.ModelKvCache).");
   cls.def("__init__", &init_model, nb::arg("config"), nb::arg("enable_events") = true,
           nb::arg("event_capacity") = 65536, nb::arg("storage").none() = nb::none(),
-          nb::arg("storage_staging_blocks") = 64,
-          "Creates one KvCache per KV group of a C++ CacheConfig (use pagedkv.ModelKvCache); "
-          "`storage` None or one store (or None) per group, each of its group's layout and its "
-          "own model id; the model holds them.");
+          nb::arg("storage_staging_blocks") = 64, nb::arg("share_blocks") = false,
+          "Creates one KvCache per KV group of a C++ CacheConfig (use pagedkv.ModelKvCache), or "
+          "with `share_blocks` one KvCache whose groups share the logical blocks; `storage` None "
+          "or one store (or None) per group, each of its group's layout and its own model id; "
+          "the model holds them.");
   cls.def_prop_ro("config", [](PyModelCache& s) { return s.model->config(); });
   cls.def_prop_ro("num_groups", [](PyModelCache& s) { return s.model->num_groups(); });
+  cls.def_prop_ro(
+      "shares_blocks", [](PyModelCache& s) { return s.model->shares_blocks(); },
+      "Whether one cache holds every group (share_blocks), or there is one per group.");
   cls.def_prop_ro("backend_description",
                   [](PyModelCache& s) { return s.model->group(0).backend().description(); });
   cls.def_prop_ro("device_type",
@@ -311,7 +329,7 @@ void register_model_cache(nb::module_& m) {
       [](PyModelCache& s, SequenceId id, int32_t layer, nb::handle key, nb::handle value) {
         const LayerGroup lg = layer_group(*s.model, layer);
         const std::pair<KvInput, KvInput> in =
-            kv_inputs(s.model->group(lg.group), key, value, where(*s.model, lg.group));
+            kv_inputs(GroupRef(*s.model, lg.group), key, value, where(*s.model, lg.group));
         write_reserved_kv(s, id, layer, in.first, in.second);
       },
       nb::arg("id"), nb::arg("layer"), nb::arg("key"), nb::arg("value").none() = nb::none(),
@@ -325,7 +343,7 @@ void register_model_cache(nb::module_& m) {
         const LayerGroup lg = layer_group(*s.model, layer);
         const PyBatch& part = nb::cast<const PyBatch&>(b.groups[size_t(lg.group)]);
         const std::pair<KvInput, KvInput> in =
-            kv_batch_inputs(s.model->group(lg.group), key, value, part.host.slot_mapping.size(),
+            kv_batch_inputs(GroupRef(*s.model, lg.group), key, value, part.host.slot_mapping.size(),
                             where(*s.model, lg.group));
         const KvInput &k = in.first, &v = in.second;
         write_and_wait(s, k, [&](ModelKvCache& mc) {
@@ -347,8 +365,8 @@ void register_model_cache(nb::module_& m) {
         }
         const PyBatch& part = nb::cast<const PyBatch&>(b.groups[size_t(group)]);
         const std::pair<KvInput, KvInput> in =
-            kv_all_layers_inputs(s.model->group(group), key, value, part.host.slot_mapping.size(),
-                                 where(*s.model, group));
+            kv_all_layers_inputs(GroupRef(*s.model, group), key, value,
+                                 part.host.slot_mapping.size(), where(*s.model, group));
         const KvInput &k = in.first, &v = in.second;
         write_and_wait(s, k, [&](ModelKvCache& mc) {
           return mc.write_kv_batch_all_layers(b.device, group, k.data, v.data, k.dtype,
@@ -364,7 +382,7 @@ void register_model_cache(nb::module_& m) {
       [](nb::handle self, SequenceId id, int32_t layer, const std::string& layout,
          std::optional<DType> dtype, int64_t begin, int64_t num_tokens) {
         PyModelCache& s = nb::cast<PyModelCache&>(self);
-        KvCache& kv = s.model->group(layer_group(*s.model, layer).group);
+        const GroupRef kv(*s.model, layer_group(*s.model, layer).group);
         return gather_to_arrays<PyModelCache>(self, kv, id, layer, layout, dtype, begin,
                                               num_tokens);
       },
@@ -378,7 +396,7 @@ void register_model_cache(nb::module_& m) {
       [](nb::handle self, int32_t layer) {
         PyModelCache& s = nb::cast<PyModelCache&>(self);
         const LayerGroup lg = layer_group(*s.model, layer);
-        return layer_views(self, s.model->group(lg.group), lg.layer);
+        return layer_views(self, GroupRef(*s.model, lg.group), lg.layer);
       },
       nb::arg("layer"),
       "(K, V) zero-copy views of model layer `layer` in its group's device pool, as "

@@ -646,7 +646,9 @@ class ModelGroup:
 
     @property
     def pool_info(self) -> dict[str, Any]:
-        """Bytes of the group's pools and their allocation times."""
+        """
+        Bytes of the group's pools and their allocation times (with share_blocks: of every group's pools, which one cache holds).
+        """
 
     def layer_kv(self, layer: int) -> tuple[Any, Any | None]:
         """
@@ -654,11 +656,13 @@ class ModelGroup:
         """
 
     def stats(self) -> dict[str, Any]:
-        """The group's counters, as KvCache.stats()."""
+        """
+        The group's counters, as KvCache.stats() (with share_blocks: the one cache's, whose device and host counts are the group that owns the blocks').
+        """
 
     def drain_events(self) -> list[ControlEvent]:
         """
-        This group's control events since they were last drained (here or by ModelKvCache.drain_events, which reads the same events), oldest first, each with .group = this group's index.
+        This group's control events since they were last drained (here or by ModelKvCache.drain_events, which reads the same events), oldest first, each with .group = this group's index. FailedPreconditionError with share_blocks: one cache records every group's events, so drain them from the model.
         """
 
     def block_locations(self, id: int) -> list[tuple[Tier, int]]:
@@ -696,9 +700,9 @@ class ModelBatch:
 class _ModelKvCache:
     """The C++ ModelKvCache (use pagedkv.ModelKvCache)."""
 
-    def __init__(self, config: _CacheConfig, enable_events: bool = True, event_capacity: int = 65536, storage: Sequence[StorageTier | None] | None = None, storage_staging_blocks: int = 64) -> None:
+    def __init__(self, config: _CacheConfig, enable_events: bool = True, event_capacity: int = 65536, storage: Sequence[StorageTier | None] | None = None, storage_staging_blocks: int = 64, share_blocks: bool = False) -> None:
         """
-        Creates one KvCache per KV group of a C++ CacheConfig (use pagedkv.ModelKvCache); `storage` None or one store (or None) per group, each of its group's layout and its own model id; the model holds them.
+        Creates one KvCache per KV group of a C++ CacheConfig (use pagedkv.ModelKvCache), or with `share_blocks` one KvCache whose groups share the logical blocks; `storage` None or one store (or None) per group, each of its group's layout and its own model id; the model holds them.
         """
 
     @property
@@ -706,6 +710,12 @@ class _ModelKvCache:
 
     @property
     def num_groups(self) -> int: ...
+
+    @property
+    def shares_blocks(self) -> bool:
+        """
+        Whether one cache holds every group (share_blocks), or there is one per group.
+        """
 
     @property
     def backend_description(self) -> str: ...

@@ -7,6 +7,8 @@ no host tier. Expected counts come from the prompt lengths, block size, window a
 blocks that fall out of its window into its prefix cache), never from the cache."""
 from __future__ import annotations
 
+import pytest
+
 import pagedkv
 from pagedkv import EventKind, Tier
 
@@ -116,6 +118,21 @@ def test_a_group_view_drains_its_events_with_its_own_index():
     check_stores(rest, PROMPT_A, FULL)
     assert cache.group(FULL).drain_events() == []
     assert "group=1" in repr(window[0])
+
+
+def test_one_cache_for_both_groups_drains_their_events_from_the_model_only():
+    # share_blocks: one cache records both groups' events in one stream, each naming its group;
+    # a group view cannot drain its own without losing the other's, so it refuses.
+    cache = model(share_blocks=True)
+    assert cache.shares_blocks
+    prefill(cache, 1, PROMPT_A)
+    with pytest.raises(pagedkv.FailedPreconditionError, match="ModelKvCache.drain_events"):
+        cache.group(WINDOW).drain_events()
+    events = cache.drain_events()
+    stores = [e for e in events if e.kind == EventKind.BLOCK_STORED]
+    check_stores([e for e in stores if e.group == FULL], PROMPT_A, FULL)
+    check_stores([e for e in stores if e.group == WINDOW], PROMPT_A, WINDOW)
+    assert cache.drain_events() == []
 
 
 def test_an_overflowed_group_resyncs_with_its_group_ahead_of_the_rest():

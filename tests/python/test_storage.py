@@ -236,11 +236,14 @@ def iota(n, first):
 P = iota(96, 1000)  # six blocks
 
 
-def test_a_restarted_model_cache_hits_what_each_group_fetched_from_its_file_tier(tmp_path):
-    # Both groups' stores share one directory: each works under its own layout fingerprint.
+@pytest.mark.parametrize("share_blocks", [False, True], ids=["cache_per_group", "share_blocks"])
+def test_a_restarted_model_cache_hits_what_each_group_fetched_from_its_file_tier(
+        tmp_path, share_blocks):
+    # Both groups' stores share one directory: each works under its own layout fingerprint. With
+    # share_blocks one cache writes and fetches both groups' pages.
     stores = model_stores(tmp_path)
     assert stores[0].layout.fingerprint() != stores[1].layout.fingerprint()
-    model = pagedkv.ModelKvCache(model_config(), storage=stores)
+    model = pagedkv.ModelKvCache(model_config(), storage=stores, share_blocks=share_blocks)
     assert model.storage == stores and all(s.in_use for s in stores)
     compute_and_finish(model, 1, P, SHAPES)
     for id in range(10, 15):  # push P past both groups' host tiers
@@ -248,23 +251,26 @@ def test_a_restarted_model_cache_hits_what_each_group_fetched_from_its_file_tier
     model.flush_storage()
     model.check_invariants()
     for g in (0, 1):
-        written = model.group(g).stats()["storage_blocks_written"]
+        written = stores[g].stats()["puts"]
         assert written >= 6, f"group {g}"
-        assert stores[g].stats()["puts"] == written
         assert len(block_records(tmp_path, stores[g].layout)) == written
+        if not share_blocks:
+            assert model.group(g).stats()["storage_blocks_written"] == written
     del model, stores
     gc.collect()
 
-    model = pagedkv.ModelKvCache(model_config(), storage=model_stores(tmp_path))
+    stores = model_stores(tmp_path)
+    model = pagedkv.ModelKvCache(model_config(), storage=stores, share_blocks=share_blocks)
     # The hit is at most 95 tokens (the last one is computed). The full group fetches its six
-    # blocks; the window group the blocks covering [95 - 32, 95): blocks 3, 4 and 5.
-    assert model.fetch_from_storage(P) == 6 + 3
+    # blocks; the window group the blocks covering [95 - 32, 95): blocks 3, 4 and 5 (the one
+    # cache counts its blocks, whose window pages come with them).
+    assert model.fetch_from_storage(P) == (6 if share_blocks else 6 + 3)
     model.check_invariants()
     model.flush_storage()
     assert model.storage_in_flight() == 0
     model.check_invariants()
+    assert [s.stats()["gets"] for s in stores] == [6, 3]
     assert model.group(0).stats()["storage_hit_blocks"] == 6
-    assert model.group(1).stats()["storage_hit_blocks"] == 3
     assert model.add_sequence(2, P) == 95
     model.check_invariants()
     model.reserve(2, 1)  # onboards the hit to the device
