@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "storage/killed_writer.hpp"
 #include "storage/segment_files.hpp"
 #include "storage/storage_test_util.hpp"
 #include "support/status_matchers.hpp"
@@ -407,73 +408,9 @@ TEST_F(FileTierTest, ADirectoryThatWasRemovedIsMadeAgain) {
 // kill -9 of a writer mid-job, then a restart: every block that reads back reads right, every
 // job the writer reported finished reads back whole, and the store takes new puts.
 TEST_F(FileTierTest, AWriterKilledMidJobLeavesOnlyVerifiedBlocks) {
-  constexpr size_t kPerJob = 24;
-  const auto job_keys = [](size_t j) { return keys_from(0x10000000ull * (j + 1), kPerJob); };
-  const auto job_blocks = [](size_t j) {
-    return random_blocks(kPerJob, kPayload, uint32_t(1000 + j));
-  };
-  int pipe_fds[2];
-  ASSERT_EQ(::pipe(pipe_fds), 0);
   FileTierOptions o = options();
   o.segment_bytes = 16 * kRecord;
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::close(pipe_fds[0]);
-    auto made = make_file_tier(odd_layout(), o);
-    if (!made.ok()) ::_exit(2);
-    std::unique_ptr<StorageTier> tier = std::move(made).value();
-    for (size_t j = 0;; ++j) {
-      const auto blocks = job_blocks(j);
-      if (!tier->submit_put(job_keys(j), cptrs(blocks)).ok()) ::_exit(3);
-      tier->drain();
-      for (const StorageCompletion& c : tier->poll()) {
-        if (!c.ok) ::_exit(4);
-      }
-      const char done = 'j';
-      if (::write(pipe_fds[1], &done, 1) != 1) ::_exit(5);
-    }
-  }
-  ::close(pipe_fds[1]);
-  char c;
-  for (int reported = 0; reported < 3;) {  // some progress, then the kill
-    ASSERT_EQ(::read(pipe_fds[0], &c, 1), 1) << "the writer died early";
-    ++reported;
-  }
-  ASSERT_EQ(::kill(child, SIGKILL), 0);
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  EXPECT_TRUE(WIFSIGNALED(status));
-  size_t finished = 3;
-  while (::read(pipe_fds[0], &c, 1) == 1) ++finished;
-  ::close(pipe_fds[0]);
-
-  auto tier = make();
-  ASSERT_NE(tier, nullptr);
-  for (size_t j = 0; j < finished + 2; ++j) {
-    const auto keys = job_keys(j);
-    const auto blocks = job_blocks(j);
-    auto out = poisoned(kPerJob, kPayload);
-    std::vector<uint64_t> gets;
-    for (size_t i = 0; i < kPerJob; ++i) {
-      gets.push_back(tier->submit_get({keys[i]}, {out[i].data()}).value());
-    }
-    tier->drain();
-    auto done = collect(*tier, gets);
-    for (size_t i = 0; i < kPerJob; ++i) {
-      const StorageCompletion& d = done[gets[i]];
-      if (d.ok) {
-        EXPECT_EQ(out[i], blocks[i]) << "job " << j << " block " << i;
-      }
-      if (j < finished) {
-        EXPECT_TRUE(d.ok) << "job " << j << " block " << i << ": " << d.error;
-      }
-    }
-  }
-  const auto keys = keys_from(0xc00, 5);
-  const auto blocks = random_blocks(5, kPayload, 32);
-  put(*tier, keys, blocks);
-  expect_reads(*tier, keys, blocks);
+  kill_writer_mid_job_and_restart(o, kPayload, 0x10000000ull, 1000);
 }
 
 // A full disk (RLIMIT_FSIZE in a child, SIGXFSZ ignored): puts fail and are counted, earlier
