@@ -248,18 +248,18 @@ Status StorageLink::submit_reads(core::ControlPlane& control) {
   waiting_reads_.resize(kept);
   for (PendingRead& r : ready) {
     const uint64_t arrival = r.arrival;
-    std::vector<std::pair<size_t, int64_t>> failed;  // lanes whose get could not be submitted
+    std::vector<size_t> failed;  // lanes whose get could not be submitted: nothing read
     for (ReadPart& part : r.parts) {
       StatusOr<uint64_t> job = lanes_[part.lane].store->submit_get(part.keys, part.dst);
       if (job.ok()) {
         read_jobs_[part.lane].emplace(*job, arrival);
       } else {
-        failed.emplace_back(part.lane, 0);
+        failed.push_back(part.lane);
       }
     }
     reads_.emplace(arrival, std::move(r));
-    for (const auto& f : failed) {
-      const Status st = part_done(control, arrival, f.first, f.second);
+    for (const size_t lane : failed) {
+      const Status st = part_done(control, arrival, lane, /*intact=*/0);
       if (!st.ok() && error.ok()) error = st;
     }
   }
