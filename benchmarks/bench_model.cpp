@@ -13,8 +13,7 @@
 // its own) and only the window group evicts. The third argument 1 samples other tokens each
 // cycle instead: every block is a new key, and the full group's pool, which then holds the
 // earlier cycles' blocks as cached blocks, evicts one for each new block, as a server's pool
-// under load does. The fourth argument 1 holds the two-group model's groups in one cache that
-// shares the blocks (ModelKvCacheOptions::share_blocks) instead of one cache per group. The two
+// under load does. The two-group model's groups share the logical blocks of one cache. The two
 // models take turns going first.
 //
 // Time is the two-group model's reserve_batch + build_batch (manual time). Counters (ns a
@@ -71,8 +70,7 @@ KvGroup tiny_group(const char* name, int32_t layer, int32_t window, int64_t bloc
 // A model of `seqs` decoding sequences: one full group, or a full and a window-128 group. The
 // full pool holds every sequence at its longest; the window pool its window and a few blocks
 // more, so the window group evicts cached blocks as a tight pool does.
-std::unique_ptr<ModelKvCache> make_model(int64_t seqs, bool two_groups, bool staggered,
-                                         bool share_blocks) {
+std::unique_ptr<ModelKvCache> make_model(int64_t seqs, bool two_groups, bool staggered) {
   const int64_t longest = prompt_length(kBlock - 1, staggered) + kSteps;
   CacheConfig c;
   c.num_layers = two_groups ? 2 : 1;
@@ -85,7 +83,6 @@ std::unique_ptr<ModelKvCache> make_model(int64_t seqs, bool two_groups, bool sta
   }
   ModelKvCacheOptions o;
   o.cache.enable_events = false;  // as pagedkv_bench_control: decisions, not event records
-  o.share_blocks = share_blocks;
   auto model = ModelKvCache::create(c, o);
   if (!model.ok()) return nullptr;
   std::vector<SequenceId> ids;
@@ -106,9 +103,8 @@ void BM_ModelDecodeStep(benchmark::State& state) {
   const int64_t seqs = state.range(0);
   const bool staggered = state.range(1) != 0;
   const bool fresh_tokens = state.range(2) != 0;
-  const bool share_blocks = state.range(3) != 0;
-  auto one = make_model(seqs, false, staggered, false);
-  auto two = make_model(seqs, true, staggered, share_blocks);
+  auto one = make_model(seqs, false, staggered);
+  auto two = make_model(seqs, true, staggered);
   if (one == nullptr || two == nullptr) {
     state.SkipWithError("could not set up the models");
     return;
@@ -168,17 +164,13 @@ void BM_ModelDecodeStep(benchmark::State& state) {
   state.counters["one_group_commit_ns_per_seq"] = static_cast<double>(commit_ns[0]) / n;
   state.counters["with_commit_vs_one_group"] =
       ratio(step_ns[1] + commit_ns[1], step_ns[0] + commit_ns[0]);
-  state.SetLabel(std::string(share_blocks ? "shared blocks, " : "a cache per group, ") +
-                 (staggered ? "staggered" : "lockstep") +
+  state.SetLabel(std::string(staggered ? "staggered" : "lockstep") +
                  (fresh_tokens ? ", new tokens each cycle" : ""));
 }
 BENCHMARK(BM_ModelDecodeStep)
-    ->Args({1024, 0, 0, 0})
-    ->Args({1024, 1, 0, 0})
-    ->Args({1024, 1, 1, 0})
-    ->Args({1024, 0, 0, 1})
-    ->Args({1024, 1, 0, 1})
-    ->Args({1024, 1, 1, 1})
+    ->Args({1024, 0, 0})
+    ->Args({1024, 1, 0})
+    ->Args({1024, 1, 1})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

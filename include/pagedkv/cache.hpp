@@ -409,7 +409,14 @@ class KvCache {
 
   // ---- observability ----
 
+  /// The counters of the cache (with several groups: of the blocks, which are the owner
+  /// group's, and of what every group does once: sequences, prefix lookups, moves).
   ControlStats stats() const;
+  /// The counters as group `g` sees them: both tiers' counts and bytes of its own pools, the
+  /// pages it evicted (blocks_evicted, on either tier) and released as they fell out of its
+  /// window (window_released_blocks); every other counter is stats()'s, which counts once for
+  /// all groups. One group: stats(). kOutOfRange for a group outside the cache.
+  StatusOr<ControlStats> group_stats(int32_t g) const;
   std::vector<ControlEvent> drain_events();
   /// The control plane's invariants (kInternal names the first broken one), plus the cache's
   /// own: every pending reservation belongs to a live sequence, and every upload region still

@@ -74,15 +74,14 @@ class EventPublisher {
   /// Drains `cache`'s events and publishes them as one message; nothing is sent when none of
   /// them goes on the wire. Returns the number of wire events sent. On an error the drained
   /// events are lost, so the next message starts with AllBlocksCleared (the reader resyncs).
+  /// A cache of several groups: each block event carries its group as vLLM's `group_idx`
+  /// (stored ones also the group's kind and window; docs/events.md); kInvalidArgument, nothing
+  /// drained, when its block_size is not the publisher's.
   StatusOr<int64_t> publish(KvCache& cache);
   /// Publishes `events` as one message (see publish(KvCache&)). kInvalidArgument from the
   /// encoder (nothing sent); kUnavailable when ZeroMQ refuses the send.
   StatusOr<int64_t> publish(const std::vector<ControlEvent>& events);
-  /// Drains every group of a hybrid model (ModelKvCache::drain_events) and publishes the events
-  /// as one message; with two or more groups each block event carries its group as vLLM's
-  /// `group_idx` (stored ones also the group's kind and window; docs/events.md), with one the
-  /// message is what publish(KvCache&) sends. kInvalidArgument, nothing drained, when the
-  /// model's block_size is not the publisher's; otherwise as publish(KvCache&).
+  /// publish(model.cache()): a hybrid model's events, each block event with its group.
   StatusOr<int64_t> publish(ModelKvCache& model);
   /// Publishes `events` of the groups described by `groups` (indexed by ControlEvent::group;
   /// events::wire_groups gives them for a config) as one message. kInvalidArgument from the

@@ -1,47 +1,35 @@
 // ModelKvCache: the cache of a model whose layers form several KV groups (CacheConfig::groups):
 // sliding-window layers next to full-attention ones (gpt-oss, Gemma 2/3), or an MLA latent
-// group (DeepSeek V2/V3, Kimi). Each group has its own pools, page shape and window, and all of
-// them share one backend and compute stream; this class keeps their sequences in step and
-// routes each model layer to its group. Two ways to hold the groups:
-//  - separate planes (the default): each group is a KvCache of its own, with its own sequence
-//    table, prefix tree and planner, and group(g) is that cache;
-//  - shared blocks (ModelKvCacheOptions::share_blocks; at least one full-attention or latent
-//    group and up to three window groups, no storage tiers): one KvCache holds every group
-//    (cache.hpp, "several KV groups"), so a sequence is looked up, planned and committed once for
-//    all groups. The control part of a decode step then costs about 1.4x one group's instead
-//    of 2.3x (docs/hybrid-models.md).
+// group (DeepSeek V2/V3, Kimi). It is a KvCache (cache.hpp, "several KV groups") that holds
+// every group over one set of logical blocks: one sequence table, prefix index, planner and
+// undo journal for the model, so a call is decided once for all groups and a failed call
+// changes no group. This class adds the model-level shapes on top: a batch as one DeviceBatch
+// per group (ModelBatch), reserve's slots per group, and a store per group.
 //
-// A sequence lives in every group with the same committed length and reservation. A prefix hit
-// counts only as far as every group can supply it (all blocks for full attention, the blocks
-// inside the window for a window group). Calls check what they can before changing anything;
-// where a group can refuse after another has gone ahead (out of device or host blocks), the
-// call is taken back in the groups that went ahead, as each method says.
+// A prefix hit counts as far as every group can supply it (all blocks for full attention, the
+// blocks inside the window for a window group). What the one KvCache does not hold yet (a
+// model whose groups all have a window, or more than three window groups) is refused when the
+// cache is created, with kInvalidArgument naming the shape.
 #pragma once
 
 #include <cstdint>
 #include <memory>
-#include <unordered_set>
-#include <utility>
 #include <vector>
 
 #include "pagedkv/cache.hpp"
 
 namespace pagedkv {
 
-/// Options of a ModelKvCache: those of every group's KvCache (backend, streams, clock, events),
-/// and per group an optional storage tier.
+/// Options of a ModelKvCache: those of its KvCache (backend, streams, clock, events), and per
+/// group an optional storage tier.
 struct ModelKvCacheOptions {
-  KvCacheOptions cache;  // `cache.storage` must be null: use `storage`
+  KvCacheOptions cache;  // `cache.storage` and `cache.group_storage` must be empty: use `storage`
   /// Empty, or one storage tier (or null) per group, in group order; each serves that group
-  /// only, with that group's layout. Two groups may not share a store, nor use stores of one
-  /// layout fingerprint (a window group's block and a full group's block of the same tokens are
+  /// only, with that group's layout (KvCacheOptions::group_storage: the group that owns the
+  /// blocks needs one). Two groups may not share a store, nor use stores of one layout
+  /// fingerprint (a window group's block and a full group's block of the same tokens are
   /// different bytes under the same key): give each group's store its own model id.
   std::vector<StorageTier*> storage;
-  /// Hold every group in one KvCache whose groups share the logical blocks (see the file
-  /// comment). Needs a full-attention (or latent) group and at most three window groups, and no
-  /// storage tier (kInvalidArgument, kUnimplemented). group(g) is then that one cache for every g:
-  /// use this class's per-group calls (group_config, block_locations, device_view) for a group.
-  bool share_blocks = false;
 };
 
 /// One step's batch metadata, one DeviceBatch per group (ModelKvCache::build_batch).
@@ -51,9 +39,9 @@ struct ModelBatch {
 
 class ModelKvCache {
  public:
-  /// Validates the config (groups or the one-group form) and creates one KvCache per group, or
-  /// one for all of them with share_blocks.
-  /// kInvalidArgument names the group and field; kResourceExhausted when a pool cannot be had.
+  /// Validates the config (groups or the one-group form) and creates the one KvCache that holds
+  /// every group. kInvalidArgument names the group and field (also for a shape the one cache
+  /// does not hold yet); kResourceExhausted when a pool cannot be had.
   static StatusOr<std::unique_ptr<ModelKvCache>> create(const CacheConfig& config,
                                                         ModelKvCacheOptions options = {});
   ~ModelKvCache();
@@ -62,43 +50,31 @@ class ModelKvCache {
 
   const CacheConfig& config() const { return config_; }
   int32_t num_groups() const { return config_.num_groups(); }
-  /// Whether the groups share one KvCache (ModelKvCacheOptions::share_blocks).
-  bool shares_blocks() const { return shared_; }
-  /// A group's cache, for what this class does not route (stats, pools). Calls that change
-  /// sequences must go through the ModelKvCache, or the groups fall out of step; events drained
-  /// here carry group 0 (use drain_events() for the group tag). With shared blocks, the one
-  /// cache of every group.
-  KvCache& group(int32_t g) { return *groups_[shared_ ? 0 : static_cast<size_t>(g)]; }
-  const KvCache& group(int32_t g) const { return *groups_[shared_ ? 0 : static_cast<size_t>(g)]; }
+  /// The KvCache that holds every group, for what this class does not route (pools, regions,
+  /// geometry). Its calls are the model's: a sequence changed there is changed here.
+  KvCache& cache() { return *cache_; }
+  const KvCache& cache() const { return *cache_; }
   /// Group `g`'s one-group config (CacheConfig::group_config). Requires 0 <= g < num_groups().
-  const CacheConfig& group_config(int32_t g) const {
-    return group_configs_[static_cast<size_t>(g)];
-  }
+  const CacheConfig& group_config(int32_t g) const { return cache_->group_config(g); }
   /// Group `g`'s device pool (requires 0 <= g < num_groups()).
-  PoolRef device_pool(int32_t g) const {
-    return shared_ ? groups_.front()->device_pool(g) : group(g).device_pool();
-  }
+  PoolRef device_pool(int32_t g) const { return cache_->device_pool(g); }
   /// The stream every group's kernels and uploads run on.
-  Stream compute_stream() const { return groups_.front()->compute_stream(); }
+  Stream compute_stream() const { return cache_->compute_stream(); }
   /// The group and in-group index of a model layer. kOutOfRange.
-  StatusOr<LayerGroup> layer_group(int32_t layer) const;
+  StatusOr<LayerGroup> layer_group(int32_t layer) const { return cache_->layer_group(layer); }
 
-  // ---- sequences ----
+  // ---- sequences (the KvCache calls of the same names) ----
 
-  /// Adds the sequence to every group, sharing the longest prefix of `prompt` that every group
-  /// can supply. Returns that length (the committed length in every group).
+  /// Adds the sequence, sharing the longest prefix of `prompt` that every group can supply.
+  /// Returns that length.
   StatusOr<int64_t> add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
                                  const SequenceOptions& options = {});
-  /// Reserves the next `n` tokens in every group; returns each group's slots (in its own pool).
-  /// When a group is out of blocks (kResourceExhausted), the reservation is dropped in every
-  /// group (the sequence keeps its committed tokens; reserve again after freeing room);
-  /// sequences the groups that went ahead offloaded stay offloaded (their data is kept).
+  /// Reserves the next `n` tokens; returns each group's slots (in its own pool), by group.
   StatusOr<std::vector<std::vector<int64_t>>> reserve(SequenceId id, int64_t n);
-  /// reserve() of `n_each` tokens for each of `ids`, one batched call per group; on
-  /// kResourceExhausted the reservations of `ids` are dropped in every group.
+  /// reserve() of `n_each` tokens for each of `ids`; build_batch gives each group's slots.
   Status reserve_batch(const std::vector<SequenceId>& ids, int64_t n_each);
-  /// Writes model layer `layer` of the reserved tokens (KvCache::write_kv in its group). A
-  /// latent group takes keys only: `value` must be null there.
+  /// Writes model layer `layer` of the reserved tokens into its group. A latent group takes
+  /// keys only: `value` must be null there.
   Status write_kv(SequenceId id, int32_t layer, const void* key, const void* value,
                   DType input_dtype, int64_t row_stride = 0);
   /// KvCache::write_kv_batch of model layer `layer` through its group's batch.
@@ -112,14 +88,11 @@ class ModelKvCache {
   Status write_kv_batch_all_layers(const ModelBatch& batch, int32_t g, const void* key,
                                    const void* value, DType input_dtype, int64_t row_stride = 0,
                                    int64_t layer_stride = 0);
-  /// Commits in every group (checked in full first, so an error commits nothing).
-  /// kFailedPrecondition when a group offloaded the sequence to make room after its reserve
-  /// (groups pick their victims on their own): restore() it, then commit.
   Status commit(SequenceId id, const std::vector<TokenId>& tokens);
   Status commit_batch(const std::vector<SequenceId>& ids, const std::vector<TokenId>& tokens,
                       int64_t n_each = 1);
-  /// Shortens the sequence in every group. kFailedPrecondition, nothing changed, when a window
-  /// group no longer holds what the shorter length needs.
+  /// Shortens the sequence. kFailedPrecondition, nothing changed, when a window group no
+  /// longer holds what the shorter length needs.
   Status rollback(SequenceId id, int64_t length);
   Status fork(SequenceId parent, SequenceId child);
   Status finish(SequenceId id);
@@ -127,44 +100,30 @@ class ModelKvCache {
   Status set_active(const std::vector<SequenceId>& ids);
   Status set_priority(SequenceId id, int32_t priority);
 
-  // ---- tiers (each group moves its own blocks: a window group only those in its window) ----
+  // ---- tiers (every group's pages move with their blocks; a window group's in its window) ----
 
-  /// Offloads the sequence in every group; when a group refuses, the groups that went ahead
-  /// restore it again and the error is returned.
   Status offload(SequenceId id);
-  /// Restores the sequence in every group where it is offloaded. On kResourceExhausted the
-  /// groups that went ahead stay restored; the sequence stays kHost until a later restore or
-  /// reserve finishes the rest.
   Status restore(SequenceId id);
   Status prefetch(const std::vector<SequenceId>& ids);
-  /// The least ready residency over the groups (kHost before kInFlight before kDevice).
   StatusOr<SequenceResidency> residency(SequenceId id);
-  /// Sequences some group dropped to make room since the last call; they are erased from the
-  /// other groups too, so they are gone from the model cache.
+  /// Sequences dropped to make room since the last call.
   std::vector<SequenceId> drain_evicted_sequences();
 
   // ---- storage tiers (ModelKvCacheOptions::storage) ----
 
-  /// Starts bringing back from the groups' storage tiers what a prefix hit of `prompt` needs:
-  /// the full-attention groups first, each fetching the blocks after its cached prefix, then
-  /// the window groups, each fetching the blocks its window lacks for the longest hit the
-  /// full-attention groups reach (all or none). Returns the blocks on their way over all
-  /// groups. As KvCache::fetch_from_storage, it never waits: a scheduler that wants the hit
-  /// waits for storage_in_flight() to drop before add_sequence. When a group's fetch fails, the
-  /// error names it and the groups before it may have reads in flight, which land as prefix
-  /// cache as usual.
+  /// KvCache::fetch_from_storage: the owner group's store gives the run of blocks after the
+  /// cached prefix, every other group's store its pages of those blocks, and the hit counts as
+  /// far as every group can supply it. Never waits.
   StatusOr<int64_t> fetch_from_storage(const std::vector<TokenId>& prompt,
                                        const SequenceOptions& options = {});
-  /// KvCache::poll_storage in every group.
   Status poll_storage();
-  /// Blocks fetched from storage that have not landed yet, over all groups.
+  /// Blocks fetched from storage that have not landed yet.
   int64_t storage_in_flight() const;
-  /// KvCache::flush_storage in every group.
   Status flush_storage();
 
   // ---- reading ----
 
-  /// build_batch in every group.
+  /// One DeviceBatch per group (KvCache::build_batches).
   StatusOr<ModelBatch> build_batch(const std::vector<SequenceId>& ids,
                                    const BatchOptions& options = {});
   /// The device view of group `g` of a built batch (its sliding_window set for a window
@@ -176,65 +135,44 @@ class ModelKvCache {
   Status gather_layer(SequenceId id, int32_t layer, void* key_out, void* value_out,
                       DType packed_dtype, PackedLayout packed_layout, int64_t position_begin = 0,
                       int64_t num_tokens = -1);
-  Status synchronize();
+  Status synchronize() { return cache_->synchronize(); }
 
   // ---- queries ----
 
-  bool contains(SequenceId id) const { return groups_.front()->contains(id); }
-  StatusOr<int64_t> length(SequenceId id) const { return groups_.front()->length(id); }
-  StatusOr<int64_t> pending(SequenceId id) const { return groups_.front()->pending(id); }
+  bool contains(SequenceId id) const { return cache_->contains(id); }
+  StatusOr<int64_t> length(SequenceId id) const { return cache_->length(id); }
+  StatusOr<int64_t> pending(SequenceId id) const { return cache_->pending(id); }
   /// Blocks the sequence holds in group `g` (not those that fell out of its window).
-  StatusOr<int64_t> held_blocks(SequenceId id, int32_t g) const;
+  StatusOr<int64_t> held_blocks(SequenceId id, int32_t g) const {
+    return cache_->held_blocks(id, g);
+  }
   /// Tier and block (or page) of each of the sequence's blocks in group `g`, -1 for those out of
   /// a window group's window. kOutOfRange for a bad group, kNotFound.
-  StatusOr<std::vector<BlockLocation>> block_locations(SequenceId id, int32_t g) const;
-  /// Bytes of the blocks the sequence holds over all groups, on whichever tier they are (an
-  /// offloaded sequence's host blocks count too; a shared block is counted in full).
-  StatusOr<int64_t> held_bytes(SequenceId id) const;
-  /// Every group's invariants, and that every sequence is in every group with the same length
-  /// and reservation.
-  Status check_invariants() const;
+  StatusOr<std::vector<BlockLocation>> block_locations(SequenceId id, int32_t g) const {
+    return cache_->block_locations(id, g);
+  }
+  /// Bytes of the blocks the sequence holds over all groups, on whichever tier they are.
+  StatusOr<int64_t> held_bytes(SequenceId id) const { return cache_->held_bytes(id); }
+  /// The model's counters (KvCache::stats) and one group's (KvCache::group_stats).
+  ControlStats stats() const { return cache_->stats(); }
+  StatusOr<ControlStats> group_stats(int32_t g) const { return cache_->group_stats(g); }
+  Status check_invariants() const { return cache_->check_invariants(); }
 
   // ---- events ----
 
-  /// Every group's control events since the last drain, each with its group index in
-  /// ControlEvent::group. Order: first the kEventsDropped event of every group whose event ring
-  /// overflowed, in group order; then group 0's other events oldest first, then group 1's, and
-  /// so on. Only the order inside a group means anything (no event of one group is about a
-  /// block of another); the resyncs come first so that a reader that forgets every group on one
-  /// (vLLM's AllBlocksCleared names no group) keeps the events drained with it.
-  std::vector<ControlEvent> drain_events();
+  /// The model's control events since the last drain, oldest first, each with its group in
+  /// ControlEvent::group (one stream for all groups; a kEventsDropped resync comes first).
+  std::vector<ControlEvent> drain_events() { return cache_->drain_events(); }
 
  private:
   ModelKvCache() = default;
-  // The caches that hold the groups: one per group, or one for all with shared blocks. Calls
-  // that every group takes go to each of them.
-  int32_t num_planes() const { return static_cast<int32_t>(groups_.size()); }
-  // `st` with the group of plane `p` named in front of its message (with shared blocks the one
-  // cache names its groups itself).
-  Status in_group(int32_t p, const Status& st) const;
   // kOutOfRange for a group index outside [0, num_groups()).
   Status check_group(int32_t g) const;
   // kInvalidArgument for a batch of another number of groups, or one another cache built.
   Status check_batch(const ModelBatch& batch) const;
-  // Erases from every group the sequences some group dropped, into evicted_.
-  void sync_evictions();
-  // Drops the reservation of `ids` in groups [0, upto) after group `upto` refused a reserve.
-  void drop_reservations(const std::vector<SequenceId>& ids, int32_t upto);
-  // Ok unless a group other than group 0 holds `id` offloaded with tokens reserved (commit's
-  // check: each group picks its own victims, so a reservation can be offloaded in some only).
-  Status check_reserved_on_device(SequenceId id, const char* what) const;
-  // Ok when every group holds what `length` tokens of `id` need (rollback's check).
-  Status check_rollback(SequenceId id, int64_t length) const;
 
   CacheConfig config_;
-  std::vector<CacheConfig> group_configs_;  // config_.group_config(g), by group
-  bool shared_ = false;
-  std::unique_ptr<Backend> owned_backend_;
-  std::vector<std::unique_ptr<KvCache>> groups_;  // the planes
-  std::vector<LayerGroup> layers_;                // by model layer
-  std::unordered_set<SequenceId> ids_;            // the model's sequences (for check_invariants)
-  std::vector<SequenceId> evicted_;
+  std::unique_ptr<KvCache> cache_;
 };
 
 }  // namespace pagedkv

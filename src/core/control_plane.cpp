@@ -381,6 +381,29 @@ ControlPlane::GroupPageCounts ControlPlane::group_pages(int32_t g) const {
   return GroupPageCounts{p.capacity() - p.free_count(), p.cached_count(), p.evicted()};
 }
 
+ControlStats ControlPlane::group_stats(int32_t g, int64_t page_bytes) const {
+  assert(g >= 0 && g < num_groups_);
+  ControlStats st = stats();
+  if (groups_.empty()) return st;
+  if (g == full_group_) {
+    st.window_released_blocks = 0;  // the owner has no window: the releases are the others'
+    return st;
+  }
+  const GroupPages& p = groups_[window_index(g)];
+  for (Tier t : {Tier::kDevice, Tier::kHost}) {
+    TierStats& x = t == Tier::kDevice ? st.device : st.host;
+    x.total_blocks = p.capacity(t);
+    x.free_blocks = p.free_count(t);
+    x.cached_blocks = p.cached_count(t);
+    x.used_blocks = x.total_blocks - x.free_blocks - x.cached_blocks;
+    x.total_bytes = x.total_blocks * page_bytes;
+    x.used_bytes = (x.total_blocks - x.free_blocks) * page_bytes;
+  }
+  st.blocks_evicted = p.evicted();
+  st.window_released_blocks = p.released();
+  return st;
+}
+
 ControlStats ControlPlane::stats() const {
   ControlStats st = counters_;
   st.events_dropped = events_.dropped_total();

@@ -323,6 +323,12 @@ class ControlPlane {
     int64_t evicted = 0;
   };
   GroupPageCounts group_pages(int32_t g) const;
+  /// The counters as group `g` (a config index) sees them, its pages being `page_bytes` each:
+  /// the two tiers' counts of its own pool, its evicted pages and pages released by its window
+  /// (blocks_evicted, window_released_blocks); every other counter is the plane's, which counts
+  /// once for every group (sequences, prefix lookups, logical blocks moved). The owner group's
+  /// are stats() without the window groups' releases. Requires 0 <= g < num_groups().
+  ControlStats group_stats(int32_t g, int64_t page_bytes) const;
 
   /// Current counters.
   ControlStats stats() const;

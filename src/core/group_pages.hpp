@@ -73,6 +73,11 @@ class GroupPages {
   int64_t room(Tier t = Tier::kDevice) const { return free_count(t) + cached_[idx(t)]; }
   /// Cached pages evicted so far (on either tier).
   int64_t evicted() const { return evicted_; }
+  /// Pages released as they fell out of a window so far (count_released()).
+  int64_t released() const { return released_; }
+  /// Counts `n` pages the plane released as they fell out of their holders' windows (a commit,
+  /// which is never undone).
+  void count_released(int64_t n) { released_ += n; }
   /// Whether each tier's cached list, walked from its head, holds exactly that tier's cached
   /// pages in order (for invariant checks). O(cached pages).
   bool list_consistent() const;
@@ -132,6 +137,7 @@ class GroupPages {
   LogicalId tail_[kNumTiers] = {kNoBlock, kNoBlock};
   int64_t cached_[kNumTiers] = {0, 0};
   int64_t evicted_ = 0;
+  int64_t released_ = 0;
   std::vector<int32_t> free_[kNumTiers];
 };
 

@@ -90,6 +90,7 @@ void ControlPlane::trim_group_windows(Sequence* s) {
       g.drop(s->blocks[i], b.node >= 0, b.tier);
     }
     counters_.window_released_blocks += static_cast<int64_t>(first - from);
+    g.count_released(static_cast<int64_t>(first - from));
     g.set_first_held(s->group_first_live, first);
   }
 }

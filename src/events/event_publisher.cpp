@@ -158,16 +158,18 @@ StatusOr<std::unique_ptr<EventPublisher>> EventPublisher::create(
   return std::unique_ptr<EventPublisher>(new EventPublisher(std::move(impl)));
 }
 
-StatusOr<int64_t> EventPublisher::publish(KvCache& cache) { return publish(cache.drain_events()); }
-
-StatusOr<int64_t> EventPublisher::publish(ModelKvCache& model) {
-  if (model.config().block_size != impl_->wire.block_size) {
+StatusOr<int64_t> EventPublisher::publish(KvCache& cache) {
+  if (cache.num_groups() == 1) return publish(cache.drain_events());
+  // Several groups: each block event names its group on the wire.
+  if (cache.config().block_size != impl_->wire.block_size) {
     return invalid_argument("EventPublisher: the model's block_size is " +
-                            std::to_string(model.config().block_size) + ", the publisher's " +
+                            std::to_string(cache.config().block_size) + ", the publisher's " +
                             std::to_string(impl_->wire.block_size));
   }
-  return publish(model.drain_events(), events::wire_groups(model.config()));
+  return publish(cache.drain_events(), events::wire_groups(cache.config()));
 }
+
+StatusOr<int64_t> EventPublisher::publish(ModelKvCache& model) { return publish(model.cache()); }
 
 StatusOr<int64_t> EventPublisher::publish(const std::vector<ControlEvent>& events,
                                           const std::vector<events::WireGroup>& groups) {

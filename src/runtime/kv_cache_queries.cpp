@@ -58,6 +58,13 @@ ControlStats KvCache::stats() const {
   return st;
 }
 
+StatusOr<ControlStats> KvCache::group_stats(int32_t g) const {
+  PAGEDKV_RETURN_IF_ERROR(check_group(g));
+  ControlStats st = control_->group_stats(g, group_config(g).block_bytes());
+  if (storage_ != nullptr) storage_->add_stats(&st);
+  return st;
+}
+
 std::vector<ControlEvent> KvCache::drain_events() { return control_->drain_events(); }
 
 Status KvCache::check_invariants() const {

@@ -39,20 +39,7 @@ using namespace pagedkv;
 
 ControlStats stats_of(const KvCache& kv) { return kv.stats(); }
 
-ControlStats stats_of(const ModelKvCache& m) {
-  ControlStats sum;
-  for (int32_t g = 0; g < m.num_groups(); ++g) {
-    const ControlStats s = m.group(g).stats();
-    sum.blocks_demoted += s.blocks_demoted;
-    sum.host_blocks_dropped += s.host_blocks_dropped;
-    sum.blocks_evicted += s.blocks_evicted;
-    sum.blocks_offloaded += s.blocks_offloaded;
-    sum.blocks_restored += s.blocks_restored;
-    sum.prefix_hit_blocks += s.prefix_hit_blocks;
-    sum.prefix_host_hit_blocks += s.prefix_host_hit_blocks;
-  }
-  return sum;
-}
+ControlStats stats_of(const ModelKvCache& m) { return m.stats(); }
 
 // The storage tier's calls: a ModelKvCache peer has none.
 Status fetch(KvCache& kv, const std::vector<TokenId>& t, const SequenceOptions& o) {

@@ -205,23 +205,20 @@ class ModelCacheHarness : public BackendParamTest {
     return ok_status();
   }
 
-  /// Sequences dropped since the last call leave the reference; checks they left every group.
+  /// Sequences dropped since the last call leave the reference; checks they left the cache.
   int64_t drain() {
     const std::vector<SequenceId> dropped = cache_->drain_evicted_sequences();
     for (SequenceId id : dropped) {
       EXPECT_EQ(ref_.erase(id), 1u) << "dropped sequence " << id << " was not live";
       EXPECT_FALSE(cache_->contains(id));
-      for (int32_t g = 0; g < cache_->num_groups(); ++g) {
-        EXPECT_FALSE(cache_->group(g).contains(id)) << "group " << g << " still holds " << id;
-      }
     }
     return static_cast<int64_t>(dropped.size());
   }
 
   /// Every live sequence in the cache with the reference's length and nothing reserved.
   std::string check_lengths() const {
-    if (cache_->group(0).stats().sequences != static_cast<int64_t>(ref_.size())) {
-      return "the cache holds " + std::to_string(cache_->group(0).stats().sequences) +
+    if (cache_->stats().sequences != static_cast<int64_t>(ref_.size())) {
+      return "the cache holds " + std::to_string(cache_->stats().sequences) +
              " sequences, the reference " + std::to_string(ref_.size());
     }
     for (const auto& [id, tokens] : ref_) {
@@ -429,16 +426,12 @@ class ModelCacheHarness : public BackendParamTest {
     return "";
   }
 
-  /// The longest h every group can share of `prompt` now (cached_prefix at bound h is h in
-  /// each), by brute force over every length: what add_sequence must return.
+  /// The longest h the cache can share of `prompt` now (cached_prefix at bound h is h), by
+  /// brute force over every length: what add_sequence must return.
   int64_t agreed_by_brute_force(const std::vector<TokenId>& prompt) const {
     for (int64_t h = static_cast<int64_t>(prompt.size()); h > 0; --h) {
-      bool all = true;
-      for (int32_t g = 0; g < cache_->num_groups() && all; ++g) {
-        auto c = cache_->group(g).cached_prefix(prompt, 0, h);
-        all = c.ok() && *c == h;
-      }
-      if (all) return h;
+      auto c = cache_->cache().cached_prefix(prompt, 0, h);
+      if (c.ok() && *c == h) return h;
     }
     return 0;
   }

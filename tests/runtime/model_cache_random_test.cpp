@@ -71,14 +71,12 @@ struct RunCounters {
   int64_t ops = 0;
   int64_t adds = 0;
   int64_t hit_tokens = 0;
-  int64_t window_limited_hits = 0;  // a group could share less than another
   int64_t exhausted = 0;
-  int64_t exhausted_second = 0;  // refused by group 1 after group 0 went ahead
   int64_t evicted = 0;
   int64_t offloads = 0;
   int64_t restores = 0;
   int64_t forks = 0;
-  int64_t commits_refused = 0;  // a group offloaded the reservation in between
+  int64_t commits_refused = 0;  // the reservation was offloaded in between
   int64_t rollbacks = 0;
   int64_t rollbacks_refused = 0;
   int64_t gathers = 0;
@@ -89,15 +87,13 @@ struct RunCounters {
 
 std::string describe(const RunCounters& c) {
   return "ops " + std::to_string(c.ops) + ", adds " + std::to_string(c.adds) + ", hit tokens " +
-         std::to_string(c.hit_tokens) + ", window-limited hits " +
-         std::to_string(c.window_limited_hits) + ", exhausted " + std::to_string(c.exhausted) +
-         " (second group " + std::to_string(c.exhausted_second) + ")" + ", evicted " +
-         std::to_string(c.evicted) + ", offloads " + std::to_string(c.offloads) + ", restores " +
-         std::to_string(c.restores) + ", forks " + std::to_string(c.forks) + ", commits refused " +
-         std::to_string(c.commits_refused) + ", rollbacks " + std::to_string(c.rollbacks) +
-         " (refused " + std::to_string(c.rollbacks_refused) + "), gathers " +
-         std::to_string(c.gathers) + ", views " + std::to_string(c.views) + ", bytes " +
-         std::to_string(c.bytes_checked);
+         std::to_string(c.hit_tokens) + ", exhausted " + std::to_string(c.exhausted) +
+         ", evicted " + std::to_string(c.evicted) + ", offloads " + std::to_string(c.offloads) +
+         ", restores " + std::to_string(c.restores) + ", forks " + std::to_string(c.forks) +
+         ", commits refused " + std::to_string(c.commits_refused) + ", rollbacks " +
+         std::to_string(c.rollbacks) + " (refused " + std::to_string(c.rollbacks_refused) +
+         "), gathers " + std::to_string(c.gathers) + ", views " + std::to_string(c.views) +
+         ", bytes " + std::to_string(c.bytes_checked);
 }
 
 constexpr int64_t kMaxLength = 260;  // longer sequences are finished, not extended
@@ -131,7 +127,6 @@ class ModelCacheRandom : public testing::ModelCacheHarness {
   void expect_allowed(const Status& st, const char* what, RunCounters& c) {
     if (st.code() == StatusCode::kResourceExhausted) {
       ++c.exhausted;
-      if (st.message().rfind("group 1", 0) == 0) ++c.exhausted_second;
     }
     EXPECT_TRUE(st.ok() || st.code() == StatusCode::kResourceExhausted)
         << what << ": " << st.to_string();
@@ -154,21 +149,13 @@ class ModelCacheRandom : public testing::ModelCacheHarness {
       invariants();
     }
     const int64_t want = agreed_by_brute_force(prompt);
-    int64_t least = static_cast<int64_t>(prompt.size()), most = 0;
-    for (int32_t g = 0; g < cache_->num_groups(); ++g) {
-      const int64_t own = *cache_->group(g).cached_prefix(prompt);
-      least = std::min(least, own);
-      most = std::max(most, own);
-    }
     const SequenceId id = next_id_++;
     Status appended;
     auto hit = add_and_prefill(id, prompt, &appended);
     ASSERT_OK(hit);
     EXPECT_EQ(*hit, want) << "the hit is not the longest length every group can supply";
-    EXPECT_LE(*hit, least);
     ++c.adds;
     c.hit_tokens += *hit;
-    if (least < most) ++c.window_limited_hits;
     expect_allowed(appended, "prefill", c);
   }
 
@@ -260,7 +247,7 @@ class ModelCacheRandom : public testing::ModelCacheHarness {
       ++c.rollbacks_refused;
       EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.to_string();
       for (int32_t g = 0; g < cache_->num_groups(); ++g) {
-        EXPECT_EQ(*cache_->group(g).length(id), len);
+        EXPECT_EQ(*cache_->length(id), len);
         EXPECT_EQ(*cache_->block_locations(id, g), before[static_cast<size_t>(g)]);
       }
       return;
@@ -405,7 +392,7 @@ class ModelCacheRandom : public testing::ModelCacheHarness {
     EXPECT_GT(c.views, ops / 50) << describe(c);
     EXPECT_GT(attention_checks_, 0) << describe(c);
     for (int32_t g = 0; g < cache_->num_groups(); ++g) {
-      const ControlStats s = cache_->group(g).stats();
+      const ControlStats s = *cache_->group_stats(g);
       SCOPED_TRACE("group " + std::to_string(g));
       EXPECT_GT(s.prefix_hit_blocks, 0);
       EXPECT_GT(s.sequences_offloaded, 0);
@@ -418,13 +405,11 @@ class ModelCacheRandom : public testing::ModelCacheHarness {
   }
 
   // With `stored`, a FileTier per group (fresh directories per seed).
-  void run_hybrid(bool shared, bool stored = false);
+  void run_hybrid(bool stored);
   void TearDown() override {
     cache_.reset();  // before the stores it writes to
     stores_.clear();
   }
-  // The byte-change test of a hybrid cache held as `shared` says.
-  void changed_byte_is_reported(bool shared);
 
   SequenceId next_id_ = 1;
   TokenId next_token_ = 50000000;
@@ -434,15 +419,8 @@ class ModelCacheRandom : public testing::ModelCacheHarness {
 INSTANTIATE_TEST_SUITE_P(Backends, ModelCacheRandom, testing::runtime_backends(),
                          testing::backend_param_name);
 
-// ModelKvCacheOptions with the groups in one cache (share_blocks) or in one each.
-ModelKvCacheOptions holding(bool shared) {
-  ModelKvCacheOptions o;
-  o.share_blocks = shared;
-  return o;
-}
-
-// The hybrid model's run over PAGEDKV_HYBRID_SEEDS seeds, its groups held as `shared` says.
-void ModelCacheRandom::run_hybrid(bool shared, bool stored) {
+// The hybrid model's run over PAGEDKV_HYBRID_SEEDS seeds.
+void ModelCacheRandom::run_hybrid(bool stored) {
   constexpr int64_t kOps = 3000;  // per seed
   const auto start = std::chrono::steady_clock::now();
   RunCounters total;
@@ -452,7 +430,7 @@ void ModelCacheRandom::run_hybrid(bool shared, bool stored) {
       env != nullptr ? std::max<uint64_t>(1, std::strtoull(env, nullptr, 10)) : 3;
   for (uint64_t seed = 1; seed <= seeds; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
-    ModelKvCacheOptions options = holding(shared);
+    ModelKvCacheOptions options;
     // Even seeds move blocks by batched copies, odd ones by the copy kernel (on the CPU backend,
     // whose host pool is mapped), so that both paths carry every group's moves.
     if (seed % 2 == 0) options.cache.transfer_kernel_block_bytes = 0;
@@ -472,7 +450,6 @@ void ModelCacheRandom::run_hybrid(bool shared, bool stored) {
     }
     make(hybrid_config(), options);
     ASSERT_FALSE(HasFatalFailure());
-    ASSERT_EQ(cache_->shares_blocks(), shared);
     RunCounters c;
     ASSERT_NO_FATAL_FAILURE(run(seed, kOps, c));
     expect_coverage(c, kOps);
@@ -484,25 +461,16 @@ void ModelCacheRandom::run_hybrid(bool shared, bool stored) {
       }
       EXPECT_GT(c.fetched, 5) << describe(c);
     }
-    // The window group refused some rollbacks, and limited some hits (in one cache, the hit
-    // every group can supply is the only one it reports).
+    // The window group refused some rollbacks.
     EXPECT_GT(c.rollbacks_refused, 0) << describe(c);
-    if (!shared) {
-      EXPECT_GT(c.window_limited_hits, 0) << describe(c);
-    }
     RecordProperty("seed" + std::to_string(seed), describe(c));
     total.ops += c.ops;
-    total.exhausted_second += c.exhausted_second;
     total.commits_refused += c.commits_refused;
   }
   // Some reads of released positions were refused, and some commits found the reservation
-  // offloaded to make room for another sequence. Separate planes: some reserves were refused by
-  // the window group after the full group had gone ahead (one cache plans every group at once).
+  // offloaded to make room for another sequence.
   EXPECT_GT(out_of_range_checks_, 0);
   EXPECT_GT(total.commits_refused, 0);
-  if (!shared) {
-    EXPECT_GT(total.exhausted_second, 0);
-  }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   RecordProperty("ops", static_cast<int>(total.ops));
   RecordProperty("seconds", std::to_string(s));
@@ -510,17 +478,8 @@ void ModelCacheRandom::run_hybrid(bool shared, bool stored) {
 
 TEST_P(ModelCacheRandom, HybridModelEveryReadMatchesTheReference) { run_hybrid(false); }
 
-// The same model with its groups in one cache sharing the blocks (ModelKvCacheOptions::
-// share_blocks): the same reference, read paths and pressure.
-TEST_P(ModelCacheRandom, HybridModelSharingBlocksEveryReadMatchesTheReference) { run_hybrid(true); }
-
-// The same, each group with a store of its own, in both forms.
-TEST_P(ModelCacheRandom, HybridModelWithStorageEveryReadMatchesTheReference) {
-  run_hybrid(false, true);
-}
-TEST_P(ModelCacheRandom, HybridModelSharingBlocksWithStorageEveryReadMatchesTheReference) {
-  run_hybrid(true, true);
-}
+// The same, each group with a store of its own.
+TEST_P(ModelCacheRandom, HybridModelWithStorageEveryReadMatchesTheReference) { run_hybrid(true); }
 
 TEST_P(ModelCacheRandom, MlaModelEveryReadMatchesTheReference) {
   constexpr int64_t kOps = 2000;
@@ -532,7 +491,7 @@ TEST_P(ModelCacheRandom, MlaModelEveryReadMatchesTheReference) {
   RecordProperty("counters", describe(c));
 }
 
-// Every kind of group in one cache sharing the blocks: two full-attention groups of different
+// Every kind of group over the one set of blocks: two full-attention groups of different
 // shapes (one of them an MLA latent group, keys only) beside a sliding-window group. The owner
 // of the blocks is the group with the most device blocks; the latent group, with fewer, evicts
 // cached pages of its own.
@@ -546,20 +505,22 @@ CacheConfig mixed_config() {
   return c;
 }
 
-TEST_P(ModelCacheRandom, FullLatentAndWindowGroupsSharingBlocksEveryReadMatchesTheReference) {
+TEST_P(ModelCacheRandom, FullLatentAndWindowGroupsEveryReadMatchesTheReference) {
   constexpr int64_t kOps = 2500;
   for (uint64_t seed = 11; seed <= 12; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
-    ModelKvCacheOptions options = holding(true);
+    ModelKvCacheOptions options;
     if (seed % 2 == 0) options.cache.transfer_kernel_block_bytes = 0;
     make(mixed_config(), options);
     ASSERT_FALSE(HasFatalFailure());
-    ASSERT_TRUE(cache_->shares_blocks());
-    EXPECT_EQ(cache_->group(0).full_group(), 0);
+    EXPECT_EQ(cache_->cache().full_group(), 0);
     RunCounters c;
     ASSERT_NO_FATAL_FAILURE(run(seed, kOps, c));
     expect_coverage(c, kOps);
-    EXPECT_GT(cache_->group(0).stats().window_released_blocks, 0);
+    EXPECT_GT(cache_->stats().window_released_blocks, 0);
+    EXPECT_GT(cache_->group_stats(1)->window_released_blocks, 0);
+    EXPECT_EQ(cache_->group_stats(0)->window_released_blocks, 0);
+    EXPECT_EQ(cache_->group_stats(2)->window_released_blocks, 0);
     RecordProperty("seed" + std::to_string(seed), describe(c));
   }
 }
@@ -580,8 +541,8 @@ TEST_P(ModelCacheRandom, DeepSeekLatentEveryReadMatchesTheReference) {
 
 // The checks can fail: a value byte of a window layer changed in the device pool behind the
 // cache's back is reported by the gather (with its coordinates) and by the attention.
-void ModelCacheRandom::changed_byte_is_reported(bool shared) {
-  make(hybrid_config(), holding(shared));
+TEST_P(ModelCacheRandom, AByteChangedInTheWindowGroupIsReported) {
+  make(hybrid_config());
   ASSERT_FALSE(HasFatalFailure());
   RunCounters c;
   ASSERT_NO_FATAL_FAILURE(run(4, 400, c));
@@ -624,14 +585,6 @@ void ModelCacheRandom::changed_byte_is_reported(bool shared) {
       << problem;
   const std::string attention = check_view({victim}, false, rng);
   EXPECT_NE(attention.find("layer 3"), std::string::npos) << attention;
-}
-
-TEST_P(ModelCacheRandom, AByteChangedInTheWindowGroupIsReported) {
-  changed_byte_is_reported(false);
-}
-
-TEST_P(ModelCacheRandom, AByteChangedInASharedWindowGroupIsReported) {
-  changed_byte_is_reported(true);
 }
 
 }  // namespace

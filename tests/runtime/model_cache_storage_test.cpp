@@ -5,9 +5,8 @@
 // only its window at the hit the full group reaches, and a sequence added afterwards hits it and
 // reads back, through gather_layer of every model layer, exactly what the first cache's model
 // wrote. Without the full group's store, or with a window store missing one block, the window
-// group fetches nothing. Stores shared between groups are refused. check_invariants() after
-// every step. On both backends, and in both forms: a plane per group, and one plane whose groups
-// share the blocks (share_blocks: one KvCache writing each group's pages to that group's store).
+// group fetches nothing. Stores shared between groups are refused, and so is a model whose
+// owner group has no store. check_invariants() after every step. On both backends.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -85,13 +84,10 @@ class OneShortStore : public StorageTier {
 
 class ModelCacheStorageTest : public testing::ModelCacheHarness {
  protected:
-  // The form under test: a plane per group here, one plane in SharedModelCacheStorageTest.
-  virtual bool shared() const { return false; }
-
   // Opens a store per group on the test's directories (a new process would open them the same
-  // way) and a cache over them; `with_full_store` false leaves group 0 without one,
-  // `window_one_short` wraps the window group's store in OneShortStore.
-  void open(bool with_full_store = true, bool window_one_short = false) {
+  // way) and a cache over them; `window_one_short` wraps the window group's store in
+  // OneShortStore.
+  void open(bool window_one_short = false) {
     cache_.reset();  // before the stores it uses
     stores_.clear();
     short_.reset();
@@ -105,8 +101,7 @@ class ModelCacheStorageTest : public testing::ModelCacheHarness {
       stores_.push_back(std::move(store).value());
     }
     ModelKvCacheOptions o;
-    o.share_blocks = shared();
-    o.storage = {with_full_store ? stores_[0].get() : nullptr, stores_[1].get()};
+    o.storage = {stores_[0].get(), stores_[1].get()};
     if (window_one_short) {
       short_ = std::make_unique<OneShortStore>(stores_[1].get());
       o.storage[1] = short_.get();
@@ -117,11 +112,6 @@ class ModelCacheStorageTest : public testing::ModelCacheHarness {
   // Blocks (or window pages) each group's store read back, and wrote.
   int64_t gets(int32_t g) const { return stores_[static_cast<size_t>(g)]->stats().gets; }
   int64_t puts(int32_t g) const { return stores_[static_cast<size_t>(g)]->stats().puts; }
-
-  // The scenarios, run by both forms (the TEST_Ps below).
-  void restarted_cache_hits_what_each_group_fetched();
-  void window_with_a_hole_is_not_fetched();
-  void groups_may_not_share_a_store_or_a_key_space();
 
   void TearDown() override {
     cache_.reset();
@@ -177,60 +167,38 @@ class ModelCacheStorageTest : public testing::ModelCacheHarness {
 INSTANTIATE_TEST_SUITE_P(Backends, ModelCacheStorageTest, testing::runtime_backends(),
                          testing::backend_param_name);
 
-class SharedModelCacheStorageTest : public ModelCacheStorageTest {
- protected:
-  bool shared() const override { return true; }
-};
-INSTANTIATE_TEST_SUITE_P(Backends, SharedModelCacheStorageTest, testing::runtime_backends(),
-                         testing::backend_param_name);
-
 // P2 shares P's first 64 tokens: the full group fetches those 4 blocks (its reach: 64), the
 // window group the blocks its window at 64 needs ([32, 64): blocks 2 and 3). Then P itself: the
 // full group fetches blocks 4 and 5, the window group its window at 95 ([63, 95): blocks 3..5)
-// without block 3, already cached. A plane per group counts each plane's blocks on their way;
-// the one plane counts its blocks (each group's pages of them come along).
-void ModelCacheStorageTest::restarted_cache_hits_what_each_group_fetched() {
+// without block 3, already cached. The count is of the blocks on their way (each group's pages
+// of them come along).
+TEST_P(ModelCacheStorageTest, ARestartedCacheHitsWhatEachGroupFetched) {
   ASSERT_NO_FATAL_FAILURE(write_p_to_storage());
   ASSERT_NO_FATAL_FAILURE(open());
   std::vector<TokenId> p2(p_.begin(), p_.begin() + 64);
   const std::vector<TokenId> tail = iota_tokens(32, 5000);
   p2.insert(p2.end(), tail.begin(), tail.end());
-  EXPECT_EQ(*cache_->fetch_from_storage(p2), shared() ? 4 : 4 + 2);
+  EXPECT_EQ(*cache_->fetch_from_storage(p2), 4);
   EXPECT_EQ(add_and_check(1, p2), 64);
   EXPECT_EQ(gets(0), 4);
   EXPECT_EQ(gets(1), 2);
-  EXPECT_EQ(cache_->group(0).stats().storage_hit_blocks, 4);
+  EXPECT_EQ(cache_->stats().storage_hit_blocks, 4);
 
   ASSERT_OK(cache_->finish(1));
   ref_.erase(1);
-  EXPECT_EQ(*cache_->fetch_from_storage(p_), shared() ? 2 : 2 + 2);
+  EXPECT_EQ(*cache_->fetch_from_storage(p_), 2);
   EXPECT_EQ(add_and_check(2, p_), 95);
   EXPECT_EQ(gets(0), 6);
   EXPECT_EQ(gets(1), 4);
-  EXPECT_EQ(cache_->group(0).stats().storage_hit_blocks, 6);
-}
-TEST_P(ModelCacheStorageTest, ARestartedCacheHitsWhatEachGroupFetched) {
-  restarted_cache_hits_what_each_group_fetched();
-}
-TEST_P(SharedModelCacheStorageTest, ARestartedCacheHitsWhatEachGroupFetched) {
-  restarted_cache_hits_what_each_group_fetched();
+  EXPECT_EQ(cache_->stats().storage_hit_blocks, 6);
 }
 
-// Without the full group's store nothing of P is reachable, so the window group, whose store
-// holds P's window, fetches nothing either. The one plane refuses such stores: its fetches
-// start from the group that owns the blocks.
-TEST_P(ModelCacheStorageTest, TheWindowGroupFetchesNothingTheFullGroupCannotReach) {
-  ASSERT_NO_FATAL_FAILURE(write_p_to_storage());
-  ASSERT_NO_FATAL_FAILURE(open(/*with_full_store=*/false));
-  EXPECT_EQ(*cache_->fetch_from_storage(p_), 0);
-  EXPECT_EQ(cache_->storage_in_flight(), 0);
-  EXPECT_EQ(add_and_check(1, p_), 0);
-}
-TEST_P(SharedModelCacheStorageTest, TheGroupThatOwnsTheBlocksNeedsAStore) {
+// The fetches start from the group that owns the blocks: without its store nothing of a prompt
+// is reachable, so a model whose owner group has no store is refused.
+TEST_P(ModelCacheStorageTest, TheGroupThatOwnsTheBlocksNeedsAStore) {
   ASSERT_NO_FATAL_FAILURE(write_p_to_storage());
   cache_.reset();
   ModelKvCacheOptions o;
-  o.share_blocks = true;
   o.storage = {nullptr, stores_[1].get()};
   CacheConfig c_config = model();
   c_config.backend = kind();
@@ -244,31 +212,17 @@ TEST_P(SharedModelCacheStorageTest, TheGroupThatOwnsTheBlocksNeedsAStore) {
 // A window store missing one of the three blocks the window needs (the one plane asks it per
 // key, and it answers none): the window group fetches nothing it needs (a window with a hole is
 // no hit), the full group its six; the hit is then what the window group already has: nothing.
-void ModelCacheStorageTest::window_with_a_hole_is_not_fetched() {
+TEST_P(ModelCacheStorageTest, AWindowWithAHoleInTheStoreIsNotFetched) {
   ASSERT_NO_FATAL_FAILURE(write_p_to_storage());
-  ASSERT_NO_FATAL_FAILURE(open(true, /*window_one_short=*/true));
+  ASSERT_NO_FATAL_FAILURE(open(/*window_one_short=*/true));
   EXPECT_EQ(*cache_->fetch_from_storage(p_), 6);
   EXPECT_EQ(add_and_check(1, p_), 0);
   EXPECT_EQ(gets(1), 0);
-  if (!shared()) {
-    EXPECT_EQ(cache_->group(1).stats().host.free_blocks, 6) << "no host slot was taken";
-  }
-}
-TEST_P(ModelCacheStorageTest, AWindowWithAHoleInTheStoreIsNotFetched) {
-  window_with_a_hole_is_not_fetched();
-}
-TEST_P(SharedModelCacheStorageTest, AWindowWithAHoleInTheStoreIsNotFetched) {
-  window_with_a_hole_is_not_fetched();
+  EXPECT_EQ(cache_->group_stats(1)->host.free_blocks, 6) << "no window host page was kept";
 }
 
 // One store for two groups, or two stores of one layout fingerprint, is refused by name.
 TEST_P(ModelCacheStorageTest, GroupsMayNotShareAStoreOrAKeySpace) {
-  groups_may_not_share_a_store_or_a_key_space();
-}
-TEST_P(SharedModelCacheStorageTest, GroupsMayNotShareAStoreOrAKeySpace) {
-  groups_may_not_share_a_store_or_a_key_space();
-}
-void ModelCacheStorageTest::groups_may_not_share_a_store_or_a_key_space() {
   CacheConfig same_shape = model();
   same_shape.groups[1].num_kv_heads = same_shape.groups[0].num_kv_heads;
   same_shape.groups[1].head_dim = same_shape.groups[0].head_dim;
@@ -281,15 +235,14 @@ void ModelCacheStorageTest::groups_may_not_share_a_store_or_a_key_space() {
             .value());
   }
   ModelKvCacheOptions o;
-  o.share_blocks = shared();
   for (const auto& [a, b, text] :
-       {std::tuple{0, 0, "share one store"}, std::tuple{0, 1, "of one layout fingerprint"}}) {
+       {std::tuple{0, 0, "has the same store"}, std::tuple{0, 1, "a store of the same layout"}}) {
     o.storage = {stores[static_cast<size_t>(a)].get(), stores[static_cast<size_t>(b)].get()};
     auto c = ModelKvCache::create(same_shape, o);
     ASSERT_FALSE(c.ok());
     EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(c.status().message().find(text), std::string::npos) << c.status().message();
-    EXPECT_NE(c.status().message().find("group 0 (full) and group 1 (window)"), std::string::npos)
+    EXPECT_NE(c.status().message().find("storage (group 1): group 0 "), std::string::npos)
         << c.status().message();
   }
   o.storage = {stores[0].get(), stores[2].get()};

@@ -1,9 +1,10 @@
 // ModelKvCache, case by case (model_cache_harness.hpp; the randomized run is
 // model_cache_random_test.cpp): a window group's memory stays bounded while the full group
 // grows; prefix hits are the longest length every group can supply, also after pressure in one
-// group evicted its blocks; bad input is a clear error that changes nothing; rollback past a
-// window and a reserve refused by the second group leave every group as it was; an MLA model
-// refuses a value tensor; and the one-group model behaves as the KvCache it wraps.
+// group evicted its pages; bad input is a clear error that changes nothing; rollback past a
+// window and a reserve the window group cannot hold leave every group as it was; a reservation
+// offloaded to make room commits only after a restore; an MLA model refuses a value tensor; and
+// the one-group model behaves as the KvCache it wraps.
 // check_invariants() after every step. On both backends (runtime_backends.hpp).
 #include "pagedkv/model_cache.hpp"
 
@@ -65,12 +66,11 @@ class ModelCacheTest : public testing::ModelCacheHarness {
     Snapshot s;
     EXPECT_OK(cache_->synchronize());
     for (int32_t g = 0; g < cache_->num_groups(); ++g) {
-      KvCache& k = cache_->group(g);
-      s.stats.push_back(k.stats());
-      s.pools.push_back(pool_bytes(k.device_pool()));
+      s.stats.push_back(*cache_->group_stats(g));
+      s.pools.push_back(pool_bytes(cache_->device_pool(g)));
       for (const auto& [id, tokens] : ref_) {
-        s.seqs[id].push_back({*k.length(id), *k.pending(id)});
-        s.blocks[id].push_back(*k.block_locations(id));
+        s.seqs[id].push_back({*cache_->length(id), *cache_->pending(id)});
+        s.blocks[id].push_back(*cache_->block_locations(id, g));
       }
     }
     return s;
@@ -117,10 +117,12 @@ class ModelCacheTest : public testing::ModelCacheHarness {
     EXPECT_EQ(*cache_->held_bytes(id),
               full * gconf(0).block_bytes() + window * gconf(1).block_bytes());
     // The only sequence: what it holds is what each group's device tier has in use.
-    EXPECT_EQ(cache_->group(0).stats().device.used_blocks, full);
-    EXPECT_EQ(cache_->group(1).stats().device.used_blocks, window);
+    EXPECT_EQ(cache_->group_stats(0)->device.used_blocks, full);
+    EXPECT_EQ(cache_->group_stats(1)->device.used_blocks, window);
     max_window_held_ = std::max(max_window_held_, window);
   }
+
+  ControlStats group_stats(int32_t g) const { return *cache_->group_stats(g); }
 
   int64_t max_window_held_ = 0;
 };
@@ -145,8 +147,8 @@ TEST_P(ModelCacheTest, WindowGroupHoldsAtMostFiveBlocksWhileTheFullGroupGrows) {
   }
   EXPECT_EQ(max_window_held_, 5);
   EXPECT_EQ(*cache_->held_blocks(1, 0), ceil_div(310, 16));
-  EXPECT_GT(cache_->group(1).stats().window_released_blocks, 10);
-  EXPECT_EQ(cache_->group(0).stats().window_released_blocks, 0);
+  EXPECT_GT(cache_->group_stats(1)->window_released_blocks, 10);
+  EXPECT_EQ(cache_->group_stats(0)->window_released_blocks, 0);
   EXPECT_EQ(check_gather(1), "");
   EXPECT_GT(out_of_range_checks_, 0);
   std::mt19937_64 rng(1);
@@ -179,25 +181,21 @@ class ModelCachePrefixTest : public ModelCacheTest {
     invariants();
   }
 
-  // Every group's own answer for `prompt`.
-  std::vector<int64_t> own(const std::vector<TokenId>& prompt) const {
-    std::vector<int64_t> out;
-    for (int32_t g = 0; g < cache_->num_groups(); ++g) {
-      out.push_back(*cache_->group(g).cached_prefix(prompt));
-    }
-    return out;
+  // The hit the cache would give `prompt` now.
+  int64_t own(const std::vector<TokenId>& prompt) const {
+    return *cache_->cache().cached_prefix(prompt);
   }
 
-  // add_sequence's hit is the brute-force agreement, never more than a group supplies, and the
-  // shared bytes read back; the sequence is then finished (its blocks stay cached).
+  // add_sequence's hit is the brute-force agreement and cached_prefix's answer, and the shared
+  // bytes read back; the sequence is then finished (its blocks stay cached).
   int64_t add_and_check(SequenceId id, const std::vector<TokenId>& prompt) {
     const int64_t want = agreed_by_brute_force(prompt);
-    const std::vector<int64_t> groups = own(prompt);
+    const int64_t before = own(prompt);
     auto hit = cache_->add_sequence(id, prompt);
     EXPECT_OK(hit);
     if (!hit.ok()) return -1;
     EXPECT_EQ(*hit, want);
-    for (int64_t g : groups) EXPECT_LE(*hit, g);
+    EXPECT_EQ(*hit, before);
     ref_[id].assign(prompt.begin(), prompt.begin() + *hit);
     invariants();
     EXPECT_EQ(check_gather(id), "");
@@ -210,8 +208,8 @@ class ModelCachePrefixTest : public ModelCacheTest {
 INSTANTIATE_TEST_SUITE_P(Backends, ModelCachePrefixTest, testing::runtime_backends(),
                          testing::backend_param_name);
 
-// Pressure in the window group only evicts its blocks: the agreed hit falls to what the window
-// group can still supply, while the full group could share all 160 tokens.
+// Pressure in the window group only evicts its pages: the hit falls to what the window group
+// can still supply, while the full group keeps all 160 tokens' blocks.
 TEST_P(ModelCachePrefixTest, WindowGroupEvictionLowersTheAgreedHit) {
   make(two_groups(100, 12));
   ASSERT_FALSE(HasFatalFailure());
@@ -219,7 +217,7 @@ TEST_P(ModelCachePrefixTest, WindowGroupEvictionLowersTheAgreedHit) {
   ASSERT_NO_FATAL_FAILURE(run_and_finish(1, a));
   std::vector<TokenId> b(a.begin(), a.begin() + 160);
   for (TokenId t : {7, 8, 9, 10, 11}) b.push_back(t);
-  EXPECT_EQ(own(b), (std::vector<int64_t>{160, 160}));
+  EXPECT_EQ(own(b), 160);
   EXPECT_EQ(add_and_check(2, b), 160);
 
   // Unrelated sequences fill the window group's 12 blocks; the least recently used cached
@@ -228,21 +226,18 @@ TEST_P(ModelCachePrefixTest, WindowGroupEvictionLowersTheAgreedHit) {
   std::vector<int64_t> hits;
   for (SequenceId id = 10; id < 14; ++id) {
     ASSERT_NO_FATAL_FAILURE(run_and_finish(id, iota_tokens(96, 100000 * TokenId(id))));
-    const std::vector<int64_t> g = own(b);
-    EXPECT_EQ(g[0], 160) << "the full group's pool had room";
     hits.push_back(agreed_by_brute_force(b));
-    EXPECT_LE(hits.back(), std::min(g[0], g[1]));
+    EXPECT_EQ(own(b), hits.back());
+    EXPECT_EQ(group_stats(0).blocks_evicted, 0) << "the full group's pool had room";
   }
-  EXPECT_EQ(cache_->group(0).stats().blocks_evicted, 0);
-  EXPECT_GT(cache_->group(1).stats().blocks_evicted, 0);
-  EXPECT_EQ(hits.front(), 160) << "blocks inside the window went before those out of it";
-  EXPECT_LT(hits.back(), 160) << "the window group's in-window blocks were never evicted";
-  EXPECT_LT(own(b)[1], 160);
+  EXPECT_GT(group_stats(1).blocks_evicted, 0);
+  EXPECT_EQ(hits.front(), 160) << "pages inside the window went before those out of it";
+  EXPECT_LT(hits.back(), 160) << "the window group's in-window pages were never evicted";
   EXPECT_EQ(add_and_check(2, b), hits.back());
 }
 
-// The other way round: the full group lost A's first blocks, so nothing can be shared although
-// the window group still holds every block of the window at 160.
+// The other way round: the full group lost A's first blocks, so a hit stops there although the
+// window group's pool had room for every page of the window at 160.
 TEST_P(ModelCachePrefixTest, FullGroupEvictionLowersTheAgreedHit) {
   make(two_groups(12, 100));
   ASSERT_FALSE(HasFatalFailure());
@@ -250,14 +245,13 @@ TEST_P(ModelCachePrefixTest, FullGroupEvictionLowersTheAgreedHit) {
   ASSERT_NO_FATAL_FAILURE(run_and_finish(1, a));
   std::vector<TokenId> b(a.begin(), a.begin() + 160);
   b.push_back(7);
-  EXPECT_EQ(own(b), (std::vector<int64_t>{160, 160}));
+  EXPECT_EQ(own(b), 160);
   ASSERT_NO_FATAL_FAILURE(run_and_finish(10, iota_tokens(96, 500000)));
-  const std::vector<int64_t> g = own(b);
-  EXPECT_LT(g[0], 160);
-  EXPECT_EQ(g[1], 160);
-  EXPECT_GT(cache_->group(0).stats().blocks_evicted, 0);
-  EXPECT_EQ(cache_->group(1).stats().blocks_evicted, 0);
-  EXPECT_EQ(add_and_check(2, b), g[0]);
+  const int64_t hit = own(b);
+  EXPECT_LT(hit, 160);
+  EXPECT_GT(group_stats(0).blocks_evicted, 0);
+  EXPECT_EQ(group_stats(1).blocks_evicted, 0) << "the window pages left with their blocks";
+  EXPECT_EQ(add_and_check(2, b), hit);
 }
 
 // ---------------------------------------------------------------- bad input
@@ -366,26 +360,23 @@ TEST_P(ModelCacheTest, BadCallsAreClearErrorsThatChangeNothing) {
                    StatusCode::kOutOfRange, want, before);
     EXPECT_EQ(cache_->layer_group(layer).status().code(), StatusCode::kOutOfRange);
   }
-  // A group's own errors name the group.
   expect_refused(cache_->write_kv(7, 1, k.data(), v.data(), DType::kFloat16), StatusCode::kNotFound,
-                 "group 1 (window): ", before);
+                 "sequence 7 does not exist", before);
   expect_refused(cache_->write_kv(1, 1, k.data(), nullptr, DType::kFloat16),
-                 StatusCode::kInvalidArgument, "group 1 (window): value", before);
+                 StatusCode::kInvalidArgument, "value: null pointer", before);
   expect_refused(cache_->gather_layer(2, 3, k.data(), v.data(), DType::kFloat16,
                                       PackedLayout::kTokenMajor, 0, 1),
-                 StatusCode::kOutOfRange, "group 1 (window): ", before);
+                 StatusCode::kOutOfRange, "position 0 fell out of the sliding window", before);
   expect_refused(cache_->rollback(1, 41), StatusCode::kOutOfRange, "rollback", before);
   expect_refused(cache_->commit(1, {1, 2}), StatusCode::kFailedPrecondition, "reserved", before);
   expect_refused(cache_->add_sequence(2, {1}).status(), StatusCode::kAlreadyExists, "2", before);
   expect_refused(cache_->fork(1, 2), StatusCode::kAlreadyExists, "2", before);
-  // A commit_batch every group refuses is reported as group 0's error, whichever group checks
-  // first.
   expect_refused(cache_->commit_batch({1, 7}, {77, 77}), StatusCode::kNotFound,
-                 "group 0 (full): ", before);
+                 "sequence 7 does not exist", before);
   expect_refused(cache_->commit_batch({1, 2}, {77, 77, 77, 77}, 2), StatusCode::kFailedPrecondition,
-                 "group 0 (full): ", before);
+                 "2 tokens but only 1 reserved for sequence 1", before);
   expect_refused(cache_->commit_batch({1, 2}, {77}), StatusCode::kInvalidArgument,
-                 "group 0 (full): ", before);
+                 "1 tokens for 2 sequences of 1 each", before);
 
   // The batch still works: the step goes through and reads back.
   ASSERT_OK(write_and_commit(*batch, {1, 2}, {77, 77}));
@@ -449,7 +440,7 @@ TEST_P(ModelCacheTest, RollbackPastTheWindowIsRefusedInEveryGroup) {
     SCOPED_TRACE("rollback to " + std::to_string(length));
     const Snapshot before = snapshot();
     expect_refused(cache_->rollback(1, length), StatusCode::kFailedPrecondition,
-                   "group 1 (window) no longer holds token", before);
+                   "no longer holds the tokens before 128 in group 1", before);
   }
   ASSERT_OK(cache_->rollback(1, 196));  // its window starts in block 8
   ref_[1].resize(196);
@@ -473,9 +464,9 @@ TEST_P(ModelCacheTest, RollbackPastTheWindowIsRefusedInEveryGroup) {
   EXPECT_EQ(check_gather(1), "");
 }
 
-// The window group (second) has 7 blocks: a reserve the full group took and the window group
-// cannot is dropped in both, and the sequences go on.
-TEST_P(ModelCacheTest, ReserveRefusedByTheSecondGroupLeavesNothingReserved) {
+// The window group (second) has 7 pages: a reserve the full group could take and the window
+// group cannot is refused in full, and the sequences go on.
+TEST_P(ModelCacheTest, ReserveTheWindowGroupCannotHoldLeavesNothingReserved) {
   make(two_groups(64, 7));
   ASSERT_FALSE(HasFatalFailure());
   Status appended;
@@ -485,7 +476,7 @@ TEST_P(ModelCacheTest, ReserveRefusedByTheSecondGroupLeavesNothingReserved) {
   {
     const Snapshot before = snapshot();
     auto r = cache_->reserve(1, 64);  // 8 blocks in each group; the window group has 7
-    expect_refused(r.status(), StatusCode::kResourceExhausted, "group 1 (window)", before);
+    expect_refused(r.status(), StatusCode::kResourceExhausted, "out of pages in group 1", before);
   }
   ASSERT_OK(append(1, iota_tokens(4, 200)));
   invariants();
@@ -497,11 +488,9 @@ TEST_P(ModelCacheTest, ReserveRefusedByTheSecondGroupLeavesNothingReserved) {
   {
     const Snapshot before = snapshot();
     const Status st = cache_->reserve_batch({1, 2}, 40);
-    expect_refused(st, StatusCode::kResourceExhausted, "group 1 (window)", before);
-    for (int32_t g = 0; g < 2; ++g) {
-      EXPECT_EQ(*cache_->group(g).pending(1), 0);
-      EXPECT_EQ(*cache_->group(g).pending(2), 0);
-    }
+    expect_refused(st, StatusCode::kResourceExhausted, "out of pages in group 1", before);
+    EXPECT_EQ(*cache_->pending(1), 0);
+    EXPECT_EQ(*cache_->pending(2), 0);
   }
   ASSERT_OK(decode_step({1, 2}, {5, 6}));
   invariants();
@@ -511,10 +500,9 @@ TEST_P(ModelCacheTest, ReserveRefusedByTheSecondGroupLeavesNothingReserved) {
   EXPECT_EQ(check_view({1, 2}, true, rng), "");
 }
 
-// A reserved sequence that one group offloaded to make room for another (the groups choose
-// their victims on their own) cannot commit until it is restored: refused in full, in no group
-// committed, and after restore() the step goes through.
-TEST_P(ModelCacheTest, CommitOfASequenceOneGroupOffloadedIsRefusedInEveryGroup) {
+// A reserved sequence offloaded to make room for another's window pages cannot commit until it
+// is restored: refused in full, nothing committed, and after restore() the step goes through.
+TEST_P(ModelCacheTest, CommitOfAnOffloadedReservationIsRefusedUntilItsRestore) {
   CacheConfig c = two_groups(64, 7);
   c.groups[0].num_host_blocks = 16;
   c.groups[1].num_host_blocks = 16;
@@ -532,9 +520,7 @@ TEST_P(ModelCacheTest, CommitOfASequenceOneGroupOffloadedIsRefusedInEveryGroup) 
   ASSERT_OK(r);
   invariants();
   ASSERT_OK(cache_->synchronize());
-  ASSERT_EQ(*cache_->group(0).residency(1), SequenceResidency::kDevice);
-  ASSERT_EQ(*cache_->group(1).residency(1), SequenceResidency::kHost);
-  EXPECT_EQ(*cache_->residency(1), SequenceResidency::kHost);
+  ASSERT_EQ(*cache_->residency(1), SequenceResidency::kHost);
 
   const Snapshot before = snapshot();
   expect_refused(cache_->commit(1, {77}), StatusCode::kFailedPrecondition, "offloaded", before);
@@ -694,9 +680,9 @@ TEST_P(ModelCacheTest, OneGroupModelBehavesAsAKvCache) {
       dropped += static_cast<int64_t>(model_dropped.size());
       invariants();
       ASSERT_OK(kv.check_invariants());
-      ASSERT_TRUE(cache_->group(0).stats() == kv.stats());
+      ASSERT_TRUE(cache_->stats() == kv.stats());
       for (const auto& [id, tokens] : ref_) {
-        ASSERT_EQ(*cache_->group(0).block_locations(id), *kv.block_locations(id));
+        ASSERT_EQ(*cache_->block_locations(id, 0), *kv.block_locations(id));
         ASSERT_EQ(*cache_->length(id), static_cast<int64_t>(tokens.size()));
       }
     }

@@ -1,8 +1,9 @@
-// ModelKvCache::drain_events: every group's block events tagged with the group. A two-group
-// model (group 0 full attention, group 1 sliding window 64, block size 16): stores in both
-// groups carry their group; blocks the window group released and later evicted are removed
-// with group 1 while group 0 keeps them; an overflowed event ring shows its resync with its
-// group, ahead of every other event of the drain; a one-group model drains what a KvCache does.
+// ModelKvCache::drain_events: one stream of every group's block events, oldest first, each
+// tagged with its group. A two-group model (group 0 full attention, group 1 sliding window 64,
+// block size 16): a block's store is announced in the full group, then in the window group;
+// window pages released and later evicted are removed with group 1 while group 0 keeps the
+// blocks; an overflowed event ring resyncs ahead of the newest events it kept; a one-group model
+// drains what a KvCache does.
 // Expected hashes come from the reference formula (events/block_hash_reference.hpp), expected
 // events from the calls made, never from the code under test.
 #include <gtest/gtest.h>
@@ -99,14 +100,13 @@ TEST(ModelKvCacheEvents, StoresCarryTheirGroupGroupsInOrder) {
   ASSERT_OK(m);
   prefill(**m, 1, kPromptA);
   const std::vector<ControlEvent> ev = (*m)->drain_events();
-  // Both groups stored the 8 full blocks: group 0's first, then group 1's, each in order.
+  // Both groups stored the 8 full blocks, block by block: the full group's, then the window's.
   ASSERT_EQ(ev.size(), 16u);
   for (size_t b = 0; b < 8; ++b) {
-    expect_stored(ev[b], kFull, kPromptA, b);
-    expect_stored(ev[8 + b], kWindowed, kPromptA, b);
+    expect_stored(ev[2 * b], kFull, kPromptA, b);
+    expect_stored(ev[2 * b + 1], kWindowed, kPromptA, b);
   }
   EXPECT_TRUE((*m)->drain_events().empty());
-  for (int32_t g = 0; g < 2; ++g) EXPECT_TRUE((*m)->group(g).drain_events().empty());
 }
 
 TEST(ModelKvCacheEvents, BlocksTheWindowReleasedAreEvictedWithTheWindowGroup) {
@@ -114,24 +114,27 @@ TEST(ModelKvCacheEvents, BlocksTheWindowReleasedAreEvictedWithTheWindowGroup) {
   ASSERT_OK(m);
   prefill(**m, 1, kPromptA);
   ASSERT_EQ((*m)->drain_events().size(), 16u);
-  // At 128 tokens the window (64) needs blocks 4..7 only: blocks 0..3 of the window group are
-  // released into its prefix cache, and its pool of 8 has no free block left. Sequence 2's 4
-  // blocks evict exactly those 4 there; the full group (64 blocks) evicts nothing.
+  // At 128 tokens the window (64) needs blocks 4..7 only: the pages of blocks 0..3 in the
+  // window group are released into its prefix cache, and its pool of 8 has no free page left.
+  // Sequence 2's 4 blocks evict exactly those 4 pages there; the full group (64 blocks) evicts
+  // nothing.
   prefill(**m, 2, kPromptB);
   const std::vector<ControlEvent> ev = (*m)->drain_events();
   const std::vector<uint64_t> a = ref_hashes(kPromptA);
   ASSERT_EQ(ev.size(), 12u);
-  for (size_t b = 0; b < 4; ++b) expect_stored(ev[b], kFull, kPromptB, b);
-  // Group 1: the removals (during reserve) before the stores (at commit).
+  // The removals (during reserve) before the stores (at commit).
   std::set<uint64_t> removed;
-  for (size_t i = 4; i < 8; ++i) {
+  for (size_t i = 0; i < 4; ++i) {
     EXPECT_EQ(ev[i].kind, EventKind::kBlockRemoved) << describe(ev[i]);
     EXPECT_EQ(ev[i].group, kWindowed) << describe(ev[i]);
     EXPECT_EQ(ev[i].tier, Tier::kDevice);
     removed.insert(ev[i].block_hash);
   }
   EXPECT_EQ(removed, std::set<uint64_t>(a.begin(), a.begin() + 4));
-  for (size_t b = 0; b < 4; ++b) expect_stored(ev[8 + b], kWindowed, kPromptB, b);
+  for (size_t b = 0; b < 4; ++b) {
+    expect_stored(ev[4 + 2 * b], kFull, kPromptB, b);
+    expect_stored(ev[5 + 2 * b], kWindowed, kPromptB, b);
+  }
   // The full group still holds every block of A: a prompt of A and one more token hits all 8
   // there.
   for (const ControlEvent& e : ev) {
@@ -139,45 +142,38 @@ TEST(ModelKvCacheEvents, BlocksTheWindowReleasedAreEvictedWithTheWindowGroup) {
   }
   std::vector<TokenId> longer = kPromptA;
   longer.push_back(7);
-  auto hit = (*m)->group(kFull).cached_prefix(longer);
+  auto hit = (*m)->cache().cached_prefix(longer);
   ASSERT_OK(hit);
   EXPECT_EQ(*hit, 128);
 }
 
-TEST(ModelKvCacheEvents, AnOverflowedGroupResyncsWithItsGroupAheadOfTheRest) {
+TEST(ModelKvCacheEvents, AnOverflowedRingResyncsAheadOfTheNewestEvents) {
   ModelKvCacheOptions o;
   o.cache.event_capacity = 6;
   auto m = ModelKvCache::create(two_groups(), o);
   ASSERT_OK(m);
-  // 8 stores in each group overflow both rings by 2: both resyncs first, in group order, then
-  // each group's 6 newest events.
+  // 16 stores in a ring of 6: the resync with the 10 lost, then the newest 6 (blocks 5..7 in
+  // both groups).
   prefill(**m, 1, kPromptA);
   std::vector<ControlEvent> ev = (*m)->drain_events();
-  ASSERT_EQ(ev.size(), 14u);
-  for (int32_t g = 0; g < 2; ++g) {
-    EXPECT_EQ(ev[static_cast<size_t>(g)].kind, EventKind::kEventsDropped);
-    EXPECT_EQ(ev[static_cast<size_t>(g)].group, g);
-    EXPECT_EQ(ev[static_cast<size_t>(g)].dropped_events, 2);
+  ASSERT_EQ(ev.size(), 7u);
+  EXPECT_EQ(ev[0].kind, EventKind::kEventsDropped);
+  EXPECT_EQ(ev[0].dropped_events, 10);
+  for (size_t b = 5; b < 8; ++b) {
+    expect_stored(ev[1 + 2 * (b - 5)], kFull, kPromptA, b);
+    expect_stored(ev[2 + 2 * (b - 5)], kWindowed, kPromptA, b);
   }
-  for (size_t b = 2; b < 8; ++b) {
-    expect_stored(ev[b], kFull, kPromptA, b);
-    expect_stored(ev[6 + b], kWindowed, kPromptA, b);
-  }
-  // Sequence 2: group 0 records 4 stores (fits), group 1 4 removals and 4 stores (2 dropped).
+  // Sequence 2: 4 window removals and 8 stores; the removals and the first block's two stores
+  // are lost.
   prefill(**m, 2, kPromptB);
   ev = (*m)->drain_events();
-  ASSERT_EQ(ev.size(), 11u);
+  ASSERT_EQ(ev.size(), 7u);
   EXPECT_EQ(ev[0].kind, EventKind::kEventsDropped);
-  EXPECT_EQ(ev[0].group, kWindowed);
-  EXPECT_EQ(ev[0].dropped_events, 2);
-  for (size_t b = 0; b < 4; ++b) expect_stored(ev[1 + b], kFull, kPromptB, b);
-  const std::vector<uint64_t> a = ref_hashes(kPromptA);
-  for (size_t i = 5; i < 7; ++i) {
-    EXPECT_EQ(ev[i].kind, EventKind::kBlockRemoved) << describe(ev[i]);
-    EXPECT_EQ(ev[i].group, kWindowed);
-    EXPECT_NE(std::find(a.begin(), a.begin() + 4, ev[i].block_hash), a.begin() + 4);
+  EXPECT_EQ(ev[0].dropped_events, 6);
+  for (size_t b = 1; b < 4; ++b) {
+    expect_stored(ev[1 + 2 * (b - 1)], kFull, kPromptB, b);
+    expect_stored(ev[2 + 2 * (b - 1)], kWindowed, kPromptB, b);
   }
-  for (size_t b = 0; b < 4; ++b) expect_stored(ev[7 + b], kWindowed, kPromptB, b);
 }
 
 TEST(ModelKvCacheEvents, OneGroupDrainsWhatItsKvCacheDrains) {

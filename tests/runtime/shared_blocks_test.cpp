@@ -1,6 +1,6 @@
-// A model's groups in one KvCache that shares the logical blocks (ModelKvCacheOptions::
-// share_blocks, KvCache created from a config with groups), case by case; the randomized run
-// is model_cache_random_test.cpp's HybridModelSharingBlocks. A window group's pages stay
+// A model's groups in the one KvCache that shares the logical blocks (a ModelKvCache, or a
+// KvCache created from a config with groups), case by case; the randomized run is
+// model_cache_random_test.cpp's HybridModel. A window group's pages stay
 // bounded while the full group grows; each group's rows, slots and pool are its own; bad input
 // is a clear error that changes nothing; shapes one cache cannot hold are refused; events name
 // their group. check_invariants() after every step. On both backends (runtime_backends.hpp).
@@ -49,12 +49,6 @@ std::vector<TokenId> iota_tokens(int64_t n, TokenId first) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-ModelKvCacheOptions sharing() {
-  ModelKvCacheOptions o;
-  o.share_blocks = true;
-  return o;
-}
-
 // What a refused call must leave alone: every group's pool bytes, and each sequence's length,
 // reservation and blocks in every group.
 struct Snapshot {
@@ -69,7 +63,7 @@ struct Snapshot {
 
 class SharedBlocksTest : public testing::ModelCacheHarness {
  protected:
-  KvCache& one() { return cache_->group(0); }
+  KvCache& one() { return cache_->cache(); }
 
   Snapshot snapshot() {
     Snapshot s;
@@ -95,7 +89,7 @@ class SharedBlocksTest : public testing::ModelCacheHarness {
   // restores by the copy kernel below `kernel_bytes`, and sequence 1 prefilled with 40 tokens
   // (three pages of the window group's four).
   void make_sharing_on(const CacheConfig& c, Backend* backend, int64_t kernel_bytes) {
-    ModelKvCacheOptions o = sharing();
+    ModelKvCacheOptions o;
     o.cache.backend = backend;
     o.cache.transfer_kernel_block_bytes = kernel_bytes;
     auto made = ModelKvCache::create(c, o);
@@ -113,9 +107,8 @@ INSTANTIATE_TEST_SUITE_P(Backends, SharedBlocksTest, testing::runtime_backends()
 // ---------------------------------------------------------------- shape and memory
 
 TEST_P(SharedBlocksTest, OneCacheHoldsEveryGroupsPoolAndRoutesItsLayers) {
-  make(window_first(64, 16), sharing());
+  make(window_first(64, 16));
   ASSERT_FALSE(HasFatalFailure());
-  ASSERT_TRUE(cache_->shares_blocks());
   KvCache& kv = one();
   EXPECT_EQ(kv.num_groups(), 2);
   EXPECT_EQ(kv.full_group(), kFull);
@@ -138,7 +131,7 @@ TEST_P(SharedBlocksTest, OneCacheHoldsEveryGroupsPoolAndRoutesItsLayers) {
 // ceil(64 / 16) + 1 pages per sequence while the full group keeps every block, and each
 // group's reserved slots land in its own pool.
 TEST_P(SharedBlocksTest, WindowGroupHoldsAtMostFivePagesWhileTheFullGroupGrows) {
-  make(window_first(64, 16), sharing());
+  make(window_first(64, 16));
   ASSERT_FALSE(HasFatalFailure());
   Status appended;
   ASSERT_EQ(*add_and_prefill(1, iota_tokens(10, 100), &appended), 0);
@@ -181,7 +174,7 @@ TEST_P(SharedBlocksTest, WindowGroupHoldsAtMostFivePagesWhileTheFullGroupGrows) 
 // ---------------------------------------------------------------- bad input
 
 TEST_P(SharedBlocksTest, BadCallsAreClearErrorsThatChangeNothing) {
-  make(window_first(32, 32), sharing());
+  make(window_first(32, 32));
   ASSERT_FALSE(HasFatalFailure());
   Status appended;
   ASSERT_EQ(*add_and_prefill(1, iota_tokens(40, 10), &appended), 0);
@@ -218,8 +211,6 @@ TEST_P(SharedBlocksTest, BadCallsAreClearErrorsThatChangeNothing) {
                    "outside the cache's 2 groups", before);
     expect_refused(kv.reserved_slots(1, g).status(), StatusCode::kOutOfRange,
                    "outside the cache's 2 groups", before);
-    expect_refused(cache_->block_locations(1, g).status(), StatusCode::kOutOfRange,
-                   "outside the model's 2 groups", before);
   }
   for (int32_t layer : {-1, 6}) {
     const std::string want = "layer " + std::to_string(layer) + " outside the model's 6 layers";
@@ -253,7 +244,6 @@ TEST_P(SharedBlocksTest, ShapesOneCacheCannotHoldAreRefusedAndTwoFullGroupsAreNo
   const auto create_shared = [&](CacheConfig c, ModelKvCacheOptions o) {
     c.backend = kind();
     o.cache.backend = backend.get();
-    o.share_blocks = true;
     return ModelKvCache::create(c, std::move(o)).status();
   };
   // Two full-attention groups are one cache (the second keeps a page per block); groups that
@@ -436,7 +426,7 @@ TEST_P(SharedBlocksTest, WindowPagesAnOffloadStillReadsAreWrittenAfterIt) {
 // erased. A third prompt with sequence 2's tokens then still hits all 64 of them (the window
 // group's pages of blocks 0..3 are there), and sequence 2 still reads its bytes.
 TEST_P(SharedBlocksTest, AnEraseKeepsTheWindowPagesAnotherSequenceHolds) {
-  make(window_first(64, 32), sharing());
+  make(window_first(64, 32));
   ASSERT_FALSE(HasFatalFailure());
   const std::vector<TokenId> shared = iota_tokens(64, 10);
   Status appended;
@@ -467,7 +457,7 @@ TEST_P(SharedBlocksTest, AnEraseKeepsTheWindowPagesAnotherSequenceHolds) {
 // A router sees each group's blocks under that group's index: the full group's blocks as the
 // one-group cache announces them, the window group's pages of the blocks in its window.
 TEST_P(SharedBlocksTest, EventsNameTheirGroup) {
-  make(window_first(64, 16), sharing());
+  make(window_first(64, 16));
   ASSERT_FALSE(HasFatalFailure());
   Status appended;
   ASSERT_EQ(*add_and_prefill(1, iota_tokens(160, 10), &appended), 0);  // 10 full blocks

@@ -2,6 +2,7 @@
 // groups) and MLA; the memory a sequence takes per group; the capacity a hybrid cache gains
 // against the uniform cache of the same model, measured through the control planes.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <memory>
@@ -114,11 +115,22 @@ TEST(Cli, AnUnknownPresetIsAClearError) {
     EXPECT_NE(err.find(m.name), std::string::npos) << "the message lists " << m.name;
   EXPECT_NE(cli({"--model", "gemma3", "--no-data", "--context", "0"}, &out, &err), 0);
   EXPECT_NE(err.find("context"), std::string::npos) << err;
-  EXPECT_NE(cli({"--model", "gemma3", "--storage-dir", ::testing::TempDir() + "pagedkv_presets",
-                 "--layers", "2", "--kv-heads", "1", "--head-dim", "8", "--backend", "cpu"},
+}
+
+// A model of several groups gets a storage tier: a store per group, each in its own directory.
+TEST(Cli, AModelOfSeveralGroupsStoresEachGroupApart) {
+  std::string out, err;
+  const std::string dir = ::testing::TempDir() + "pagedkv_presets_groups";
+  ASSERT_EQ(cli({"--model", "gpt-oss", "--storage-dir", dir, "--layers", "2", "--kv-heads", "1",
+                 "--head-dim", "8", "--backend", "cpu", "--requests", "20", "--check-invariants"},
                 &out, &err),
-            0);
-  EXPECT_NE(err.find("storage"), std::string::npos) << err;
+            0)
+      << err;
+  for (const char* g : {"/group0", "/group1"}) {
+    struct stat st {};
+    EXPECT_EQ(::stat((dir + g).c_str(), &st), 0) << dir + g;
+    EXPECT_TRUE(S_ISDIR(st.st_mode)) << dir + g;
+  }
 }
 
 // `--model llama` is the uniform Llama 3 8B of before the presets had groups: the same report as
@@ -223,9 +235,20 @@ TEST(Capacity, TheSimulatorsWindowGroupReleasesBlocks) {
   const auto& groups = j["model"]["groups"];
   ASSERT_EQ(groups.size(), 2u);
   // One cache whose groups share the logical blocks: it counts the releases of its window
-  // group, and keeps no counts per group.
+  // group, and each group's pages apart.
   EXPECT_GT(j["stats"]["window_released_blocks"].get<int64_t>(), 0) << j["stats"].dump();
-  for (const auto& g : groups) EXPECT_FALSE(g.contains("stats")) << g.dump();
+  for (const auto& g : groups) {
+    ASSERT_TRUE(g.contains("stats")) << g.dump();
+    const int64_t released = g["stats"]["window_released_blocks"].get<int64_t>();
+    EXPECT_EQ(g["stats"]["device"]["total_blocks"].get<int64_t>(),
+              g["device_blocks"].get<int64_t>())
+        << g.dump();
+    if (g["sliding_window"].get<int64_t>() > 0) {
+      EXPECT_EQ(released, j["stats"]["window_released_blocks"].get<int64_t>()) << g.dump();
+    } else {
+      EXPECT_EQ(released, 0) << g.dump();
+    }
+  }
 }
 
 // The must-show: at 32K tokens the Gemma-3-like cache holds several times the sequences

@@ -196,9 +196,10 @@ std::string temp_path(const std::string& name) {
 }
 
 // A window beside a full-attention group, and two full-attention groups of different shapes,
-// share the logical blocks; groups that all have a window the shared plane does not take, so the
-// engine holds one cache per group for them and a workload still runs, with data and without.
-TEST(Simulation, GroupsTheSharedBlocksRefuseRunOnACachePerGroup) {
+// share the logical blocks of one cache, and a workload runs on it with data and without, each
+// group counted in its own pages; groups that all have a window are refused by name (no group
+// could own the blocks for the widest one yet).
+TEST(Simulation, EveryGroupShapeRunsOnOneCache) {
   auto two_groups = [](int32_t window_a, int32_t window_b) {
     CacheConfig c = small_config(0, 0);
     KvGroup a, b;
@@ -218,32 +219,36 @@ TEST(Simulation, GroupsTheSharedBlocksRefuseRunOnACachePerGroup) {
     c.groups = {a, b};
     return c;
   };
-  for (int32_t window_a : {64, 0}) {  // a window beside full attention, two full groups
-    StatusOr<std::unique_ptr<ModelKvCache>> shared = make_model_cache(two_groups(window_a, 0));
-    ASSERT_OK(shared);
-    EXPECT_TRUE((*shared)->shares_blocks());
-  }
-  // Every group with a window: no group owns the blocks for the widest one.
-  const CacheConfig windows_only = two_groups(64, 32);
-  StatusOr<std::unique_ptr<ModelKvCache>> apart = make_model_cache(windows_only);
-  ASSERT_OK(apart);
-  EXPECT_FALSE((*apart)->shares_blocks());
-
   WorkloadConfig w;
   w.num_requests = 30;
   w.prompt_mean = 100;
   w.output_mean = 16;
   auto reqs = generate_workload(w);
   ASSERT_OK(reqs);
-  for (bool data : {true, false}) {
-    auto engine = data ? make_cache_engine(windows_only, 256) : make_no_data_engine(windows_only);
-    ASSERT_OK(engine);
-    EXPECT_NE((*engine)->description().find("one cache per KV group"), std::string::npos);
-    EXPECT_EQ((*engine)->has_data(), data);
-    const SimResult r = run_or_die(reqs.value(), windows_only, SchedulerConfig{}, data);
-    EXPECT_EQ(r.completed, w.num_requests) << "data " << data;
-    EXPECT_EQ(r.group_stats.size(), 2u) << "counted per group";
+  for (int32_t window_a : {64, 0}) {  // a window beside full attention, two full groups
+    SCOPED_TRACE("window " + std::to_string(window_a));
+    const CacheConfig c = two_groups(window_a, 0);
+    ASSERT_OK(make_model_cache(c));
+    for (bool data : {true, false}) {
+      auto engine = data ? make_cache_engine(c, 256) : make_no_data_engine(c);
+      ASSERT_OK(engine);
+      EXPECT_EQ((*engine)->has_data(), data);
+      const SimResult r = run_or_die(reqs.value(), c, SchedulerConfig{}, data);
+      EXPECT_EQ(r.completed, w.num_requests) << "data " << data;
+      ASSERT_EQ(r.group_stats.size(), 2u) << "counted per group";
+      // Group a holds its own pages: at most its pool, and with a window fewer than group b's
+      // blocks were at their peak of use.
+      EXPECT_EQ(r.group_stats[0].device.total_blocks, 128);
+      EXPECT_GT(r.group_stats[0].prefix_hit_blocks + r.group_stats[0].prefix_miss_blocks, 0);
+      if (window_a > 0) EXPECT_GT(r.group_stats[0].window_released_blocks, 0);
+      EXPECT_EQ(r.group_stats[1].window_released_blocks, 0);
+    }
   }
+  StatusOr<std::unique_ptr<ModelKvCache>> windows_only = make_model_cache(two_groups(64, 32));
+  ASSERT_FALSE(windows_only.ok());
+  EXPECT_EQ(windows_only.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(windows_only.status().message().find("full-attention group"), std::string::npos)
+      << windows_only.status().message();
 }
 
 TEST(Cli, JsonReportParsesAndIsConsistent) {

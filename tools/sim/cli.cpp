@@ -395,8 +395,7 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
     const std::string title = "pagedkv-sim: " + model_name + ", " +
                               std::to_string(config.num_device_blocks) + " device + " +
                               std::to_string(config.num_host_blocks) + " host blocks";
-    if (Status s = write_svg(o.plot, counted_pools(config, r), r, title); !s.ok())
-      return fail(err, s);
+    if (Status s = write_svg(o.plot, counted_pools(config), r, title); !s.ok()) return fail(err, s);
   }
   if (o.json)
     out << report_json(config, o.sched, info, r).dump(2) << "\n";

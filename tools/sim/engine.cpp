@@ -3,12 +3,10 @@
 #include <algorithm>
 #include <array>
 #include <iterator>
-#include <optional>
 #include <utility>
 
 #include "pagedkv/cache.hpp"
 #include "pagedkv/model_cache.hpp"
-#include "pagedkv/stats_fields.hpp"
 #include "pagedkv/storage_tier.hpp"
 #include "workload.hpp"
 
@@ -103,20 +101,29 @@ class CacheEngine final : public Engine {
   void* scratch_;  // null on the null backend
 };
 
-// A model cache: a ModelKvCache (several KV groups, one backend), its groups sharing the logical
-// blocks where it can. No storage tier.
+// A model cache: a ModelKvCache (several KV groups over one set of logical blocks, one
+// backend), with a FileTier per group when the run has a storage directory.
 class ModelCacheEngine final : public Engine {
  public:
-  ModelCacheEngine(std::unique_ptr<ModelKvCache> cache, void* scratch)
-      : cache_(std::move(cache)), scratch_(scratch) {}
+  ModelCacheEngine(std::vector<std::unique_ptr<StorageTier>> stores,
+                   std::unique_ptr<ModelKvCache> cache, void* scratch)
+      : stores_(std::move(stores)), cache_(std::move(cache)), scratch_(scratch) {}
   ~ModelCacheEngine() override {
     cache_->synchronize().ignore_error();
-    if (scratch_ != nullptr) cache_->group(0).backend().free_device(scratch_);
+    if (scratch_ != nullptr) cache_->cache().backend().free_device(scratch_);
+    cache_.reset();  // before the stores it writes back to
   }
 
   StatusOr<int64_t> add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
                                  const SequenceOptions& options) override {
     return cache_->add_sequence(id, prompt, options);
+  }
+  StatusOr<int64_t> fetch_from_storage(const std::vector<TokenId>& prompt,
+                                       const SequenceOptions& options) override {
+    if (stores_.empty()) return int64_t{0};
+    PAGEDKV_ASSIGN_OR_RETURN(int64_t n, cache_->fetch_from_storage(prompt, options));
+    if (n > 0) PAGEDKV_RETURN_IF_ERROR(cache_->flush_storage());
+    return n;
   }
   Status reserve(SequenceId id, int64_t n) override { return cache_->reserve(id, n).status(); }
   Status write(SequenceId id) override {
@@ -143,54 +150,41 @@ class ModelCacheEngine final : public Engine {
   }
   Status synchronize() override { return cache_->synchronize(); }
   std::vector<SequenceId> drain_evicted() override { return cache_->drain_evicted_sequences(); }
-  ControlStats stats() const override {
-    if (cache_->shares_blocks()) return cache_->group(0).stats();
-    std::vector<ControlStats> g;
-    for (int32_t i = 0; i < cache_->num_groups(); ++i) g.push_back(cache_->group(i).stats());
-    return merge_group_stats(g);
+  ControlStats stats() const override { return cache_->stats(); }
+  ControlStats group_stats(int32_t g) const override {
+    StatusOr<ControlStats> st = cache_->group_stats(g);
+    return st.ok() ? *st : ControlStats{};
   }
-  std::optional<ControlStats> group_stats(int32_t g) const override {
-    if (!cache_->shares_blocks()) return cache_->group(g).stats();
-    // The plane counts the full group's blocks; a window group's pages it plans itself.
-    if (g == cache_->group(0).full_group()) return cache_->group(0).stats();
-    return std::nullopt;
-  }
+  int32_t owner_group() const override { return cache_->cache().full_group(); }
   Status check_invariants() const override { return cache_->check_invariants(); }
-  std::string description() const override {
-    return cache_->group(0).backend().description() +
-           (cache_->shares_blocks() ? "" : " (one cache per KV group)");
-  }
+  std::string description() const override { return cache_->cache().backend().description(); }
   bool has_data() const override { return scratch_ != nullptr; }
-  double device_alloc_ms() const override { return sum_pools(&PoolInfo::device_alloc_ms); }
-  double host_alloc_ms() const override { return sum_pools(&PoolInfo::host_alloc_ms); }
+  double device_alloc_ms() const override { return cache_->cache().pool_info().device_alloc_ms; }
+  double host_alloc_ms() const override { return cache_->cache().pool_info().host_alloc_ms; }
 
  private:
-  double sum_pools(double PoolInfo::*field) const {
-    // With shared blocks group(g) is the one cache, whose pool_info() sums the groups.
-    if (cache_->shares_blocks()) return cache_->group(0).pool_info().*field;
-    double ms = 0;
-    for (int32_t g = 0; g < cache_->num_groups(); ++g) ms += cache_->group(g).pool_info().*field;
-    return ms;
-  }
-
+  std::vector<std::unique_ptr<StorageTier>> stores_;  // one per group, or none
   std::unique_ptr<ModelKvCache> cache_;
   void* scratch_;  // null on the null backend
 };
 
 }  // namespace
 
-StatusOr<std::unique_ptr<ModelKvCache>> make_model_cache(const CacheConfig& config) {
-  PAGEDKV_RETURN_IF_ERROR(config.validate());
+StatusOr<std::unique_ptr<StorageTier>> make_store(const CacheConfig& group_config,
+                                                  const StorageOptions& storage,
+                                                  const std::string& subdirectory,
+                                                  const std::string& model_id) {
+  FileTierOptions fo;
+  fo.directory = subdirectory.empty() ? storage.directory : storage.directory + "/" + subdirectory;
+  fo.max_bytes = storage.max_bytes;
+  return make_file_tier(StorageLayout::from_config(group_config, model_id), fo);
+}
+
+StatusOr<std::unique_ptr<ModelKvCache>> make_model_cache(const CacheConfig& config,
+                                                         const std::vector<StorageTier*>& stores) {
   ModelKvCacheOptions options;
   options.cache.enable_events = false;
-  options.share_blocks = true;
-  StatusOr<std::unique_ptr<ModelKvCache>> shared = ModelKvCache::create(config, options);
-  if (shared.ok() || (shared.status().code() != StatusCode::kInvalidArgument &&
-                      shared.status().code() != StatusCode::kUnimplemented)) {
-    return shared;
-  }
-  // The shared plane refuses a shape it does not take yet before allocating anything.
-  options.share_blocks = false;
+  options.storage = stores;
   return ModelKvCache::create(config, options);
 }
 
@@ -198,28 +192,34 @@ StatusOr<std::unique_ptr<Engine>> make_cache_engine(const CacheConfig& config, i
                                                     const StorageOptions& storage) {
   const bool data = config.backend != BackendKind::kNull;
   if (!config.groups.empty()) {
-    if (!storage.directory.empty()) {
-      return invalid_argument(
-          "--storage-dir: a model of several KV groups has no storage tier in pagedkv-sim "
-          "(window caches refuse one)");
+    PAGEDKV_RETURN_IF_ERROR(config.validate());
+    // A store per group, in a directory of its own, with the group in its model id: the
+    // groups' blocks of the same tokens are different bytes.
+    std::vector<std::unique_ptr<StorageTier>> stores;
+    std::vector<StorageTier*> store_ptrs;
+    for (int32_t g = 0; g < config.num_groups() && !storage.directory.empty(); ++g) {
+      const std::string name = "group" + std::to_string(g);
+      PAGEDKV_ASSIGN_OR_RETURN(
+          std::unique_ptr<StorageTier> store,
+          make_store(config.group_config(g), storage, name, storage.model_id + "/" + name));
+      store_ptrs.push_back(store.get());
+      stores.push_back(std::move(store));
     }
-    PAGEDKV_ASSIGN_OR_RETURN(std::unique_ptr<ModelKvCache> cache, make_model_cache(config));
+    PAGEDKV_ASSIGN_OR_RETURN(std::unique_ptr<ModelKvCache> cache,
+                             make_model_cache(config, store_ptrs));
     void* scratch = nullptr;
     if (data) {
-      PAGEDKV_ASSIGN_OR_RETURN(scratch, make_scratch(cache->group(0).backend(),
+      PAGEDKV_ASSIGN_OR_RETURN(scratch, make_scratch(cache->cache().backend(),
                                                      cache->compute_stream(), config, max_tokens));
     }
-    return std::unique_ptr<Engine>(new ModelCacheEngine(std::move(cache), scratch));
+    return std::unique_ptr<Engine>(
+        new ModelCacheEngine(std::move(stores), std::move(cache), scratch));
   }
   std::unique_ptr<StorageTier> store;
   KvCacheOptions cache_options;
   cache_options.enable_events = false;
   if (!storage.directory.empty()) {
-    FileTierOptions fo;
-    fo.directory = storage.directory;
-    fo.max_bytes = storage.max_bytes;
-    PAGEDKV_ASSIGN_OR_RETURN(
-        store, make_file_tier(StorageLayout::from_config(config, storage.model_id), fo));
+    PAGEDKV_ASSIGN_OR_RETURN(store, make_store(config, storage, "", storage.model_id));
     cache_options.storage = store.get();
   }
   PAGEDKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::create(config, cache_options));
@@ -235,30 +235,6 @@ StatusOr<std::unique_ptr<Engine>> make_no_data_engine(const CacheConfig& config)
   CacheConfig c = config;
   c.backend = BackendKind::kNull;
   return make_cache_engine(c, 0);
-}
-
-ControlStats merge_group_stats(const std::vector<ControlStats>& groups) {
-  if (groups.size() == 1) return groups.front();
-  // Counted once per sequence or prompt lookup in every group: the model's count is the
-  // largest group's.
-  static const char* const kPerSequence[] = {
-      "sequences",         "active_sequences",    "offloaded_sequences",
-      "prefix_queries",    "prefix_query_tokens", "prefix_hit_tokens",
-      "prefix_hit_blocks", "prefix_miss_blocks",  "prefix_host_hit_blocks",
-      "sequences_evicted", "sequences_offloaded", "sequences_restored"};
-  ControlStats out;
-  std::vector<int64_t*> fields;
-  for_each_stat(out, [&fields](const std::string&, int64_t& v) { fields.push_back(&v); });
-  const std::array<StatInfo, kNumStats>& infos = stat_infos();
-  for (const ControlStats& g : groups) {
-    const std::array<int64_t, kNumStats> values = stat_values(g);
-    for (size_t i = 0; i < kNumStats; ++i) {
-      const bool per_sequence = std::find(std::begin(kPerSequence), std::end(kPerSequence),
-                                          infos[i].name) != std::end(kPerSequence);
-      *fields[i] = per_sequence ? std::max(*fields[i], values[i]) : *fields[i] + values[i];
-    }
-  }
-  return out;
 }
 
 }  // namespace sim

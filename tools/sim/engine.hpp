@@ -2,14 +2,12 @@
 // config's backend. For --no-data that backend is the null one (BackendKind::kNull: copies and
 // kernels dropped, pools that cost no memory), so the decisions are the cache's own and an
 // operator can plan a full-size model and pool on a laptop. A model of several KV groups
-// (CacheConfig::groups: sliding-window and full-attention layers) is a ModelKvCache whose groups
-// share the logical blocks (ModelKvCacheOptions::share_blocks), or one cache per group for a
-// shape the shared blocks do not take yet.
+// (CacheConfig::groups: sliding-window and full-attention layers) is a ModelKvCache, whose
+// groups share the logical blocks.
 #pragma once
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +18,7 @@
 namespace pagedkv {
 
 class ModelKvCache;
+class StorageTier;
 
 namespace sim {
 
@@ -55,15 +54,16 @@ class Engine {
   virtual Status synchronize() = 0;
   /// Sequences the cache dropped to make room since the last call.
   virtual std::vector<SequenceId> drain_evicted() = 0;
-  /// The cache's counts: with groups that share blocks, the plane's (its blocks are the
-  /// full-attention group's); with a cache per group, merge_group_stats() of theirs.
+  /// The cache's counts (with several groups, the blocks are the owner group's).
   virtual ControlStats stats() const = 0;
-  /// The counts of group `g` (of its own pools, in its own blocks), or nullopt when the cache
-  /// does not count it apart: a window group whose pages the shared plane plans itself.
-  virtual std::optional<ControlStats> group_stats(int32_t g) const {
+  /// The counts of group `g`: its own pools' pages, at its own page size (KvCache::group_stats).
+  virtual ControlStats group_stats(int32_t g) const {
     (void)g;
     return stats();
   }
+  /// The group whose blocks every other group's pages follow: its pool bounds admission; the
+  /// others' pages the cache's planner finds itself (offloading, dropping or refusing).
+  virtual int32_t owner_group() const { return 0; }
   virtual Status check_invariants() const = 0;
   /// "cpu: ..." / "cuda: ..." / "null: ..." (--no-data).
   virtual std::string description() const = 0;
@@ -81,28 +81,20 @@ struct StorageOptions {
   std::string model_id = "pagedkv-sim";
 };
 
-/// A KvCache on `config.backend` (a ModelKvCache with shared blocks when `config` has groups,
-/// one cache per group where the shared blocks refuse the groups' shape); writes come from a
-/// scratch buffer of `max_tokens` tokens, and none are made on the null backend.
-/// kInvalidArgument for a storage tier with groups.
+/// A KvCache on `config.backend` (a ModelKvCache when `config` has groups, with a FileTier per
+/// group in DIR/group<g> when `storage` names a directory); writes come from a scratch buffer
+/// of `max_tokens` tokens, and none are made on the null backend.
 StatusOr<std::unique_ptr<Engine>> make_cache_engine(const CacheConfig& config, int64_t max_tokens,
                                                     const StorageOptions& storage = {});
 
-/// The model cache make_cache_engine drives for a config with groups (also takes one without):
-/// a ModelKvCache whose groups share the logical blocks, or one cache per group where the
-/// shared plane refuses the groups' shape (today groups that all have a window, or more than
-/// three windows). Events off. kInvalidArgument for a bad config.
-StatusOr<std::unique_ptr<ModelKvCache>> make_model_cache(const CacheConfig& config);
+/// The model cache make_cache_engine drives for a config with groups (also takes one without),
+/// with `stores` (empty, or one per group) as its storage tiers. Events off.
+/// kInvalidArgument for a bad config or a shape the one cache does not hold yet.
+StatusOr<std::unique_ptr<ModelKvCache>> make_model_cache(
+    const CacheConfig& config, const std::vector<StorageTier*>& stores = {});
 
 /// make_cache_engine on the null backend (--no-data): the cache's decisions, no KV bytes.
 StatusOr<std::unique_ptr<Engine>> make_no_data_engine(const CacheConfig& config);
-
-/// One ControlStats for a model held as one cache per group: the counts of things every group does
-/// once per sequence or prompt (sequences, prefix lookups, their tokens and hit / miss blocks,
-/// sequence offloads, restores and drops) are the largest group's, every other count (blocks and
-/// bytes per tier, blocks moved) is the sum over the groups, so a tier's blocks add up to the
-/// groups' pools (blocks of different sizes). One group: its own counts.
-ControlStats merge_group_stats(const std::vector<ControlStats>& groups);
 
 }  // namespace sim
 }  // namespace pagedkv

@@ -49,22 +49,26 @@ std::string fmt(const char* f, ...) {
   return buf;
 }
 
-// The group the cache's own counts are in when its groups share the logical blocks (the plane
-// counts the full-attention group's blocks; window pages it plans apart).
+// The group the cache's own counts are in (KvCache::full_group(): the full-attention group with
+// the most device blocks, whose blocks every other group's pages follow).
 CacheConfig counted_group(const CacheConfig& c) {
-  for (int32_t g = 0; g < c.num_groups(); ++g) {
-    CacheConfig gc = c.group_config(g);
-    if (gc.sliding_window == 0) return gc;
+  int32_t owner = -1;
+  for (int32_t g = 0; g < static_cast<int32_t>(c.groups.size()); ++g) {
+    const KvGroup& k = c.groups[static_cast<size_t>(g)];
+    if (k.sliding_window == 0 &&
+        (owner < 0 || k.num_device_blocks > c.groups[static_cast<size_t>(owner)].num_device_blocks))
+      owner = g;
   }
-  return c.group_config(0);
+  return c.group_config(std::max(owner, 0));
 }
 
 int64_t counted_block_bytes(const CacheConfig& c) { return counted_group(c).block_bytes(); }
 
-// Bytes of `blocks` blocks of every group's count `field`: each group's blocks at its own size,
-// or with shared blocks the full-attention group's pages only.
+// Bytes of the cache's count `field`: the owner group's blocks at its size; for evictions, which
+// every group counts for its own pages, each group's at its own size.
 int64_t bytes_of(const CacheConfig& c, const SimResult& r, int64_t ControlStats::*field) {
-  if (c.groups.empty() || r.group_stats.size() != c.groups.size()) {
+  if (field != &ControlStats::blocks_evicted || r.group_stats.size() != c.groups.size() ||
+      c.groups.empty()) {
     return r.stats.*field * counted_block_bytes(c);
   }
   int64_t bytes = 0;
@@ -87,8 +91,8 @@ const char* kind_name(KvKind k) { return k == KvKind::kLatent ? "latent" : "key-
 
 }  // namespace
 
-CacheConfig counted_pools(const CacheConfig& c, const SimResult& r) {
-  if (c.groups.empty() || r.group_stats.size() == c.groups.size()) return c;
+CacheConfig counted_pools(const CacheConfig& c) {
+  if (c.groups.empty()) return c;
   CacheConfig out = c;
   const CacheConfig g = counted_group(c);
   out.num_device_blocks = g.num_device_blocks;
@@ -281,7 +285,7 @@ nlohmann::json report_json(const CacheConfig& c, const SchedulerConfig& sc, cons
                             {"demoted_bytes", bytes_of(c, r, &ControlStats::blocks_demoted)},
                             {"dropped_blocks", st.host_blocks_dropped},
                             {"hit_blocks", st.prefix_host_hit_blocks}};
-  const CacheConfig counted = counted_pools(c, r);
+  const CacheConfig counted = counted_pools(c);
   j["blocks"] = {{"device",
                   {{"capacity", counted.num_device_blocks},
                    {"peak", s.device_peak},
@@ -320,7 +324,7 @@ void write_text_report(std::ostream& out, const CacheConfig& c, const SchedulerC
   const PrefixSplit split = split_prefix_hits(r);
   const ControlStats& st = r.stats;
   const int64_t bb = c.block_bytes();
-  const CacheConfig counted = counted_pools(c, r);
+  const CacheConfig counted = counted_pools(c);
   const double dev_cap = static_cast<double>(std::max<int64_t>(counted.num_device_blocks, 1));
   const double host_cap = static_cast<double>(std::max<int64_t>(counted.num_host_blocks, 1));
   out << "pagedkv-sim\n";

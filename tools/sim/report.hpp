@@ -60,9 +60,9 @@ PrefixSplit split_prefix_hits(const SimResult& r);
 Summary summarize(const SimResult& r);
 
 /// The report as one JSON object (field meanings in docs/pagedkv-sim.md).
-/// `cache` with the pool sizes the run's counts (SimResult::stats) are in: with groups that share
-/// the logical blocks (no per-group counts), the full-attention group's pools; else `cache`.
-CacheConfig counted_pools(const CacheConfig& cache, const SimResult& r);
+/// `cache` with the pool sizes the run's counts (SimResult::stats) are in: with groups, the pools
+/// of the group that owns the blocks (SimResult::group_stats has every group's); else `cache`.
+CacheConfig counted_pools(const CacheConfig& cache);
 
 nlohmann::json report_json(const CacheConfig& cache, const SchedulerConfig& sched,
                            const RunInfo& info, const SimResult& r);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
 #include <queue>
 #include <set>
 #include <string>
@@ -99,14 +98,8 @@ class Simulation {
     result_.wall_s = std::chrono::duration<double>(WallClock::now() - start).count();
     result_.sim_time_s = now_;
     result_.stats = engine_.stats();
-    // Per group only where the cache counts every group apart (one cache per group).
     for (size_t g = 0; g < groups_.size() && groups_.size() > 1; ++g) {
-      const std::optional<ControlStats> st = engine_.group_stats(static_cast<int32_t>(g));
-      if (!st) {
-        result_.group_stats.clear();
-        break;
-      }
-      result_.group_stats.push_back(*st);
+      result_.group_stats.push_back(engine_.group_stats(static_cast<int32_t>(g)));
     }
     return std::move(result_);
   }
@@ -188,11 +181,10 @@ class Simulation {
       if (!running_.empty()) {
         bool room_left = true;
         for (size_t g = 0; g < groups_.size(); ++g) {
-          const std::optional<ControlStats> counted = engine_.group_stats(static_cast<int32_t>(g));
-          // A group the cache does not count apart (a window group on shared blocks) finds its
-          // pages through the cache's planner, which offloads, drops or refuses the reserve.
-          if (!counted) continue;
-          const ControlStats& st = *counted;
+          // Another group's pages the cache's planner finds itself: it offloads, drops or
+          // refuses the reserve.
+          if (static_cast<int32_t>(g) != engine_.owner_group()) continue;
+          const ControlStats st = engine_.group_stats(static_cast<int32_t>(g));
           // Cached host blocks count as room: the cache drops them (least recently used first)
           // when an offload needs their slots.
           const int64_t room = st.device.free_blocks + st.device.cached_blocks +

@@ -65,8 +65,7 @@ struct SimResult {
   int64_t steps = 0;
   double sim_time_s = 0, wall_s = 0;
   ControlStats stats;  // the cache's counters at the end (Engine::stats)
-  /// Each KV group's counters at the end, where the cache counts them apart (one cache per
-  /// group); empty with one group or shared blocks.
+  /// Each KV group's counters at the end (Engine::group_stats); empty with one group.
   std::vector<ControlStats> group_stats;
   std::vector<StepRecord> timeline;
 };
