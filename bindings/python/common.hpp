@@ -188,7 +188,7 @@ class GroupRef {
   GroupRef(const ModelKvCache& m, int32_t g)
       : config_(&m.group_config(g)),
         pool_(m.device_pool(g)),
-        backend_(&const_cast<KvCache&>(m.group(g)).backend()) {}
+        backend_(&const_cast<KvCache&>(m.cache()).backend()) {}
   const CacheConfig& config() const { return *config_; }
   PoolRef device_pool() const { return pool_; }
   Backend& backend() const { return *backend_; }

@@ -14,16 +14,14 @@ namespace {
 
 using Ids = std::vector<SequenceId>;
 
-/// One group of a ModelKvCache, read-only: its pools, stats, events and block locations. Not a
-/// KvCache: a call that changes sequences through one group would leave the others behind.
+/// One group of a ModelKvCache, read-only: its pools, stats and block locations. Sequence calls
+/// and events are the model's (one plan and one event stream for every group).
 struct PyModelGroup {
-  nb::object model;  // keeps the ModelKvCache (and so this group's KvCache) alive
+  nb::object model;  // keeps the ModelKvCache alive
   PyModelCache* owner = nullptr;
   int32_t index = 0;
 
-  KvCache& kv() const { return owner->model->group(index); }
   GroupRef ref() const { return GroupRef(*owner->model, index); }
-  bool shared() const { return owner->model->shares_blocks(); }
 };
 
 // "group 1 (window)", as the C++ messages name a group.
@@ -54,10 +52,8 @@ void check_group(const ModelKvCache& m, int32_t g) {
 
 // `storage`: None, or one FileTier, RedisTier or None per group.
 void init_model(PyModelCache* self, const CacheConfig& config, bool enable_events,
-                size_t event_capacity, nb::handle storage, int64_t storage_staging_blocks,
-                bool share_blocks) {
+                size_t event_capacity, nb::handle storage, int64_t storage_staging_blocks) {
   ModelKvCacheOptions options;
-  options.share_blocks = share_blocks;
   options.cache.enable_events = enable_events;
   options.cache.event_capacity = event_capacity;
   options.cache.storage_staging_blocks = storage_staging_blocks;
@@ -113,7 +109,7 @@ PyModelBatch* build_model_batch(nb::handle self, const Ids& ids, const BatchOpti
   out->owner = &s;
   out->serial = serial;
   out->ids = ids;
-  const int dev = backend_device_type(s.model->group(0));
+  const int dev = backend_device_type(s.model->cache());
   for (size_t g = 0; g < parts.size(); ++g) {
     PyBatch& p = *parts[g];
     p.cache = nb::borrow(self);
@@ -121,7 +117,7 @@ PyModelBatch* build_model_batch(nb::handle self, const Ids& ids, const BatchOpti
     p.serial_source = &s.batch_serial;
     p.serial = serial;
     p.device_type = dev;
-    p.device_id = backend_device_id(s.model->group(0));
+    p.device_id = backend_device_id(s.model->cache());
     p.group = static_cast<int32_t>(g);
     p.ids = ids;
     out->device.groups.push_back(p.as_built());  // for write_kv_batch (ModelKvCache checks it)
@@ -133,8 +129,8 @@ PyModelBatch* build_model_batch(nb::handle self, const Ids& ids, const BatchOpti
 void register_group(nb::module_& m) {
   nb::class_<PyModelGroup>(m, "ModelGroup",
                            "One KV group of a ModelKvCache, read-only: its pools (layer_kv), "
-                           "config, stats, events and block locations. Sequence calls go through "
-                           "the ModelKvCache, which keeps the groups in step.")
+                           "config, stats and block locations. Sequence calls and events go "
+                           "through the ModelKvCache, which plans every group at once.")
       .def_ro("index", &PyModelGroup::index, "The group's index in the model.")
       .def_prop_ro(
           "name",
@@ -157,9 +153,10 @@ void register_group(nb::module_& m) {
           "config", [](const PyModelGroup& g) { return g.ref().config(); },
           "The group's one-group config (its layers numbered from 0).")
       .def_prop_ro(
-          "pool_info", [](const PyModelGroup& g) { return pool_info_dict(g.kv().pool_info()); },
-          "Bytes of the group's pools and their allocation times (with share_blocks: of every "
-          "group's pools, which one cache holds).")
+          "pool_info",
+          [](const PyModelGroup& g) { return pool_info_dict(g.owner->model->cache().pool_info()); },
+          "Bytes of the model's pools (every group's, which one cache holds) and their "
+          "allocation times.")
       .def(
           "layer_kv",
           [](nb::handle self, int32_t layer) {
@@ -173,32 +170,12 @@ void register_group(nb::module_& m) {
       .def(
           "stats",
           [](PyModelGroup& g) {
-            return stats_dict(
-                unlocked(*g.owner, [&](ModelKvCache& m) { return m.group(g.index).stats(); }));
+            return stats_dict(value_or_throw(
+                unlocked(*g.owner, [&](ModelKvCache& m) { return m.group_stats(g.index); })));
           },
-          "The group's counters, as KvCache.stats() (with share_blocks: the one cache's, whose "
-          "device and host counts are the group that owns the blocks').")
-      .def(
-          "drain_events",
-          [](PyModelGroup& g) {
-            if (g.shared()) {
-              // One cache records every group's events in one stream: draining one group's
-              // would lose the others'.
-              throw StatusError(failed_precondition(
-                  "drain_events: the groups share one cache (share_blocks); use "
-                  "ModelKvCache.drain_events, whose events name their group"));
-            }
-            std::vector<ControlEvent> events = unlocked(
-                *g.owner, [&](ModelKvCache& m) { return m.group(g.index).drain_events(); });
-            // The group's KvCache tags its events 0, as any KvCache does; a caller of the view
-            // of group g reads g, as from ModelKvCache.drain_events.
-            for (ControlEvent& e : events) e.group = g.index;
-            return events;
-          },
-          "This group's control events since they were last drained (here or by "
-          "ModelKvCache.drain_events, which reads the same events), oldest first, each with "
-          ".group = this group's index. FailedPreconditionError with share_blocks: one cache "
-          "records every group's events, so drain them from the model.")
+          "The group's counters (C++ KvCache::group_stats): its own pools' device and host "
+          "counts, the pages it evicted and released from its window; every other counter is "
+          "the model's.")
       .def(
           "block_locations",
           [](PyModelGroup& g, SequenceId id) {
@@ -255,20 +232,16 @@ void register_model_cache(nb::module_& m) {
                                "The C++ ModelKvCache (use pagedkv.ModelKvCache).");
   cls.def("__init__", &init_model, nb::arg("config"), nb::arg("enable_events") = true,
           nb::arg("event_capacity") = 65536, nb::arg("storage").none() = nb::none(),
-          nb::arg("storage_staging_blocks") = 64, nb::arg("share_blocks") = false,
-          "Creates one KvCache per KV group of a C++ CacheConfig (use pagedkv.ModelKvCache), or "
-          "with `share_blocks` one KvCache whose groups share the logical blocks; `storage` None "
-          "or one store (or None) per group, each of its group's layout and its own model id; "
-          "the model holds them.");
+          nb::arg("storage_staging_blocks") = 64,
+          "Creates the one KvCache whose KV groups share the logical blocks, from a C++ "
+          "CacheConfig (use pagedkv.ModelKvCache); `storage` None or one store (or None) per "
+          "group, each of its group's layout and its own model id; the model holds them.");
   cls.def_prop_ro("config", [](PyModelCache& s) { return s.model->config(); });
   cls.def_prop_ro("num_groups", [](PyModelCache& s) { return s.model->num_groups(); });
-  cls.def_prop_ro(
-      "shares_blocks", [](PyModelCache& s) { return s.model->shares_blocks(); },
-      "Whether one cache holds every group (share_blocks), or there is one per group.");
   cls.def_prop_ro("backend_description",
-                  [](PyModelCache& s) { return s.model->group(0).backend().description(); });
+                  [](PyModelCache& s) { return s.model->cache().backend().description(); });
   cls.def_prop_ro("device_type",
-                  [](PyModelCache& s) { return backend_device_type(s.model->group(0)); });
+                  [](PyModelCache& s) { return backend_device_type(s.model->cache()); });
   cls.def(
       "layer_group",
       [](PyModelCache& s, int32_t layer) {
@@ -284,8 +257,16 @@ void register_model_cache(nb::module_& m) {
         return PyModelGroup{nb::borrow(self), &s, g};
       },
       nb::arg("group"),
-      "A read-only view of group `group` (its pools, config, stats, events); it keeps the model "
+      "A read-only view of group `group` (its pools, config, stats); it keeps the model "
       "alive. OutOfRangeError.");
+  cls.def(
+      "stats",
+      [](PyModelCache& s) {
+        return stats_dict(unlocked(s, [](ModelKvCache& m) { return m.stats(); }));
+      },
+      "The model's counters, as KvCache.stats(): device and host counts of the blocks (the "
+      "owner group's), and what every group does once (sequences, prefix lookups, moves); "
+      "group(g).stats() has each group's pages.");
 
   // ---- sequences ----
   def_add_sequence(cls);

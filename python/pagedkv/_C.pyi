@@ -625,7 +625,7 @@ class Batch:
 
 class ModelGroup:
     """
-    One KV group of a ModelKvCache, read-only: its pools (layer_kv), config, stats, events and block locations. Sequence calls go through the ModelKvCache, which keeps the groups in step.
+    One KV group of a ModelKvCache, read-only: its pools (layer_kv), config, stats and block locations. Sequence calls and events go through the ModelKvCache, which plans every group at once.
     """
 
     @property
@@ -647,7 +647,7 @@ class ModelGroup:
     @property
     def pool_info(self) -> dict[str, Any]:
         """
-        Bytes of the group's pools and their allocation times (with share_blocks: of every group's pools, which one cache holds).
+        Bytes of the model's pools (every group's, which one cache holds) and their allocation times.
         """
 
     def layer_kv(self, layer: int) -> tuple[Any, Any | None]:
@@ -657,12 +657,7 @@ class ModelGroup:
 
     def stats(self) -> dict[str, Any]:
         """
-        The group's counters, as KvCache.stats() (with share_blocks: the one cache's, whose device and host counts are the group that owns the blocks').
-        """
-
-    def drain_events(self) -> list[ControlEvent]:
-        """
-        This group's control events since they were last drained (here or by ModelKvCache.drain_events, which reads the same events), oldest first, each with .group = this group's index. FailedPreconditionError with share_blocks: one cache records every group's events, so drain them from the model.
+        The group's counters (C++ KvCache::group_stats): its own pools' device and host counts, the pages it evicted and released from its window; every other counter is the model's.
         """
 
     def block_locations(self, id: int) -> list[tuple[Tier, int]]:
@@ -700,9 +695,9 @@ class ModelBatch:
 class _ModelKvCache:
     """The C++ ModelKvCache (use pagedkv.ModelKvCache)."""
 
-    def __init__(self, config: _CacheConfig, enable_events: bool = True, event_capacity: int = 65536, storage: Sequence[StorageTier | None] | None = None, storage_staging_blocks: int = 64, share_blocks: bool = False) -> None:
+    def __init__(self, config: _CacheConfig, enable_events: bool = True, event_capacity: int = 65536, storage: Sequence[StorageTier | None] | None = None, storage_staging_blocks: int = 64) -> None:
         """
-        Creates one KvCache per KV group of a C++ CacheConfig (use pagedkv.ModelKvCache), or with `share_blocks` one KvCache whose groups share the logical blocks; `storage` None or one store (or None) per group, each of its group's layout and its own model id; the model holds them.
+        Creates the one KvCache whose KV groups share the logical blocks, from a C++ CacheConfig (use pagedkv.ModelKvCache); `storage` None or one store (or None) per group, each of its group's layout and its own model id; the model holds them.
         """
 
     @property
@@ -710,12 +705,6 @@ class _ModelKvCache:
 
     @property
     def num_groups(self) -> int: ...
-
-    @property
-    def shares_blocks(self) -> bool:
-        """
-        Whether one cache holds every group (share_blocks), or there is one per group.
-        """
 
     @property
     def backend_description(self) -> str: ...
@@ -730,7 +719,12 @@ class _ModelKvCache:
 
     def group(self, group: int) -> ModelGroup:
         """
-        A read-only view of group `group` (its pools, config, stats, events); it keeps the model alive. OutOfRangeError.
+        A read-only view of group `group` (its pools, config, stats); it keeps the model alive. OutOfRangeError.
+        """
+
+    def stats(self) -> dict[str, Any]:
+        """
+        The model's counters, as KvCache.stats(): device and host counts of the blocks (the owner group's), and what every group does once (sequences, prefix lookups, moves); group(g).stats() has each group's pages.
         """
 
     def add_sequence(self, id: int, prompt: Sequence[int], priority: int = 0, ns: int = 0, retention_priority: int = 35, retention_duration_ns: int = 0) -> int:

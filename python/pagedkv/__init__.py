@@ -132,25 +132,23 @@ class ModelKvCache(_C._ModelKvCache):
     are routed to their group.
 
     ModelKvCache(config=None, *, enable_events=True, event_capacity=65536, storage=None,
-    storage_staging_blocks=64, share_blocks=False, **fields), as KvCache; `storage` is None or
-    one store (FileTier, RedisTier or None) per group, each of its group's layout and with its
-    own model id (FileTier(config, dir, model_id="m/full", group=0)). `share_blocks` holds every
-    group in one cache whose groups share the logical blocks (docs/hybrid-models.md): one plan
-    for every group, so a failed call never leaves a group behind; it needs a full-attention (or
-    latent) group, at most three windows, and a store for the group that owns the blocks when
-    any group has one. The methods are the C++ ModelKvCache's
-    (include/pagedkv/model_cache.hpp); group(g) is a read-only view of one group (pools, stats,
-    events; with share_blocks its stats and pool_info are the one cache's, and events are
-    drained from the model).
+    storage_staging_blocks=64, **fields), as KvCache; `storage` is None or one store (FileTier,
+    RedisTier or None) per group, each of its group's layout and with its own model id
+    (FileTier(config, dir, model_id="m/full", group=0)), the group that owns the blocks among
+    them. Every group lives in one cache whose groups share the logical blocks
+    (docs/hybrid-models.md): one plan for every group, so a failed call never leaves a group
+    behind. It needs a full-attention (or latent) group and at most three window groups. The
+    methods are the C++ ModelKvCache's (include/pagedkv/model_cache.hpp); group(g) is a
+    read-only view of one group (pools, stats, block locations); events are drained from the
+    model.
     """
 
     def __init__(self, config: Optional[CacheConfig] = None, *, enable_events: bool = True,
                  event_capacity: int = 65536,
                  storage: Optional[Sequence[Optional[StorageTier]]] = None,
-                 storage_staging_blocks: int = 64, share_blocks: bool = False,
-                 **fields: Any) -> None:
+                 storage_staging_blocks: int = 64, **fields: Any) -> None:
         _create(self, super().__init__, config, fields, enable_events, event_capacity, storage,
-                storage_staging_blocks, share_blocks)
+                storage_staging_blocks)
 
     @property
     def cache_config(self) -> CacheConfig:

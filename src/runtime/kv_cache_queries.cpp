@@ -61,7 +61,7 @@ ControlStats KvCache::stats() const {
 StatusOr<ControlStats> KvCache::group_stats(int32_t g) const {
   PAGEDKV_RETURN_IF_ERROR(check_group(g));
   ControlStats st = control_->group_stats(g, group_config(g).block_bytes());
-  if (storage_ != nullptr) storage_->add_stats(&st);
+  if (storage_ != nullptr) storage_->add_stats(&st, g);
   return st;
 }
 

@@ -128,8 +128,8 @@ Status StorageLink::stage(const std::vector<DroppedBlock>& drops, Stream copy_st
     if (st.ok()) st = backend_.wait_event(copy_stream, written);
     give_event(written);  // reusable at once: a wait captures the event's state when queued
     if (!st.ok()) {
-      for (const auto& lane : by_lane) {
-        writes_dropped_ += static_cast<int64_t>(lane.size());  // nothing was staged
+      for (size_t l = 0; l < lanes_.size(); ++l) {
+        lanes_[l].writes_dropped += static_cast<int64_t>(by_lane[l].size());  // nothing staged
       }
       return st;
     }
@@ -147,7 +147,7 @@ Status StorageLink::stage_lane(size_t l, std::vector<DroppedBlock> drops, Stream
   batch.lane = l;
   for (DroppedBlock& d : drops) {
     if (lane.free_staging.empty()) {
-      ++writes_dropped_;  // a bounded write-back: the block is simply not kept
+      ++lane.writes_dropped;  // a bounded write-back: the block is simply not kept
       continue;
     }
     const int64_t slot = lane.free_staging.back();
@@ -157,7 +157,7 @@ Status StorageLink::stage_lane(size_t l, std::vector<DroppedBlock> drops, Stream
                                           static_cast<size_t>(lane.block_bytes), kind, copy_stream);
     if (!st.ok()) {
       // What was queued still runs; keep those slots until it has.
-      ++writes_dropped_;
+      ++lane.writes_dropped;
       break;
     }
     lane.free_staging.pop_back();
@@ -177,7 +177,7 @@ Status StorageLink::stage_lane(size_t l, std::vector<DroppedBlock> drops, Stream
     const Status synced = backend_.synchronize_stream(copy_stream);
     if (!synced.ok()) {
       // The copies may still run into their slots, which stay taken; the blocks are given up.
-      writes_dropped_ += static_cast<int64_t>(batch.blocks.size());
+      lane.writes_dropped += static_cast<int64_t>(batch.blocks.size());
       for (DroppedBlock& d : batch.blocks) lane.announcer.put_ended(std::move(d), false);
       return synced;
     }
@@ -220,7 +220,7 @@ Status StorageLink::send_staged() {
       lane.puts.emplace(*job, std::move(b.blocks));
     } else {
       for (DroppedBlock& d : b.blocks) lane.announcer.put_ended(std::move(d), false);
-      writes_dropped_ += static_cast<int64_t>(keys.size());
+      lane.writes_dropped += static_cast<int64_t>(keys.size());
       if (job.status().code() != StatusCode::kResourceExhausted) {
         detail::logger().warn("storage: write-back of {} blocks failed: {}", keys.size(),
                               job.status().message());
@@ -277,8 +277,8 @@ Status StorageLink::part_done(core::ControlPlane& control, uint64_t arrival, siz
       part.done = true;
       part.intact = intact;
       const int64_t n = static_cast<int64_t>(part.keys.size());
-      bytes_read_ += intact * lanes_[lane].block_bytes;
-      failed_blocks_ += n - intact;
+      lanes_[lane].bytes_read += intact * lanes_[lane].block_bytes;
+      lanes_[lane].failed_blocks += n - intact;
     }
     all = all && part.done;
   }
@@ -311,10 +311,10 @@ Status StorageLink::collect(core::ControlPlane& control) {
       if (put != lane.puts.end()) {
         const int64_t n = static_cast<int64_t>(put->second.size());
         if (c.ok) {
-          blocks_written_ += n;
-          bytes_written_ += n * lane.block_bytes;
+          lane.blocks_written += n;
+          lane.bytes_written += n * lane.block_bytes;
         } else {
-          failed_blocks_ += n;
+          lane.failed_blocks += n;
           detail::logger().warn("storage: write-back of {} blocks failed: {}", n, c.error);
         }
         for (DroppedBlock& b : put->second) lane.announcer.put_ended(std::move(b), c.ok);
@@ -452,12 +452,20 @@ Status StorageLink::flush(core::ControlPlane& control) {
   return ok_status();
 }
 
-void StorageLink::add_stats(ControlStats* stats) const {
-  stats->storage_blocks_written = blocks_written_;
-  stats->storage_bytes_written = bytes_written_;
-  stats->storage_bytes_read = bytes_read_;
-  stats->storage_failed_blocks = failed_blocks_;
-  stats->storage_writes_dropped = writes_dropped_;
+void StorageLink::add_stats(ControlStats* stats, int32_t group) const {
+  stats->storage_blocks_written = 0;
+  stats->storage_bytes_written = 0;
+  stats->storage_bytes_read = 0;
+  stats->storage_failed_blocks = 0;
+  stats->storage_writes_dropped = 0;
+  for (const Lane& lane : lanes_) {
+    if (group >= 0 && lane.group != group) continue;
+    stats->storage_blocks_written += lane.blocks_written;
+    stats->storage_bytes_written += lane.bytes_written;
+    stats->storage_bytes_read += lane.bytes_read;
+    stats->storage_failed_blocks += lane.failed_blocks;
+    stats->storage_writes_dropped += lane.writes_dropped;
+  }
 }
 
 }  // namespace runtime

@@ -88,8 +88,8 @@ class StorageLink {
                                Stream compute);
   /// poll() until nothing is staged, waiting or in flight.
   Status flush(core::ControlPlane& control);
-  /// Adds the storage counters to `stats`.
-  void add_stats(ControlStats* stats) const;
+  /// Sets the storage counters of `stats`: every lane's, or group `group`'s lane's (0 without one).
+  void add_stats(ControlStats* stats, int32_t group = -1) const;
 
  private:
   explicit StorageLink(Backend& backend) : backend_(backend) {}
@@ -107,6 +107,12 @@ class StorageLink {
     std::unordered_map<uint64_t, std::vector<DroppedBlock>> puts;
     // Which finished puts are announced on the storage tier, and when.
     StorageAnnouncer announcer;
+    // This lane's counts (ControlStats::storage_*; storage_hit_blocks is the control plane's).
+    int64_t blocks_written = 0;
+    int64_t bytes_written = 0;
+    int64_t bytes_read = 0;
+    int64_t failed_blocks = 0;
+    int64_t writes_dropped = 0;
 
     void* staging_slot(int64_t i) const { return static_cast<char*>(staging) + i * block_bytes; }
     const char* source_bytes(const BlockLocation& at) const {
@@ -162,12 +168,6 @@ class StorageLink {
   // Reads in flight: by arrival, and each lane's job to its arrival.
   std::unordered_map<uint64_t, PendingRead> reads_;
   std::vector<std::unordered_map<uint64_t, uint64_t>> read_jobs_;  // by lane: job -> arrival
-  // Counters (ControlStats::storage_*; storage_hit_blocks is the control plane's).
-  int64_t blocks_written_ = 0;
-  int64_t bytes_written_ = 0;
-  int64_t bytes_read_ = 0;
-  int64_t failed_blocks_ = 0;
-  int64_t writes_dropped_ = 0;
 };
 
 }  // namespace runtime

@@ -53,9 +53,8 @@ class Model:
     """A ModelKvCache with the test's own record of every layer's shape (from the KvGroups the
     test wrote) and of every committed K/V row, per sequence and layer."""
 
-    def __init__(self, config: pagedkv.CacheConfig, rng: np.random.Generator,
-                 share_blocks: bool = False):
-        self.cache = pagedkv.ModelKvCache(config, share_blocks=share_blocks)
+    def __init__(self, config: pagedkv.CacheConfig, rng: np.random.Generator):
+        self.cache = pagedkv.ModelKvCache(config)
         self.rng = rng
         self.groups = list(config.groups)
         self.group_of = {layer: g for g, group in enumerate(self.groups) for layer in group.layers}
@@ -207,12 +206,10 @@ def rng():
     return np.random.default_rng(20240611)
 
 
-@pytest.fixture(params=[False, True], ids=["cache_per_group", "share_blocks"])
-def two_group(rng, request):
-    """Three sequences of 40, 100 and 150 prompt tokens, then 20 decode steps; in a cache per
-    group, and in one cache whose groups share the blocks."""
-    m = Model(two_group_config(), rng, share_blocks=request.param)
-    assert m.cache.shares_blocks == request.param
+@pytest.fixture
+def two_group(rng):
+    """Three sequences of 40, 100 and 150 prompt tokens, then 20 decode steps."""
+    m = Model(two_group_config(), rng)
     prompts = {1: 40, 2: 100, 3: 150}
     for id, n in prompts.items():
         prompt = [1000 * id + t for t in range(n)]
@@ -458,8 +455,7 @@ def busy(rng):
     m.add(3, list(range(900, 932)))
     m.prefill(3, list(range(900, 932)))
     m.cache.finish(3)
-    for g in m.cache.groups:
-        g.drain_events()
+    m.cache.drain_events()
     return m
 
 
@@ -546,7 +542,7 @@ def test_bad_input_raises_its_class_and_changes_nothing(busy, error, call):
         call(busy)
     assert info.value.code == error.code and info.value.message
     assert busy.snapshot(ids) == before
-    assert all(g.drain_events() == [] for g in busy.cache.groups)
+    assert busy.cache.drain_events() == []
     busy.cache.check_invariants()
 
 

@@ -1,7 +1,6 @@
-"""Control events of a hybrid model from Python: ModelKvCache.drain_events() gives every group's
-events with the group's index in ControlEvent.group, group 0's first (docs/events.md, "KV
-groups"); a ModelGroup view's drain_events() gives the same index; a KvCache's events say group
-0. The model: group 0 full attention, group 1 sliding window 64, blocks of 16, prefix caching on,
+"""Control events of a hybrid model from Python: ModelKvCache.drain_events() gives one stream of
+every group's events, oldest first, with the group's index in ControlEvent.group (docs/events.md,
+"KV groups"); a KvCache's events say group 0. The model: group 0 full attention, group 1 sliding window 64, blocks of 16, prefix caching on,
 no host tier. Expected counts come from the prompt lengths, block size, window and pool sizes
 (docs/hybrid-models.md: a window group registers every full block of a prompt and releases the
 blocks that fall out of its window into its prefix cache), never from the cache."""
@@ -59,25 +58,26 @@ def check_stores(events, prompt, group):
     assert all(e.parent_hash == p.block_hash for p, e in zip(events, events[1:]))
 
 
-def test_stores_of_both_groups_carry_their_group_group_0_first():
+def test_stores_of_both_groups_carry_their_group_block_by_block():
     cache = model()
     prefill(cache, 1, PROMPT_A)
     cache.finish(1)
     events = cache.drain_events()
     n = full_blocks(PROMPT_A)
     # The window group released blocks 0..2 at commit and the rest at finish into its prefix
-    # cache: nothing is removed, both groups stored every full block.
-    assert [e.group for e in events] == [FULL] * n + [WINDOW] * n
-    check_stores(events[:n], PROMPT_A, FULL)
-    check_stores(events[n:], PROMPT_A, WINDOW)
+    # cache: nothing is removed, both groups stored every full block, the full group's store of
+    # a block first.
+    assert [e.group for e in events] == [FULL, WINDOW] * n
+    check_stores(events[0::2], PROMPT_A, FULL)
+    check_stores(events[1::2], PROMPT_A, WINDOW)
     # The same tokens in the same namespace: the same hashes, naming two groups' blocks.
-    assert [e.block_hash for e in events[:n]] == [e.block_hash for e in events[n:]]
+    assert [e.block_hash for e in events[0::2]] == [e.block_hash for e in events[1::2]]
     assert cache.drain_events() == []
 
 
 def test_evictions_in_the_window_group_are_removed_with_group_1():
     # The window group's pool fits A exactly while it is reserved; after A finishes it holds
-    # A's full blocks as prefix cache and one free block. B then evicts what it lacks there;
+    # A's full blocks as prefix cache and one free page. B then evicts what it lacks there;
     # the full group (64 blocks) evicts nothing.
     window_blocks = blocks(PROMPT_A)
     cache = model(window_blocks=window_blocks)
@@ -93,59 +93,42 @@ def test_evictions_in_the_window_group_are_removed_with_group_1():
     evicted = blocks(PROMPT_B) - free
     assert evicted > 0
     nb = full_blocks(PROMPT_B)
-    assert [e.group for e in events] == [FULL] * nb + [WINDOW] * (evicted + nb)
-    check_stores(events[:nb], PROMPT_B, FULL)
-    # Group 1 in order: the removals (B's reserve) before the stores (B's commit).
-    removed = events[nb:nb + evicted]
-    assert all(e.kind == EventKind.BLOCK_REMOVED and e.group == WINDOW and e.tier == Tier.DEVICE
-               for e in removed)
+    # The removals (B's reserve) before the stores (B's commit).
+    assert [e.group for e in events] == [WINDOW] * evicted + [FULL, WINDOW] * nb
+    removed = events[:evicted]
+    assert all(e.kind == EventKind.BLOCK_REMOVED and e.tier == Tier.DEVICE for e in removed)
     assert len({e.block_hash for e in removed}) == evicted
     assert {e.block_hash for e in removed} <= window_a
-    check_stores(events[nb + evicted:], PROMPT_B, WINDOW)
-    assert not any(e.kind == EventKind.BLOCK_REMOVED and e.group == FULL for e in events)
+    check_stores(events[evicted::2], PROMPT_B, FULL)
+    check_stores(events[evicted + 1::2], PROMPT_B, WINDOW)
     assert cache.drain_evicted_sequences() == []
     cache.check_invariants()
 
 
-def test_a_group_view_drains_its_events_with_its_own_index():
+def test_events_are_drained_from_the_model_only():
+    # One stream holds every group's events, each naming its group: a group view has none of
+    # its own to drain.
     cache = model()
     prefill(cache, 1, PROMPT_A)
-    window = cache.group(WINDOW).drain_events()
-    check_stores(window, PROMPT_A, WINDOW)
-    assert cache.group(WINDOW).drain_events() == []
-    # The model drains the same rings: what the view took is gone from it, the rest is there.
-    rest = cache.drain_events()
-    check_stores(rest, PROMPT_A, FULL)
-    assert cache.group(FULL).drain_events() == []
-    assert "group=1" in repr(window[0])
-
-
-def test_one_cache_for_both_groups_drains_their_events_from_the_model_only():
-    # share_blocks: one cache records both groups' events in one stream, each naming its group;
-    # a group view cannot drain its own without losing the other's, so it refuses.
-    cache = model(share_blocks=True)
-    assert cache.shares_blocks
-    prefill(cache, 1, PROMPT_A)
-    with pytest.raises(pagedkv.FailedPreconditionError, match="ModelKvCache.drain_events"):
-        cache.group(WINDOW).drain_events()
+    assert not hasattr(cache.group(WINDOW), "drain_events")
     events = cache.drain_events()
-    stores = [e for e in events if e.kind == EventKind.BLOCK_STORED]
-    check_stores([e for e in stores if e.group == FULL], PROMPT_A, FULL)
-    check_stores([e for e in stores if e.group == WINDOW], PROMPT_A, WINDOW)
+    check_stores([e for e in events if e.group == FULL], PROMPT_A, FULL)
+    check_stores([e for e in events if e.group == WINDOW], PROMPT_A, WINDOW)
+    assert "group=1" in repr(events[1])
     assert cache.drain_events() == []
 
 
-def test_an_overflowed_group_resyncs_with_its_group_ahead_of_the_rest():
+def test_an_overflowed_ring_resyncs_ahead_of_the_newest_events():
     capacity = 4
     cache = model(event_capacity=capacity)
     prefill(cache, 1, PROMPT_A)
     events = cache.drain_events()
     n = full_blocks(PROMPT_A)
-    lost = n - capacity
-    assert [(e.kind, e.group, e.dropped_events) for e in events[:2]] == [
-        (EventKind.EVENTS_DROPPED, FULL, lost), (EventKind.EVENTS_DROPPED, WINDOW, lost)]
-    assert [e.group for e in events[2:]] == [FULL] * capacity + [WINDOW] * capacity
-    assert [list(e.tokens) for e in events[2:2 + capacity]] == block_tokens(PROMPT_A)[lost:]
+    lost = 2 * n - capacity
+    assert (events[0].kind, events[0].dropped_events) == (EventKind.EVENTS_DROPPED, lost)
+    # The newest four: the last two blocks' stores in both groups.
+    assert [e.group for e in events[1:]] == [FULL, WINDOW] * 2
+    assert [list(e.tokens) for e in events[1::2]] == block_tokens(PROMPT_A)[n - 2:]
 
 
 def test_one_group_caches_say_group_0():

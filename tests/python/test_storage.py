@@ -236,14 +236,12 @@ def iota(n, first):
 P = iota(96, 1000)  # six blocks
 
 
-@pytest.mark.parametrize("share_blocks", [False, True], ids=["cache_per_group", "share_blocks"])
-def test_a_restarted_model_cache_hits_what_each_group_fetched_from_its_file_tier(
-        tmp_path, share_blocks):
-    # Both groups' stores share one directory: each works under its own layout fingerprint. With
-    # share_blocks one cache writes and fetches both groups' pages.
+def test_a_restarted_model_cache_hits_what_each_group_fetched_from_its_file_tier(tmp_path):
+    # Both groups' stores share one directory: each works under its own layout fingerprint. One
+    # cache writes and fetches both groups' pages.
     stores = model_stores(tmp_path)
     assert stores[0].layout.fingerprint() != stores[1].layout.fingerprint()
-    model = pagedkv.ModelKvCache(model_config(), storage=stores, share_blocks=share_blocks)
+    model = pagedkv.ModelKvCache(model_config(), storage=stores)
     assert model.storage == stores and all(s.in_use for s in stores)
     compute_and_finish(model, 1, P, SHAPES)
     for id in range(10, 15):  # push P past both groups' host tiers
@@ -254,23 +252,21 @@ def test_a_restarted_model_cache_hits_what_each_group_fetched_from_its_file_tier
         written = stores[g].stats()["puts"]
         assert written >= 6, f"group {g}"
         assert len(block_records(tmp_path, stores[g].layout)) == written
-        if not share_blocks:
-            assert model.group(g).stats()["storage_blocks_written"] == written
     del model, stores
     gc.collect()
 
     stores = model_stores(tmp_path)
-    model = pagedkv.ModelKvCache(model_config(), storage=stores, share_blocks=share_blocks)
+    model = pagedkv.ModelKvCache(model_config(), storage=stores)
     # The hit is at most 95 tokens (the last one is computed). The full group fetches its six
     # blocks; the window group the blocks covering [95 - 32, 95): blocks 3, 4 and 5 (the one
     # cache counts its blocks, whose window pages come with them).
-    assert model.fetch_from_storage(P) == (6 if share_blocks else 6 + 3)
+    assert model.fetch_from_storage(P) == 6
     model.check_invariants()
     model.flush_storage()
     assert model.storage_in_flight() == 0
     model.check_invariants()
     assert [s.stats()["gets"] for s in stores] == [6, 3]
-    assert model.group(0).stats()["storage_hit_blocks"] == 6
+    assert model.stats()["storage_hit_blocks"] == 6
     assert model.add_sequence(2, P) == 95
     model.check_invariants()
     model.reserve(2, 1)  # onboards the hit to the device
@@ -299,7 +295,7 @@ def test_a_store_of_another_layout_is_refused_by_name(tmp_path):
     # A group's store of the other group's layout; the message names the group.
     other = model_stores(tmp_path, ids=("m/full", "m/window"))
     with pytest.raises(pagedkv.InvalidArgumentError,
-                       match=r"group 0 \(full\): storage: the store's layout"):
+                       match=r"storage \(group 0\): the store's layout"):
         pagedkv.ModelKvCache(model_config(), storage=[other[1], other[0]])
     assert not any(s.in_use for s in other)
 
@@ -315,10 +311,10 @@ def test_groups_may_not_share_a_store_or_a_layout_fingerprint(tmp_path):
     config = model_config(window_heads=2, window_dim=16)
     same = model_stores(tmp_path, ids=("model", "model"), config=config)
     assert same[0].layout.fingerprint() == same[1].layout.fingerprint()
-    for stores, text in (([same[0], same[0]], "share one store"),
-                         (same, "of one layout fingerprint")):
+    for stores, text in (([same[0], same[0]], "has the same store"),
+                         (same, "has a store of the same layout")):
         with pytest.raises(pagedkv.InvalidArgumentError,
-                           match=r"group 0 \(full\) and group 1 \(window\).*" + text):
+                           match=r"storage \(group 1\): group 0 " + text):
             pagedkv.ModelKvCache(config, storage=stores)
         assert not any(s.in_use for s in same)
     own = pagedkv.FileTier(config, str(tmp_path), model_id="model/window", group=1)
@@ -327,7 +323,10 @@ def test_groups_may_not_share_a_store_or_a_layout_fingerprint(tmp_path):
     with pytest.raises(pagedkv.InvalidArgumentError, match="1 storage tiers for 2 groups"):
         pagedkv.ModelKvCache(config, storage=[same[1]])
     assert not same[1].in_use
-    assert pagedkv.ModelKvCache(config, storage=[None, same[1]]).storage == [None, same[1]]
+    # The group that owns the blocks (the full one) decides what a fetch brings: it needs a store.
+    with pytest.raises(pagedkv.InvalidArgumentError, match="owns the blocks .* needs a store"):
+        pagedkv.ModelKvCache(config, storage=[None, same[1]])
+    assert not same[1].in_use
 
 
 def test_a_store_serves_one_cache_at_a_time(tmp_path):
