@@ -42,6 +42,16 @@ Status BatchMetadataBuilder::measure(const std::vector<Sequence*>& rows,
   return ok_status();
 }
 
+bool BatchMetadataBuilder::fits_unmeasured(size_t rows, size_t widest,
+                                           const BatchOptions& options) const {
+  // A row covers at most widest * block_size tokens (its table covers them all); the CSR needs
+  // the total, so it is measured.
+  return !options.build_csr && options.pad_slots_to >= 0 && widest <= kMaxInt32 &&
+         static_cast<int64_t>(std::max<size_t>(widest, 1)) <= md_.max_blocks &&
+         static_cast<int64_t>(widest) * block_size_ <= kMaxInt32 &&
+         static_cast<int64_t>(rows) <= kMaxInt32 - 1;
+}
+
 Status BatchMetadataBuilder::fit(const Sizes& sizes, int64_t* max_blocks) const {
   int64_t m = std::max<int64_t>(md_.max_blocks, 1);
   while (m < sizes.widest) m *= 2;
@@ -114,7 +124,7 @@ void BatchMetadataBuilder::write_row(int32_t r, const Sequence& s, size_t first_
 }
 
 void BatchMetadataBuilder::end(const Sizes& sizes, const BatchOptions& options) {
-  if (options.pad_slots_to > sizes.total_slots) {
+  if (options.pad_slots_to > static_cast<int64_t>(md_.slot_mapping.size())) {
     md_.slot_mapping.resize(static_cast<size_t>(options.pad_slots_to), -1);
   }
   if (!options.build_csr) {
@@ -149,12 +159,16 @@ void BatchMetadataBuilder::mark_seen(Sequence* s) {
 }
 
 Status BatchMetadataBuilder::build(const std::vector<Sequence*>& rows, const BlockAllocator& blocks,
-                                   const BatchOptions& options) {
-  // Pass 1: sizes and overflow checks, so that a failure leaves the last metadata untouched.
+                                   const BatchOptions& options, size_t widest) {
+  // Pass 1: sizes and overflow checks, so that a failure leaves the last metadata untouched
+  // (none is needed when the bound on the tables passes them).
   Sizes sizes;
-  PAGEDKV_RETURN_IF_ERROR(measure(rows, options, &sizes));
-  int64_t max_blocks = 0;
-  PAGEDKV_RETURN_IF_ERROR(fit(sizes, &max_blocks));
+  sizes.batch = static_cast<int64_t>(rows.size());
+  int64_t max_blocks = md_.max_blocks;
+  if (!fits_unmeasured(rows.size(), widest, options)) {
+    PAGEDKV_RETURN_IF_ERROR(measure(rows, options, &sizes));
+    PAGEDKV_RETURN_IF_ERROR(fit(sizes, &max_blocks));
+  }
   // Pass 2: write. Rows whose sequence and table version are unchanged only get new blocks.
   begin(sizes, max_blocks, options);
   const size_t batch = rows.size();
@@ -173,18 +187,25 @@ Status BatchMetadataBuilder::build_groups(const std::vector<Sequence*>& rows,
                                           const BlockAllocator& blocks,
                                           const std::vector<GroupPages>* pages,
                                           std::vector<BatchMetadataBuilder>* window_builders,
-                                          const BatchOptions& options) {
+                                          const BatchOptions& options, size_t widest) {
   // Pass 1: sizes and overflow checks for every group, so that a failure leaves the last
-  // metadata untouched.
-  Sizes sizes;
-  PAGEDKV_RETURN_IF_ERROR(measure(rows, options, &sizes));
+  // metadata untouched (none is needed when the bound on the tables passes them).
   const size_t windows = window_builders == nullptr ? 0 : window_builders->size();
-  int64_t max_blocks = 0;
-  PAGEDKV_RETURN_IF_ERROR(fit(sizes, &max_blocks));
-  // The window builders' tables grow as this one's (their widest row is the same).
-  for (size_t w = 0; w < windows; ++w) {
-    int64_t m = 0;
-    PAGEDKV_RETURN_IF_ERROR((*window_builders)[w].fit(sizes, &m));
+  Sizes sizes;
+  sizes.batch = static_cast<int64_t>(rows.size());
+  bool measured = !fits_unmeasured(rows.size(), widest, options);
+  for (size_t w = 0; w < windows && !measured; ++w) {
+    measured = !(*window_builders)[w].fits_unmeasured(rows.size(), widest, options);
+  }
+  int64_t max_blocks = md_.max_blocks;
+  if (measured) {
+    PAGEDKV_RETURN_IF_ERROR(measure(rows, options, &sizes));
+    PAGEDKV_RETURN_IF_ERROR(fit(sizes, &max_blocks));
+    // The window builders' tables grow as this one's (their widest row is the same).
+    for (size_t w = 0; w < windows; ++w) {
+      int64_t m = 0;
+      PAGEDKV_RETURN_IF_ERROR((*window_builders)[w].fit(sizes, &m));
+    }
   }
 
   // Pass 2: write, every group's row of a sequence while it is at hand. Rows whose sequence and
@@ -192,8 +213,8 @@ Status BatchMetadataBuilder::build_groups(const std::vector<Sequence*>& rows,
   begin(sizes, max_blocks, options);
   for (size_t w = 0; w < windows; ++w) {
     BatchMetadataBuilder& b = (*window_builders)[w];
-    int64_t m = 0;
-    (void)b.fit(sizes, &m);
+    int64_t m = b.md_.max_blocks;
+    if (measured) (void)b.fit(sizes, &m);
     b.begin(sizes, m, options);
   }
   const int32_t batch = static_cast<int32_t>(sizes.batch);

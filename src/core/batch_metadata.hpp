@@ -22,9 +22,11 @@ class BatchMetadataBuilder {
   explicit BatchMetadataBuilder(int32_t block_size) : block_size_(block_size), bdiv_(block_size) {}
 
   /// Rebuilds the metadata for `rows` (device-resident sequences, in batch order). Fails with
-  /// kOutOfRange, changing nothing, when a count would overflow int32.
+  /// kOutOfRange, changing nothing, when a count would overflow int32. `widest`, when given, is
+  /// at least every row's table size: when the table already has room for it, no row is read
+  /// before it is written.
   Status build(const std::vector<Sequence*>& rows, const BlockAllocator& blocks,
-               const BatchOptions& options);
+               const BatchOptions& options, size_t widest = SIZE_MAX);
   /// build() of a plane whose groups share the blocks: this builder writes the full group's
   /// rows (`blocks`), `window_builders`[w] window group w's (`pages`[w], -1 before each
   /// sequence's group_first_live[w]), all in one pass over the rows. Every group's sizes are
@@ -32,7 +34,7 @@ class BatchMetadataBuilder {
   Status build_groups(const std::vector<Sequence*>& rows, const BlockAllocator& blocks,
                       const std::vector<GroupPages>* pages,
                       std::vector<BatchMetadataBuilder>* window_builders,
-                      const BatchOptions& options);
+                      const BatchOptions& options, size_t widest = SIZE_MAX);
   /// The metadata of the last successful build.
   const BatchMetadata& metadata() const { return md_; }
   /// Forgets the cached rows (the next build rewrites every row).
@@ -56,6 +58,9 @@ class BatchMetadataBuilder {
   // builder needs for them, its buffers laid out, one row written, the padding and CSR.
   static Status measure(const std::vector<Sequence*>& rows, const BatchOptions& options,
                         Sizes* out);
+  // Whether `rows` whose tables have at most `widest` entries fit this builder's table as it is
+  // and every count an int32: measure() would pass and fit() keep the width.
+  bool fits_unmeasured(size_t rows, size_t widest, const BatchOptions& options) const;
   Status fit(const Sizes& sizes, int64_t* max_blocks) const;
   void begin(const Sizes& sizes, int64_t max_blocks, const BatchOptions& options);
   template <typename PageOf>

@@ -273,11 +273,6 @@ void ControlPlane::update_victim(Sequence* s) {
   seqs_.set_victim(s, SequenceTable::VictimKey(s->options.priority, order, s->id));
 }
 
-void ControlPlane::touch(Sequence* s) {
-  s->last_used = ++tick_;
-  if (s->is_victim && config_.eviction_policy != EvictionPolicy::kFifo) update_victim(s);
-}
-
 StatusOr<Residency> ControlPlane::residency(SequenceId id) const {
   const Sequence* s = seqs_.find(id);
   if (s == nullptr) return unknown(id);
@@ -357,10 +352,10 @@ StatusOr<const BatchMetadata*> ControlPlane::build_batch(const std::vector<Seque
   PAGEDKV_RETURN_IF_ERROR(check_no_open_plan("build_batch"));
   PAGEDKV_RETURN_IF_ERROR(resolve(ids, /*check_offloaded=*/true, "batch"));
   if (groups_.empty()) {
-    PAGEDKV_RETURN_IF_ERROR(batch_.build(resolved_, blocks_, options));
+    PAGEDKV_RETURN_IF_ERROR(batch_.build(resolved_, blocks_, options, widest_));
   } else {
     PAGEDKV_RETURN_IF_ERROR(
-        batch_.build_groups(resolved_, blocks_, &groups_, &group_batch_, options));
+        batch_.build_groups(resolved_, blocks_, &groups_, &group_batch_, options, widest_));
   }
   return &batch_.metadata();
 }

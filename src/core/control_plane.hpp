@@ -444,6 +444,15 @@ class ControlPlane {
   Status check_reserve_length(const Sequence& s, int64_t n) const;
   ReserveNeed reserve_need(const Sequence& s, int64_t n) const;
   void apply_reserve(Sequence* s, int64_t n, const ReserveNeed& need, ReserveResult* result);
+  // apply_reserve() of a decode step's usual row: resident, no longer reservation to shrink, no
+  // copy-on-write. Returns false, having changed nothing, for any other row.
+  bool apply_reserve_plain(Sequence* s, int64_t n, ReserveResult* result);
+  // Whether reserving `n_each` more tokens for each of `rows` sequences surely passes every check
+  // of reserve_batch without reading them: none offloaded, none can pass max_sequence_length,
+  // and the worst case of every member (its blocks begun plus a copy-on-write) fits.
+  bool batch_surely_fits(size_t rows, int64_t n_each) const;
+  // reserve_batch's apply pass over resolved_, once room is made.
+  void apply_reserve_rows(int64_t n_each, ReserveResult* result);
   // Looks `ids` up into resolved_ (kNotFound, kInvalidArgument on a duplicate, and with
   // check_offloaded kFailedPrecondition, in id order); a repeat of the last successful ids
   // while no sequence was destroyed reuses the pointers.
@@ -454,8 +463,12 @@ class ControlPlane {
   void append_committed(Sequence* s, const TokenId* tokens, int64_t n);
   // append_committed() without the indexing and trims (commit_batch registers after all rows).
   void append_tokens(Sequence* s, const TokenId* tokens, int64_t n);
-  // register_full_block() for each of filled_, in order, prefetching the next one's hash slot.
-  void register_filled();
+  // What commit_batch does after its appends: filled_ in order, each prefetching the next.
+  struct CommitWork;
+  void finish_commits();
+  void prefetch_commit_work(const CommitWork& w) const;
+  // Whether a window (the plane's or a window group's) passed the sequence's first held block.
+  bool window_moved(const Sequence& s) const;
   void release_block(LogicalId id, const Sequence& owner);
   void release_tail(Sequence* s, size_t keep);
   void unlist(LogicalId id);
@@ -492,7 +505,11 @@ class ControlPlane {
   Status check_group_windows_rollback(const Sequence& s, int64_t length) const;
   void set_group_first_live(Sequence* s, int64_t length);
   Status check_group_invariants() const;
-  void touch(Sequence* s);
+  // A reserve or commit uses the sequence now (LRU order).
+  void touch(Sequence* s) {
+    s->last_used = ++tick_;
+    if (s->is_victim && config_.eviction_policy != EvictionPolicy::kFifo) update_victim(s);
+  }
   void update_victim(Sequence* s);
   void register_full_block(Sequence* s, size_t index);
   // sequences.cpp: the longest cached prefix of `prompt` usable now (at most `cap` tokens, at
@@ -565,6 +582,10 @@ class ControlPlane {
   uint64_t resolved_epoch_ = 0;
   uint64_t resolved_generation_ = ~uint64_t{0};
   uint64_t tick_ = 0;
+  // Upper bounds, never lowered, of every sequence's committed length and table size so far:
+  // a decode step's calls skip their per-row checks when these bounds already pass them.
+  int64_t longest_ = 0;
+  size_t widest_ = 0;
   uint64_t batch_epoch_ = 0;
   ControlStats counters_;
   // Copy-on-write sources (and dropped tails) whose reference a reserve drops once all its
@@ -577,8 +598,14 @@ class ControlPlane {
     bool pages_only;  // the reference is gone already; only the window groups' holds are left
   };
   std::vector<DeferredRelease> deferred_release_;
-  // (sequence, table index) of the blocks a commit_batch filled, registered after its appends.
-  std::vector<std::pair<Sequence*, size_t>> filled_;
+  // A block a commit_batch filled (sequence, table index), registered after its appends, or
+  // (index kTrim) the trim of the sequence's windows, after its registrations.
+  struct CommitWork {
+    static constexpr size_t kTrim = SIZE_MAX;
+    Sequence* s;
+    size_t index;
+  };
+  std::vector<CommitWork> filled_;
   void flush_deferred_releases();
   // Cached device blocks taken out of the device queue while they had host children and no
   // host room.

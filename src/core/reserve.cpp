@@ -86,6 +86,7 @@ void ControlPlane::apply_reserve(Sequence* s, int64_t n, const ReserveNeed& need
     ++counters_.copy_on_write;
   }
   for (int64_t i = 0; i < need.new_blocks; ++i) s->blocks.push_back(take_device_block(&out));
+  widest_ = std::max(widest_, s->blocks.size());
   s->pending = n;
   touch(s);
   const int64_t len = s->length();
@@ -93,6 +94,48 @@ void ControlPlane::apply_reserve(Sequence* s, int64_t n, const ReserveNeed& need
     const int64_t phys = blocks_[s->blocks[static_cast<size_t>(bdiv_.div(p))]].phys;
     result->slots.push_back(phys * block_size_ + bdiv_.mod(p));
   }
+}
+
+bool ControlPlane::apply_reserve_plain(Sequence* s, int64_t n, ReserveResult* result) {
+  const int64_t len = s->length();
+  const size_t cur = s->blocks.size();
+  const size_t need_total = static_cast<size_t>(bdiv_.ceil_div(len + n));
+  const size_t write_block = static_cast<size_t>(bdiv_.div(len));
+  if (s->offloaded || cur > need_total) return false;
+  if (n > 0 && write_block < cur) {
+    const BlockInfo& b = blocks_[s->blocks[write_block]];
+    if (b.ref > 1 || b.node >= 0) return false;
+  }
+  // From here on as apply_reserve() with nothing to restore, drop or copy.
+  journal_.sequence(*s);
+  if (need_total > cur) {
+    for (size_t i = cur; i < need_total; ++i) {
+      s->blocks.push_back(take_device_block(&result->transfers));
+    }
+    widest_ = std::max(widest_, need_total);
+  }
+  s->pending = n;
+  touch(s);
+  for (int64_t p = len; p < len + n; ++p) {
+    const int64_t phys = blocks_[s->blocks[static_cast<size_t>(bdiv_.div(p))]].phys;
+    result->slots.push_back(phys * block_size_ + bdiv_.mod(p));
+  }
+  return true;
+}
+
+bool ControlPlane::batch_surely_fits(size_t rows, int64_t n_each) const {
+  if (counters_.offloaded_sequences != 0) return false;
+  if (longest_ > config_.max_sequence_length - n_each) return false;
+  // A member takes at most one block per block_size tokens it begins (its table covers its
+  // committed tokens already) and one copy-on-write; with windows as many pages in each.
+  const int64_t worst = bdiv_.ceil_div(n_each) + 1;
+  const int64_t n = static_cast<int64_t>(rows);
+  if (n == 0) return true;
+  if (worst > device_available() / n) return false;
+  for (const GroupPages& g : groups_) {
+    if (worst > g.room() / n) return false;
+  }
+  return true;
 }
 
 Status ControlPlane::run_reserve(SequenceId id, int64_t n, ReserveResult* result) {
@@ -122,6 +165,13 @@ Status ControlPlane::run_reserve_batch(const std::vector<SequenceId>& ids, int64
     return invalid_argument("reserve_batch: n_each must be >= 0, got " + std::to_string(n_each));
   }
   const size_t rows = resolved_.size();
+  if (batch_surely_fits(rows, n_each)) {
+    // The decode step's usual case: no member needs checking, so no pass before the one that
+    // applies (same outcome: no plan would take anything).
+    begin_journal();
+    apply_reserve_rows(n_each, result);
+    return ok_status();
+  }
   // Pass 1 reads only the sequence records: lengths, and an upper bound of the blocks needed
   // (a copy-on-write is possible whenever the write lands in an existing block). The exact need,
   // which reads every written block's record, is computed only when the bound does not fit.
@@ -169,6 +219,12 @@ Status ControlPlane::run_reserve_batch(const std::vector<SequenceId>& ids, int64
     }
   }
   if (!plan.order.empty()) apply_plan(plan, &result->transfers);
+  apply_reserve_rows(n_each, result);
+  return ok_status();
+}
+
+void ControlPlane::apply_reserve_rows(int64_t n_each, ReserveResult* result) {
+  const size_t rows = resolved_.size();
   for (size_t i = 0; i < rows; ++i) {
     // The tables and the blocks they write are scattered: fetch a few rows ahead, the table
     // entry first, then (once it has arrived) the block record.
@@ -183,10 +239,11 @@ Status ControlPlane::run_reserve_batch(const std::vector<SequenceId>& ids, int64
       if (wb < a.blocks.size()) __builtin_prefetch(&blocks_[a.blocks[wb]]);
     }
     Sequence* s = resolved_[i];
-    apply_reserve(s, n_each, reserve_need(*s, n_each), result);
+    if (!apply_reserve_plain(s, n_each, result)) {
+      apply_reserve(s, n_each, reserve_need(*s, n_each), result);
+    }
   }
   flush_deferred_releases();
-  return ok_status();
 }
 
 StatusOr<ReserveResult> ControlPlane::reserve(SequenceId id, int64_t n) {

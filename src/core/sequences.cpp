@@ -101,6 +101,8 @@ StatusOr<int64_t> ControlPlane::add_sequence(SequenceId id, const std::vector<To
   s->options = options;
   s->tokens.assign(prompt.begin(), prompt.begin() + cached);
   s->blocks = std::move(matched);
+  longest_ = std::max(longest_, cached);
+  widest_ = std::max(widest_, s->blocks.size());
   const std::vector<LogicalId>& held = s->blocks;
   s->first_live = window_first_block(cached);
   if (!groups_.empty()) {
@@ -164,6 +166,7 @@ inline void ControlPlane::append_tokens(Sequence* s, const TokenId* tokens, int6
     s->tokens.insert(s->tokens.end(), tokens, tokens + n);
   }
   s->pending -= n;
+  longest_ = std::max(longest_, s->length());
   touch(s);
 }
 
@@ -186,11 +189,12 @@ Status ControlPlane::commit_batch(const std::vector<SequenceId>& ids, const Toke
   // check_commit_batch resolved `ids`; nothing below can fail.
   // Each row appends to its own token array, a line the rest of the step has pushed out of the
   // cache: fetch a few rows ahead, the record first, then (once it has arrived) that line.
-  // Without windows, a row's commit is the append plus (every block_size tokens) the indexing
-  // of the block it filled, whose new key lands in a random hash slot: the blocks are indexed
-  // after all appends, in row order (the same events and outcome), each prefetching the next
-  // one's slot. Windows trim after indexing, row by row: they keep commit()'s order.
-  const bool defer = config_.enable_prefix_caching && window_ == 0 && groups_.empty();
+  // A row's commit is the append plus, now and then, the indexing of the blocks it filled
+  // (whose new keys land in random hash slots) and the trims of the windows it moved: those are
+  // done after all appends, row by row in row order as commit() per id would (the same events
+  // and outcome: the appends touch nothing they read), each prefetching the next one's data.
+  const bool index = config_.enable_prefix_caching;
+  const bool windows = window_ > 0 || !groups_.empty();
   filled_.clear();
   const size_t rows = resolved_.size();
   for (size_t i = 0; i < rows; ++i) {
@@ -200,38 +204,61 @@ Status ControlPlane::commit_batch(const std::vector<SequenceId>& ids, const Toke
       __builtin_prefetch(t.data() + t.size(), 1);
     }
     Sequence* s = resolved_[i];
-    const TokenId* row = tokens + static_cast<int64_t>(i) * n_each;
-    if (!defer) {
-      append_committed(s, row, n_each);
-      continue;
-    }
     const int64_t old_len = s->length();
-    append_tokens(s, row, n_each);
-    for (int64_t b = bdiv_.div(old_len); (b + 1) * block_size_ <= old_len + n_each; ++b) {
-      filled_.emplace_back(s, static_cast<size_t>(b));
+    append_tokens(s, tokens + static_cast<int64_t>(i) * n_each, n_each);
+    const int64_t new_len = old_len + n_each;
+    if (index) {
+      for (int64_t b = bdiv_.div(old_len); (b + 1) * block_size_ <= new_len; ++b) {
+        filled_.push_back(CommitWork{s, static_cast<size_t>(b)});
+      }
     }
+    if (windows && window_moved(*s)) filled_.push_back(CommitWork{s, CommitWork::kTrim});
   }
-  register_filled();
+  finish_commits();
   return ok_status();
 }
 
-void ControlPlane::register_filled() {
+bool ControlPlane::window_moved(const Sequence& s) const {
+  const int64_t len = s.length();
+  bool moved = window_first_block(len) > s.first_live;
+  for (const GroupPages& g : groups_) {
+    moved |= g.first_block(len) > g.first_held(s.group_first_live);
+  }
+  return moved;
+}
+
+void ControlPlane::finish_commits() {
   const size_t n = filled_.size();
   for (size_t k = 0; k < n; ++k) {
-    if (k + 1 < n) {
-      // The next key's hash (computed again by its lookup) tells where its slot is.
-      const Sequence& s = *filled_[k + 1].first;
-      const size_t i = filled_[k + 1].second;
-      const LogicalId before = i == 0 ? kNoBlock : s.blocks[i - 1];
-      const NodeId parent = before == kNoBlock ? kRootNode : blocks_[before].node;
-      if (blocks_[s.blocks[i]].node < 0 && (i == 0 || parent >= 0)) {
-        index_.prefetch_key(index_.prefix_hash(parent, s.options.ns),
-                            &s.tokens[i * static_cast<size_t>(block_size_)]);
-      }
+    const CommitWork& w = filled_[k];
+    if (k + 1 < n) prefetch_commit_work(filled_[k + 1]);
+    if (w.index == CommitWork::kTrim) {
+      if (window_ > 0) trim_window(w.s);
+      if (!groups_.empty()) trim_group_windows(w.s);
+    } else {
+      register_full_block(w.s, w.index);
     }
-    register_full_block(filled_[k].first, filled_[k].second);
   }
   filled_.clear();  // no pointer outlives the call
+}
+
+void ControlPlane::prefetch_commit_work(const CommitWork& w) const {
+  const Sequence& s = *w.s;
+  if (w.index == CommitWork::kTrim) {
+    // The record of the first block leaving a window (the pages' records follow from it).
+    const size_t i =
+        groups_.empty() ? s.first_live
+                        : std::min<size_t>(s.first_live, groups_[0].first_held(s.group_first_live));
+    if (i < s.blocks.size() && s.blocks[i] != kNoBlock) __builtin_prefetch(&blocks_[s.blocks[i]]);
+    return;
+  }
+  // The key's hash (computed again by its lookup) tells where its slot is.
+  const size_t i = w.index;
+  const LogicalId before = i == 0 ? kNoBlock : s.blocks[i - 1];
+  const NodeId parent = before == kNoBlock ? kRootNode : blocks_[before].node;
+  if (blocks_[s.blocks[i]].node >= 0 || (i > 0 && parent < 0)) return;
+  index_.prefetch_key(index_.prefix_hash(parent, s.options.ns),
+                      &s.tokens[i * static_cast<size_t>(block_size_)]);
 }
 
 Status ControlPlane::check_commit_batch(const std::vector<SequenceId>& ids, const TokenId* tokens,
@@ -245,8 +272,15 @@ Status ControlPlane::check_commit_batch(const std::vector<SequenceId>& ids, cons
   // id lookups (and the duplicate check it already passed).
   PAGEDKV_RETURN_IF_ERROR(resolve(ids, /*check_offloaded=*/false, "commit_batch"));
   const size_t rows = resolved_.size();
-  for (size_t i = 0; i < rows; ++i) {  // in commit()'s order of checks
+  // The usual case first, in a light pass; the first refused member is found again below.
+  bool refused = false;
+  for (size_t i = 0; i < rows; ++i) {
     if (i + 8 < rows) __builtin_prefetch(&resolved_[i + 8]->pending);
+    const Sequence* s = resolved_[i];
+    refused |= (s->pending < n_each) | s->offloaded;
+  }
+  if (!refused) return ok_status();
+  for (size_t i = 0; i < rows; ++i) {  // in commit()'s order of checks
     const Sequence* s = resolved_[i];
     PAGEDKV_RETURN_IF_ERROR(check_commit_count(*s, n_each, "commit_batch"));
     if (s->offloaded) {

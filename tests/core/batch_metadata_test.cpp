@@ -62,6 +62,70 @@ TEST(BatchMetadata, SlotsTablesAndCsr) {
   PAGEDKV_EXPECT_INV(*cp);
 }
 
+// The decode step's path (reserve_batch, build_batch, commit_batch) skips the sizing pass while
+// the tables fit: a step whose reserve grows a row past the table's width must still widen it,
+// on a plane of one group and on one whose window group shares the blocks.
+void expect_rows_are_tables(ControlPlane* cp, const std::vector<SequenceId>& ids) {
+  for (int32_t g = 0; g < cp->num_groups(); ++g) {
+    const BatchMetadata& md = cp->group_batch(g);
+    ASSERT_EQ(md.batch_size, static_cast<int32_t>(ids.size()));
+    for (size_t r = 0; r < ids.size(); ++r) {
+      const auto locs = cp->group_block_locations(ids[r], g);
+      ASSERT_OK(locs);
+      ASSERT_LE(locs->size(), static_cast<size_t>(md.max_blocks)) << "group " << g;
+      for (int32_t i = 0; i < md.max_blocks; ++i) {
+        const int32_t want = static_cast<size_t>(i) < locs->size() ? (*locs)[i].block : -1;
+        EXPECT_EQ(md.block_tables[r * static_cast<size_t>(md.max_blocks) + i], want)
+            << "group " << g << " row " << r << " entry " << i;
+      }
+    }
+  }
+}
+
+TEST(BatchMetadata, DecodeStepsWidenTheTablesTheyOutgrow) {
+  CacheConfig one = tiny_config(4, 64);
+  CacheConfig groups = one;
+  KvGroup window, full;
+  window.name = "window";
+  window.layers = {0};
+  window.sliding_window = 8;
+  window.num_device_blocks = 32;
+  full.name = "full";
+  full.layers = {1};
+  full.num_device_blocks = 64;
+  for (KvGroup* g : {&window, &full}) {
+    g->num_kv_heads = groups.num_kv_heads;
+    g->head_dim = groups.head_dim;
+  }
+  groups.groups = {window, full};
+  for (const CacheConfig& c : {one, groups}) {
+    auto cp = make_cp(c);
+    const std::vector<SequenceId> ids = {1, 2};
+    ASSERT_OK(cp->add_sequence(1, {}));
+    ASSERT_OK(cp->add_sequence(2, {}));
+    ReserveResult r;
+    ASSERT_OK(cp->reserve_batch(ids, 3, &r));
+    ASSERT_OK(cp->build_batch(ids));
+    EXPECT_EQ(cp->group_batch(cp->full_group()).max_blocks, 1);
+    TokenId t = 0;
+    for (int step = 0; step < 12; ++step) {
+      // Steps of 1 to 6 tokens: some begin one block, some two.
+      const int64_t n = 1 + step % 6;
+      const int64_t reserved = *cp->pending(1);
+      std::vector<TokenId> toks(ids.size() * static_cast<size_t>(reserved));
+      for (TokenId& x : toks) x = t++;
+      ASSERT_OK(cp->commit_batch(ids, toks.data(), reserved));
+      r.slots.clear();
+      ASSERT_OK(cp->reserve_batch(ids, n, &r));
+      ASSERT_OK(cp->build_batch(ids));
+      expect_rows_are_tables(cp.get(), ids);
+      PAGEDKV_EXPECT_INV(*cp);
+      if (HasFailure()) return;
+    }
+    EXPECT_GE(cp->group_batch(cp->full_group()).max_blocks, 8);
+  }
+}
+
 TEST(DenseAllocator, DoublesCapacityAndRecyclesBuffers) {
   CacheConfig c = tiny_config(4, 8);
   c.mode = CacheMode::kDense;
