@@ -213,8 +213,8 @@ class KvCache {
   /// blocks found on the host tier count too: the sequence is then kHost until its first
   /// reserve (or a restore/prefetch) brings them back.
   /// With a sliding window (CacheConfig::sliding_window) a hit needs only the blocks inside
-  /// the window of its length. `max_cached` >= 0 bounds the tokens shared (ModelKvCache shares
-  /// the longest prefix every group can supply); -1: no bound.
+  /// the window of its length. With several groups, a hit counts as far as every group can
+  /// supply it. `max_cached` >= 0 bounds the tokens shared; -1: no bound.
   StatusOr<int64_t> add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
                                  const SequenceOptions& options = {}, int64_t max_cached = -1);
   /// The tokens add_sequence would share now (at most `max_cached`, -1: no bound), changing
@@ -263,10 +263,6 @@ class KvCache {
   /// kFailedPrecondition), so an error commits nothing.
   Status commit_batch(const std::vector<SequenceId>& ids, const std::vector<TokenId>& tokens,
                       int64_t n_each = 1);
-  /// The checks of commit_batch() alone: ok exactly when that call would succeed, and nothing
-  /// changes either way (a caller that commits to several caches checks all of them first).
-  Status check_commit_batch(const std::vector<SequenceId>& ids, const std::vector<TokenId>& tokens,
-                            int64_t n_each = 1);
   /// Shortens a sequence to `length` tokens (speculative decoding).
   Status rollback(SequenceId id, int64_t length);
   /// Creates `child` sharing every block of `parent`.
@@ -323,8 +319,7 @@ class KvCache {
                                        const SequenceOptions& options = {});
   /// fetch_from_storage() for a hit of at most `max_cached` tokens (-1: no bound), also saying
   /// how far a hit reaches once the blocks land. A sliding-window cache fetches the blocks the
-  /// window of the longest such hit lacks, all or none. ModelKvCache bounds its window groups'
-  /// fetches by the reach of its full-attention groups. kInvalidArgument for max_cached < -1.
+  /// window of the longest such hit lacks, all or none. kInvalidArgument for max_cached < -1.
   StatusOr<StorageFetch> fetch_prefix_from_storage(const std::vector<TokenId>& prompt,
                                                    const SequenceOptions& options,
                                                    int64_t max_cached);

@@ -414,13 +414,6 @@ Status KvCache::commit_tokens(SequenceId id, const TokenId* tokens, int64_t n) {
   return ok_status();
 }
 
-Status KvCache::check_commit_batch(const std::vector<SequenceId>& ids,
-                                   const std::vector<TokenId>& tokens, int64_t n_each) {
-  PAGEDKV_RETURN_IF_ERROR(broken_);
-  PAGEDKV_RETURN_IF_ERROR(check_commit_tokens(ids, tokens, n_each));
-  return control_->check_commit_batch(ids, tokens.data(), n_each);
-}
-
 Status KvCache::commit_batch(const std::vector<SequenceId>& ids, const std::vector<TokenId>& tokens,
                              int64_t n_each) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::commit_batch");
