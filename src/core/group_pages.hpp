@@ -109,6 +109,12 @@ class GroupPages {
   void undrop(LogicalId b, int32_t page, Tier t);
   /// The logical block `b`, on tier `t`, is gone: its page, if any, is freed (it has no holder).
   void release(LogicalId b, Tier t);
+  /// The cached page of `b`, on tier `t`, is evicted (freed and counted in evicted()), as a
+  /// failed call's undo gives up a cached page it moved (docs/tiers.md, "Failure rules").
+  void evict(LogicalId b, Tier t) {
+    release(b, t);
+    ++evicted_;
+  }
 
  private:
   // One record per logical block, so that an eviction touches the victim's line and the

@@ -41,7 +41,7 @@ struct Journal {
   // A window group's page taken for a new block, a hold on one dropped (with the page it had),
   // or a held page moved with its block (from `page` on `tier`), by the call (a plane of
   // several groups, shared_groups.cpp).
-  // kMoveCached: a cached page that followed its block; undone by dropping it (its old page may
+  // kMoveCached: a cached page that followed its block; undone by evicting it (its old page may
   // be taken by then), so its events are not taken back.
   enum class GroupOpKind : uint8_t { kTake, kDrop, kMove, kMoveCached };
   struct GroupOp {

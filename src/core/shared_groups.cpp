@@ -170,11 +170,13 @@ void ControlPlane::undo_group_ops(int64_t moves_done, std::vector<BlockMove>* in
         g.undrop(it->block, it->page, it->tier);
         break;
       case Journal::GroupOpKind::kMoveCached:
-        // The page may have been evicted since: it is dropped (its old page stays free).
+        // The page may have been evicted since. Still cached, it is evicted now, as a failed
+        // call may evict unreferenced cached pages (its old page may be taken by then, and its
+        // move's events stand: a router heard of it, so it hears of the eviction too).
         if (g.page(it->block) < 0) break;
         if (g.cached(it->block)) {
           const Tier now = it->tier == Tier::kDevice ? Tier::kHost : Tier::kDevice;
-          g.release(it->block, now);
+          g.evict(it->block, now);
           emit_page_event(EventKind::kBlockRemoved, it->block, g, now);
           break;
         }
