@@ -70,13 +70,14 @@ KvGroup tiny_group(const char* name, int32_t layer, int32_t window, int64_t bloc
 // A model of `seqs` decoding sequences: one full group, or a full and a window-128 group. The
 // full pool holds every sequence at its longest; the window pool its window and a few blocks
 // more, so the window group evicts cached blocks as a tight pool does.
-std::unique_ptr<ModelKvCache> make_model(int64_t seqs, bool two_groups, bool staggered) {
+std::unique_ptr<ModelKvCache> make_model(int64_t seqs, bool two_groups, bool staggered,
+                                         BackendKind backend) {
   const int64_t longest = prompt_length(kBlock - 1, staggered) + kSteps;
   CacheConfig c;
   c.num_layers = two_groups ? 2 : 1;
   c.block_size = kBlock;
   c.max_sequence_length = 1 << 20;
-  c.backend = BackendKind::kCpu;
+  c.backend = backend;
   c.groups.push_back(tiny_group("full", 0, 0, seqs * (longest / kBlock + 2)));
   if (two_groups) {
     c.groups.push_back(tiny_group("window", 1, kWindow, seqs * ((kWindow + kPrompt) / kBlock + 3)));
@@ -103,8 +104,9 @@ void BM_ModelDecodeStep(benchmark::State& state) {
   const int64_t seqs = state.range(0);
   const bool staggered = state.range(1) != 0;
   const bool fresh_tokens = state.range(2) != 0;
-  auto one = make_model(seqs, false, staggered);
-  auto two = make_model(seqs, true, staggered);
+  const BackendKind backend = state.range(3) != 0 ? BackendKind::kNull : BackendKind::kCpu;
+  auto one = make_model(seqs, false, staggered, backend);
+  auto two = make_model(seqs, true, staggered, backend);
   if (one == nullptr || two == nullptr) {
     state.SkipWithError("could not set up the models");
     return;
@@ -165,12 +167,14 @@ void BM_ModelDecodeStep(benchmark::State& state) {
   state.counters["with_commit_vs_one_group"] =
       ratio(step_ns[1] + commit_ns[1], step_ns[0] + commit_ns[0]);
   state.SetLabel(std::string(staggered ? "staggered" : "lockstep") +
-                 (fresh_tokens ? ", new tokens each cycle" : ""));
+                 (fresh_tokens ? ", new tokens each cycle" : "") +
+                 (backend == BackendKind::kNull ? ", null backend" : ""));
 }
 BENCHMARK(BM_ModelDecodeStep)
-    ->Args({1024, 0, 0})
-    ->Args({1024, 1, 0})
-    ->Args({1024, 1, 1})
+    ->Args({1024, 0, 0, 0})
+    ->Args({1024, 1, 0, 0})
+    ->Args({1024, 1, 1, 0})
+    ->Args({1024, 1, 0, 1})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -77,17 +77,12 @@ void BatchMetadataBuilder::begin(const Sizes& sizes, int64_t max_blocks,
   md_.seq_lens.resize(static_cast<size_t>(batch));
 }
 
-template <typename PageOf>
-void BatchMetadataBuilder::write_row(int32_t r, const Sequence& s, size_t first_live,
-                                     PageOf page_of) {
-  const size_t stride = static_cast<size_t>(md_.max_blocks);
-  int32_t* row = &md_.block_tables[static_cast<size_t>(r) * stride];
+BatchMetadataBuilder::RowPlan BatchMetadataBuilder::plan_row(int32_t r, const Sequence& s) {
   RowState& st = row_state_[static_cast<size_t>(r)];
-  const int32_t n = static_cast<int32_t>(s.blocks.size());
-  int32_t from = 0;
-  int32_t clear_from = 0;  // entries from here to the first live one are -1
+  RowPlan p;
+  p.n = static_cast<int32_t>(s.blocks.size());
   if (st.num_blocks < 0 || st.arrival != s.arrival) {
-    std::fill(row + n, row + stride, -1);  // unknown content or another sequence
+    p.reset = true;  // unknown content or another sequence
   } else {
     // The row holds this sequence at version st.version: keep the entries that did not change
     // since (all of them at the same version), clear what it no longer has.
@@ -98,32 +93,55 @@ void BatchMetadataBuilder::write_row(int32_t r, const Sequence& s, size_t first_
                                                s.changed_from, static_cast<size_t>(kMaxInt32))))
                  : 0;
     }
-    from = static_cast<int32_t>(std::min<int64_t>(keep, n));
+    p.from = static_cast<int32_t>(std::min<int64_t>(keep, p.n));
+    p.old_n = st.num_blocks;
+  }
+  st.arrival = s.arrival;
+  st.version = s.table_version;
+  st.num_blocks = p.n;
+  return p;
+}
+
+template <typename PageOf>
+void BatchMetadataBuilder::write_row(int32_t r, const Sequence& s, const RowPlan& p,
+                                     size_t first_live, RowTail* tail, PageOf page_of) {
+  const size_t stride = static_cast<size_t>(md_.max_blocks);
+  int32_t* row = &md_.block_tables[static_cast<size_t>(r) * stride];
+  const int32_t n = p.n;
+  int32_t clear_from = 0;  // entries from here to the first live one are -1
+  if (p.reset) {
+    std::fill(row + n, row + stride, -1);
+  } else {
     // A window trims its first entries without a new table version (the entries after them
     // stay): those that left since the row was written become -1 here.
-    clear_from = std::min(from, st.first_live);
-    if (st.num_blocks > n) std::fill(row + n, row + st.num_blocks, -1);
+    clear_from = std::min(p.from, tail->first_live);
+    if (p.old_n > n) std::fill(row + n, row + p.old_n, -1);
   }
   // Blocks that fell out of a sliding window have no page: -1, like the padding.
   const int32_t live = static_cast<int32_t>(std::min<size_t>(first_live, static_cast<size_t>(n)));
   for (int32_t i = clear_from; i < live; ++i) row[i] = -1;
-  for (int32_t i = std::max(from, live); i < n; ++i) {
+  for (int32_t i = std::max(p.from, live); i < n; ++i) {
     row[i] = page_of(s.blocks[static_cast<size_t>(i)]);
   }
-  st.arrival = s.arrival;
-  st.version = s.table_version;
-  st.num_blocks = n;
-  st.first_live = live;
+  tail->first_live = live;
+  // The last entry, which a decode step's slots are in: kept from the last build while it is
+  // the same entry and this build left it as it was, so that the usual row reads no line of
+  // the table.
+  if (p.reset || p.from < n || p.old_n != n || live >= n) tail->page = n > 0 ? row[n - 1] : -1;
 
   const int64_t len = s.length();
   md_.seq_lens[static_cast<size_t>(r)] = static_cast<int32_t>(len + s.pending);
   const int64_t bs = block_size_;
-  for (int64_t p = len; p < len + s.pending; ++p) {
-    md_.slot_mapping.push_back(static_cast<int64_t>(row[bdiv_.div(p)]) * bs + bdiv_.mod(p));
+  const int64_t last = static_cast<int64_t>(n) - 1;
+  for (int64_t t = len; t < len + s.pending; ++t) {
+    const int64_t e = bdiv_.div(t);
+    const int64_t page = e == last ? tail->page : row[e];
+    md_.slot_mapping.push_back(page * bs + bdiv_.mod(t));
   }
 }
 
-void BatchMetadataBuilder::end(const Sizes& sizes, const BatchOptions& options) {
+void BatchMetadataBuilder::end(const Sizes& sizes, const BatchOptions& options,
+                               const std::vector<RowState>& row_state) {
   if (options.pad_slots_to > static_cast<int64_t>(md_.slot_mapping.size())) {
     md_.slot_mapping.resize(static_cast<size_t>(options.pad_slots_to), -1);
   }
@@ -142,7 +160,7 @@ void BatchMetadataBuilder::end(const Sizes& sizes, const BatchOptions& options) 
   md_.last_page_len.resize(static_cast<size_t>(batch));
   for (int32_t r = 0; r < batch; ++r) {
     const int32_t* row = &md_.block_tables[static_cast<size_t>(r) * stride];
-    const int32_t n = row_state_[static_cast<size_t>(r)].num_blocks;
+    const int32_t n = row_state[static_cast<size_t>(r)].num_blocks;
     md_.indices.insert(md_.indices.end(), row, row + n);
     md_.indptr.push_back(static_cast<int32_t>(md_.indices.size()));
     const int32_t len = md_.seq_lens[static_cast<size_t>(r)];
@@ -175,11 +193,13 @@ Status BatchMetadataBuilder::build(const std::vector<Sequence*>& rows, const Blo
   for (size_t r = 0; r < batch; ++r) {
     if (r + 4 < batch) __builtin_prefetch(rows[r + 4]);  // scattered sequences: fetch ahead
     Sequence& s = *rows[r];
-    write_row(static_cast<int32_t>(r), s, s.first_live,
+    const int32_t row = static_cast<int32_t>(r);
+    const RowPlan p = plan_row(row, s);
+    write_row(row, s, p, s.first_live, &row_state_[r].tail,
               [&blocks](LogicalId b) { return blocks[b].phys; });
     mark_seen(&s);
   }
-  end(sizes, options);
+  end(sizes, options, row_state_);
   return ok_status();
 }
 
@@ -188,34 +208,27 @@ Status BatchMetadataBuilder::build_groups(const std::vector<Sequence*>& rows,
                                           const std::vector<GroupPages>* pages,
                                           std::vector<BatchMetadataBuilder>* window_builders,
                                           const BatchOptions& options, size_t widest) {
-  // Pass 1: sizes and overflow checks for every group, so that a failure leaves the last
-  // metadata untouched (none is needed when the bound on the tables passes them).
+  // Pass 1: sizes and overflow checks, so that a failure leaves every group's last metadata
+  // untouched (none is needed when the bound on the tables passes them). Every group's table
+  // has this builder's width, so this builder's checks are theirs.
   const size_t windows = window_builders == nullptr ? 0 : window_builders->size();
   Sizes sizes;
   sizes.batch = static_cast<int64_t>(rows.size());
-  bool measured = !fits_unmeasured(rows.size(), widest, options);
-  for (size_t w = 0; w < windows && !measured; ++w) {
-    measured = !(*window_builders)[w].fits_unmeasured(rows.size(), widest, options);
-  }
   int64_t max_blocks = md_.max_blocks;
-  if (measured) {
+  if (!fits_unmeasured(rows.size(), widest, options)) {
     PAGEDKV_RETURN_IF_ERROR(measure(rows, options, &sizes));
     PAGEDKV_RETURN_IF_ERROR(fit(sizes, &max_blocks));
-    // The window builders' tables grow as this one's (their widest row is the same).
-    for (size_t w = 0; w < windows; ++w) {
-      int64_t m = 0;
-      PAGEDKV_RETURN_IF_ERROR((*window_builders)[w].fit(sizes, &m));
-    }
   }
 
-  // Pass 2: write, every group's row of a sequence while it is at hand. Rows whose sequence and
-  // table version are unchanged only get new blocks.
+  // Pass 2: write, every group's row of a sequence while it is at hand. The window groups'
+  // rows follow this builder's: written in the same builds at the same width, they hold the
+  // same sequence at the same table version, so one decision per row (plan_row, on this
+  // builder's row states) serves every group; each keeps only where its live entries begin.
   begin(sizes, max_blocks, options);
   for (size_t w = 0; w < windows; ++w) {
     BatchMetadataBuilder& b = (*window_builders)[w];
-    int64_t m = b.md_.max_blocks;
-    if (measured) (void)b.fit(sizes, &m);
-    b.begin(sizes, m, options);
+    b.begin(sizes, max_blocks, options);
+    b.follower_tails_.resize(static_cast<size_t>(sizes.batch));
   }
   const int32_t batch = static_cast<int32_t>(sizes.batch);
   for (int32_t r = 0; r < batch; ++r) {
@@ -224,16 +237,20 @@ Status BatchMetadataBuilder::build_groups(const std::vector<Sequence*>& rows,
       __builtin_prefetch(rows[static_cast<size_t>(r) + 4]);
     }
     Sequence& s = *rows[static_cast<size_t>(r)];
+    const RowPlan p = plan_row(r, s);
     for (size_t w = 0; w < windows; ++w) {
       const GroupPages& g = (*pages)[w];
-      (*window_builders)[w].write_row(r, s, g.first_held(s.group_first_live),
-                                      [&g](LogicalId b) { return g.page(b); });
+      BatchMetadataBuilder& b = (*window_builders)[w];
+      b.write_row(r, s, p, g.first_held(s.group_first_live),
+                  &b.follower_tails_[static_cast<size_t>(r)],
+                  [&g](LogicalId id) { return g.page(id); });
     }
-    write_row(r, s, s.first_live, [&blocks](LogicalId b) { return blocks[b].phys; });
+    write_row(r, s, p, s.first_live, &row_state_[static_cast<size_t>(r)].tail,
+              [&blocks](LogicalId b) { return blocks[b].phys; });
     mark_seen(&s);
   }
-  end(sizes, options);
-  for (size_t w = 0; w < windows; ++w) (*window_builders)[w].end(sizes, options);
+  end(sizes, options, row_state_);
+  for (size_t w = 0; w < windows; ++w) (*window_builders)[w].end(sizes, options, row_state_);
   return ok_status();
 }
 

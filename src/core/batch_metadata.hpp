@@ -37,15 +37,18 @@ class BatchMetadataBuilder {
                       const BatchOptions& options, size_t widest = SIZE_MAX);
   /// The metadata of the last successful build.
   const BatchMetadata& metadata() const { return md_; }
-  /// Forgets the cached rows (the next build rewrites every row).
-  void invalidate() { row_state_.clear(); }
 
  private:
+  // What a row held when it was last written, of one group's table.
+  struct RowTail {
+    int32_t first_live = 0;  // its first live entry (the entries before it are -1)
+    int32_t page = -1;       // its last entry
+  };
   struct RowState {
     uint64_t arrival = 0;  // unique per sequence incarnation
     uint64_t version = 0;
     int32_t num_blocks = -1;  // -1: row content unknown
-    int32_t first_live = 0;   // the sequence's first_live when the row was written
+    RowTail tail;
   };
   void relayout(int32_t max_blocks);
   struct Sizes {
@@ -63,15 +66,34 @@ class BatchMetadataBuilder {
   bool fits_unmeasured(size_t rows, size_t widest, const BatchOptions& options) const;
   Status fit(const Sizes& sizes, int64_t* max_blocks) const;
   void begin(const Sizes& sizes, int64_t max_blocks, const BatchOptions& options);
+  // What row r must be rewritten of, for sequence s (from this builder's row state, which it
+  // updates but for first_live): the whole row (`reset`), or the entries from `from` on and
+  // those past the sequence's `n` entries up to the `old_n` it had.
+  struct RowPlan {
+    int32_t n = 0;
+    int32_t from = 0;
+    int32_t old_n = 0;
+    bool reset = false;
+  };
+  RowPlan plan_row(int32_t r, const Sequence& s);
+  // Writes row r of this builder's table by plan `p`: -1 before `first_live` (the entries
+  // before tail->first_live already are), page_of(block) from there; then its length and
+  // slots. `tail` is what the row held when last written, updated.
   template <typename PageOf>
-  void write_row(int32_t r, const Sequence& s, size_t first_live, PageOf page_of);
-  void end(const Sizes& sizes, const BatchOptions& options);
+  void write_row(int32_t r, const Sequence& s, const RowPlan& p, size_t first_live, RowTail* tail,
+                 PageOf page_of);
+  // The padding and CSR; `row_state` holds the rows' sizes (this builder's, or for a window
+  // group's the full group's builder's, which its rows follow).
+  void end(const Sizes& sizes, const BatchOptions& options, const std::vector<RowState>& row_state);
   static void mark_seen(Sequence* s);
 
   int32_t block_size_;
   BlockDivider bdiv_;
   BatchMetadata md_;
   std::vector<RowState> row_state_;
+  // A window group's builder (build_groups' `window_builders`) keeps no row state: its rows
+  // follow the full group's builder. Only the rows' tails are its own.
+  std::vector<RowTail> follower_tails_;
 };
 
 }  // namespace core
