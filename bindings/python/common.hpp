@@ -336,6 +336,8 @@ void register_reference(nb::module_& m, nb::class_<PyCache>& cls);
 void register_model_cache(nb::module_& m);
 void register_storage(nb::module_& m);
 void register_regions(nb::module_& m, nb::class_<PyCache>& cache);
+/// pagedkv.EventPublisher (events.cpp); only in an extension built with pagedkv_events.
+void register_events(nb::module_& m);
 /// The raw store calls (batch_exists, submit_put, submit_get, poll, drain, remove) on StorageTier.
 void def_raw_store_calls(nb::class_<PyStore>& cls);
 

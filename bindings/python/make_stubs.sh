@@ -17,6 +17,8 @@ sed -i \
   -e 's/\(def groups(self)\) -> list\[object\]:/\1 -> list[Batch]:/' \
   -e 's/\(def __getitem__(self, group: int)\) -> object:/\1 -> Batch:/' \
   -e 's/\(def pool_info(self)\) -> dict:/\1 -> dict[str, Any]:/' \
+  -e 's/\(def counters(self)\) -> dict:/\1 -> dict[str, int]:/' \
+  -e '/^class EventPublisher:/,/^class /s/\(def __enter__(self)\) -> object:/\1 -> EventPublisher:/' \
   -e 's/\(def regions(self)\) -> list:/\1 -> list[dict[str, Any]]:/' \
   -e 's/\(def to_dict(self)\) -> dict:/\1 -> dict[str, Any]:/' \
   -e '/^class _ModelKvCache:/,/^class /s/storage: object | None = None/storage: Sequence[StorageTier | None] | None = None/' \

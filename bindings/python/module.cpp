@@ -13,4 +13,7 @@ NB_MODULE(_C, m) {
   register_model_cache(m);
   register_storage(m);
   register_regions(m, cache);
+#ifdef PAGEDKV_PYTHON_EVENTS
+  register_events(m);  // built with pagedkv_events (bindings/python/CMakeLists.txt)
+#endif
 }

@@ -72,11 +72,11 @@ class EventPublisher {
   EventPublisher& operator=(const EventPublisher&) = delete;
 
   /// Drains `cache`'s events and publishes them as one message; nothing is sent when none of
-  /// them goes on the wire. Returns the number of wire events sent. On an error the drained
+  /// them goes on the wire. Returns the number of wire events sent. kInvalidArgument, nothing
+  /// drained, when the cache's block_size is not the publisher's; on a later error the drained
   /// events are lost, so the next message starts with AllBlocksCleared (the reader resyncs).
   /// A cache of several groups: each block event carries its group as vLLM's `group_idx`
-  /// (stored ones also the group's kind and window; docs/events.md); kInvalidArgument, nothing
-  /// drained, when its block_size is not the publisher's.
+  /// (stored ones also the group's kind and window; docs/events.md).
   StatusOr<int64_t> publish(KvCache& cache);
   /// Publishes `events` as one message (see publish(KvCache&)). kInvalidArgument from the
   /// encoder (nothing sent); kUnavailable when ZeroMQ refuses the send.

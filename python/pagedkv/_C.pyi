@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 import enum
-from typing import Any
+from typing import Any, overload
 
 import numpy
 from numpy.typing import NDArray
@@ -1150,3 +1150,53 @@ def pair_block_runs(src: BlockGeometry, src_ids: Sequence[int], dst: BlockGeomet
     """
     Block src_ids[i] of src goes to dst_ids[i] of dst: the copies as runs (src_block, dst_block, blocks, src_address, dst_address, bytes), consecutive ids on both sides merged. InvalidArgumentError (sizes, ids), FailedPreconditionError (layouts differ).
     """
+
+class EventPublisher:
+    """
+    Publishes a cache's block events on a ZeroMQ PUB socket in vLLM's KVEventBatch format, for KV-aware routers (docs/events.md). Each publish(cache) drains the cache's events and sends one message [topic, 8-byte big-endian sequence number, msgpack batch]; numbers start at 0 and have no gaps. With a replay_endpoint, a ROUTER socket serves readers that missed messages.
+    """
+
+    def __init__(self, block_size: int, endpoint: str = 'tcp://127.0.0.1:*', replay_endpoint: str = '', topic: str = '', data_parallel_rank: int = 0, replay_buffer: int = 10000, send_hwm: int = 100000) -> None:
+        """
+        Binds the PUB socket at `endpoint` (port '*': a free port, see .endpoint) and, when `replay_endpoint` is not empty, the ROUTER socket for replay requests, keeping the last `replay_buffer` messages. `block_size` must be the caches'. InvalidArgumentError for a bad option (block_size < 1, a negative data_parallel_rank, send_hwm < 1, replay_buffer < 1 with a replay_endpoint); UnavailableError when an endpoint cannot be bound.
+        """
+
+    @overload
+    def publish(self, cache: _KvCache) -> int:
+        """
+        Drains the KvCache's events and sends them as one message (none when no event goes on the wire); returns the number of wire events sent. InvalidArgumentError when the cache's block_size is not the publisher's (nothing drained); UnavailableError when ZeroMQ refuses the send (the drained events are lost and the next message starts with AllBlocksCleared).
+        """
+
+    @overload
+    def publish(self, cache: _ModelKvCache) -> int:
+        """
+        Drains every group's events of the ModelKvCache and sends them as one message; with two or more groups each block event carries group_idx (stored ones also kv_cache_spec_kind and kv_cache_spec_sliding_window).
+        """
+
+    @property
+    def endpoint(self) -> str:
+        """The bound PUB endpoint, e.g. 'tcp://127.0.0.1:41234'."""
+
+    @property
+    def replay_endpoint(self) -> str:
+        """The bound replay (ROUTER) endpoint; '' without one."""
+
+    def counters(self) -> dict[str, int]:
+        """
+        What the publisher has done as a dict: messages (the next sequence number), events, bytes (payload), skipped (sequence events not sent), replay_requests, replay_resyncs, bad_requests.
+        """
+
+    @property
+    def closed(self) -> bool:
+        """Whether close() was called."""
+
+    def close(self) -> None:
+        """
+        Stops the replay thread and closes the sockets (unsent messages are dropped); idempotent. Later calls raise FailedPreconditionError.
+        """
+
+    def __enter__(self) -> EventPublisher:
+        """Returns the publisher."""
+
+    def __exit__(self, exc_type: object | None, exc_value: object | None, traceback: object | None) -> bool:
+        """close()."""

@@ -16,6 +16,11 @@ A storage tier behind the host tier (FileTier: a directory that outlives the pro
 is given at creation: KvCache(..., storage=FileTier(config, dir, model_id="m")), or one store
 per group for a ModelKvCache (storage=[...]); see docs/python.md (Storage tiers).
 
+Block events go to KV-aware routers through EventPublisher (ZeroMQ, vLLM's wire format;
+docs/events.md): pub = pagedkv.EventPublisher(block_size); pub.publish(cache) once per step.
+It needs the extension built with the event library (HAS_EVENT_PUBLISHER); without it,
+EventPublisher raises UnimplementedError.
+
 Every failed call raises a subclass of PagedKvError (one per status code) and changes nothing.
 See docs/python.md.
 """
@@ -61,11 +66,28 @@ SequenceResidency = _C.SequenceResidency
 StorageLayout = _C.StorageLayout
 StorageTier = _C.StorageTier
 Tier = _C.Tier
+# Whether the extension was built with the event library (PAGEDKV_BUILD_EVENTS; ZeroMQ and
+# msgpack-cxx found at build time).
+HAS_EVENT_PUBLISHER = hasattr(_C, "EventPublisher")
 # A cache's pools as regions for a transfer engine, block ids as addresses (docs/scale-out.md).
 check_same_block_layout = _C.check_same_block_layout
 pair_block_runs = _C.pair_block_runs
 
 __version__ = "0.1.0"
+
+if HAS_EVENT_PUBLISHER:
+    EventPublisher = _C.EventPublisher
+else:
+    class EventPublisher:  # type: ignore[no-redef]
+        """Stand-in for an extension built without the event library: creating one raises
+        UnimplementedError (docs/python.md, "KV events")."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            raise UnimplementedError(
+                StatusCode.UNIMPLEMENTED,
+                "EventPublisher: pagedkv was built without the event library; install ZeroMQ "
+                "and msgpack-cxx (scripts/setup-deps: libzmq3-dev cppzmq-dev "
+                "libmsgpack-cxx-dev) and reinstall the package")
 
 
 def _config(config: Optional[CacheConfig], fields: dict) -> CacheConfig:
@@ -163,9 +185,9 @@ class ModelKvCache(_C._ModelKvCache):
 
 __all__ = [
     "AlreadyExistsError", "BackendKind", "Batch", "BatchArrays", "BlockGeometry", "CacheConfig",
-    "CacheMode", "check_same_block_layout", "pair_block_runs",
-    "ControlEvent", "DType", "EventKind", "EvictionPolicy", "FailedPreconditionError",
-    "FileTier", "InternalError", "InvalidArgumentError", "KvCache", "KvGroup", "KvKind",
+    "CacheMode", "check_same_block_layout", "pair_block_runs", "ControlEvent", "DType",
+    "EventKind", "EventPublisher", "EvictionPolicy", "FailedPreconditionError", "FileTier",
+    "HAS_EVENT_PUBLISHER", "InternalError", "InvalidArgumentError", "KvCache", "KvGroup", "KvKind",
     "ModelBatch", "ModelGroup", "ModelKvCache", "NotFoundError", "OutOfRangeError", "PageLayout",
     "PagedKvError", "RedisTier", "ResourceExhaustedError", "SequenceResidency", "StatusCode",
     "StorageLayout", "StorageTier", "Tier", "UnavailableError", "UnimplementedError",

@@ -159,13 +159,15 @@ StatusOr<std::unique_ptr<EventPublisher>> EventPublisher::create(
 }
 
 StatusOr<int64_t> EventPublisher::publish(KvCache& cache) {
-  if (cache.num_groups() == 1) return publish(cache.drain_events());
-  // Several groups: each block event names its group on the wire.
+  // Checked before draining, for one group too: the encoder would refuse the stores only after
+  // the events were drained, and lose them.
   if (cache.config().block_size != impl_->wire.block_size) {
-    return invalid_argument("EventPublisher: the model's block_size is " +
+    return invalid_argument("EventPublisher: the cache's block_size is " +
                             std::to_string(cache.config().block_size) + ", the publisher's " +
                             std::to_string(impl_->wire.block_size));
   }
+  if (cache.num_groups() == 1) return publish(cache.drain_events());
+  // Several groups: each block event names its group on the wire.
   return publish(cache.drain_events(), events::wire_groups(cache.config()));
 }
 

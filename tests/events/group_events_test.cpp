@@ -348,6 +348,27 @@ TEST(GroupWire, ModelOfAnotherBlockSizeIsRefusedAndKeepsItsEvents) {
   EXPECT_EQ((*m)->drain_events().size(), 4u);  // 2 blocks in each group, still there
 }
 
+TEST(GroupWire, KvCacheOfAnotherBlockSizeIsRefusedAndKeepsItsEvents) {
+  // One group too: refused before draining, not by the encoder after (which loses the events).
+  Wire w;
+  CacheConfig c;
+  c.num_layers = 1;
+  c.num_kv_heads = 1;
+  c.head_dim = 8;
+  c.block_size = kBlock * 2;
+  c.num_device_blocks = 8;
+  c.backend = BackendKind::kCpu;
+  auto kv = KvCache::create(c);
+  ASSERT_OK(kv);
+  prefill(**kv, 1, tokens(kBlock * 4, 1, 1));
+  const int64_t sent = w.pub->counters().messages;  // the Wire's joining messages
+  const auto n = w.pub->publish(**kv);
+  EXPECT_EQ(n.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(n.status().message().find("block_size"), std::string::npos);
+  EXPECT_EQ((*kv)->drain_events().size(), 2u);  // 2 blocks stored, still there
+  EXPECT_EQ(w.pub->counters().messages, sent);
+}
+
 TEST(GroupWire, OneGroupModelPublishesWhatAKvCachePublishes) {
   Wire w;
   CacheConfig c;

@@ -28,10 +28,13 @@ def test_config_as_dataclass_or_keywords_gives_the_same_cache():
 def test_stubs_declare_every_public_name_of_the_extension():
     stub = (pathlib.Path(pagedkv.__file__).parent / "_C.pyi").read_text()
     assert (pathlib.Path(pagedkv.__file__).parent / "py.typed").exists()
-    for cls in (pagedkv._C._KvCache, pagedkv.Batch, pagedkv.BatchArrays, pagedkv.ControlEvent,
-                pagedkv._C._ModelKvCache, pagedkv.ModelBatch, pagedkv.ModelGroup,
-                pagedkv._C._KvGroup, pagedkv._C._CacheConfig, pagedkv.StorageLayout,
-                pagedkv.StorageTier, pagedkv.FileTier, pagedkv.RedisTier, pagedkv.BlockGeometry):
+    classes = [pagedkv._C._KvCache, pagedkv.Batch, pagedkv.BatchArrays, pagedkv.ControlEvent,
+               pagedkv._C._ModelKvCache, pagedkv.ModelBatch, pagedkv.ModelGroup,
+               pagedkv._C._KvGroup, pagedkv._C._CacheConfig, pagedkv.StorageLayout,
+               pagedkv.StorageTier, pagedkv.FileTier, pagedkv.RedisTier, pagedkv.BlockGeometry]
+    if pagedkv.HAS_EVENT_PUBLISHER:  # the stubs are made from an extension with it
+        classes.append(pagedkv.EventPublisher)
+    for cls in classes:
         assert f"class {cls.__name__}" in stub
         for name in vars(cls):
             if not name.startswith("__"):
