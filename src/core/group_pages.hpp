@@ -53,6 +53,8 @@ class GroupPages {
 
   /// The page of logical block `b` (in the pool of the tier the block is on), or -1.
   int32_t page(LogicalId b) const { return rec_[static_cast<size_t>(b)].page; }
+  /// Fetches the record of `b` into the cache, ahead of a call that changes it.
+  void prefetch(LogicalId b) const { __builtin_prefetch(&rec_[static_cast<size_t>(b)], 1); }
   /// Holders that need the page of `b`.
   int32_t holders(LogicalId b) const { return rec_[static_cast<size_t>(b)].holders; }
   /// Whether the page of `b` is cached: kept with no holder (its block is indexed), listed for

@@ -245,11 +245,14 @@ void ControlPlane::finish_commits() {
 void ControlPlane::prefetch_commit_work(const CommitWork& w) const {
   const Sequence& s = *w.s;
   if (w.index == CommitWork::kTrim) {
-    // The record of the first block leaving a window (the pages' records follow from it).
-    const size_t i =
-        groups_.empty() ? s.first_live
-                        : std::min<size_t>(s.first_live, groups_[0].first_held(s.group_first_live));
-    if (i < s.blocks.size() && s.blocks[i] != kNoBlock) __builtin_prefetch(&blocks_[s.blocks[i]]);
+    // The records of the first block leaving a window: the block's and its pages'.
+    size_t i = window_ > 0 ? s.first_live : SIZE_MAX;
+    if (!groups_.empty()) i = std::min<size_t>(i, groups_[0].first_held(s.group_first_live));
+    if (i < s.blocks.size() && s.blocks[i] != kNoBlock) {
+      const LogicalId b = s.blocks[i];
+      __builtin_prefetch(&blocks_[b]);
+      for (const GroupPages& g : groups_) g.prefetch(b);
+    }
     return;
   }
   // The key's hash (computed again by its lookup) tells where its slot is.
