@@ -24,7 +24,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "pagedkv/backend.hpp"
@@ -37,17 +36,6 @@
 #include "pagedkv/storage_tier.hpp"
 
 namespace pagedkv {
-
-namespace core {
-class ControlPlane;
-class TierPlan;
-}  // namespace core
-namespace runtime {
-class StorageLink;
-class TransferEngine;
-class UploadArena;
-class UploadLease;
-}  // namespace runtime
 
 /// KvCacheOptions::transfer_kernel_block_bytes by default. A guess, not yet measured on a GPU:
 /// bench_transfer's BM_ScatteredOffload / BM_ScatteredRestore rows (path:1 batched copy, path:2
@@ -175,20 +163,20 @@ class KvCache {
   KvCache& operator=(const KvCache&) = delete;
 
   /// The config as given (with one group given as groups[0]: that group's config).
-  const CacheConfig& config() const { return config_; }
-  Backend& backend() { return *backend_; }
-  Stream compute_stream() const { return compute_; }
-  const PoolInfo& pool_info() const { return pool_info_; }
+  const CacheConfig& config() const;
+  Backend& backend();
+  Stream compute_stream() const;
+  const PoolInfo& pool_info() const;
   /// The full-attention group's device pool (the only one with one group) as the data-plane ops
   /// see it (for callers that launch ops themselves).
-  PoolRef device_pool() const { return device_pool(full_group_); }
+  PoolRef device_pool() const;
 
   // ---- KV groups (one without CacheConfig::groups) ----
 
-  int32_t num_groups() const { return static_cast<int32_t>(groups_.size()); }
+  int32_t num_groups() const;
   /// The group whose blocks every other group shares: the one block_locations(id), slot() and
   /// the slots reserve() returns describe (0 with one group).
-  int32_t full_group() const { return full_group_; }
+  int32_t full_group() const;
   /// Group `g`'s one-group config (CacheConfig::group_config). Requires 0 <= g < num_groups().
   const CacheConfig& group_config(int32_t g) const;
   /// Group `g`'s device pool. Requires 0 <= g < num_groups().
@@ -419,95 +407,10 @@ class KvCache {
   Status check_invariants() const;
 
  private:
-  KvCache() = default;
-  // What run_transfers() got onto the streams.
-  struct Submitted {
-    uint64_t ticket = 0;     // the transfer job, 0 when there were no moves
-    int64_t moves_done = 0;  // moves queued (a prefix of the list when the backend failed)
-  };
-  // Queues a control-plane plan's transfers on the streams.
-  Status run_transfers(const Transfers& transfers, Submitted* out);
-  // Carries a plan out: run_transfers(), then note_transfers() and commit, or recover().
-  Status carry_out(core::TierPlan& plan);
-  // Bookkeeping after a plan was queued: the last transfer job of each moved sequence.
-  void note_transfers(const Transfers& transfers, uint64_t ticket);
-  // Takes a failed plan back (control plane undone, queued moves copied back) and returns
-  // `failure`; when that fails too, the cache is marked unusable and that error returned.
-  Status recover(const Status& failure, core::TierPlan& plan, int64_t moves_done);
-  // Orders the compute stream after the offloads still reading, and the restores still
-  // writing, the device blocks of group `g` that `slots` (of that group's pool; -1 entries
-  // ignored) write.
-  Status order_block_reuse(int32_t g, const int64_t* slots, size_t n);
-  // kOutOfRange unless 0 <= g < num_groups().
-  Status check_group(int32_t g) const;
-  // The group and in-group index of the model layer an op is asked for: layer_group(), except
-  // that with one group the layer is passed through unchecked (the op checks it).
-  StatusOr<LayerGroup> op_layer(int32_t layer) const;
-  // Forgets the uploaded slots of `id`'s reservation in every group.
-  void forget_slot_uploads(SequenceId id);
-  // Uploads group `g`'s metadata `m` of the batch being built into `*out`.
-  Status upload_batch(int32_t g, const BatchMetadata& m, const BatchOptions& options,
-                      DeviceBatch* out);
-  // Runs the block copies of a plan, group by group.
-  Status run_copies(const std::vector<BlockCopy>& copies);
-  // Orders the compute stream after the restores still writing any of `blocks` of group `g`
-  // (-1 entries ignored): work queued after this reads or writes them safely (the transfer
-  // engine keeps each block's jobs: TransferEngine::order_block_use).
-  Status order_block_use(int32_t g, const int32_t* blocks, size_t n);
-  // kInvalidArgument for another cache's batch; kFailedPrecondition unless `batch` is the last
-  // one built and nothing changed since.
-  Status check_batch_current(const DeviceBatch& batch) const;
-  // commit() without the NVTX range and the broken check.
-  Status commit_tokens(SequenceId id, const TokenId* tokens, int64_t n);
-  // kFailedPrecondition naming `what` when the compute stream is capturing a CUDA graph: the
-  // call would allocate, upload, query or synchronize, or record work a replay must not repeat.
-  Status refuse_in_capture(const char* what);
-  // poll_storage() inside another call: a failure is logged, not returned (it is not that
-  // call's; poll_storage() and flush_storage() report it).
-  void poll_storage_quietly();
-  // The device copy of the slots of a sequence's reservation in group `g`, for write_kv.
-  StatusOr<const int64_t*> device_slots(SequenceId id, int32_t g, int64_t* count);
-
-  // Per sequence: the slots its last write_kv uploaded, and the region holding them. A cache of
-  // an upload, not a copy of the reservation: the control plane's sequence table owns the slots,
-  // write_kv asks it for them every time and uploads again when they differ (after a commit, a
-  // new reservation, an offload or a restore).
-  struct SlotUpload {
-    std::vector<int64_t> slots;
-    std::unique_ptr<runtime::UploadLease> lease;
-  };
-  // One KV group's pools and what the data plane keeps for them.
-  struct GroupPool {
-    CacheConfig config;  // CacheConfig::group_config of the group
-    void* device = nullptr;
-    void* host = nullptr;
-    std::unordered_map<SequenceId, SlotUpload> slot_uploads;
-    // The host metadata this group's batches point to (the control plane's): a batch pointing
-    // elsewhere was built by another cache.
-    const BatchMetadata* built = nullptr;
-  };
-
-  CacheConfig config_;
-  std::unique_ptr<Backend> owned_backend_;
-  Backend* backend_ = nullptr;
-  Stream compute_{};
-  std::vector<GroupPool> groups_;  // by CacheConfig::groups index
-  int32_t full_group_ = 0;
-  std::vector<LayerGroup> layers_;  // by model layer
-  PoolInfo pool_info_;
-  std::unique_ptr<core::ControlPlane> control_;
-  std::unique_ptr<runtime::TransferEngine> transfers_;
-  std::unique_ptr<runtime::StorageLink> storage_;  // null without a storage tier
-  std::unique_ptr<runtime::UploadArena> uploads_;
-  std::vector<int64_t> slot_scratch_;
-  // The last build_batch's arrays, one region per group. `generation_` moves on with
-  // build_batch and every call that can change a reservation or a block; write_kv_batch
-  // refuses a batch of another generation.
-  std::vector<std::unique_ptr<runtime::UploadLease>> batch_uploads_;
-  uint64_t generation_ = 0;
-  std::unordered_map<SequenceId, uint64_t> last_job_;
-  std::vector<SequenceId> evicted_;
-  Status broken_;  // set when a failed call could not be taken back
+  // The cache's state and its private helpers: src/runtime/kv_cache_impl.hpp.
+  struct Impl;
+  explicit KvCache(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace pagedkv

@@ -8,39 +8,35 @@
 #include <array>
 #include <string>
 
-#include "common/nvtx.hpp"
-#include "core/control_plane.hpp"
-#include "pagedkv/cache.hpp"
 #include "pagedkv/ops.hpp"
-#include "runtime/transfer_engine.hpp"
-#include "runtime/upload_arena.hpp"
+#include "runtime/kv_cache_impl.hpp"
 
 namespace pagedkv {
 
 using runtime::part;
 
-StatusOr<LayerGroup> KvCache::op_layer(int32_t layer) const {
+StatusOr<LayerGroup> KvCache::Impl::op_layer(int32_t layer) const {
   // With one group the op checks the layer itself, with its own message, as it always has.
   if (num_groups() == 1) return LayerGroup{0, layer};
-  return layer_group(layer);
+  return find_layer_group(layers, layer);
 }
 
-StatusOr<const int64_t*> KvCache::device_slots(SequenceId id, int32_t g, int64_t* count) {
-  slot_scratch_.clear();
-  PAGEDKV_RETURN_IF_ERROR(control_->group_reserved_slots(id, g, &slot_scratch_));
-  if (slot_scratch_.empty()) {
+StatusOr<const int64_t*> KvCache::Impl::device_slots(SequenceId id, int32_t g, int64_t* count) {
+  slot_scratch.clear();
+  PAGEDKV_RETURN_IF_ERROR(control->group_reserved_slots(id, g, &slot_scratch));
+  if (slot_scratch.empty()) {
     return failed_precondition("sequence " + std::to_string(id) + ": nothing reserved to write");
   }
   // A block of the reservation may have been read by an offload that is still running.
-  PAGEDKV_RETURN_IF_ERROR(order_block_reuse(g, slot_scratch_.data(), slot_scratch_.size()));
-  SlotUpload& up = groups_[static_cast<size_t>(g)].slot_uploads[id];
+  PAGEDKV_RETURN_IF_ERROR(order_block_reuse(g, slot_scratch.data(), slot_scratch.size()));
+  SlotUpload& up = groups[static_cast<size_t>(g)].slot_uploads[id];
   // Uploaded once per reservation, kept (leased) while the slots stay the same. An upload that
   // a failing op then ignores changes nothing observable.
-  if (up.lease == nullptr || up.slots != slot_scratch_) {
+  if (up.lease == nullptr || up.slots != slot_scratch) {
     up.lease.reset();
-    PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease lease, uploads_->upload({part(slot_scratch_)}));
+    PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease lease, uploads->upload({part(slot_scratch)}));
     up.lease = std::make_unique<runtime::UploadLease>(std::move(lease));
-    up.slots = slot_scratch_;
+    up.slots = slot_scratch;
   }
   *count = static_cast<int64_t>(up.slots.size());
   return up.lease->device<int64_t>(0);
@@ -48,30 +44,31 @@ StatusOr<const int64_t*> KvCache::device_slots(SequenceId id, int32_t g, int64_t
 
 Status KvCache::write_kv(SequenceId id, int32_t layer, const void* key, const void* value,
                          DType input_dtype, int64_t row_stride) {
-  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::write_kv");
-  PAGEDKV_RETURN_IF_ERROR(broken_);
-  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("write_kv"));
-  PAGEDKV_ASSIGN_OR_RETURN(LayerGroup lg, op_layer(layer));
+  PAGEDKV_KV_CACHE_CALL(write_kv);
+  Impl& c = *impl_;
+  PAGEDKV_ASSIGN_OR_RETURN(LayerGroup lg, c.op_layer(layer));
   WriteKvArgs args;
-  PAGEDKV_ASSIGN_OR_RETURN(args.slot_mapping, device_slots(id, lg.group, &args.num_tokens));
+  PAGEDKV_ASSIGN_OR_RETURN(args.slot_mapping, c.device_slots(id, lg.group, &args.num_tokens));
   args.key = key;
   args.value = value;
   args.input_dtype = input_dtype;
   args.row_stride = row_stride;
   args.layer = lg.layer;
-  return pagedkv::write_kv(*backend_, device_pool(lg.group), args, compute_);
+  return pagedkv::write_kv(*c.backend, c.device_pool(lg.group), args, c.compute);
 }
 
-bool KvCache::built_here(const DeviceBatch& batch) const {
+bool KvCache::built_here(const DeviceBatch& batch) const { return impl_->built_here(batch); }
+
+bool KvCache::Impl::built_here(const DeviceBatch& batch) const {
   return batch.host != nullptr && batch.group >= 0 && batch.group < num_groups() &&
-         batch.host == groups_[static_cast<size_t>(batch.group)].built;
+         batch.host == groups[static_cast<size_t>(batch.group)].built;
 }
 
-Status KvCache::check_batch_current(const DeviceBatch& batch) const {
+Status KvCache::Impl::check_batch_current(const DeviceBatch& batch) const {
   if (batch.host != nullptr && !built_here(batch)) {
     return invalid_argument("the DeviceBatch was built by another cache");
   }
-  if (batch.host == nullptr || batch.generation != generation_) {
+  if (batch.host == nullptr || batch.generation != generation) {
     return failed_precondition(
         "the DeviceBatch is stale: build_batch again after reserving, committing or moving "
         "sequences");
@@ -82,11 +79,12 @@ Status KvCache::check_batch_current(const DeviceBatch& batch) const {
 Status KvCache::write_kv_batch(const DeviceBatch& batch, int32_t layer, const void* key,
                                const void* value, DType input_dtype, int64_t row_stride) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::write_kv_batch");
-  PAGEDKV_RETURN_IF_ERROR(broken_);
-  PAGEDKV_RETURN_IF_ERROR(check_batch_current(batch));
+  Impl& c = *impl_;
+  PAGEDKV_RETURN_IF_ERROR(c.broken);
+  PAGEDKV_RETURN_IF_ERROR(c.check_batch_current(batch));
   // A slot mapping in the upload arena is reused after the next build: a replay would read it.
-  if (!batch.caller_owned_slots) PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("write_kv_batch"));
-  PAGEDKV_ASSIGN_OR_RETURN(LayerGroup lg, op_layer(layer));
+  if (!batch.caller_owned_slots) PAGEDKV_RETURN_IF_ERROR(c.refuse_in_capture("write_kv_batch"));
+  PAGEDKV_ASSIGN_OR_RETURN(LayerGroup lg, c.op_layer(layer));
   if (lg.group != batch.group) {
     return invalid_argument("layer " + std::to_string(layer) + " is group " +
                             std::to_string(lg.group) + "'s; the batch is group " +
@@ -100,17 +98,18 @@ Status KvCache::write_kv_batch(const DeviceBatch& batch, int32_t layer, const vo
   args.num_tokens = static_cast<int64_t>(batch.host->slot_mapping.size());
   args.slot_mapping = batch.slot_mapping;
   args.layer = lg.layer;
-  return pagedkv::write_kv(*backend_, device_pool(batch.group), args, compute_);
+  return pagedkv::write_kv(*c.backend, c.device_pool(batch.group), args, c.compute);
 }
 
 Status KvCache::write_kv_batch_all_layers(const DeviceBatch& batch, const void* key,
                                           const void* value, DType input_dtype, int64_t row_stride,
                                           int64_t layer_stride) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::write_kv_batch_all_layers");
-  PAGEDKV_RETURN_IF_ERROR(broken_);
-  PAGEDKV_RETURN_IF_ERROR(check_batch_current(batch));
+  Impl& c = *impl_;
+  PAGEDKV_RETURN_IF_ERROR(c.broken);
+  PAGEDKV_RETURN_IF_ERROR(c.check_batch_current(batch));
   if (!batch.caller_owned_slots) {
-    PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("write_kv_batch_all_layers"));
+    PAGEDKV_RETURN_IF_ERROR(c.refuse_in_capture("write_kv_batch_all_layers"));
   }
   WriteKvAllLayersArgs args;
   args.key = key;
@@ -120,45 +119,41 @@ Status KvCache::write_kv_batch_all_layers(const DeviceBatch& batch, const void* 
   args.layer_stride = layer_stride;
   args.num_tokens = static_cast<int64_t>(batch.host->slot_mapping.size());
   args.slot_mapping = batch.slot_mapping;
-  return pagedkv::write_kv_all_layers(*backend_, device_pool(batch.group), args, compute_);
+  return pagedkv::write_kv_all_layers(*c.backend, c.device_pool(batch.group), args, c.compute);
 }
 
 StatusOr<DeviceBatch> KvCache::build_batch(const std::vector<SequenceId>& ids,
                                            const BatchOptions& options) {
-  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::build_batch");
-  PAGEDKV_RETURN_IF_ERROR(broken_);
-  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("build_batch"));
-  if (num_groups() > 1) {
-    return invalid_argument("build_batch: the cache holds " + std::to_string(num_groups()) +
+  PAGEDKV_KV_CACHE_CALL(build_batch);
+  if (impl_->num_groups() > 1) {
+    return invalid_argument("build_batch: the cache holds " + std::to_string(impl_->num_groups()) +
                             " KV groups: build_batches gives each group's batch");
   }
-  PAGEDKV_ASSIGN_OR_RETURN(const BatchMetadata* m, control_->build_batch(ids, options));
-  // The host metadata every DeviceBatch points to has just been rewritten: an earlier batch is
-  // stale from here on, even if the upload below fails (found by tests/fuzz).
-  ++generation_;
+  // The host metadata every DeviceBatch points to is rewritten: an earlier batch is stale from
+  // here on, even if the upload below fails (found by tests/fuzz).
+  PAGEDKV_ASSIGN_OR_RETURN(const BatchMetadata* m,
+                           impl_->changed(impl_->control->build_batch(ids, options)));
   DeviceBatch out;
-  PAGEDKV_RETURN_IF_ERROR(upload_batch(0, *m, options, &out));
+  PAGEDKV_RETURN_IF_ERROR(impl_->upload_batch(0, *m, options, &out));
   return out;
 }
 
 StatusOr<std::vector<DeviceBatch>> KvCache::build_batches(const std::vector<SequenceId>& ids,
                                                           const BatchOptions& options) {
-  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::build_batches");
-  PAGEDKV_RETURN_IF_ERROR(broken_);
-  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("build_batches"));
-  PAGEDKV_ASSIGN_OR_RETURN(const BatchMetadata* m, control_->build_batch(ids, options));
-  ++generation_;  // as in build_batch
-  std::vector<DeviceBatch> out(static_cast<size_t>(num_groups()));
-  for (int32_t g = 0; g < num_groups(); ++g) {
-    const BatchMetadata& meta = g == full_group_ ? *m : control_->group_batch(g);
-    PAGEDKV_RETURN_IF_ERROR(upload_batch(g, meta, options, &out[static_cast<size_t>(g)]));
+  PAGEDKV_KV_CACHE_CALL(build_batches);
+  PAGEDKV_ASSIGN_OR_RETURN(const BatchMetadata* m,  // stale batches as in build_batch
+                           impl_->changed(impl_->control->build_batch(ids, options)));
+  std::vector<DeviceBatch> out(static_cast<size_t>(impl_->num_groups()));
+  for (int32_t g = 0; g < impl_->num_groups(); ++g) {
+    const BatchMetadata& meta = g == impl_->full_group ? *m : impl_->control->group_batch(g);
+    PAGEDKV_RETURN_IF_ERROR(impl_->upload_batch(g, meta, options, &out[static_cast<size_t>(g)]));
   }
   return out;
 }
 
-Status KvCache::upload_batch(int32_t g, const BatchMetadata& m, const BatchOptions& options,
-                             DeviceBatch* out) {
-  groups_[static_cast<size_t>(g)].built = &m;
+Status KvCache::Impl::upload_batch(int32_t g, const BatchMetadata& m, const BatchOptions& options,
+                                   DeviceBatch* out) {
+  groups[static_cast<size_t>(g)].built = &m;
   // The batch's readers come after the restores still writing its blocks, and its writes
   // after the offloads still reading the blocks its slots reuse (build_batch and build_batches
   // alike; for the full group the reservation has ordered those already).
@@ -167,10 +162,10 @@ Status KvCache::upload_batch(int32_t g, const BatchMetadata& m, const BatchOptio
   // One packed upload: every array lives until the next build_batch (DeviceBatch's contract).
   PAGEDKV_ASSIGN_OR_RETURN(
       runtime::UploadLease up,
-      uploads_->upload({part(m.slot_mapping), part(m.block_tables), part(m.seq_lens),
-                        part(m.indptr), part(m.indices), part(m.last_page_len)}));
+      uploads->upload({part(m.slot_mapping), part(m.block_tables), part(m.seq_lens), part(m.indptr),
+                       part(m.indices), part(m.last_page_len)}));
   out->host = &m;
-  out->generation = generation_;
+  out->generation = generation;
   out->group = g;
   out->slot_mapping = up.device<int64_t>(0);
   out->block_tables = up.device<int32_t>(1);
@@ -180,7 +175,7 @@ Status KvCache::upload_batch(int32_t g, const BatchMetadata& m, const BatchOptio
     out->indices = up.device<int32_t>(4);
     out->last_page_len = up.device<int32_t>(5);
   }
-  std::unique_ptr<runtime::UploadLease>& lease = batch_uploads_[static_cast<size_t>(g)];
+  std::unique_ptr<runtime::UploadLease>& lease = batch_uploads[static_cast<size_t>(g)];
   if (lease == nullptr) {
     lease = std::make_unique<runtime::UploadLease>(std::move(up));
   } else {
@@ -191,7 +186,8 @@ Status KvCache::upload_batch(int32_t g, const BatchMetadata& m, const BatchOptio
 
 Status KvCache::upload_to_device(const HostUpload* arrays, size_t count) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::upload_to_device");
-  PAGEDKV_RETURN_IF_ERROR(broken_);
+  Impl& c = *impl_;
+  PAGEDKV_RETURN_IF_ERROR(c.broken);
   if (arrays == nullptr && count > 0) {
     return invalid_argument("upload_to_device: null arrays for " + std::to_string(count));
   }
@@ -208,22 +204,23 @@ Status KvCache::upload_to_device(const HostUpload* arrays, size_t count) {
     }
     parts[i] = {a.src, a.bytes};
   }
-  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("upload_to_device"));
+  PAGEDKV_RETURN_IF_ERROR(c.refuse_in_capture("upload_to_device"));
   // One packed upload; the lease is released when this returns, after the copies out of it are
   // queued on the compute stream (the arena's stream), as the arena requires.
-  PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease up, uploads_->upload(parts.data(), count));
+  PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease up, c.uploads->upload(parts.data(), count));
   for (size_t i = 0; i < count; ++i) {
     if (arrays[i].bytes == 0) continue;
-    PAGEDKV_RETURN_IF_ERROR(backend_->copy_async(arrays[i].dst, up.device(i), arrays[i].bytes,
-                                                 CopyKind::kDeviceToDevice, compute_));
+    PAGEDKV_RETURN_IF_ERROR(c.backend->copy_async(arrays[i].dst, up.device(i), arrays[i].bytes,
+                                                  CopyKind::kDeviceToDevice, c.compute));
   }
   return ok_status();
 }
 
 device::PagedKvView KvCache::device_view(const DeviceBatch& batch, KvScales scales) const {
   // A batch of no group of this cache (not built here) gets the full group's pool.
-  const int32_t g = batch.group >= 0 && batch.group < num_groups() ? batch.group : full_group_;
-  const PoolRef pool = device_pool(g);
+  const int32_t g =
+      batch.group >= 0 && batch.group < impl_->num_groups() ? batch.group : impl_->full_group;
+  const PoolRef pool = impl_->device_pool(g);
   const int32_t batch_size = batch.host != nullptr ? batch.host->batch_size : 0;
   device::PagedKvView view =
       batch.indptr != nullptr
@@ -233,18 +230,17 @@ device::PagedKvView KvCache::device_view(const DeviceBatch& batch, KvScales scal
                                           batch.block_tables,
                                           batch.host != nullptr ? batch.host->max_blocks : 0,
                                           batch.seq_lens, batch_size, scales);
-  view.sliding_window = groups_[static_cast<size_t>(g)].config.sliding_window;
+  view.sliding_window = impl_->groups[static_cast<size_t>(g)].config.sliding_window;
   return view;
 }
 
 Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* value_out,
                              DType packed_dtype, PackedLayout packed_layout, int64_t position_begin,
                              int64_t num_tokens) {
-  PAGEDKV_NVTX_RANGE("pagedkv::KvCache::gather_layer");
-  PAGEDKV_RETURN_IF_ERROR(broken_);
-  PAGEDKV_RETURN_IF_ERROR(refuse_in_capture("gather_layer"));
-  PAGEDKV_ASSIGN_OR_RETURN(LayerGroup lg, op_layer(layer));
-  PAGEDKV_ASSIGN_OR_RETURN(int64_t length, control_->length(id));
+  PAGEDKV_KV_CACHE_CALL(gather_layer);
+  Impl& c = *impl_;
+  PAGEDKV_ASSIGN_OR_RETURN(LayerGroup lg, c.op_layer(layer));
+  PAGEDKV_ASSIGN_OR_RETURN(int64_t length, c.control->length(id));
   // Compared as differences from `length`: position_begin + num_tokens can overflow int64 for
   // caller-supplied values (found by tests/fuzz).
   if (position_begin < 0 || position_begin > length) {
@@ -268,14 +264,14 @@ Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* 
   args.num_tokens = num_tokens;
   // An offloaded sequence is read only after a restore, as build_batch does, also when every
   // block it holds happens to be on the device (a fork that shares them all, say).
-  PAGEDKV_ASSIGN_OR_RETURN(Residency residency, control_->residency(id));
+  PAGEDKV_ASSIGN_OR_RETURN(Residency residency, c.control->residency(id));
   PAGEDKV_ASSIGN_OR_RETURN(std::vector<BlockLocation> blocks,
-                           control_->group_block_locations(id, lg.group));
+                           c.control->group_block_locations(id, lg.group));
   if (num_tokens > 0 &&
-      blocks[static_cast<size_t>(position_begin / config_.block_size)].block < 0) {
+      blocks[static_cast<size_t>(position_begin / c.config.block_size)].block < 0) {
     return out_of_range("sequence " + std::to_string(id) + ": position " +
                         std::to_string(position_begin) + " fell out of the sliding window (" +
-                        std::to_string(group_config(lg.group).sliding_window) + " tokens)");
+                        std::to_string(c.group_config(lg.group).sliding_window) + " tokens)");
   }
   const bool on_device = std::all_of(
       blocks.begin(), blocks.end(), [](const BlockLocation& b) { return b.tier == Tier::kDevice; });
@@ -286,11 +282,11 @@ Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* 
   std::vector<int32_t> table;
   table.reserve(blocks.size());
   for (const BlockLocation& b : blocks) table.push_back(b.block);
-  PAGEDKV_RETURN_IF_ERROR(order_block_use(lg.group, table.data(), table.size()));
-  PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease up, uploads_->upload({part(table)}));
+  PAGEDKV_RETURN_IF_ERROR(c.order_block_use(lg.group, table.data(), table.size()));
+  PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease up, c.uploads->upload({part(table)}));
   args.block_table = up.device<int32_t>(0);
   args.block_table_len = static_cast<int32_t>(table.size());
-  return pagedkv::gather_layer(*backend_, device_pool(lg.group), args, compute_);
+  return pagedkv::gather_layer(*c.backend, c.device_pool(lg.group), args, c.compute);
 }
 
 }  // namespace pagedkv

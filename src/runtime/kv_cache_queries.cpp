@@ -4,37 +4,34 @@
 #include <string>
 #include <vector>
 
-#include "core/control_plane.hpp"
-#include "pagedkv/cache.hpp"
-#include "runtime/storage_link.hpp"
-#include "runtime/upload_arena.hpp"
+#include "runtime/kv_cache_impl.hpp"
 
 namespace pagedkv {
 
-bool KvCache::contains(SequenceId id) const { return control_->contains(id); }
+bool KvCache::contains(SequenceId id) const { return impl_->control->contains(id); }
 
-StatusOr<int64_t> KvCache::length(SequenceId id) const { return control_->length(id); }
+StatusOr<int64_t> KvCache::length(SequenceId id) const { return impl_->control->length(id); }
 
-StatusOr<int64_t> KvCache::pending(SequenceId id) const { return control_->pending(id); }
+StatusOr<int64_t> KvCache::pending(SequenceId id) const { return impl_->control->pending(id); }
 
 StatusOr<int64_t> KvCache::slot(SequenceId id, int64_t position) const {
-  return control_->slot(id, position);
+  return impl_->control->slot(id, position);
 }
 
 StatusOr<std::vector<BlockLocation>> KvCache::block_locations(SequenceId id) const {
-  return control_->block_locations(id);
+  return impl_->control->block_locations(id);
 }
 
 StatusOr<std::vector<int64_t>> KvCache::reserved_slots(SequenceId id, int32_t g) const {
-  PAGEDKV_RETURN_IF_ERROR(check_group(g));
+  PAGEDKV_RETURN_IF_ERROR(impl_->check_group(g));
   std::vector<int64_t> out;
-  PAGEDKV_RETURN_IF_ERROR(control_->group_reserved_slots(id, g, &out));
+  PAGEDKV_RETURN_IF_ERROR(impl_->control->group_reserved_slots(id, g, &out));
   return out;
 }
 
 StatusOr<std::vector<BlockLocation>> KvCache::block_locations(SequenceId id, int32_t g) const {
-  PAGEDKV_RETURN_IF_ERROR(check_group(g));
-  return control_->group_block_locations(id, g);
+  PAGEDKV_RETURN_IF_ERROR(impl_->check_group(g));
+  return impl_->control->group_block_locations(id, g);
 }
 
 StatusOr<int64_t> KvCache::held_blocks(SequenceId id, int32_t g) const {
@@ -45,36 +42,37 @@ StatusOr<int64_t> KvCache::held_blocks(SequenceId id, int32_t g) const {
 
 StatusOr<int64_t> KvCache::held_bytes(SequenceId id) const {
   int64_t bytes = 0;
-  for (int32_t g = 0; g < num_groups(); ++g) {
+  for (int32_t g = 0; g < impl_->num_groups(); ++g) {
     PAGEDKV_ASSIGN_OR_RETURN(int64_t n, held_blocks(id, g));
-    bytes += n * group_config(g).block_bytes();
+    bytes += n * impl_->group_config(g).block_bytes();
   }
   return bytes;
 }
 
 ControlStats KvCache::stats() const {
-  ControlStats st = control_->stats();
-  if (storage_ != nullptr) storage_->add_stats(&st);
+  ControlStats st = impl_->control->stats();
+  if (impl_->storage != nullptr) impl_->storage->add_stats(&st);
   return st;
 }
 
 StatusOr<ControlStats> KvCache::group_stats(int32_t g) const {
-  PAGEDKV_RETURN_IF_ERROR(check_group(g));
-  ControlStats st = control_->group_stats(g, group_config(g).block_bytes());
-  if (storage_ != nullptr) storage_->add_stats(&st, g);
+  PAGEDKV_RETURN_IF_ERROR(impl_->check_group(g));
+  ControlStats st = impl_->control->group_stats(g, impl_->group_config(g).block_bytes());
+  if (impl_->storage != nullptr) impl_->storage->add_stats(&st, g);
   return st;
 }
 
-std::vector<ControlEvent> KvCache::drain_events() { return control_->drain_events(); }
+std::vector<ControlEvent> KvCache::drain_events() { return impl_->control->drain_events(); }
 
 Status KvCache::check_invariants() const {
-  PAGEDKV_RETURN_IF_ERROR(control_->check_invariants());
+  PAGEDKV_RETURN_IF_ERROR(impl_->control->check_invariants());
   int64_t leases = 0;
-  for (const auto& lease : batch_uploads_) leases += lease != nullptr && lease->held() ? 1 : 0;
-  if (control_->plan_open()) return internal_error("a tier plan was left open");
-  for (const GroupPool& g : groups_) {
+  for (const auto& lease : impl_->batch_uploads)
+    leases += lease != nullptr && lease->held() ? 1 : 0;
+  if (impl_->control->plan_open()) return internal_error("a tier plan was left open");
+  for (const auto& g : impl_->groups) {
     for (const auto& [id, upload] : g.slot_uploads) {
-      if (!control_->contains(id)) {
+      if (!impl_->control->contains(id)) {
         return internal_error("an upload of slots is kept for sequence " + std::to_string(id) +
                               ", which no longer exists");
       }
@@ -83,8 +81,9 @@ Status KvCache::check_invariants() const {
   }
   // Every upload region still held belongs to the last batch or to a reservation's slots: a
   // call that leaked one would keep the arena from ever reusing its chunk.
-  if (uploads_->live_leases() != leases) {
-    return internal_error("the upload arena holds " + std::to_string(uploads_->live_leases()) +
+  if (impl_->uploads->live_leases() != leases) {
+    return internal_error("the upload arena holds " +
+                          std::to_string(impl_->uploads->live_leases()) +
                           " regions; the cache accounts for " + std::to_string(leases));
   }
   return ok_status();

@@ -7,6 +7,7 @@
 #include "pagedkv/cache.hpp"
 #include "pagedkv/layout.hpp"
 #include "pagedkv/storage_tier.hpp"
+#include "runtime/kv_cache_impl.hpp"
 
 namespace pagedkv {
 
@@ -75,14 +76,15 @@ StatusOr<std::vector<BlockRun>> pair_block_runs(const BlockGeometry& src,
 std::vector<PoolRegion> KvCache::regions() const {
   // The CPU backend's "device" pool is ordinary host memory: a transfer engine registers it as
   // DRAM, like the host tier.
-  const bool gpu = backend_->kind() == BackendKind::kCuda;
+  const Impl& c = *impl_;
+  const bool gpu = c.backend->kind() == BackendKind::kCuda;
   std::vector<PoolRegion> out;
-  for (int32_t g = 0; g < num_groups(); ++g) {
-    const GroupPool& p = groups_[static_cast<size_t>(g)];
+  for (int32_t g = 0; g < c.num_groups(); ++g) {
+    const Impl::GroupPool& p = c.groups[static_cast<size_t>(g)];
     const int64_t block = p.config.block_bytes();
     out.push_back(PoolRegion{
         g, Tier::kDevice, reinterpret_cast<uintptr_t>(p.device), block * p.config.num_device_blocks,
-        gpu ? MemoryKind::kDevice : MemoryKind::kHost, gpu ? backend_->device_ordinal() : 0});
+        gpu ? MemoryKind::kDevice : MemoryKind::kHost, gpu ? c.backend->device_ordinal() : 0});
     if (p.host != nullptr && p.config.num_host_blocks > 0) {
       out.push_back(PoolRegion{g, Tier::kHost, reinterpret_cast<uintptr_t>(p.host),
                                block * p.config.num_host_blocks, MemoryKind::kHost, 0});
@@ -93,7 +95,7 @@ std::vector<PoolRegion> KvCache::regions() const {
 
 StatusOr<BlockGeometry> KvCache::block_geometry(int32_t group, Tier tier,
                                                 const std::string& model_id) const {
-  PAGEDKV_RETURN_IF_ERROR(check_group(group));
+  PAGEDKV_RETURN_IF_ERROR(impl_->check_group(group));
   if (tier == Tier::kStorage) {
     return invalid_argument("tier: the storage tier has no pool in this process");
   }
@@ -109,7 +111,7 @@ StatusOr<BlockGeometry> KvCache::block_geometry(int32_t group, Tier tier,
     return failed_precondition("tier: group " + std::to_string(group) +
                                " has no host pool (num_host_blocks is 0)");
   }
-  const CacheConfig& c = groups_[static_cast<size_t>(group)].config;
+  const CacheConfig& c = impl_->group_config(group);
   const PoolLayout layout = PoolLayout::from_config(c);
   const auto elem = static_cast<int64_t>(dtype_size(c.dtype));
   geo.num_blocks = tier == Tier::kDevice ? c.num_device_blocks : c.num_host_blocks;
