@@ -170,8 +170,12 @@ TEST_P(CommitBatchRandom, MatchesPerSequenceCommit) {
     window_released += one->stats().window_released_blocks;
   }
   EXPECT_GT(batches, 1000);
-  if (c_indexes(GetParam())) EXPECT_GT(registered, 0);      // filled blocks that stayed cached
-  if (GetParam() != "full") EXPECT_GT(window_released, 0);  // windows moved in commits
+  if (c_indexes(GetParam())) {
+    EXPECT_GT(registered, 0);
+  }  // filled blocks that stayed cached
+  if (GetParam() != "full") {
+    EXPECT_GT(window_released, 0);
+  }  // windows moved in commits
 }
 
 INSTANTIATE_TEST_SUITE_P(Planes, CommitBatchRandom,

@@ -240,7 +240,9 @@ TEST(Simulation, EveryGroupShapeRunsOnOneCache) {
       // blocks were at their peak of use.
       EXPECT_EQ(r.group_stats[0].device.total_blocks, 128);
       EXPECT_GT(r.group_stats[0].prefix_hit_blocks + r.group_stats[0].prefix_miss_blocks, 0);
-      if (window_a > 0) EXPECT_GT(r.group_stats[0].window_released_blocks, 0);
+      if (window_a > 0) {
+        EXPECT_GT(r.group_stats[0].window_released_blocks, 0);
+      }
       EXPECT_EQ(r.group_stats[1].window_released_blocks, 0);
     }
   }
