@@ -77,7 +77,9 @@ void BatchMetadataBuilder::begin(const Sizes& sizes, int64_t max_blocks,
   md_.seq_lens.resize(static_cast<size_t>(batch));
 }
 
-BatchMetadataBuilder::RowPlan BatchMetadataBuilder::plan_row(int32_t r, const Sequence& s) {
+// Inlined into the row loops: it runs once per row of every step.
+[[gnu::always_inline]] inline BatchMetadataBuilder::RowPlan BatchMetadataBuilder::plan_row(
+    int32_t r, const Sequence& s) {
   RowState& st = row_state_[static_cast<size_t>(r)];
   RowPlan p;
   p.n = static_cast<int32_t>(s.blocks.size());
@@ -95,6 +97,7 @@ BatchMetadataBuilder::RowPlan BatchMetadataBuilder::plan_row(int32_t r, const Se
     }
     p.from = static_cast<int32_t>(std::min<int64_t>(keep, p.n));
     p.old_n = st.num_blocks;
+    p.same_last = keep >= p.n && p.old_n == p.n;
   }
   st.arrival = s.arrival;
   st.version = s.table_version;
@@ -102,12 +105,41 @@ BatchMetadataBuilder::RowPlan BatchMetadataBuilder::plan_row(int32_t r, const Se
   return p;
 }
 
+// Inlined into the row writers: it runs once per row of every group at every step.
+[[gnu::always_inline]] inline void BatchMetadataBuilder::write_slots(int32_t r, const Sequence& s,
+                                                                     int32_t n, int32_t last_page,
+                                                                     const int32_t* row) {
+  const int64_t len = s.length();
+  const int64_t pending = s.pending;
+  md_.seq_lens[static_cast<size_t>(r)] = static_cast<int32_t>(len + pending);
+  const int64_t bs = block_size_;
+  const int64_t last = static_cast<int64_t>(n) - 1;
+  if (pending == 1 && bdiv_.div(len) == last) {  // a decode step's row
+    md_.slot_mapping.push_back(static_cast<int64_t>(last_page) * bs + bdiv_.mod(len));
+    return;
+  }
+  for (int64_t t = len; t < len + pending; ++t) {
+    const int64_t e = bdiv_.div(t);
+    const int64_t page = e == last        ? last_page
+                         : row != nullptr ? row[e]
+                                          : md_.block_tables[table_index(r, e)];
+    md_.slot_mapping.push_back(page * bs + bdiv_.mod(t));
+  }
+}
+
 template <typename PageOf>
 void BatchMetadataBuilder::write_row(int32_t r, const Sequence& s, const RowPlan& p,
                                      size_t first_live, RowTail* tail, PageOf page_of) {
+  const int32_t n = p.n;
+  // Blocks that fell out of a sliding window have no page: -1, like the padding.
+  const int32_t live = static_cast<int32_t>(std::min<size_t>(first_live, static_cast<size_t>(n)));
+  // The usual decode row: nothing of the table changes, and its last page is known.
+  if (p.same_last && live == tail->first_live && live < n) {
+    write_slots(r, s, n, tail->page, nullptr);
+    return;
+  }
   const size_t stride = static_cast<size_t>(md_.max_blocks);
   int32_t* row = &md_.block_tables[static_cast<size_t>(r) * stride];
-  const int32_t n = p.n;
   int32_t clear_from = 0;  // entries from here to the first live one are -1
   if (p.reset) {
     std::fill(row + n, row + stride, -1);
@@ -117,8 +149,6 @@ void BatchMetadataBuilder::write_row(int32_t r, const Sequence& s, const RowPlan
     clear_from = std::min(p.from, tail->first_live);
     if (p.old_n > n) std::fill(row + n, row + p.old_n, -1);
   }
-  // Blocks that fell out of a sliding window have no page: -1, like the padding.
-  const int32_t live = static_cast<int32_t>(std::min<size_t>(first_live, static_cast<size_t>(n)));
   for (int32_t i = clear_from; i < live; ++i) row[i] = -1;
   for (int32_t i = std::max(p.from, live); i < n; ++i) {
     row[i] = page_of(s.blocks[static_cast<size_t>(i)]);
@@ -127,17 +157,8 @@ void BatchMetadataBuilder::write_row(int32_t r, const Sequence& s, const RowPlan
   // The last entry, which a decode step's slots are in: kept from the last build while it is
   // the same entry and this build left it as it was, so that the usual row reads no line of
   // the table.
-  if (p.reset || p.from < n || p.old_n != n || live >= n) tail->page = n > 0 ? row[n - 1] : -1;
-
-  const int64_t len = s.length();
-  md_.seq_lens[static_cast<size_t>(r)] = static_cast<int32_t>(len + s.pending);
-  const int64_t bs = block_size_;
-  const int64_t last = static_cast<int64_t>(n) - 1;
-  for (int64_t t = len; t < len + s.pending; ++t) {
-    const int64_t e = bdiv_.div(t);
-    const int64_t page = e == last ? tail->page : row[e];
-    md_.slot_mapping.push_back(page * bs + bdiv_.mod(t));
-  }
+  if (!p.same_last || live >= n) tail->page = n > 0 ? row[n - 1] : -1;
+  write_slots(r, s, n, tail->page, row);
 }
 
 void BatchMetadataBuilder::end(const Sizes& sizes, const BatchOptions& options,

@@ -67,13 +67,15 @@ class BatchMetadataBuilder {
   Status fit(const Sizes& sizes, int64_t* max_blocks) const;
   void begin(const Sizes& sizes, int64_t max_blocks, const BatchOptions& options);
   // What row r must be rewritten of, for sequence s (from this builder's row state, which it
-  // updates but for first_live): the whole row (`reset`), or the entries from `from` on and
-  // those past the sequence's `n` entries up to the `old_n` it had.
+  // updates but for the tail): the whole row (`reset`), or the entries from `from` on and
+  // those past the sequence's `n` entries up to the `old_n` it had. `same_last`: the last entry
+  // is the one the row ended with and stays as it was (but for a window's trim).
   struct RowPlan {
     int32_t n = 0;
     int32_t from = 0;
     int32_t old_n = 0;
     bool reset = false;
+    bool same_last = false;
   };
   RowPlan plan_row(int32_t r, const Sequence& s);
   // Writes row r of this builder's table by plan `p`: -1 before `first_live` (the entries
@@ -82,6 +84,12 @@ class BatchMetadataBuilder {
   template <typename PageOf>
   void write_row(int32_t r, const Sequence& s, const RowPlan& p, size_t first_live, RowTail* tail,
                  PageOf page_of);
+  // Row r's length and s's pending slots, the last of its `n` entries being `last_page` (`row`:
+  // the row, when at hand).
+  void write_slots(int32_t r, const Sequence& s, int32_t n, int32_t last_page, const int32_t* row);
+  size_t table_index(int32_t r, int64_t e) const {
+    return static_cast<size_t>(r) * static_cast<size_t>(md_.max_blocks) + static_cast<size_t>(e);
+  }
   // The padding and CSR; `row_state` holds the rows' sizes (this builder's, or for a window
   // group's the full group's builder's, which its rows follow).
   void end(const Sizes& sizes, const BatchOptions& options, const std::vector<RowState>& row_state);
