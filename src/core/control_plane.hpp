@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/arrivals.hpp"
 #include "core/batch_metadata.hpp"
 #include "core/block_allocator.hpp"
 #include "core/event_ring.hpp"
@@ -50,56 +51,6 @@ struct ControlOptions {
   /// Report the cached host blocks the host LRU drops in Transfers::host_drops, so the runtime
   /// can write them back to a storage tier.
   bool report_host_drops = false;
-};
-
-/// The full blocks of a prompt that a storage tier may hold (ControlPlane::storage_lookup): for
-/// full attention those after the longest prefix the index holds; for a sliding window the
-/// missing ones among those the window of the longest hit needs.
-struct StorageLookup {
-  NamespaceId ns = 0;
-  NodeId parent = kRootNode;     // the index node they continue (kRootNode: from the start)
-  uint64_t parent_hash = 0;      // its chained hash, to check it is still the same node
-  std::vector<uint64_t> hashes;  // chained hash of each block, in prompt order
-  std::vector<TokenId> tokens;   // their tokens, block after block
-  /// Sliding window only: the chained hash of the prefix before each block, the key of its flat
-  /// node (the blocks need not be contiguous, and none continues `parent`). Empty otherwise.
-  std::vector<uint64_t> prefix_hashes;
-  /// The longest hit (tokens, within the lookup's bound) the prompt reaches with the blocks the
-  /// index holds now; and once every listed block has arrived (nothing evicted meanwhile).
-  /// ControlPlane::storage_reach() gives it for the first n listed blocks.
-  int64_t cached_reach = 0;
-  int64_t reach = 0;
-  // What storage_reach() needs: the prompt's length, the bound, and (full attention) the blocks
-  // the index held before the listed ones.
-  int64_t prompt_length = 0;
-  int64_t cap = 0;
-  int64_t first_block = 0;
-  // Several groups: the blocks the index held before the listed ones (their groups' pages count
-  // toward a hit).
-  std::vector<LogicalId> found;
-};
-
-/// One group's pages of an arrival, in a plane of several groups: block `index[k]` of the
-/// arrival gets host page `pages[k]` of group `group` (a config index).
-struct GroupArrival {
-  int32_t group = 0;
-  std::vector<int32_t> index;
-  std::vector<int32_t> pages;
-};
-
-/// Host slots taken for blocks coming back from a store (ControlPlane::begin_arrival).
-struct Arrival {
-  uint64_t id = 0;
-  std::vector<int32_t> host_blocks;  // physical host ids, for the first host_blocks.size() blocks
-  /// Several groups: the other groups' host pages the store reads into.
-  std::vector<GroupArrival> groups;
-  /// The longest prefix hit, in tokens, once every block and page has landed (none evicted
-  /// meanwhile); the lookup's cached_reach when nothing is taken.
-  int64_t reach = 0;
-  /// Cached host blocks dropped to free those slots (reported with report_host_drops): their
-  /// bytes are in their slots until the store's read overwrites them, so a write-back copies
-  /// them out before the read is submitted.
-  std::vector<DroppedBlock> host_drops;
 };
 
 /// The paged control plane (see the file comment).
