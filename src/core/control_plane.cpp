@@ -190,7 +190,7 @@ void ControlPlane::remove_node(NodeId node) {
   if (parent != kRootNode) list_if_evictable(index_.node(parent).block);
 }
 
-void ControlPlane::register_full_block(Sequence* s, size_t i) {
+void ControlPlane::register_full_block(Sequence* s, size_t i, const KeyHash* ahead) {
   const LogicalId ours = s->blocks[i];
   if (blocks_[ours].node >= 0) return;
   NodeId parent = kRootNode;
@@ -204,9 +204,12 @@ void ControlPlane::register_full_block(Sequence* s, size_t i) {
   // A window cache keeps flat nodes (prefix_index.hpp): keyed by the prefix's hash, no parent.
   // One hash and one probe of the map, whether the block is new or found (the insert reuses
   // the lookup's).
+  const uint64_t parent_hash = index_.prefix_hash(parent, ns);
+  const uint64_t hash = ahead != nullptr && ahead->parent_hash == parent_hash
+                            ? ahead->hash
+                            : index_.chain_hash(parent_hash, tokens);
   const PrefixIndex::Lookup at =
-      window_ > 0 ? index_.lookup_flat(index_.prefix_hash(parent, ns), ns, tokens)
-                  : index_.lookup(parent, ns, tokens);
+      index_.lookup_known(window_ > 0 ? kRootNode : parent, parent_hash, hash, ns, tokens);
   const NodeId existing = at.found;
   if (existing < 0) {
     blocks_[ours].node = index_.insert(at, ours);

@@ -408,16 +408,29 @@ class ControlPlane {
   // check_offloaded kFailedPrecondition, in id order); a repeat of the last successful ids
   // while no sequence was destroyed reuses the pointers.
   Status resolve(const std::vector<SequenceId>& ids, bool check_offloaded, const char* what);
+  // The chained hash of a block's key computed ahead (to prefetch its slot), with the hash of
+  // the prefix it was computed after: used when that prefix is still the block's parent.
+  struct KeyHash {
+    uint64_t parent_hash = 0;
+    uint64_t hash = 0;
+  };
   // kFailedPrecondition when `n` tokens are more than the sequence reserved.
   Status check_commit_count(const Sequence& s, int64_t n, const char* what) const;
   // The effect of a checked commit: appends the tokens, indexes completed blocks, trims the window.
-  void append_committed(Sequence* s, const TokenId* tokens, int64_t n);
+  // `first`: the first filled block's key hashed ahead (prefetch_first_fill), if it was.
+  void append_committed(Sequence* s, const TokenId* tokens, int64_t n,
+                        const KeyHash* first = nullptr);
   // append_committed() without the indexing and trims (commit_batch registers after all rows).
   void append_tokens(Sequence* s, const TokenId* tokens, int64_t n);
   // What commit_batch does after its appends: filled_ in order, each prefetching the next.
   struct CommitWork;
   void finish_commits();
-  void prefetch_commit_work(const CommitWork& w) const;
+  // Hashes the keys of filled_[begin, end) and prefetches what their indexing reads, in passes.
+  void hash_ahead(size_t begin, size_t end);
+  void prefetch_trim(const Sequence& s) const;
+  // commit()'s first filled block, when `tokens` hold all its ids: hashes its key into `*key`
+  // and prefetches the key's hash slot; false when it did not.
+  bool prefetch_first_fill(const Sequence& s, const TokenId* tokens, int64_t n, KeyHash* key) const;
   // Whether a window (the plane's or a window group's) passed the sequence's first held block.
   bool window_moved(const Sequence& s) const;
   void release_block(LogicalId id, const Sequence& owner);
@@ -462,7 +475,7 @@ class ControlPlane {
     if (s->is_victim && config_.eviction_policy != EvictionPolicy::kFifo) update_victim(s);
   }
   void update_victim(Sequence* s);
-  void register_full_block(Sequence* s, size_t index);
+  void register_full_block(Sequence* s, size_t index, const KeyHash* ahead = nullptr);
   // sequences.cpp: the longest cached prefix of `prompt` usable now (at most `cap` tokens, at
   // least one token left to compute) and, when `blocks` is given, the blocks covering it
   // (kNoBlock before the window). `cap` >= 0.
@@ -553,8 +566,11 @@ class ControlPlane {
   // (index kTrim) the trim of the sequence's windows, after its registrations.
   struct CommitWork {
     static constexpr size_t kTrim = SIZE_MAX;
+    CommitWork(Sequence* seq, size_t block) : s(seq), index(block) {}
     Sequence* s;
     size_t index;
+    bool hashed = false;  // `key` holds the block's hash (hash_ahead())
+    KeyHash key;
   };
   std::vector<CommitWork> filled_;
   void flush_deferred_releases();

@@ -160,12 +160,18 @@ NodeId PrefixIndex::find_hashed(uint64_t hash, NodeId parent, uint64_t parent_ha
 
 PrefixIndex::Lookup PrefixIndex::lookup_hashed(NodeId parent, uint64_t parent_hash, NamespaceId ns,
                                                const TokenId* tokens) const {
+  return lookup_known(parent, parent_hash, chain_hash(parent_hash, tokens), ns, tokens);
+}
+
+PrefixIndex::Lookup PrefixIndex::lookup_known(NodeId parent, uint64_t parent_hash, uint64_t hash,
+                                              NamespaceId ns, const TokenId* tokens) const {
+  assert(hash == chain_hash(parent_hash, tokens));
   Lookup at;
   at.parent = parent;
   at.parent_hash = parent_hash;
   at.ns = ns;
   at.tokens = tokens;
-  at.hash = chain_hash(parent_hash, tokens);
+  at.hash = hash;
   at.slot = probe(at.hash);
   at.changes = changes_;
   for (NodeId n = slots_[at.slot].node; n >= 0; n = nodes_[static_cast<size_t>(n)].next_same_hash) {

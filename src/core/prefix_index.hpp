@@ -73,6 +73,10 @@ class PrefixIndex {
   Lookup lookup(NodeId parent, NamespaceId ns, const TokenId* tokens) const {
     return lookup_hashed(parent, prefix_hash(parent, ns), ns, tokens);
   }
+  /// lookup() (or, with kRootNode, lookup_flat()) of a key whose chained hash the caller has
+  /// computed already: `hash` must be chain_hash(parent_hash, tokens).
+  Lookup lookup_known(NodeId parent, uint64_t parent_hash, uint64_t hash, NamespaceId ns,
+                      const TokenId* tokens) const;
   /// Adds the key of a lookup (lookup() or lookup_flat()) that found nothing, for `block`, with
   /// nothing inserted or removed since (asserted); returns its id. The same as insert() or
   /// insert_flat() of the key.
@@ -102,11 +106,9 @@ class PrefixIndex {
     __builtin_prefetch(&slots_[nodes_[static_cast<size_t>(n)].hash & mask_]);
   }
 
-  /// Prefetch hint for a coming lookup of `tokens` after the prefix hashed `parent_hash`: the
-  /// hash-map slot its key starts probing at.
-  void prefetch_key(uint64_t parent_hash, const TokenId* tokens) const {
-    __builtin_prefetch(&slots_[chain_hash(parent_hash, tokens) & mask_]);
-  }
+  /// Prefetch hint for a coming lookup_known() of a key whose chained hash is `hash`: the
+  /// hash-map slot its probe starts at.
+  void prefetch_hash(uint64_t hash) const { __builtin_prefetch(&slots_[hash & mask_]); }
 
   const PrefixNode& node(NodeId n) const { return nodes_[static_cast<size_t>(n)]; }
   /// The block_size token ids of a node.

@@ -146,9 +146,13 @@ Status ControlPlane::commit(SequenceId id, const TokenId* tokens, int64_t n) {
   if (s == nullptr) return unknown(id);
   if (n < 0) return invalid_argument("commit: n must be >= 0");
   if (n > 0 && tokens == nullptr) return invalid_argument("commit: tokens is null");
+  // The key of the block this commit fills lands in a random hash slot: a miss in a large index
+  // that the checks and the append can hide.
+  KeyHash first;
+  const bool hashed = config_.enable_prefix_caching && prefetch_first_fill(*s, tokens, n, &first);
   PAGEDKV_RETURN_IF_ERROR(check_commit_count(*s, n, "commit"));
   if (s->offloaded) return failed_precondition("commit: " + seq_name(id) + " is offloaded");
-  append_committed(s, tokens, n);
+  append_committed(s, tokens, n, hashed ? &first : nullptr);
   return ok_status();
 }
 
@@ -170,13 +174,15 @@ inline void ControlPlane::append_tokens(Sequence* s, const TokenId* tokens, int6
   touch(s);
 }
 
-void ControlPlane::append_committed(Sequence* s, const TokenId* tokens, int64_t n) {
+void ControlPlane::append_committed(Sequence* s, const TokenId* tokens, int64_t n,
+                                    const KeyHash* first) {
   const int64_t old_len = s->length();
   append_tokens(s, tokens, n);
   if (config_.enable_prefix_caching) {
     const int64_t new_len = old_len + n;
-    for (int64_t i = bdiv_.div(old_len); (i + 1) * block_size_ <= new_len; ++i) {
-      register_full_block(s, static_cast<size_t>(i));
+    const int64_t first_block = bdiv_.div(old_len);
+    for (int64_t i = first_block; (i + 1) * block_size_ <= new_len; ++i) {
+      register_full_block(s, static_cast<size_t>(i), i == first_block ? first : nullptr);
     }
   }
   if (window_ > 0) trim_window(s);
@@ -219,50 +225,109 @@ Status ControlPlane::commit_batch(const std::vector<SequenceId>& ids, const Toke
     const int64_t new_len = old_len + n_each;
     if (index) {
       for (int64_t b = bdiv_.div(old_len); (b + 1) * block_size_ <= new_len; ++b) {
-        filled_.push_back(CommitWork{s, static_cast<size_t>(b)});
+        filled_.emplace_back(s, static_cast<size_t>(b));
       }
     }
-    if (windows && window_moved(*s)) filled_.push_back(CommitWork{s, CommitWork::kTrim});
+    if (windows && window_moved(*s)) filled_.emplace_back(s, CommitWork::kTrim);
   }
   finish_commits();
   return ok_status();
 }
 
 void ControlPlane::finish_commits() {
+  // Indexing a filled block reads a chain of records that a large plane has out of the cache
+  // (the block before it, that block's index node, the new key's hash slot). hash_ahead()
+  // fetches each link for a run of blocks in one pass before the next pass reads it, so the
+  // misses of a run overlap instead of queueing one block at a time.
+  constexpr size_t kRun = 64;
   const size_t n = filled_.size();
-  for (size_t k = 0; k < n; ++k) {
-    const CommitWork& w = filled_[k];
-    if (k + 1 < n) prefetch_commit_work(filled_[k + 1]);
-    if (w.index == CommitWork::kTrim) {
-      if (window_ > 0) trim_window(w.s);
-      if (!groups_.empty()) trim_group_windows(w.s);
-    } else {
-      register_full_block(w.s, w.index);
+  for (size_t begin = 0; begin < n; begin += kRun) {
+    const size_t end = std::min(n, begin + kRun);
+    if (config_.enable_prefix_caching) hash_ahead(begin, end);
+    for (size_t k = begin; k < end; ++k) {
+      const CommitWork& w = filled_[k];
+      if (k + 1 < n && filled_[k + 1].index == CommitWork::kTrim) prefetch_trim(*filled_[k + 1].s);
+      if (w.index == CommitWork::kTrim) {
+        if (window_ > 0) trim_window(w.s);
+        if (!groups_.empty()) trim_group_windows(w.s);
+      } else {
+        register_full_block(w.s, w.index, w.hashed ? &w.key : nullptr);
+      }
     }
   }
   filled_.clear();  // no pointer outlives the call
 }
 
-void ControlPlane::prefetch_commit_work(const CommitWork& w) const {
-  const Sequence& s = *w.s;
-  if (w.index == CommitWork::kTrim) {
-    // The records of the first block leaving a window: the block's and its pages'.
-    size_t i = window_ > 0 ? s.first_live : SIZE_MAX;
-    if (!groups_.empty()) i = std::min<size_t>(i, groups_[0].first_held(s.group_first_live));
-    if (i < s.blocks.size() && s.blocks[i] != kNoBlock) {
-      const LogicalId b = s.blocks[i];
-      __builtin_prefetch(&blocks_[b]);
-      for (const GroupPages& g : groups_) g.prefetch(b);
+void ControlPlane::hash_ahead(size_t begin, size_t end) {
+  // The block before each one to index (its parent's block), and the ids to hash.
+  for (size_t k = begin; k < end; ++k) {
+    const CommitWork& w = filled_[k];
+    if (w.index == CommitWork::kTrim) continue;
+    const Sequence& s = *w.s;
+    __builtin_prefetch(&s.tokens[w.index * static_cast<size_t>(block_size_)]);
+    if (w.index > 0 && s.blocks[w.index - 1] != kNoBlock) {
+      __builtin_prefetch(&blocks_[s.blocks[w.index - 1]]);
     }
-    return;
   }
-  // The key's hash (computed again by its lookup) tells where its slot is.
-  const size_t i = w.index;
-  const LogicalId before = i == 0 ? kNoBlock : s.blocks[i - 1];
-  const NodeId parent = before == kNoBlock ? kRootNode : blocks_[before].node;
-  if (blocks_[s.blocks[i]].node >= 0 || (i > 0 && parent < 0)) return;
-  index_.prefetch_key(index_.prefix_hash(parent, s.options.ns),
-                      &s.tokens[i * static_cast<size_t>(block_size_)]);
+  // The parent's index node, which holds the prefix's hash.
+  for (size_t k = begin; k < end; ++k) {
+    const CommitWork& w = filled_[k];
+    if (w.index == CommitWork::kTrim || w.index == 0) continue;
+    const LogicalId before = w.s->blocks[w.index - 1];
+    if (before != kNoBlock && blocks_[before].node >= 0) index_.prefetch_node(blocks_[before].node);
+  }
+  // The key's hash, and its slot. A block whose parent is filled in this run too (a row that
+  // fills several) is not indexed yet: register_full_block hashes it then.
+  for (size_t k = begin; k < end; ++k) {
+    CommitWork& w = filled_[k];
+    if (w.index == CommitWork::kTrim) continue;
+    const Sequence& s = *w.s;
+    NodeId parent = kRootNode;
+    if (w.index > 0) {
+      const LogicalId before = s.blocks[w.index - 1];
+      if (before == kNoBlock || blocks_[before].node < 0) continue;
+      parent = blocks_[before].node;
+    }
+    w.key.parent_hash = index_.prefix_hash(parent, s.options.ns);
+    w.key.hash =
+        index_.chain_hash(w.key.parent_hash, &s.tokens[w.index * static_cast<size_t>(block_size_)]);
+    w.hashed = true;
+    index_.prefetch_hash(w.key.hash);
+  }
+}
+
+void ControlPlane::prefetch_trim(const Sequence& s) const {
+  // The records of the first block leaving a window: the block's and its pages'.
+  size_t i = window_ > 0 ? s.first_live : SIZE_MAX;
+  if (!groups_.empty()) i = std::min<size_t>(i, groups_[0].first_held(s.group_first_live));
+  if (i < s.blocks.size() && s.blocks[i] != kNoBlock) {
+    const LogicalId b = s.blocks[i];
+    __builtin_prefetch(&blocks_[b]);
+    for (const GroupPages& g : groups_) g.prefetch(b);
+  }
+}
+
+bool ControlPlane::prefetch_first_fill(const Sequence& s, const TokenId* tokens, int64_t n,
+                                       KeyHash* key) const {
+  const int64_t len = s.length();
+  const int64_t i = bdiv_.div(len);
+  // Only a block the argument fills from its start (a prompt's, or a block-sized commit); the
+  // block must be reserved (else the commit is refused) and not yet indexed.
+  if (i * block_size_ != len || n < block_size_ || static_cast<size_t>(i) >= s.blocks.size()) {
+    return false;
+  }
+  const LogicalId ours = s.blocks[static_cast<size_t>(i)];
+  if (ours == kNoBlock || blocks_[ours].node >= 0) return false;
+  NodeId parent = kRootNode;
+  if (i > 0) {
+    const LogicalId before = s.blocks[static_cast<size_t>(i - 1)];
+    if (before == kNoBlock || blocks_[before].node < 0) return false;
+    parent = blocks_[before].node;
+  }
+  key->parent_hash = index_.prefix_hash(parent, s.options.ns);
+  key->hash = index_.chain_hash(key->parent_hash, tokens);
+  index_.prefetch_hash(key->hash);
+  return true;
 }
 
 Status ControlPlane::check_commit_batch(const std::vector<SequenceId>& ids, const TokenId* tokens,
