@@ -4,6 +4,7 @@ same kind of directory, in one run: chunks/s stored (the cascade from the primar
 chunks/s promoted (found in the tier, read back into the primary tier).
 
     python tests/integrations/bench_vllm_tier.py [--chunks 64] [--chunk-kib 2048] [--rounds 3]
+        [--threads 2] [--direct-io]
 """
 from __future__ import annotations
 
@@ -124,6 +125,8 @@ def main() -> None:
     ap.add_argument("--chunk-kib", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="PagedKvTier I/O threads")
+    ap.add_argument("--direct-io", action="store_true",
+                    help="PagedKvTier writes and reads its segments with O_DIRECT")
     args = ap.parse_args()
     n, chunk_bytes = args.chunks, args.chunk_kib * 1024
     rng = np.random.default_rng(0)
@@ -134,7 +137,8 @@ def main() -> None:
                 root = os.path.join(tmp, f"{name}-{r}")
                 config = ({"type": "fs", "root_dir": root} if name == "fs" else
                           {"type": "PagedKvTier", "module_path": "pagedkv.integrations.vllm",
-                           "backend": "file", "directory": root, "threads": args.threads})
+                           "backend": "file", "directory": root, "threads": args.threads,
+                           "direct_io": args.direct_io})
                 s, p = run(config, n, chunk_bytes, rng)
                 results[name][0].append(s)
                 results[name][1].append(p)
