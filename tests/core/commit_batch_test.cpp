@@ -218,6 +218,58 @@ TEST(CommitBatch, RowsFillingSeveralBlocksShareThemAsPerIdCommits) {
   expect_same(one.get(), bat.get(), {1, 2});
 }
 
+// A batch that fills far more blocks than commit_batch hashes ahead at once (runs of 64): 150
+// rows in five token families, each row with a committed first block, then filling two blocks
+// (the second's parent filled in the same batch) and part of a third. Rows of a family share
+// their blocks, and a second such batch continues the chains, as with commit() per id.
+TEST(CommitBatch, ManyRowsFillingBlocksAcrossRunsIndexThemAsPerIdCommits) {
+  constexpr int kRows = 150;
+  auto one = make_cp(tiny_config(4, 2048));  // commit() per id
+  auto bat = make_cp(tiny_config(4, 2048));  // commit_batch()
+  std::vector<SequenceId> ids;
+  for (int r = 0; r < kRows; ++r) ids.push_back(static_cast<SequenceId>(r + 1));
+  const auto family_tokens = [](int row, int from, int n) {
+    return iota_tokens(n, static_cast<TokenId>(1000 * (row % 5) + from));
+  };
+  for (ControlPlane* cp : {one.get(), bat.get()}) {
+    for (int r = 0; r < kRows; ++r) {
+      const SequenceId id = ids[static_cast<size_t>(r)];
+      ASSERT_OK(cp->add_sequence(id, {}));
+      ReserveResult rr;
+      ASSERT_OK(cp->reserve_into(id, 4, &rr));
+      ASSERT_OK(cp->commit(id, family_tokens(r, 0, 4)));
+    }
+  }
+  for (int round = 0; round < 2; ++round) {
+    const int from = 4 + 10 * round;
+    std::vector<TokenId> toks;
+    for (int r = 0; r < kRows; ++r) {
+      const std::vector<TokenId> t = family_tokens(r, from, 10);
+      toks.insert(toks.end(), t.begin(), t.end());
+    }
+    for (ControlPlane* cp : {one.get(), bat.get()}) {
+      ReserveResult rr;
+      ASSERT_OK(cp->reserve_batch(ids, 10, &rr));
+    }
+    for (int r = 0; r < kRows; ++r) {
+      ASSERT_OK(one->commit(ids[static_cast<size_t>(r)], toks.data() + 10 * r, 10));
+    }
+    ASSERT_OK(bat->commit_batch(ids, toks.data(), 10));
+    expect_same(one.get(), bat.get(), ids);
+    ASSERT_OK(bat->check_invariants());
+  }
+  // Five families, each a chain of six full blocks (4 + 10 + 10 tokens) that its 30 rows share:
+  // every row's own copies were freed.
+  EXPECT_EQ(bat->stats().device.free_blocks, 2048 - 5 * 6);
+  for (int f = 0; f < 5; ++f) {
+    EXPECT_EQ(*bat->cached_prefix(family_tokens(f, 0, 25), 0), 24) << f;
+    EXPECT_EQ(testing_util::device_blocks(*bat, ids[static_cast<size_t>(f)]),
+              testing_util::device_blocks(*bat, ids[static_cast<size_t>(f + 5)]))
+        << f;
+  }
+  EXPECT_EQ(event_keys(one.get()), event_keys(bat.get()));
+}
+
 // Two sequences in a decode step: reserve_batch({1, 2}, 2) resolves the batch the commit reuses.
 class CommitBatchRefusals : public ::testing::Test {
  protected:
