@@ -422,7 +422,8 @@ class ControlPlane {
                         const KeyHash* first = nullptr);
   // append_committed() without the indexing and trims (commit_batch registers after all rows).
   void append_tokens(Sequence* s, const TokenId* tokens, int64_t n);
-  // What commit_batch does after its appends: filled_ in order, each prefetching the next.
+  // What commit_batch does after its appends: filled_ in order, in runs whose keys are hashed
+  // (and their records fetched) ahead.
   struct CommitWork;
   void finish_commits();
   // Hashes the keys of filled_[begin, end) and prefetches what their indexing reads, in passes.
