@@ -193,12 +193,10 @@ void ControlPlane::remove_node(NodeId node) {
 void ControlPlane::register_full_block(Sequence* s, size_t i, const KeyHash* ahead) {
   const LogicalId ours = s->blocks[i];
   if (blocks_[ours].node >= 0) return;
+  // A window keeps the block before the one it fills; the chain is broken where that block is
+  // not indexed (see dedupe on the host tier below).
   NodeId parent = kRootNode;
-  if (i > 0) {
-    // The block before is held (a window keeps the block before the one it fills).
-    parent = s->blocks[i - 1] == kNoBlock ? -1 : blocks_[s->blocks[i - 1]].node;
-    if (parent < 0) return;  // the chain is broken (see dedupe on the host tier below)
-  }
+  if (!key_parent(*s, i, &parent)) return;
   const NamespaceId ns = s->options.ns;
   const TokenId* tokens = &s->tokens[i * static_cast<size_t>(block_size_)];
   // A window cache keeps flat nodes (prefix_index.hpp): keyed by the prefix's hash, no parent.

@@ -477,6 +477,16 @@ class ControlPlane {
   }
   void update_victim(Sequence* s);
   void register_full_block(Sequence* s, size_t index, const KeyHash* ahead = nullptr);
+  // The index node block i's key hangs under (kRootNode for a first block); false when the
+  // block before is not held or not indexed: the chain is broken, the block is not indexed.
+  bool key_parent(const Sequence& s, size_t i, NodeId* parent) const {
+    *parent = kRootNode;
+    if (i == 0) return true;
+    const LogicalId before = s.blocks[i - 1];
+    if (before == kNoBlock || blocks_[before].node < 0) return false;
+    *parent = blocks_[before].node;
+    return true;
+  }
   // sequences.cpp: the longest cached prefix of `prompt` usable now (at most `cap` tokens, at
   // least one token left to compute) and, when `blocks` is given, the blocks covering it
   // (kNoBlock before the window). `cap` >= 0.

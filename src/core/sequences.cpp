@@ -283,11 +283,7 @@ void ControlPlane::hash_ahead(size_t begin, size_t end) {
     if (w.index == CommitWork::kTrim) continue;
     const Sequence& s = *w.s;
     NodeId parent = kRootNode;
-    if (w.index > 0) {
-      const LogicalId before = s.blocks[w.index - 1];
-      if (before == kNoBlock || blocks_[before].node < 0) continue;
-      parent = blocks_[before].node;
-    }
+    if (!key_parent(s, w.index, &parent)) continue;
     w.key.parent_hash = index_.prefix_hash(parent, s.options.ns);
     w.key.hash =
         index_.chain_hash(w.key.parent_hash, &s.tokens[w.index * static_cast<size_t>(block_size_)]);
@@ -319,11 +315,7 @@ bool ControlPlane::prefetch_first_fill(const Sequence& s, const TokenId* tokens,
   const LogicalId ours = s.blocks[static_cast<size_t>(i)];
   if (ours == kNoBlock || blocks_[ours].node >= 0) return false;
   NodeId parent = kRootNode;
-  if (i > 0) {
-    const LogicalId before = s.blocks[static_cast<size_t>(i - 1)];
-    if (before == kNoBlock || blocks_[before].node < 0) return false;
-    parent = blocks_[before].node;
-  }
+  if (!key_parent(s, static_cast<size_t>(i), &parent)) return false;
   key->parent_hash = index_.prefix_hash(parent, s.options.ns);
   key->hash = index_.chain_hash(key->parent_hash, tokens);
   index_.prefetch_hash(key->hash);
