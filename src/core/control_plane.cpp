@@ -15,37 +15,6 @@ namespace core {
 
 namespace {
 
-// A config with groups: at least one full-attention group (sliding_window 0; a latent group
-// counts), whose blocks the others share, and at most Sequence::kMaxWindowGroups window groups.
-// The owner of the logical blocks is the full group with the most device blocks (the first of
-// those): it bounds how many blocks every group can share. Sets `*full`.
-Status check_shared_groups(const CacheConfig& config, int32_t* full) {
-  if (config.groups.size() == 1) {
-    return invalid_argument("groups: one group: create the plane from config.group_config(0)");
-  }
-  int32_t windows = 0;
-  for (size_t g = 0; g < config.groups.size(); ++g) {
-    const KvGroup& k = config.groups[g];
-    if (k.sliding_window > 0) {
-      ++windows;
-    } else if (*full < 0 ||
-               k.num_device_blocks > config.groups[static_cast<size_t>(*full)].num_device_blocks) {
-      *full = static_cast<int32_t>(g);
-    }
-  }
-  if (*full < 0) {
-    return invalid_argument(
-        "groups: a plane of several groups needs a full-attention group (sliding_window 0) "
-        "whose blocks the window groups share; every group here has a window");
-  }
-  if (windows > Sequence::kMaxWindowGroups) {
-    return invalid_argument("groups: a plane of several groups holds at most " +
-                            std::to_string(Sequence::kMaxWindowGroups) + " window groups, got " +
-                            std::to_string(windows));
-  }
-  return ok_status();
-}
-
 int64_t default_clock() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -67,24 +36,19 @@ StatusOr<std::unique_ptr<ControlPlane>> ControlPlane::create(const CacheConfig& 
     return std::unique_ptr<ControlPlane>(new ControlPlane(config, std::move(options)));
   }
   int32_t full = -1;
-  PAGEDKV_RETURN_IF_ERROR(check_shared_groups(config, &full));
+  PAGEDKV_RETURN_IF_ERROR(SharedGroups::check_config(config, &full));
   auto cp = std::unique_ptr<ControlPlane>(
       new ControlPlane(config.group_config(full), std::move(options)));
   cp->num_groups_ = static_cast<int32_t>(config.groups.size());
   cp->full_group_ = full;
-  int32_t live_slot = 0;  // the next window group's bound in Sequence::group_first_live
-  for (int32_t g = 0; g < cp->num_groups_; ++g) {
-    if (g == full) continue;
-    const KvGroup& k = config.groups[static_cast<size_t>(g)];
-    cp->groups_.emplace_back(g, k.sliding_window, k.sliding_window > 0 ? live_slot++ : -1,
-                             config.block_size, k.num_device_blocks, k.num_host_blocks,
-                             cp->blocks_.num_logical());
-    cp->group_batch_.emplace_back(config.block_size);
-    if (cp->report_host_drops_) {
-      cp->group_origins_.emplace_back();
-      cp->group_origins_.back().resize(k.num_device_blocks, k.num_host_blocks);
-    }
-  }
+  ControlPlane* plane = cp.get();
+  cp->groups_ = SharedGroups(
+      config, full, &cp->blocks_, &cp->journal_,
+      [plane](EventKind kind, LogicalId b, const GroupPages& g, Tier tier, bool revocable) {
+        plane->emit_page_event(kind, b, g, tier, revocable);
+      },
+      cp->report_host_drops_);
+  for (size_t w = 0; w < cp->groups_.size(); ++w) cp->group_batch_.emplace_back(config.block_size);
   return cp;
 }
 
@@ -140,13 +104,13 @@ void ControlPlane::release_block(LogicalId id, const Sequence& owner) {
 }
 
 void ControlPlane::release_logical(LogicalId id) {
-  for (GroupPages& g : groups_) g.release(id, blocks_[id].tier);
+  groups_.release(id, blocks_[id].tier);
   blocks_.release(id);
 }
 
 void ControlPlane::release_tail(Sequence* s, size_t keep) {
   for (size_t i = s->blocks.size(); i > std::max(keep, s->first_live); --i) {
-    if (!groups_.empty()) drop_group_pages(*s, i - 1, s->blocks[i - 1]);
+    if (!groups_.empty()) groups_.drop(*s, i - 1, s->blocks[i - 1]);
     release_block(s->blocks[i - 1], *s);
   }
   if (s->blocks.size() > keep) {
@@ -154,10 +118,7 @@ void ControlPlane::release_tail(Sequence* s, size_t keep) {
     s->mark_changed(keep);
   }
   s->first_live = std::min(s->first_live, keep);
-  for (size_t w = 0; w < groups_.size(); ++w) {
-    const GroupPages& g = groups_[w];
-    g.set_first_held(s->group_first_live, std::min(g.first_held(s->group_first_live), keep));
-  }
+  groups_.clamp_first_held(s, keep);
 }
 
 void ControlPlane::trim_window(Sequence* s) {
@@ -224,7 +185,7 @@ void ControlPlane::register_full_block(Sequence* s, size_t i, const KeyHash* ahe
   // keep ours unregistered; the offloaded copy stays the registered one.
   if (blocks_[theirs].tier != Tier::kDevice) return;
   // Likewise when a window group evicted the cached block's page and ours is shared.
-  if (!groups_.empty() && !group_pages_can_swap(*s, i, ours, theirs)) return;
+  if (!groups_.empty() && !groups_.can_swap(*s, i, ours, theirs)) return;
   BlockInfo& t = blocks_[theirs];
   if (t.ref++ == 0) {
     tier(Tier::kDevice).remove_cached();
@@ -233,7 +194,7 @@ void ControlPlane::register_full_block(Sequence* s, size_t i, const KeyHash* ahe
   t.last_access = ++tick_;
   s->blocks[i] = theirs;
   s->mark_changed(i);
-  if (!groups_.empty()) swap_group_pages(*s, i, ours, theirs);
+  if (!groups_.empty()) groups_.swap(*s, i, ours, theirs);
   release_block(ours, *s);
 }
 
@@ -253,6 +214,12 @@ void ControlPlane::emit_block_event(EventKind kind, NodeId node, Tier tier, bool
     e.tokens.assign(t, t + block_size_);
   }
   events_.push(std::move(e), revocable);
+}
+
+void ControlPlane::emit_page_event(EventKind kind, LogicalId b, const GroupPages& g, Tier tier,
+                                   bool revocable) {
+  if (!events_enabled_) return;  // before reading the block: an eviction's record is cold
+  emit_block_event(kind, blocks_[b].node, tier, revocable, g.config_index());
 }
 
 void ControlPlane::emit_sequence_event(EventKind kind, SequenceId id, bool revocable) {
@@ -356,7 +323,7 @@ StatusOr<const BatchMetadata*> ControlPlane::build_batch(const std::vector<Seque
     PAGEDKV_RETURN_IF_ERROR(batch_.build(resolved_, blocks_, options, widest_));
   } else {
     PAGEDKV_RETURN_IF_ERROR(
-        batch_.build_groups(resolved_, blocks_, &groups_, &group_batch_, options, widest_));
+        batch_.build_groups(resolved_, blocks_, &groups_.pages(), &group_batch_, options, widest_));
   }
   return &batch_.metadata();
 }
@@ -364,7 +331,30 @@ StatusOr<const BatchMetadata*> ControlPlane::build_batch(const std::vector<Seque
 const BatchMetadata& ControlPlane::group_batch(int32_t g) const {
   assert(g >= 0 && g < num_groups_);
   if (g == full_group_) return batch_.metadata();
-  return group_batch_[window_index(g)].metadata();
+  return group_batch_[groups_.window_index(g)].metadata();
+}
+
+StatusOr<std::vector<BlockLocation>> ControlPlane::group_block_locations(SequenceId id,
+                                                                         int32_t g) const {
+  assert(g >= 0 && g < num_groups_);
+  if (g == full_group_) return block_locations(id);
+  const Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  return groups_.block_locations(*s, g);
+}
+
+Status ControlPlane::group_reserved_slots(SequenceId id, int32_t g,
+                                          std::vector<int64_t>* out) const {
+  assert(g >= 0 && g < num_groups_);
+  if (g == full_group_) return reserved_slots(id, out);
+  const Sequence* s = seqs_.find(id);
+  if (s == nullptr) return unknown(id);
+  if (s->pending > 0 && s->offloaded) {
+    return failed_precondition("sequence " + std::to_string(id) +
+                               " is offloaded: restore it (or reserve again) before writing");
+  }
+  groups_.reserved_slots(*s, g, out);
+  return ok_status();
 }
 
 ControlPlane::GroupPageCounts ControlPlane::group_pages(int32_t g) const {
@@ -373,7 +363,7 @@ ControlPlane::GroupPageCounts ControlPlane::group_pages(int32_t g) const {
     return GroupPageCounts{blocks_.capacity(Tier::kDevice) - blocks_.free_count(Tier::kDevice),
                            tier(Tier::kDevice).cached_blocks(), counters_.blocks_evicted};
   }
-  const GroupPages& p = groups_[window_index(g)];
+  const GroupPages& p = groups_[groups_.window_index(g)];
   return GroupPageCounts{p.capacity() - p.free_count(), p.cached_count(), p.evicted()};
 }
 
@@ -385,7 +375,7 @@ ControlStats ControlPlane::group_stats(int32_t g, int64_t page_bytes) const {
     st.window_released_blocks = 0;  // the owner has no window: the releases are the others'
     return st;
   }
-  const GroupPages& p = groups_[window_index(g)];
+  const GroupPages& p = groups_[groups_.window_index(g)];
   for (Tier t : {Tier::kDevice, Tier::kHost}) {
     TierStats& x = t == Tier::kDevice ? st.device : st.host;
     x.total_blocks = p.capacity(t);

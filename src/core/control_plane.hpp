@@ -21,10 +21,10 @@
 #include "core/block_allocator.hpp"
 #include "core/event_ring.hpp"
 #include "core/eviction_queue.hpp"
-#include "core/group_pages.hpp"
 #include "core/journal.hpp"
 #include "core/prefix_index.hpp"
 #include "core/sequence_table.hpp"
+#include "core/shared_groups.hpp"
 #include "core/slot_origins.hpp"
 #include "core/tier_plan.hpp"
 #include "core/tier_store.hpp"
@@ -59,7 +59,8 @@ struct ControlOptions {
 /// the logical blocks. Every group of a model has the same block size, so a sequence's blocks
 /// start and end at the same tokens in every group: the plane keeps one block table per
 /// sequence, the full-attention group's, and each sliding-window group keeps a page of its own
-/// pool for the blocks a holder still attends to (GroupPages). A decode step reads each
+/// pool for the blocks a holder still attends to (GroupPages; all of them in SharedGroups, which
+/// does to every group what a call does to a block). A decode step reads each
 /// sequence's record, table entry and block record once for all groups. A window group's page
 /// is in the pool of the tier its block is on (an offload or restore moves held pages, named by
 /// group in Transfers::moves; a cached page follows its block when that tier's pool has a free or
@@ -348,9 +349,6 @@ class ControlPlane {
   // held pages of the device blocks only it references), written into `*pages`.
   bool group_pages_fit(const Sequence& v, const std::vector<int64_t>& host_free,
                        std::vector<int64_t>* pages) const;
-  // The device pages reserving `n` more tokens of `s` takes in each window group, added to
-  // `*need`: one per new block, and the held pages of its blocks on the host.
-  void add_group_need(const Sequence& s, const ReserveNeed& n, std::vector<int64_t>* need) const;
   void apply_plan(const VictimPlan& plan, Transfers* out);
   LogicalId take_device_block(Transfers* out);
   int64_t exclusive_device_blocks(const Sequence& s) const;
@@ -439,37 +437,6 @@ class ControlPlane {
   void unlist(LogicalId id);
   // Frees a logical block with no reference and no node, and its window groups' pages.
   void release_logical(LogicalId id);
-  // shared_groups.cpp: the window groups' holders. The sequence holds (or stops holding) `b` at
-  // table index `i`; each window group whose window covers `i` counts it.
-  void hold_group_pages(const Sequence& s, size_t i, LogicalId b);
-  // `undoable`: a drop the plan's undo takes back (journaled with the page it had).
-  void drop_group_pages(const Sequence& s, size_t i, LogicalId b, bool undoable = false);
-  // A registration that finds the block `theirs` already indexed for `ours`, at index `i` of
-  // `s`: whether every window group whose window covers `i` can serve it (theirs has a page, or
-  // only `s` holds ours', which theirs then takes over), and the swap of the holders there.
-  bool group_pages_can_swap(const Sequence& s, size_t i, LogicalId ours, LogicalId theirs) const;
-  void swap_group_pages(const Sequence& s, size_t i, LogicalId ours, LogicalId theirs);
-  // Whether a hit of `c` tokens over `found` finds every window group's in-window pages.
-  bool group_pages_cover(const std::vector<LogicalId>& found, int64_t c) const;
-  // The window groups drop the blocks that left their windows (commit).
-  void trim_group_windows(Sequence* s);
-  // A new block's pages in every window group, and the copies a copy-on-write needs there.
-  void take_group_pages(LogicalId id);
-  // The index among groups_ of config group `g` (not the full group).
-  size_t window_index(int32_t g) const { return static_cast<size_t>(g < full_group_ ? g : g - 1); }
-  // The window pages of `id` follow it from tier `from` to `to` (moves named by group); a cached
-  // one is released instead when `to` has neither a free nor a cached page of that group.
-  void move_group_pages(LogicalId id, Tier from, Tier to, Transfers* out);
-  // Window group w's pages of the blocks `s` holds there that are on tier `t` (only those of
-  // blocks it holds alone, when `exclusive`).
-  int64_t group_pages_on(const Sequence& s, size_t w, Tier t, bool exclusive) const;
-  // A plan's undo of the journaled takes, drops and moves (undo_log.cpp calls it), adding the
-  // inverse of the moves among the first `moves_done` to `*inverse`.
-  void undo_group_ops(int64_t moves_done, std::vector<BlockMove>* inverse);
-  void copy_group_pages(LogicalId src, LogicalId dst, Transfers* out) const;
-  Status check_group_windows_rollback(const Sequence& s, int64_t length) const;
-  void set_group_first_live(Sequence* s, int64_t length);
-  Status check_group_invariants() const;
   // A reserve or commit uses the sequence now (LRU order).
   void touch(Sequence* s) {
     s->last_used = ++tick_;
@@ -540,7 +507,7 @@ class ControlPlane {
   int64_t window_;  // config_.sliding_window: 0 for full attention
   int32_t num_groups_ = 1;
   int32_t full_group_ = 0;
-  std::vector<GroupPages> groups_;  // the window groups sharing the blocks (none: one group)
+  SharedGroups groups_;  // the groups sharing the owner's blocks (none: one group)
   std::vector<BatchMetadataBuilder> group_batch_;  // theirs, in the same order
   BlockDivider bdiv_;
   BlockAllocator blocks_;
@@ -593,7 +560,6 @@ class ControlPlane {
   // Where the open call's moves took each slot's bytes from (kept when host drops are reported:
   // the write-back reads a dropped block from its origin).
   SlotOrigins origins_;
-  std::vector<SlotOrigins> group_origins_;  // the same per window group, with report_host_drops
   // The transfers and slots of the open plan (reused: a decode step allocates nothing).
   ReserveResult plan_result_;
   // Blocks coming back from a store: held (ref 1, unregistered) until finish_arrival.

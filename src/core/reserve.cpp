@@ -56,7 +56,7 @@ void ControlPlane::apply_reserve(Sequence* s, int64_t n, const ReserveNeed& need
     s->mark_changed(s->blocks.size());
     BlockInfo& info = blocks_[tail];
     if (info.ref == 1 && info.node < 0) {
-      if (!groups_.empty()) drop_group_pages(*s, s->blocks.size(), tail, /*undoable=*/true);
+      if (!groups_.empty()) groups_.drop(*s, s->blocks.size(), tail, /*undoable=*/true);
       info.ref = 0;
       journal_.release(tail, blocks_[tail]);
       release_logical(tail);
@@ -70,7 +70,7 @@ void ControlPlane::apply_reserve(Sequence* s, int64_t n, const ReserveNeed& need
     saved.cow_source = src;
     const LogicalId dst = take_device_block(&out);
     out.copies.push_back(BlockCopy{blocks_[src].phys, blocks_[dst].phys, full_group_});
-    if (!groups_.empty()) copy_group_pages(src, dst, &out);
+    if (!groups_.empty()) groups_.copy(src, dst, &out);
     s->blocks[need.write_block] = dst;
     s->mark_changed(need.write_block);
     if (blocks_[src].ref > 1) {
@@ -148,7 +148,7 @@ Status ControlPlane::run_reserve(SequenceId id, int64_t n, ReserveResult* result
   PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(need.device_blocks(), s, &plan));
   if (!groups_.empty()) {
     std::vector<int64_t> pages(groups_.size(), 0);
-    add_group_need(*s, need, &pages);
+    groups_.add_need(*s, need.new_blocks + (need.cow ? 1 : 0), &pages);
     PAGEDKV_RETURN_IF_ERROR(plan_group_pages(pages, s, &plan));
   }
   begin_journal();
@@ -214,7 +214,10 @@ Status ControlPlane::run_reserve_batch(const std::vector<SequenceId>& ids, int64
     for (const GroupPages& g : groups_) fits = fits && g.room() >= upper;
     if (!fits) {
       std::vector<int64_t> pages(groups_.size(), 0);
-      for (const Sequence* s : resolved_) add_group_need(*s, reserve_need(*s, n_each), &pages);
+      for (const Sequence* s : resolved_) {
+        const ReserveNeed n = reserve_need(*s, n_each);
+        groups_.add_need(*s, n.new_blocks + (n.cow ? 1 : 0), &pages);
+      }
       PAGEDKV_RETURN_IF_ERROR(plan_group_pages(pages, nullptr, &plan, resolved_epoch_));
     }
   }

@@ -44,7 +44,7 @@ int64_t ControlPlane::match_prefix(const std::vector<TokenId>& prompt, Namespace
     const size_t end = static_cast<size_t>(bdiv_.ceil_div(c));
     bool usable = true;
     for (size_t i = first; i < end && usable; ++i) usable = found[i] != kNoBlock;
-    if (!usable || (!groups_.empty() && !group_pages_cover(found, c))) continue;
+    if (!usable || (!groups_.empty() && !groups_.cover(found, c))) continue;
     found.resize(end);
     std::fill(found.begin(), found.begin() + static_cast<std::ptrdiff_t>(first), kNoBlock);
     return c;
@@ -106,8 +106,8 @@ StatusOr<int64_t> ControlPlane::add_sequence(SequenceId id, const std::vector<To
   const std::vector<LogicalId>& held = s->blocks;
   s->first_live = window_first_block(cached);
   if (!groups_.empty()) {
-    set_group_first_live(s, cached);
-    for (size_t i = 0; i < held.size(); ++i) hold_group_pages(*s, i, held[i]);
+    groups_.set_first_held(s, cached);
+    for (size_t i = 0; i < held.size(); ++i) groups_.hold(*s, i, held[i]);
   }
   bool on_host = false;
   for (size_t i = s->first_live; i < held.size(); ++i) {
@@ -186,7 +186,7 @@ void ControlPlane::append_committed(Sequence* s, const TokenId* tokens, int64_t 
     }
   }
   if (window_ > 0) trim_window(s);
-  if (!groups_.empty()) trim_group_windows(s);
+  if (!groups_.empty()) counters_.window_released_blocks += groups_.trim_windows(s);
 }
 
 // Inlined into commit_batch's row loop: it runs once per row of every step.
@@ -249,7 +249,7 @@ void ControlPlane::finish_commits() {
       if (k + 1 < n && filled_[k + 1].index == CommitWork::kTrim) prefetch_trim(*filled_[k + 1].s);
       if (w.index == CommitWork::kTrim) {
         if (window_ > 0) trim_window(w.s);
-        if (!groups_.empty()) trim_group_windows(w.s);
+        if (!groups_.empty()) counters_.window_released_blocks += groups_.trim_windows(w.s);
       } else {
         register_full_block(w.s, w.index, w.hashed ? &w.key : nullptr);
       }
@@ -367,7 +367,7 @@ Status ControlPlane::rollback(SequenceId id, int64_t length) {
         "can roll back to is " +
         std::to_string(static_cast<int64_t>(s->first_live) * block_size_ + window_) + " (or 0)");
   }
-  if (!groups_.empty()) PAGEDKV_RETURN_IF_ERROR(check_group_windows_rollback(*s, length));
+  if (!groups_.empty()) PAGEDKV_RETURN_IF_ERROR(groups_.check_rollback(*s, length));
   s->tokens.resize(static_cast<size_t>(length));
   s->pending = 0;
   release_tail(s, static_cast<size_t>((length + block_size_ - 1) / block_size_));
@@ -394,7 +394,7 @@ Status ControlPlane::fork(SequenceId parent, SequenceId child) {
     g.set_first_held(c->group_first_live, std::min(g.first_held(p->group_first_live), keep));
   }
   for (size_t i = 0; i < c->blocks.size(); ++i) {
-    if (!groups_.empty()) hold_group_pages(*c, i, c->blocks[i]);
+    if (!groups_.empty()) groups_.hold(*c, i, c->blocks[i]);
   }
   c->arrival = ++tick_;
   c->last_used = c->arrival;

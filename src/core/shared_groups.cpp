@@ -1,12 +1,13 @@
-// The window groups of a plane whose groups share the logical blocks (control_plane.hpp): who
-// holds their pages, what a hit, a rollback and a new block need from them, and their part of
-// check_invariants(). A sequence holds the page of its block at table index i in window group w
-// while i >= group_first_live[w]; a commit moves that bound as the window moves.
-#include <cassert>
+// The groups of a plane that share its logical blocks (shared_groups.hpp): who holds their
+// pages, what a hit, a rollback, a new block and a move need from them, their undo and their
+// invariants.
+#include "core/shared_groups.hpp"
+
+#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "core/control_plane.hpp"
 #include "core/sequence_errors.hpp"
 
 namespace pagedkv {
@@ -18,53 +19,103 @@ std::string group_name(const GroupPages& g) { return "group " + std::to_string(g
 
 }  // namespace
 
-void ControlPlane::hold_group_pages(const Sequence& s, size_t i, LogicalId b) {
-  for (size_t w = 0; w < groups_.size(); ++w) {
-    if (i >= groups_[w].first_held(s.group_first_live)) groups_[w].hold(b, blocks_[b].tier);
+Status SharedGroups::check_config(const CacheConfig& config, int32_t* owner) {
+  if (config.groups.size() == 1) {
+    return invalid_argument("groups: one group: create the plane from config.group_config(0)");
   }
-}
-
-void ControlPlane::drop_group_pages(const Sequence& s, size_t i, LogicalId b, bool undoable) {
-  const Tier t = blocks_[b].tier;
-  const bool cacheable = blocks_[b].node >= 0;
-  for (size_t w = 0; w < groups_.size(); ++w) {
-    if (i < groups_[w].first_held(s.group_first_live)) continue;
-    if (undoable) {
-      journal_.group_ops.push_back(Journal::GroupOp{
-          Journal::GroupOpKind::kDrop, t, static_cast<int32_t>(w), b, groups_[w].page(b), -1});
+  int32_t windows = 0;
+  *owner = -1;
+  for (size_t g = 0; g < config.groups.size(); ++g) {
+    const KvGroup& k = config.groups[g];
+    if (k.sliding_window > 0) {
+      ++windows;
+    } else if (*owner < 0 ||
+               k.num_device_blocks > config.groups[static_cast<size_t>(*owner)].num_device_blocks) {
+      *owner = static_cast<int32_t>(g);
     }
-    groups_[w].drop(b, cacheable, t);
+  }
+  if (*owner < 0) {
+    return invalid_argument(
+        "groups: a plane of several groups needs a full-attention group (sliding_window 0) "
+        "whose blocks the window groups share; every group here has a window");
+  }
+  if (windows > Sequence::kMaxWindowGroups) {
+    return invalid_argument("groups: a plane of several groups holds at most " +
+                            std::to_string(Sequence::kMaxWindowGroups) + " window groups, got " +
+                            std::to_string(windows));
+  }
+  return ok_status();
+}
+
+SharedGroups::SharedGroups(const CacheConfig& config, int32_t owner, const BlockAllocator* blocks,
+                           Journal* journal, PageEventSink events, bool track_origins)
+    : owner_(owner),
+      block_size_(config.block_size),
+      bdiv_(config.block_size),
+      blocks_(blocks),
+      journal_(journal),
+      events_(std::move(events)) {
+  int32_t live_slot = 0;  // the next window group's bound in Sequence::group_first_live
+  for (int32_t g = 0; g < static_cast<int32_t>(config.groups.size()); ++g) {
+    if (g == owner) continue;
+    const KvGroup& k = config.groups[static_cast<size_t>(g)];
+    pages_.emplace_back(g, k.sliding_window, k.sliding_window > 0 ? live_slot++ : -1,
+                        config.block_size, k.num_device_blocks, k.num_host_blocks,
+                        blocks->num_logical());
+    if (track_origins) {
+      origins_.emplace_back();
+      origins_.back().resize(k.num_device_blocks, k.num_host_blocks);
+    }
   }
 }
 
-bool ControlPlane::group_pages_can_swap(const Sequence& s, size_t i, LogicalId ours,
-                                        LogicalId theirs) const {
-  for (size_t w = 0; w < groups_.size(); ++w) {
-    const GroupPages& g = groups_[w];
+void SharedGroups::hold(const Sequence& s, size_t i, LogicalId b) {
+  for (size_t w = 0; w < pages_.size(); ++w) {
+    if (i >= pages_[w].first_held(s.group_first_live)) pages_[w].hold(b, (*blocks_)[b].tier);
+  }
+}
+
+void SharedGroups::drop(const Sequence& s, size_t i, LogicalId b, bool undoable) {
+  if (pages_.empty()) return;
+  const Tier t = (*blocks_)[b].tier;
+  const bool cacheable = (*blocks_)[b].node >= 0;
+  for (size_t w = 0; w < pages_.size(); ++w) {
+    if (i < pages_[w].first_held(s.group_first_live)) continue;
+    if (undoable) {
+      journal_->group_ops.push_back(Journal::GroupOp{
+          Journal::GroupOpKind::kDrop, t, static_cast<int32_t>(w), b, pages_[w].page(b), -1});
+    }
+    pages_[w].drop(b, cacheable, t);
+  }
+}
+
+bool SharedGroups::can_swap(const Sequence& s, size_t i, LogicalId ours, LogicalId theirs) const {
+  for (size_t w = 0; w < pages_.size(); ++w) {
+    const GroupPages& g = pages_[w];
     if (i >= g.first_held(s.group_first_live) && g.page(theirs) < 0 && g.holders(ours) != 1)
       return false;
   }
   return true;
 }
 
-void ControlPlane::swap_group_pages(const Sequence& s, size_t i, LogicalId ours, LogicalId theirs) {
+void SharedGroups::swap(const Sequence& s, size_t i, LogicalId ours, LogicalId theirs) {
   // `ours` is not indexed (register_full_block returns first when it is): its pages are freed.
-  for (size_t w = 0; w < groups_.size(); ++w) {
-    GroupPages& g = groups_[w];
+  for (size_t w = 0; w < pages_.size(); ++w) {
+    GroupPages& g = pages_[w];
     if (i < g.first_held(s.group_first_live)) continue;
     if (g.page(theirs) >= 0) {
-      g.hold(theirs, blocks_[theirs].tier);
+      g.hold(theirs, (*blocks_)[theirs].tier);
       g.drop(ours, /*cacheable=*/false, Tier::kDevice);
     } else {
       g.adopt(ours, theirs);  // a window page of theirs was evicted: ours has the same bytes
-      emit_page_event(EventKind::kBlockStored, theirs, g);
+      page_event(EventKind::kBlockStored, theirs, g);
     }
   }
 }
 
-bool ControlPlane::group_pages_cover(const std::vector<LogicalId>& found, int64_t c) const {
+bool SharedGroups::cover(const std::vector<LogicalId>& found, int64_t c) const {
   const size_t end = static_cast<size_t>(bdiv_.ceil_div(c));
-  for (const GroupPages& g : groups_) {
+  for (const GroupPages& g : pages_) {
     for (size_t i = g.first_block(c); i < end; ++i) {
       if (g.page(found[i]) < 0) return false;
     }
@@ -72,96 +123,96 @@ bool ControlPlane::group_pages_cover(const std::vector<LogicalId>& found, int64_
   return true;
 }
 
-void ControlPlane::set_group_first_live(Sequence* s, int64_t length) {
-  for (size_t w = 0; w < groups_.size(); ++w) {
-    groups_[w].set_first_held(s->group_first_live, groups_[w].first_block(length));
+void SharedGroups::set_first_held(Sequence* s, int64_t length) const {
+  for (const GroupPages& g : pages_) g.set_first_held(s->group_first_live, g.first_block(length));
+}
+
+void SharedGroups::clamp_first_held(Sequence* s, size_t keep) const {
+  for (const GroupPages& g : pages_) {
+    g.set_first_held(s->group_first_live, std::min(g.first_held(s->group_first_live), keep));
   }
 }
 
-void ControlPlane::trim_group_windows(Sequence* s) {
+int64_t SharedGroups::trim_windows(Sequence* s) {
   const int64_t len = s->length();
-  for (size_t w = 0; w < groups_.size(); ++w) {
-    GroupPages& g = groups_[w];
+  int64_t released = 0;
+  for (GroupPages& g : pages_) {
     const size_t first = g.first_block(len);
     const size_t from = g.first_held(s->group_first_live);
     if (first <= from) continue;
     for (size_t i = from; i < first; ++i) {
-      const BlockInfo& b = blocks_[s->blocks[i]];
+      const BlockInfo& b = (*blocks_)[s->blocks[i]];
       g.drop(s->blocks[i], b.node >= 0, b.tier);
     }
-    counters_.window_released_blocks += static_cast<int64_t>(first - from);
     g.count_released(static_cast<int64_t>(first - from));
+    released += static_cast<int64_t>(first - from);
     g.set_first_held(s->group_first_live, first);
   }
+  return released;
 }
 
-void ControlPlane::emit_page_event(EventKind kind, LogicalId b, const GroupPages& g, Tier tier,
-                                   bool revocable) {
-  if (!events_enabled_) return;  // before reading the block: an eviction's record is cold
-  emit_block_event(kind, blocks_[b].node, tier, revocable, g.config_index());
-}
-
-void ControlPlane::take_group_pages(LogicalId id) {
-  for (size_t w = 0; w < groups_.size(); ++w) {
-    const LogicalId evicted = groups_[w].take(id);
-    if (evicted != kNoBlock) emit_page_event(EventKind::kBlockRemoved, evicted, groups_[w]);
-    journal_.group_ops.push_back(Journal::GroupOp{Journal::GroupOpKind::kTake, Tier::kDevice,
-                                                  static_cast<int32_t>(w), id, groups_[w].page(id),
-                                                  -1});
+void SharedGroups::take(LogicalId id) {
+  for (size_t w = 0; w < pages_.size(); ++w) {
+    const LogicalId evicted = pages_[w].take(id);
+    if (evicted != kNoBlock) page_event(EventKind::kBlockRemoved, evicted, pages_[w]);
+    journal_->group_ops.push_back(Journal::GroupOp{Journal::GroupOpKind::kTake, Tier::kDevice,
+                                                   static_cast<int32_t>(w), id, pages_[w].page(id),
+                                                   -1});
   }
 }
 
-void ControlPlane::move_group_pages(LogicalId id, Tier from, Tier to, Transfers* out) {
-  const bool registered = blocks_[id].node >= 0;
-  for (size_t w = 0; w < groups_.size(); ++w) {
-    GroupPages& g = groups_[w];
+void SharedGroups::move(LogicalId id, Tier from, Tier to, Transfers* out) {
+  if (pages_.empty()) return;
+  const bool registered = (*blocks_)[id].node >= 0;
+  for (size_t w = 0; w < pages_.size(); ++w) {
+    GroupPages& g = pages_[w];
     const int32_t src = g.page(id);
     if (src < 0) continue;
     if (g.holders(id) == 0 && g.room(to) == 0) {
       // A cached page goes with its block only where a page is free or cached.
       g.release(id, from);
-      emit_page_event(EventKind::kBlockRemoved, id, g, from);
+      page_event(EventKind::kBlockRemoved, id, g, from);
       continue;
     }
     const bool cached = g.holders(id) == 0;
     LogicalId evicted = kNoBlock;
     const int32_t dst = g.move(id, from, to, &evicted);
-    if (evicted != kNoBlock) emit_page_event(EventKind::kBlockRemoved, evicted, g, to);
-    journal_.group_ops.push_back(Journal::GroupOp{
+    if (evicted != kNoBlock) page_event(EventKind::kBlockRemoved, evicted, g, to);
+    journal_->group_ops.push_back(Journal::GroupOp{
         cached ? Journal::GroupOpKind::kMoveCached : Journal::GroupOpKind::kMove, from,
         static_cast<int32_t>(w), id, src, static_cast<int32_t>(out->moves.size())});
     out->moves.push_back(BlockMove{from, src, to, dst, g.config_index()});
-    if (report_host_drops_) group_origins_[w].record(out->moves.back());
+    if (!origins_.empty()) origins_[w].record(out->moves.back());
     if (registered) {  // as the full group's tier change: stored there, then gone from here
-      emit_page_event(EventKind::kBlockStored, id, g, to, /*revocable=*/!cached);
-      emit_page_event(EventKind::kBlockRemoved, id, g, from, /*revocable=*/!cached);
+      page_event(EventKind::kBlockStored, id, g, to, /*revocable=*/!cached);
+      page_event(EventKind::kBlockRemoved, id, g, from, /*revocable=*/!cached);
     }
   }
 }
 
-void ControlPlane::add_group_need(const Sequence& s, const ReserveNeed& n,
-                                  std::vector<int64_t>* need) const {
-  for (size_t w = 0; w < groups_.size(); ++w) {
-    (*need)[w] += n.new_blocks + (n.cow ? 1 : 0) +
-                  (s.offloaded ? group_pages_on(s, w, Tier::kHost, false) : 0);
+void SharedGroups::add_need(const Sequence& s, int64_t new_blocks,
+                            std::vector<int64_t>* need) const {
+  for (size_t w = 0; w < pages_.size(); ++w) {
+    (*need)[w] += new_blocks + (s.offloaded ? pages_on(s, w, Tier::kHost, false) : 0);
   }
 }
 
-int64_t ControlPlane::group_pages_on(const Sequence& s, size_t w, Tier t, bool exclusive) const {
+int64_t SharedGroups::pages_on(const Sequence& s, size_t w, Tier t, bool exclusive) const {
   int64_t n = 0;
-  for (size_t i = groups_[w].first_held(s.group_first_live); i < s.blocks.size(); ++i) {
+  for (size_t i = pages_[w].first_held(s.group_first_live); i < s.blocks.size(); ++i) {
     const LogicalId b = s.blocks[i];
-    const BlockInfo& info = blocks_[b];
-    if (info.tier == t && groups_[w].page(b) >= 0 && (!exclusive || info.ref == 1)) ++n;
+    const BlockInfo& info = (*blocks_)[b];
+    if (info.tier == t && pages_[w].page(b) >= 0 && (!exclusive || info.ref == 1)) ++n;
   }
   return n;
 }
 
-void ControlPlane::undo_group_ops(int64_t moves_done, std::vector<BlockMove>* inverse) {
+void SharedGroups::undo(int64_t moves_done, std::vector<BlockMove>* inverse) {
+  if (pages_.empty()) return;  // a one-group plane journals no page
   // Newest first: a page a drop or a move freed was only ever taken again by a later take or
   // move of the call, which is undone first. Pages taken by evicting cached ones stay taken.
-  for (auto it = journal_.group_ops.rbegin(); it != journal_.group_ops.rend(); ++it) {
-    GroupPages& g = groups_[static_cast<size_t>(it->group)];
+  for (auto it = journal_->group_ops.rbegin(); it != journal_->group_ops.rend(); ++it) {
+    GroupPages& g = pages_[static_cast<size_t>(it->group)];
     switch (it->kind) {
       case Journal::GroupOpKind::kTake:
         g.untake(it->block);
@@ -177,7 +228,7 @@ void ControlPlane::undo_group_ops(int64_t moves_done, std::vector<BlockMove>* in
         if (g.cached(it->block)) {
           const Tier now = it->tier == Tier::kDevice ? Tier::kHost : Tier::kDevice;
           g.evict(it->block, now);
-          emit_page_event(EventKind::kBlockRemoved, it->block, g, now);
+          page_event(EventKind::kBlockRemoved, it->block, g, now);
           break;
         }
         [[fallthrough]];  // held since, in the same call: moved back as a held page
@@ -194,15 +245,15 @@ void ControlPlane::undo_group_ops(int64_t moves_done, std::vector<BlockMove>* in
   }
 }
 
-void ControlPlane::copy_group_pages(LogicalId src, LogicalId dst, Transfers* out) const {
-  for (const GroupPages& g : groups_) {
+void SharedGroups::copy(LogicalId src, LogicalId dst, Transfers* out) const {
+  for (const GroupPages& g : pages_) {
     out->copies.push_back(BlockCopy{g.page(src), g.page(dst), g.config_index()});
   }
 }
 
-Status ControlPlane::check_group_windows_rollback(const Sequence& s, int64_t length) const {
-  for (size_t w = 0; w < groups_.size(); ++w) {
-    const GroupPages& g = groups_[w];
+Status SharedGroups::check_rollback(const Sequence& s, int64_t length) const {
+  for (size_t w = 0; w < pages_.size(); ++w) {
+    const GroupPages& g = pages_[w];
     const size_t held = g.first_held(s.group_first_live);
     if (length == 0 || g.first_block(length) >= held) continue;
     const int64_t first = static_cast<int64_t>(held) * block_size_;
@@ -215,14 +266,15 @@ Status ControlPlane::check_group_windows_rollback(const Sequence& s, int64_t len
   return ok_status();
 }
 
-Status ControlPlane::check_group_invariants() const {
+Status SharedGroups::check(const SequenceTable& seqs,
+                           const std::vector<std::vector<LogicalId>>& arriving) const {
   const auto broken = [](const std::string& what) { return internal_error("invariant: " + what); };
-  const int64_t nlog = blocks_.num_logical();
-  for (size_t w = 0; w < groups_.size(); ++w) {
-    const GroupPages& g = groups_[w];
+  const int64_t nlog = blocks_->num_logical();
+  for (size_t w = 0; w < pages_.size(); ++w) {
+    const GroupPages& g = pages_[w];
     const std::string name = group_name(g);
     std::vector<int32_t> holders(static_cast<size_t>(nlog), 0);
-    for (const auto& kv : seqs_.all()) {
+    for (const auto& kv : seqs.all()) {
       const Sequence& s = *kv.second;
       const size_t held = g.first_held(s.group_first_live);
       if (held > s.blocks.size()) {
@@ -238,14 +290,7 @@ Status ControlPlane::check_group_invariants() const {
       }
     }
     // A page coming back from a store is held by its arrival.
-    for (const auto& kv : arrivals_) {
-      for (const GroupArrival& ga : kv.second.groups) {
-        if (ga.group != g.config_index()) continue;
-        for (const int32_t k : ga.index) {
-          ++holders[static_cast<size_t>(kv.second.blocks[static_cast<size_t>(k)])];
-        }
-      }
-    }
+    for (const LogicalId b : arriving[w]) ++holders[static_cast<size_t>(b)];
     int64_t owned[kNumTiers] = {0, 0};
     int64_t cached[kNumTiers] = {0, 0};
     std::vector<LogicalId> owner[kNumTiers];
@@ -266,20 +311,20 @@ Status ControlPlane::check_group_invariants() const {
         }
         continue;
       }
-      if (!blocks_.live(b)) {
+      if (!blocks_->live(b)) {
         return broken(name + ": free block " + std::to_string(b) + " has a page");
       }
       // A page is in the pool of the tier its block is on.
-      const int t = static_cast<int>(blocks_[b].tier);
+      const int t = static_cast<int>((*blocks_)[b].tier);
       ++owned[t];
-      if (p >= g.capacity(blocks_[b].tier) || owner[t][static_cast<size_t>(p)] != kNoBlock) {
+      if (p >= g.capacity((*blocks_)[b].tier) || owner[t][static_cast<size_t>(p)] != kNoBlock) {
         return broken(name + ": page " + std::to_string(p) + " of block " + std::to_string(b) +
                       " is out of range or another block's too");
       }
       owner[t][static_cast<size_t>(p)] = b;
       // Nobody attends to it: it is kept only as a cached page of an indexed block.
       if (holders[i] == 0) {
-        if (blocks_[b].node < 0) {
+        if ((*blocks_)[b].node < 0) {
           return broken(name + ": block " + std::to_string(b) +
                         " keeps a page nobody holds, out of the index");
         }
@@ -317,41 +362,25 @@ Status ControlPlane::check_group_invariants() const {
 
 // ---------------------------------------------------------------- queries per group
 
-StatusOr<std::vector<BlockLocation>> ControlPlane::group_block_locations(SequenceId id,
-                                                                         int32_t g) const {
-  assert(g >= 0 && g < num_groups_);
-  if (g == full_group_) return block_locations(id);
-  const Sequence* s = seqs_.find(id);
-  if (s == nullptr) return unknown(id);
-  const size_t w = window_index(g);
-  const GroupPages& pages = groups_[w];
-  std::vector<BlockLocation> out(s->blocks.size(), BlockLocation{Tier::kDevice, -1});
-  for (size_t i = pages.first_held(s->group_first_live); i < s->blocks.size(); ++i) {
-    const LogicalId b = s->blocks[i];
+std::vector<BlockLocation> SharedGroups::block_locations(const Sequence& s, int32_t g) const {
+  const GroupPages& pages = pages_[window_index(g)];
+  std::vector<BlockLocation> out(s.blocks.size(), BlockLocation{Tier::kDevice, -1});
+  for (size_t i = pages.first_held(s.group_first_live); i < s.blocks.size(); ++i) {
+    const LogicalId b = s.blocks[i];
     // A page's tier is its block's: the pages follow their blocks between tiers.
-    out[i] = BlockLocation{blocks_[b].tier, pages.page(b)};
+    out[i] = BlockLocation{(*blocks_)[b].tier, pages.page(b)};
   }
   return out;
 }
 
-Status ControlPlane::group_reserved_slots(SequenceId id, int32_t g,
-                                          std::vector<int64_t>* out) const {
-  assert(g >= 0 && g < num_groups_);
-  if (g == full_group_) return reserved_slots(id, out);
-  const Sequence* s = seqs_.find(id);
-  if (s == nullptr) return unknown(id);
-  if (s->pending > 0 && s->offloaded) {
-    return failed_precondition("sequence " + std::to_string(id) +
-                               " is offloaded: restore it (or reserve again) before writing");
-  }
+void SharedGroups::reserved_slots(const Sequence& s, int32_t g, std::vector<int64_t>* out) const {
   // Reserved positions are past the committed length, so inside every window.
-  const GroupPages& pages = groups_[window_index(g)];
-  const int64_t len = s->length();
-  for (int64_t p = len; p < len + s->pending; ++p) {
-    const LogicalId b = s->blocks[static_cast<size_t>(bdiv_.div(p))];
+  const GroupPages& pages = pages_[window_index(g)];
+  const int64_t len = s.length();
+  for (int64_t p = len; p < len + s.pending; ++p) {
+    const LogicalId b = s.blocks[static_cast<size_t>(bdiv_.div(p))];
     out->push_back(static_cast<int64_t>(pages.page(b)) * block_size_ + bdiv_.mod(p));
   }
-  return ok_status();
 }
 
 }  // namespace core

@@ -325,7 +325,8 @@ int64_t ControlPlane::grouped_reach(const StorageLookup& lookup, int64_t take,
   std::vector<std::vector<bool>> arrived(groups_.size(),
                                          std::vector<bool>(static_cast<size_t>(take), false));
   for (const GroupArrival& ga : pages) {
-    for (const int32_t i : ga.index) arrived[window_index(ga.group)][static_cast<size_t>(i)] = true;
+    for (const int32_t i : ga.index)
+      arrived[groups_.window_index(ga.group)][static_cast<size_t>(i)] = true;
   }
   const auto present = [&](size_t w, int64_t j) {
     if (j >= first) return static_cast<bool>(arrived[w][static_cast<size_t>(j - first)]);
@@ -355,7 +356,7 @@ void ControlPlane::settle_arrival_pages(const std::vector<GroupArrival>& pages,
                                         const std::vector<bool>& registered, int64_t intact,
                                         const std::vector<std::vector<bool>>* group_ok) {
   for (const GroupArrival& ga : pages) {
-    GroupPages& g = groups_[window_index(ga.group)];
+    GroupPages& g = groups_[groups_.window_index(ga.group)];
     const std::vector<bool>* ok =
         group_ok == nullptr ? nullptr : &(*group_ok)[static_cast<size_t>(ga.group)];
     for (size_t k = 0; k < ga.index.size(); ++k) {

@@ -29,7 +29,7 @@ void ControlPlane::move_block(LogicalId id, Tier dst, Transfers* out) {
   if (report_host_drops_) origins_.record(m);
   out->moves.push_back(m);
   after_tier_change(id, m.src_tier);
-  if (!groups_.empty()) move_group_pages(id, m.src_tier, dst, out);
+  if (!groups_.empty()) groups_.move(id, m.src_tier, dst, out);
 }
 
 void ControlPlane::after_tier_change(LogicalId id, Tier from, bool announce) {
@@ -83,7 +83,7 @@ bool ControlPlane::drop_lru(Tier t, Transfers* out) {
       if (page < 0) continue;
       DroppedBlock d = out->host_drops.back();
       d.group = groups_[w].config_index();
-      d.source = journal_.open ? group_origins_[w].origin(t, page) : BlockLocation{t, page};
+      d.source = journal_.open ? groups_.origins(w).origin(t, page) : BlockLocation{t, page};
       out->host_drops.push_back(std::move(d));
     }
   }
@@ -215,7 +215,7 @@ LogicalId ControlPlane::take_device_block(Transfers* out) {
   if (blocks_.free_count(Tier::kDevice) == 0) evict_one(out);
   const LogicalId id = blocks_.allocate(Tier::kDevice);
   journal_.allocation(id);
-  if (!groups_.empty()) take_group_pages(id);
+  if (!groups_.empty()) groups_.take(id);
   return id;
 }
 
@@ -276,7 +276,7 @@ Status ControlPlane::run_offload(SequenceId id, Transfers* out) {
                               " free or held by cached blocks");
   }
   for (size_t w = 0; w < groups_.size(); ++w) {
-    const int64_t pages = group_pages_on(*s, w, Tier::kDevice, /*exclusive=*/true);
+    const int64_t pages = groups_.pages_on(*s, w, Tier::kDevice, /*exclusive=*/true);
     const GroupPages& g = groups_[w];
     if (pages > g.room(Tier::kHost)) {
       return resource_exhausted("offload: " + seq_name(id) + " needs " + std::to_string(pages) +
@@ -301,7 +301,7 @@ Status ControlPlane::run_restore(SequenceId id, Transfers* out) {
   if (!groups_.empty()) {
     std::vector<int64_t> pages(groups_.size());
     for (size_t w = 0; w < groups_.size(); ++w)
-      pages[w] = group_pages_on(*s, w, Tier::kHost, false);
+      pages[w] = groups_.pages_on(*s, w, Tier::kHost, false);
     PAGEDKV_RETURN_IF_ERROR(plan_group_pages(pages, s, &plan));
   }
   begin_journal();
@@ -323,7 +323,7 @@ Status ControlPlane::run_prefetch(const std::vector<SequenceId>& ids, Transfers*
     if (host_blocks > device_available()) continue;
     bool pages_fit = true;
     for (size_t w = 0; w < groups_.size(); ++w) {
-      pages_fit = pages_fit && group_pages_on(*s, w, Tier::kHost, false) <= groups_[w].room();
+      pages_fit = pages_fit && groups_.pages_on(*s, w, Tier::kHost, false) <= groups_[w].room();
     }
     if (!pages_fit) continue;
     do_restore(s, out);

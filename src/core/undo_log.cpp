@@ -17,13 +17,13 @@ void ControlPlane::begin_journal() {
   journal_.begin(counters_, events_.next_sequence());
   if (report_host_drops_) {
     origins_.begin_call();
-    for (SlotOrigins& o : group_origins_) o.begin_call();
+    groups_.begin_call();
   }
 }
 
 void ControlPlane::flush_deferred_releases() {
   for (const DeferredRelease& d : deferred_release_) {
-    if (!groups_.empty()) drop_group_pages(*d.owner, d.index, d.block, /*undoable=*/true);
+    if (!groups_.empty()) groups_.drop(*d.owner, d.index, d.block, /*undoable=*/true);
     if (d.pages_only) continue;
     const BlockInfo& b = blocks_[d.block];
     journal_.released.push_back(Journal::Released{d.block, b.tier, b.phys});
@@ -37,7 +37,7 @@ std::vector<BlockMove> ControlPlane::undo_plan(int64_t moves_done) {
   if (!journal_.open) return inverse;
   journal_.open = false;
 
-  undo_group_ops(moves_done, &inverse);
+  groups_.undo(moves_done, &inverse);
   // References dropped at the end of the call come back first (nothing reused their slots).
   for (auto it = journal_.released.rbegin(); it != journal_.released.rend(); ++it) {
     if (blocks_.live(it->block)) {
