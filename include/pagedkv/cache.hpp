@@ -87,8 +87,8 @@ struct KvCacheOptions {
   StorageTier* storage = nullptr;
   /// Several groups: one store (or null: that group's pages are not stored) per group, in
   /// config order, each of its group's layout (StorageLayout::from_config(group_config(g)));
-  /// no two groups share a store. The group that owns the blocks (the full-attention group with
-  /// the most device blocks) needs one: fetches start from it. A dropped host block is written
+  /// no two groups share a store. The group that owns the blocks (KvCache::full_group(): the one
+  /// that attends furthest back) needs one: fetches start from it. A dropped host block is written
   /// to every store whose group kept a page of it, and a fetch reads each group's pages of the
   /// blocks its store holds, so a hit covers every group. Empty: no storage tier.
   std::vector<StorageTier*> group_storage;
@@ -153,9 +153,8 @@ class KvCache {
  public:
   /// Validates the config (paged mode), creates or borrows the backend, allocates the device
   /// pool and, when num_host_blocks > 0, the pinned host pool, once (per group). kInvalidArgument
-  /// names the field (also for groups with no full-attention group, or more than three window
-  /// groups); kResourceExhausted when a pool cannot be had; kUnimplemented for dense
-  /// mode.
+  /// names the field (also for more than three window groups beside the group that owns the
+  /// blocks); kResourceExhausted when a pool cannot be had; kUnimplemented for dense mode.
   static StatusOr<std::unique_ptr<KvCache>> create(const CacheConfig& config,
                                                    KvCacheOptions options = {});
   ~KvCache();

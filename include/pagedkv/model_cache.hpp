@@ -7,9 +7,9 @@
 // per group (ModelBatch), reserve's slots per group, and a store per group.
 //
 // A prefix hit counts as far as every group can supply it (all blocks for full attention, the
-// blocks inside the window for a window group). What the one KvCache does not hold yet (a
-// model whose groups all have a window, or more than three window groups) is refused when the
-// cache is created, with kInvalidArgument naming the shape.
+// blocks inside the window for a window group). The group that attends furthest back (no
+// window, else the widest) owns the blocks; more than three window groups beside it are
+// refused when the cache is created, with kInvalidArgument naming the shape.
 #pragma once
 
 #include <cstdint>

@@ -150,8 +150,8 @@ class KvCache(_C._KvCache):
 
 class ModelKvCache(_C._ModelKvCache):
     """The cache of a model whose layers form several KV groups (CacheConfig.groups): sliding
-    window next to full attention, or MLA latents. One KvCache per group, kept in step; layers
-    are routed to their group.
+    window next to full attention, windows of several widths, or MLA latents; layers are routed
+    to their group.
 
     ModelKvCache(config=None, *, enable_events=True, event_capacity=65536, storage=None,
     storage_staging_blocks=64, **fields), as KvCache; `storage` is None or one store (FileTier,
@@ -159,7 +159,8 @@ class ModelKvCache(_C._ModelKvCache):
     (FileTier(config, dir, model_id="m/full", group=0)), the group that owns the blocks among
     them. Every group lives in one cache whose groups share the logical blocks
     (docs/hybrid-models.md): one plan for every group, so a failed call never leaves a group
-    behind. It needs a full-attention (or latent) group and at most three window groups. The
+    behind. The group that attends furthest back (no window, else the widest) owns the blocks,
+    with at most three window groups beside it. The
     methods are the C++ ModelKvCache's (include/pagedkv/model_cache.hpp); group(g) is a
     read-only view of one group (pools, stats, block locations); events are drained from the
     model.

@@ -36,8 +36,10 @@ struct StorageLookup {
   int64_t cap = 0;
   int64_t first_block = 0;
   // Several groups: the blocks the index held before the listed ones (their groups' pages count
-  // toward a hit).
+  // toward a hit); in a window cache, at every table index up to the hit's end (kNoBlock where
+  // it held none), with the table index of each listed block in `listed_at`.
   std::vector<LogicalId> found;
+  std::vector<int64_t> listed_at;
 };
 
 /// One group's pages of an arrival, in a plane of several groups: block `index[k]` of the

@@ -372,7 +372,8 @@ ControlStats ControlPlane::group_stats(int32_t g, int64_t page_bytes) const {
   ControlStats st = stats();
   if (groups_.empty()) return st;
   if (g == full_group_) {
-    st.window_released_blocks = 0;  // the owner has no window: the releases are the others'
+    // Its own releases (a window owner's): the counter holds every group's.
+    for (const GroupPages& p : groups_) st.window_released_blocks -= p.released();
     return st;
   }
   const GroupPages& p = groups_[groups_.window_index(g)];

@@ -72,9 +72,10 @@ struct ControlOptions {
 class ControlPlane {
  public:
   /// Validates `config` (which must be paged mode) and `options` (kInvalidArgument) and builds
-  /// empty pools. With `groups`: at least one full-attention group (the one with the most device
-  /// blocks owns the logical blocks; any others, latent ones included, keep a page per block)
-  /// and at most Sequence::kMaxWindowGroups sliding-window groups (kInvalidArgument).
+  /// empty pools. With `groups`: the group that attends furthest back owns the logical blocks
+  /// (SharedGroups::check_config: a full-attention group, the one with the most device blocks,
+  /// else the widest window), the others keep pages of them (a full or latent one a page per
+  /// block), and at most Sequence::kMaxWindowGroups of those have a window (kInvalidArgument).
   static StatusOr<std::unique_ptr<ControlPlane>> create(const CacheConfig& config,
                                                         ControlOptions options = {});
 
@@ -478,6 +479,10 @@ class ControlPlane {
                           const std::vector<std::vector<bool>>& group_held, Arrival* out);
   int64_t grouped_reach(const StorageLookup& lookup, int64_t take,
                         const std::vector<GroupArrival>& pages) const;
+  // grouped_reach() of a window cache's lookup (flat blocks, all or none), `arrived`[w][i]
+  // telling whether window group w gets a page for the i-th arriving block.
+  int64_t grouped_window_reach(const StorageLookup& lookup, int64_t take,
+                               const std::vector<std::vector<bool>>& arrived) const;
   void settle_arrival_pages(const std::vector<GroupArrival>& pages,
                             const std::vector<LogicalId>& blocks,
                             const std::vector<bool>& registered, int64_t intact,

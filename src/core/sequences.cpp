@@ -185,8 +185,10 @@ void ControlPlane::append_committed(Sequence* s, const TokenId* tokens, int64_t 
       register_full_block(s, static_cast<size_t>(i), i == first_block ? first : nullptr);
     }
   }
-  if (window_ > 0) trim_window(s);
+  // The groups first: their windows are no wider than the owner's, so the blocks the owner
+  // releases hold no page of theirs by then.
   if (!groups_.empty()) counters_.window_released_blocks += groups_.trim_windows(s);
+  if (window_ > 0) trim_window(s);
 }
 
 // Inlined into commit_batch's row loop: it runs once per row of every step.
@@ -248,8 +250,8 @@ void ControlPlane::finish_commits() {
       const CommitWork& w = filled_[k];
       if (k + 1 < n && filled_[k + 1].index == CommitWork::kTrim) prefetch_trim(*filled_[k + 1].s);
       if (w.index == CommitWork::kTrim) {
-        if (window_ > 0) trim_window(w.s);
         if (!groups_.empty()) counters_.window_released_blocks += groups_.trim_windows(w.s);
+        if (window_ > 0) trim_window(w.s);  // after the groups' (commit())
       } else {
         register_full_block(w.s, w.index, w.hashed ? &w.key : nullptr);
       }

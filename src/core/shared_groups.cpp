@@ -4,6 +4,7 @@
 #include "core/shared_groups.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,25 +24,29 @@ Status SharedGroups::check_config(const CacheConfig& config, int32_t* owner) {
   if (config.groups.size() == 1) {
     return invalid_argument("groups: one group: create the plane from config.group_config(0)");
   }
-  int32_t windows = 0;
-  *owner = -1;
-  for (size_t g = 0; g < config.groups.size(); ++g) {
+  // The owner attends furthest back: no window (0 counts as unbounded), else the widest one. Its
+  // blocks then cover every other group's pages.
+  const auto reach = [](const KvGroup& k) {
+    return k.sliding_window == 0 ? std::numeric_limits<int64_t>::max()
+                                 : static_cast<int64_t>(k.sliding_window);
+  };
+  *owner = 0;
+  for (size_t g = 1; g < config.groups.size(); ++g) {
     const KvGroup& k = config.groups[g];
-    if (k.sliding_window > 0) {
-      ++windows;
-    } else if (*owner < 0 ||
-               k.num_device_blocks > config.groups[static_cast<size_t>(*owner)].num_device_blocks) {
+    const KvGroup& o = config.groups[static_cast<size_t>(*owner)];
+    if (reach(k) > reach(o) ||
+        (reach(k) == reach(o) && k.num_device_blocks > o.num_device_blocks)) {
       *owner = static_cast<int32_t>(g);
     }
   }
-  if (*owner < 0) {
-    return invalid_argument(
-        "groups: a plane of several groups needs a full-attention group (sliding_window 0) "
-        "whose blocks the window groups share; every group here has a window");
+  int32_t windows = 0;  // the others' bounds in Sequence::group_first_live
+  for (size_t g = 0; g < config.groups.size(); ++g) {
+    windows += g != static_cast<size_t>(*owner) && config.groups[g].sliding_window > 0 ? 1 : 0;
   }
   if (windows > Sequence::kMaxWindowGroups) {
     return invalid_argument("groups: a plane of several groups holds at most " +
-                            std::to_string(Sequence::kMaxWindowGroups) + " window groups, got " +
+                            std::to_string(Sequence::kMaxWindowGroups) +
+                            " window groups beside the one that owns the blocks, got " +
                             std::to_string(windows));
   }
   return ok_status();
@@ -193,8 +198,18 @@ void SharedGroups::move(LogicalId id, Tier from, Tier to, Transfers* out) {
 void SharedGroups::add_need(const Sequence& s, int64_t new_blocks,
                             std::vector<int64_t>* need) const {
   for (size_t w = 0; w < pages_.size(); ++w) {
-    (*need)[w] += new_blocks + (s.offloaded ? pages_on(s, w, Tier::kHost, false) : 0);
+    (*need)[w] += new_blocks + (s.offloaded ? restore_pages(s, w) : 0);
   }
+}
+
+int64_t SharedGroups::restore_pages(const Sequence& s, size_t w) const {
+  const GroupPages& g = pages_[w];
+  int64_t n = 0;
+  for (size_t i = s.first_live; i < s.blocks.size(); ++i) {
+    const LogicalId b = s.blocks[i];
+    if (b != kNoBlock && (*blocks_)[b].tier == Tier::kHost && g.holders(b) > 0) ++n;
+  }
+  return n;
 }
 
 int64_t SharedGroups::pages_on(const Sequence& s, size_t w, Tier t, bool exclusive) const {

@@ -111,8 +111,12 @@ class SharedGroups {
   /// Group w's pages of the blocks `s` holds there that are on tier `t` (only those of blocks
   /// it holds alone, when `exclusive`).
   int64_t pages_on(const Sequence& s, size_t w, Tier t, bool exclusive) const;
+  /// The device pages group w takes when the offloaded `s` is restored: the held pages of its
+  /// blocks on the host, whoever holds them (a page another sequence's window covers moves with
+  /// the block too; a cached one takes no room: it only replaces another cached page).
+  int64_t restore_pages(const Sequence& s, size_t w) const;
   /// The device pages a reserve of `s` takes in each group, added to `*need`: `new_blocks`
-  /// (the new blocks and a copy-on-write's copy), and the held pages of its blocks on the host.
+  /// (the new blocks and a copy-on-write's copy), and restore_pages() when it is offloaded.
   void add_need(const Sequence& s, int64_t new_blocks, std::vector<int64_t>* need) const;
   /// A plan's undo of the journaled takes, drops and moves, adding the inverse of the moves
   /// among the first `moves_done` to `*inverse`.

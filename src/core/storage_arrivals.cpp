@@ -96,11 +96,14 @@ void ControlPlane::storage_lookup_window(const std::vector<TokenId>& prompt, int
   for (size_t i = 0; i < end; ++i) {
     const TokenId* block = &prompt[i * static_cast<size_t>(block_size_)];
     const uint64_t next = index_.chain_hash(h, block);
-    if (i >= first && index_.find_flat(h, out->ns, block) < 0) {
+    const NodeId n = i >= first ? index_.find_flat(h, out->ns, block) : -1;
+    if (i >= first && n < 0) {
       out->prefix_hashes.push_back(h);
       out->hashes.push_back(next);
       out->tokens.insert(out->tokens.end(), block, block + block_size_);
+      if (!groups_.empty()) out->listed_at.push_back(static_cast<int64_t>(i));
     }
+    if (!groups_.empty()) out->found.push_back(n < 0 ? kNoBlock : index_.node(n).block);
     h = next;
   }
   if (static_cast<int64_t>(out->hashes.size()) > max_blocks) {
@@ -108,6 +111,7 @@ void ControlPlane::storage_lookup_window(const std::vector<TokenId>& prompt, int
     out->prefix_hashes.clear();
     out->hashes.clear();
     out->tokens.clear();
+    out->listed_at.clear();
     out->reach = out->cached_reach;
     return;
   }
@@ -228,6 +232,7 @@ StatusOr<int64_t> ControlPlane::finish_arrival_partly(
   const size_t good = static_cast<size_t>(std::min<int64_t>(
       intact, static_cast<int64_t>(record.blocks.size())));  // blocks [0, good) arrived intact
   int64_t registered = 0;
+  std::vector<bool> registered_at(record.blocks.size(), false);
   if (!l.prefix_hashes.empty()) {
     const bool ok = good == record.blocks.size();
     // A window cache's flat blocks: each stands alone under the hash of the prefix before it.
@@ -237,14 +242,17 @@ StatusOr<int64_t> ControlPlane::finish_arrival_partly(
       const TokenId* tokens = &l.tokens[i * static_cast<size_t>(block_size_)];
       const PrefixIndex::Lookup at = index_.lookup_flat(l.prefix_hashes[i], l.ns, tokens);
       // Failed, computed (or fetched) again meanwhile, or a key the index would not give the
-      // block (the lookup's hashes came from this index: a broken caller).
-      if (!ok || at.found >= 0 || at.hash != l.hashes[i]) {
-        blocks_.release(id);
-        continue;
-      }
+      // block (the lookup's hashes came from this index: a broken caller). Its pages in the
+      // other groups go with it (settle_arrival_pages, before the block is freed).
+      if (!ok || at.found >= 0 || at.hash != l.hashes[i]) continue;
       const NodeId node = index_.insert(at, id);
       register_arrived(id, node);
+      registered_at[i] = true;
       ++registered;
+    }
+    settle_arrival_pages(record.groups, record.blocks, registered_at, ok ? INT64_MAX : 0, group_ok);
+    for (size_t i = 0; i < record.blocks.size(); ++i) {
+      if (!registered_at[i]) blocks_.release(record.blocks[i]);
     }
     counters_.storage_hit_blocks += registered;
     return registered;
@@ -252,7 +260,6 @@ StatusOr<int64_t> ControlPlane::finish_arrival_partly(
   NodeId parent = l.parent;
   bool chained = parent == kRootNode ||
                  (index_.node(parent).live && index_.node(parent).hash == l.parent_hash);
-  std::vector<bool> registered_at(record.blocks.size(), false);
   for (size_t i = 0; i < record.blocks.size(); ++i) {
     const LogicalId id = record.blocks[i];
     BlockInfo& b = blocks_[id];
@@ -294,9 +301,16 @@ void ControlPlane::take_arrival_pages(const StorageLookup& lookup,
                                       const std::vector<LogicalId>& blocks,
                                       const std::vector<std::vector<bool>>& group_held,
                                       Arrival* out) {
+  // The table index of the i-th arriving block: they follow first_block, or (a window cache)
+  // sit where the lookup listed them.
+  const bool flat = !lookup.prefix_hashes.empty();
   const int64_t first = lookup.first_block;
-  const int64_t end = first + static_cast<int64_t>(blocks.size());
-  const int64_t longest = hit_of_blocks(end, block_size_, lookup.prompt_length, lookup.cap);
+  const auto table_index = [&](size_t i) {
+    return flat ? lookup.listed_at[i] : first + static_cast<int64_t>(i);
+  };
+  const int64_t longest = flat ? lookup.reach
+                               : hit_of_blocks(first + static_cast<int64_t>(blocks.size()),
+                                               block_size_, lookup.prompt_length, lookup.cap);
   for (GroupPages& g : groups_) {
     const std::vector<bool>& held = group_held[static_cast<size_t>(g.config_index())];
     if (held.empty()) continue;
@@ -304,9 +318,9 @@ void ControlPlane::take_arrival_pages(const StorageLookup& lookup,
     ga.group = g.config_index();
     // A window needs the pages of the hit's last blocks: nearest the hit first, as far as
     // the pool allows.
-    const int64_t from = std::max<int64_t>(first, static_cast<int64_t>(g.first_block(longest)));
-    for (int64_t j = end - 1; j >= from && g.room(Tier::kHost) > 0; --j) {
-      const size_t i = static_cast<size_t>(j - first);
+    const int64_t from = static_cast<int64_t>(g.first_block(longest));
+    for (size_t i = blocks.size(); i-- > 0 && g.room(Tier::kHost) > 0;) {
+      if (table_index(i) < from) break;
       if (!held[i]) continue;
       const LogicalId evicted = g.take(blocks[i], Tier::kHost);
       if (evicted != kNoBlock) emit_page_event(EventKind::kBlockRemoved, evicted, g, Tier::kHost);
@@ -319,8 +333,6 @@ void ControlPlane::take_arrival_pages(const StorageLookup& lookup,
 
 int64_t ControlPlane::grouped_reach(const StorageLookup& lookup, int64_t take,
                                     const std::vector<GroupArrival>& pages) const {
-  const int64_t first = lookup.first_block;
-  const int64_t end = first + take;
   // arrived[w][i]: window group w gets a page for the i-th arriving block.
   std::vector<std::vector<bool>> arrived(groups_.size(),
                                          std::vector<bool>(static_cast<size_t>(take), false));
@@ -328,6 +340,9 @@ int64_t ControlPlane::grouped_reach(const StorageLookup& lookup, int64_t take,
     for (const int32_t i : ga.index)
       arrived[groups_.window_index(ga.group)][static_cast<size_t>(i)] = true;
   }
+  if (!lookup.prefix_hashes.empty()) return grouped_window_reach(lookup, take, arrived);
+  const int64_t first = lookup.first_block;
+  const int64_t end = first + take;
   const auto present = [&](size_t w, int64_t j) {
     if (j >= first) return static_cast<bool>(arrived[w][static_cast<size_t>(j - first)]);
     return j < static_cast<int64_t>(lookup.found.size()) &&
@@ -349,6 +364,26 @@ int64_t ControlPlane::grouped_reach(const StorageLookup& lookup, int64_t take,
     if (covered) return c;
   }
   return 0;
+}
+
+int64_t ControlPlane::grouped_window_reach(const StorageLookup& lookup, int64_t take,
+                                           const std::vector<std::vector<bool>>& arrived) const {
+  // A window with a hole is no hit: the blocks come all or none, and so do the pages the other
+  // groups' windows need at the hit.
+  if (take < static_cast<int64_t>(lookup.hashes.size())) return lookup.cached_reach;
+  const int64_t c = lookup.reach;
+  for (size_t w = 0; w < groups_.size(); ++w) {
+    size_t k = 0;  // the next listed block
+    for (int64_t j = static_cast<int64_t>(groups_[w].first_block(c)); j < bdiv_.ceil_div(c); ++j) {
+      while (k < lookup.listed_at.size() && lookup.listed_at[k] < j) ++k;
+      const bool listed = k < lookup.listed_at.size() && lookup.listed_at[k] == j;
+      const bool present = listed ? static_cast<bool>(arrived[w][k])
+                                  : lookup.found[static_cast<size_t>(j)] != kNoBlock &&
+                                        groups_[w].page(lookup.found[static_cast<size_t>(j)]) >= 0;
+      if (!present) return lookup.cached_reach;
+    }
+  }
+  return c;
 }
 
 void ControlPlane::settle_arrival_pages(const std::vector<GroupArrival>& pages,

@@ -300,8 +300,7 @@ Status ControlPlane::run_restore(SequenceId id, Transfers* out) {
   PAGEDKV_RETURN_IF_ERROR(plan_device_blocks(host_blocks, s, &plan));
   if (!groups_.empty()) {
     std::vector<int64_t> pages(groups_.size());
-    for (size_t w = 0; w < groups_.size(); ++w)
-      pages[w] = groups_.pages_on(*s, w, Tier::kHost, false);
+    for (size_t w = 0; w < groups_.size(); ++w) pages[w] = groups_.restore_pages(*s, w);
     PAGEDKV_RETURN_IF_ERROR(plan_group_pages(pages, s, &plan));
   }
   begin_journal();
@@ -323,7 +322,7 @@ Status ControlPlane::run_prefetch(const std::vector<SequenceId>& ids, Transfers*
     if (host_blocks > device_available()) continue;
     bool pages_fit = true;
     for (size_t w = 0; w < groups_.size(); ++w) {
-      pages_fit = pages_fit && groups_.pages_on(*s, w, Tier::kHost, false) <= groups_[w].room();
+      pages_fit = pages_fit && groups_.restore_pages(*s, w) <= groups_[w].room();
     }
     if (!pages_fit) continue;
     do_restore(s, out);

@@ -15,8 +15,8 @@ StatusOr<std::unique_ptr<StorageLink>> StorageLink::create(Backend& backend,
   if (owner < 0 || static_cast<size_t>(owner) >= groups.size() ||
       groups[static_cast<size_t>(owner)].store == nullptr) {
     return invalid_argument(
-        "storage: the group that owns the blocks (the full-attention group with the most device "
-        "blocks) needs a store: it decides which blocks a fetch brings back");
+        "storage: the group that owns the blocks (KvCache::full_group(), the one that attends "
+        "furthest back) needs a store: it decides which blocks a fetch brings back");
   }
   if (staging_blocks < 1) {
     return invalid_argument("storage_staging_blocks must be >= 1, got " +

@@ -90,22 +90,31 @@ TEST(SharedGroupsConfig, TheOwnerIsTheFullGroupWithTheMostDeviceBlocks) {
   EXPECT_EQ(owner, 2);
   EXPECT_OK(SharedGroups::check_config(config_of({0, 16, 0}, {12, 4, 12}), &owner));
   EXPECT_EQ(owner, 0) << "the first of a tie";
+  EXPECT_OK(SharedGroups::check_config(config_of({64, 0}, {12, 4}), &owner));
+  EXPECT_EQ(owner, 1) << "no window reaches further than any window";
 }
 
-TEST(SharedGroupsConfig, RefusesOneGroupAllWindowsAndTooManyWindows) {
+TEST(SharedGroupsConfig, WithEveryGroupWindowedTheWidestOwnsTheBlocks) {
+  int32_t owner = -1;
+  EXPECT_OK(SharedGroups::check_config(config_of({8, 32, 16}, {4, 8, 12}), &owner));
+  EXPECT_EQ(owner, 1);
+  EXPECT_OK(SharedGroups::check_config(config_of({32, 8, 32}, {4, 8, 12}), &owner));
+  EXPECT_EQ(owner, 2) << "of two widest, the one with the most device blocks";
+}
+
+TEST(SharedGroupsConfig, RefusesOneGroupAndTooManyWindowsBesideTheOwner) {
   int32_t owner = -1;
   EXPECT_EQ(SharedGroups::check_config(config_of({0}, {8}), &owner).code(),
             StatusCode::kInvalidArgument);
-  const Status windows = SharedGroups::check_config(config_of({8, 16}, {8, 8}), &owner);
-  EXPECT_EQ(windows.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(windows.message().find("needs a full-attention group"), std::string::npos)
-      << windows.to_string();
   std::vector<int32_t> many(Sequence::kMaxWindowGroups + 1, 8);
   many.push_back(0);
   const Status too_many =
       SharedGroups::check_config(config_of(many, std::vector<int64_t>(many.size(), 8)), &owner);
   EXPECT_EQ(too_many.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(too_many.message().find("at most"), std::string::npos) << too_many.to_string();
+  many.pop_back();  // the widest of the windows owns the blocks: one fewer beside it
+  EXPECT_OK(
+      SharedGroups::check_config(config_of(many, std::vector<int64_t>(many.size(), 8)), &owner));
 }
 
 TEST_F(SharedGroupsPart, AWindowThatMovesOnReleasesThePagesBehindIt) {

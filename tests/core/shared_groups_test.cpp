@@ -75,16 +75,25 @@ TEST(SharedGroups, ConfigErrors) {
   ASSERT_OK(r);
   EXPECT_EQ(r.value()->full_group(), 0);
 
+  // Every group with a window: the widest one owns the blocks (a window of 64 beside one of 32).
   CacheConfig no_full = c;
   no_full.groups[1].sliding_window = 32;
   r = ControlPlane::create(no_full);
-  ASSERT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("needs a full-attention group"), std::string::npos);
+  ASSERT_OK(r);
+  EXPECT_EQ(r.value()->full_group(), 0);
 
   CacheConfig many = shared_config(16, 64, {32, 64, 128, 256}, 16);
   r = ControlPlane::create(many);
   ASSERT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("at most 3 window groups"), std::string::npos);
+
+  // Four windows and no full group: the widest owns the blocks, three are beside it.
+  CacheConfig four = many;
+  four.groups.pop_back();
+  four.num_layers = 4;
+  r = ControlPlane::create(four);
+  ASSERT_OK(r);
+  EXPECT_EQ(r.value()->full_group(), 3);
 
   // Any number of full-attention groups beside the three windows.
   CacheConfig wide = shared_config(16, 64, {32, 0, 64, 0, 128}, 16);
@@ -623,6 +632,7 @@ struct Shape {
   int64_t full_blocks;
   size_t full_at;           // the full group's index in CacheConfig::groups
   int64_t host_blocks = 0;  // every group's host pool
+  int32_t full_window = 0;  // the "full" group's window: with one, every group has a window
 };
 
 void run_random(uint32_t seed, const Shape& shape, int ops) {
@@ -634,15 +644,15 @@ void run_random(uint32_t seed, const Shape& shape, int ops) {
   m.bs = bs;
   for (const auto& [window, pages] : shape.windows) {
     if (c.groups.size() == shape.full_at) {
-      c.groups.push_back(group("global", 0, shape.full_blocks, 0));
-      m.windows.push_back(0);
+      c.groups.push_back(group("global", shape.full_window, shape.full_blocks, 0));
+      m.windows.push_back(shape.full_window);
     }
     c.groups.push_back(group("local", window, pages, 0));
     m.windows.push_back(window);
   }
   if (c.groups.size() == shape.full_at) {
-    c.groups.push_back(group("global", 0, shape.full_blocks, 0));
-    m.windows.push_back(0);
+    c.groups.push_back(group("global", shape.full_window, shape.full_blocks, 0));
+    m.windows.push_back(shape.full_window);
   }
   for (size_t g = 0; g < c.groups.size(); ++g) {
     c.groups[g].layers = {static_cast<int32_t>(g)};
@@ -912,6 +922,21 @@ TEST(SharedGroups, RandomASecondFullGroupBesideAWindow) {
 
 TEST(SharedGroups, RandomTwoFullGroupsWithAHostTier) {
   run_seeds(81, 84, Shape{4, {{0, 88}}, 96, 1, 64}, 1500);
+}
+
+// Every group with a window: the widest (the "full" group here, listed first, in the middle
+// and last) owns the blocks and releases those that leave its own window, after the narrower
+// groups have released their pages of them.
+TEST(SharedGroups, RandomEveryGroupWindowedTheWidestOwningTheBlocks) {
+  run_seeds(91, 93, Shape{4, {{8, 40}}, 64, 1, 0, 16}, 1500);
+  if (HasFatalFailure()) return;
+  run_seeds(94, 95, Shape{4, {{5, 40}, {12, 56}}, 64, 0, 0, 13}, 1500);
+  if (HasFatalFailure()) return;
+  run_seeds(96, 97, Shape{4, {{6, 48}, {6, 40}, {9, 40}}, 64, 2, 0, 9}, 1200);
+}
+
+TEST(SharedGroups, RandomEveryGroupWindowedWithAHostTier) {
+  run_seeds(101, 103, Shape{4, {{8, 40}}, 64, 1, 48, 20}, 1500);
 }
 
 TEST(SharedGroups, RandomAmpleWindowPoolsKeepCachedPages) {

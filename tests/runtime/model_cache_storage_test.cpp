@@ -28,7 +28,7 @@ using testing::TempDir;
 
 // Layers 0, 2 full attention (group 0), 1, 3 sliding window 32 (group 1), block 16; 12 device
 // and 6 host blocks per group, so a few 96-token prompts push the first one into storage.
-CacheConfig model() {
+CacheConfig model(int32_t full_window = 0) {
   CacheConfig c;
   c.num_layers = 4;
   c.block_size = 16;
@@ -45,6 +45,7 @@ CacheConfig model() {
   window.num_kv_heads = 1;
   window.head_dim = 24;
   window.sliding_window = 32;
+  full.sliding_window = full_window;
   c.groups = {full, window};
   return c;
 }
@@ -91,7 +92,7 @@ class ModelCacheStorageTest : public testing::ModelCacheHarness {
     cache_.reset();  // before the stores it uses
     stores_.clear();
     short_.reset();
-    const CacheConfig c = model();
+    const CacheConfig c = model(full_window_);
     const char* ids[] = {"model/full", "model/window"};
     for (int32_t g = 0; g < 2; ++g) {
       FileTierOptions fo;
@@ -159,6 +160,7 @@ class ModelCacheStorageTest : public testing::ModelCacheHarness {
     return hit.ok() ? *hit : -1;
   }
 
+  int32_t full_window_ = 0;  // the "full" group's window (then every group has one)
   TempDir dirs_[2];
   std::vector<std::unique_ptr<StorageTier>> stores_;
   std::unique_ptr<OneShortStore> short_;
@@ -191,6 +193,21 @@ TEST_P(ModelCacheStorageTest, ARestartedCacheHitsWhatEachGroupFetched) {
   EXPECT_EQ(gets(0), 6);
   EXPECT_EQ(gets(1), 4);
   EXPECT_EQ(cache_->stats().storage_hit_blocks, 6);
+}
+
+// Every group with a window: the wider one (48 tokens) owns the blocks. A restarted cache fetches
+// what a prompt's windows need from both stores, and every layer reads the right bytes.
+TEST_P(ModelCacheStorageTest, EveryGroupWindowedFetchesWhatTheWindowsNeed) {
+  full_window_ = 48;
+  ASSERT_NO_FATAL_FAILURE(write_p_to_storage());
+  ASSERT_NO_FATAL_FAILURE(open());
+  EXPECT_EQ(cache_->cache().full_group(), 0);
+  const auto fetched = cache_->fetch_from_storage(p_);
+  ASSERT_OK(fetched);
+  EXPECT_GT(*fetched, 0);
+  EXPECT_EQ(add_and_check(2, p_), 95);
+  EXPECT_GT(gets(0), 0);
+  EXPECT_GT(gets(1), 0);
 }
 
 // The fetches start from the group that owns the blocks: without its store nothing of a prompt
