@@ -306,6 +306,38 @@ def test_a_shared_prefix_hits_in_both_groups(two_group):
         m.check_gather(4, layer)
 
 
+def test_groups_that_all_have_a_window_share_the_widest_ones_blocks(rng):
+    # The "full" group given a window of 96: every group has one, and the wider owns the blocks.
+    # Each keeps only its own window (blocks before it are released, positions refused), both
+    # read back what was written, and a prompt sharing a finished one's tokens hits in both.
+    wide = 96
+    m = Model(two_group_config(groups=[full_group(sliding_window=wide), window_group()]), rng)
+    for id, n in ((1, 40), (2, 150)):
+        prompt = [1000 * id + t for t in range(n)]
+        m.add(id, prompt)
+        m.prefill(id, prompt)
+    for step in range(30):
+        m.decode_step([1, 2], [1500 + step, 2500 + step])
+    for id, length in ((1, 70), (2, 180)):
+        assert m.cache.length(id) == length
+        for layer, window in ((0, wide), (2, wide), (1, W), (3, W)):
+            begin = max(0, length - window) // BS * BS
+            m.check_gather(id, layer, begin=begin)
+            if begin > 0:
+                with pytest.raises(pagedkv.OutOfRangeError):
+                    m.cache.gather_layer(id, layer, begin=begin - 1)
+        assert m.cache.held_blocks(id, 0) <= wide // BS + 1
+        assert m.cache.held_blocks(id, 1) <= W // BS + 1
+    m.cache.finish(1)
+    m.cache.check_invariants()
+    prompt = m.tokens[1][:50] + [7000 + t for t in range(20)]
+    m.add(3, prompt, expect_cached=48)
+    m.prefill(3, prompt[48:])
+    for layer in range(4):
+        m.rows[(3, layer)] = m.rows[(1, layer)][:48] + m.rows[(3, layer)]
+        m.check_gather(3, layer)
+
+
 def test_fork_rollback_offload_restore(rng):
     groups = [full_group(num_host_blocks=32), window_group(num_host_blocks=32)]
     m = Model(two_group_config(groups=groups), rng)
