@@ -21,7 +21,7 @@ int64_t ControlPlane::device_available() const {
 bool ControlPlane::group_pages_fit(const Sequence& v, const std::vector<int64_t>& host_free,
                                    std::vector<int64_t>* pages) const {
   for (size_t w = 0; w < groups_.size(); ++w) {
-    (*pages)[w] = groups_.pages_on(v, w, Tier::kDevice, true);
+    (*pages)[w] = groups_.offload_pages(v, w);
     if ((*pages)[w] > host_free[w]) return false;
   }
   return true;
@@ -134,7 +134,7 @@ Status ControlPlane::plan_group_pages(const std::vector<int64_t>& need, const Se
   };
   for (const Sequence* v : plan->drop) (void)gains(*v, true);
   for (const Sequence* v : plan->offload) {
-    for (size_t w = 0; w < ng; ++w) room[w] += groups_.pages_on(*v, w, Tier::kDevice, true);
+    for (size_t w = 0; w < ng; ++w) room[w] += groups_.offload_pages(*v, w);
   }
   if (short_group() < 0) return ok_status();
   // A victim goes to the host tier, as for the full group, when every group's host pool has

@@ -212,12 +212,12 @@ int64_t SharedGroups::restore_pages(const Sequence& s, size_t w) const {
   return n;
 }
 
-int64_t SharedGroups::pages_on(const Sequence& s, size_t w, Tier t, bool exclusive) const {
+int64_t SharedGroups::offload_pages(const Sequence& s, size_t w) const {
   int64_t n = 0;
   for (size_t i = pages_[w].first_held(s.group_first_live); i < s.blocks.size(); ++i) {
     const LogicalId b = s.blocks[i];
     const BlockInfo& info = (*blocks_)[b];
-    if (info.tier == t && pages_[w].page(b) >= 0 && (!exclusive || info.ref == 1)) ++n;
+    if (info.tier == Tier::kDevice && pages_[w].page(b) >= 0 && info.ref == 1) ++n;
   }
   return n;
 }

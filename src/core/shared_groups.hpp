@@ -108,9 +108,9 @@ class SharedGroups {
   /// The pages of `b` follow it from tier `from` to `to` (moves named by group); a cached one is
   /// released instead when `to` has neither a free nor a cached page of that group.
   void move(LogicalId b, Tier from, Tier to, Transfers* out);
-  /// Group w's pages of the blocks `s` holds there that are on tier `t` (only those of blocks
-  /// it holds alone, when `exclusive`).
-  int64_t pages_on(const Sequence& s, size_t w, Tier t, bool exclusive) const;
+  /// The device pages group w gives up when `s` is offloaded: those it holds there of the device
+  /// blocks only it references (the blocks an offload moves).
+  int64_t offload_pages(const Sequence& s, size_t w) const;
   /// The device pages group w takes when the offloaded `s` is restored: the held pages of its
   /// blocks on the host, whoever holds them (a page another sequence's window covers moves with
   /// the block too; a cached one takes no room: it only replaces another cached page).

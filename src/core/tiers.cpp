@@ -276,7 +276,7 @@ Status ControlPlane::run_offload(SequenceId id, Transfers* out) {
                               " free or held by cached blocks");
   }
   for (size_t w = 0; w < groups_.size(); ++w) {
-    const int64_t pages = groups_.pages_on(*s, w, Tier::kDevice, /*exclusive=*/true);
+    const int64_t pages = groups_.offload_pages(*s, w);
     const GroupPages& g = groups_[w];
     if (pages > g.room(Tier::kHost)) {
       return resource_exhausted("offload: " + seq_name(id) + " needs " + std::to_string(pages) +
