@@ -36,11 +36,12 @@ class SharedGroups {
   using PageEventSink = std::function<void(EventKind kind, LogicalId b, const GroupPages& g,
                                            Tier tier, bool revocable)>;
 
-  /// Whether `config.groups` can share one plane: at least one full-attention group
-  /// (sliding_window 0; a latent group counts), whose blocks the others share, and at most
-  /// Sequence::kMaxWindowGroups window groups (kInvalidArgument). The owner of the logical
-  /// blocks is the full group with the most device blocks (the first of those): it bounds how
-  /// many blocks every group can share. Sets `*owner`.
+  /// Whether `config.groups` can share one plane, and which group owns the logical blocks (set
+  /// in `*owner`): the one that attends furthest back, so that its blocks cover every other
+  /// group's pages. That is a full-attention group (sliding_window 0; a latent group counts) or,
+  /// when every group has a window, the widest; among equals the one with the most device blocks
+  /// (the first of those), which bounds how many blocks every group can share. At most
+  /// Sequence::kMaxWindowGroups of the others may have a window (kInvalidArgument).
   static Status check_config(const CacheConfig& config, int32_t* owner);
 
   /// No groups (a one-group plane).
