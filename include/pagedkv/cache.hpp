@@ -153,8 +153,7 @@ class KvCache {
  public:
   /// Validates the config (paged mode), creates or borrows the backend, allocates the device
   /// pool and, when num_host_blocks > 0, the pinned host pool, once (per group). kInvalidArgument
-  /// names the field (also for more than three window groups beside the group that owns the
-  /// blocks); kResourceExhausted when a pool cannot be had; kUnimplemented for dense mode.
+  /// names the field; kResourceExhausted when a pool cannot be had; kUnimplemented for dense mode.
   static StatusOr<std::unique_ptr<KvCache>> create(const CacheConfig& config,
                                                    KvCacheOptions options = {});
   ~KvCache();

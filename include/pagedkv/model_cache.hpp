@@ -8,8 +8,7 @@
 //
 // A prefix hit counts as far as every group can supply it (all blocks for full attention, the
 // blocks inside the window for a window group). The group that attends furthest back (no
-// window, else the widest) owns the blocks; more than three window groups beside it are
-// refused when the cache is created, with kInvalidArgument naming the shape.
+// window, else the widest) owns the blocks; any number of window groups may be beside it.
 #pragma once
 
 #include <cstdint>

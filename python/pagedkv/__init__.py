@@ -160,7 +160,7 @@ class ModelKvCache(_C._ModelKvCache):
     them. Every group lives in one cache whose groups share the logical blocks
     (docs/hybrid-models.md): one plan for every group, so a failed call never leaves a group
     behind. The group that attends furthest back (no window, else the widest) owns the blocks,
-    with at most three window groups beside it. The
+    with any number of window groups beside it. The
     methods are the C++ ModelKvCache's (include/pagedkv/model_cache.hpp); group(g) is a
     read-only view of one group (pools, stats, block locations); events are drained from the
     model.

@@ -262,8 +262,7 @@ Status BatchMetadataBuilder::build_groups(const std::vector<Sequence*>& rows,
     for (size_t w = 0; w < windows; ++w) {
       const GroupPages& g = (*pages)[w];
       BatchMetadataBuilder& b = (*window_builders)[w];
-      b.write_row(r, s, p, g.first_held(s.group_first_live),
-                  &b.follower_tails_[static_cast<size_t>(r)],
+      b.write_row(r, s, p, g.first_held(s), &b.follower_tails_[static_cast<size_t>(r)],
                   [&g](LogicalId id) { return g.page(id); });
     }
     write_row(r, s, p, s.first_live, &row_state_[static_cast<size_t>(r)].tail,

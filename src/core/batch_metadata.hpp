@@ -29,8 +29,8 @@ class BatchMetadataBuilder {
                const BatchOptions& options, size_t widest = SIZE_MAX);
   /// build() of a plane whose groups share the blocks: this builder writes the full group's
   /// rows (`blocks`), `window_builders`[w] window group w's (`pages`[w], -1 before each
-  /// sequence's group_first_live[w]), all in one pass over the rows. Every group's sizes are
-  /// checked first, so an error changes none of them.
+  /// sequence's first held block there, GroupPages::first_held), all in one pass over the
+  /// rows. Every group's sizes are checked first, so an error changes none of them.
   Status build_groups(const std::vector<Sequence*>& rows, const BlockAllocator& blocks,
                       const std::vector<GroupPages>* pages,
                       std::vector<BatchMetadataBuilder>* window_builders,

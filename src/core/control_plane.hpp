@@ -75,7 +75,7 @@ class ControlPlane {
   /// empty pools. With `groups`: the group that attends furthest back owns the logical blocks
   /// (SharedGroups::check_config: a full-attention group, the one with the most device blocks,
   /// else the widest window), the others keep pages of them (a full or latent one a page per
-  /// block), and at most Sequence::kMaxWindowGroups of those have a window (kInvalidArgument).
+  /// block), any number of them with a window.
   static StatusOr<std::unique_ptr<ControlPlane>> create(const CacheConfig& config,
                                                         ControlOptions options = {});
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/block_allocator.hpp"
+#include "core/sequence_table.hpp"
 
 namespace pagedkv {
 namespace core {
@@ -28,8 +29,9 @@ namespace core {
 class GroupPages {
  public:
   /// `window` tokens (0: none), pools of `device_pages` and `host_pages`, logical ids in
-  /// [0, num_logical). A window group keeps its holders' bounds in Sequence::group_first_live
-  /// at `live_slot` (-1 without a window: the bound is always 0).
+  /// [0, num_logical). A window group keeps its holders' bounds in their
+  /// Sequence::window_bound(`live_slot`), shared by the groups of its window size (-1 without
+  /// a window: the bound is always 0).
   GroupPages(int32_t config_index, int64_t window, int32_t live_slot, int64_t block_size,
              int64_t device_pages, int64_t host_pages, int64_t num_logical);
 
@@ -42,13 +44,14 @@ class GroupPages {
     return window_ == 0 ? 0
                         : static_cast<size_t>(bdiv_.div(std::max<int64_t>(0, length - window_)));
   }
-  /// The first table index whose page a sequence holds here, from its `group_first_live`.
-  size_t first_held(const uint32_t* group_first_live) const {
-    return live_slot_ < 0 ? 0 : group_first_live[live_slot_];
+  /// The first table index whose page sequence `s` holds here.
+  size_t first_held(const Sequence& s) const {
+    return live_slot_ < 0 ? 0 : s.window_bound(live_slot_);
   }
-  /// Sets that bound (a group with no window has none to set: it is always 0).
-  void set_first_held(uint32_t* group_first_live, size_t first) const {
-    if (live_slot_ >= 0) group_first_live[live_slot_] = static_cast<uint32_t>(first);
+  /// Sets that bound, for every group of this window size (a group with no window has none to
+  /// set: it is always 0).
+  void set_first_held(Sequence* s, size_t first) const {
+    if (live_slot_ >= 0) s->set_window_bound(live_slot_, static_cast<uint32_t>(first));
   }
 
   /// The page of logical block `b` (in the pool of the tier the block is on), or -1.

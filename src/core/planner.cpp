@@ -111,7 +111,7 @@ Status ControlPlane::plan_group_pages(const std::vector<int64_t>& need, const Se
     int64_t useful = 0;
     for (size_t w = 0; w < ng; ++w) {
       int64_t gain = 0;
-      const size_t first = groups_[w].first_held(v.group_first_live);
+      const size_t first = groups_[w].first_held(v);
       for (size_t i = first; i < v.blocks.size(); ++i) {
         const LogicalId b = v.blocks[i];
         const int32_t d = ++dropped[w][b];
@@ -161,8 +161,7 @@ Status ControlPlane::plan_group_pages(const std::vector<int64_t>& need, const Se
       if (!own(b)) continue;
       --host_room;
       for (size_t w = 0; w < ng; ++w) {
-        group_host[w] -=
-            i >= groups_[w].first_held(v->group_first_live) && groups_[w].page(b) >= 0 ? 1 : 0;
+        group_host[w] -= i >= groups_[w].first_held(*v) && groups_[w].page(b) >= 0 ? 1 : 0;
       }
     }
   }

@@ -25,11 +25,12 @@ struct alignas(64) Sequence {
   std::vector<LogicalId> blocks;  // logical block table, covers committed + pending tokens
   // Blocks [0, first_live) fell out of the sliding window: kNoBlock (always 0 without one).
   size_t first_live = 0;
-  // A plane with window groups sharing the blocks (GroupPages): per window group, the first
-  // table index whose page the sequence holds in that group (GroupPages::first_held; groups
-  // with no window need no bound).
-  static constexpr int kMaxWindowGroups = 3;
-  uint32_t group_first_live[kMaxWindowGroups] = {};
+  // A plane with window groups sharing the blocks (GroupPages): per window size, the first
+  // table index whose page the sequence holds in the groups of that window (window_bound();
+  // groups with no window need no bound). The first kInlineWindowBounds sizes' bounds are here,
+  // in the lines a decode step reads; a model of more sizes keeps the rest in more_bounds.
+  static constexpr int32_t kInlineWindowBounds = 3;
+  uint32_t group_first_live[kInlineWindowBounds] = {};
   bool active = false;
   bool offloaded = false;
   bool is_victim = false;      // in the victim set
@@ -47,6 +48,23 @@ struct alignas(64) Sequence {
   uint64_t batch_mark = 0;  // duplicate detection in build_batch
   SequenceOptions options;
   std::tuple<int32_t, uint64_t, SequenceId> victim_key{};
+  std::vector<uint32_t> more_bounds;  // window bounds past the inline ones (empty: all 0)
+
+  /// The bound of window size `slot` (GroupPages::first_held).
+  uint32_t window_bound(int32_t slot) const {
+    if (slot < kInlineWindowBounds) return group_first_live[slot];
+    const size_t i = static_cast<size_t>(slot - kInlineWindowBounds);
+    return i < more_bounds.size() ? more_bounds[i] : 0;
+  }
+  void set_window_bound(int32_t slot, uint32_t first) {
+    if (slot < kInlineWindowBounds) {
+      group_first_live[slot] = first;
+      return;
+    }
+    const size_t i = static_cast<size_t>(slot - kInlineWindowBounds);
+    if (i >= more_bounds.size()) more_bounds.resize(i + 1, 0);
+    more_bounds[i] = first;
+  }
 
   int64_t length() const { return static_cast<int64_t>(tokens.size()); }
   /// The blocks the sequence holds: its table without the entries that fell out of the window.

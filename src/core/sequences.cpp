@@ -196,7 +196,7 @@ void ControlPlane::append_committed(Sequence* s, const TokenId* tokens, int64_t 
   const int64_t len = s.length();
   bool moved = window_first_block(len) > s.first_live;
   for (const GroupPages& g : groups_) {
-    moved |= g.first_block(len) > g.first_held(s.group_first_live);
+    moved |= g.first_block(len) > g.first_held(s);
   }
   return moved;
 }
@@ -297,7 +297,7 @@ void ControlPlane::hash_ahead(size_t begin, size_t end) {
 void ControlPlane::prefetch_trim(const Sequence& s) const {
   // The records of the first block leaving a window: the block's and its pages'.
   size_t i = window_ > 0 ? s.first_live : SIZE_MAX;
-  if (!groups_.empty()) i = std::min<size_t>(i, groups_[0].first_held(s.group_first_live));
+  if (!groups_.empty()) i = std::min<size_t>(i, groups_[0].first_held(s));
   if (i < s.blocks.size() && s.blocks[i] != kNoBlock) {
     const LogicalId b = s.blocks[i];
     __builtin_prefetch(&blocks_[b]);
@@ -393,7 +393,7 @@ Status ControlPlane::fork(SequenceId parent, SequenceId child) {
   for (LogicalId b : c->live_blocks()) ++blocks_[b].ref;  // held by the parent: never 0 -> 1
   for (size_t w = 0; w < groups_.size(); ++w) {
     const GroupPages& g = groups_[w];
-    g.set_first_held(c->group_first_live, std::min(g.first_held(p->group_first_live), keep));
+    g.set_first_held(c, std::min(g.first_held(*p), keep));
   }
   for (size_t i = 0; i < c->blocks.size(); ++i) {
     if (!groups_.empty()) groups_.hold(*c, i, c->blocks[i]);

@@ -39,16 +39,6 @@ Status SharedGroups::check_config(const CacheConfig& config, int32_t* owner) {
       *owner = static_cast<int32_t>(g);
     }
   }
-  int32_t windows = 0;  // the others' bounds in Sequence::group_first_live
-  for (size_t g = 0; g < config.groups.size(); ++g) {
-    windows += g != static_cast<size_t>(*owner) && config.groups[g].sliding_window > 0 ? 1 : 0;
-  }
-  if (windows > Sequence::kMaxWindowGroups) {
-    return invalid_argument("groups: a plane of several groups holds at most " +
-                            std::to_string(Sequence::kMaxWindowGroups) +
-                            " window groups beside the one that owns the blocks, got " +
-                            std::to_string(windows));
-  }
   return ok_status();
 }
 
@@ -60,13 +50,21 @@ SharedGroups::SharedGroups(const CacheConfig& config, int32_t owner, const Block
       blocks_(blocks),
       journal_(journal),
       events_(std::move(events)) {
-  int32_t live_slot = 0;  // the next window group's bound in Sequence::group_first_live
+  // Each window size's bound in Sequence::window_bound: groups of one size hold the same pages
+  // of a sequence, so they share it.
+  std::vector<int32_t> sizes;
+  const auto live_slot = [&sizes](int32_t window) {
+    if (window == 0) return -1;
+    const auto it = std::find(sizes.begin(), sizes.end(), window);
+    if (it != sizes.end()) return static_cast<int32_t>(it - sizes.begin());
+    sizes.push_back(window);
+    return static_cast<int32_t>(sizes.size()) - 1;
+  };
   for (int32_t g = 0; g < static_cast<int32_t>(config.groups.size()); ++g) {
     if (g == owner) continue;
     const KvGroup& k = config.groups[static_cast<size_t>(g)];
-    pages_.emplace_back(g, k.sliding_window, k.sliding_window > 0 ? live_slot++ : -1,
-                        config.block_size, k.num_device_blocks, k.num_host_blocks,
-                        blocks->num_logical());
+    pages_.emplace_back(g, k.sliding_window, live_slot(k.sliding_window), config.block_size,
+                        k.num_device_blocks, k.num_host_blocks, blocks->num_logical());
     if (track_origins) {
       origins_.emplace_back();
       origins_.back().resize(k.num_device_blocks, k.num_host_blocks);
@@ -76,7 +74,7 @@ SharedGroups::SharedGroups(const CacheConfig& config, int32_t owner, const Block
 
 void SharedGroups::hold(const Sequence& s, size_t i, LogicalId b) {
   for (size_t w = 0; w < pages_.size(); ++w) {
-    if (i >= pages_[w].first_held(s.group_first_live)) pages_[w].hold(b, (*blocks_)[b].tier);
+    if (i >= pages_[w].first_held(s)) pages_[w].hold(b, (*blocks_)[b].tier);
   }
 }
 
@@ -85,7 +83,7 @@ void SharedGroups::drop(const Sequence& s, size_t i, LogicalId b, bool undoable)
   const Tier t = (*blocks_)[b].tier;
   const bool cacheable = (*blocks_)[b].node >= 0;
   for (size_t w = 0; w < pages_.size(); ++w) {
-    if (i < pages_[w].first_held(s.group_first_live)) continue;
+    if (i < pages_[w].first_held(s)) continue;
     if (undoable) {
       journal_->group_ops.push_back(Journal::GroupOp{
           Journal::GroupOpKind::kDrop, t, static_cast<int32_t>(w), b, pages_[w].page(b), -1});
@@ -97,8 +95,7 @@ void SharedGroups::drop(const Sequence& s, size_t i, LogicalId b, bool undoable)
 bool SharedGroups::can_swap(const Sequence& s, size_t i, LogicalId ours, LogicalId theirs) const {
   for (size_t w = 0; w < pages_.size(); ++w) {
     const GroupPages& g = pages_[w];
-    if (i >= g.first_held(s.group_first_live) && g.page(theirs) < 0 && g.holders(ours) != 1)
-      return false;
+    if (i >= g.first_held(s) && g.page(theirs) < 0 && g.holders(ours) != 1) return false;
   }
   return true;
 }
@@ -107,7 +104,7 @@ void SharedGroups::swap(const Sequence& s, size_t i, LogicalId ours, LogicalId t
   // `ours` is not indexed (register_full_block returns first when it is): its pages are freed.
   for (size_t w = 0; w < pages_.size(); ++w) {
     GroupPages& g = pages_[w];
-    if (i < g.first_held(s.group_first_live)) continue;
+    if (i < g.first_held(s)) continue;
     if (g.page(theirs) >= 0) {
       g.hold(theirs, (*blocks_)[theirs].tier);
       g.drop(ours, /*cacheable=*/false, Tier::kDevice);
@@ -129,21 +126,22 @@ bool SharedGroups::cover(const std::vector<LogicalId>& found, int64_t c) const {
 }
 
 void SharedGroups::set_first_held(Sequence* s, int64_t length) const {
-  for (const GroupPages& g : pages_) g.set_first_held(s->group_first_live, g.first_block(length));
+  for (const GroupPages& g : pages_) g.set_first_held(s, g.first_block(length));
 }
 
 void SharedGroups::clamp_first_held(Sequence* s, size_t keep) const {
   for (const GroupPages& g : pages_) {
-    g.set_first_held(s->group_first_live, std::min(g.first_held(s->group_first_live), keep));
+    g.set_first_held(s, std::min(g.first_held(*s), keep));
   }
 }
 
 int64_t SharedGroups::trim_windows(Sequence* s) {
   const int64_t len = s->length();
   int64_t released = 0;
+  bool moved = false;
   for (GroupPages& g : pages_) {
     const size_t first = g.first_block(len);
-    const size_t from = g.first_held(s->group_first_live);
+    const size_t from = g.first_held(*s);
     if (first <= from) continue;
     for (size_t i = from; i < first; ++i) {
       const BlockInfo& b = (*blocks_)[s->blocks[i]];
@@ -151,7 +149,13 @@ int64_t SharedGroups::trim_windows(Sequence* s) {
     }
     g.count_released(static_cast<int64_t>(first - from));
     released += static_cast<int64_t>(first - from);
-    g.set_first_held(s->group_first_live, first);
+    moved = true;
+  }
+  // The bounds move once every group has dropped: groups of one window size share theirs.
+  if (moved) {
+    for (const GroupPages& g : pages_) {
+      g.set_first_held(s, std::max(g.first_block(len), g.first_held(*s)));
+    }
   }
   return released;
 }
@@ -214,7 +218,7 @@ int64_t SharedGroups::restore_pages(const Sequence& s, size_t w) const {
 
 int64_t SharedGroups::offload_pages(const Sequence& s, size_t w) const {
   int64_t n = 0;
-  for (size_t i = pages_[w].first_held(s.group_first_live); i < s.blocks.size(); ++i) {
+  for (size_t i = pages_[w].first_held(s); i < s.blocks.size(); ++i) {
     const LogicalId b = s.blocks[i];
     const BlockInfo& info = (*blocks_)[b];
     if (info.tier == Tier::kDevice && pages_[w].page(b) >= 0 && info.ref == 1) ++n;
@@ -269,7 +273,7 @@ void SharedGroups::copy(LogicalId src, LogicalId dst, Transfers* out) const {
 Status SharedGroups::check_rollback(const Sequence& s, int64_t length) const {
   for (size_t w = 0; w < pages_.size(); ++w) {
     const GroupPages& g = pages_[w];
-    const size_t held = g.first_held(s.group_first_live);
+    const size_t held = g.first_held(s);
     if (length == 0 || g.first_block(length) >= held) continue;
     const int64_t first = static_cast<int64_t>(held) * block_size_;
     return failed_precondition("rollback: " + seq_name(s.id) + " no longer holds the tokens " +
@@ -291,7 +295,7 @@ Status SharedGroups::check(const SequenceTable& seqs,
     std::vector<int32_t> holders(static_cast<size_t>(nlog), 0);
     for (const auto& kv : seqs.all()) {
       const Sequence& s = *kv.second;
-      const size_t held = g.first_held(s.group_first_live);
+      const size_t held = g.first_held(s);
       if (held > s.blocks.size()) {
         return broken(name + ": sequence " + std::to_string(s.id) + " first live index past " +
                       "its table");
@@ -380,7 +384,7 @@ Status SharedGroups::check(const SequenceTable& seqs,
 std::vector<BlockLocation> SharedGroups::block_locations(const Sequence& s, int32_t g) const {
   const GroupPages& pages = pages_[window_index(g)];
   std::vector<BlockLocation> out(s.blocks.size(), BlockLocation{Tier::kDevice, -1});
-  for (size_t i = pages.first_held(s.group_first_live); i < s.blocks.size(); ++i) {
+  for (size_t i = pages.first_held(s); i < s.blocks.size(); ++i) {
     const LogicalId b = s.blocks[i];
     // A page's tier is its block's: the pages follow their blocks between tiers.
     out[i] = BlockLocation{(*blocks_)[b].tier, pages.page(b)};

@@ -6,9 +6,10 @@
 // check_invariants(). The coordinator keeps one, empty for a one-group plane, as it keeps one
 // TierStore per tier; it shares the block records, the journal and the event ring with it.
 //
-// A sequence holds the page of its block at table index i in window group w while
-// i >= group_first_live[w]; a commit moves that bound as the window moves. A group with no
-// window has no bound: it holds a page for every block of its holders.
+// A sequence holds the page of its block at table index i in window group w while i is at
+// least its bound for w's window size (Sequence::window_bound; groups of one size share it); a
+// commit moves that bound as the window moves. A group with no window has no bound: it holds a
+// page for every block of its holders.
 #pragma once
 
 #include <cstddef>
@@ -40,8 +41,9 @@ class SharedGroups {
   /// in `*owner`): the one that attends furthest back, so that its blocks cover every other
   /// group's pages. That is a full-attention group (sliding_window 0; a latent group counts) or,
   /// when every group has a window, the widest; among equals the one with the most device blocks
-  /// (the first of those), which bounds how many blocks every group can share. At most
-  /// Sequence::kMaxWindowGroups of the others may have a window (kInvalidArgument).
+  /// (the first of those), which bounds how many blocks every group can share. Any number of
+  /// groups may have a window; a model of more than Sequence::kInlineWindowBounds window sizes
+  /// besides the owner's keeps the further bounds out of the lines a decode step reads.
   static Status check_config(const CacheConfig& config, int32_t* owner);
 
   /// No groups (a one-group plane).

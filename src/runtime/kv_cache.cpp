@@ -59,8 +59,7 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   PAGEDKV_RETURN_IF_ERROR(model_config.validate());
   const int32_t num_groups = model_config.num_groups();
   // One group given as groups[0]: that group's config. Several: the control plane checks their
-  // shape (the group that attends furthest back owns the blocks, at most three window groups
-  // beside it).
+  // shape (the group that attends furthest back owns the blocks).
   const CacheConfig config = num_groups > 1 ? model_config : model_config.group_config(0);
   if (num_groups > 1 && options.storage != nullptr) {
     return invalid_argument(

@@ -550,6 +550,36 @@ TEST_P(ModelCacheRandom, FullLatentAndWindowGroupsEveryReadMatchesTheReference) 
   }
 }
 
+// Five window groups of four sizes beside the full group: more window sizes than a sequence
+// record keeps in the lines a decode step reads (the fourth size's bound lives apart), and two
+// groups of one size sharing a bound.
+CacheConfig many_windows_config() {
+  CacheConfig c = hybrid_config();
+  c.num_layers = 7;
+  KvGroup base = c.groups[1];
+  c.groups.resize(1);
+  const std::pair<int32_t, int32_t> windows[] = {{0, 16}, {1, 32}, {3, 48}, {4, 64}, {6, 32}};
+  for (const auto& [layer, window] : windows) {
+    KvGroup g = base;
+    g.name = "window" + std::to_string(layer);
+    g.layers = {layer};
+    g.sliding_window = window;
+    c.groups.push_back(g);
+  }
+  return c;
+}
+
+TEST_P(ModelCacheRandom, ManyWindowSizesEveryReadMatchesTheReference) {
+  constexpr int64_t kOps = 2500;
+  make(many_windows_config());
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_EQ(cache_->cache().full_group(), 0);
+  RunCounters c;
+  ASSERT_NO_FATAL_FAILURE(run(21, kOps, c));
+  expect_coverage(c, kOps);
+  RecordProperty("counters", describe(c));
+}
+
 // DeepSeek's latent width, a shorter run.
 TEST_P(ModelCacheRandom, DeepSeekLatentEveryReadMatchesTheReference) {
   constexpr int64_t kOps = 300;
