@@ -338,6 +338,33 @@ def test_groups_that_all_have_a_window_share_the_widest_ones_blocks(rng):
         m.check_gather(3, layer)
 
 
+def test_more_window_sizes_than_a_sequence_record_keeps_inline(rng):
+    # Five window groups of four sizes beside the full group (two of window 32 share a bound;
+    # the fourth size's bound lives outside the lines a decode step reads): each group keeps
+    # its own window and reads back what was written.
+    windows = {1: 16, 2: 32, 3: 48, 4: 64, 5: 32}
+    groups = [full_group(layers=[0])] + [
+        window_group(name=f"w{layer}", layers=[layer], sliding_window=window)
+        for layer, window in windows.items()]
+    m = Model(pagedkv.CacheConfig(num_layers=6, block_size=BS, backend="cpu", groups=groups), rng)
+    for id, n in ((1, 40), (2, 150)):
+        prompt = [1000 * id + t for t in range(n)]
+        m.add(id, prompt)
+        m.prefill(id, prompt)
+    for step in range(30):
+        m.decode_step([1, 2], [1500 + step, 2500 + step])
+    m.cache.check_invariants()
+    for id, length in ((1, 70), (2, 180)):
+        m.check_gather(id, 0)
+        for layer, window in windows.items():
+            begin = max(0, length - window) // BS * BS
+            m.check_gather(id, layer, begin=begin)
+            if begin > 0:
+                with pytest.raises(pagedkv.OutOfRangeError):
+                    m.cache.gather_layer(id, layer, begin=begin - 1)
+            assert m.cache.held_blocks(id, layer) <= -(-window // BS) + 1
+
+
 def test_fork_rollback_offload_restore(rng):
     groups = [full_group(num_host_blocks=32), window_group(num_host_blocks=32)]
     m = Model(two_group_config(groups=groups), rng)
