@@ -306,26 +306,38 @@ def test_a_shared_prefix_hits_in_both_groups(two_group):
         m.check_gather(4, layer)
 
 
-def test_groups_that_all_have_a_window_share_the_widest_ones_blocks(rng):
-    # The "full" group given a window of 96: every group has one, and the wider owns the blocks.
-    # Each keeps only its own window (blocks before it are released, positions refused), both
-    # read back what was written, and a prompt sharing a finished one's tokens hits in both.
-    wide = 96
-    m = Model(two_group_config(groups=[full_group(sliding_window=wide), window_group()]), rng)
+def prefill_and_decode_two(m):
+    """Sequences 1 and 2: prompts of 40 and 150 tokens, then 30 decode steps (70 and 180)."""
     for id, n in ((1, 40), (2, 150)):
         prompt = [1000 * id + t for t in range(n)]
         m.add(id, prompt)
         m.prefill(id, prompt)
     for step in range(30):
         m.decode_step([1, 2], [1500 + step, 2500 + step])
+
+
+def check_windows(m, windows):
+    """Each layer of `windows` ({layer: window}) of sequences 1 and 2 reads back from its
+    window's first block on and refuses the position before it."""
     for id, length in ((1, 70), (2, 180)):
-        assert m.cache.length(id) == length
-        for layer, window in ((0, wide), (2, wide), (1, W), (3, W)):
+        for layer, window in windows.items():
             begin = max(0, length - window) // BS * BS
             m.check_gather(id, layer, begin=begin)
             if begin > 0:
                 with pytest.raises(pagedkv.OutOfRangeError):
                     m.cache.gather_layer(id, layer, begin=begin - 1)
+
+
+def test_groups_that_all_have_a_window_share_the_widest_ones_blocks(rng):
+    # The "full" group given a window of 96: every group has one, and the wider owns the blocks.
+    # Each keeps only its own window (blocks before it are released, positions refused), both
+    # read back what was written, and a prompt sharing a finished one's tokens hits in both.
+    wide = 96
+    m = Model(two_group_config(groups=[full_group(sliding_window=wide), window_group()]), rng)
+    prefill_and_decode_two(m)
+    check_windows(m, {0: wide, 2: wide, 1: W, 3: W})
+    for id, length in ((1, 70), (2, 180)):
+        assert m.cache.length(id) == length
         assert m.cache.held_blocks(id, 0) <= wide // BS + 1
         assert m.cache.held_blocks(id, 1) <= W // BS + 1
     m.cache.finish(1)
@@ -347,21 +359,12 @@ def test_more_window_sizes_than_a_sequence_record_keeps_inline(rng):
         window_group(name=f"w{layer}", layers=[layer], sliding_window=window)
         for layer, window in windows.items()]
     m = Model(pagedkv.CacheConfig(num_layers=6, block_size=BS, backend="cpu", groups=groups), rng)
-    for id, n in ((1, 40), (2, 150)):
-        prompt = [1000 * id + t for t in range(n)]
-        m.add(id, prompt)
-        m.prefill(id, prompt)
-    for step in range(30):
-        m.decode_step([1, 2], [1500 + step, 2500 + step])
+    prefill_and_decode_two(m)
     m.cache.check_invariants()
-    for id, length in ((1, 70), (2, 180)):
+    check_windows(m, windows)
+    for id in (1, 2):
         m.check_gather(id, 0)
-        for layer, window in windows.items():
-            begin = max(0, length - window) // BS * BS
-            m.check_gather(id, layer, begin=begin)
-            if begin > 0:
-                with pytest.raises(pagedkv.OutOfRangeError):
-                    m.cache.gather_layer(id, layer, begin=begin - 1)
+        for layer, window in windows.items():  # group g is layer g's
             assert m.cache.held_blocks(id, layer) <= -(-window // BS) + 1
 
 
