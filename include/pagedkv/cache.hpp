@@ -18,6 +18,12 @@
 // one-group calls; layer indices are the model's (CacheConfig::groups lists each group's), each
 // group has its own batch (build_batches) and device view, and ModelKvCache offers the same
 // cache with the model-level calls (ModelKvCacheOptions::share_blocks).
+//
+// Under tensor parallelism (KvCacheOptions::tp_size = N) the one control plane drives N ranks'
+// pools, rank r holding its slice of every group's KV heads in the same block ids: decisions,
+// block tables and events are made once; moves and copy-on-write run on every rank, and the
+// per-rank calls (write_kv, gather_layer, rank_batch, device_pool, ...) name the rank
+// (docs/scale-out.md).
 #pragma once
 
 #include <cstdint>
@@ -101,6 +107,18 @@ struct KvCacheOptions {
   /// Without a mappable host pool (Backend::mapped_device_pointer) every job is a batched copy.
   /// Negative: kInvalidArgument from create().
   int64_t transfer_kernel_block_bytes = kDefaultTransferKernelBlockBytes;
+  /// Tensor parallelism: the ranks (>= 1) whose pools split every group's KV heads, rank r
+  /// holding heads [r*H/N, (r+1)*H/N) of each (a latent group whole on every rank). One control
+  /// plane decides for all of them: every rank's pools have the same blocks, so one block table
+  /// serves every rank's kernels, and every move and copy-on-write runs on every rank (a
+  /// failure on any rank takes the call back on all). Each group's num_kv_heads must divide by
+  /// it (kInvalidArgument). Not yet with a storage tier or with compute streams
+  /// (kUnimplemented): each rank's work runs on its backend's default stream.
+  int32_t tp_size = 1;
+  /// With tp_size > 1: one backend per rank (not owned; each must outlive the cache), rank r's
+  /// pools on rank_backends[r]. Empty: the cache creates one per rank from config.backend, on
+  /// device r. `backend` and `device` are for a cache of one rank.
+  std::vector<Backend*> rank_backends;
 };
 
 /// Where a sequence's data is, as far as a reader is concerned.
@@ -119,6 +137,9 @@ struct DeviceBatch {
   uint64_t generation = 0;              // which build_batch made it
   /// The KV group whose pool the tables index (CacheConfig::groups index; 0 with one group).
   int32_t group = 0;
+  /// The tensor-parallel rank whose device holds the arrays and whose pool they index
+  /// (KvCache::rank_batch; 0 without tensor parallelism).
+  int32_t rank = 0;
   const int64_t* slot_mapping = nullptr;
   const int32_t* block_tables = nullptr;
   const int32_t* seq_lens = nullptr;
@@ -162,9 +183,13 @@ class KvCache {
 
   /// The config as given (with one group given as groups[0]: that group's config).
   const CacheConfig& config() const;
-  Backend& backend();
-  Stream compute_stream() const;
+  /// Rank `rank`'s backend and compute stream (0 <= rank < tp_size()).
+  Backend& backend(int32_t rank = 0);
+  Stream compute_stream(int32_t rank = 0) const;
+  /// The pools over every rank.
   const PoolInfo& pool_info() const;
+  /// The tensor-parallel ranks (KvCacheOptions::tp_size; 1 without tensor parallelism).
+  int32_t tp_size() const;
   /// The full-attention group's device pool (the only one with one group) as the data-plane ops
   /// see it (for callers that launch ops themselves).
   PoolRef device_pool() const;
@@ -177,19 +202,26 @@ class KvCache {
   int32_t full_group() const;
   /// Group `g`'s one-group config (CacheConfig::group_config). Requires 0 <= g < num_groups().
   const CacheConfig& group_config(int32_t g) const;
-  /// Group `g`'s device pool. Requires 0 <= g < num_groups().
-  PoolRef device_pool(int32_t g) const;
-  /// Every pool as a region to register with a transfer engine: per group, the device pool and,
-  /// when there is one, the host pool (regions.hpp).
+  /// Group `g`'s device pool on rank `rank`. Requires 0 <= g < num_groups(), 0 <= rank <
+  /// tp_size().
+  PoolRef device_pool(int32_t g, int32_t rank = 0) const;
+  /// What one rank's pool of group `g` holds: group_config(g) with num_kv_heads / tp_size() (a
+  /// latent group whole); group_config(g) itself without tensor parallelism. The rows write_kv
+  /// and gather_layer take on a rank are of this many heads. Requires 0 <= g < num_groups().
+  const CacheConfig& shard_config(int32_t g) const;
+  /// Every pool as a region to register with a transfer engine: per rank and group, the device
+  /// pool and, when there is one, the host pool (regions.hpp).
   std::vector<PoolRegion> regions() const;
   /// How group `group`'s pool on `tier` (kDevice or kHost) lays its blocks out, with the
   /// fingerprint of its layout and `model_id`. kOutOfRange for a group, kInvalidArgument for
   /// kStorage, kFailedPrecondition for a host tier the cache does not have. Another process that
   /// writes blocks through it (a peer's READ into this pool) must do so after the reserve that
   /// gave it those blocks and a synchronize() (work still queued may touch a reused block), and
-  /// before commit, which declares the tokens' K/V written.
-  StatusOr<BlockGeometry> block_geometry(int32_t group, Tier tier,
-                                         const std::string& model_id = "") const;
+  /// before commit, which declares the tokens' K/V written. With tensor parallelism, rank
+  /// `rank`'s pool, of its slice of the heads; its fingerprint also names the tp_size and the
+  /// rank (the same rank of a deployment of the same size holds the same heads).
+  StatusOr<BlockGeometry> block_geometry(int32_t group, Tier tier, const std::string& model_id = "",
+                                         int32_t rank = 0) const;
   /// The group and in-group index of a model layer. kOutOfRange.
   StatusOr<LayerGroup> layer_group(int32_t layer) const;
 
@@ -227,13 +259,16 @@ class KvCache {
   /// `key`/`value` are device pointers to [n, kv_heads, head_dim] with `row_stride` elements
   /// between tokens (0: packed). A latent (MLA) cache takes the latents as `key` and a null
   /// `value` (non-null: kInvalidArgument), here and in every call below that takes values.
-  /// kFailedPrecondition when nothing is reserved.
+  /// kFailedPrecondition when nothing is reserved. With tensor parallelism, into rank `rank`'s
+  /// pool, of its heads (shard_config: [n, kv_heads / tp_size, head_dim]); kOutOfRange for a
+  /// rank outside the cache.
   Status write_kv(SequenceId id, int32_t layer, const void* key, const void* value,
-                  DType input_dtype, int64_t row_stride = 0);
+                  DType input_dtype, int64_t row_stride = 0, int32_t rank = 0);
   /// Writes one layer's K/V of every token of a built batch through its slot mapping, in one
   /// launch: `key`/`value` are [batch.host->slot_mapping.size(), kv_heads, head_dim] (padding
   /// rows are skipped). kFailedPrecondition for a batch that a later call made stale,
   /// kInvalidArgument for one another cache built or one of another group than the layer's.
+  /// Into the pool of the batch's rank (rank_batch), of that rank's heads.
   Status write_kv_batch(const DeviceBatch& batch, int32_t layer, const void* key, const void* value,
                         DType input_dtype, int64_t row_stride = 0);
   /// As write_kv_batch, for every layer of the batch's group in one launch: `key`/`value` are
@@ -331,9 +366,16 @@ class KvCache {
                                                    const BatchOptions& options = {});
   /// Whether `batch` came from this cache's build_batch (of any generation).
   bool built_here(const DeviceBatch& batch) const;
+  /// With tensor parallelism: the same batch (group and generation) as uploaded to rank
+  /// `rank`'s device; build_batch and build_batches upload it to every rank and return rank 0's.
+  /// Its tables are the same block ids: they index rank `rank`'s pool. kOutOfRange for a rank
+  /// outside the cache; kInvalidArgument or kFailedPrecondition as write_kv_batch for a batch
+  /// another cache built or one that is stale.
+  StatusOr<DeviceBatch> rank_batch(const DeviceBatch& batch, int32_t rank) const;
   /// The device view of a built batch, to pass by value to an attention kernel: the CSR form
   /// when the batch was built with BatchOptions::build_csr, else the block-table form, over its
-  /// group's pool (with its sliding_window). fp8 pools take their dequantisation `scales` here.
+  /// group's pool on its rank (with its sliding_window). fp8 pools take their dequantisation
+  /// `scales` here.
   /// Valid as long as `batch` is.
   device::PagedKvView device_view(const DeviceBatch& batch, KvScales scales = {}) const;
   /// The most arrays one upload_to_device() call takes.
@@ -348,15 +390,18 @@ class KvCache {
   /// kInvalidArgument for null `arrays` with a count, more than kMaxHostUploads arrays or a null
   /// pointer with bytes; kFailedPrecondition while the compute stream captures a CUDA graph;
   /// nothing is queued on either. A backend error after the upload may leave some of the
-  /// device-to-device copies queued.
-  Status upload_to_device(const HostUpload* arrays, size_t count);
+  /// device-to-device copies queued. With tensor parallelism, into rank `rank`'s device
+  /// buffers, on its compute stream (kOutOfRange for a rank outside the cache).
+  Status upload_to_device(const HostUpload* arrays, size_t count, int32_t rank = 0);
   /// Packs positions [position_begin, position_begin + num_tokens) of one (model) layer of a
   /// sequence into device buffers (`num_tokens` < 0: to the end of the committed tokens).
-  /// kOutOfRange for positions a window group no longer holds.
+  /// kOutOfRange for positions a window group no longer holds. With tensor parallelism, rank
+  /// `rank`'s heads (shard_config).
   Status gather_layer(SequenceId id, int32_t layer, void* key_out, void* value_out,
                       DType packed_dtype, PackedLayout packed_layout, int64_t position_begin = 0,
-                      int64_t num_tokens = -1);
-  /// Blocks the host until the cache's queued work (kernels and transfers) is done.
+                      int64_t num_tokens = -1, int32_t rank = 0);
+  /// Blocks the host until the cache's queued work (kernels and transfers, on every rank) is
+  /// done.
   Status synchronize();
 
   // ---- queries (read-only; used by adapters such as SeedKvCache) ----
@@ -375,8 +420,8 @@ class KvCache {
   /// Blocks (pages) the sequence holds in group `g`: not those out of a window group's window.
   /// kOutOfRange for a bad group, kNotFound.
   StatusOr<int64_t> held_blocks(SequenceId id, int32_t g = 0) const;
-  /// Bytes of the blocks the sequence holds over every group, on whichever tier they are (an
-  /// offloaded sequence's host blocks count too; a block shared with other sequences counts in
+  /// Bytes of the blocks the sequence holds over every group and rank, on whichever tier they are
+  /// (an offloaded sequence's host blocks count too; a block shared with other sequences counts in
   /// full). kNotFound.
   StatusOr<int64_t> held_bytes(SequenceId id) const;
   /// The device slot (`block * block_size + offset`) of a committed or reserved position. The

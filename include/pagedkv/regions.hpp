@@ -30,6 +30,7 @@ struct PoolRegion {
   int64_t bytes = 0;
   MemoryKind memory = MemoryKind::kHost;
   int32_t device = 0;  // the GPU ordinal for kDevice memory; 0 for host memory
+  int32_t rank = 0;    // the tensor-parallel rank whose pool it is (KvCacheOptions::tp_size)
 };
 
 /// How the blocks of one pool are laid out: what a peer needs to address a block by id, and to

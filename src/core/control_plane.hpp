@@ -316,7 +316,7 @@ class ControlPlane {
   StatusOr<TierPlan> open_plan(const Status& st);
   void close_journal() { journal_.open = false; }
   // undo_log.cpp: takes the open plan back (see TierPlan::undo).
-  std::vector<BlockMove> undo_plan(int64_t moves_done);
+  std::vector<BlockMove> undo_plan(int64_t moves_done, std::vector<int32_t>* inverts);
 
   // A plan for freeing device blocks: sequences to offload or drop, in order.
   struct VictimPlan {

@@ -226,7 +226,8 @@ int64_t SharedGroups::offload_pages(const Sequence& s, size_t w) const {
   return n;
 }
 
-void SharedGroups::undo(int64_t moves_done, std::vector<BlockMove>* inverse) {
+void SharedGroups::undo(int64_t moves_done, std::vector<BlockMove>* inverse,
+                        std::vector<int32_t>* inverts) {
   if (pages_.empty()) return;  // a one-group plane journals no page
   // Newest first: a page a drop or a move freed was only ever taken again by a later take or
   // move of the call, which is undone first. Pages taken by evicting cached ones stay taken.
@@ -256,6 +257,7 @@ void SharedGroups::undo(int64_t moves_done, std::vector<BlockMove>* inverse) {
         if (it->move_index < moves_done) {
           inverse->push_back(
               BlockMove{now, g.page(it->block), it->tier, it->page, g.config_index()});
+          if (inverts != nullptr) inverts->push_back(it->move_index);
         }
         g.move_back(it->block, now, it->tier, it->page);
         break;

@@ -123,7 +123,7 @@ class SharedGroups {
   void add_need(const Sequence& s, int64_t new_blocks, std::vector<int64_t>* need) const;
   /// A plan's undo of the journaled takes, drops and moves, adding the inverse of the moves
   /// among the first `moves_done` to `*inverse`.
-  void undo(int64_t moves_done, std::vector<BlockMove>* inverse);
+  void undo(int64_t moves_done, std::vector<BlockMove>* inverse, std::vector<int32_t>* inverts);
 
   // ---- queries
 

@@ -35,9 +35,9 @@ void TierPlan::commit() {
   std::exchange(owner_, nullptr)->close_journal();
 }
 
-std::vector<BlockMove> TierPlan::undo(int64_t moves_done) {
+std::vector<BlockMove> TierPlan::undo(int64_t moves_done, std::vector<int32_t>* inverts) {
   assert(owner_ != nullptr && "TierPlan::undo() of a closed plan");
-  return std::exchange(owner_, nullptr)->undo_plan(moves_done);
+  return std::exchange(owner_, nullptr)->undo_plan(moves_done, inverts);
 }
 
 }  // namespace core

@@ -43,8 +43,10 @@ class TierPlan {
   /// sequences get their tables, reservations and residency back, and the plan's events are
   /// revoked. What needs no data stays done: unreferenced cached blocks it evicted and victims
   /// it dropped (Transfers::evicted). Returns the moves that bring the bytes back: the inverse of
-  /// the first `moves_done` moves, newest first, for blocks that still exist.
-  std::vector<BlockMove> undo(int64_t moves_done);
+  /// the first `moves_done` moves, newest first, for blocks that still exist. With `inverts`,
+  /// the index in transfers().moves of the move each of them inverts (a rank of a
+  /// tensor-parallel cache that queued fewer moves copies back only those).
+  std::vector<BlockMove> undo(int64_t moves_done, std::vector<int32_t>* inverts = nullptr);
 
  private:
   friend class ControlPlane;

@@ -32,12 +32,13 @@ void ControlPlane::flush_deferred_releases() {
   deferred_release_.clear();
 }
 
-std::vector<BlockMove> ControlPlane::undo_plan(int64_t moves_done) {
+std::vector<BlockMove> ControlPlane::undo_plan(int64_t moves_done, std::vector<int32_t>* inverts) {
   std::vector<BlockMove> inverse;
+  if (inverts != nullptr) inverts->clear();
   if (!journal_.open) return inverse;
   journal_.open = false;
 
-  groups_.undo(moves_done, &inverse);
+  groups_.undo(moves_done, &inverse, inverts);
   // References dropped at the end of the call come back first (nothing reused their slots).
   for (auto it = journal_.released.rbegin(); it != journal_.released.rend(); ++it) {
     if (blocks_.live(it->block)) {
@@ -75,6 +76,7 @@ std::vector<BlockMove> ControlPlane::undo_plan(int64_t moves_done) {
     const int32_t now_phys = b.phys;
     if (it->move_index < moves_done) {
       inverse.push_back(BlockMove{now_tier, now_phys, it->from_tier, it->from_phys, full_group_});
+      if (inverts != nullptr) inverts->push_back(it->move_index);
     }
     unlist(id);
     blocks_.move_to(id, it->from_tier, it->from_phys);

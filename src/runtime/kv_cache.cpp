@@ -49,9 +49,121 @@ Status check_commit_tokens(const std::vector<SequenceId>& ids, const std::vector
   return ok_status();
 }
 
+// The backend and stream options: the checks create() makes before it takes any backend.
+Status check_backends(const CacheConfig& config, const KvCacheOptions& options, bool stored) {
+  if (options.backend != nullptr && options.device != -1) {
+    return invalid_argument("device: the cache is given a backend, which has its own device");
+  }
+  if (options.native_compute_stream != nullptr && options.compute_stream != Stream{}) {
+    return invalid_argument("native_compute_stream: set either it or compute_stream, not both");
+  }
+  const int32_t tp = options.tp_size;
+  if (tp < 1) return invalid_argument("tp_size: must be >= 1, got " + std::to_string(tp));
+  if (!options.rank_backends.empty()) {
+    if (options.rank_backends.size() != static_cast<size_t>(tp)) {
+      return invalid_argument("rank_backends: " + std::to_string(options.rank_backends.size()) +
+                              " backends for tp_size " + std::to_string(tp) +
+                              " (one per rank, or none)");
+    }
+    if (options.backend != nullptr || options.device != -1) {
+      return invalid_argument("rank_backends: set either them or backend and device");
+    }
+    for (size_t r = 0; r < options.rank_backends.size(); ++r) {
+      if (options.rank_backends[r] == nullptr) {
+        return invalid_argument("rank_backends: rank " + std::to_string(r) + "'s is null");
+      }
+    }
+  }
+  if (tp == 1) return ok_status();
+  if (options.backend != nullptr || options.device != -1) {
+    return invalid_argument(
+        "tp_size: a tensor-parallel cache takes one backend per rank (rank_backends), or creates "
+        "one on each device 0..tp_size-1; backend and device are for one rank");
+  }
+  if (options.compute_stream != Stream{} || options.native_compute_stream != nullptr) {
+    return unimplemented(
+        "tp_size: per-rank compute streams are not taken yet; each rank's cache work runs on its "
+        "backend's default stream");
+  }
+  if (stored) {
+    return unimplemented(
+        "tp_size: the storage tier does not take a tensor-parallel cache yet (its layout "
+        "fingerprint and staging are per rank)");
+  }
+  for (int32_t g = 0; g < config.num_groups(); ++g) {
+    const CacheConfig c = config.num_groups() > 1 ? config.group_config(g) : config;
+    if (c.kv_kind != KvKind::kLatent && c.num_kv_heads % tp != 0) {
+      return invalid_argument("tp_size: group " + std::to_string(g) + "'s " +
+                              std::to_string(c.num_kv_heads) + " KV heads do not split over " +
+                              std::to_string(tp) + " ranks");
+    }
+  }
+  return ok_status();
+}
+
+// One rank's part of a group: its slice of the KV heads; a latent group is whole on every rank.
+CacheConfig rank_part(const CacheConfig& group, int32_t tp_size) {
+  CacheConfig c = group;
+  if (c.kv_kind != KvKind::kLatent) c.num_kv_heads /= tp_size;
+  return c;
+}
+
 }  // namespace
 
 using runtime::part;
+
+Status KvCache::Impl::create_rank(int32_t r, const KvCacheOptions& options) {
+  Rank& rank = ranks[static_cast<size_t>(r)];
+  Backend& be = *rank.backend;
+  std::vector<runtime::TierPools> pools;
+  for (const CacheConfig& group : group_configs) {
+    GroupPool pool;
+    pool.config = rank_part(group, num_ranks());
+    const CacheConfig& c = pool.config;
+    const int64_t block_bytes = c.block_bytes();
+    auto t0 = std::chrono::steady_clock::now();
+    PAGEDKV_ASSIGN_OR_RETURN(
+        pool.device, be.allocate_device(static_cast<size_t>(block_bytes * c.num_device_blocks)));
+    pool_info.device_bytes += block_bytes * c.num_device_blocks;
+    pool_info.device_alloc_ms += ms_since(t0);
+    rank.groups.push_back(std::move(pool));  // freed with the rank from here on
+    GroupPool& p = rank.groups.back();
+    if (c.num_host_blocks > 0) {
+      t0 = std::chrono::steady_clock::now();
+      PAGEDKV_ASSIGN_OR_RETURN(
+          p.host, be.allocate_pinned(static_cast<size_t>(block_bytes * c.num_host_blocks)));
+      pool_info.host_bytes += block_bytes * c.num_host_blocks;
+      pool_info.host_alloc_ms += ms_since(t0);
+    }
+    runtime::TierPools tier_pools{p.device, c.num_device_blocks, p.host, c.num_host_blocks,
+                                  block_bytes};
+    if (p.host != nullptr) {
+      // A host pool the device cannot address leaves the batched copy, which needs no mapping.
+      StatusOr<void*> mapped = be.mapped_device_pointer(p.host);
+      if (mapped.ok()) {
+        tier_pools.host_mapped = *mapped;
+        pool_info.host_mapped = true;
+      } else {
+        detail::logger().info("KvCache: host pool not mapped ({}); transfers use batched copies",
+                              mapped.status().to_string());
+      }
+    }
+    pools.push_back(tier_pools);
+  }
+  runtime::TransferOptions transfer_options;
+  transfer_options.kernel_block_bytes = options.transfer_kernel_block_bytes;
+  PAGEDKV_ASSIGN_OR_RETURN(rank.transfers,
+                           runtime::TransferEngine::create(be, pools, transfer_options));
+  pool_info.transfer_kernel = rank.transfers->uses_kernel();
+  const StepShape& shape = options.step_shape;
+  const bool sized = shape.max_batch > 0 || shape.max_tokens > 0;
+  PAGEDKV_ASSIGN_OR_RETURN(
+      rank.uploads, runtime::UploadArena::create(
+                        be, rank.compute, std::max(kInitialUploadBytes, step_upload_bytes(shape)),
+                        sized ? runtime::UploadArena::kMaxChunks : 1));
+  rank.batch_uploads.resize(group_configs.size());
+  return ok_status();
+}
 
 StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_config,
                                                    KvCacheOptions options) {
@@ -91,25 +203,31 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   if (config.mode != CacheMode::kPaged) {
     return unimplemented("mode: dense mode is not available through KvCache yet");
   }
+  const int32_t tp = options.tp_size;
+  PAGEDKV_RETURN_IF_ERROR(check_backends(config, options, stored));
   auto impl = std::make_unique<Impl>();
   Impl& cache = *impl;
   cache.config = config;
-  if (options.backend != nullptr) {
-    if (options.device != -1) {
-      return invalid_argument("device: the cache is given a backend, which has its own device");
+  cache.ranks.resize(static_cast<size_t>(tp));
+  for (int32_t r = 0; r < tp; ++r) {
+    Impl::Rank& rank = cache.ranks[static_cast<size_t>(r)];
+    if (options.backend != nullptr) {
+      rank.backend = options.backend;
+    } else if (!options.rank_backends.empty()) {
+      rank.backend = options.rank_backends[static_cast<size_t>(r)];
+    } else {
+      PAGEDKV_ASSIGN_OR_RETURN(rank.owned_backend,
+                               create_backend(config.backend, tp > 1 ? r : options.device));
+      rank.backend = rank.owned_backend.get();
     }
-    cache.backend = options.backend;
-  } else {
-    PAGEDKV_ASSIGN_OR_RETURN(cache.owned_backend, create_backend(config.backend, options.device));
-    cache.backend = cache.owned_backend.get();
   }
-  Backend& be = *cache.backend;
-  cache.compute = options.compute_stream;
-  if (options.native_compute_stream != nullptr) {
-    if (options.compute_stream != Stream{}) {
-      return invalid_argument("native_compute_stream: set either it or compute_stream, not both");
+  {
+    Impl::Rank& rank = cache.ranks[0];
+    rank.compute = options.compute_stream;
+    if (options.native_compute_stream != nullptr) {
+      PAGEDKV_ASSIGN_OR_RETURN(rank.compute,
+                               rank.backend->wrap_stream(options.native_compute_stream));
     }
-    PAGEDKV_ASSIGN_OR_RETURN(cache.compute, be.wrap_stream(options.native_compute_stream));
   }
 
   core::ControlOptions control_options;
@@ -121,75 +239,34 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   cache.full_group = cache.control->full_group();
   cache.layers = config.layer_groups();
   for (int32_t g = 0; g < num_groups; ++g) {
-    Impl::GroupPool pool;
-    pool.config = num_groups > 1 ? config.group_config(g) : config;
-    cache.groups.push_back(std::move(pool));
+    cache.group_configs.push_back(num_groups > 1 ? config.group_config(g) : config);
   }
-
-  std::vector<runtime::TierPools> pools;
-  for (Impl::GroupPool& group : cache.groups) {
-    const CacheConfig& c = group.config;
-    const int64_t block_bytes = c.block_bytes();
-    auto t0 = std::chrono::steady_clock::now();
-    PAGEDKV_ASSIGN_OR_RETURN(
-        group.device, be.allocate_device(static_cast<size_t>(block_bytes * c.num_device_blocks)));
-    cache.pool_info.device_bytes += block_bytes * c.num_device_blocks;
-    cache.pool_info.device_alloc_ms += ms_since(t0);
-    if (c.num_host_blocks > 0) {
-      t0 = std::chrono::steady_clock::now();
-      PAGEDKV_ASSIGN_OR_RETURN(
-          group.host, be.allocate_pinned(static_cast<size_t>(block_bytes * c.num_host_blocks)));
-      cache.pool_info.host_bytes += block_bytes * c.num_host_blocks;
-      cache.pool_info.host_alloc_ms += ms_since(t0);
-    }
-    runtime::TierPools p{group.device, c.num_device_blocks, group.host, c.num_host_blocks,
-                         block_bytes};
-    if (group.host != nullptr) {
-      // A host pool the device cannot address leaves the batched copy, which needs no mapping.
-      StatusOr<void*> mapped = be.mapped_device_pointer(group.host);
-      if (mapped.ok()) {
-        p.host_mapped = *mapped;
-        cache.pool_info.host_mapped = true;
-      } else {
-        detail::logger().info("KvCache: host pool not mapped ({}); transfers use batched copies",
-                              mapped.status().to_string());
-      }
-    }
-    pools.push_back(p);
+  cache.built.assign(static_cast<size_t>(num_groups), nullptr);
+  for (int32_t r = 0; r < tp; ++r) {
+    PAGEDKV_RETURN_IF_ERROR(cache.create_rank(r, options));
   }
-  runtime::TransferOptions transfer_options;
-  transfer_options.kernel_block_bytes = options.transfer_kernel_block_bytes;
-  PAGEDKV_ASSIGN_OR_RETURN(cache.transfers,
-                           runtime::TransferEngine::create(be, pools, transfer_options));
-  cache.pool_info.transfer_kernel = cache.transfers->uses_kernel();
   if (stored) {
+    Impl::Rank& rank = cache.ranks[0];  // a stored cache has one rank
     std::vector<runtime::StorageLink::GroupStore> stores;
     for (int32_t g = 0; g < num_groups; ++g) {
-      const Impl::GroupPool& p = cache.groups[static_cast<size_t>(g)];
+      const Impl::GroupPool& p = rank.groups[static_cast<size_t>(g)];
       StorageTier* store =
           num_groups == 1 ? options.storage : options.group_storage[static_cast<size_t>(g)];
       stores.push_back(runtime::StorageLink::GroupStore{store, p.config, p.device, p.host});
     }
-    PAGEDKV_ASSIGN_OR_RETURN(
-        cache.storage,
-        runtime::StorageLink::create(be, stores, cache.full_group, options.storage_staging_blocks));
+    PAGEDKV_ASSIGN_OR_RETURN(cache.storage,
+                             runtime::StorageLink::create(*rank.backend, stores, cache.full_group,
+                                                          options.storage_staging_blocks));
   }
-  const StepShape& shape = options.step_shape;
-  const bool sized = shape.max_batch > 0 || shape.max_tokens > 0;
-  PAGEDKV_ASSIGN_OR_RETURN(
-      cache.uploads, runtime::UploadArena::create(
-                         be, cache.compute, std::max(kInitialUploadBytes, step_upload_bytes(shape)),
-                         sized ? runtime::UploadArena::kMaxChunks : 1));
-  cache.batch_uploads.resize(static_cast<size_t>(num_groups));
   int64_t device_blocks = 0, host_blocks = 0;
-  for (const Impl::GroupPool& g : cache.groups) {
-    device_blocks += g.config.num_device_blocks;
-    host_blocks += g.config.num_host_blocks;
+  for (const CacheConfig& g : cache.group_configs) {
+    device_blocks += g.num_device_blocks;
+    host_blocks += g.num_host_blocks;
   }
   detail::logger().info(
-      "KvCache: {} group(s); device pools {} blocks, {:.1f} MiB in {:.2f} ms; host pools {} "
-      "blocks, {:.1f} MiB pinned in {:.2f} ms; transfers by {}",
-      num_groups, device_blocks, cache.pool_info.device_bytes / 1048576.0,
+      "KvCache: {} group(s) on {} rank(s); device pools {} blocks, {:.1f} MiB in {:.2f} ms; "
+      "host pools {} blocks, {:.1f} MiB pinned in {:.2f} ms; transfers by {}",
+      num_groups, tp, device_blocks, cache.pool_info.device_bytes / 1048576.0,
       cache.pool_info.device_alloc_ms, host_blocks, cache.pool_info.host_bytes / 1048576.0,
       cache.pool_info.host_alloc_ms,
       cache.pool_info.transfer_kernel ? "copy kernel" : "batched copy");
@@ -202,9 +279,13 @@ KvCache::~KvCache() = default;
 
 const CacheConfig& KvCache::config() const { return impl_->config; }
 
-Backend& KvCache::backend() { return *impl_->backend; }
+Backend& KvCache::backend(int32_t rank) { return *impl_->ranks[static_cast<size_t>(rank)].backend; }
 
-Stream KvCache::compute_stream() const { return impl_->compute; }
+Stream KvCache::compute_stream(int32_t rank) const {
+  return impl_->ranks[static_cast<size_t>(rank)].compute;
+}
+
+int32_t KvCache::tp_size() const { return impl_->num_ranks(); }
 
 const PoolInfo& KvCache::pool_info() const { return impl_->pool_info; }
 
@@ -216,7 +297,11 @@ int32_t KvCache::full_group() const { return impl_->full_group; }
 
 const CacheConfig& KvCache::group_config(int32_t g) const { return impl_->group_config(g); }
 
-PoolRef KvCache::device_pool(int32_t g) const { return impl_->device_pool(g); }
+PoolRef KvCache::device_pool(int32_t g, int32_t rank) const { return impl_->device_pool(g, rank); }
+
+const CacheConfig& KvCache::shard_config(int32_t g) const {
+  return impl_->ranks[0].groups[static_cast<size_t>(g)].config;
+}
 
 StatusOr<LayerGroup> KvCache::layer_group(int32_t layer) const {
   return find_layer_group(impl_->layers, layer);
@@ -274,9 +359,11 @@ Status KvCache::commit_batch(const std::vector<SequenceId>& ids, const std::vect
   PAGEDKV_RETURN_IF_ERROR(check_commit_tokens(ids, tokens, n_each));
   // The control plane checks every member before it commits any.
   PAGEDKV_RETURN_IF_ERROR(impl_->changed(impl_->control->commit_batch(ids, tokens.data(), n_each)));
-  for (auto& g : impl_->groups) {
-    if (g.slot_uploads.empty()) continue;
-    for (SequenceId id : ids) g.slot_uploads.erase(id);
+  for (Impl::Rank& r : impl_->ranks) {
+    for (Impl::GroupPool& g : r.groups) {
+      if (g.slot_uploads.empty()) continue;
+      for (SequenceId id : ids) g.slot_uploads.erase(id);
+    }
   }
   return ok_status();
 }
@@ -341,11 +428,13 @@ StatusOr<SequenceResidency> KvCache::residency(SequenceId id) {
   Impl& c = *impl_;
   PAGEDKV_RETURN_IF_ERROR(c.refuse_in_capture("residency"));
   PAGEDKV_ASSIGN_OR_RETURN(Residency r, c.control->residency(id));
-  auto job = c.last_job.find(id);
-  if (job != c.last_job.end()) {
-    PAGEDKV_ASSIGN_OR_RETURN(bool done, c.transfers->is_complete(job->second));
+  // In flight until its last job is done on every rank.
+  for (Impl::Rank& rank : c.ranks) {
+    auto job = rank.last_job.find(id);
+    if (job == rank.last_job.end()) continue;
+    PAGEDKV_ASSIGN_OR_RETURN(bool done, rank.transfers->is_complete(job->second));
     if (!done) return SequenceResidency::kInFlight;
-    c.last_job.erase(job);
+    rank.last_job.erase(job);
   }
   return r.offloaded ? SequenceResidency::kHost : SequenceResidency::kDevice;
 }
@@ -357,8 +446,11 @@ std::vector<SequenceId> KvCache::drain_evicted_sequences() {
 Status KvCache::synchronize() {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::synchronize");
   PAGEDKV_RETURN_IF_ERROR(impl_->refuse_in_capture("synchronize"));
-  PAGEDKV_RETURN_IF_ERROR(impl_->transfers->synchronize());
-  return impl_->backend->synchronize_stream(impl_->compute);
+  for (Impl::Rank& r : impl_->ranks) {
+    PAGEDKV_RETURN_IF_ERROR(r.transfers->synchronize());
+    PAGEDKV_RETURN_IF_ERROR(r.backend->synchronize_stream(r.compute));
+  }
+  return ok_status();
 }
 
 }  // namespace pagedkv

@@ -21,20 +21,21 @@ StatusOr<LayerGroup> KvCache::Impl::op_layer(int32_t layer) const {
   return find_layer_group(layers, layer);
 }
 
-StatusOr<const int64_t*> KvCache::Impl::device_slots(SequenceId id, int32_t g, int64_t* count) {
+StatusOr<const int64_t*> KvCache::Impl::device_slots(SequenceId id, int32_t g, Rank& r,
+                                                     int64_t* count) {
   slot_scratch.clear();
   PAGEDKV_RETURN_IF_ERROR(control->group_reserved_slots(id, g, &slot_scratch));
   if (slot_scratch.empty()) {
     return failed_precondition("sequence " + std::to_string(id) + ": nothing reserved to write");
   }
   // A block of the reservation may have been read by an offload that is still running.
-  PAGEDKV_RETURN_IF_ERROR(order_block_reuse(g, slot_scratch.data(), slot_scratch.size()));
-  SlotUpload& up = groups[static_cast<size_t>(g)].slot_uploads[id];
+  PAGEDKV_RETURN_IF_ERROR(order_block_reuse(r, g, slot_scratch.data(), slot_scratch.size()));
+  SlotUpload& up = r.groups[static_cast<size_t>(g)].slot_uploads[id];
   // Uploaded once per reservation, kept (leased) while the slots stay the same. An upload that
   // a failing op then ignores changes nothing observable.
   if (up.lease == nullptr || up.slots != slot_scratch) {
     up.lease.reset();
-    PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease lease, uploads->upload({part(slot_scratch)}));
+    PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease lease, r.uploads->upload({part(slot_scratch)}));
     up.lease = std::make_unique<runtime::UploadLease>(std::move(lease));
     up.slots = slot_scratch;
   }
@@ -43,25 +44,28 @@ StatusOr<const int64_t*> KvCache::Impl::device_slots(SequenceId id, int32_t g, i
 }
 
 Status KvCache::write_kv(SequenceId id, int32_t layer, const void* key, const void* value,
-                         DType input_dtype, int64_t row_stride) {
+                         DType input_dtype, int64_t row_stride, int32_t rank) {
   PAGEDKV_KV_CACHE_CALL(write_kv);
   Impl& c = *impl_;
+  PAGEDKV_RETURN_IF_ERROR(c.check_rank(rank, "write_kv"));
+  Impl::Rank& r = c.ranks[static_cast<size_t>(rank)];
   PAGEDKV_ASSIGN_OR_RETURN(LayerGroup lg, c.op_layer(layer));
   WriteKvArgs args;
-  PAGEDKV_ASSIGN_OR_RETURN(args.slot_mapping, c.device_slots(id, lg.group, &args.num_tokens));
+  PAGEDKV_ASSIGN_OR_RETURN(args.slot_mapping, c.device_slots(id, lg.group, r, &args.num_tokens));
   args.key = key;
   args.value = value;
   args.input_dtype = input_dtype;
   args.row_stride = row_stride;
   args.layer = lg.layer;
-  return pagedkv::write_kv(*c.backend, c.device_pool(lg.group), args, c.compute);
+  return pagedkv::write_kv(*r.backend, c.device_pool(lg.group, rank), args, r.compute);
 }
 
 bool KvCache::built_here(const DeviceBatch& batch) const { return impl_->built_here(batch); }
 
 bool KvCache::Impl::built_here(const DeviceBatch& batch) const {
   return batch.host != nullptr && batch.group >= 0 && batch.group < num_groups() &&
-         batch.host == groups[static_cast<size_t>(batch.group)].built;
+         batch.rank >= 0 && batch.rank < num_ranks() &&
+         batch.host == built[static_cast<size_t>(batch.group)];
 }
 
 Status KvCache::Impl::check_batch_current(const DeviceBatch& batch) const {
@@ -98,7 +102,8 @@ Status KvCache::write_kv_batch(const DeviceBatch& batch, int32_t layer, const vo
   args.num_tokens = static_cast<int64_t>(batch.host->slot_mapping.size());
   args.slot_mapping = batch.slot_mapping;
   args.layer = lg.layer;
-  return pagedkv::write_kv(*c.backend, c.device_pool(batch.group), args, c.compute);
+  const Impl::Rank& r = c.ranks[static_cast<size_t>(batch.rank)];
+  return pagedkv::write_kv(*r.backend, c.device_pool(batch.group, batch.rank), args, r.compute);
 }
 
 Status KvCache::write_kv_batch_all_layers(const DeviceBatch& batch, const void* key,
@@ -119,7 +124,9 @@ Status KvCache::write_kv_batch_all_layers(const DeviceBatch& batch, const void* 
   args.layer_stride = layer_stride;
   args.num_tokens = static_cast<int64_t>(batch.host->slot_mapping.size());
   args.slot_mapping = batch.slot_mapping;
-  return pagedkv::write_kv_all_layers(*c.backend, c.device_pool(batch.group), args, c.compute);
+  const Impl::Rank& r = c.ranks[static_cast<size_t>(batch.rank)];
+  return pagedkv::write_kv_all_layers(*r.backend, c.device_pool(batch.group, batch.rank), args,
+                                      r.compute);
 }
 
 StatusOr<DeviceBatch> KvCache::build_batch(const std::vector<SequenceId>& ids,
@@ -153,41 +160,57 @@ StatusOr<std::vector<DeviceBatch>> KvCache::build_batches(const std::vector<Sequ
 
 Status KvCache::Impl::upload_batch(int32_t g, const BatchMetadata& m, const BatchOptions& options,
                                    DeviceBatch* out) {
-  groups[static_cast<size_t>(g)].built = &m;
-  // The batch's readers come after the restores still writing its blocks, and its writes
-  // after the offloads still reading the blocks its slots reuse (build_batch and build_batches
-  // alike; for the full group the reservation has ordered those already).
-  PAGEDKV_RETURN_IF_ERROR(order_block_use(g, m.block_tables.data(), m.block_tables.size()));
-  PAGEDKV_RETURN_IF_ERROR(order_block_reuse(g, m.slot_mapping.data(), m.slot_mapping.size()));
-  // One packed upload: every array lives until the next build_batch (DeviceBatch's contract).
-  PAGEDKV_ASSIGN_OR_RETURN(
-      runtime::UploadLease up,
-      uploads->upload({part(m.slot_mapping), part(m.block_tables), part(m.seq_lens), part(m.indptr),
-                       part(m.indices), part(m.last_page_len)}));
-  out->host = &m;
-  out->generation = generation;
-  out->group = g;
-  out->slot_mapping = up.device<int64_t>(0);
-  out->block_tables = up.device<int32_t>(1);
-  out->seq_lens = up.device<int32_t>(2);
-  if (options.build_csr) {
-    out->indptr = up.device<int32_t>(3);
-    out->indices = up.device<int32_t>(4);
-    out->last_page_len = up.device<int32_t>(5);
+  built[static_cast<size_t>(g)] = &m;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    Rank& r = ranks[i];
+    DeviceBatch& b = r.groups[static_cast<size_t>(g)].batch;
+    b = DeviceBatch{};  // a failed upload leaves no batch behind
+    // The batch's readers come after the restores still writing its blocks, and its writes
+    // after the offloads still reading the blocks its slots reuse (build_batch and
+    // build_batches alike; for the full group the reservation has ordered those already).
+    PAGEDKV_RETURN_IF_ERROR(order_block_use(r, g, m.block_tables.data(), m.block_tables.size()));
+    PAGEDKV_RETURN_IF_ERROR(order_block_reuse(r, g, m.slot_mapping.data(), m.slot_mapping.size()));
+    // One packed upload: every array lives until the next build_batch (DeviceBatch's contract).
+    PAGEDKV_ASSIGN_OR_RETURN(
+        runtime::UploadLease up,
+        r.uploads->upload({part(m.slot_mapping), part(m.block_tables), part(m.seq_lens),
+                           part(m.indptr), part(m.indices), part(m.last_page_len)}));
+    b.host = &m;
+    b.generation = generation;
+    b.group = g;
+    b.rank = static_cast<int32_t>(i);
+    b.slot_mapping = up.device<int64_t>(0);
+    b.block_tables = up.device<int32_t>(1);
+    b.seq_lens = up.device<int32_t>(2);
+    if (options.build_csr) {
+      b.indptr = up.device<int32_t>(3);
+      b.indices = up.device<int32_t>(4);
+      b.last_page_len = up.device<int32_t>(5);
+    }
+    std::unique_ptr<runtime::UploadLease>& lease = r.batch_uploads[static_cast<size_t>(g)];
+    if (lease == nullptr) {
+      lease = std::make_unique<runtime::UploadLease>(std::move(up));
+    } else {
+      *lease = std::move(up);
+    }
   }
-  std::unique_ptr<runtime::UploadLease>& lease = batch_uploads[static_cast<size_t>(g)];
-  if (lease == nullptr) {
-    lease = std::make_unique<runtime::UploadLease>(std::move(up));
-  } else {
-    *lease = std::move(up);
-  }
+  *out = ranks[0].groups[static_cast<size_t>(g)].batch;
   return ok_status();
 }
 
-Status KvCache::upload_to_device(const HostUpload* arrays, size_t count) {
+StatusOr<DeviceBatch> KvCache::rank_batch(const DeviceBatch& batch, int32_t rank) const {
+  const Impl& c = *impl_;
+  PAGEDKV_RETURN_IF_ERROR(c.check_rank(rank, "rank_batch"));
+  PAGEDKV_RETURN_IF_ERROR(c.check_batch_current(batch));
+  return c.ranks[static_cast<size_t>(rank)].groups[static_cast<size_t>(batch.group)].batch;
+}
+
+Status KvCache::upload_to_device(const HostUpload* arrays, size_t count, int32_t rank) {
   PAGEDKV_NVTX_RANGE("pagedkv::KvCache::upload_to_device");
   Impl& c = *impl_;
   PAGEDKV_RETURN_IF_ERROR(c.broken);
+  PAGEDKV_RETURN_IF_ERROR(c.check_rank(rank, "upload_to_device"));
+  Impl::Rank& r = c.ranks[static_cast<size_t>(rank)];
   if (arrays == nullptr && count > 0) {
     return invalid_argument("upload_to_device: null arrays for " + std::to_string(count));
   }
@@ -207,20 +230,22 @@ Status KvCache::upload_to_device(const HostUpload* arrays, size_t count) {
   PAGEDKV_RETURN_IF_ERROR(c.refuse_in_capture("upload_to_device"));
   // One packed upload; the lease is released when this returns, after the copies out of it are
   // queued on the compute stream (the arena's stream), as the arena requires.
-  PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease up, c.uploads->upload(parts.data(), count));
+  PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease up, r.uploads->upload(parts.data(), count));
   for (size_t i = 0; i < count; ++i) {
     if (arrays[i].bytes == 0) continue;
-    PAGEDKV_RETURN_IF_ERROR(c.backend->copy_async(arrays[i].dst, up.device(i), arrays[i].bytes,
-                                                  CopyKind::kDeviceToDevice, c.compute));
+    PAGEDKV_RETURN_IF_ERROR(r.backend->copy_async(arrays[i].dst, up.device(i), arrays[i].bytes,
+                                                  CopyKind::kDeviceToDevice, r.compute));
   }
   return ok_status();
 }
 
 device::PagedKvView KvCache::device_view(const DeviceBatch& batch, KvScales scales) const {
-  // A batch of no group of this cache (not built here) gets the full group's pool.
-  const int32_t g =
-      batch.group >= 0 && batch.group < impl_->num_groups() ? batch.group : impl_->full_group;
-  const PoolRef pool = impl_->device_pool(g);
+  // A batch of no group or rank of this cache (not built here) gets rank 0's pool of the full
+  // group.
+  const bool ours = batch.group >= 0 && batch.group < impl_->num_groups() && batch.rank >= 0 &&
+                    batch.rank < impl_->num_ranks();
+  const int32_t g = ours ? batch.group : impl_->full_group;
+  const PoolRef pool = impl_->device_pool(g, ours ? batch.rank : 0);
   const int32_t batch_size = batch.host != nullptr ? batch.host->batch_size : 0;
   device::PagedKvView view =
       batch.indptr != nullptr
@@ -230,15 +255,17 @@ device::PagedKvView KvCache::device_view(const DeviceBatch& batch, KvScales scal
                                           batch.block_tables,
                                           batch.host != nullptr ? batch.host->max_blocks : 0,
                                           batch.seq_lens, batch_size, scales);
-  view.sliding_window = impl_->groups[static_cast<size_t>(g)].config.sliding_window;
+  view.sliding_window = impl_->group_config(g).sliding_window;
   return view;
 }
 
 Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* value_out,
                              DType packed_dtype, PackedLayout packed_layout, int64_t position_begin,
-                             int64_t num_tokens) {
+                             int64_t num_tokens, int32_t rank) {
   PAGEDKV_KV_CACHE_CALL(gather_layer);
   Impl& c = *impl_;
+  PAGEDKV_RETURN_IF_ERROR(c.check_rank(rank, "gather_layer"));
+  Impl::Rank& r = c.ranks[static_cast<size_t>(rank)];
   PAGEDKV_ASSIGN_OR_RETURN(LayerGroup lg, c.op_layer(layer));
   PAGEDKV_ASSIGN_OR_RETURN(int64_t length, c.control->length(id));
   // Compared as differences from `length`: position_begin + num_tokens can overflow int64 for
@@ -282,11 +309,11 @@ Status KvCache::gather_layer(SequenceId id, int32_t layer, void* key_out, void* 
   std::vector<int32_t> table;
   table.reserve(blocks.size());
   for (const BlockLocation& b : blocks) table.push_back(b.block);
-  PAGEDKV_RETURN_IF_ERROR(c.order_block_use(lg.group, table.data(), table.size()));
-  PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease up, c.uploads->upload({part(table)}));
+  PAGEDKV_RETURN_IF_ERROR(c.order_block_use(r, lg.group, table.data(), table.size()));
+  PAGEDKV_ASSIGN_OR_RETURN(runtime::UploadLease up, r.uploads->upload({part(table)}));
   args.block_table = up.device<int32_t>(0);
   args.block_table_len = static_cast<int32_t>(table.size());
-  return pagedkv::gather_layer(*c.backend, c.device_pool(lg.group), args, c.compute);
+  return pagedkv::gather_layer(*r.backend, c.device_pool(lg.group, rank), args, r.compute);
 }
 
 }  // namespace pagedkv

@@ -1,7 +1,8 @@
-// KvCache's private half (KvCache::Impl): the pools of each group, the control plane, the data
-// plane's parts (transfer engine, storage link, upload arena) and what the facade keeps between
-// calls, with the helpers its calls share. Only src/runtime's kv_cache*.cpp include it, so a
-// change here recompiles the cache, not its clients; the installed cache.hpp holds one pointer.
+// KvCache's private half (KvCache::Impl): the control plane, one data plane per tensor-parallel
+// rank (its backend, each group's pools, transfer engine and upload arena), the storage link
+// and what the facade keeps between calls, with the helpers its calls share. Only src/runtime's
+// kv_cache*.cpp include it, so a change here recompiles the cache, not its clients; the
+// installed cache.hpp holds one pointer.
 #pragma once
 
 #include <cstdint>
@@ -35,20 +36,33 @@ struct KvCache::Impl {
     std::vector<int64_t> slots;
     std::unique_ptr<runtime::UploadLease> lease;
   };
-  // One KV group's pools and what the data plane keeps for them.
+  // One KV group's pools on one rank, and what the data plane keeps for them.
   struct GroupPool {
-    CacheConfig config;  // CacheConfig::group_config of the group
+    CacheConfig config;  // the rank's part of the group (KvCache::shard_config)
     void* device = nullptr;
     void* host = nullptr;
     std::unordered_map<SequenceId, SlotUpload> slot_uploads;
-    // The host metadata this group's batches point to (the control plane's): a batch pointing
-    // elsewhere was built by another cache.
-    const BatchMetadata* built = nullptr;
+    DeviceBatch batch;  // the group's last built batch, as uploaded to this rank
   };
-  // What run_transfers() got onto the streams.
+  // One tensor-parallel rank's data plane (the only one without tensor parallelism): its
+  // backend and compute stream, each group's pools holding the rank's slice of the KV heads,
+  // and the transfer engine and upload arena over them. Every rank has the same blocks, so the
+  // control plane's block ids and the plans it makes hold on every rank.
+  struct Rank {
+    std::unique_ptr<Backend> owned_backend;
+    Backend* backend = nullptr;
+    Stream compute{};
+    std::vector<GroupPool> groups;  // by CacheConfig::groups index
+    std::unique_ptr<runtime::TransferEngine> transfers;
+    std::unique_ptr<runtime::UploadArena> uploads;
+    // The last build_batch's arrays, one region per group.
+    std::vector<std::unique_ptr<runtime::UploadLease>> batch_uploads;
+    std::unordered_map<SequenceId, uint64_t> last_job;  // per sequence: its last transfer job
+  };
+  // What run_transfers() got onto the streams, per rank.
   struct Submitted {
-    uint64_t ticket = 0;     // the transfer job, 0 when there were no moves
-    int64_t moves_done = 0;  // moves queued (a prefix of the list when the backend failed)
+    std::vector<uint64_t> tickets;    // the transfer job, 0 when there were no moves
+    std::vector<int64_t> moves_done;  // moves queued (a prefix of the list when a rank failed)
   };
 
   Impl() = default;
@@ -57,10 +71,16 @@ struct KvCache::Impl {
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
-  int32_t num_groups() const { return static_cast<int32_t>(groups.size()); }
-  const CacheConfig& group_config(int32_t g) const { return groups[static_cast<size_t>(g)].config; }
-  // Group `g`'s device pool as the data-plane ops see it.
-  PoolRef device_pool(int32_t g) const;
+  int32_t num_groups() const { return static_cast<int32_t>(group_configs.size()); }
+  int32_t num_ranks() const { return static_cast<int32_t>(ranks.size()); }
+  // The model's config of group `g` (all its heads).
+  const CacheConfig& group_config(int32_t g) const { return group_configs[static_cast<size_t>(g)]; }
+  // The bytes of one block of group `g` over every rank.
+  int64_t group_block_bytes(int32_t g) const {
+    return ranks[0].groups[static_cast<size_t>(g)].config.block_bytes() * num_ranks();
+  }
+  // Group `g`'s device pool on rank `r` as the data-plane ops see it.
+  PoolRef device_pool(int32_t g, int32_t r = 0) const;
 
   // The checks every public call that may queue work makes first, in this order: the cache is
   // not broken (else that error), and the compute stream is not capturing (refuse_in_capture).
@@ -68,6 +88,8 @@ struct KvCache::Impl {
     if (!broken.ok()) return broken;
     return refuse_in_capture(what);
   }
+  // kOutOfRange naming `what` unless 0 <= r < num_ranks().
+  Status check_rank(int32_t r, const char* what) const;
   // A control-plane change's result, passed through; on success the generation moves on (a
   // batch built before it is stale).
   template <typename Result>
@@ -76,25 +98,30 @@ struct KvCache::Impl {
     return result;
   }
 
-  // Queues a control-plane plan's transfers on the streams.
+  // Creates rank `r`'s pools (its part of every group), transfer engine and upload arena, on its
+  // backend and compute stream (set before).
+  Status create_rank(int32_t r, const KvCacheOptions& options);
+  // Queues a control-plane plan's transfers on every rank's streams, rank by rank; a failure
+  // leaves the later ranks untouched.
   Status run_transfers(const Transfers& transfers, Submitted* out);
   // Carries a plan out: run_transfers(), then note_transfers() and commit, or recover().
   Status carry_out(core::TierPlan& plan);
   // Bookkeeping after a plan was queued: the last transfer job of each moved sequence.
-  void note_transfers(const Transfers& transfers, runtime::TransferTicket ticket);
-  // Takes a failed plan back (control plane undone, queued moves copied back) and returns
-  // `failure`; when that fails too, the cache is marked unusable and that error returned.
-  Status recover(const Status& failure, core::TierPlan& plan, int64_t moves_done);
-  // Orders the compute stream after the offloads still reading, and the restores still
+  void note_transfers(const Transfers& transfers, const Submitted& sub);
+  // Takes a failed plan back (control plane undone, the moves each rank queued copied back)
+  // and returns `failure`; when that fails too, the cache is marked unusable and that error
+  // returned.
+  Status recover(const Status& failure, core::TierPlan& plan, const Submitted& sub);
+  // Orders rank `r`'s compute stream after the offloads still reading, and the restores still
   // writing, the device blocks of group `g` that `slots` (of that group's pool; -1 entries
   // ignored) write.
-  Status order_block_reuse(int32_t g, const int64_t* slots, size_t n);
-  // Orders the compute stream after the restores still writing any of `blocks` of group `g`
-  // (-1 entries ignored): work queued after this reads or writes them safely (the transfer
+  Status order_block_reuse(Rank& r, int32_t g, const int64_t* slots, size_t n);
+  // Orders rank `r`'s compute stream after the restores still writing any of `blocks` of group
+  // `g` (-1 entries ignored): work queued after this reads or writes them safely (the transfer
   // engine keeps each block's jobs: TransferEngine::order_block_use).
-  Status order_block_use(int32_t g, const int32_t* blocks, size_t n);
-  // Runs the block copies of a plan, group by group.
-  Status run_copies(const std::vector<BlockCopy>& copies);
+  Status order_block_use(Rank& r, int32_t g, const int32_t* blocks, size_t n);
+  // Runs the block copies of a plan on rank `r`, group by group.
+  Status run_copies(Rank& r, const std::vector<BlockCopy>& copies);
   // kOutOfRange unless 0 <= g < num_groups().
   Status check_group(int32_t g) const;
   // The group and in-group index of the model layer an op is asked for: layer_group(), except
@@ -104,7 +131,8 @@ struct KvCache::Impl {
   void forget_slot_uploads(SequenceId id);
   // Forgets what the cache keeps of a sequence that is gone: its uploaded slots, its last job.
   void forget(SequenceId id);
-  // Uploads group `g`'s metadata `m` of the batch being built into `*out`.
+  // Uploads group `g`'s metadata `m` of the batch being built to every rank; `*out` is rank
+  // 0's batch (rank_batch gives the others).
   Status upload_batch(int32_t g, const BatchMetadata& m, const BatchOptions& options,
                       DeviceBatch* out);
   // Whether `batch` came from this cache's build_batch (KvCache::built_here).
@@ -114,34 +142,31 @@ struct KvCache::Impl {
   Status check_batch_current(const DeviceBatch& batch) const;
   // commit() without the NVTX range and the broken check.
   Status commit_tokens(SequenceId id, const TokenId* tokens, int64_t n);
-  // kFailedPrecondition naming `what` when the compute stream is capturing a CUDA graph: the
+  // kFailedPrecondition naming `what` when a compute stream is capturing a CUDA graph: the
   // call would allocate, upload, query or synchronize, or record work a replay must not repeat.
   Status refuse_in_capture(const char* what);
   // poll_storage() inside another call: a failure is logged, not returned (it is not that
   // call's; poll_storage() and flush_storage() report it).
   void poll_storage_quietly();
-  // The device copy of the slots of a sequence's reservation in group `g`, for write_kv.
-  StatusOr<const int64_t*> device_slots(SequenceId id, int32_t g, int64_t* count);
+  // Rank `r`'s device copy of the slots of a sequence's reservation in group `g`, for write_kv.
+  StatusOr<const int64_t*> device_slots(SequenceId id, int32_t g, Rank& r, int64_t* count);
 
   CacheConfig config;
-  std::unique_ptr<Backend> owned_backend;
-  Backend* backend = nullptr;
-  Stream compute{};
-  std::vector<GroupPool> groups;  // by CacheConfig::groups index
+  std::vector<CacheConfig> group_configs;  // by CacheConfig::groups index: the model's
+  std::vector<Rank> ranks;                 // one without tensor parallelism
+  // Per group: the host metadata its batches point to (the control plane's); a batch pointing
+  // elsewhere was built by another cache.
+  std::vector<const BatchMetadata*> built;
   int32_t full_group = 0;
   std::vector<LayerGroup> layers;  // by model layer
   PoolInfo pool_info;
   std::unique_ptr<core::ControlPlane> control;
-  std::unique_ptr<runtime::TransferEngine> transfers;
-  std::unique_ptr<runtime::StorageLink> storage;  // null without a storage tier
-  std::unique_ptr<runtime::UploadArena> uploads;
+  std::unique_ptr<runtime::StorageLink> storage;  // null without a storage tier (rank 0's)
   std::vector<int64_t> slot_scratch;
-  // The last build_batch's arrays, one region per group. `generation` moves on with
-  // build_batch and every call that can change a reservation or a block; write_kv_batch
-  // refuses a batch of another generation.
-  std::vector<std::unique_ptr<runtime::UploadLease>> batch_uploads;
+  Submitted submitted;  // carry_out's, kept so that a decode step allocates nothing
+  // Moves on with build_batch and every call that can change a reservation or a block;
+  // write_kv_batch refuses a batch of another generation.
   uint64_t generation = 0;
-  std::unordered_map<SequenceId, uint64_t> last_job;  // per sequence: its last transfer job
   std::vector<SequenceId> evicted;
   Status broken;  // set when a failed call could not be taken back
 };

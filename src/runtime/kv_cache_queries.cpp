@@ -44,7 +44,7 @@ StatusOr<int64_t> KvCache::held_bytes(SequenceId id) const {
   int64_t bytes = 0;
   for (int32_t g = 0; g < impl_->num_groups(); ++g) {
     PAGEDKV_ASSIGN_OR_RETURN(int64_t n, held_blocks(id, g));
-    bytes += n * impl_->group_config(g).block_bytes();
+    bytes += n * impl_->group_block_bytes(g);
   }
   return bytes;
 }
@@ -57,7 +57,7 @@ ControlStats KvCache::stats() const {
 
 StatusOr<ControlStats> KvCache::group_stats(int32_t g) const {
   PAGEDKV_RETURN_IF_ERROR(impl_->check_group(g));
-  ControlStats st = impl_->control->group_stats(g, impl_->group_config(g).block_bytes());
+  ControlStats st = impl_->control->group_stats(g, impl_->group_block_bytes(g));
   if (impl_->storage != nullptr) impl_->storage->add_stats(&st, g);
   return st;
 }
@@ -66,25 +66,28 @@ std::vector<ControlEvent> KvCache::drain_events() { return impl_->control->drain
 
 Status KvCache::check_invariants() const {
   PAGEDKV_RETURN_IF_ERROR(impl_->control->check_invariants());
-  int64_t leases = 0;
-  for (const auto& lease : impl_->batch_uploads)
-    leases += lease != nullptr && lease->held() ? 1 : 0;
   if (impl_->control->plan_open()) return internal_error("a tier plan was left open");
-  for (const auto& g : impl_->groups) {
-    for (const auto& [id, upload] : g.slot_uploads) {
-      if (!impl_->control->contains(id)) {
-        return internal_error("an upload of slots is kept for sequence " + std::to_string(id) +
-                              ", which no longer exists");
+  for (size_t r = 0; r < impl_->ranks.size(); ++r) {
+    const KvCache::Impl::Rank& rank = impl_->ranks[r];
+    int64_t leases = 0;
+    for (const auto& lease : rank.batch_uploads)
+      leases += lease != nullptr && lease->held() ? 1 : 0;
+    for (const auto& g : rank.groups) {
+      for (const auto& [id, upload] : g.slot_uploads) {
+        if (!impl_->control->contains(id)) {
+          return internal_error("an upload of slots is kept for sequence " + std::to_string(id) +
+                                ", which no longer exists");
+        }
+        leases += upload.lease != nullptr ? 1 : 0;
       }
-      leases += upload.lease != nullptr ? 1 : 0;
     }
-  }
-  // Every upload region still held belongs to the last batch or to a reservation's slots: a
-  // call that leaked one would keep the arena from ever reusing its chunk.
-  if (impl_->uploads->live_leases() != leases) {
-    return internal_error("the upload arena holds " +
-                          std::to_string(impl_->uploads->live_leases()) +
-                          " regions; the cache accounts for " + std::to_string(leases));
+    // Every upload region still held belongs to the last batch or to a reservation's slots: a
+    // call that leaked one would keep the arena from ever reusing its chunk.
+    if (rank.uploads->live_leases() != leases) {
+      return internal_error("rank " + std::to_string(r) + "'s upload arena holds " +
+                            std::to_string(rank.uploads->live_leases()) +
+                            " regions; the cache accounts for " + std::to_string(leases));
+    }
   }
   return ok_status();
 }

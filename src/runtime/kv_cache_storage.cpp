@@ -20,8 +20,9 @@ StatusOr<StorageFetch> KvCache::fetch_prefix_from_storage(const std::vector<Toke
     PAGEDKV_ASSIGN_OR_RETURN(none.reach, c.control->cached_prefix(prompt, options.ns, max_cached));
     return none;
   }
-  return c.storage->fetch(*c.control, prompt, options.ns, max_cached, c.transfers->copy_stream(),
-                          c.compute);
+  Impl::Rank& rank = c.ranks[0];  // a cache with a storage tier has one rank
+  return c.storage->fetch(*c.control, prompt, options.ns, max_cached, rank.transfers->copy_stream(),
+                          rank.compute);
 }
 
 Status KvCache::poll_storage() {

@@ -77,32 +77,37 @@ std::vector<PoolRegion> KvCache::regions() const {
   // The CPU backend's "device" pool is ordinary host memory: a transfer engine registers it as
   // DRAM, like the host tier.
   const Impl& c = *impl_;
-  const bool gpu = c.backend->kind() == BackendKind::kCuda;
   std::vector<PoolRegion> out;
-  for (int32_t g = 0; g < c.num_groups(); ++g) {
-    const Impl::GroupPool& p = c.groups[static_cast<size_t>(g)];
-    const int64_t block = p.config.block_bytes();
-    out.push_back(PoolRegion{
-        g, Tier::kDevice, reinterpret_cast<uintptr_t>(p.device), block * p.config.num_device_blocks,
-        gpu ? MemoryKind::kDevice : MemoryKind::kHost, gpu ? c.backend->device_ordinal() : 0});
-    if (p.host != nullptr && p.config.num_host_blocks > 0) {
-      out.push_back(PoolRegion{g, Tier::kHost, reinterpret_cast<uintptr_t>(p.host),
-                               block * p.config.num_host_blocks, MemoryKind::kHost, 0});
+  for (int32_t r = 0; r < c.num_ranks(); ++r) {
+    const Impl::Rank& rank = c.ranks[static_cast<size_t>(r)];
+    const bool gpu = rank.backend->kind() == BackendKind::kCuda;
+    for (int32_t g = 0; g < c.num_groups(); ++g) {
+      const Impl::GroupPool& p = rank.groups[static_cast<size_t>(g)];
+      const int64_t block = p.config.block_bytes();
+      out.push_back(PoolRegion{g, Tier::kDevice, reinterpret_cast<uintptr_t>(p.device),
+                               block * p.config.num_device_blocks,
+                               gpu ? MemoryKind::kDevice : MemoryKind::kHost,
+                               gpu ? rank.backend->device_ordinal() : 0, r});
+      if (p.host != nullptr && p.config.num_host_blocks > 0) {
+        out.push_back(PoolRegion{g, Tier::kHost, reinterpret_cast<uintptr_t>(p.host),
+                                 block * p.config.num_host_blocks, MemoryKind::kHost, 0, r});
+      }
     }
   }
   return out;
 }
 
 StatusOr<BlockGeometry> KvCache::block_geometry(int32_t group, Tier tier,
-                                                const std::string& model_id) const {
+                                                const std::string& model_id, int32_t rank) const {
   PAGEDKV_RETURN_IF_ERROR(impl_->check_group(group));
+  PAGEDKV_RETURN_IF_ERROR(impl_->check_rank(rank, "block_geometry"));
   if (tier == Tier::kStorage) {
     return invalid_argument("tier: the storage tier has no pool in this process");
   }
   BlockGeometry geo;
   bool found = false;
   for (const PoolRegion& r : regions()) {
-    if (r.group == group && r.tier == tier) {
+    if (r.group == group && r.tier == tier && r.rank == rank) {
       geo.region = r;
       found = true;
     }
@@ -111,7 +116,7 @@ StatusOr<BlockGeometry> KvCache::block_geometry(int32_t group, Tier tier,
     return failed_precondition("tier: group " + std::to_string(group) +
                                " has no host pool (num_host_blocks is 0)");
   }
-  const CacheConfig& c = impl_->group_config(group);
+  const CacheConfig& c = shard_config(group);
   const PoolLayout layout = PoolLayout::from_config(c);
   const auto elem = static_cast<int64_t>(dtype_size(c.dtype));
   geo.num_blocks = tier == Tier::kDevice ? c.num_device_blocks : c.num_host_blocks;
@@ -127,7 +132,13 @@ StatusOr<BlockGeometry> KvCache::block_geometry(int32_t group, Tier tier,
   geo.dtype = c.dtype;
   geo.page_layout = c.page_layout;
   geo.kv_kind = c.kv_kind;
-  geo.fingerprint = StorageLayout::from_config(c, model_id).fingerprint();
+  // A rank's blocks hold its slice of the heads: they mean the same bytes only to the same
+  // rank of a deployment of the same tensor-parallel size.
+  const int32_t tp = impl_->num_ranks();
+  const std::string tagged =
+      tp == 1 ? model_id
+              : model_id + " tp_size=" + std::to_string(tp) + " rank=" + std::to_string(rank);
+  geo.fingerprint = StorageLayout::from_config(c, tagged).fingerprint();
   return geo;
 }
 

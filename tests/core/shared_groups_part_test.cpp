@@ -191,7 +191,7 @@ TEST_F(SharedGroupsPart, UndoGivesBackTheCallsTakesAndDrops) {
   groups_.drop(*s, 1, s->blocks[1], /*undoable=*/true);
   EXPECT_EQ(groups_[0].page(s->blocks[1]), -1);
   std::vector<BlockMove> inverse;
-  groups_.undo(/*moves_done=*/0, &inverse);
+  groups_.undo(/*moves_done=*/0, &inverse, /*inverts=*/nullptr);
   EXPECT_TRUE(inverse.empty());
   EXPECT_EQ(groups_[0].page(third), -1) << "the take is undone";
   EXPECT_EQ(groups_[0].holders(s->blocks[1]), 1) << "the drop is undone";

@@ -293,6 +293,64 @@ TEST(Capacity, Gemma3HoldsMoreThanThreeTimesTheSequencesAt32K) {
       << "the longer the context, the more the window saves";
 }
 
+// --tp N: each of N devices of --device-gib holds 1/N of the heads of the same blocks, so the
+// deployment holds N times the sequences at a context; the run drives one control plane over N
+// pools, and its decisions (the hit rate) are the one-device run's with N times the blocks. A
+// latent model (whole on every rank) gains no capacity; heads that do not split are refused.
+TEST(Capacity, TensorParallelRanksHoldTheirShareOfTheHeads) {
+  const int64_t kGib = int64_t{40} << 30;
+  const StatusOr<Capacity> one = measure_capacity(preset_config("llama"), 8192, kGib);
+  ASSERT_OK(one);
+  auto run = [](std::vector<std::string> args) {
+    std::string out, err;
+    args.push_back("--json");
+    EXPECT_EQ(cli(args, &out, &err), 0) << err;
+    return out.empty() ? nlohmann::json{} : nlohmann::json::parse(out);
+  };
+  const std::vector<std::string> base = {"--no-data",    "--model",    "llama",
+                                         "--device-gib", "40",         "--context",
+                                         "8192",         "--requests", "40"};
+  std::vector<std::string> tp4 = base;
+  tp4.insert(tp4.end(), {"--tp", "4"});
+  const nlohmann::json a = run(base), b = run(tp4);
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  EXPECT_EQ(a["capacity"][0]["sequences"].get<int64_t>(), one->sequences);
+  EXPECT_EQ(b["capacity"][0]["sequences"].get<int64_t>(),
+            measure_capacity(preset_config("llama"), 8192, 4 * kGib)->sequences);
+  EXPECT_GE(b["capacity"][0]["sequences"].get<int64_t>(), 4 * one->sequences);
+  EXPECT_NE(b["backend"].get<std::string>().find("tensor parallel over 4 ranks"),
+            std::string::npos);
+  // Under pressure: four devices of 0.25 GiB decide as one of 1 GiB.
+  const std::vector<std::string> tight = {"--no-data", "--model",    "llama", "--requests",
+                                          "120",       "--host-gib", "0.5",   "--device-gib"};
+  std::vector<std::string> four = tight, single = tight;
+  four.insert(four.end(), {"0.25", "--tp", "4"});
+  single.push_back("1");
+  const nlohmann::json c = run(four), d = run(single);
+  ASSERT_FALSE(c.empty());
+  ASSERT_FALSE(d.empty());
+  EXPECT_GT(d["offloads"]["sequences"].get<int64_t>(), 0) << "no pressure";
+  EXPECT_EQ(c["prefix"], d["prefix"]) << "the same blocks, the same decisions";
+  EXPECT_EQ(c["evictions"], d["evictions"]);
+  EXPECT_EQ(c["offloads"], d["offloads"]);
+
+  std::string out, err;
+  std::vector<std::string> args = base;
+  args.insert(args.end(), {"--tp", "3"});
+  EXPECT_NE(cli(args, &out, &err), 0);
+  EXPECT_NE(err.find("do not split"), std::string::npos) << err;
+  args = {"--model", "tiny", "--requests", "5", "--tp", "2"};
+  EXPECT_NE(cli(args, &out, &err), 0);
+  EXPECT_NE(err.find("--no-data"), std::string::npos) << err;
+  const std::vector<std::string> mla = {"--no-data",    "--model",    "deepseek",
+                                        "--device-gib", "40",         "--context",
+                                        "8192",         "--requests", "10"};
+  std::vector<std::string> mla_tp = mla;
+  mla_tp.insert(mla_tp.end(), {"--tp", "4"});
+  EXPECT_EQ(run(mla)["capacity"][0]["sequences"], run(mla_tp)["capacity"][0]["sequences"]);
+}
+
 // Full attention everywhere (llama) or MLA alone (deepseek) gains nothing against itself.
 TEST(Capacity, AUniformModelGainsNothing) {
   for (const char* name : {"llama", "deepseek"}) {

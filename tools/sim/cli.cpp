@@ -30,6 +30,7 @@ struct Options {
   int32_t block_size = 16;
   int64_t device_blocks = 384, host_blocks = 1024;
   double device_gib = 0, host_gib = 0;  // > 0 overrides the block counts
+  int32_t tp = 1;                       // tensor-parallel ranks (devices)
   std::string backend = "auto";
   std::string eviction = "lru";
   bool no_data = false;
@@ -69,6 +70,12 @@ void add_flags(CLI::App& app, Options& o) {
       ->group(g1);
   app.add_option("--host-gib", o.host_gib, "host pool size in GiB (overrides --host-blocks)")
       ->group(g1);
+  app.add_option("--tp", o.tp,
+                 "tensor-parallel ranks: each of N devices holds 1/N of every group's KV heads in "
+                 "the same blocks (--device-gib is per device), one control plane over the N "
+                 "pools; needs --no-data")
+      ->group(g1)
+      ->capture_default_str();
   app.add_option("--backend", o.backend, "auto, cpu, cuda or null (null: as --no-data)")
       ->group(g1)
       ->capture_default_str();
@@ -228,8 +235,20 @@ Status build_config(const Options& o, CacheConfig* c, std::string* model_name, B
     PAGEDKV_RETURN_IF_ERROR(c->validate());  // names the field
     return invalid_argument("model: a block's byte size overflows int64");
   }
-  budget->device_bytes =
-      o.device_gib > 0 ? static_cast<int64_t>(o.device_gib * 1073741824.0) : o.device_blocks * ubb;
+  if (o.tp < 1) return invalid_argument("tp: must be >= 1, got " + std::to_string(o.tp));
+  // With N ranks a K/V block takes 1/N of its bytes on each device, so N devices' GiB hold the
+  // blocks; a latent (MLA) block is whole on every rank, so one device's GiB do.
+  bool any_latent = c->kv_kind == KvKind::kLatent;
+  for (const KvGroup& g : c->groups) any_latent |= g.kv_kind == KvKind::kLatent;
+  if (o.tp > 1 && any_latent && !c->groups.empty()) {
+    return invalid_argument(
+        "tp: a model of a latent group beside others is not sized for "
+        "tensor parallelism yet");
+  }
+  const int32_t devices_per_block = any_latent ? 1 : o.tp;
+  budget->device_bytes = o.device_gib > 0
+                             ? static_cast<int64_t>(o.device_gib * devices_per_block * 1073741824.0)
+                             : o.device_blocks * ubb;
   budget->host_bytes =
       o.host_gib > 0 ? static_cast<int64_t>(o.host_gib * 1073741824.0) : o.host_blocks * ubb;
   if (!c->groups.empty()) {
@@ -243,8 +262,9 @@ Status build_config(const Options& o, CacheConfig* c, std::string* model_name, B
   if (o.device_gib > 0 || o.host_gib > 0) {
     c->num_device_blocks = 1;
     PAGEDKV_RETURN_IF_ERROR(c->validate());
-    c->num_device_blocks =
-        o.device_gib > 0 ? blocks_in_gib(o.device_gib, c->block_bytes()) : o.device_blocks;
+    c->num_device_blocks = o.device_gib > 0
+                               ? blocks_in_gib(o.device_gib * devices_per_block, c->block_bytes())
+                               : o.device_blocks;
     if (o.host_gib > 0) c->num_host_blocks = blocks_in_gib(o.host_gib, c->block_bytes());
   }
   return c->validate();
@@ -367,14 +387,16 @@ int run_cli(int argc, const char* const* argv, std::ostream& out, std::ostream& 
   }
   int64_t max_tokens = o.sched.token_budget;
   StatusOr<std::unique_ptr<Engine>> engine =
-      o.no_data ? make_no_data_engine(config)
+      o.no_data ? make_no_data_engine(config, o.tp)
                 : make_cache_engine(
                       config, max_tokens,
                       StorageOptions{o.storage_dir, static_cast<int64_t>(o.storage_gib * (1 << 30)),
-                                     "pagedkv-sim"});
+                                     "pagedkv-sim"},
+                      o.tp);
   if (!engine.ok()) return fail(err, engine.status());
   Engine& e = *engine.value();
   info.backend = e.description();
+  if (o.tp > 1) info.backend += ", tensor parallel over " + std::to_string(o.tp) + " ranks";
   info.has_data = e.has_data();
   info.device_alloc_ms = e.device_alloc_ms();
   info.host_alloc_ms = e.host_alloc_ms();

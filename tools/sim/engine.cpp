@@ -181,16 +181,23 @@ StatusOr<std::unique_ptr<StorageTier>> make_store(const CacheConfig& group_confi
 }
 
 StatusOr<std::unique_ptr<ModelKvCache>> make_model_cache(const CacheConfig& config,
-                                                         const std::vector<StorageTier*>& stores) {
+                                                         const std::vector<StorageTier*>& stores,
+                                                         int32_t tp_size) {
   ModelKvCacheOptions options;
   options.cache.enable_events = false;
+  options.cache.tp_size = tp_size;
   options.storage = stores;
   return ModelKvCache::create(config, options);
 }
 
 StatusOr<std::unique_ptr<Engine>> make_cache_engine(const CacheConfig& config, int64_t max_tokens,
-                                                    const StorageOptions& storage) {
+                                                    const StorageOptions& storage,
+                                                    int32_t tp_size) {
   const bool data = config.backend != BackendKind::kNull;
+  if (data && tp_size != 1) {
+    // The engine's writes fill one rank's pool from one scratch buffer.
+    return unimplemented("tp: a tensor-parallel run has no KV bytes yet: add --no-data");
+  }
   if (!config.groups.empty()) {
     PAGEDKV_RETURN_IF_ERROR(config.validate());
     // A store per group, in a directory of its own, with the group in its model id: the
@@ -206,7 +213,7 @@ StatusOr<std::unique_ptr<Engine>> make_cache_engine(const CacheConfig& config, i
       stores.push_back(std::move(store));
     }
     PAGEDKV_ASSIGN_OR_RETURN(std::unique_ptr<ModelKvCache> cache,
-                             make_model_cache(config, store_ptrs));
+                             make_model_cache(config, store_ptrs, tp_size));
     void* scratch = nullptr;
     if (data) {
       PAGEDKV_ASSIGN_OR_RETURN(scratch, make_scratch(cache->cache().backend(),
@@ -218,6 +225,7 @@ StatusOr<std::unique_ptr<Engine>> make_cache_engine(const CacheConfig& config, i
   std::unique_ptr<StorageTier> store;
   KvCacheOptions cache_options;
   cache_options.enable_events = false;
+  cache_options.tp_size = tp_size;
   if (!storage.directory.empty()) {
     PAGEDKV_ASSIGN_OR_RETURN(store, make_store(config, storage, "", storage.model_id));
     cache_options.storage = store.get();
@@ -231,10 +239,10 @@ StatusOr<std::unique_ptr<Engine>> make_cache_engine(const CacheConfig& config, i
   return std::unique_ptr<Engine>(new CacheEngine(std::move(store), std::move(cache), scratch));
 }
 
-StatusOr<std::unique_ptr<Engine>> make_no_data_engine(const CacheConfig& config) {
+StatusOr<std::unique_ptr<Engine>> make_no_data_engine(const CacheConfig& config, int32_t tp_size) {
   CacheConfig c = config;
   c.backend = BackendKind::kNull;
-  return make_cache_engine(c, 0);
+  return make_cache_engine(c, 0, {}, tp_size);
 }
 
 }  // namespace sim

@@ -85,16 +85,20 @@ struct StorageOptions {
 /// group in DIR/group<g> when `storage` names a directory); writes come from a scratch buffer
 /// of `max_tokens` tokens, and none are made on the null backend.
 StatusOr<std::unique_ptr<Engine>> make_cache_engine(const CacheConfig& config, int64_t max_tokens,
-                                                    const StorageOptions& storage = {});
+                                                    const StorageOptions& storage = {},
+                                                    int32_t tp_size = 1);
 
 /// The model cache make_cache_engine drives for a config with groups (also takes one without),
 /// with `stores` (empty, or one per group) as its storage tiers. Events off.
 /// kInvalidArgument for a bad config or a shape the one cache does not hold yet.
 StatusOr<std::unique_ptr<ModelKvCache>> make_model_cache(
-    const CacheConfig& config, const std::vector<StorageTier*>& stores = {});
+    const CacheConfig& config, const std::vector<StorageTier*>& stores = {}, int32_t tp_size = 1);
 
-/// make_cache_engine on the null backend (--no-data): the cache's decisions, no KV bytes.
-StatusOr<std::unique_ptr<Engine>> make_no_data_engine(const CacheConfig& config);
+/// make_cache_engine on the null backend (--no-data): the cache's decisions, no KV bytes. With
+/// `tp_size` > 1, one control plane over that many null-backend pools, each of its share of the
+/// heads (KvCacheOptions::tp_size).
+StatusOr<std::unique_ptr<Engine>> make_no_data_engine(const CacheConfig& config,
+                                                      int32_t tp_size = 1);
 
 }  // namespace sim
 }  // namespace pagedkv

@@ -1,0 +1,648 @@
+// Tensor parallelism (KvCacheOptions::tp_size): one control plane driving N pools, rank r holding
+// KV heads [r*H/N, (r+1)*H/N) of every block. N backends stand for N GPUs, each with its own
+// memory limit and its own copy delay (so the ranks' transfers finish in different orders).
+//
+// - A randomized run (prefix hits, prefill chunks, decode steps through rank_batch, fork and
+//   copy-on-write, offload, restore, prefetch, rollback, eviction under pressure in both tiers,
+//   finish, erase) drives a TP cache and an unsharded cache of the same config with the same
+//   calls: every call answers the same, every sequence has the same blocks, and the ranks' heads
+//   gathered side by side equal the unsharded cache's bytes, which equal the model's, and the
+//   TP cache's one event stream is the unsharded cache's. One group, and two groups (full
+//   attention and a window) sharing the blocks.
+// - A fault on one rank in the middle of a move or a copy-on-write: the call fails, and every
+//   rank's bytes, every block location and every residency are as before; the retry succeeds.
+// - What a TP cache refuses, and where each rank's pools are.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "pagedkv/cache.hpp"
+#include "pagedkv/cpu_backend.hpp"
+#include "pagedkv/fault_injection.hpp"
+#include "runtime/kv_model.hpp"
+#include "runtime/null_storage.hpp"
+#include "runtime/runtime_backends.hpp"
+#include "support/backend_test.hpp"
+#include "support/status_matchers.hpp"
+
+namespace pagedkv {
+namespace {
+
+using testing::backend_label;
+using testing::DeviceBuffer;
+using testing::model_rows;
+
+CacheConfig tp_config(BackendKind kind) {
+  CacheConfig c;
+  c.num_layers = 2;
+  c.num_kv_heads = 4;
+  c.head_dim = 6;
+  c.block_size = 4;
+  c.num_device_blocks = 20;
+  c.num_host_blocks = 12;
+  c.backend = kind;
+  return c;
+}
+
+// A model of two groups sharing the blocks: full attention on layers 0 and 2 (8 heads of 4),
+// a sliding window of 8 tokens on layer 1 (4 heads of 10).
+CacheConfig two_group_config(BackendKind kind) {
+  CacheConfig c = tp_config(kind);
+  c.num_layers = 3;
+  KvGroup full;
+  full.name = "full";
+  full.layers = {0, 2};
+  full.num_kv_heads = 8;
+  full.head_dim = 4;
+  full.num_device_blocks = 20;
+  full.num_host_blocks = 12;
+  KvGroup window = full;
+  window.name = "window";
+  window.layers = {1};
+  window.num_kv_heads = 4;
+  window.head_dim = 10;
+  window.sliding_window = 8;
+  c.groups = {full, window};
+  return c;
+}
+
+// Model layer `layer`'s group config in `cache` (every head), and its group.
+const CacheConfig& layer_config(KvCache& cache, int32_t layer, int32_t* group = nullptr) {
+  const int32_t g = cache.layer_group(layer).value().group;
+  if (group != nullptr) *group = g;
+  return cache.group_config(g);
+}
+
+// Heads [first, first + count) of token-major rows [n, heads, head_dim].
+std::vector<uint16_t> head_slice(const std::vector<uint16_t>& rows, const CacheConfig& c,
+                                 int32_t first, int32_t count) {
+  const size_t d = static_cast<size_t>(c.head_dim);
+  const size_t row = static_cast<size_t>(c.num_kv_heads) * d;
+  std::vector<uint16_t> out;
+  for (size_t t = 0; t < rows.size() / row; ++t) {
+    const auto begin = rows.begin() + static_cast<std::ptrdiff_t>(t * row + first * d);
+    out.insert(out.end(), begin, begin + static_cast<std::ptrdiff_t>(count * d));
+  }
+  return out;
+}
+
+// The ranks' rows [n, heads / N, head_dim] side by side: [n, heads, head_dim].
+std::vector<uint16_t> join_heads(const std::vector<std::vector<uint16_t>>& parts, size_t n) {
+  std::vector<uint16_t> out;
+  for (size_t t = 0; t < n; ++t) {
+    for (const std::vector<uint16_t>& p : parts) {
+      const size_t row = p.size() / n;
+      out.insert(out.end(), p.begin() + static_cast<std::ptrdiff_t>(t * row),
+                 p.begin() + static_cast<std::ptrdiff_t>((t + 1) * row));
+    }
+  }
+  return out;
+}
+
+// N rank backends (the CPU ones with a memory limit that fits one rank's pools and their uploads,
+// and a copy delay that differs by rank), and a cache over them.
+struct Deployment {
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<std::unique_ptr<FaultInjectionBackend>> faults;  // one per rank, when wrapped
+  std::unique_ptr<KvCache> cache;
+
+  Backend& rank_backend(int32_t r) { return *backends[static_cast<size_t>(r)]; }
+};
+
+Deployment make_deployment(BackendKind kind, const CacheConfig& config, int32_t tp,
+                           bool wrap_faults = false) {
+  Deployment d;
+  KvCacheOptions o;
+  o.tp_size = tp;
+  for (int32_t r = 0; r < tp; ++r) {
+    CpuBackendOptions cpu;
+    int64_t pools = 0;  // one rank's device pools
+    for (int32_t g = 0; g < config.num_groups(); ++g) {
+      const CacheConfig c = config.group_config(g);
+      pools += c.block_bytes() / tp * c.num_device_blocks;
+    }
+    cpu.device_memory_limit = static_cast<size_t>(pools) + (size_t{4} << 20);
+    cpu.copy_delay = std::chrono::microseconds(40 * (tp - r));
+    d.backends.push_back(testing::make_backend(kind, cpu));
+    if (d.backends.back() == nullptr) return d;
+    if (wrap_faults) {
+      d.faults.push_back(std::make_unique<FaultInjectionBackend>(*d.backends.back()));
+      o.rank_backends.push_back(d.faults.back().get());
+    } else {
+      o.rank_backends.push_back(d.backends.back().get());
+    }
+  }
+  auto cache = KvCache::create(config, o);
+  EXPECT_OK(cache);
+  if (cache.ok()) d.cache = std::move(cache).value();
+  return d;
+}
+
+// Writes the model's K/V of `tokens` at positions start.. into every layer of the reservation
+// of `id` (the unsharded cache: every head; a TP cache: each rank its heads), then commits them.
+void write_and_commit(KvCache& cache, const std::vector<Backend*>& backends, SequenceId id,
+                      const std::vector<TokenId>& tokens, int64_t start) {
+  const int32_t tp = cache.tp_size();
+  for (int32_t layer = 0; layer < cache.config().num_layers; ++layer) {
+    const CacheConfig& c = layer_config(cache, layer);
+    const int32_t h = c.num_kv_heads / tp;
+    for (int32_t r = 0; r < tp; ++r) {
+      const std::vector<uint16_t> k =
+          head_slice(model_rows(c, layer, 0, tokens, start), c, r * h, h);
+      const std::vector<uint16_t> v =
+          head_slice(model_rows(c, layer, 1, tokens, start), c, r * h, h);
+      DeviceBuffer dk(*backends[static_cast<size_t>(r)], k.size() * 2);
+      DeviceBuffer dv(*backends[static_cast<size_t>(r)], v.size() * 2);
+      dk.upload(k);
+      dv.upload(v);
+      ASSERT_OK(cache.write_kv(id, layer, dk.data(), dv.data(), DType::kFloat16, 0, r));
+      ASSERT_OK(cache.synchronize());  // the buffers go when this returns
+    }
+  }
+  ASSERT_OK(cache.commit(id, tokens));
+}
+
+// The first position a sequence of `length` tokens still holds in a layer of config `c`: the
+// block holding the first token of its window (0 without one).
+int64_t first_held(const CacheConfig& c, int64_t length) {
+  if (c.sliding_window == 0) return 0;
+  return std::max<int64_t>(0, length - c.sliding_window) / c.block_size * c.block_size;
+}
+
+// One layer's keys and values of a device-resident sequence from first_held() on, every head,
+// token-major: a TP cache's ranks gathered side by side.
+std::vector<uint16_t> gather_all_heads(KvCache& cache, const std::vector<Backend*>& backends,
+                                       SequenceId id, int32_t layer) {
+  const CacheConfig& c = layer_config(cache, layer);
+  const int64_t begin = first_held(c, cache.length(id).value());
+  const int64_t n = cache.length(id).value() - begin;
+  const int32_t tp = cache.tp_size();
+  std::vector<std::vector<uint16_t>> keys, values;
+  for (int32_t r = 0; r < tp; ++r) {
+    const size_t bytes = static_cast<size_t>(n * (c.num_kv_heads / tp) * c.head_dim * 2);
+    DeviceBuffer k(*backends[static_cast<size_t>(r)], bytes);
+    DeviceBuffer v(*backends[static_cast<size_t>(r)], bytes);
+    EXPECT_OK(cache.gather_layer(id, layer, k.data(), v.data(), DType::kFloat16,
+                                 PackedLayout::kTokenMajor, begin, -1, r));
+    keys.push_back(k.download<uint16_t>());
+    values.push_back(v.download<uint16_t>());
+  }
+  std::vector<uint16_t> out = join_heads(keys, static_cast<size_t>(n));
+  const std::vector<uint16_t> vs = join_heads(values, static_cast<size_t>(n));
+  out.insert(out.end(), vs.begin(), vs.end());
+  return out;
+}
+
+// The model's keys and values of layer `layer` over what gather_all_heads reads.
+std::vector<uint16_t> model_layer(KvCache& cache, const std::vector<TokenId>& tokens,
+                                  int32_t layer) {
+  const CacheConfig& c = layer_config(cache, layer);
+  const int64_t begin = first_held(c, static_cast<int64_t>(tokens.size()));
+  const std::vector<TokenId> held(tokens.begin() + begin, tokens.end());
+  std::vector<uint16_t> out = model_rows(c, layer, 0, held, begin);
+  const std::vector<uint16_t> v = model_rows(c, layer, 1, held, begin);
+  out.insert(out.end(), v.begin(), v.end());
+  return out;
+}
+
+std::vector<Backend*> backends_of(KvCache& cache) {
+  std::vector<Backend*> out;
+  for (int32_t r = 0; r < cache.tp_size(); ++r) out.push_back(&cache.backend(r));
+  return out;
+}
+
+class TensorParallel : public ::testing::TestWithParam<std::tuple<BackendKind, int32_t, bool>> {
+ protected:
+  void SetUp() override { testing::require_backend(kind()); }
+  BackendKind kind() const { return std::get<0>(GetParam()); }
+  int32_t tp() const { return std::get<1>(GetParam()); }
+  // One group, or two_group_config's two.
+  CacheConfig config() const {
+    return std::get<2>(GetParam()) ? two_group_config(kind()) : tp_config(kind());
+  }
+};
+
+// The randomized run: the same calls on an unsharded cache and a TP cache.
+TEST_P(TensorParallel, RanksHoldTheSameBlocksAndTheirHeadsJoinToTheUnshardedCache) {
+  const CacheConfig config = this->config();
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    Deployment ranks = make_deployment(kind(), config, tp());
+    ASSERT_NE(ranks.cache, nullptr);
+    std::unique_ptr<Backend> one_backend = testing::make_backend(kind());
+    ASSERT_NE(one_backend, nullptr);
+    KvCacheOptions o;
+    o.backend = one_backend.get();
+    auto made = KvCache::create(config, o);
+    ASSERT_OK(made);
+    KvCache& ref = **made;
+    KvCache& sharded = *ranks.cache;
+    EXPECT_EQ(sharded.tp_size(), tp());
+    const std::vector<Backend*> ref_backends{one_backend.get()};
+    const std::vector<Backend*> tp_backends = backends_of(sharded);
+
+    std::mt19937 rng(seed);
+    auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint32_t>(n)); };
+    const std::vector<TokenId> system = {11, 12, 13, 14, 15, 16, 17, 18, 19};
+    std::map<SequenceId, std::vector<TokenId>> live;  // committed tokens
+    SequenceId next_id = 1;
+    int64_t steps_with_pressure = 0;
+    int64_t events_seen = 0;
+
+    // Same answer from both caches (the status code; the value when both succeed).
+    auto same = [&](const char* what, const Status& a, const Status& b) {
+      EXPECT_EQ(a.code(), b.code()) << what << ": " << a.to_string() << " vs " << b.to_string();
+      return a.ok() && b.ok();
+    };
+    auto forget_evicted = [&] {
+      const std::vector<SequenceId> a = ref.drain_evicted_sequences();
+      EXPECT_EQ(a, sharded.drain_evicted_sequences());
+      for (SequenceId id : a) live.erase(id);
+      steps_with_pressure += a.empty() ? 0 : 1;
+    };
+    auto extend = [&](SequenceId id, const std::vector<TokenId>& tokens) {
+      const int64_t start = static_cast<int64_t>(live[id].size());
+      const int64_t n = static_cast<int64_t>(tokens.size());
+      if (n == 0) return;
+      auto a = ref.reserve(id, n);
+      auto b = sharded.reserve(id, n);
+      forget_evicted();
+      if (!same("reserve", a.status(), b.status())) return;
+      EXPECT_EQ(*a, *b);
+      write_and_commit(ref, ref_backends, id, tokens, start);
+      write_and_commit(sharded, tp_backends, id, tokens, start);
+      live[id].insert(live[id].end(), tokens.begin(), tokens.end());
+    };
+
+    for (int step = 0; step < 160; ++step) {
+      const int op = pick(10);
+      std::vector<SequenceId> ids;
+      for (const auto& [id, tokens] : live) ids.push_back(id);
+      const SequenceId any =
+          ids.empty() ? 0 : ids[static_cast<size_t>(pick(static_cast<int>(ids.size())))];
+      if (op <= 1 || ids.empty()) {  // a new prompt, often behind the shared system prompt
+        std::vector<TokenId> prompt;
+        if (pick(3) != 0) prompt.assign(system.begin(), system.begin() + 1 + pick(9));
+        for (int i = pick(9); i >= 0; --i) prompt.push_back(100 + pick(50));
+        const SequenceId id = next_id++;
+        auto a = ref.add_sequence(id, prompt);
+        auto b = sharded.add_sequence(id, prompt);
+        if (!same("add_sequence", a.status(), b.status())) continue;
+        EXPECT_EQ(*a, *b);
+        live[id] = {};
+        const std::vector<TokenId> cached(prompt.begin(), prompt.begin() + *a);
+        live[id] = cached;
+        // The cached prefix is the model's already; write the rest.
+        extend(id, std::vector<TokenId>(prompt.begin() + *a, prompt.end()));
+      } else if (op == 2) {  // a prefill chunk or a single token
+        std::vector<TokenId> more(static_cast<size_t>(1 + pick(6)));
+        for (TokenId& t : more) t = 200 + pick(50);
+        extend(any, more);
+      } else if (op == 3) {  // a decode step through the batch, each rank its own batch
+        std::vector<SequenceId> batch;
+        for (SequenceId id : ids) {
+          if (pick(2) == 0) batch.push_back(id);
+        }
+        if (batch.empty()) continue;
+        Status a = ref.reserve_batch_into(batch, 1, nullptr);
+        Status b = sharded.reserve_batch_into(batch, 1, nullptr);
+        forget_evicted();
+        if (!same("reserve_batch", a, b)) continue;
+        std::vector<TokenId> next;
+        std::vector<int64_t> positions;
+        for (SequenceId id : batch) {
+          next.push_back(300 + pick(50));
+          positions.push_back(static_cast<int64_t>(live[id].size()));
+        }
+        for (KvCache* cache : {&ref, &sharded}) {
+          auto built = cache->build_batches(batch);
+          ASSERT_OK(built);
+          for (int32_t layer = 0; layer < config.num_layers; ++layer) {
+            int32_t g = 0;
+            const CacheConfig& c = layer_config(*cache, layer, &g);
+            const int32_t h = c.num_kv_heads / cache->tp_size();
+            for (int32_t r = 0; r < cache->tp_size(); ++r) {
+              auto mine = cache->rank_batch((*built)[static_cast<size_t>(g)], r);
+              ASSERT_OK(mine);
+              EXPECT_EQ(mine->rank, r);
+              EXPECT_EQ(mine->group, g);
+              const size_t rows = mine->host->slot_mapping.size();
+              const auto k =
+                  head_slice(testing::step_rows(c, layer, 0, next, positions, rows), c, r * h, h);
+              const auto v =
+                  head_slice(testing::step_rows(c, layer, 1, next, positions, rows), c, r * h, h);
+              DeviceBuffer dk(cache->backend(r), k.size() * 2), dv(cache->backend(r), v.size() * 2);
+              dk.upload(k);
+              dv.upload(v);
+              ASSERT_OK(cache->write_kv_batch(*mine, layer, dk.data(), dv.data(), DType::kFloat16));
+              ASSERT_OK(cache->synchronize());
+            }
+          }
+          ASSERT_OK(cache->commit_batch(batch, next));
+        }
+        for (size_t i = 0; i < batch.size(); ++i) live[batch[i]].push_back(next[i]);
+      } else if (op == 4) {
+        const SequenceId child = next_id++;
+        if (same("fork", ref.fork(any, child), sharded.fork(any, child))) live[child] = live[any];
+      } else if (op == 5) {
+        same("offload", ref.offload(any), sharded.offload(any));
+      } else if (op == 6) {
+        same("restore", ref.restore(any), sharded.restore(any));
+        forget_evicted();
+      } else if (op == 7) {
+        same("prefetch", ref.prefetch(ids), sharded.prefetch(ids));
+      } else if (op == 8) {
+        const int64_t to = static_cast<int64_t>(live[any].size()) - pick(3);
+        if (to >= 0 && same("rollback", ref.rollback(any, to), sharded.rollback(any, to))) {
+          live[any].resize(static_cast<size_t>(to));
+        }
+      } else {
+        const bool finish = pick(2) == 0;
+        if (finish ? same("finish", ref.finish(any), sharded.finish(any))
+                   : same("erase", ref.erase(any), sharded.erase(any))) {
+          live.erase(any);
+        }
+      }
+      ASSERT_OK(ref.check_invariants());
+      ASSERT_OK(sharded.check_invariants());
+      // One event stream for the deployment, the unsharded cache's.
+      const std::vector<ControlEvent> ref_events = ref.drain_events();
+      const std::vector<ControlEvent> tp_events = sharded.drain_events();
+      ASSERT_EQ(ref_events.size(), tp_events.size());
+      for (size_t i = 0; i < ref_events.size(); ++i) {
+        const ControlEvent& x = ref_events[i];
+        const ControlEvent& y = tp_events[i];
+        EXPECT_TRUE(x.kind == y.kind && x.tier == y.tier && x.sequence == y.sequence &&
+                    x.block_hash == y.block_hash && x.parent_hash == y.parent_hash &&
+                    x.tokens == y.tokens && x.group == y.group)
+            << "event " << i << " of step " << step;
+      }
+      events_seen += static_cast<int64_t>(tp_events.size());
+      for (const auto& [id, tokens] : live) {
+        ASSERT_EQ(ref.block_locations(id).value(), sharded.block_locations(id).value())
+            << "sequence " << id;
+      }
+      if (step % 8 != 7) continue;
+      // Every device-resident sequence reads back the same bytes from both, the model's.
+      for (const auto& [id, tokens] : live) {
+        auto residency = sharded.residency(id);
+        ASSERT_OK(residency);
+        // In flight may be an offload, whose sequence is read only after a restore.
+        if (*residency != SequenceResidency::kDevice || tokens.empty()) continue;
+        for (int32_t layer = 0; layer < config.num_layers; ++layer) {
+          const std::vector<uint16_t> expect = model_layer(ref, tokens, layer);
+          ASSERT_EQ(gather_all_heads(ref, ref_backends, id, layer), expect)
+              << "unsharded, sequence " << id << " layer " << layer;
+          ASSERT_EQ(gather_all_heads(sharded, tp_backends, id, layer), expect)
+              << "tp " << tp() << ", sequence " << id << " layer " << layer;
+        }
+      }
+    }
+    EXPECT_GT(events_seen, 0);
+    EXPECT_GT(steps_with_pressure + sharded.stats().sequences_offloaded, 0)
+        << "the run never ran out of device blocks";
+  }
+}
+
+// A fault on the last rank while a call moves or copies blocks: nothing changes on any rank.
+TEST_P(TensorParallel, AFaultOnOneRankMidMoveChangesNothingOnAnyRank) {
+  CacheConfig config = this->config();
+  config.num_device_blocks = 6;
+  for (KvGroup& g : config.groups) g.num_device_blocks = 6;
+  // Each call under test, from the same starting point: four sequences (one a fork of another
+  // whose last block is partial), one of them offloaded, one device block free. Restoring it
+  // offloads another in the same call, whose device blocks it may then overwrite: a rank whose
+  // moves ran must copy them back.
+  struct Call {
+    const char* name;
+    std::function<Status(KvCache&)> run;
+  };
+  const std::vector<Call> calls = {
+      {"offload", [](KvCache& c) { return c.offload(1); }},
+      {"restore (offloads another in the same call)", [](KvCache& c) { return c.restore(3); }},
+      {"reserve after fork (copy-on-write)", [](KvCache& c) { return c.reserve(2, 2).status(); }},
+      {"prefetch", [](KvCache& c) { return c.prefetch({3}); }},
+  };
+  const std::vector<TokenId> a = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+  const std::vector<TokenId> b = {40, 41, 42, 43, 44, 45, 46};
+  const std::vector<TokenId> e = {70, 71, 72, 73, 74};
+  int64_t failed_calls = 0;
+  for (const Call& call : calls) {
+    for (FaultKind fault : {FaultKind::kCopy, FaultKind::kLaunch, FaultKind::kEvent}) {
+      for (int64_t n = 1;; ++n) {
+        SCOPED_TRACE(std::string(call.name) + ", " + fault_kind_name(fault) + " #" +
+                     std::to_string(n));
+        Deployment d = make_deployment(kind(), config, tp(), /*wrap_faults=*/true);
+        ASSERT_NE(d.cache, nullptr);
+        KvCache& cache = *d.cache;
+        const std::vector<Backend*> backends = backends_of(cache);
+        ASSERT_OK(cache.add_sequence(1, {}));
+        ASSERT_OK(cache.reserve(1, static_cast<int64_t>(a.size())));
+        write_and_commit(cache, backends, 1, a, 0);
+        ASSERT_OK(cache.fork(1, 2));
+        ASSERT_OK(cache.add_sequence(3, {}));
+        ASSERT_OK(cache.reserve(3, static_cast<int64_t>(b.size())));
+        write_and_commit(cache, backends, 3, b, 0);
+        ASSERT_OK(cache.offload(3));
+        ASSERT_OK(cache.add_sequence(4, {}));
+        ASSERT_OK(cache.reserve(4, static_cast<int64_t>(e.size())));
+        write_and_commit(cache, backends, 4, e, 0);
+        ASSERT_OK(cache.synchronize());
+        const std::map<SequenceId, std::vector<TokenId>> tokens = {{1, a}, {2, a}, {3, b}, {4, e}};
+        // What must stay: locations, residencies, and the bytes of what is on the device.
+        auto snapshot = [&] {
+          std::vector<std::string> out;
+          for (const auto& [id, t] : tokens) {
+            const std::vector<BlockLocation> where = cache.block_locations(id).value();
+            std::string s = "seq " + std::to_string(id) + ":";
+            for (const BlockLocation& l : where) {
+              s += " " + std::to_string(static_cast<int>(l.tier)) + "/" + std::to_string(l.block);
+            }
+            s += " pending " + std::to_string(cache.pending(id).value());
+            const SequenceResidency res = cache.residency(id).value();
+            s += " residency " + std::to_string(static_cast<int>(res));
+            out.push_back(s);
+          }
+          return out;
+        };
+        const std::vector<std::string> before = snapshot();
+        FaultInjectionBackend& last = *d.faults.back();
+        last.reset_counts();
+        last.fail_nth(fault, n);
+        const Status st = call.run(cache);
+        const bool fired = last.injected() > 0;
+        last.disarm_all();
+        ASSERT_OK(cache.check_invariants());
+        if (!fired) {
+          // n is past the call's last call of that kind: it succeeded, and the sweep is done.
+          EXPECT_OK(st);
+          break;
+        }
+        ASSERT_FALSE(st.ok()) << "the fault was swallowed";
+        EXPECT_NE(st.message().find("nothing changed"), std::string::npos) << st.to_string();
+        ++failed_calls;
+        ASSERT_OK(cache.synchronize());
+        EXPECT_EQ(snapshot(), before);
+        // Every rank still holds the bytes: the retry succeeds and reads back the model.
+        ASSERT_OK(call.run(cache));
+        ASSERT_OK(cache.synchronize());
+        for (SequenceId id : {SequenceId{1}, SequenceId{3}, SequenceId{4}}) {
+          if (cache.residency(id).value() == SequenceResidency::kHost) {
+            ASSERT_OK(cache.restore(id));
+          }
+          for (int32_t layer = 0; layer < config.num_layers; ++layer) {
+            ASSERT_EQ(gather_all_heads(cache, backends, id, layer),
+                      model_layer(cache, tokens.at(id), layer))
+                << "sequence " << id << " layer " << layer;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(failed_calls, 4) << "too few faults reached the calls under test";
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallel,
+                         ::testing::Combine(testing::runtime_backends(), ::testing::Values(2, 4),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(backend_label(std::get<0>(info.param))) + "Tp" +
+                                  std::to_string(std::get<1>(info.param)) +
+                                  (std::get<2>(info.param) ? "TwoGroups" : "");
+                         });
+
+// Where each rank's pools are, what they hold, and the rank checks of the per-rank calls.
+TEST(TensorParallelPools, EveryRankHasItsPoolsOfItsHeads) {
+  for (const int32_t tp : {2, 4}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    const CacheConfig config = tp_config(BackendKind::kCpu);
+    Deployment d = make_deployment(BackendKind::kCpu, config, tp);
+    ASSERT_NE(d.cache, nullptr);
+    KvCache& cache = *d.cache;
+    EXPECT_EQ(cache.shard_config(0).num_kv_heads, config.num_kv_heads / tp);
+    EXPECT_EQ(cache.pool_info().device_bytes, config.block_bytes() * config.num_device_blocks);
+    const std::vector<PoolRegion> regions = cache.regions();
+    ASSERT_EQ(regions.size(), static_cast<size_t>(2 * tp));  // a device and a host pool each
+    std::vector<uint64_t> fingerprints;
+    for (int32_t r = 0; r < tp; ++r) {
+      EXPECT_EQ(cache.device_pool(0, r).layout.num_kv_heads, config.num_kv_heads / tp);
+      auto geo = cache.block_geometry(0, Tier::kDevice, "m", r);
+      ASSERT_OK(geo);
+      EXPECT_EQ(geo->region.rank, r);
+      EXPECT_EQ(geo->num_kv_heads, config.num_kv_heads / tp);
+      EXPECT_EQ(geo->block_bytes, config.block_bytes() / tp);
+      EXPECT_EQ(geo->region.base, reinterpret_cast<uintptr_t>(cache.device_pool(0, r).data));
+      fingerprints.push_back(geo->fingerprint);
+    }
+    // Each rank's blocks hold other heads, and none is an unsharded cache's of that many heads.
+    std::sort(fingerprints.begin(), fingerprints.end());
+    EXPECT_EQ(std::unique(fingerprints.begin(), fingerprints.end()), fingerprints.end());
+    CacheConfig narrow = config;
+    narrow.num_kv_heads = config.num_kv_heads / tp;
+    auto alone = KvCache::create(narrow);
+    ASSERT_OK(alone);
+    EXPECT_EQ(std::count(fingerprints.begin(), fingerprints.end(),
+                         (*alone)->block_geometry(0, Tier::kDevice, "m")->fingerprint),
+              0);
+    // A rank outside the cache.
+    EXPECT_EQ(cache.block_geometry(0, Tier::kDevice, "m", tp).status().code(),
+              StatusCode::kOutOfRange);
+    ASSERT_OK(cache.add_sequence(1, {1, 2, 3}));
+    ASSERT_OK(cache.reserve(1, 1));
+    DeviceBuffer k(cache.backend(0), 64), v(cache.backend(0), 64);
+    EXPECT_EQ(cache.write_kv(1, 0, k.data(), v.data(), DType::kFloat16, 0, tp).code(),
+              StatusCode::kOutOfRange);
+    EXPECT_EQ(cache.write_kv(1, 0, k.data(), v.data(), DType::kFloat16, 0, -1).code(),
+              StatusCode::kOutOfRange);
+    auto batch = cache.build_batch({});
+    ASSERT_OK(batch);
+    EXPECT_EQ(cache.rank_batch(*batch, tp).status().code(), StatusCode::kOutOfRange);
+    ASSERT_OK(cache.reserve(1, 1));  // the batch is stale now
+    EXPECT_EQ(cache.rank_batch(*batch, 0).status().code(), StatusCode::kFailedPrecondition);
+    ASSERT_OK(cache.check_invariants());
+  }
+}
+
+// What a TP cache refuses, each with the field it names.
+TEST(TensorParallelConfig, RefusesWhatCannotBeSharded) {
+  CacheConfig c = tp_config(BackendKind::kCpu);
+  struct Case {
+    const char* name;
+    std::function<void(CacheConfig*, KvCacheOptions*)> set;
+    StatusCode code;
+    const char* names;
+  };
+  testing::NullStorage store;
+  std::unique_ptr<Backend> one = create_cpu_backend();
+  const std::vector<Case> cases = {
+      {"tp_size 0", [](CacheConfig*, KvCacheOptions* o) { o->tp_size = 0; },
+       StatusCode::kInvalidArgument, "tp_size"},
+      {"heads that do not split", [](CacheConfig*, KvCacheOptions* o) { o->tp_size = 3; },
+       StatusCode::kInvalidArgument, "do not split"},
+      {"one backend for several ranks",
+       [&](CacheConfig*, KvCacheOptions* o) {
+         o->tp_size = 2;
+         o->backend = one.get();
+       },
+       StatusCode::kInvalidArgument, "rank_backends"},
+      {"rank backends of another count",
+       [&](CacheConfig*, KvCacheOptions* o) {
+         o->tp_size = 2;
+         o->rank_backends = {one.get()};
+       },
+       StatusCode::kInvalidArgument, "rank_backends"},
+      {"a null rank backend",
+       [&](CacheConfig*, KvCacheOptions* o) {
+         o->tp_size = 2;
+         o->rank_backends = {one.get(), nullptr};
+       },
+       StatusCode::kInvalidArgument, "null"},
+      {"a compute stream",
+       [](CacheConfig*, KvCacheOptions* o) {
+         o->tp_size = 2;
+         o->native_compute_stream = reinterpret_cast<void*>(1);
+       },
+       StatusCode::kUnimplemented, "compute streams"},
+      {"a storage tier",
+       [&](CacheConfig*, KvCacheOptions* o) {
+         o->tp_size = 2;
+         o->storage = &store;
+       },
+       StatusCode::kUnimplemented, "storage"},
+  };
+  for (const Case& k : cases) {
+    CacheConfig config = c;
+    KvCacheOptions o;
+    k.set(&config, &o);
+    auto made = KvCache::create(config, o);
+    EXPECT_EQ(made.status().code(), k.code) << k.name << ": " << made.status().to_string();
+    EXPECT_NE(made.status().message().find(k.names), std::string::npos)
+        << k.name << ": " << made.status().to_string();
+  }
+}
+
+// An MLA latent group is whole on every rank; a K/V group beside it is split.
+TEST(TensorParallelConfig, ALatentGroupIsReplicatedAndAKvGroupSplit) {
+  CacheConfig latent = tp_config(BackendKind::kCpu);
+  latent.kv_kind = KvKind::kLatent;
+  latent.num_kv_heads = 1;
+  latent.head_dim = 37;
+  latent.rope_dim = 5;
+  KvCacheOptions o;
+  o.tp_size = 2;
+  auto lat = KvCache::create(latent, o);
+  ASSERT_OK(lat);
+  EXPECT_EQ((*lat)->shard_config(0).num_kv_heads, 1);
+  EXPECT_EQ((*lat)->device_pool(0, 1).layout.head_dim, (*lat)->device_pool(0, 0).layout.head_dim);
+  EXPECT_EQ((*lat)->pool_info().device_bytes, 2 * latent.block_bytes() * latent.num_device_blocks);
+}
+
+}  // namespace
+}  // namespace pagedkv
