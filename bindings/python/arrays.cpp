@@ -25,6 +25,14 @@ int backend_device_type(const GroupRef& kv) {
 
 int backend_device_id(const GroupRef& kv) { return kv.backend().device_ordinal(); }
 
+GroupRef rank_ref(const KvCache& kv, int32_t rank) {
+  if (rank < 0 || rank >= kv.tp_size()) {
+    throw StatusError(out_of_range("rank: " + std::to_string(rank) + " outside the cache's " +
+                                   std::to_string(kv.tp_size()) + " tensor-parallel ranks"));
+  }
+  return GroupRef(kv, rank);
+}
+
 nb::dlpack::dtype to_dlpack(DType t) {
   switch (t) {
     case DType::kFloat16:

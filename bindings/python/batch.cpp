@@ -149,19 +149,25 @@ void register_batch(nb::module_& m, nb::class_<PyCache>& cls) {
       "(.device arrays valid until the next build_batch, .host numpy copies).");
   cls.def(
       "write_kv_batch",
-      [](PyCache& s, PyBatch& b, int32_t layer, nb::handle key, nb::handle value) {
+      [](PyCache& s, PyBatch& b, int32_t layer, nb::handle key, nb::handle value, int32_t rank) {
         if (b.owner != &s) throw_invalid("batch: built by another cache");
         const std::pair<KvInput, KvInput> in =
-            kv_batch_inputs(*s.kv, key, value, b.host.slot_mapping.size(), "");
+            kv_batch_inputs(rank_ref(*s.kv, rank), key, value, b.host.slot_mapping.size(), "");
         const KvInput &k = in.first, &v = in.second;
-        write_and_wait(s, k, [&](KvCache& kv) {
-          return kv.write_kv_batch(b.as_built(), layer, k.data, v.data, k.dtype, k.row_stride);
+        write_and_wait(s, k, [&](KvCache& kv) -> Status {
+          DeviceBatch on_rank = b.as_built();  // rank 0's: as built (its slots may be the caller's)
+          if (rank != 0) {
+            PAGEDKV_ASSIGN_OR_RETURN(on_rank, kv.rank_batch(on_rank, rank));
+          }
+          return kv.write_kv_batch(on_rank, layer, k.data, v.data, k.dtype, k.row_stride);
         });
       },
       nb::arg("batch"), nb::arg("layer"), nb::arg("key"), nb::arg("value").none() = nb::none(),
+      nb::arg("rank") = 0,
       "Writes one layer's K/V of every token of the current batch through its slot mapping in one "
       "launch; key/value [len(slot_mapping), heads, dim] (padding rows skipped); value=None for a "
-      "latent (MLA) cache.");
+      "latent (MLA) cache. With tensor parallelism, rank `rank`'s heads into its pool, through "
+      "the batch as uploaded to that rank.");
 
   cls.def(
       "write_kv_batch_all_layers",

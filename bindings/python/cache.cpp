@@ -35,9 +35,10 @@ void* stream_handle(nb::handle stream) {
 // __init__ (construct_cache: the instance is constructed only once the cache exists).
 void init_cache(PyCache* self, const CacheConfig& config, bool enable_events, size_t event_capacity,
                 nb::handle storage, int64_t storage_staging_blocks, int32_t device,
-                nb::handle stream,
-                std::optional<std::tuple<int32_t, int64_t, int64_t>> step_shape) {
+                nb::handle stream, std::optional<std::tuple<int32_t, int64_t, int64_t>> step_shape,
+                int32_t tp_size) {
   KvCacheOptions options;
+  options.tp_size = tp_size;
   if (step_shape.has_value()) {
     const auto [max_batch, max_blocks, max_tokens] = *step_shape;
     if (max_blocks > INT32_MAX) throw_invalid("step_shape: max_blocks_per_sequence is too large");
@@ -62,12 +63,23 @@ nb::class_<PyCache> register_cache(nb::module_& m) {
           nb::arg("event_capacity") = 65536, nb::arg("storage").none() = nb::none(),
           nb::arg("storage_staging_blocks") = 64, nb::arg("device") = -1,
           nb::arg("stream").none() = nb::none(), nb::arg("step_shape").none() = nb::none(),
+          nb::arg("tp_size") = 1,
           "Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)); "
           "`storage` a FileTier or RedisTier of the config's layout, which the cache holds; "
           "`device` the CUDA device (-1: the current one); `stream` the caller's stream (an int "
           "handle or an object with `cuda_stream`), on which the cache then queues its work; "
           "`step_shape` (max_batch, max_blocks_per_sequence, max_tokens) the largest step, for "
-          "which the upload arena is sized now (KvCacheOptions::step_shape).");
+          "which the upload arena is sized now (KvCacheOptions::step_shape); `tp_size` the "
+          "tensor-parallel ranks (KvCacheOptions::tp_size): one control plane over that many "
+          "pools, each of its share of the heads, one backend each (GPU r, or the CPU's).");
+  cls.def_prop_ro(
+      "tp_size", [](PyCache& s) { return s.kv->tp_size(); },
+      "Tensor-parallel ranks: the `rank` of write_kv, gather_layer, layer_kv and the batch "
+      "writes is in [0, tp_size).");
+  cls.def_prop_ro(
+      "rank_heads", [](PyCache& s) { return s.kv->shard_config(s.kv->full_group()).num_kv_heads; },
+      "KV heads one rank holds (num_kv_heads / tp_size; a latent cache's 1): rank r holds heads "
+      "[r * rank_heads, (r + 1) * rank_heads).");
   cls.def_prop_ro("config", [](PyCache& s) { return s.kv->config(); });
   cls.def_prop_ro("backend_description", [](PyCache& s) { return s.kv->backend().description(); });
   cls.def_prop_ro("device_type", [](PyCache& s) { return backend_device_type(*s.kv); });
@@ -152,37 +164,41 @@ nb::class_<PyCache> register_cache(nb::module_& m) {
   // ---- data ----
   cls.def(
       "layer_kv",
-      [](nb::handle self, int32_t layer) {
-        return layer_views(self, *nb::cast<PyCache&>(self).kv, layer);
+      [](nb::handle self, int32_t layer, int32_t rank) {
+        return layer_views(self, rank_ref(*nb::cast<PyCache&>(self).kv, rank), layer);
       },
-      nb::arg("layer"),
+      nb::arg("layer"), nb::arg("rank") = 0,
       "(K, V): zero-copy DLPack views of one layer of the whole device pool, [num_blocks, "
       "block_size, heads, dim] (NHD) or [num_blocks, heads, block_size, dim] (HND), page stride = "
       "one block of all layers; (latents, None) for a latent (MLA) cache, heads = 1. They keep "
-      "the cache alive; read them after synchronize() or on the compute stream. OutOfRangeError.");
+      "the cache alive; read them after synchronize() or on the compute stream. With tensor "
+      "parallelism, rank `rank`'s pool, of its heads. OutOfRangeError.");
   cls.def(
       "write_kv",
-      [](PyCache& s, SequenceId id, int32_t layer, nb::handle key, nb::handle value) {
-        const std::pair<KvInput, KvInput> in = kv_inputs(*s.kv, key, value, "");
-        write_reserved_kv(s, id, layer, in.first, in.second);
+      [](PyCache& s, SequenceId id, int32_t layer, nb::handle key, nb::handle value, int32_t rank) {
+        const std::pair<KvInput, KvInput> in = kv_inputs(rank_ref(*s.kv, rank), key, value, "");
+        write_reserved_kv(s, id, layer, in.first, in.second, rank);
       },
       nb::arg("id"), nb::arg("layer"), nb::arg("key"), nb::arg("value").none() = nb::none(),
+      nb::arg("rank") = 0,
       "Writes K/V of the tokens reserved by the last reserve() into one layer. key/value: any "
       "DLPack producer on the cache's device, [pending, heads, dim], float16/bfloat16/float32, any "
       "row stride; a latent (MLA) cache takes the latents as key and value=None. Host (numpy) "
-      "inputs are read before the call returns.");
+      "inputs are read before the call returns. With tensor parallelism, rank `rank`'s heads "
+      "[pending, rank_heads, dim] into its pool.");
   cls.def(
       "gather_layer",
       [](nb::handle self, SequenceId id, int32_t layer, const std::string& layout,
-         std::optional<DType> dtype, int64_t begin, int64_t num_tokens) {
-        return gather_to_arrays<PyCache>(self, *nb::cast<PyCache&>(self).kv, id, layer, layout,
-                                         dtype, begin, num_tokens);
+         std::optional<DType> dtype, int64_t begin, int64_t num_tokens, int32_t rank) {
+        return gather_to_arrays<PyCache>(self, rank_ref(*nb::cast<PyCache&>(self).kv, rank), id,
+                                         layer, layout, dtype, begin, num_tokens, rank);
       },
       nb::arg("id"), nb::arg("layer"), nb::arg("layout") = "token_major",
       nb::arg("dtype") = nb::none(), nb::arg("begin") = 0, nb::arg("num_tokens") = -1,
+      nb::arg("rank") = 0,
       "Packs positions [begin, begin + num_tokens) of one layer of a sequence into new arrays "
       "(token_major [len, heads, dim] or head_major [heads, len, dim]); (latents, None) for a "
-      "latent (MLA) cache. Waits for the copy.");
+      "latent (MLA) cache. Waits for the copy. With tensor parallelism, rank `rank`'s heads.");
   return cls;
 }
 

@@ -181,10 +181,13 @@ auto unlocked(PyModelCache& self, Fn&& fn) {
 /// one KvCache. Only valid while that cache lives; the helpers take it for one call.
 class GroupRef {
  public:
-  GroupRef(const KvCache& kv)  // NOLINT(google-explicit-constructor): every KvCache call site
-      : config_(&kv.config()),
-        pool_(kv.device_pool()),
-        backend_(&const_cast<KvCache&>(kv).backend()) {}
+  // A tensor-parallel cache's rank `rank` (0 <= rank < tp_size(): rank_ref checks it): its
+  // share of the heads, its pool and backend.
+  GroupRef(const KvCache& kv,  // NOLINT(google-explicit-constructor): every KvCache call site
+           int32_t rank = 0)
+      : config_(kv.tp_size() > 1 ? &kv.shard_config(kv.full_group()) : &kv.config()),
+        pool_(kv.device_pool(kv.full_group(), rank)),
+        backend_(&const_cast<KvCache&>(kv).backend(rank)) {}
   GroupRef(const ModelKvCache& m, int32_t g)
       : config_(&m.group_config(g)),
         pool_(m.device_pool(g)),
@@ -198,6 +201,9 @@ class GroupRef {
   PoolRef pool_;
   Backend* backend_;
 };
+
+/// Rank `rank` of `kv`; OutOfRangeError for a rank outside the cache.
+GroupRef rank_ref(const KvCache& kv, int32_t rank);
 
 // ---- arrays (arrays.cpp) ----
 

@@ -304,30 +304,47 @@ void write_and_wait(Wrapper& s, const KvInput& k, Write&& write) {
   });
 }
 
+/// The cache's write_kv and gather_layer on rank `rank` (a ModelKvCache has one rank: 0).
+inline Status write_kv_on(KvCache& c, SequenceId id, int32_t layer, const KvInput& k,
+                          const KvInput& v, int32_t rank) {
+  return c.write_kv(id, layer, k.data, v.data, k.dtype, k.row_stride, rank);
+}
+inline Status write_kv_on(ModelKvCache& c, SequenceId id, int32_t layer, const KvInput& k,
+                          const KvInput& v, int32_t /*rank*/) {
+  return c.write_kv(id, layer, k.data, v.data, k.dtype, k.row_stride);
+}
+inline Status gather_layer_on(KvCache& c, SequenceId id, int32_t layer, const GatherOutput& out,
+                              int64_t begin, int64_t n, int32_t rank) {
+  return c.gather_layer(id, layer, out.key, out.value, out.dtype, out.layout, begin, n, rank);
+}
+inline Status gather_layer_on(ModelKvCache& c, SequenceId id, int32_t layer,
+                              const GatherOutput& out, int64_t begin, int64_t n, int32_t /*rank*/) {
+  return c.gather_layer(id, layer, out.key, out.value, out.dtype, out.layout, begin, n);
+}
+
 /// write_kv of the tokens reserved for `id` into layer `layer` (a model layer for a
-/// ModelKvCache). kInvalidArgument unless `k` has a row per reserved token.
+/// ModelKvCache), on rank `rank` of a tensor-parallel cache. kInvalidArgument unless `k` has a
+/// row per reserved token.
 template <typename Wrapper>
-void write_reserved_kv(Wrapper& s, SequenceId id, int32_t layer, const KvInput& k,
-                       const KvInput& v) {
+void write_reserved_kv(Wrapper& s, SequenceId id, int32_t layer, const KvInput& k, const KvInput& v,
+                       int32_t rank = 0) {
   write_and_wait(s, k, [&](auto& c) -> Status {
     PAGEDKV_ASSIGN_OR_RETURN(int64_t pending, c.pending(id));
     if (pending != k.rows) {
       return invalid_argument("key: " + std::to_string(k.rows) + " tokens, but sequence " +
                               std::to_string(id) + " has " + std::to_string(pending) + " reserved");
     }
-    return c.write_kv(id, layer, k.data, v.data, k.dtype, k.row_stride);
+    return write_kv_on(c, id, layer, k, v, rank);
   });
 }
 
 /// gather_layer of positions [begin, begin + num_tokens) (num_tokens < 0: to the end) of a
 /// layer whose pool is `kv`'s (the wrapper's cache, or the layer's group), into new arrays owned
-/// by `self`; waits for the copy.
+/// by `self`, from rank `rank` of a tensor-parallel cache (`kv` that rank's); waits for the copy.
 template <typename Wrapper>
-std::pair<DlArray, std::optional<DlArray>> gather_to_arrays(nb::handle self, const GroupRef& kv,
-                                                            SequenceId id, int32_t layer,
-                                                            const std::string& layout,
-                                                            std::optional<DType> dtype,
-                                                            int64_t begin, int64_t num_tokens) {
+std::pair<DlArray, std::optional<DlArray>> gather_to_arrays(
+    nb::handle self, const GroupRef& kv, SequenceId id, int32_t layer, const std::string& layout,
+    std::optional<DType> dtype, int64_t begin, int64_t num_tokens, int32_t rank = 0) {
   Wrapper& s = nb::cast<Wrapper&>(self);
   int64_t n = num_tokens;
   if (n < 0) {
@@ -336,8 +353,7 @@ std::pair<DlArray, std::optional<DlArray>> gather_to_arrays(nb::handle self, con
   }
   GatherOutput out = gather_output(self, kv, layout, dtype, n);
   unlocked_result(s, [&](auto& c) -> Status {
-    PAGEDKV_RETURN_IF_ERROR(
-        c.gather_layer(id, layer, out.key, out.value, out.dtype, out.layout, begin, n));
+    PAGEDKV_RETURN_IF_ERROR(gather_layer_on(c, id, layer, out, begin, n, rank));
     return c.synchronize();
   });
   return gather_result(kv, std::move(out));

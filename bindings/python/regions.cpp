@@ -29,6 +29,7 @@ nb::dict region_dict(const PoolRegion& r) {
   d["bytes"] = r.bytes;
   d["memory"] = memory_kind_name(r.memory);
   d["device"] = r.device;
+  d["rank"] = r.rank;
   return d;
 }
 
@@ -170,16 +171,19 @@ void register_regions(nb::module_& m, nb::class_<PyCache>& cache) {
         return out;
       },
       "Every pool as a region to register with a transfer engine: dicts {group, tier, base, "
-      "bytes, memory ('DRAM'/'VRAM'), device}, per group the device pool then the host pool.");
+      "bytes, memory ('DRAM'/'VRAM'), device, rank}, per tensor-parallel rank and group the "
+      "device pool then the host pool.");
   cache.def(
       "block_geometry",
-      [](PyCache& s, int32_t group, Tier tier, const std::string& model_id) {
-        return value_or_throw(s.kv->block_geometry(group, tier, model_id));
+      [](PyCache& s, int32_t group, Tier tier, const std::string& model_id, int32_t rank) {
+        return value_or_throw(s.kv->block_geometry(group, tier, model_id, rank));
       },
       nb::arg("group") = 0, nb::arg("tier") = Tier::kDevice, nb::arg("model_id") = "",
+      nb::arg("rank") = 0,
       "The BlockGeometry of a group's pool on a tier (Tier.DEVICE or Tier.HOST), its fingerprint "
       "naming model_id too. A peer writes a sequence's blocks after the reserve that gave them "
-      "and synchronize(), before commit. OutOfRangeError, InvalidArgumentError, "
+      "and synchronize(), before commit. With tensor parallelism, rank `rank`'s pool (its "
+      "fingerprint names the tp_size and the rank). OutOfRangeError, InvalidArgumentError, "
       "FailedPreconditionError (no host tier).");
 }
 

@@ -117,7 +117,8 @@ struct KvCacheOptions {
   int32_t tp_size = 1;
   /// With tp_size > 1: one backend per rank (not owned; each must outlive the cache), rank r's
   /// pools on rank_backends[r]. Empty: the cache creates one per rank from config.backend, on
-  /// device r. `backend` and `device` are for a cache of one rank.
+  /// GPU r (CPU and null backends: every rank in the host's memory, ordinal 0). `backend` and
+  /// `device` are for a cache of one rank.
   std::vector<Backend*> rank_backends;
 };
 

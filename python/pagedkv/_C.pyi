@@ -358,9 +358,21 @@ class _DeviceMemory:
 class _KvCache:
     """The C++ KvCache (use pagedkv.KvCache)."""
 
-    def __init__(self, config: _CacheConfig, enable_events: bool = True, event_capacity: int = 65536, storage: StorageTier | None = None, storage_staging_blocks: int = 64, device: int = -1, stream: object | None = None, step_shape: tuple[int, int, int] | None = None) -> None:
+    def __init__(self, config: _CacheConfig, enable_events: bool = True, event_capacity: int = 65536, storage: StorageTier | None = None, storage_staging_blocks: int = 64, device: int = -1, stream: object | None = None, step_shape: tuple[int, int, int] | None = None, tp_size: int = 1) -> None:
         """
-        Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)); `storage` a FileTier or RedisTier of the config's layout, which the cache holds; `device` the CUDA device (-1: the current one); `stream` the caller's stream (an int handle or an object with `cuda_stream`), on which the cache then queues its work; `step_shape` (max_batch, max_blocks_per_sequence, max_tokens) the largest step, for which the upload arena is sized now (KvCacheOptions::step_shape).
+        Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)); `storage` a FileTier or RedisTier of the config's layout, which the cache holds; `device` the CUDA device (-1: the current one); `stream` the caller's stream (an int handle or an object with `cuda_stream`), on which the cache then queues its work; `step_shape` (max_batch, max_blocks_per_sequence, max_tokens) the largest step, for which the upload arena is sized now (KvCacheOptions::step_shape); `tp_size` the tensor-parallel ranks (KvCacheOptions::tp_size): one control plane over that many pools, each of its share of the heads, one backend each (GPU r, or the CPU's).
+        """
+
+    @property
+    def tp_size(self) -> int:
+        """
+        Tensor-parallel ranks: the `rank` of write_kv, gather_layer, layer_kv and the batch writes is in [0, tp_size).
+        """
+
+    @property
+    def rank_heads(self) -> int:
+        """
+        KV heads one rank holds (num_kv_heads / tp_size; a latent cache's 1): rank r holds heads [r * rank_heads, (r + 1) * rank_heads).
         """
 
     @property
@@ -516,19 +528,19 @@ class _KvCache:
         Recounts every reference and state; InternalError names the first broken invariant.
         """
 
-    def layer_kv(self, layer: int) -> tuple[Any, Any | None]:
+    def layer_kv(self, layer: int, rank: int = 0) -> tuple[Any, Any | None]:
         """
-        (K, V): zero-copy DLPack views of one layer of the whole device pool, [num_blocks, block_size, heads, dim] (NHD) or [num_blocks, heads, block_size, dim] (HND), page stride = one block of all layers; (latents, None) for a latent (MLA) cache, heads = 1. They keep the cache alive; read them after synchronize() or on the compute stream. OutOfRangeError.
-        """
-
-    def write_kv(self, id: int, layer: int, key: object, value: object | None = None) -> None:
-        """
-        Writes K/V of the tokens reserved by the last reserve() into one layer. key/value: any DLPack producer on the cache's device, [pending, heads, dim], float16/bfloat16/float32, any row stride; a latent (MLA) cache takes the latents as key and value=None. Host (numpy) inputs are read before the call returns.
+        (K, V): zero-copy DLPack views of one layer of the whole device pool, [num_blocks, block_size, heads, dim] (NHD) or [num_blocks, heads, block_size, dim] (HND), page stride = one block of all layers; (latents, None) for a latent (MLA) cache, heads = 1. They keep the cache alive; read them after synchronize() or on the compute stream. With tensor parallelism, rank `rank`'s pool, of its heads. OutOfRangeError.
         """
 
-    def gather_layer(self, id: int, layer: int, layout: str = 'token_major', dtype: DType | None = None, begin: int = 0, num_tokens: int = -1) -> tuple[Any, Any | None]:
+    def write_kv(self, id: int, layer: int, key: object, value: object | None = None, rank: int = 0) -> None:
         """
-        Packs positions [begin, begin + num_tokens) of one layer of a sequence into new arrays (token_major [len, heads, dim] or head_major [heads, len, dim]); (latents, None) for a latent (MLA) cache. Waits for the copy.
+        Writes K/V of the tokens reserved by the last reserve() into one layer. key/value: any DLPack producer on the cache's device, [pending, heads, dim], float16/bfloat16/float32, any row stride; a latent (MLA) cache takes the latents as key and value=None. Host (numpy) inputs are read before the call returns. With tensor parallelism, rank `rank`'s heads [pending, rank_heads, dim] into its pool.
+        """
+
+    def gather_layer(self, id: int, layer: int, layout: str = 'token_major', dtype: DType | None = None, begin: int = 0, num_tokens: int = -1, rank: int = 0) -> tuple[Any, Any | None]:
+        """
+        Packs positions [begin, begin + num_tokens) of one layer of a sequence into new arrays (token_major [len, heads, dim] or head_major [heads, len, dim]); (latents, None) for a latent (MLA) cache. Waits for the copy. With tensor parallelism, rank `rank`'s heads.
         """
 
     def build_batch(self, ids: Sequence[int], csr: bool = False, pad_slots_to: int = 0) -> Batch:
@@ -536,9 +548,9 @@ class _KvCache:
         Builds a step's batch metadata and uploads it on the compute stream; returns a Batch (.device arrays valid until the next build_batch, .host numpy copies).
         """
 
-    def write_kv_batch(self, batch: Batch, layer: int, key: object, value: object | None = None) -> None:
+    def write_kv_batch(self, batch: Batch, layer: int, key: object, value: object | None = None, rank: int = 0) -> None:
         """
-        Writes one layer's K/V of every token of the current batch through its slot mapping in one launch; key/value [len(slot_mapping), heads, dim] (padding rows skipped); value=None for a latent (MLA) cache.
+        Writes one layer's K/V of every token of the current batch through its slot mapping in one launch; key/value [len(slot_mapping), heads, dim] (padding rows skipped); value=None for a latent (MLA) cache. With tensor parallelism, rank `rank`'s heads into its pool, through the batch as uploaded to that rank.
         """
 
     def write_kv_batch_all_layers(self, batch: Batch, key: object, value: object | None = None) -> None:
@@ -573,12 +585,12 @@ class _KvCache:
 
     def regions(self) -> list[dict[str, Any]]:
         """
-        Every pool as a region to register with a transfer engine: dicts {group, tier, base, bytes, memory ('DRAM'/'VRAM'), device}, per group the device pool then the host pool.
+        Every pool as a region to register with a transfer engine: dicts {group, tier, base, bytes, memory ('DRAM'/'VRAM'), device, rank}, per tensor-parallel rank and group the device pool then the host pool.
         """
 
-    def block_geometry(self, group: int = 0, tier: Tier = Tier.DEVICE, model_id: str = '') -> BlockGeometry:
+    def block_geometry(self, group: int = 0, tier: Tier = Tier.DEVICE, model_id: str = '', rank: int = 0) -> BlockGeometry:
         """
-        The BlockGeometry of a group's pool on a tier (Tier.DEVICE or Tier.HOST), its fingerprint naming model_id too. A peer writes a sequence's blocks after the reserve that gave them and synchronize(), before commit. OutOfRangeError, InvalidArgumentError, FailedPreconditionError (no host tier).
+        The BlockGeometry of a group's pool on a tier (Tier.DEVICE or Tier.HOST), its fingerprint naming model_id too. A peer writes a sequence's blocks after the reserve that gave them and synchronize(), before commit. With tensor parallelism, rank `rank`'s pool (its fingerprint names the tp_size and the rank). OutOfRangeError, InvalidArgumentError, FailedPreconditionError (no host tier).
         """
 
 class BatchArrays:

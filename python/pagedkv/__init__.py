@@ -121,26 +121,29 @@ class KvCache(_C._KvCache):
     storage tier behind it.
 
     KvCache(config=None, *, enable_events=True, event_capacity=65536, storage=None,
-    storage_staging_blocks=64, device=-1, stream=None, step_shape=None, **fields): `config` is
-    a CacheConfig;
-    keyword fields override it (or build one). `storage` is a FileTier or RedisTier of the
-    config's layout (the cache needs a host tier); the cache holds it, and it serves no other
-    cache meanwhile. `device` is the CUDA device of the pools (-1: the current one); every array
+    storage_staging_blocks=64, device=-1, stream=None, step_shape=None, tp_size=1, **fields):
+    `config` is a CacheConfig; keyword fields override it (or build one). `storage` is a
+    FileTier or RedisTier of the config's layout (the cache needs a host tier); the cache holds
+    it, and it serves no other cache meanwhile. `device` is the CUDA device of the pools (-1: the current one); every array
     the cache exports carries it as its DLPack device_id, and inputs on another device are
     refused. `stream` is the caller's stream (an int handle, or an object with `cuda_stream`
     such as torch.cuda.current_stream()): the cache queues all its work there, so it is ordered
     with the model's kernels and captured with them (docs/python.md, Streams). `step_shape`,
     a tuple (max_batch, max_blocks_per_sequence, max_tokens), is the largest step the server
-    runs: the upload arena is sized for it now, so such a step never allocates. The methods are
+    runs: the upload arena is sized for it now, so such a step never allocates. `tp_size` > 1
+    makes one control plane over that many tensor-parallel ranks' pools, rank r holding heads
+    [r * rank_heads, (r + 1) * rank_heads) of every block (docs/scale-out.md): write_kv,
+    gather_layer, layer_kv and write_kv_batch take `rank=`. The methods are
     the C++ KvCache's (include/pagedkv/cache.hpp), called directly: see pagedkv/_C.pyi for each.
     """
 
     def __init__(self, config: Optional[CacheConfig] = None, *, enable_events: bool = True,
                  event_capacity: int = 65536, storage: Optional[StorageTier] = None,
                  storage_staging_blocks: int = 64, device: int = -1, stream: Any = None,
-                 step_shape: Optional[Tuple[int, int, int]] = None, **fields: Any) -> None:
+                 step_shape: Optional[Tuple[int, int, int]] = None, tp_size: int = 1,
+                 **fields: Any) -> None:
         _create(self, super().__init__, config, fields, enable_events, event_capacity, storage,
-                storage_staging_blocks, device, stream, step_shape)
+                storage_staging_blocks, device, stream, step_shape, tp_size)
 
     @property
     def cache_config(self) -> CacheConfig:

@@ -216,8 +216,12 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
     } else if (!options.rank_backends.empty()) {
       rank.backend = options.rank_backends[static_cast<size_t>(r)];
     } else {
-      PAGEDKV_ASSIGN_OR_RETURN(rank.owned_backend,
-                               create_backend(config.backend, tp > 1 ? r : options.device));
+      // Rank r on GPU r; the CPU and null backends' ranks all share the host's memory (ordinal
+      // 0, where DLPack puts every CPU array).
+      const BackendKind kind = r == 0 ? config.backend : cache.ranks[0].backend->kind();
+      const int32_t device =
+          tp == 1 ? options.device : (r == 0 || kind == BackendKind::kCuda ? r : -1);
+      PAGEDKV_ASSIGN_OR_RETURN(rank.owned_backend, create_backend(kind, device));
       rank.backend = rank.owned_backend.get();
     }
   }
