@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "benchmarks/cpu_time.hpp"
+#include "benchmarks/decode_steps.hpp"
 #include "pagedkv/model_cache.hpp"
 
 namespace pagedkv {
@@ -40,9 +40,6 @@ constexpr int32_t kBlock = 16;
 constexpr int64_t kPrompt = 100;
 constexpr int64_t kSteps = 256;  // then back to the prompt, so memory stays bounded
 constexpr int32_t kWindow = 128;
-
-using bench::cpu_interval_ns;
-using bench::cpu_now_ns;
 
 // The prompt length of sequence `s`: 100 tokens, or with `staggered` 100 + s % 16, so that the
 // sequences fill a block on different steps.
@@ -85,18 +82,10 @@ std::unique_ptr<ModelKvCache> make_model(int64_t seqs, bool two_groups, bool sta
   ModelKvCacheOptions o;
   o.cache.enable_events = false;  // as pagedkv_bench_control: decisions, not event records
   auto model = ModelKvCache::create(c, o);
-  if (!model.ok()) return nullptr;
-  std::vector<SequenceId> ids;
-  for (SequenceId s = 0; s < static_cast<SequenceId>(seqs); ++s) {
-    const auto p = prompt(s, staggered);
-    if (!(*model)->add_sequence(s, p).ok() ||
-        !(*model)->reserve(s, static_cast<int64_t>(p.size())).ok() ||
-        !(*model)->commit(s, p).ok()) {
-      return nullptr;
-    }
-    ids.push_back(s);
+  if (!model.ok() || !bench::add_decoding_sequences(
+                         **model, seqs, [&](SequenceId s) { return prompt(s, staggered); })) {
+    return nullptr;
   }
-  if (!(*model)->set_active(ids).ok()) return nullptr;
   return std::move(*model);
 }
 
@@ -111,61 +100,21 @@ void BM_ModelDecodeStep(benchmark::State& state) {
     state.SkipWithError("could not set up the models");
     return;
   }
-  std::vector<SequenceId> ids(static_cast<size_t>(seqs));
-  std::iota(ids.begin(), ids.end(), SequenceId{0});
-  std::vector<TokenId> sampled(ids.size(), 7);
   ModelKvCache* models[2] = {one.get(), two.get()};
-  int64_t step_ns[2] = {0, 0}, commit_ns[2] = {0, 0};
-  int64_t step = 0;
-  int64_t iteration = 0;
-  bool failed = false;
-  for (auto _ : state) {
-    // Each model's step, timed apart: reserve + build, then the commit.
-    for (int turn = 0; turn < 2; ++turn) {
-      const int m = (turn + static_cast<int>(iteration & 1)) % 2;
-      const int64_t t0 = cpu_now_ns();
-      failed |= !models[m]->reserve_batch(ids, 1).ok();
-      failed |= !models[m]->build_batch(ids).ok();
-      const int64_t t1 = cpu_now_ns();
-      failed |= !models[m]->commit_batch(ids, sampled, 1).ok();
-      const int64_t t2 = cpu_now_ns();
-      step_ns[m] += cpu_interval_ns(t0, t1);
-      commit_ns[m] += cpu_interval_ns(t1, t2);
-      if (m == 1) state.SetIterationTime(static_cast<double>(cpu_interval_ns(t0, t1)) * 1e-9);
-    }
-    ++iteration;
-    if (++step == kSteps) {
-      if (fresh_tokens) {
-        for (TokenId& t : sampled) ++t;  // the next cycle's blocks are new keys
-      }
-      // Back to the prompt: the window group no longer holds the prompt's first blocks, so
-      // each sequence starts again from nothing, untimed.
-      for (SequenceId id : ids) {
-        const auto p = prompt(id, staggered);
-        for (ModelKvCache* m : models) {
-          failed |= !m->rollback(id, 0).ok();
-          failed |= !m->reserve(id, static_cast<int64_t>(p.size())).ok();
-          failed |= !m->commit(id, p).ok();
-        }
-      }
-      step = 0;
-    }
-  }
-  if (failed) {
+  const bench::StepTimes t =
+      bench::time_decode_steps(state, models, seqs, kSteps, fresh_tokens,
+                               [&](SequenceId s) { return prompt(s, staggered); });
+  if (t.failed) {
     state.SkipWithError("a call failed");
     return;
   }
-  const double n = static_cast<double>(state.iterations() * seqs);
-  const auto ratio = [](int64_t a, int64_t b) {
-    return static_cast<double>(a) / static_cast<double>(std::max<int64_t>(b, 1));
-  };
-  state.counters["ns_per_seq"] = static_cast<double>(step_ns[1]) / n;
-  state.counters["one_group_ns_per_seq"] = static_cast<double>(step_ns[0]) / n;
-  state.counters["vs_one_group"] = ratio(step_ns[1], step_ns[0]);
-  state.counters["commit_ns_per_seq"] = static_cast<double>(commit_ns[1]) / n;
-  state.counters["one_group_commit_ns_per_seq"] = static_cast<double>(commit_ns[0]) / n;
-  state.counters["with_commit_vs_one_group"] =
-      ratio(step_ns[1] + commit_ns[1], step_ns[0] + commit_ns[0]);
+  const auto per_seq = [&](int64_t ns) { return bench::StepTimes::per_sequence(ns, state, seqs); };
+  state.counters["ns_per_seq"] = per_seq(t.step_ns[1]);
+  state.counters["one_group_ns_per_seq"] = per_seq(t.step_ns[0]);
+  state.counters["vs_one_group"] = t.step_ratio();
+  state.counters["commit_ns_per_seq"] = per_seq(t.commit_ns[1]);
+  state.counters["one_group_commit_ns_per_seq"] = per_seq(t.commit_ns[0]);
+  state.counters["with_commit_vs_one_group"] = t.with_commit_ratio();
   state.SetLabel(std::string(staggered ? "staggered" : "lockstep") +
                  (fresh_tokens ? ", new tokens each cycle" : "") +
                  (backend == BackendKind::kNull ? ", null backend" : ""));

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "benchmarks/cpu_time.hpp"
+#include "benchmarks/decode_steps.hpp"
 #include "pagedkv/cache.hpp"
 #include "pagedkv/cpu_backend.hpp"
 
@@ -31,9 +31,6 @@ namespace {
 constexpr int32_t kBlock = 16;
 constexpr int64_t kPrompt = 100;
 constexpr int64_t kSteps = 256;  // then back to the prompt, so memory stays bounded
-
-using bench::cpu_interval_ns;
-using bench::cpu_now_ns;
 
 std::vector<TokenId> prompt(SequenceId s) {
   std::vector<TokenId> t(static_cast<size_t>(kPrompt + static_cast<int64_t>(s % kBlock)));
@@ -60,18 +57,7 @@ std::unique_ptr<KvCache> make_cache(int64_t seqs, int32_t tp,
     o.rank_backends.push_back(backends->back().get());
   }
   auto cache = KvCache::create(c, o);
-  if (!cache.ok()) return nullptr;
-  std::vector<SequenceId> ids;
-  for (SequenceId s = 0; s < static_cast<SequenceId>(seqs); ++s) {
-    const auto p = prompt(s);
-    if (!(*cache)->add_sequence(s, p).ok() ||
-        !(*cache)->reserve(s, static_cast<int64_t>(p.size())).ok() ||
-        !(*cache)->commit(s, p).ok()) {
-      return nullptr;
-    }
-    ids.push_back(s);
-  }
-  if (!(*cache)->set_active(ids).ok()) return nullptr;
+  if (!cache.ok() || !bench::add_decoding_sequences(**cache, seqs, prompt)) return nullptr;
   return std::move(*cache);
 }
 
@@ -85,54 +71,18 @@ void BM_TpDecodeStep(benchmark::State& state) {
     state.SkipWithError("could not set up the caches");
     return;
   }
-  std::vector<SequenceId> ids(static_cast<size_t>(seqs));
-  std::iota(ids.begin(), ids.end(), SequenceId{0});
-  const std::vector<TokenId> sampled(ids.size(), 7);
   KvCache* caches[2] = {one.get(), many.get()};
-  int64_t step_ns[2] = {0, 0}, commit_ns[2] = {0, 0};
-  int64_t step = 0;
-  int64_t iteration = 0;
-  bool failed = false;
-  for (auto _ : state) {
-    for (int turn = 0; turn < 2; ++turn) {  // the caches take turns going first
-      const int m = (turn + static_cast<int>(iteration & 1)) % 2;
-      const int64_t t0 = cpu_now_ns();
-      failed |= !caches[m]->reserve_batch_into(ids, 1, nullptr).ok();
-      failed |= !caches[m]->build_batch(ids).ok();
-      const int64_t t1 = cpu_now_ns();
-      failed |= !caches[m]->commit_batch(ids, sampled, 1).ok();
-      const int64_t t2 = cpu_now_ns();
-      step_ns[m] += cpu_interval_ns(t0, t1);
-      commit_ns[m] += cpu_interval_ns(t1, t2);
-      if (m == 1) state.SetIterationTime(static_cast<double>(cpu_interval_ns(t0, t1)) * 1e-9);
-    }
-    ++iteration;
-    if (++step == kSteps) {
-      for (SequenceId id : ids) {  // back to the prompt, untimed
-        const auto p = prompt(id);
-        for (KvCache* c : caches) {
-          failed |= !c->rollback(id, 0).ok();
-          failed |= !c->reserve(id, static_cast<int64_t>(p.size())).ok();
-          failed |= !c->commit(id, p).ok();
-        }
-      }
-      step = 0;
-    }
-  }
-  for (KvCache* c : caches) failed |= !c->synchronize().ok();
-  if (failed) {
+  bench::StepTimes t =
+      bench::time_decode_steps(state, caches, seqs, kSteps, /*fresh_tokens=*/false, prompt);
+  for (KvCache* c : caches) t.failed |= !c->synchronize().ok();
+  if (t.failed) {
     state.SkipWithError("a call failed");
     return;
   }
-  const double n = static_cast<double>(state.iterations() * seqs);
-  const auto ratio = [](int64_t a, int64_t b) {
-    return static_cast<double>(a) / static_cast<double>(std::max<int64_t>(b, 1));
-  };
-  state.counters["ns_per_seq"] = static_cast<double>(step_ns[1]) / n;
-  state.counters["one_rank_ns_per_seq"] = static_cast<double>(step_ns[0]) / n;
-  state.counters["vs_one_rank"] = ratio(step_ns[1], step_ns[0]);
-  state.counters["with_commit_vs_one_rank"] =
-      ratio(step_ns[1] + commit_ns[1], step_ns[0] + commit_ns[0]);
+  state.counters["ns_per_seq"] = bench::StepTimes::per_sequence(t.step_ns[1], state, seqs);
+  state.counters["one_rank_ns_per_seq"] = bench::StepTimes::per_sequence(t.step_ns[0], state, seqs);
+  state.counters["vs_one_rank"] = t.step_ratio();
+  state.counters["with_commit_vs_one_rank"] = t.with_commit_ratio();
   state.SetLabel(std::to_string(tp) + " ranks");
 }
 BENCHMARK(BM_TpDecodeStep)
