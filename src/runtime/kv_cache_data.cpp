@@ -77,6 +77,15 @@ Status KvCache::Impl::check_batch_current(const DeviceBatch& batch) const {
         "the DeviceBatch is stale: build_batch again after reserving, committing or moving "
         "sequences");
   }
+  // Under tensor parallelism each rank reads its own upload: a batch whose rank was changed by
+  // hand would point one device's kernels at another's memory.
+  const DeviceBatch& uploaded =
+      ranks[static_cast<size_t>(batch.rank)].groups[static_cast<size_t>(batch.group)].batch;
+  if (batch.block_tables != uploaded.block_tables ||
+      (!batch.caller_owned_slots && batch.slot_mapping != uploaded.slot_mapping)) {
+    return invalid_argument("the DeviceBatch's arrays are not rank " + std::to_string(batch.rank) +
+                            "'s: rank_batch gives each rank's batch");
+  }
   return ok_status();
 }
 

@@ -564,6 +564,13 @@ TEST(TensorParallelPools, EveryRankHasItsPoolsOfItsHeads) {
     auto batch = cache.build_batch({});
     ASSERT_OK(batch);
     EXPECT_EQ(cache.rank_batch(*batch, tp).status().code(), StatusCode::kOutOfRange);
+    // Rank 0's arrays under rank 1's name would point rank 1's kernels at rank 0's memory.
+    DeviceBatch forged = *batch;
+    forged.rank = 1;
+    EXPECT_EQ(cache.write_kv_batch(forged, 0, k.data(), v.data(), DType::kFloat16).code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_OK(cache.write_kv_batch(cache.rank_batch(*batch, 1).value(), 0, k.data(), v.data(),
+                                   DType::kFloat16));
     ASSERT_OK(cache.reserve(1, 1));  // the batch is stale now
     EXPECT_EQ(cache.rank_batch(*batch, 0).status().code(), StatusCode::kFailedPrecondition);
     ASSERT_OK(cache.check_invariants());
