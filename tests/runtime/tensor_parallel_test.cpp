@@ -9,8 +9,9 @@
 //   gathered side by side equal the unsharded cache's bytes, which equal the model's, and the
 //   TP cache's one event stream is the unsharded cache's. One group, and two groups (full
 //   attention and a window) sharing the blocks.
-// - A fault on one rank in the middle of a move or a copy-on-write: the call fails, and every
-//   rank's bytes, every block location and every residency are as before; the retry succeeds.
+// - A fault on the first or the last rank in the middle of a move or a copy-on-write: the call
+//   fails, and every rank's bytes, every block location and every residency are as before; the
+//   retry succeeds.
 // - What a TP cache refuses, and where each rank's pools are.
 #include <gtest/gtest.h>
 
@@ -411,7 +412,7 @@ TEST_P(TensorParallel, RanksHoldTheSameBlocksAndTheirHeadsJoinToTheUnshardedCach
   }
 }
 
-// A fault on the last rank while a call moves or copies blocks: nothing changes on any rank.
+// A fault on one rank while a call moves or copies blocks: nothing changes on any rank.
 TEST_P(TensorParallel, AFaultOnOneRankMidMoveChangesNothingOnAnyRank) {
   CacheConfig config = this->config();
   config.num_device_blocks = 6;
@@ -434,79 +435,83 @@ TEST_P(TensorParallel, AFaultOnOneRankMidMoveChangesNothingOnAnyRank) {
   const std::vector<TokenId> b = {40, 41, 42, 43, 44, 45, 46};
   const std::vector<TokenId> e = {70, 71, 72, 73, 74};
   int64_t failed_calls = 0;
-  for (const Call& call : calls) {
-    for (FaultKind fault : {FaultKind::kCopy, FaultKind::kLaunch, FaultKind::kEvent}) {
-      for (int64_t n = 1;; ++n) {
-        SCOPED_TRACE(std::string(call.name) + ", " + fault_kind_name(fault) + " #" +
-                     std::to_string(n));
-        Deployment d = make_deployment(kind(), config, tp(), /*wrap_faults=*/true);
-        ASSERT_NE(d.cache, nullptr);
-        KvCache& cache = *d.cache;
-        const std::vector<Backend*> backends = backends_of(cache);
-        ASSERT_OK(cache.add_sequence(1, {}));
-        ASSERT_OK(cache.reserve(1, static_cast<int64_t>(a.size())));
-        write_and_commit(cache, backends, 1, a, 0);
-        ASSERT_OK(cache.fork(1, 2));
-        ASSERT_OK(cache.add_sequence(3, {}));
-        ASSERT_OK(cache.reserve(3, static_cast<int64_t>(b.size())));
-        write_and_commit(cache, backends, 3, b, 0);
-        ASSERT_OK(cache.offload(3));
-        ASSERT_OK(cache.add_sequence(4, {}));
-        ASSERT_OK(cache.reserve(4, static_cast<int64_t>(e.size())));
-        write_and_commit(cache, backends, 4, e, 0);
-        ASSERT_OK(cache.synchronize());
-        const std::map<SequenceId, std::vector<TokenId>> tokens = {{1, a}, {2, a}, {3, b}, {4, e}};
-        // What must stay: locations, residencies, and the bytes of what is on the device.
-        auto snapshot = [&] {
-          std::vector<std::string> out;
-          for (const auto& [id, t] : tokens) {
-            const std::vector<BlockLocation> where = cache.block_locations(id).value();
-            std::string s = "seq " + std::to_string(id) + ":";
-            for (const BlockLocation& l : where) {
-              s += " " + std::to_string(static_cast<int>(l.tier)) + "/" + std::to_string(l.block);
+  // The first rank (nothing queued anywhere else yet) and the last (every other rank has run
+  // its part).
+  for (const int32_t faulty : {0, tp() - 1})
+    for (const Call& call : calls) {
+      for (FaultKind fault : {FaultKind::kCopy, FaultKind::kLaunch, FaultKind::kEvent}) {
+        for (int64_t n = 1;; ++n) {
+          SCOPED_TRACE(std::string(call.name) + ", rank " + std::to_string(faulty) + "'s " +
+                       fault_kind_name(fault) + " #" + std::to_string(n));
+          Deployment d = make_deployment(kind(), config, tp(), /*wrap_faults=*/true);
+          ASSERT_NE(d.cache, nullptr);
+          KvCache& cache = *d.cache;
+          const std::vector<Backend*> backends = backends_of(cache);
+          ASSERT_OK(cache.add_sequence(1, {}));
+          ASSERT_OK(cache.reserve(1, static_cast<int64_t>(a.size())));
+          write_and_commit(cache, backends, 1, a, 0);
+          ASSERT_OK(cache.fork(1, 2));
+          ASSERT_OK(cache.add_sequence(3, {}));
+          ASSERT_OK(cache.reserve(3, static_cast<int64_t>(b.size())));
+          write_and_commit(cache, backends, 3, b, 0);
+          ASSERT_OK(cache.offload(3));
+          ASSERT_OK(cache.add_sequence(4, {}));
+          ASSERT_OK(cache.reserve(4, static_cast<int64_t>(e.size())));
+          write_and_commit(cache, backends, 4, e, 0);
+          ASSERT_OK(cache.synchronize());
+          const std::map<SequenceId, std::vector<TokenId>> tokens = {
+              {1, a}, {2, a}, {3, b}, {4, e}};
+          // What must stay: locations, residencies, and the bytes of what is on the device.
+          auto snapshot = [&] {
+            std::vector<std::string> out;
+            for (const auto& [id, t] : tokens) {
+              const std::vector<BlockLocation> where = cache.block_locations(id).value();
+              std::string s = "seq " + std::to_string(id) + ":";
+              for (const BlockLocation& l : where) {
+                s += " " + std::to_string(static_cast<int>(l.tier)) + "/" + std::to_string(l.block);
+              }
+              s += " pending " + std::to_string(cache.pending(id).value());
+              const SequenceResidency res = cache.residency(id).value();
+              s += " residency " + std::to_string(static_cast<int>(res));
+              out.push_back(s);
             }
-            s += " pending " + std::to_string(cache.pending(id).value());
-            const SequenceResidency res = cache.residency(id).value();
-            s += " residency " + std::to_string(static_cast<int>(res));
-            out.push_back(s);
+            return out;
+          };
+          const std::vector<std::string> before = snapshot();
+          FaultInjectionBackend& broken = *d.faults[static_cast<size_t>(faulty)];
+          broken.reset_counts();
+          broken.fail_nth(fault, n);
+          const Status st = call.run(cache);
+          const bool fired = broken.injected() > 0;
+          broken.disarm_all();
+          ASSERT_OK(cache.check_invariants());
+          if (!fired) {
+            // n is past the call's last call of that kind: it succeeded, and the sweep is done.
+            EXPECT_OK(st);
+            break;
           }
-          return out;
-        };
-        const std::vector<std::string> before = snapshot();
-        FaultInjectionBackend& last = *d.faults.back();
-        last.reset_counts();
-        last.fail_nth(fault, n);
-        const Status st = call.run(cache);
-        const bool fired = last.injected() > 0;
-        last.disarm_all();
-        ASSERT_OK(cache.check_invariants());
-        if (!fired) {
-          // n is past the call's last call of that kind: it succeeded, and the sweep is done.
-          EXPECT_OK(st);
-          break;
-        }
-        ASSERT_FALSE(st.ok()) << "the fault was swallowed";
-        EXPECT_NE(st.message().find("nothing changed"), std::string::npos) << st.to_string();
-        ++failed_calls;
-        ASSERT_OK(cache.synchronize());
-        EXPECT_EQ(snapshot(), before);
-        // Every rank still holds the bytes: the retry succeeds and reads back the model.
-        ASSERT_OK(call.run(cache));
-        ASSERT_OK(cache.synchronize());
-        for (SequenceId id : {SequenceId{1}, SequenceId{3}, SequenceId{4}}) {
-          if (cache.residency(id).value() == SequenceResidency::kHost) {
-            ASSERT_OK(cache.restore(id));
-          }
-          for (int32_t layer = 0; layer < config.num_layers; ++layer) {
-            ASSERT_EQ(gather_all_heads(cache, backends, id, layer),
-                      model_layer(cache, tokens.at(id), layer))
-                << "sequence " << id << " layer " << layer;
+          ASSERT_FALSE(st.ok()) << "the fault was swallowed";
+          EXPECT_NE(st.message().find("nothing changed"), std::string::npos) << st.to_string();
+          ++failed_calls;
+          ASSERT_OK(cache.synchronize());
+          EXPECT_EQ(snapshot(), before);
+          // Every rank still holds the bytes: the retry succeeds and reads back the model.
+          ASSERT_OK(call.run(cache));
+          ASSERT_OK(cache.synchronize());
+          for (SequenceId id : {SequenceId{1}, SequenceId{3}, SequenceId{4}}) {
+            if (cache.residency(id).value() == SequenceResidency::kHost) {
+              ASSERT_OK(cache.restore(id));
+            }
+            for (int32_t layer = 0; layer < config.num_layers; ++layer) {
+              ASSERT_EQ(gather_all_heads(cache, backends, id, layer),
+                        model_layer(cache, tokens.at(id), layer))
+                  << "sequence " << id << " layer " << layer;
+            }
           }
         }
       }
     }
-  }
-  EXPECT_GT(failed_calls, 4) << "too few faults reached the calls under test";
+  EXPECT_GT(failed_calls, 8) << "too few faults reached the calls under test";
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallel,
