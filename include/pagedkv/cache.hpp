@@ -112,14 +112,19 @@ struct KvCacheOptions {
   /// plane decides for all of them: every rank's pools have the same blocks, so one block table
   /// serves every rank's kernels, and every move and copy-on-write runs on every rank (a
   /// failure on any rank takes the call back on all). Each group's num_kv_heads must divide by
-  /// it (kInvalidArgument). Not yet with a storage tier or with compute streams
-  /// (kUnimplemented): each rank's work runs on its backend's default stream.
+  /// it (kInvalidArgument). Not yet with a storage tier (kUnimplemented). Each rank's work runs
+  /// on its stream of rank_native_compute_streams, else on its backend's default stream;
+  /// compute_stream and native_compute_stream are for a cache of one rank.
   int32_t tp_size = 1;
   /// With tp_size > 1: one backend per rank (not owned; each must outlive the cache), rank r's
   /// pools on rank_backends[r]. Empty: the cache creates one per rank from config.backend, on
   /// GPU r (CPU and null backends: every rank in the host's memory, ordinal 0). `backend` and
   /// `device` are for a cache of one rank.
   std::vector<Backend*> rank_backends;
+  /// With tp_size > 1: the caller's stream on each rank's device (a cudaStream_t; on the CPU
+  /// backend any non-null handle), as native_compute_stream is for one rank: rank r's cache
+  /// work is queued on rank_native_compute_streams[r]. Not owned. Empty: the default streams.
+  std::vector<void*> rank_native_compute_streams;
 };
 
 /// Where a sequence's data is, as far as a reader is concerned.

@@ -74,6 +74,20 @@ Status check_backends(const CacheConfig& config, const KvCacheOptions& options, 
       }
     }
   }
+  if (!options.rank_native_compute_streams.empty()) {
+    if (options.rank_native_compute_streams.size() != static_cast<size_t>(tp) || tp == 1) {
+      return invalid_argument("rank_native_compute_streams: " +
+                              std::to_string(options.rank_native_compute_streams.size()) +
+                              " streams for tp_size " + std::to_string(tp) +
+                              " (one per rank of a tensor-parallel cache, or none)");
+    }
+    for (size_t r = 0; r < options.rank_native_compute_streams.size(); ++r) {
+      if (options.rank_native_compute_streams[r] == nullptr) {
+        return invalid_argument("rank_native_compute_streams: rank " + std::to_string(r) +
+                                "'s is null");
+      }
+    }
+  }
   if (tp == 1) return ok_status();
   if (options.backend != nullptr || options.device != -1) {
     return invalid_argument(
@@ -81,9 +95,9 @@ Status check_backends(const CacheConfig& config, const KvCacheOptions& options, 
         "one on each device 0..tp_size-1; backend and device are for one rank");
   }
   if (options.compute_stream != Stream{} || options.native_compute_stream != nullptr) {
-    return unimplemented(
-        "tp_size: per-rank compute streams are not taken yet; each rank's cache work runs on its "
-        "backend's default stream");
+    return invalid_argument(
+        "tp_size: compute_stream and native_compute_stream are one rank's; a tensor-parallel "
+        "cache takes rank_native_compute_streams, one per rank");
   }
   if (stored) {
     return unimplemented(
@@ -225,12 +239,15 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
       rank.backend = rank.owned_backend.get();
     }
   }
-  {
-    Impl::Rank& rank = cache.ranks[0];
-    rank.compute = options.compute_stream;
-    if (options.native_compute_stream != nullptr) {
-      PAGEDKV_ASSIGN_OR_RETURN(rank.compute,
-                               rank.backend->wrap_stream(options.native_compute_stream));
+  cache.ranks[0].compute = options.compute_stream;
+  for (int32_t r = 0; r < tp; ++r) {
+    Impl::Rank& rank = cache.ranks[static_cast<size_t>(r)];
+    void* native = options.native_compute_stream;  // one rank's
+    if (tp > 1 && !options.rank_native_compute_streams.empty()) {
+      native = options.rank_native_compute_streams[static_cast<size_t>(r)];
+    }
+    if (native != nullptr) {
+      PAGEDKV_ASSIGN_OR_RETURN(rank.compute, rank.backend->wrap_stream(native));
     }
   }
 

@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -24,6 +25,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/basic_bodies.hpp"
 #include "pagedkv/cache.hpp"
 #include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/fault_injection.hpp"
@@ -582,6 +584,67 @@ TEST(TensorParallelPools, EveryRankHasItsPoolsOfItsHeads) {
   }
 }
 
+// Each rank's cache work goes on the caller's stream of that rank (rank_native_compute_streams):
+// write_kv on rank r reads K/V that a slow kernel queued on rank r's stream filled, as the one-rank
+// CallerStreamTest shows for native_compute_stream. On the CPU backend a stream handle is any
+// non-null token, and every launch lags the host.
+TEST(TensorParallelStreams, EachRanksWorkIsQueuedOnItsCallersStream) {
+  constexpr int32_t kTp = 2;
+  CpuBackendOptions slow;
+  slow.kernel_delay = std::chrono::microseconds(20000);
+  slow.run_inline_when_idle = false;
+  std::vector<std::unique_ptr<Backend>> backends;
+  int tokens[kTp] = {0, 0};
+  KvCacheOptions o;
+  o.tp_size = kTp;
+  for (int32_t r = 0; r < kTp; ++r) {
+    backends.push_back(create_cpu_backend(slow));
+    o.rank_backends.push_back(backends.back().get());
+    o.rank_native_compute_streams.push_back(&tokens[r]);
+  }
+  CacheConfig c = tp_config(BackendKind::kCpu);
+  c.num_layers = 1;
+  auto made = KvCache::create(c, o);
+  ASSERT_OK(made);
+  KvCache& kv = **made;
+  const int64_t n = 5;
+  const int64_t row = int64_t{c.num_kv_heads / kTp} * c.head_dim;
+  ASSERT_OK(kv.add_sequence(1, {}));
+  ASSERT_OK(kv.reserve(1, n));
+  for (int32_t r = 0; r < kTp; ++r) {
+    Backend& be = kv.backend(r);
+    ASSERT_EQ(be.native_stream(kv.compute_stream(r)).value(), static_cast<void*>(&tokens[r]));
+    DeviceBuffer k(be, size_t(n * row) * 2), v(be, k.bytes());
+    k.upload(std::vector<uint16_t>(size_t(n * row), 0));
+    v.upload(std::vector<uint16_t>(size_t(n * row), 0));
+    // The model's work on rank r's stream: busy, then a fill of K and V with fp16 (r + 1)s. A
+    // write_kv not ordered after it would read the zeros.
+    ASSERT_OK(testing::launch_spin(be, kv.compute_stream(r), 50'000'000));
+    const uint16_t half = r == 0 ? 0x3c00 : 0x4000;  // 1.0, 2.0
+    for (void* dst : {k.data(), v.data()}) {
+      kernels::FillBody fill{static_cast<uint32_t*>(dst), (uint32_t{half} << 16) | half};
+      KernelLaunch l;
+      l.kernel = KernelId::kFill;
+      l.params = &fill;
+      l.params_size = sizeof(fill);
+      l.num_items = n * row / 2;
+      ASSERT_OK(be.launch(l, kv.compute_stream(r)));
+    }
+    ASSERT_OK(kv.write_kv(1, 0, k.data(), v.data(), DType::kFloat16, 0, r));
+    ASSERT_OK(kv.synchronize());  // the buffers go at the end of this iteration
+  }
+  ASSERT_OK(kv.commit(1, std::vector<TokenId>(size_t(n), 3)));
+  for (int32_t r = 0; r < kTp; ++r) {
+    DeviceBuffer gk(kv.backend(r), size_t(n * row) * 2), gv(kv.backend(r), gk.bytes());
+    ASSERT_OK(kv.gather_layer(1, 0, gk.data(), gv.data(), DType::kFloat16,
+                              PackedLayout::kTokenMajor, 0, -1, r));
+    ASSERT_OK(kv.synchronize());
+    const uint16_t half = r == 0 ? 0x3c00 : 0x4000;
+    EXPECT_EQ(gk.download<uint16_t>(), std::vector<uint16_t>(size_t(n * row), half)) << r;
+    EXPECT_EQ(gv.download<uint16_t>(), std::vector<uint16_t>(size_t(n * row), half)) << r;
+  }
+}
+
 // What a TP cache refuses, each with the field it names.
 TEST(TensorParallelConfig, RefusesWhatCannotBeSharded) {
   CacheConfig c = tp_config(BackendKind::kCpu);
@@ -616,12 +679,29 @@ TEST(TensorParallelConfig, RefusesWhatCannotBeSharded) {
          o->rank_backends = {one.get(), nullptr};
        },
        StatusCode::kInvalidArgument, "null"},
-      {"a compute stream",
+      {"one rank's compute stream",
        [](CacheConfig*, KvCacheOptions* o) {
          o->tp_size = 2;
          o->native_compute_stream = reinterpret_cast<void*>(1);
        },
-       StatusCode::kUnimplemented, "compute streams"},
+       StatusCode::kInvalidArgument, "rank_native_compute_streams"},
+      {"rank streams of another count",
+       [](CacheConfig*, KvCacheOptions* o) {
+         o->tp_size = 2;
+         o->rank_native_compute_streams = {reinterpret_cast<void*>(1)};
+       },
+       StatusCode::kInvalidArgument, "rank_native_compute_streams"},
+      {"a null rank stream",
+       [](CacheConfig*, KvCacheOptions* o) {
+         o->tp_size = 2;
+         o->rank_native_compute_streams = {reinterpret_cast<void*>(1), nullptr};
+       },
+       StatusCode::kInvalidArgument, "null"},
+      {"rank streams without tensor parallelism",
+       [](CacheConfig*, KvCacheOptions* o) {
+         o->rank_native_compute_streams = {reinterpret_cast<void*>(1)};
+       },
+       StatusCode::kInvalidArgument, "rank_native_compute_streams"},
       {"a storage tier",
        [&](CacheConfig*, KvCacheOptions* o) {
          o->tp_size = 2;
