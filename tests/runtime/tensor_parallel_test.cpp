@@ -734,6 +734,35 @@ TEST(TensorParallelConfig, ALatentGroupIsReplicatedAndAKvGroupSplit) {
   EXPECT_EQ((*lat)->shard_config(0).num_kv_heads, 1);
   EXPECT_EQ((*lat)->device_pool(0, 1).layout.head_dim, (*lat)->device_pool(0, 0).layout.head_dim);
   EXPECT_EQ((*lat)->pool_info().device_bytes, 2 * latent.block_bytes() * latent.num_device_blocks);
+
+  // Beside a K/V group of 4 heads (layers 0, 2) in one cache: the K/V group splits, the latent
+  // group (layer 1) does not.
+  CacheConfig mixed = tp_config(BackendKind::kCpu);
+  mixed.num_layers = 3;
+  KvGroup kv;
+  kv.name = "full";
+  kv.layers = {0, 2};
+  kv.num_kv_heads = 4;
+  kv.head_dim = 8;
+  kv.num_device_blocks = 16;
+  KvGroup mla = KvGroup::latent("mla", {1}, 37, 5);
+  mla.num_device_blocks = 16;
+  mixed.groups = {kv, mla};
+  auto both = KvCache::create(mixed, o);
+  ASSERT_OK(both);
+  EXPECT_EQ((*both)->shard_config(0).num_kv_heads, 2);
+  EXPECT_EQ((*both)->shard_config(1).num_kv_heads, 1);
+  EXPECT_EQ((*both)->shard_config(1).head_dim, 37);
+  ASSERT_OK((*both)->add_sequence(1, {1, 2, 3, 4, 5}));
+  ASSERT_OK((*both)->reserve(1, 5));
+  for (int32_t r = 0; r < 2; ++r) {
+    // Rank r writes its 2 of the K/V group's heads and the whole latent.
+    DeviceBuffer rows((*both)->backend(r), 5 * 37 * 2);
+    EXPECT_OK((*both)->write_kv(1, 0, rows.data(), rows.data(), DType::kFloat16, 0, r));
+    EXPECT_OK((*both)->write_kv(1, 1, rows.data(), nullptr, DType::kFloat16, 0, r));
+  }
+  ASSERT_OK((*both)->synchronize());
+  ASSERT_OK((*both)->check_invariants());
 }
 
 }  // namespace
