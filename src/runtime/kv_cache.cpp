@@ -130,10 +130,8 @@ Status KvCache::Impl::create_rank(int32_t r, const KvCacheOptions& options) {
   Rank& rank = ranks[static_cast<size_t>(r)];
   Backend& be = *rank.backend;
   std::vector<runtime::TierPools> pools;
-  for (const CacheConfig& group : group_configs) {
+  for (const CacheConfig& c : shard_configs) {
     GroupPool pool;
-    pool.config = rank_part(group, num_ranks());
-    const CacheConfig& c = pool.config;
     const int64_t block_bytes = c.block_bytes();
     auto t0 = std::chrono::steady_clock::now();
     PAGEDKV_ASSIGN_OR_RETURN(
@@ -261,6 +259,7 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   cache.layers = config.layer_groups();
   for (int32_t g = 0; g < num_groups; ++g) {
     cache.group_configs.push_back(num_groups > 1 ? config.group_config(g) : config);
+    cache.shard_configs.push_back(rank_part(cache.group_configs.back(), tp));
   }
   cache.built.assign(static_cast<size_t>(num_groups), nullptr);
   for (int32_t r = 0; r < tp; ++r) {
@@ -273,7 +272,8 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
       const Impl::GroupPool& p = rank.groups[static_cast<size_t>(g)];
       StorageTier* store =
           num_groups == 1 ? options.storage : options.group_storage[static_cast<size_t>(g)];
-      stores.push_back(runtime::StorageLink::GroupStore{store, p.config, p.device, p.host});
+      stores.push_back(
+          runtime::StorageLink::GroupStore{store, cache.shard_config(g), p.device, p.host});
     }
     PAGEDKV_ASSIGN_OR_RETURN(cache.storage,
                              runtime::StorageLink::create(*rank.backend, stores, cache.full_group,
@@ -320,9 +320,7 @@ const CacheConfig& KvCache::group_config(int32_t g) const { return impl_->group_
 
 PoolRef KvCache::device_pool(int32_t g, int32_t rank) const { return impl_->device_pool(g, rank); }
 
-const CacheConfig& KvCache::shard_config(int32_t g) const {
-  return impl_->ranks[0].groups[static_cast<size_t>(g)].config;
-}
+const CacheConfig& KvCache::shard_config(int32_t g) const { return impl_->shard_config(g); }
 
 StatusOr<LayerGroup> KvCache::layer_group(int32_t layer) const {
   return find_layer_group(impl_->layers, layer);

@@ -35,9 +35,9 @@ KvCache::Impl::~Impl() {
 }
 
 PoolRef KvCache::Impl::device_pool(int32_t g, int32_t r) const {
-  const GroupPool& p = ranks[static_cast<size_t>(r)].groups[static_cast<size_t>(g)];
-  return PoolRef{p.device, p.config.dtype, PoolLayout::from_config(p.config),
-                 p.config.num_device_blocks};
+  const CacheConfig& c = shard_config(g);
+  return PoolRef{ranks[static_cast<size_t>(r)].groups[static_cast<size_t>(g)].device, c.dtype,
+                 PoolLayout::from_config(c), c.num_device_blocks};
 }
 
 Status KvCache::Impl::check_group(int32_t g) const {

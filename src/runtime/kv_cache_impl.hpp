@@ -38,8 +38,7 @@ struct KvCache::Impl {
   };
   // One KV group's pools on one rank, and what the data plane keeps for them.
   struct GroupPool {
-    CacheConfig config;  // the rank's part of the group (KvCache::shard_config)
-    void* device = nullptr;
+    void* device = nullptr;  // of shard_config(g)'s blocks
     void* host = nullptr;
     std::unordered_map<SequenceId, SlotUpload> slot_uploads;
     DeviceBatch batch;  // the group's last built batch, as uploaded to this rank
@@ -76,9 +75,9 @@ struct KvCache::Impl {
   // The model's config of group `g` (all its heads).
   const CacheConfig& group_config(int32_t g) const { return group_configs[static_cast<size_t>(g)]; }
   // The bytes of one block of group `g` over every rank.
-  int64_t group_block_bytes(int32_t g) const {
-    return ranks[0].groups[static_cast<size_t>(g)].config.block_bytes() * num_ranks();
-  }
+  int64_t group_block_bytes(int32_t g) const { return shard_config(g).block_bytes() * num_ranks(); }
+  // What one rank's pools of group `g` hold (KvCache::shard_config): the same on every rank.
+  const CacheConfig& shard_config(int32_t g) const { return shard_configs[static_cast<size_t>(g)]; }
   // Group `g`'s device pool on rank `r` as the data-plane ops see it.
   PoolRef device_pool(int32_t g, int32_t r = 0) const;
 
@@ -153,6 +152,7 @@ struct KvCache::Impl {
 
   CacheConfig config;
   std::vector<CacheConfig> group_configs;  // by CacheConfig::groups index: the model's
+  std::vector<CacheConfig> shard_configs;  // the same, each rank's part of the heads
   std::vector<Rank> ranks;                 // one without tensor parallelism
   // Per group: the host metadata its batches point to (the control plane's); a batch pointing
   // elsewhere was built by another cache.

@@ -83,14 +83,15 @@ std::vector<PoolRegion> KvCache::regions() const {
     const bool gpu = rank.backend->kind() == BackendKind::kCuda;
     for (int32_t g = 0; g < c.num_groups(); ++g) {
       const Impl::GroupPool& p = rank.groups[static_cast<size_t>(g)];
-      const int64_t block = p.config.block_bytes();
+      const CacheConfig& c = shard_config(g);
+      const int64_t block = c.block_bytes();
       out.push_back(PoolRegion{g, Tier::kDevice, reinterpret_cast<uintptr_t>(p.device),
-                               block * p.config.num_device_blocks,
+                               block * c.num_device_blocks,
                                gpu ? MemoryKind::kDevice : MemoryKind::kHost,
                                gpu ? rank.backend->device_ordinal() : 0, r});
-      if (p.host != nullptr && p.config.num_host_blocks > 0) {
+      if (p.host != nullptr && c.num_host_blocks > 0) {
         out.push_back(PoolRegion{g, Tier::kHost, reinterpret_cast<uintptr_t>(p.host),
-                                 block * p.config.num_host_blocks, MemoryKind::kHost, 0, r});
+                                 block * c.num_host_blocks, MemoryKind::kHost, 0, r});
       }
     }
   }

@@ -23,6 +23,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/basic_bodies.hpp"
@@ -54,25 +55,27 @@ CacheConfig tp_config(BackendKind kind) {
   return c;
 }
 
+// A K/V group of the model's `layers`, `heads` heads of `dim`, a window of `window` tokens (0:
+// full attention), and pools of `device` and `host` blocks.
+KvGroup kv_group(const char* name, std::vector<int32_t> layers, int32_t heads, int32_t dim,
+                 int32_t window, int64_t device, int64_t host) {
+  KvGroup g;
+  g.name = name;
+  g.layers = std::move(layers);
+  g.num_kv_heads = heads;
+  g.head_dim = dim;
+  g.sliding_window = window;
+  g.num_device_blocks = device;
+  g.num_host_blocks = host;
+  return g;
+}
+
 // A model of two groups sharing the blocks: full attention on layers 0 and 2 (8 heads of 4),
 // a sliding window of 8 tokens on layer 1 (4 heads of 10).
 CacheConfig two_group_config(BackendKind kind) {
   CacheConfig c = tp_config(kind);
   c.num_layers = 3;
-  KvGroup full;
-  full.name = "full";
-  full.layers = {0, 2};
-  full.num_kv_heads = 8;
-  full.head_dim = 4;
-  full.num_device_blocks = 20;
-  full.num_host_blocks = 12;
-  KvGroup window = full;
-  window.name = "window";
-  window.layers = {1};
-  window.num_kv_heads = 4;
-  window.head_dim = 10;
-  window.sliding_window = 8;
-  c.groups = {full, window};
+  c.groups = {kv_group("full", {0, 2}, 8, 4, 0, 20, 12), kv_group("window", {1}, 4, 10, 8, 20, 12)};
   return c;
 }
 
@@ -739,15 +742,9 @@ TEST(TensorParallelConfig, ALatentGroupIsReplicatedAndAKvGroupSplit) {
   // group (layer 1) does not.
   CacheConfig mixed = tp_config(BackendKind::kCpu);
   mixed.num_layers = 3;
-  KvGroup kv;
-  kv.name = "full";
-  kv.layers = {0, 2};
-  kv.num_kv_heads = 4;
-  kv.head_dim = 8;
-  kv.num_device_blocks = 16;
   KvGroup mla = KvGroup::latent("mla", {1}, 37, 5);
   mla.num_device_blocks = 16;
-  mixed.groups = {kv, mla};
+  mixed.groups = {kv_group("full", {0, 2}, 4, 8, 0, 16, 0), mla};
   auto both = KvCache::create(mixed, o);
   ASSERT_OK(both);
   EXPECT_EQ((*both)->shard_config(0).num_kv_heads, 2);
