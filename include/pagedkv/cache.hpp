@@ -39,6 +39,7 @@
 #include "pagedkv/ops.hpp"
 #include "pagedkv/regions.hpp"
 #include "pagedkv/status.hpp"
+#include "pagedkv/step_plan.hpp"
 #include "pagedkv/storage_tier.hpp"
 
 namespace pagedkv {
@@ -125,7 +126,19 @@ struct KvCacheOptions {
   /// backend any non-null handle), as native_compute_stream is for one rank: rank r's cache
   /// work is queued on rank_native_compute_streams[r]. Not owned. Empty: the default streams.
   std::vector<void*> rank_native_compute_streams;
+  /// Split-process tensor parallelism, the scheduler's side: record every plan's moves and
+  /// copies and every built batch, for take_step_plan() to hand to the worker processes that
+  /// hold the ranks' pools (step_plan.hpp). Such a scheduler typically runs on null backends
+  /// (no memory). Not with a storage tier (kUnimplemented): its write-backs and fetches are
+  /// not steps a worker can replay yet.
+  bool record_step_plans = false;
 };
+
+/// One tensor-parallel rank's part of a model: every K/V group with num_kv_heads / tp_size
+/// heads (a latent group whole), pools of the same blocks. A worker process of a split-process
+/// deployment creates its KvCache from it (apply_step_plan). kInvalidArgument for tp_size < 1 or
+/// heads that do not divide by it.
+StatusOr<CacheConfig> rank_config(const CacheConfig& model, int32_t tp_size);
 
 /// Where a sequence's data is, as far as a reader is concerned.
 enum class SequenceResidency : uint8_t {
@@ -406,6 +419,25 @@ class KvCache {
   Status gather_layer(SequenceId id, int32_t layer, void* key_out, void* value_out,
                       DType packed_dtype, PackedLayout packed_layout, int64_t position_begin = 0,
                       int64_t num_tokens = -1, int32_t rank = 0);
+
+  // ---- split processes: step plans (step_plan.hpp) ----
+
+  /// With KvCacheOptions::record_step_plans: the moves, copies and batches of the calls since
+  /// the last take, in call order (what succeeded: a call that failed and was taken back left
+  /// nothing). Empty without the option.
+  StepPlan take_step_plan();
+  /// A worker's side: carries out another cache's plan on this cache's pools, which hold one
+  /// rank's part of that cache's model (rank_config) and the same blocks. The moves and copies
+  /// are queued in order on the copy and compute streams; each batch record is uploaded, and its
+  /// DeviceBatch is returned (in record order; as with build_batch, a batch stays current until
+  /// the next one of its group, or the next moves, is applied). Such a cache makes no decisions:
+  /// kFailedPrecondition when it holds sequences or cached blocks of its own, and add_sequence
+  /// and the storage fetches refuse once it has applied a plan. Every block id, slot and length
+  /// is checked against the pools first: kInvalidArgument names the record, and nothing is
+  /// queued. A backend failure part way leaves the pools between two steps of the plan: the
+  /// cache is then unusable (every later call returns that error) and the worker is rebuilt
+  /// from the scheduler's state.
+  StatusOr<std::vector<DeviceBatch>> apply_step_plan(const StepPlan& plan);
   /// Blocks the host until the cache's queued work (kernels and transfers, on every rank) is
   /// done.
   Status synchronize();

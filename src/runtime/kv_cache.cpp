@@ -49,6 +49,20 @@ Status check_commit_tokens(const std::vector<SequenceId>& ids, const std::vector
   return ok_status();
 }
 
+// kInvalidArgument unless every K/V group's heads split over `tp` ranks (a latent group is whole
+// on every rank).
+Status check_heads_split(const CacheConfig& config, int32_t tp) {
+  for (int32_t g = 0; g < config.num_groups(); ++g) {
+    const CacheConfig c = config.num_groups() > 1 ? config.group_config(g) : config;
+    if (c.kv_kind != KvKind::kLatent && c.num_kv_heads % tp != 0) {
+      return invalid_argument("tp_size: group " + std::to_string(g) + "'s " +
+                              std::to_string(c.num_kv_heads) + " KV heads do not split over " +
+                              std::to_string(tp) + " ranks");
+    }
+  }
+  return ok_status();
+}
+
 // The backend and stream options: the checks create() makes before it takes any backend.
 Status check_backends(const CacheConfig& config, const KvCacheOptions& options, bool stored) {
   if (options.backend != nullptr && options.device != -1) {
@@ -104,15 +118,7 @@ Status check_backends(const CacheConfig& config, const KvCacheOptions& options, 
         "tp_size: the storage tier does not take a tensor-parallel cache yet (its layout "
         "fingerprint and staging are per rank)");
   }
-  for (int32_t g = 0; g < config.num_groups(); ++g) {
-    const CacheConfig c = config.num_groups() > 1 ? config.group_config(g) : config;
-    if (c.kv_kind != KvKind::kLatent && c.num_kv_heads % tp != 0) {
-      return invalid_argument("tp_size: group " + std::to_string(g) + "'s " +
-                              std::to_string(c.num_kv_heads) + " KV heads do not split over " +
-                              std::to_string(tp) + " ranks");
-    }
-  }
-  return ok_status();
+  return check_heads_split(config, tp);
 }
 
 // One rank's part of a group: its slice of the KV heads; a latent group is whole on every rank.
@@ -123,6 +129,18 @@ CacheConfig rank_part(const CacheConfig& group, int32_t tp_size) {
 }
 
 }  // namespace
+
+StatusOr<CacheConfig> rank_config(const CacheConfig& model, int32_t tp_size) {
+  PAGEDKV_RETURN_IF_ERROR(model.validate());
+  if (tp_size < 1) return invalid_argument("tp_size: must be >= 1, got " + std::to_string(tp_size));
+  PAGEDKV_RETURN_IF_ERROR(check_heads_split(model, tp_size));
+  if (model.groups.empty()) return rank_part(model, tp_size);
+  CacheConfig out = model;
+  for (KvGroup& g : out.groups) {
+    if (g.kv_kind != KvKind::kLatent) g.num_kv_heads /= tp_size;
+  }
+  return out;
+}
 
 using runtime::part;
 
@@ -215,11 +233,17 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   if (config.mode != CacheMode::kPaged) {
     return unimplemented("mode: dense mode is not available through KvCache yet");
   }
+  if (options.record_step_plans && stored) {
+    return unimplemented(
+        "record_step_plans: not with a storage tier (its write-backs and fetches are not in "
+        "step plans yet)");
+  }
   const int32_t tp = options.tp_size;
   PAGEDKV_RETURN_IF_ERROR(check_backends(config, options, stored));
   auto impl = std::make_unique<Impl>();
   Impl& cache = *impl;
   cache.config = config;
+  cache.record_plans = options.record_step_plans;
   cache.ranks.resize(static_cast<size_t>(tp));
   for (int32_t r = 0; r < tp; ++r) {
     Impl::Rank& rank = cache.ranks[static_cast<size_t>(r)];
@@ -329,6 +353,7 @@ StatusOr<LayerGroup> KvCache::layer_group(int32_t layer) const {
 StatusOr<int64_t> KvCache::add_sequence(SequenceId id, const std::vector<TokenId>& prompt,
                                         const SequenceOptions& options, int64_t max_cached) {
   PAGEDKV_KV_CACHE_CALL(add_sequence);
+  PAGEDKV_RETURN_IF_ERROR(impl_->refuse_if_applying_plans("add_sequence"));
   impl_->poll_storage_quietly();
   return impl_->changed(impl_->control->add_sequence(id, prompt, options, max_cached));
 }

@@ -151,6 +151,7 @@ StatusOr<DeviceBatch> KvCache::build_batch(const std::vector<SequenceId>& ids,
                            impl_->changed(impl_->control->build_batch(ids, options)));
   DeviceBatch out;
   PAGEDKV_RETURN_IF_ERROR(impl_->upload_batch(0, *m, options, &out));
+  if (impl_->record_plans) impl_->record_batch(0, *m, options, false);
   return out;
 }
 
@@ -163,6 +164,12 @@ StatusOr<std::vector<DeviceBatch>> KvCache::build_batches(const std::vector<Sequ
   for (int32_t g = 0; g < impl_->num_groups(); ++g) {
     const BatchMetadata& meta = g == impl_->full_group ? *m : impl_->control->group_batch(g);
     PAGEDKV_RETURN_IF_ERROR(impl_->upload_batch(g, meta, options, &out[static_cast<size_t>(g)]));
+  }
+  if (impl_->record_plans) {  // after every group's upload: a failed build records nothing
+    for (int32_t g = 0; g < impl_->num_groups(); ++g) {
+      const BatchMetadata& meta = g == impl_->full_group ? *m : impl_->control->group_batch(g);
+      impl_->record_batch(g, meta, options, g > 0);
+    }
   }
   return out;
 }

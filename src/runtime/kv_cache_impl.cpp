@@ -105,6 +105,7 @@ Status KvCache::Impl::carry_out(core::TierPlan& plan) {
   }
   if (!s.ok()) return recover(s, plan, sub);
   note_transfers(plan.transfers(), sub);
+  if (record_plans) record_transfers(plan.transfers());  // before commit() releases them
   plan.commit();
   return ok_status();
 }

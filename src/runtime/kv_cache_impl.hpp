@@ -149,6 +149,17 @@ struct KvCache::Impl {
   void poll_storage_quietly();
   // Rank `r`'s device copy of the slots of a sequence's reservation in group `g`, for write_kv.
   StatusOr<const int64_t*> device_slots(SequenceId id, int32_t g, Rank& r, int64_t* count);
+  // With record_plans: appends a carried-out plan's moves and copies, or a built batch, to
+  // `recorded` (take_step_plan).
+  void record_transfers(const Transfers& t);
+  void record_batch(int32_t g, const BatchMetadata& m, const BatchOptions& options,
+                    bool same_build);
+  // kInvalidArgument naming record `i` unless every block id, slot and length of `rec` fits this
+  // cache's pools, and a batch of the same build follows one of an earlier group (`before`, the
+  // record before it, or null). apply_step_plan checks a whole plan before it queues anything.
+  Status check_step_record(const StepRecord& rec, const StepRecord* before, size_t i) const;
+  // kFailedPrecondition naming `what` on a cache that applies another cache's plans.
+  Status refuse_if_applying_plans(const char* what) const;
 
   CacheConfig config;
   std::vector<CacheConfig> group_configs;  // by CacheConfig::groups index: the model's
@@ -169,6 +180,13 @@ struct KvCache::Impl {
   uint64_t generation = 0;
   std::vector<SequenceId> evicted;
   Status broken;  // set when a failed call could not be taken back
+  // Split processes (step_plan.hpp). The scheduler's side: what the calls since the last
+  // take_step_plan() carried out. A worker's side: each group's last applied batch metadata
+  // (its DeviceBatch's host copy), and whether a plan was applied (no decisions of its own).
+  bool record_plans = false;
+  StepPlan recorded;
+  std::vector<BatchMetadata> applied;
+  bool applies_plans = false;
 };
 
 }  // namespace pagedkv

@@ -15,6 +15,7 @@ StatusOr<StorageFetch> KvCache::fetch_prefix_from_storage(const std::vector<Toke
                                                           int64_t max_cached) {
   PAGEDKV_KV_CACHE_CALL(fetch_from_storage);
   Impl& c = *impl_;
+  PAGEDKV_RETURN_IF_ERROR(c.refuse_if_applying_plans("fetch_from_storage"));
   if (c.storage == nullptr) {
     StorageFetch none;
     PAGEDKV_ASSIGN_OR_RETURN(none.reach, c.control->cached_prefix(prompt, options.ns, max_cached));
