@@ -29,6 +29,16 @@ size_t step_upload_bytes(const StepShape& shape) {
   return 2 * (slots + tables + 4 * b + csr + alignment);
 }
 
+// An upload arena's chunk size and count: sized up front for the step shape (every chunk, so a
+// step of that shape never allocates), else one small chunk that grows on demand.
+size_t upload_arena_bytes(const KvCacheOptions& options) {
+  return std::max(kInitialUploadBytes, step_upload_bytes(options.step_shape));
+}
+size_t upload_arena_chunks(const KvCacheOptions& options) {
+  const StepShape& shape = options.step_shape;
+  return shape.max_batch > 0 || shape.max_tokens > 0 ? runtime::UploadArena::kMaxChunks : 1;
+}
+
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -185,13 +195,9 @@ Status KvCache::Impl::create_rank(int32_t r, const KvCacheOptions& options) {
   PAGEDKV_ASSIGN_OR_RETURN(rank.transfers,
                            runtime::TransferEngine::create(be, pools, transfer_options));
   pool_info.transfer_kernel = rank.transfers->uses_kernel();
-  const StepShape& shape = options.step_shape;
-  const bool sized = shape.max_batch > 0 || shape.max_tokens > 0;
   PAGEDKV_ASSIGN_OR_RETURN(
-      rank.uploads, runtime::UploadArena::create(
-                        be, rank.compute, std::max(kInitialUploadBytes, step_upload_bytes(shape)),
-                        sized ? runtime::UploadArena::kMaxChunks : 1));
-  rank.batch_uploads.resize(group_configs.size());
+      rank.uploads, runtime::UploadArena::create(be, rank.compute, upload_arena_bytes(options),
+                                                 upload_arena_chunks(options)));
   return ok_status();
 }
 
@@ -288,6 +294,14 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   cache.built.assign(static_cast<size_t>(num_groups), nullptr);
   for (int32_t r = 0; r < tp; ++r) {
     PAGEDKV_RETURN_IF_ERROR(cache.create_rank(r, options));
+  }
+  cache.batch_uploads.resize(static_cast<size_t>(num_groups));
+  if (tp > 1) {  // each step's batch metadata packed once for all ranks
+    std::vector<runtime::UploadTarget> targets;
+    for (const Impl::Rank& rank : cache.ranks) targets.push_back({rank.backend, rank.compute});
+    PAGEDKV_ASSIGN_OR_RETURN(cache.batch_arena,
+                             runtime::UploadArena::create(targets, upload_arena_bytes(options),
+                                                          upload_arena_chunks(options)));
   }
   if (stored) {
     Impl::Rank& rank = cache.ranks[0];  // a stored cache has one rank

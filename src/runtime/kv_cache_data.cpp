@@ -177,38 +177,43 @@ StatusOr<std::vector<DeviceBatch>> KvCache::build_batches(const std::vector<Sequ
 Status KvCache::Impl::upload_batch(int32_t g, const BatchMetadata& m, const BatchOptions& options,
                                    DeviceBatch* out) {
   built[static_cast<size_t>(g)] = &m;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    Rank& r = ranks[i];
-    DeviceBatch& b = r.groups[static_cast<size_t>(g)].batch;
-    b = DeviceBatch{};  // a failed upload leaves no batch behind
+  for (Rank& r : ranks) {
+    r.groups[static_cast<size_t>(g)].batch = DeviceBatch{};  // a failed upload leaves none behind
+  }
+  for (Rank& r : ranks) {
     // The batch's readers come after the restores still writing its blocks, and its writes
     // after the offloads still reading the blocks its slots reuse (build_batch and
     // build_batches alike; for the full group the reservation has ordered those already).
     PAGEDKV_RETURN_IF_ERROR(order_block_use(r, g, m.block_tables.data(), m.block_tables.size()));
     PAGEDKV_RETURN_IF_ERROR(order_block_reuse(r, g, m.slot_mapping.data(), m.slot_mapping.size()));
-    // One packed upload: every array lives until the next build_batch (DeviceBatch's contract).
-    PAGEDKV_ASSIGN_OR_RETURN(
-        runtime::UploadLease up,
-        r.uploads->upload({part(m.slot_mapping), part(m.block_tables), part(m.seq_lens),
-                           part(m.indptr), part(m.indices), part(m.last_page_len)}));
+  }
+  // One packed upload, copied to every rank's device: every array lives until the next
+  // build_batch (DeviceBatch's contract).
+  runtime::UploadArena& arena = batch_arena != nullptr ? *batch_arena : *ranks[0].uploads;
+  PAGEDKV_ASSIGN_OR_RETURN(
+      runtime::UploadLease up,
+      arena.upload({part(m.slot_mapping), part(m.block_tables), part(m.seq_lens), part(m.indptr),
+                    part(m.indices), part(m.last_page_len)}));
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    DeviceBatch& b = ranks[i].groups[static_cast<size_t>(g)].batch;
     b.host = &m;
     b.generation = generation;
     b.group = g;
     b.rank = static_cast<int32_t>(i);
-    b.slot_mapping = up.device<int64_t>(0);
-    b.block_tables = up.device<int32_t>(1);
-    b.seq_lens = up.device<int32_t>(2);
+    b.slot_mapping = up.device<int64_t>(0, i);
+    b.block_tables = up.device<int32_t>(1, i);
+    b.seq_lens = up.device<int32_t>(2, i);
     if (options.build_csr) {
-      b.indptr = up.device<int32_t>(3);
-      b.indices = up.device<int32_t>(4);
-      b.last_page_len = up.device<int32_t>(5);
+      b.indptr = up.device<int32_t>(3, i);
+      b.indices = up.device<int32_t>(4, i);
+      b.last_page_len = up.device<int32_t>(5, i);
     }
-    std::unique_ptr<runtime::UploadLease>& lease = r.batch_uploads[static_cast<size_t>(g)];
-    if (lease == nullptr) {
-      lease = std::make_unique<runtime::UploadLease>(std::move(up));
-    } else {
-      *lease = std::move(up);
-    }
+  }
+  std::unique_ptr<runtime::UploadLease>& lease = batch_uploads[static_cast<size_t>(g)];
+  if (lease == nullptr) {
+    lease = std::make_unique<runtime::UploadLease>(std::move(up));
+  } else {
+    *lease = std::move(up);
   }
   *out = ranks[0].groups[static_cast<size_t>(g)].batch;
   return ok_status();

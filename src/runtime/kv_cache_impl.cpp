@@ -21,10 +21,11 @@ KvCache::Impl::~Impl() {
     if (r.backend != nullptr) r.backend->synchronize_stream(r.compute).ignore_error();
   }
   storage.reset();
+  batch_uploads.clear();  // leases go back before their arena
+  batch_arena.reset();
   for (Rank& r : ranks) {
     if (r.backend == nullptr) continue;
-    for (GroupPool& g : r.groups) g.slot_uploads.clear();  // leases go back before the arena
-    r.batch_uploads.clear();
+    for (GroupPool& g : r.groups) g.slot_uploads.clear();
     r.uploads.reset();
     r.transfers.reset();  // drains the copy stream
     for (GroupPool& g : r.groups) {

@@ -54,8 +54,6 @@ struct KvCache::Impl {
     std::vector<GroupPool> groups;  // by CacheConfig::groups index
     std::unique_ptr<runtime::TransferEngine> transfers;
     std::unique_ptr<runtime::UploadArena> uploads;
-    // The last build_batch's arrays, one region per group.
-    std::vector<std::unique_ptr<runtime::UploadLease>> batch_uploads;
     std::unordered_map<SequenceId, uint64_t> last_job;  // per sequence: its last transfer job
   };
   // What run_transfers() got onto the streams, per rank.
@@ -165,6 +163,11 @@ struct KvCache::Impl {
   std::vector<CacheConfig> group_configs;  // by CacheConfig::groups index: the model's
   std::vector<CacheConfig> shard_configs;  // the same, each rank's part of the heads
   std::vector<Rank> ranks;                 // one without tensor parallelism
+  // With several ranks: the arena that packs each batch's metadata once and copies it to every
+  // rank (null with one: rank 0's arena uploads it).
+  std::unique_ptr<runtime::UploadArena> batch_arena;
+  // The last build_batch's arrays, one region per group (on every rank).
+  std::vector<std::unique_ptr<runtime::UploadLease>> batch_uploads;
   // Per group: the host metadata its batches point to (the control plane's); a batch pointing
   // elsewhere was built by another cache.
   std::vector<const BatchMetadata*> built;

@@ -67,11 +67,16 @@ std::vector<ControlEvent> KvCache::drain_events() { return impl_->control->drain
 Status KvCache::check_invariants() const {
   PAGEDKV_RETURN_IF_ERROR(impl_->control->check_invariants());
   if (impl_->control->plan_open()) return internal_error("a tier plan was left open");
+  int64_t batch_leases = 0;  // in the batch arena, or in rank 0's without one
+  for (const auto& lease : impl_->batch_uploads) batch_leases += lease != nullptr && lease->held();
+  if (impl_->batch_arena != nullptr && impl_->batch_arena->live_leases() != batch_leases) {
+    return internal_error("the batch upload arena holds " +
+                          std::to_string(impl_->batch_arena->live_leases()) +
+                          " regions; the cache accounts for " + std::to_string(batch_leases));
+  }
   for (size_t r = 0; r < impl_->ranks.size(); ++r) {
     const KvCache::Impl::Rank& rank = impl_->ranks[r];
-    int64_t leases = 0;
-    for (const auto& lease : rank.batch_uploads)
-      leases += lease != nullptr && lease->held() ? 1 : 0;
+    int64_t leases = r == 0 && impl_->batch_arena == nullptr ? batch_leases : 0;
     for (const auto& g : rank.groups) {
       for (const auto& [id, upload] : g.slot_uploads) {
         if (!impl_->control->contains(id)) {

@@ -20,7 +20,7 @@ UploadLease& UploadLease::operator=(UploadLease&& other) noexcept {
     reset();
     arena_ = std::exchange(other.arena_, nullptr);
     chunk_ = std::exchange(other.chunk_, nullptr);
-    base_ = other.base_;
+    bases_ = other.bases_;
     offsets_ = other.offsets_;
   }
   return *this;
@@ -31,9 +31,16 @@ void UploadLease::reset() {
   std::exchange(arena_, nullptr)->release(std::exchange(chunk_, nullptr));
 }
 
-StatusOr<std::unique_ptr<UploadArena>> UploadArena::create(Backend& backend, Stream stream,
+StatusOr<std::unique_ptr<UploadArena>> UploadArena::create(std::vector<UploadTarget> targets,
                                                            size_t capacity, size_t chunks) {
-  std::unique_ptr<UploadArena> arena(new UploadArena(backend, stream));
+  if (targets.empty() || targets.size() > UploadLease::kMaxTargets) {
+    return invalid_argument("upload arena: " + std::to_string(targets.size()) + " targets (1 to " +
+                            std::to_string(UploadLease::kMaxTargets) + ")");
+  }
+  for (const UploadTarget& t : targets) {
+    if (t.backend == nullptr) return invalid_argument("upload arena: a target without a backend");
+  }
+  std::unique_ptr<UploadArena> arena(new UploadArena(std::move(targets)));
   PAGEDKV_ASSIGN_OR_RETURN(arena->current_, arena->new_chunk(pow2_at_least(capacity)));
   // The others stay idle (never fenced, so at once reusable) until the first is full.
   for (size_t i = 1; i < std::min(chunks, kMaxChunks); ++i) {
@@ -43,12 +50,10 @@ StatusOr<std::unique_ptr<UploadArena>> UploadArena::create(Backend& backend, Str
 }
 
 UploadArena::~UploadArena() {
-  backend_.synchronize_stream(stream_).ignore_error();  // copies may still read the staging
-  for (const std::unique_ptr<Chunk>& c : chunks_) {
-    backend_.free_pinned(c->staging);
-    backend_.free_device(c->device);
-    backend_.destroy_event(c->fence);
+  for (const UploadTarget& t : targets_) {  // copies may still read the staging
+    t.backend->synchronize_stream(t.stream).ignore_error();
   }
+  while (!chunks_.empty()) free_chunk(chunks_.back().get());
 }
 
 size_t UploadArena::capacity_bytes() const {
@@ -64,34 +69,50 @@ int64_t UploadArena::live_leases() const {
 }
 
 StatusOr<UploadArena::Chunk*> UploadArena::new_chunk(size_t capacity) {
-  auto c = std::make_unique<Chunk>();
-  PAGEDKV_ASSIGN_OR_RETURN(c->staging, backend_.allocate_pinned(capacity));
-  StatusOr<void*> device = backend_.allocate_device(capacity);
-  StatusOr<Event> event = device.ok() ? backend_.create_event() : StatusOr<Event>(device.status());
-  if (!device.ok() || !event.ok()) {
-    backend_.free_pinned(c->staging);
-    if (device.ok()) backend_.free_device(*device);
-    return event.status();
-  }
-  c->device = *device;
-  c->fence = *event;
+  chunks_.push_back(std::make_unique<Chunk>());  // free_chunk() undoes a partial one
+  Chunk* c = chunks_.back().get();
   c->capacity = capacity;
-  chunks_.push_back(std::move(c));
-  return chunks_.back().get();
+  StatusOr<void*> staging = staging_backend().allocate_pinned(capacity);
+  if (staging.ok()) c->staging = *staging;
+  Status s = staging.status();
+  for (size_t t = 0; t < targets_.size() && s.ok(); ++t) {
+    Backend& be = *targets_[t].backend;
+    StatusOr<void*> device = be.allocate_device(capacity);
+    if (!device.ok()) {
+      s = device.status();
+      break;
+    }
+    c->device.push_back(*device);
+    StatusOr<Event> event = be.create_event();
+    if (!event.ok()) {
+      s = event.status();
+      break;
+    }
+    c->fence.push_back(*event);
+  }
+  if (!s.ok()) {
+    free_chunk(c);
+    return s;
+  }
+  return c;
 }
 
 void UploadArena::free_chunk(Chunk* c) {
-  backend_.free_pinned(c->staging);
-  backend_.free_device(c->device);
-  backend_.destroy_event(c->fence);
+  if (c->staging != nullptr) staging_backend().free_pinned(c->staging);
+  for (size_t t = 0; t < c->device.size(); ++t) targets_[t].backend->free_device(c->device[t]);
+  for (size_t t = 0; t < c->fence.size(); ++t) targets_[t].backend->destroy_event(c->fence[t]);
   chunks_.erase(std::find_if(chunks_.begin(), chunks_.end(),
                              [c](const std::unique_ptr<Chunk>& p) { return p.get() == c; }));
 }
 
 void UploadArena::fence(Chunk* c) {
   // Every consumer of the chunk's regions was queued before its lease was released, so an event
-  // recorded now completes after all of them.
-  c->fenced = backend_.record_event(c->fence, stream_).ok();
+  // recorded now on each target's stream completes after all of that target's.
+  c->fenced = true;
+  for (size_t t = 0; t < targets_.size(); ++t) {
+    c->fenced =
+        targets_[t].backend->record_event(c->fence[t], targets_[t].stream).ok() && c->fenced;
+  }
   c->unfenced = !c->fenced;
 }
 
@@ -108,14 +129,17 @@ void UploadArena::release(void* chunk) {
 
 StatusOr<bool> UploadArena::reusable(Chunk* c, bool wait) {
   if (c == current_ || c->live > 0) return false;
-  if (c->unfenced) {
-    if (!wait) return false;
-    PAGEDKV_RETURN_IF_ERROR(backend_.synchronize_stream(stream_));
-  } else if (wait) {
-    PAGEDKV_RETURN_IF_ERROR(backend_.synchronize_event(c->fence));
-  } else {
-    PAGEDKV_ASSIGN_OR_RETURN(bool done, backend_.query_event(c->fence));
-    if (!done) return false;
+  for (size_t t = 0; t < targets_.size(); ++t) {
+    Backend& be = *targets_[t].backend;
+    if (c->unfenced) {
+      if (!wait) return false;
+      PAGEDKV_RETURN_IF_ERROR(be.synchronize_stream(targets_[t].stream));
+    } else if (wait) {
+      PAGEDKV_RETURN_IF_ERROR(be.synchronize_event(c->fence[t]));
+    } else {
+      PAGEDKV_ASSIGN_OR_RETURN(bool done, be.query_event(c->fence[t]));
+      if (!done) return false;
+    }
   }
   c->fenced = c->unfenced = false;
   return true;
@@ -183,12 +207,15 @@ StatusOr<UploadLease> UploadArena::upload(const UploadPart* parts, size_t count)
     lease.offsets_[i] = at;
     at += align_up(p.bytes);
   }
-  if (need > 0) {
-    PAGEDKV_RETURN_IF_ERROR(backend_.copy_async(static_cast<char*>(c->device) + c->offset,
-                                                static_cast<char*>(c->staging) + c->offset, need,
-                                                CopyKind::kHostToDevice, stream_));
+  for (size_t t = 0; t < targets_.size() && need > 0; ++t) {
+    const UploadTarget& target = targets_[t];
+    PAGEDKV_RETURN_IF_ERROR(target.backend->copy_async(
+        static_cast<char*>(c->device[t]) + c->offset, static_cast<char*>(c->staging) + c->offset,
+        need, CopyKind::kHostToDevice, target.stream));
   }
-  lease.base_ = static_cast<const char*>(c->device);
+  for (size_t t = 0; t < targets_.size(); ++t) {
+    lease.bases_[t] = static_cast<const char*>(c->device[t]);
+  }
   lease.chunk_ = c;
   lease.arena_ = this;
   c->offset = at;
