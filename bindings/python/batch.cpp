@@ -148,6 +148,47 @@ void register_batch(nb::module_& m, nb::class_<PyCache>& cls) {
       "Builds a step's batch metadata and uploads it on the compute stream; returns a Batch "
       "(.device arrays valid until the next build_batch, .host numpy copies).");
   cls.def(
+      "apply_step_plan",
+      [](nb::handle self, nb::bytes plan) {
+        PyCache& s = nb::cast<PyCache&>(self);
+        const StepPlan decoded =
+            value_or_throw(StepPlan::decode(std::string_view(plan.c_str(), plan.size())));
+        std::vector<std::unique_ptr<PyBatch>> made;
+        check(unlocked(s, [&](KvCache& kv) -> Status {
+          PAGEDKV_ASSIGN_OR_RETURN(std::vector<DeviceBatch> batches, kv.apply_step_plan(decoded));
+          // One serial per build: only the last build's batches stay current.
+          for (const StepRecord& r : decoded.records) {
+            if (r.kind != StepRecord::Kind::kBatch) continue;
+            if (!r.same_build) ++s.batch_serial;
+            auto b = std::make_unique<PyBatch>();
+            b->serial = s.batch_serial;
+            b->device = batches[made.size()];
+            b->built_host = b->device.host;
+            b->host = r.batch;  // the cache's copy holds only its group's last batch
+            b->device.host = &b->host;
+            made.push_back(std::move(b));
+          }
+          return ok_status();
+        }));
+        nb::list out;
+        for (std::unique_ptr<PyBatch>& b : made) {
+          b->cache = nb::borrow(self);
+          b->owner = &s;
+          b->serial_source = &s.batch_serial;
+          b->device_type = backend_device_type(*s.kv);
+          b->device_id = backend_device_id(*s.kv);
+          out.append(nb::cast(b.release(), nb::rv_policy::take_ownership));
+        }
+        return out;
+      },
+      nb::arg("plan"),
+      "A worker's side of split-process tensor parallelism: carries out another cache's "
+      "take_step_plan() bytes on this cache's pools (one rank's part of that cache's model: "
+      "CacheConfig.rank_config) and returns a Batch per built batch in it, through which the "
+      "worker's model writes and reads (write_kv_batch, its .device arrays). InvalidArgumentError "
+      "for damaged bytes or block ids outside the pools (nothing changes), "
+      "FailedPreconditionError for a cache with sequences of its own.");
+  cls.def(
       "write_kv_batch",
       [](PyCache& s, PyBatch& b, int32_t layer, nb::handle key, nb::handle value, int32_t rank) {
         if (b.owner != &s) throw_invalid("batch: built by another cache");

@@ -36,9 +36,10 @@ void* stream_handle(nb::handle stream) {
 void init_cache(PyCache* self, const CacheConfig& config, bool enable_events, size_t event_capacity,
                 nb::handle storage, int64_t storage_staging_blocks, int32_t device,
                 nb::handle stream, std::optional<std::tuple<int32_t, int64_t, int64_t>> step_shape,
-                int32_t tp_size) {
+                int32_t tp_size, bool record_step_plans) {
   KvCacheOptions options;
   options.tp_size = tp_size;
+  options.record_step_plans = record_step_plans;
   if (step_shape.has_value()) {
     const auto [max_batch, max_blocks, max_tokens] = *step_shape;
     if (max_blocks > INT32_MAX) throw_invalid("step_shape: max_blocks_per_sequence is too large");
@@ -63,7 +64,7 @@ nb::class_<PyCache> register_cache(nb::module_& m) {
           nb::arg("event_capacity") = 65536, nb::arg("storage").none() = nb::none(),
           nb::arg("storage_staging_blocks") = 64, nb::arg("device") = -1,
           nb::arg("stream").none() = nb::none(), nb::arg("step_shape").none() = nb::none(),
-          nb::arg("tp_size") = 1,
+          nb::arg("tp_size") = 1, nb::arg("record_step_plans") = false,
           "Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)); "
           "`storage` a FileTier or RedisTier of the config's layout, which the cache holds; "
           "`device` the CUDA device (-1: the current one); `stream` the caller's stream (an int "
@@ -71,7 +72,19 @@ nb::class_<PyCache> register_cache(nb::module_& m) {
           "`step_shape` (max_batch, max_blocks_per_sequence, max_tokens) the largest step, for "
           "which the upload arena is sized now (KvCacheOptions::step_shape); `tp_size` the "
           "tensor-parallel ranks (KvCacheOptions::tp_size): one control plane over that many "
-          "pools, each of its share of the heads, one backend each (GPU r, or the CPU's).");
+          "pools, each of its share of the heads, one backend each (GPU r, or the CPU's); "
+          "`record_step_plans` records the moves, copies and batches of its calls for "
+          "take_step_plan (KvCacheOptions::record_step_plans).");
+  cls.def(
+      "take_step_plan",
+      [](PyCache& s) {
+        const std::string bytes =
+            unlocked(s, [&](KvCache& kv) { return kv.take_step_plan().encode(); });
+        return nb::bytes(bytes.data(), bytes.size());
+      },
+      "The moves, copies and batches the calls since the last take recorded, as the bytes a "
+      "worker's apply_step_plan takes (pagedkv/step_plan.hpp); a plan of no steps without "
+      "record_step_plans.");
   cls.def_prop_ro(
       "tp_size", [](PyCache& s) { return s.kv->tp_size(); },
       "Tensor-parallel ranks: the `rank` of write_kv, gather_layer, layer_kv and the batch "

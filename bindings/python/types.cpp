@@ -124,7 +124,13 @@ void register_types(nb::module_& m) {
           [](const CacheConfig& c, int64_t device_bytes, int64_t host_bytes, int64_t context) {
             return value_or_throw(c.with_pools(device_bytes, host_bytes, context));
           },
-          nb::arg("device_bytes"), nb::arg("host_bytes"), nb::arg("context"));
+          nb::arg("device_bytes"), nb::arg("host_bytes"), nb::arg("context"))
+      .def(
+          "rank_config",
+          [](const CacheConfig& c, int32_t tp_size) {
+            return value_or_throw(rank_config(c, tp_size));
+          },
+          nb::arg("tp_size"));
 
   nb::class_<ControlEvent>(m, "ControlEvent",
                            "One control-plane event: block stored/removed on a tier, sequence "

@@ -315,6 +315,8 @@ class _CacheConfig:
 
     def with_pools(self, device_bytes: int, host_bytes: int, context: int) -> _CacheConfig: ...
 
+    def rank_config(self, tp_size: int) -> _CacheConfig: ...
+
 class ControlEvent:
     """
     One control-plane event: block stored/removed on a tier, sequence evicted/offloaded/restored, or events dropped (resync).
@@ -358,9 +360,14 @@ class _DeviceMemory:
 class _KvCache:
     """The C++ KvCache (use pagedkv.KvCache)."""
 
-    def __init__(self, config: _CacheConfig, enable_events: bool = True, event_capacity: int = 65536, storage: StorageTier | None = None, storage_staging_blocks: int = 64, device: int = -1, stream: object | None = None, step_shape: tuple[int, int, int] | None = None, tp_size: int = 1) -> None:
+    def __init__(self, config: _CacheConfig, enable_events: bool = True, event_capacity: int = 65536, storage: StorageTier | None = None, storage_staging_blocks: int = 64, device: int = -1, stream: object | None = None, step_shape: tuple[int, int, int] | None = None, tp_size: int = 1, record_step_plans: bool = False) -> None:
         """
-        Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)); `storage` a FileTier or RedisTier of the config's layout, which the cache holds; `device` the CUDA device (-1: the current one); `stream` the caller's stream (an int handle or an object with `cuda_stream`), on which the cache then queues its work; `step_shape` (max_batch, max_blocks_per_sequence, max_tokens) the largest step, for which the upload arena is sized now (KvCacheOptions::step_shape); `tp_size` the tensor-parallel ranks (KvCacheOptions::tp_size): one control plane over that many pools, each of its share of the heads, one backend each (GPU r, or the CPU's).
+        Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)); `storage` a FileTier or RedisTier of the config's layout, which the cache holds; `device` the CUDA device (-1: the current one); `stream` the caller's stream (an int handle or an object with `cuda_stream`), on which the cache then queues its work; `step_shape` (max_batch, max_blocks_per_sequence, max_tokens) the largest step, for which the upload arena is sized now (KvCacheOptions::step_shape); `tp_size` the tensor-parallel ranks (KvCacheOptions::tp_size): one control plane over that many pools, each of its share of the heads, one backend each (GPU r, or the CPU's); `record_step_plans` records the moves, copies and batches of its calls for take_step_plan (KvCacheOptions::record_step_plans).
+        """
+
+    def take_step_plan(self) -> bytes:
+        """
+        The moves, copies and batches the calls since the last take recorded, as the bytes a worker's apply_step_plan takes (pagedkv/step_plan.hpp); a plan of no steps without record_step_plans.
         """
 
     @property
@@ -546,6 +553,11 @@ class _KvCache:
     def build_batch(self, ids: Sequence[int], csr: bool = False, pad_slots_to: int = 0) -> Batch:
         """
         Builds a step's batch metadata and uploads it on the compute stream; returns a Batch (.device arrays valid until the next build_batch, .host numpy copies).
+        """
+
+    def apply_step_plan(self, plan: bytes) -> list:
+        """
+        A worker's side of split-process tensor parallelism: carries out another cache's take_step_plan() bytes on this cache's pools (one rank's part of that cache's model: CacheConfig.rank_config) and returns a Batch per built batch in it, through which the worker's model writes and reads (write_kv_batch, its .device arrays). InvalidArgumentError for damaged bytes or block ids outside the pools (nothing changes), FailedPreconditionError for a cache with sequences of its own.
         """
 
     def write_kv_batch(self, batch: Batch, layer: int, key: object, value: object | None = None, rank: int = 0) -> None:

@@ -121,7 +121,8 @@ class KvCache(_C._KvCache):
     storage tier behind it.
 
     KvCache(config=None, *, enable_events=True, event_capacity=65536, storage=None,
-    storage_staging_blocks=64, device=-1, stream=None, step_shape=None, tp_size=1, **fields):
+    storage_staging_blocks=64, device=-1, stream=None, step_shape=None, tp_size=1,
+    record_step_plans=False, **fields):
     `config` is a CacheConfig; keyword fields override it (or build one). `storage` is a
     FileTier or RedisTier of the config's layout (the cache needs a host tier); the cache holds
     it, and it serves no other cache meanwhile. `device` is the CUDA device of the pools (-1: the current one); every array
@@ -133,7 +134,10 @@ class KvCache(_C._KvCache):
     runs: the upload arena is sized for it now, so such a step never allocates. `tp_size` > 1
     makes one control plane over that many tensor-parallel ranks' pools, rank r holding heads
     [r * rank_heads, (r + 1) * rank_heads) of every block (docs/scale-out.md): write_kv,
-    gather_layer, layer_kv and write_kv_batch take `rank=`. The methods are
+    gather_layer, layer_kv and write_kv_batch take `rank=`. With the ranks in worker processes,
+    `record_step_plans=True` makes the scheduler's cache record its moves, copies and batches
+    for take_step_plan(), whose bytes each worker's cache (of config.rank_config(tp_size))
+    applies with apply_step_plan() (docs/scale-out.md, "Split processes"). The methods are
     the C++ KvCache's (include/pagedkv/cache.hpp), called directly: see pagedkv/_C.pyi for each.
     """
 
@@ -141,9 +145,9 @@ class KvCache(_C._KvCache):
                  event_capacity: int = 65536, storage: Optional[StorageTier] = None,
                  storage_staging_blocks: int = 64, device: int = -1, stream: Any = None,
                  step_shape: Optional[Tuple[int, int, int]] = None, tp_size: int = 1,
-                 **fields: Any) -> None:
+                 record_step_plans: bool = False, **fields: Any) -> None:
         _create(self, super().__init__, config, fields, enable_events, event_capacity, storage,
-                storage_staging_blocks, device, stream, step_shape, tp_size)
+                storage_staging_blocks, device, stream, step_shape, tp_size, record_step_plans)
 
     @property
     def cache_config(self) -> CacheConfig:

@@ -181,6 +181,19 @@ class CacheConfig:
                                    num_device_blocks=sized.num_device_blocks,
                                    num_host_blocks=sized.num_host_blocks)
 
+    def rank_config(self, tp_size: int) -> "CacheConfig":
+        """One tensor-parallel rank's part of the model (C++ rank_config): every K/V group with
+        num_kv_heads / tp_size heads (a latent group whole), the same blocks. A worker process
+        of a split-process deployment creates its KvCache from it (apply_step_plan).
+        InvalidArgumentError for tp_size < 1 or heads that do not split."""
+        part = self._to_cpp().rank_config(tp_size)
+        groups = [
+            dataclasses.replace(g if isinstance(g, KvGroup) else KvGroup(**g),
+                                num_kv_heads=cg.num_kv_heads)
+            for g, cg in zip(self.groups, part.groups)
+        ]
+        return dataclasses.replace(self, groups=groups, num_kv_heads=part.num_kv_heads)
+
     def blocks_per_sequence(self, context: int, group: Optional[int] = None) -> int:
         """Blocks a decoding sequence of `context` tokens holds in the config, or in group
         `group` of a model (a window group only those of its window)."""
