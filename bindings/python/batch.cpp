@@ -124,6 +124,9 @@ void register_batch(nb::module_& m, nb::class_<PyCache>& cls) {
       .def_prop_ro("is_current", &PyBatch::current)
       .def_prop_ro("has_csr", [](const PyBatch& b) { return b.device.indptr != nullptr; })
       .def_prop_ro(
+          "rank", [](const PyBatch& b) { return b.device.rank; },
+          "The tensor-parallel rank whose device holds the .device arrays (KvCache.rank_batch).")
+      .def_prop_ro(
           "group",
           [](const PyBatch& b) -> std::optional<int32_t> {
             if (b.group < 0) return std::nullopt;
@@ -190,25 +193,55 @@ void register_batch(nb::module_& m, nb::class_<PyCache>& cls) {
       "FailedPreconditionError for a cache with sequences of its own.");
   cls.def(
       "write_kv_batch",
-      [](PyCache& s, PyBatch& b, int32_t layer, nb::handle key, nb::handle value, int32_t rank) {
+      [](PyCache& s, PyBatch& b, int32_t layer, nb::handle key, nb::handle value,
+         std::optional<int32_t> rank_arg) {
         if (b.owner != &s) throw_invalid("batch: built by another cache");
+        const int32_t rank = rank_arg.value_or(b.device.rank);
         const std::pair<KvInput, KvInput> in =
             kv_batch_inputs(rank_ref(*s.kv, rank), key, value, b.host.slot_mapping.size(), "");
         const KvInput &k = in.first, &v = in.second;
         write_and_wait(s, k, [&](KvCache& kv) -> Status {
-          DeviceBatch on_rank = b.as_built();  // rank 0's: as built (its slots may be the caller's)
-          if (rank != 0) {
+          DeviceBatch on_rank = b.as_built();  // as built (its slots may be the caller's)
+          if (rank != on_rank.rank) {
             PAGEDKV_ASSIGN_OR_RETURN(on_rank, kv.rank_batch(on_rank, rank));
           }
           return kv.write_kv_batch(on_rank, layer, k.data, v.data, k.dtype, k.row_stride);
         });
       },
       nb::arg("batch"), nb::arg("layer"), nb::arg("key"), nb::arg("value").none() = nb::none(),
-      nb::arg("rank") = 0,
+      nb::arg("rank").none() = nb::none(),
       "Writes one layer's K/V of every token of the current batch through its slot mapping in one "
       "launch; key/value [len(slot_mapping), heads, dim] (padding rows skipped); value=None for a "
-      "latent (MLA) cache. With tensor parallelism, rank `rank`'s heads into its pool, through "
-      "the batch as uploaded to that rank.");
+      "latent (MLA) cache. With tensor parallelism, rank `rank`'s heads (None: the batch's "
+      "rank) into its pool, through the batch as uploaded to that rank.");
+  cls.def(
+      "rank_batch",
+      [](nb::handle self, PyBatch& b, int32_t rank) {
+        PyCache& s = nb::cast<PyCache&>(self);
+        if (b.owner != &s) throw_invalid("batch: built by another cache");
+        const GroupRef on = rank_ref(*s.kv, rank);
+        auto out = std::make_unique<PyBatch>();
+        check(unlocked(s, [&](KvCache& kv) -> Status {
+          PAGEDKV_ASSIGN_OR_RETURN(out->device, kv.rank_batch(b.as_built(), rank));
+          return ok_status();
+        }));
+        out->cache = b.cache;
+        out->owner = b.owner;
+        out->serial_source = b.serial_source;
+        out->serial = b.serial;
+        out->device_type = backend_device_type(on);
+        out->device_id = backend_device_id(on);
+        out->built_host = out->device.host;
+        out->host = b.host;
+        out->device.host = &out->host;
+        out->ids = b.ids;
+        return nb::cast(out.release(), nb::rv_policy::take_ownership);
+      },
+      nb::arg("batch"), nb::arg("rank"),
+      "With tensor parallelism: the same batch as uploaded to rank `rank` (Batch.rank), whose "
+      ".device arrays are on that rank's device and index its pool; current as long as `batch` "
+      "is. OutOfRangeError for a rank outside the cache, FailedPreconditionError for a stale "
+      "batch.");
 
   cls.def(
       "write_kv_batch_all_layers",

@@ -48,7 +48,11 @@ void init_cache(PyCache* self, const CacheConfig& config, bool enable_events, si
   options.enable_events = enable_events;
   options.event_capacity = event_capacity;
   options.device = device;
-  options.native_compute_stream = stream_handle(stream);
+  if (nb::isinstance<nb::list>(stream) || nb::isinstance<nb::tuple>(stream)) {
+    for (nb::handle s : stream) options.rank_native_compute_streams.push_back(stream_handle(s));
+  } else {
+    options.native_compute_stream = stream_handle(stream);
+  }
   StoreClaim claim(self, {storage}, {"storage"});
   options.storage = claim.tiers()[0];
   options.storage_staging_blocks = storage_staging_blocks;
@@ -68,7 +72,8 @@ nb::class_<PyCache> register_cache(nb::module_& m) {
           "Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)); "
           "`storage` a FileTier or RedisTier of the config's layout, which the cache holds; "
           "`device` the CUDA device (-1: the current one); `stream` the caller's stream (an int "
-          "handle or an object with `cuda_stream`), on which the cache then queues its work; "
+          "handle or an object with `cuda_stream`), on which the cache then queues its work (with "
+          "tp_size > 1 a list of one per rank: KvCacheOptions::rank_native_compute_streams); "
           "`step_shape` (max_batch, max_blocks_per_sequence, max_tokens) the largest step, for "
           "which the upload arena is sized now (KvCacheOptions::step_shape); `tp_size` the "
           "tensor-parallel ranks (KvCacheOptions::tp_size): one control plane over that many "
@@ -108,6 +113,16 @@ nb::class_<PyCache> register_cache(nb::module_& m) {
       "The native handle of the stream the cache queues its work on (the `stream` it was given, "
       "else its own; 0 for the CPU backend's own): torch.cuda.ExternalStream(cache.compute_stream) "
       "lets torch wait_stream on it.");
+  cls.def(
+      "rank_compute_stream",
+      [](PyCache& s, int32_t rank) {
+        const GroupRef on = rank_ref(*s.kv, rank);
+        void* h = value_or_throw(on.backend().native_stream(s.kv->compute_stream(rank)));
+        return reinterpret_cast<uintptr_t>(h);
+      },
+      nb::arg("rank"),
+      "compute_stream of rank `rank` (the stream of `stream`'s list given for it, else the "
+      "rank's own). OutOfRangeError for a rank outside the cache.");
   cls.def_prop_ro("pool_info", [](PyCache& s) { return pool_info_dict(s.kv->pool_info()); });
 
   // ---- sequences ----

@@ -362,7 +362,7 @@ class _KvCache:
 
     def __init__(self, config: _CacheConfig, enable_events: bool = True, event_capacity: int = 65536, storage: StorageTier | None = None, storage_staging_blocks: int = 64, device: int = -1, stream: object | None = None, step_shape: tuple[int, int, int] | None = None, tp_size: int = 1, record_step_plans: bool = False) -> None:
         """
-        Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)); `storage` a FileTier or RedisTier of the config's layout, which the cache holds; `device` the CUDA device (-1: the current one); `stream` the caller's stream (an int handle or an object with `cuda_stream`), on which the cache then queues its work; `step_shape` (max_batch, max_blocks_per_sequence, max_tokens) the largest step, for which the upload arena is sized now (KvCacheOptions::step_shape); `tp_size` the tensor-parallel ranks (KvCacheOptions::tp_size): one control plane over that many pools, each of its share of the heads, one backend each (GPU r, or the CPU's); `record_step_plans` records the moves, copies and batches of its calls for take_step_plan (KvCacheOptions::record_step_plans).
+        Creates the cache from a C++ CacheConfig (use pagedkv.KvCache(config, **fields)); `storage` a FileTier or RedisTier of the config's layout, which the cache holds; `device` the CUDA device (-1: the current one); `stream` the caller's stream (an int handle or an object with `cuda_stream`), on which the cache then queues its work (with tp_size > 1 a list of one per rank: KvCacheOptions::rank_native_compute_streams); `step_shape` (max_batch, max_blocks_per_sequence, max_tokens) the largest step, for which the upload arena is sized now (KvCacheOptions::step_shape); `tp_size` the tensor-parallel ranks (KvCacheOptions::tp_size): one control plane over that many pools, each of its share of the heads, one backend each (GPU r, or the CPU's); `record_step_plans` records the moves, copies and batches of its calls for take_step_plan (KvCacheOptions::record_step_plans).
         """
 
     def take_step_plan(self) -> bytes:
@@ -399,6 +399,11 @@ class _KvCache:
     def compute_stream(self) -> int:
         """
         The native handle of the stream the cache queues its work on (the `stream` it was given, else its own; 0 for the CPU backend's own): torch.cuda.ExternalStream(cache.compute_stream) lets torch wait_stream on it.
+        """
+
+    def rank_compute_stream(self, rank: int) -> int:
+        """
+        compute_stream of rank `rank` (the stream of `stream`'s list given for it, else the rank's own). OutOfRangeError for a rank outside the cache.
         """
 
     @property
@@ -560,9 +565,14 @@ class _KvCache:
         A worker's side of split-process tensor parallelism: carries out another cache's take_step_plan() bytes on this cache's pools (one rank's part of that cache's model: CacheConfig.rank_config) and returns a Batch per built batch in it, through which the worker's model writes and reads (write_kv_batch, its .device arrays). InvalidArgumentError for damaged bytes or block ids outside the pools (nothing changes), FailedPreconditionError for a cache with sequences of its own.
         """
 
-    def write_kv_batch(self, batch: Batch, layer: int, key: object, value: object | None = None, rank: int = 0) -> None:
+    def write_kv_batch(self, batch: Batch, layer: int, key: object, value: object | None = None, rank: int | None = None) -> None:
         """
-        Writes one layer's K/V of every token of the current batch through its slot mapping in one launch; key/value [len(slot_mapping), heads, dim] (padding rows skipped); value=None for a latent (MLA) cache. With tensor parallelism, rank `rank`'s heads into its pool, through the batch as uploaded to that rank.
+        Writes one layer's K/V of every token of the current batch through its slot mapping in one launch; key/value [len(slot_mapping), heads, dim] (padding rows skipped); value=None for a latent (MLA) cache. With tensor parallelism, rank `rank`'s heads (None: the batch's rank) into its pool, through the batch as uploaded to that rank.
+        """
+
+    def rank_batch(self, batch: Batch, rank: int) -> object:
+        """
+        With tensor parallelism: the same batch as uploaded to rank `rank` (Batch.rank), whose .device arrays are on that rank's device and index its pool; current as long as `batch` is. OutOfRangeError for a rank outside the cache, FailedPreconditionError for a stale batch.
         """
 
     def write_kv_batch_all_layers(self, batch: Batch, key: object, value: object | None = None) -> None:
@@ -640,6 +650,12 @@ class Batch:
 
     @property
     def has_csr(self) -> bool: ...
+
+    @property
+    def rank(self) -> int:
+        """
+        The tensor-parallel rank whose device holds the .device arrays (KvCache.rank_batch).
+        """
 
     @property
     def group(self) -> int | None:

@@ -129,7 +129,8 @@ class KvCache(_C._KvCache):
     the cache exports carries it as its DLPack device_id, and inputs on another device are
     refused. `stream` is the caller's stream (an int handle, or an object with `cuda_stream`
     such as torch.cuda.current_stream()): the cache queues all its work there, so it is ordered
-    with the model's kernels and captured with them (docs/python.md, Streams). `step_shape`,
+    with the model's kernels and captured with them (docs/python.md, Streams); with tp_size > 1
+    it is a list of one stream per rank (rank_compute_stream(r) gives each). `step_shape`,
     a tuple (max_batch, max_blocks_per_sequence, max_tokens), is the largest step the server
     runs: the upload arena is sized for it now, so such a step never allocates. `tp_size` > 1
     makes one control plane over that many tensor-parallel ranks' pools, rank r holding heads

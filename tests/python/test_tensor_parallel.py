@@ -115,3 +115,40 @@ def test_a_rank_outside_the_cache_and_heads_that_do_not_split_are_refused():
     assert cache.pending(1) == 3
     with pytest.raises(pagedkv.InvalidArgumentError, match="do not split"):
         make_cache(num_kv_heads=4, tp_size=3)
+
+
+def test_each_rank_has_its_batch_arrays_and_its_callers_stream():
+    # The CPU backend takes any non-null handle as the caller's stream.
+    cache = make_cache(num_kv_heads=4, tp_size=2, stream=[11, 22])
+    assert [cache.rank_compute_stream(r) for r in range(2)] == [11, 22]
+    with pytest.raises(pagedkv.OutOfRangeError):
+        cache.rank_compute_stream(2)
+    with pytest.raises(pagedkv.InvalidArgumentError):
+        make_cache(num_kv_heads=4, tp_size=2, stream=[11])
+    cache.add_sequence(1, [1, 2, 3, 4, 5])
+    cache.reserve(1, 5)
+    batch = cache.build_batch([1], csr=True)
+    ranks = [cache.rank_batch(batch, r) for r in range(2)]
+    assert [b.rank for b in ranks] == [0, 1] and batch.rank == 0
+    addresses = set()
+    for b in ranks:  # the same metadata, each rank's own copy on its device
+        for name in ("slot_mapping", "block_tables", "kv_indices"):
+            on_device = np.from_dlpack(getattr(b.device, name))
+            np.testing.assert_array_equal(on_device, getattr(batch.host, name))
+            addresses.add(on_device.ctypes.data)
+    assert len(addresses) == 6
+    # Writing through rank 1's batch writes rank 1's pool (the batch's rank unless told).
+    rng = np.random.default_rng(3)
+    k0, v0, k1, v1 = (rng.standard_normal((5, 2, 8)).astype(np.float32) for _ in range(4))
+    cache.write_kv_batch(batch, 0, k0, v0)
+    cache.write_kv_batch(ranks[1], 0, k1, v1)
+    cache.commit(1, [1, 2, 3, 4, 5])
+    for r, (k, v) in enumerate([(k0, v0), (k1, v1)]):
+        got = cache.gather_layer(1, 0, rank=r)
+        np.testing.assert_array_equal(np.from_dlpack(got[0]), k)
+        np.testing.assert_array_equal(np.from_dlpack(got[1]), v)
+    cache.reserve(1, 1)
+    cache.build_batch([1])
+    assert not ranks[1].is_current
+    with pytest.raises(pagedkv.FailedPreconditionError):
+        cache.rank_batch(batch, 1)
