@@ -113,8 +113,8 @@ struct KvCacheOptions {
   /// plane decides for all of them: every rank's pools have the same blocks, so one block table
   /// serves every rank's kernels, and every move and copy-on-write runs on every rank (a
   /// failure on any rank takes the call back on all). Each group's num_kv_heads must divide by
-  /// it (kInvalidArgument). Not yet with a storage tier (kUnimplemented). Each rank's work runs
-  /// on its stream of rank_native_compute_streams, else on its backend's default stream;
+  /// it (kInvalidArgument). A storage tier is a store per rank (rank_storage). Each rank's work
+  /// runs on its stream of rank_native_compute_streams, else on its backend's default stream;
   /// compute_stream and native_compute_stream are for a cache of one rank.
   int32_t tp_size = 1;
   /// With tp_size > 1: one backend per rank (not owned; each must outlive the cache), rank r's
@@ -126,6 +126,14 @@ struct KvCacheOptions {
   /// backend any non-null handle), as native_compute_stream is for one rank: rank r's cache
   /// work is queued on rank_native_compute_streams[r]. Not owned. Empty: the default streams.
   std::vector<void*> rank_native_compute_streams;
+  /// With tp_size > 1, the storage tier: rank r's store of group g (not owned, as `storage`) at
+  /// rank_storage[r * num_groups + g] (one group: rank_storage[r]), of the layout of that
+  /// rank's part (StorageLayout::for_rank(shard_config(g), model_id, tp_size, r)), so a store
+  /// written at one TP size or rank never serves another. A dropped host block is written to
+  /// every rank's store; a fetch brings back the blocks every rank's store holds. A group's
+  /// stores are given on every rank or on none; the owner group's on every rank. Not yet for a
+  /// latent group (kUnimplemented). `storage` and `group_storage` are for a cache of one rank.
+  std::vector<StorageTier*> rank_storage;
   /// Split-process tensor parallelism, the scheduler's side: record every plan's moves and
   /// copies and every built batch, for take_step_plan() to hand to the worker processes that
   /// hold the ranks' pools (step_plan.hpp). Such a scheduler typically runs on null backends

@@ -48,9 +48,18 @@ struct StorageLayout {
   int64_t block_bytes = 0;
   /// Set only by opaque(): names another engine's block layout; the shape fields above are 0.
   std::string engine_digest;
+  /// Tensor parallelism: the block holds rank `tp_rank`'s share of the heads of a deployment of
+  /// `tp_size` ranks (num_kv_heads is that share), so a store written at one TP size or rank
+  /// never serves another. 1 and 0 without tensor parallelism.
+  int32_t tp_size = 1;
+  int32_t tp_rank = 0;
 
   /// The layout of a cache configuration.
   static StorageLayout from_config(const CacheConfig& config, std::string model_id);
+  /// The layout of rank `rank`'s pools of a tensor-parallel deployment of `tp_size` ranks:
+  /// `rank_config` is that rank's config (KvCache::shard_config, rank_config()).
+  static StorageLayout for_rank(const CacheConfig& rank_config, std::string model_id,
+                                int32_t tp_size, int32_t rank);
   /// Blocks of `block_bytes` bytes that pagedkv stores and checksums but does not interpret:
   /// another engine's unit (vLLM's CPU-tier chunk rows, SGLang's host pages), for a store driven
   /// directly through StorageTier. `engine_digest` (non-empty) names everything that changes

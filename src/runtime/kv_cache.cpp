@@ -123,10 +123,25 @@ Status check_backends(const CacheConfig& config, const KvCacheOptions& options, 
         "tp_size: compute_stream and native_compute_stream are one rank's; a tensor-parallel "
         "cache takes rank_native_compute_streams, one per rank");
   }
-  if (stored) {
-    return unimplemented(
-        "tp_size: the storage tier does not take a tensor-parallel cache yet (its layout "
-        "fingerprint and staging are per rank)");
+  if (options.storage != nullptr || !options.group_storage.empty()) {
+    return invalid_argument(
+        "tp_size: each rank stores its share of the heads in a store of its own: give "
+        "rank_storage, not storage or group_storage");
+  }
+  const size_t stores = static_cast<size_t>(tp) * static_cast<size_t>(config.num_groups());
+  if (!options.rank_storage.empty() && options.rank_storage.size() != stores) {
+    return invalid_argument("rank_storage: " + std::to_string(options.rank_storage.size()) +
+                            " stores for " + std::to_string(tp) + " ranks of " +
+                            std::to_string(config.num_groups()) +
+                            " groups (one per rank and group, or none)");
+  }
+  for (int32_t g = 0; stored && g < config.num_groups(); ++g) {
+    const CacheConfig c = config.num_groups() > 1 ? config.group_config(g) : config;
+    if (c.kv_kind == KvKind::kLatent && options.rank_storage[static_cast<size_t>(g)] != nullptr) {
+      return unimplemented(
+          "rank_storage: a latent group is whole on every rank; storing it once for all ranks "
+          "is not built yet");
+    }
   }
   return check_heads_split(config, tp);
 }
@@ -226,7 +241,13 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
   const bool any_group_store =
       std::any_of(options.group_storage.begin(), options.group_storage.end(),
                   [](const StorageTier* s) { return s != nullptr; });
-  const bool stored = options.storage != nullptr || any_group_store;
+  const bool stored = options.storage != nullptr || any_group_store ||
+                      std::any_of(options.rank_storage.begin(), options.rank_storage.end(),
+                                  [](const StorageTier* s) { return s != nullptr; });
+  if (options.tp_size == 1 && !options.rank_storage.empty()) {
+    return invalid_argument(
+        "rank_storage: for a tensor-parallel cache; one rank takes storage or group_storage");
+  }
   if (options.transfer_kernel_block_bytes < 0) {
     return invalid_argument("transfer_kernel_block_bytes: negative (" +
                             std::to_string(options.transfer_kernel_block_bytes) + ")");
@@ -303,18 +324,30 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::create(const CacheConfig& model_conf
                              runtime::UploadArena::create(targets, upload_arena_bytes(options),
                                                           upload_arena_chunks(options)));
   }
-  if (stored) {
-    Impl::Rank& rank = cache.ranks[0];  // a stored cache has one rank
+  if (stored) {  // a lane per group and rank
     std::vector<runtime::StorageLink::GroupStore> stores;
-    for (int32_t g = 0; g < num_groups; ++g) {
-      const Impl::GroupPool& p = rank.groups[static_cast<size_t>(g)];
-      StorageTier* store =
-          num_groups == 1 ? options.storage : options.group_storage[static_cast<size_t>(g)];
-      stores.push_back(
-          runtime::StorageLink::GroupStore{store, cache.shard_config(g), p.device, p.host});
+    for (int32_t r = 0; r < tp; ++r) {
+      Impl::Rank& rank = cache.ranks[static_cast<size_t>(r)];
+      for (int32_t g = 0; g < num_groups; ++g) {
+        const Impl::GroupPool& p = rank.groups[static_cast<size_t>(g)];
+        runtime::StorageLink::GroupStore gs;
+        gs.store = tp > 1            ? options.rank_storage[static_cast<size_t>(r * num_groups + g)]
+                   : num_groups == 1 ? options.storage
+                                     : options.group_storage[static_cast<size_t>(g)];
+        gs.config = cache.shard_config(g);
+        gs.group = g;
+        gs.rank = r;
+        gs.tp_size = tp;
+        gs.device_pool = p.device;
+        gs.host_pool = p.host;
+        gs.backend = rank.backend;
+        gs.copy_stream = rank.transfers->copy_stream();
+        gs.compute = rank.compute;
+        stores.push_back(gs);
+      }
     }
     PAGEDKV_ASSIGN_OR_RETURN(cache.storage,
-                             runtime::StorageLink::create(*rank.backend, stores, cache.full_group,
+                             runtime::StorageLink::create(stores, num_groups, cache.full_group,
                                                           options.storage_staging_blocks));
   }
   int64_t device_blocks = 0, host_blocks = 0;

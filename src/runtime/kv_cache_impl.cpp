@@ -119,12 +119,9 @@ Status KvCache::Impl::run_transfers(const Transfers& t, Submitted* out) {
     evicted.push_back(id);
     forget_slot_uploads(id);
   }
-  // Dropped host blocks are copied out for the write-back before the moves reuse their slots
-  // (a cache with a storage tier has one rank).
-  if (storage != nullptr) {
-    Rank& r = ranks[0];
-    PAGEDKV_RETURN_IF_ERROR(storage->stage(t.host_drops, r.transfers->copy_stream(), r.compute));
-  }
+  // Dropped host blocks are copied out for the write-back (on every rank) before the moves
+  // reuse their slots.
+  if (storage != nullptr) PAGEDKV_RETURN_IF_ERROR(storage->stage(t.host_drops));
   for (size_t i = 0; i < ranks.size(); ++i) {
     Rank& r = ranks[i];
     if (!t.moves.empty()) {

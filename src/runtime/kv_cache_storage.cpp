@@ -21,9 +21,7 @@ StatusOr<StorageFetch> KvCache::fetch_prefix_from_storage(const std::vector<Toke
     PAGEDKV_ASSIGN_OR_RETURN(none.reach, c.control->cached_prefix(prompt, options.ns, max_cached));
     return none;
   }
-  Impl::Rank& rank = c.ranks[0];  // a cache with a storage tier has one rank
-  return c.storage->fetch(*c.control, prompt, options.ns, max_cached, rank.transfers->copy_stream(),
-                          rank.compute);
+  return c.storage->fetch(*c.control, prompt, options.ns, max_cached);
 }
 
 Status KvCache::poll_storage() {

@@ -9,66 +9,93 @@
 namespace pagedkv {
 namespace runtime {
 
-StatusOr<std::unique_ptr<StorageLink>> StorageLink::create(Backend& backend,
-                                                           const std::vector<GroupStore>& groups,
-                                                           int32_t owner, int64_t staging_blocks) {
-  if (owner < 0 || static_cast<size_t>(owner) >= groups.size() ||
-      groups[static_cast<size_t>(owner)].store == nullptr) {
+StatusOr<std::unique_ptr<StorageLink>> StorageLink::create(const std::vector<GroupStore>& stores,
+                                                           int32_t num_groups, int32_t owner,
+                                                           int64_t staging_blocks) {
+  // Which ranks store each group: the owner's on every rank, any other group's on all or none.
+  std::vector<std::vector<const GroupStore*>> by_group(static_cast<size_t>(num_groups));
+  int32_t tp_size = 1;
+  for (const GroupStore& gs : stores) {
+    tp_size = gs.tp_size;
+    if (gs.group < 0 || gs.group >= num_groups) return invalid_argument("storage: no such group");
+    if (gs.store != nullptr) by_group[static_cast<size_t>(gs.group)].push_back(&gs);
+  }
+  if (owner < 0 || owner >= num_groups ||
+      by_group[static_cast<size_t>(owner)].size() != static_cast<size_t>(tp_size)) {
     return invalid_argument(
         "storage: the group that owns the blocks (KvCache::full_group(), the one that attends "
-        "furthest back) needs a store: it decides which blocks a fetch brings back");
+        "furthest back) needs a store" +
+        std::string(tp_size > 1 ? " on every rank" : "") +
+        ": it decides which blocks a fetch brings back");
   }
   if (staging_blocks < 1) {
     return invalid_argument("storage_staging_blocks must be >= 1, got " +
                             std::to_string(staging_blocks));
   }
-  std::unique_ptr<StorageLink> link(new StorageLink(backend));
-  link->lane_of_group_.assign(groups.size(), -1);
-  // The owner's lane first: fetches start from its store.
+  std::unique_ptr<StorageLink> link(new StorageLink());
+  link->owner_ = owner;
+  link->lanes_of_group_.resize(static_cast<size_t>(num_groups));
+  // The owner's lanes first (fetches start from its stores), each group's by rank.
   std::vector<size_t> order{static_cast<size_t>(owner)};
-  for (size_t g = 0; g < groups.size(); ++g) {
-    if (g != static_cast<size_t>(owner) && groups[g].store != nullptr) order.push_back(g);
+  for (size_t g = 0; g < by_group.size(); ++g) {
+    if (g != static_cast<size_t>(owner) && !by_group[g].empty()) order.push_back(g);
   }
   for (const size_t g : order) {
-    const GroupStore& gs = groups[g];
-    const std::string where = groups.size() > 1 ? "storage (group " + std::to_string(g) + "): "
-                                                : std::string("storage: ");
-    if (gs.config.num_host_blocks == 0 || gs.host_pool == nullptr) {
-      return invalid_argument(where +
-                              "a storage tier sits behind the host tier: num_host_blocks must be "
-                              "> 0");
-    }
-    const StorageLayout want = StorageLayout::from_config(gs.config, gs.store->layout().model_id);
-    if (want.fingerprint() != gs.store->layout().fingerprint() ||
-        gs.store->layout().block_bytes != gs.config.block_bytes()) {
-      return invalid_argument(
-          where +
-          "the store's layout (layers, heads, head_dim, dtype, block size, page layout) differs "
-          "from the cache's");
-    }
-    for (const Lane& other : link->lanes_) {
-      // The same key names a block of every group: each group's pages need a store of their own.
-      if (other.store == gs.store ||
-          other.store->layout().fingerprint() == gs.store->layout().fingerprint()) {
-        return invalid_argument(
-            where + "group " + std::to_string(other.group) +
-            (other.store == gs.store ? " has the same store" : " has a store of the same layout") +
-            ": give each group's store its own model id");
+    std::vector<const GroupStore*>& group = by_group[g];
+    std::sort(group.begin(), group.end(),
+              [](const GroupStore* a, const GroupStore* b) { return a->rank < b->rank; });
+    for (const GroupStore* gs : group) {
+      std::string at;  // "group g", "rank r", both or neither
+      if (num_groups > 1) at = "group " + std::to_string(g);
+      if (tp_size > 1) at += (at.empty() ? "rank " : ", rank ") + std::to_string(gs->rank);
+      const std::string where = at.empty() ? "storage: " : "storage (" + at + "): ";
+      if (group.size() != static_cast<size_t>(tp_size)) {
+        return invalid_argument(where + "a group's pages are stored on every rank or on none");
       }
+      if (gs->config.num_host_blocks == 0 || gs->host_pool == nullptr) {
+        return invalid_argument(where +
+                                "a storage tier sits behind the host tier: num_host_blocks must "
+                                "be > 0");
+      }
+      const std::string& model_id = gs->store->layout().model_id;
+      const StorageLayout want =
+          tp_size > 1 ? StorageLayout::for_rank(gs->config, model_id, tp_size, gs->rank)
+                      : StorageLayout::from_config(gs->config, model_id);
+      if (want.fingerprint() != gs->store->layout().fingerprint() ||
+          gs->store->layout().block_bytes != gs->config.block_bytes()) {
+        return invalid_argument(
+            where + "the store's layout (layers, heads, head_dim, dtype, block size, page layout" +
+            std::string(tp_size > 1 ? ", TP size and rank: StorageLayout::for_rank" : "") +
+            ") differs from the cache's");
+      }
+      for (const Lane& other : link->lanes_) {
+        // The same key names a block of every group and rank: each needs a store of its own.
+        if (other.store == gs->store ||
+            other.store->layout().fingerprint() == gs->store->layout().fingerprint()) {
+          return invalid_argument(where + "group " + std::to_string(other.group) +
+                                  (other.store == gs->store ? " has the same store"
+                                                            : " has a store of the same layout") +
+                                  ": give each group's store its own model id");
+        }
+      }
+      Lane lane;
+      lane.group = static_cast<int32_t>(g);
+      lane.rank = gs->rank;
+      lane.backend = gs->backend;
+      lane.copy_stream = gs->copy_stream;
+      lane.compute = gs->compute;
+      lane.store = gs->store;
+      lane.block_bytes = gs->config.block_bytes();
+      lane.device_pool = gs->device_pool;
+      lane.host_pool = gs->host_pool;
+      link->lanes_.push_back(std::move(lane));
+      Lane& added = link->lanes_.back();
+      link->lanes_of_group_[g].push_back(link->lanes_.size() - 1);
+      PAGEDKV_ASSIGN_OR_RETURN(
+          added.staging,
+          added.backend->allocate_pinned(static_cast<size_t>(staging_blocks * added.block_bytes)));
+      for (int64_t i = staging_blocks; i > 0; --i) added.free_staging.push_back(i - 1);
     }
-    Lane lane;
-    lane.group = static_cast<int32_t>(g);
-    lane.store = gs.store;
-    lane.block_bytes = gs.config.block_bytes();
-    lane.device_pool = gs.device_pool;
-    lane.host_pool = gs.host_pool;
-    link->lanes_.push_back(std::move(lane));
-    Lane& added = link->lanes_.back();
-    link->lane_of_group_[g] = static_cast<int>(link->lanes_.size() - 1);
-    PAGEDKV_ASSIGN_OR_RETURN(
-        added.staging,
-        backend.allocate_pinned(static_cast<size_t>(staging_blocks * added.block_bytes)));
-    for (int64_t i = staging_blocks; i > 0; --i) added.free_staging.push_back(i - 1);
   }
   link->read_jobs_.resize(link->lanes_.size());
   return link;
@@ -76,14 +103,18 @@ StatusOr<std::unique_ptr<StorageLink>> StorageLink::create(Backend& backend,
 
 StorageLink::~StorageLink() {
   for (const StagedBatch& b : staged_) {
-    if (!b.ran) backend_.synchronize_event(b.ready).ignore_error();
+    if (!b.ran) lanes_[b.lane].backend->synchronize_event(b.ready).ignore_error();
   }
-  for (const PendingRead& r : waiting_reads_) backend_.synchronize_event(r.ready).ignore_error();
+  for (const PendingRead& r : waiting_reads_) {
+    for (const ReadPart& part : r.parts) {
+      lanes_[part.lane].backend->synchronize_event(part.ready).ignore_error();
+    }
+  }
   // Their reads write into the host pools; their puts were copied already.
   for (Lane& lane : lanes_) lane.store->drain();
-  for (Event e : all_events_) backend_.destroy_event(e);
   for (Lane& lane : lanes_) {
-    if (lane.staging != nullptr) backend_.free_pinned(lane.staging);
+    for (Event e : lane.all_events) lane.backend->destroy_event(e);
+    if (lane.staging != nullptr) lane.backend->free_pinned(lane.staging);
   }
 }
 
@@ -95,54 +126,57 @@ bool StorageLink::idle() const {
   return true;
 }
 
-StatusOr<Event> StorageLink::take_event() {
-  if (!spare_events_.empty()) {
-    const Event e = spare_events_.back();
-    spare_events_.pop_back();
+StatusOr<Event> StorageLink::take_event(size_t l) {
+  Lane& lane = lanes_[l];
+  if (!lane.spare_events.empty()) {
+    const Event e = lane.spare_events.back();
+    lane.spare_events.pop_back();
     return e;
   }
-  PAGEDKV_ASSIGN_OR_RETURN(Event e, backend_.create_event());
-  all_events_.push_back(e);
+  PAGEDKV_ASSIGN_OR_RETURN(Event e, lane.backend->create_event());
+  lane.all_events.push_back(e);
   return e;
 }
 
-Status StorageLink::stage(const std::vector<DroppedBlock>& drops, Stream copy_stream,
-                          Stream compute) {
+Status StorageLink::stage(const std::vector<DroppedBlock>& drops) {
   if (drops.empty()) return ok_status();
-  // Each group's drops go to its store; a group without one keeps none.
+  // Each group's drops go to its stores (one a rank); a group without one keeps none.
   std::vector<std::vector<DroppedBlock>> by_lane(lanes_.size());
-  bool from_device = false;
+  std::vector<bool> from_device(lanes_.size(), false);
   for (const DroppedBlock& d : drops) {
-    const int lane = d.group >= 0 && static_cast<size_t>(d.group) < lane_of_group_.size()
-                         ? lane_of_group_[static_cast<size_t>(d.group)]
-                         : -1;
-    if (lane < 0) continue;
-    by_lane[static_cast<size_t>(lane)].push_back(d);
-    from_device = from_device || d.source.tier == Tier::kDevice;
+    if (d.group < 0 || static_cast<size_t>(d.group) >= lanes_of_group_.size()) continue;
+    for (const size_t l : lanes_of_group_[static_cast<size_t>(d.group)]) {
+      by_lane[l].push_back(d);
+      from_device[l] = from_device[l] || d.source.tier == Tier::kDevice;
+    }
   }
-  if (from_device) {
+  for (size_t l = 0; l < lanes_.size(); ++l) {
+    if (!from_device[l]) continue;
     // A block demoted and dropped within one call is read from its device block, which the
     // compute stream may still be writing.
-    PAGEDKV_ASSIGN_OR_RETURN(Event written, take_event());
-    Status st = backend_.record_event(written, compute);
-    if (st.ok()) st = backend_.wait_event(copy_stream, written);
-    give_event(written);  // reusable at once: a wait captures the event's state when queued
+    Lane& lane = lanes_[l];
+    StatusOr<Event> written = take_event(l);
+    Status st = written.status();
+    if (st.ok()) st = lane.backend->record_event(*written, lane.compute);
+    if (st.ok()) st = lane.backend->wait_event(lane.copy_stream, *written);
+    if (written.ok()) give_event(l, *written);  // reusable at once: a wait captures its state
     if (!st.ok()) {
-      for (size_t l = 0; l < lanes_.size(); ++l) {
-        lanes_[l].writes_dropped += static_cast<int64_t>(by_lane[l].size());  // nothing staged
+      for (size_t k = 0; k < lanes_.size(); ++k) {
+        lanes_[k].writes_dropped += static_cast<int64_t>(by_lane[k].size());  // nothing staged
       }
       return st;
     }
   }
   for (size_t l = 0; l < lanes_.size(); ++l) {
     if (by_lane[l].empty()) continue;
-    PAGEDKV_RETURN_IF_ERROR(stage_lane(l, std::move(by_lane[l]), copy_stream));
+    PAGEDKV_RETURN_IF_ERROR(stage_lane(l, std::move(by_lane[l])));
   }
   return ok_status();
 }
 
-Status StorageLink::stage_lane(size_t l, std::vector<DroppedBlock> drops, Stream copy_stream) {
+Status StorageLink::stage_lane(size_t l, std::vector<DroppedBlock> drops) {
   Lane& lane = lanes_[l];
+  const bool announces = lane.rank == 0;
   StagedBatch batch;
   batch.lane = l;
   for (DroppedBlock& d : drops) {
@@ -153,8 +187,9 @@ Status StorageLink::stage_lane(size_t l, std::vector<DroppedBlock> drops, Stream
     const int64_t slot = lane.free_staging.back();
     const CopyKind kind =
         d.source.tier == Tier::kDevice ? CopyKind::kDeviceToHost : CopyKind::kHostToHost;
-    const Status st = backend_.copy_async(lane.staging_slot(slot), lane.source_bytes(d.source),
-                                          static_cast<size_t>(lane.block_bytes), kind, copy_stream);
+    const Status st =
+        lane.backend->copy_async(lane.staging_slot(slot), lane.source_bytes(d.source),
+                                 static_cast<size_t>(lane.block_bytes), kind, lane.copy_stream);
     if (!st.ok()) {
       // What was queued still runs; keep those slots until it has.
       ++lane.writes_dropped;
@@ -162,23 +197,25 @@ Status StorageLink::stage_lane(size_t l, std::vector<DroppedBlock> drops, Stream
     }
     lane.free_staging.pop_back();
     batch.slots.push_back(slot);
-    lane.announcer.put_started(d);
+    if (announces) lane.announcer.put_started(d);
     batch.blocks.push_back(std::move(d));
   }
   if (batch.slots.empty()) return ok_status();
-  StatusOr<Event> ready = take_event();
+  StatusOr<Event> ready = take_event(l);
   Status st = ready.status();
-  if (st.ok()) st = backend_.record_event(*ready, copy_stream);
+  if (st.ok()) st = lane.backend->record_event(*ready, lane.copy_stream);
   if (st.ok()) {
     batch.ready = *ready;
   } else {
-    if (ready.ok()) give_event(*ready);
+    if (ready.ok()) give_event(l, *ready);
     // Without the event nothing says when the copies ran: wait for the stream instead.
-    const Status synced = backend_.synchronize_stream(copy_stream);
+    const Status synced = lane.backend->synchronize_stream(lane.copy_stream);
     if (!synced.ok()) {
       // The copies may still run into their slots, which stay taken; the blocks are given up.
       lane.writes_dropped += static_cast<int64_t>(batch.blocks.size());
-      for (DroppedBlock& d : batch.blocks) lane.announcer.put_ended(std::move(d), false);
+      for (DroppedBlock& d : batch.blocks) {
+        if (announces) lane.announcer.put_ended(std::move(d), false);
+      }
       return synced;
     }
     batch.ran = true;
@@ -187,8 +224,8 @@ Status StorageLink::stage_lane(size_t l, std::vector<DroppedBlock> drops, Stream
   return ok_status();
 }
 
-bool StorageLink::ran(Event e, Status* first_error) {
-  StatusOr<bool> done = backend_.query_event(e);
+bool StorageLink::ran(size_t l, Event e, Status* first_error) {
+  StatusOr<bool> done = lanes_[l].backend->query_event(e);
   if (done.ok()) return *done;
   if (first_error->ok()) *first_error = done.status();
   return false;
@@ -201,7 +238,7 @@ Status StorageLink::send_staged() {
   size_t kept = 0;
   for (size_t i = 0; i < staged_.size(); ++i) {
     StagedBatch& b = staged_[i];
-    if (!b.ran && !ran(b.ready, &error)) {
+    if (!b.ran && !ran(b.lane, b.ready, &error)) {
       if (kept != i) staged_[kept] = std::move(b);
       ++kept;
       continue;
@@ -215,11 +252,13 @@ Status StorageLink::send_staged() {
     }
     StatusOr<uint64_t> job = lane.store->submit_put(keys, bytes);  // copies the bytes
     for (int64_t s : b.slots) lane.free_staging.push_back(s);
-    if (!b.ran) give_event(b.ready);
+    if (!b.ran) give_event(b.lane, b.ready);
     if (job.ok()) {
       lane.puts.emplace(*job, std::move(b.blocks));
     } else {
-      for (DroppedBlock& d : b.blocks) lane.announcer.put_ended(std::move(d), false);
+      for (DroppedBlock& d : b.blocks) {
+        if (lane.rank == 0) lane.announcer.put_ended(std::move(d), false);
+      }
       lane.writes_dropped += static_cast<int64_t>(keys.size());
       if (job.status().code() != StatusCode::kResourceExhausted) {
         detail::logger().warn("storage: write-back of {} blocks failed: {}", keys.size(),
@@ -237,12 +276,14 @@ Status StorageLink::submit_reads(core::ControlPlane& control) {
   std::vector<PendingRead> ready;
   for (size_t i = 0; i < waiting_reads_.size(); ++i) {
     PendingRead& r = waiting_reads_[i];
-    if (!ran(r.ready, &error)) {
+    bool all_ran = true;
+    for (const ReadPart& part : r.parts) all_ran = ran(part.lane, part.ready, &error) && all_ran;
+    if (!all_ran) {
       if (kept != i) waiting_reads_[kept] = std::move(r);
       ++kept;
       continue;
     }
-    give_event(r.ready);
+    for (const ReadPart& part : r.parts) give_event(part.lane, part.ready);
     ready.push_back(std::move(r));
   }
   waiting_reads_.resize(kept);
@@ -286,19 +327,23 @@ Status StorageLink::part_done(core::ControlPlane& control, uint64_t arrival, siz
   if (!all) return ok_status();
   const PendingRead done = std::move(r);
   reads_.erase(it);
-  // The owner's blocks before the first failed or corrupt one are good; the rest are a miss,
-  // never garbage. So are each group's pages.
-  const int64_t owner_intact = done.parts.front().intact;
-  if (done.parts.size() == 1) {
-    return control.finish_arrival_partly(arrival, owner_intact).status();
+  // The owner's blocks before the first failed or corrupt one on any rank are good; the rest are
+  // a miss, never garbage. So are each group's pages (a page is good when every rank read it).
+  int64_t owner_intact = static_cast<int64_t>(done.parts.front().keys.size());
+  std::vector<std::vector<bool>> group_ok(lanes_of_group_.size());
+  bool other_groups = false;
+  for (const ReadPart& part : done.parts) {
+    const int32_t g = lanes_[part.lane].group;
+    if (g == owner_) {
+      owner_intact = std::min(owner_intact, part.intact);
+      continue;
+    }
+    std::vector<bool>& ok = group_ok[static_cast<size_t>(g)];
+    if (ok.empty()) ok.assign(part.keys.size(), true);
+    for (size_t k = static_cast<size_t>(part.intact); k < ok.size(); ++k) ok[k] = false;
+    other_groups = true;
   }
-  std::vector<std::vector<bool>> group_ok(lane_of_group_.size());
-  for (size_t p = 1; p < done.parts.size(); ++p) {
-    const ReadPart& part = done.parts[p];
-    std::vector<bool>& ok = group_ok[static_cast<size_t>(lanes_[part.lane].group)];
-    ok.assign(part.keys.size(), false);
-    for (int64_t k = 0; k < part.intact; ++k) ok[static_cast<size_t>(k)] = true;
-  }
+  if (!other_groups) return control.finish_arrival_partly(arrival, owner_intact).status();
   return control.finish_arrival_partly(arrival, owner_intact, &group_ok).status();
 }
 
@@ -317,7 +362,9 @@ Status StorageLink::collect(core::ControlPlane& control) {
           lane.failed_blocks += n;
           detail::logger().warn("storage: write-back of {} blocks failed: {}", n, c.error);
         }
-        for (DroppedBlock& b : put->second) lane.announcer.put_ended(std::move(b), c.ok);
+        for (DroppedBlock& b : put->second) {
+          if (lane.rank == 0) lane.announcer.put_ended(std::move(b), c.ok);
+        }
         lane.puts.erase(put);
         continue;
       }
@@ -357,7 +404,7 @@ Status StorageLink::poll(core::ControlPlane& control) {
 
 StatusOr<StorageFetch> StorageLink::fetch(core::ControlPlane& control,
                                           const std::vector<TokenId>& prompt, NamespaceId ns,
-                                          int64_t max_cached, Stream copy_stream, Stream compute) {
+                                          int64_t max_cached) {
   PAGEDKV_ASSIGN_OR_RETURN(core::StorageLookup lookup,
                            control.storage_lookup(prompt, ns, control.arrival_room(), max_cached));
   StorageFetch out;
@@ -366,62 +413,79 @@ StatusOr<StorageFetch> StorageLink::fetch(core::ControlPlane& control,
   std::vector<StorageKey> keys;
   keys.reserve(lookup.hashes.size());
   for (uint64_t h : lookup.hashes) keys.push_back(StorageKey{h, ns});
-  Lane& owner = lanes_.front();
-  StatusOr<size_t> held = owner.store->batch_exists(keys);
-  if (!held.ok() || *held == 0) return out;  // a store that is away is a miss
+  // The prefix every rank's store of the owner holds (a store that is away holds none).
+  size_t held = keys.size();
+  for (const size_t l : lanes_of_group_[static_cast<size_t>(owner_)]) {
+    StatusOr<size_t> each = lanes_[l].store->batch_exists(keys);
+    held = each.ok() ? std::min(held, *each) : 0;
+  }
+  if (held == 0) return out;
   // A window with a hole is no hit: its blocks come all or none.
-  if (!lookup.prefix_hashes.empty() && *held < keys.size()) return out;
-  keys.resize(*held);
-  // Several groups: which of those blocks each other group's store holds (one that is away
-  // holds none).
+  if (!lookup.prefix_hashes.empty() && held < keys.size()) return out;
+  keys.resize(held);
+  // Several groups: which of those blocks every rank's store of each other group holds.
   std::vector<std::vector<bool>> group_held;
-  if (lanes_.size() > 1) {
-    group_held.resize(lane_of_group_.size());
-    for (size_t l = 1; l < lanes_.size(); ++l) {
+  for (size_t g = 0; g < lanes_of_group_.size(); ++g) {
+    if (static_cast<int32_t>(g) == owner_ || lanes_of_group_[g].empty()) continue;
+    group_held.resize(lanes_of_group_.size());
+    std::vector<bool>& all = group_held[g];
+    all.assign(keys.size(), true);
+    for (const size_t l : lanes_of_group_[g]) {
       StatusOr<std::vector<bool>> each = lanes_[l].store->exists_each(keys);
-      group_held[static_cast<size_t>(lanes_[l].group)] =
-          each.ok() && each->size() == keys.size() ? std::move(*each)
-                                                   : std::vector<bool>(keys.size(), false);
+      const bool answered = each.ok() && each->size() == keys.size();
+      for (size_t k = 0; k < keys.size(); ++k) all[k] = all[k] && answered && (*each)[k];
     }
   }
   PAGEDKV_ASSIGN_OR_RETURN(core::Arrival arrival,
                            control.begin_arrival(lookup, static_cast<int64_t>(keys.size()),
                                                  group_held.empty() ? nullptr : &group_held));
   // Cached host blocks dropped for the arrival's slots: copied out before the read is let in
-  // (the event below is recorded after these copies).
-  Status staged = stage(arrival.host_drops, copy_stream, compute);
+  // (each lane's event below is recorded after these copies).
+  Status st = stage(arrival.host_drops);
   if (arrival.host_blocks.empty()) {
-    PAGEDKV_RETURN_IF_ERROR(staged);
+    PAGEDKV_RETURN_IF_ERROR(st);
     return out;
   }
   PendingRead r;
   r.arrival = arrival.id;
-  ReadPart blocks;
-  for (size_t i = 0; i < arrival.host_blocks.size(); ++i) {
-    blocks.keys.push_back(keys[i]);
-    blocks.dst.push_back(static_cast<char*>(owner.host_pool) +
-                         arrival.host_blocks[i] * owner.block_bytes);
-  }
-  r.parts.push_back(std::move(blocks));
-  for (const core::GroupArrival& ga : arrival.groups) {
-    ReadPart pages;
-    pages.lane = static_cast<size_t>(lane_of_group_[static_cast<size_t>(ga.group)]);
-    const Lane& lane = lanes_[pages.lane];
-    for (size_t k = 0; k < ga.index.size(); ++k) {
-      pages.keys.push_back(keys[static_cast<size_t>(ga.index[k])]);
-      pages.dst.push_back(static_cast<char*>(lane.host_pool) + ga.pages[k] * lane.block_bytes);
+  for (const size_t l : lanes_of_group_[static_cast<size_t>(owner_)]) {
+    ReadPart blocks;  // each rank's share of the blocks into its host pool
+    blocks.lane = l;
+    const Lane& lane = lanes_[l];
+    for (size_t i = 0; i < arrival.host_blocks.size(); ++i) {
+      blocks.keys.push_back(keys[i]);
+      blocks.dst.push_back(static_cast<char*>(lane.host_pool) +
+                           arrival.host_blocks[i] * lane.block_bytes);
     }
-    r.parts.push_back(std::move(pages));
+    r.parts.push_back(std::move(blocks));
   }
-  StatusOr<Event> ready = take_event();
-  Status st = staged.ok() ? ready.status() : staged;
-  if (st.ok()) st = backend_.record_event(*ready, copy_stream);
+  for (const core::GroupArrival& ga : arrival.groups) {
+    for (const size_t l : lanes_of_group_[static_cast<size_t>(ga.group)]) {
+      ReadPart pages;
+      pages.lane = l;
+      const Lane& lane = lanes_[l];
+      for (size_t k = 0; k < ga.index.size(); ++k) {
+        pages.keys.push_back(keys[static_cast<size_t>(ga.index[k])]);
+        pages.dst.push_back(static_cast<char*>(lane.host_pool) + ga.pages[k] * lane.block_bytes);
+      }
+      r.parts.push_back(std::move(pages));
+    }
+  }
+  size_t with_event = 0;  // the parts whose `ready` is taken
+  for (ReadPart& part : r.parts) {
+    if (!st.ok()) break;
+    StatusOr<Event> ready = take_event(part.lane);
+    st = ready.status();
+    if (!st.ok()) break;
+    part.ready = *ready;
+    ++with_event;
+    st = lanes_[part.lane].backend->record_event(part.ready, lanes_[part.lane].copy_stream);
+  }
   if (!st.ok()) {
-    if (ready.ok()) give_event(*ready);
+    for (size_t p = 0; p < with_event; ++p) give_event(r.parts[p].lane, r.parts[p].ready);
     PAGEDKV_RETURN_IF_ERROR(control.finish_arrival(arrival.id, false).status());
     return st;
   }
-  r.ready = *ready;
   out.blocks = static_cast<int64_t>(arrival.host_blocks.size());
   out.reach = arrival.reach;
   waiting_reads_.push_back(std::move(r));
@@ -439,10 +503,12 @@ StatusOr<StorageFetch> StorageLink::fetch(core::ControlPlane& control,
 Status StorageLink::flush(core::ControlPlane& control) {
   while (!idle()) {
     for (const StagedBatch& b : staged_) {
-      if (!b.ran) PAGEDKV_RETURN_IF_ERROR(backend_.synchronize_event(b.ready));
+      if (!b.ran) PAGEDKV_RETURN_IF_ERROR(lanes_[b.lane].backend->synchronize_event(b.ready));
     }
     for (const PendingRead& r : waiting_reads_) {
-      PAGEDKV_RETURN_IF_ERROR(backend_.synchronize_event(r.ready));
+      for (const ReadPart& part : r.parts) {
+        PAGEDKV_RETURN_IF_ERROR(lanes_[part.lane].backend->synchronize_event(part.ready));
+      }
     }
     PAGEDKV_RETURN_IF_ERROR(send_staged());
     PAGEDKV_RETURN_IF_ERROR(submit_reads(control));
@@ -460,7 +526,8 @@ void StorageLink::add_stats(ControlStats* stats, int32_t group) const {
   stats->storage_writes_dropped = 0;
   for (const Lane& lane : lanes_) {
     if (group >= 0 && lane.group != group) continue;
-    stats->storage_blocks_written += lane.blocks_written;
+    // A block counts once (rank 0's lane); its bytes, failures and drops on every rank.
+    if (lane.rank == 0) stats->storage_blocks_written += lane.blocks_written;
     stats->storage_bytes_written += lane.bytes_written;
     stats->storage_bytes_read += lane.bytes_read;
     stats->storage_failed_blocks += lane.failed_blocks;

@@ -26,6 +26,11 @@
 // one arrival (ControlPlane::begin_arrival's group pages); the arrival is finished once every
 // lane's read has.
 //
+// Tensor parallelism: each rank's share of a group's pages goes to a store of its own (a lane per
+// group and rank, on that rank's backend and streams, the store's layout naming the TP size and
+// the rank). A fetch brings back the blocks every rank's store holds; a dropped block goes to
+// every rank's store. Rank 0's lanes announce puts and count blocks; bytes count on every rank.
+//
 // Nothing here waits for the store; only flush() (tests, shutdown) does.
 #pragma once
 
@@ -47,32 +52,42 @@ namespace runtime {
 
 class StorageLink {
  public:
-  /// One group's store (not owned; null: the group's pages are not stored), which must have the
-  /// layout of `config` (the group's), and the group's pools of the device and host tiers.
+  /// One group's store on one rank (not owned; null: the group's pages are not stored), which
+  /// must have the layout of `config` (the rank's part of the group; with tp_size > 1 naming the
+  /// TP size and the rank: StorageLayout::for_rank), and that rank's pools of the group, its
+  /// backend and the streams its copies go on (the transfer engine's copy stream, the compute
+  /// stream).
   struct GroupStore {
     StorageTier* store = nullptr;
     CacheConfig config;
+    int32_t group = 0;  // config index
+    int32_t rank = 0;
+    int32_t tp_size = 1;
     void* device_pool = nullptr;
     void* host_pool = nullptr;
+    Backend* backend = nullptr;
+    Stream copy_stream{};
+    Stream compute{};
   };
-  /// `groups` by config index (one entry with one group); `owner` is the group that owns the
-  /// blocks (ControlPlane::full_group()), whose store must be given. kInvalidArgument for a
-  /// layout that differs, a missing owner store, two groups given one store, or a cache without
-  /// a host tier; kResourceExhausted when a staging area cannot be had. Each store gets
-  /// `staging_blocks` staging slots of its group's block.
-  static StatusOr<std::unique_ptr<StorageLink>> create(Backend& backend,
-                                                       const std::vector<GroupStore>& groups,
-                                                       int32_t owner, int64_t staging_blocks);
+  /// A lane per entry of `stores` with a store (every group on every rank, in any order);
+  /// `owner` is the group that owns the blocks (ControlPlane::full_group()), whose store must be
+  /// given on every rank. kInvalidArgument for a layout that differs, a missing owner store, a
+  /// group stored on some ranks only, two lanes given one store (or stores of one layout), or a
+  /// cache without a host tier; kResourceExhausted when a staging area cannot be had. Each lane
+  /// gets `staging_blocks` staging slots of its block.
+  static StatusOr<std::unique_ptr<StorageLink>> create(const std::vector<GroupStore>& stores,
+                                                       int32_t num_groups, int32_t owner,
+                                                       int64_t staging_blocks);
   /// Waits for the staging copies and every job of the store (they read or write the pools).
   ~StorageLink();
   StorageLink(const StorageLink&) = delete;
   StorageLink& operator=(const StorageLink&) = delete;
 
-  /// Queues, on `copy_stream`, the copies of dropped blocks out of their sources; those on the
-  /// device after the work queued on `compute` so far (their last writes). Call it before the
-  /// moves of the same plan are queued: the plan's later writes into a device source wait for
-  /// that plan's transfer job, which starts after these copies.
-  Status stage(const std::vector<DroppedBlock>& drops, Stream copy_stream, Stream compute);
+  /// Queues, on each lane's copy stream, the copies of dropped blocks out of their sources;
+  /// those on the device after the work queued on the lane's compute stream so far (their last
+  /// writes). Call it before the moves of the same plan are queued: the plan's later writes into
+  /// a device source wait for that plan's transfer job, which starts after these copies.
+  Status stage(const std::vector<DroppedBlock>& drops);
   /// Hands staged blocks whose copies ran to the store, submits reads whose slots are free of
   /// queued copies, and lands finished reads in the control plane. Never waits.
   Status poll(core::ControlPlane& control);
@@ -84,19 +99,22 @@ class StorageLink {
   /// succeeded: the poll that follows it only starts the read sooner, and its error is left to
   /// the next poll.
   StatusOr<StorageFetch> fetch(core::ControlPlane& control, const std::vector<TokenId>& prompt,
-                               NamespaceId ns, int64_t max_cached, Stream copy_stream,
-                               Stream compute);
+                               NamespaceId ns, int64_t max_cached);
   /// poll() until nothing is staged, waiting or in flight.
   Status flush(core::ControlPlane& control);
   /// Sets the storage counters of `stats`: every lane's, or group `group`'s lane's (0 without one).
   void add_stats(ControlStats* stats, int32_t group = -1) const;
 
  private:
-  explicit StorageLink(Backend& backend) : backend_(backend) {}
+  StorageLink() = default;
 
-  // One group's store and what writing back to it takes.
+  // One group's store on one rank and what writing back to it takes.
   struct Lane {
     int32_t group = 0;  // config index
+    int32_t rank = 0;
+    Backend* backend = nullptr;
+    Stream copy_stream{};
+    Stream compute{};
     StorageTier* store = nullptr;
     int64_t block_bytes = 0;
     void* device_pool = nullptr;
@@ -105,8 +123,10 @@ class StorageLink {
     std::vector<int64_t> free_staging;
     // Puts in flight: the blocks they write, for events.
     std::unordered_map<uint64_t, std::vector<DroppedBlock>> puts;
-    // Which finished puts are announced on the storage tier, and when.
+    // Which finished puts are announced on the storage tier, and when (rank 0's lanes only).
     StorageAnnouncer announcer;
+    std::vector<Event> spare_events;  // of `backend`
+    std::vector<Event> all_events;
     // This lane's counts (ControlStats::storage_*; storage_hit_blocks is the control plane's).
     int64_t blocks_written = 0;
     int64_t bytes_written = 0;
@@ -129,24 +149,25 @@ class StorageLink {
     std::vector<DroppedBlock> blocks;
     std::vector<int64_t> slots;
   };
-  // One lane's read of an arrival: its keys into its pool (the owner's is lanes_[0]'s).
+  // One lane's read of an arrival: its keys into its pool, once its copy stream has passed
+  // `ready` (the copies still reading the slots' previous blocks).
   struct ReadPart {
     size_t lane = 0;
+    Event ready{};
     std::vector<StorageKey> keys;
     std::vector<void*> dst;
     bool done = false;
     int64_t intact = 0;  // blocks read and verified, from the first
   };
-  // An arrival's reads, waiting for the copy stream (`ready`), then in flight.
+  // An arrival's reads, waiting for every part's copy stream, then in flight.
   struct PendingRead {
-    Event ready{};
     uint64_t arrival = 0;
     std::vector<ReadPart> parts;
   };
-  // Whether the work before `e` ran; a failed query answers false and is kept in `first_error`
-  // (when it holds none yet).
-  bool ran(Event e, Status* first_error);
-  Status stage_lane(size_t lane, std::vector<DroppedBlock> drops, Stream copy_stream);
+  // Whether the work before lane `l`'s event `e` ran; a failed query answers false and is kept
+  // in `first_error` (when it holds none yet).
+  bool ran(size_t l, Event e, Status* first_error);
+  Status stage_lane(size_t lane, std::vector<DroppedBlock> drops);
   Status send_staged();
   Status submit_reads(core::ControlPlane& control);
   Status collect(core::ControlPlane& control);
@@ -154,17 +175,15 @@ class StorageLink {
   Status part_done(core::ControlPlane& control, uint64_t arrival, size_t lane, int64_t intact);
   // Announces the finished puts that can be (StorageAnnouncer).
   void announce(core::ControlPlane& control);
-  StatusOr<Event> take_event();
-  void give_event(Event e) { spare_events_.push_back(e); }
+  StatusOr<Event> take_event(size_t l);
+  void give_event(size_t l, Event e) { lanes_[l].spare_events.push_back(e); }
   bool idle() const;
 
-  Backend& backend_;
-  std::vector<Lane> lanes_;         // the owner's first
-  std::vector<int> lane_of_group_;  // by config index; -1: the group has no store
+  std::vector<Lane> lanes_;  // the owner's first, rank 0's first among them
+  int32_t owner_ = 0;
+  std::vector<std::vector<size_t>> lanes_of_group_;  // by config index; none: no store
   std::vector<StagedBatch> staged_;
   std::vector<PendingRead> waiting_reads_;
-  std::vector<Event> spare_events_;
-  std::vector<Event> all_events_;
   // Reads in flight: by arrival, and each lane's job to its arrival.
   std::unordered_map<uint64_t, PendingRead> reads_;
   std::vector<std::unordered_map<uint64_t, uint64_t>> read_jobs_;  // by lane: job -> arrival

@@ -79,6 +79,11 @@ uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
 }
 
 Status validate_storage_layout(const StorageLayout& l) {
+  if (l.tp_size < 1 || l.tp_rank < 0 || l.tp_rank >= l.tp_size) {
+    return invalid_argument("layout.tp_rank: rank " + std::to_string(l.tp_rank) +
+                            " of a deployment of " + std::to_string(l.tp_size) +
+                            " tensor-parallel ranks");
+  }
   if (!l.engine_digest.empty()) {
     if (l.num_layers != 0 || l.num_kv_heads != 0 || l.head_dim != 0 || l.block_size != 0 ||
         l.rope_dim != 0) {
@@ -160,6 +165,14 @@ StorageLayout StorageLayout::from_config(const CacheConfig& config, std::string 
   return l;
 }
 
+StorageLayout StorageLayout::for_rank(const CacheConfig& rank_config, std::string model_id,
+                                      int32_t tp_size, int32_t rank) {
+  StorageLayout l = from_config(rank_config, std::move(model_id));
+  l.tp_size = tp_size;
+  l.tp_rank = rank;
+  return l;
+}
+
 StorageLayout StorageLayout::opaque(int64_t block_bytes, std::string engine_digest) {
   StorageLayout l;
   l.block_bytes = block_bytes;
@@ -173,7 +186,9 @@ StorageLayout StorageLayout::opaque(int64_t block_bytes, std::string engine_dige
 // bytes; a latent layout then appends kv_kind as one byte and rope_dim as 4 bytes (a K/V layout
 // appends nothing, so its fingerprint, and every store written before latents existed, stays as
 // it was); an opaque layout then appends the byte 0xE0, the engine digest's length as 8 bytes
-// and its bytes; the fingerprint is the 64-bit FNV-1a of that.
+// and its bytes; a tensor-parallel rank's layout then appends the byte 0x7A, tp_size and tp_rank
+// as 4 bytes each (an unsharded layout appends nothing); the fingerprint is the 64-bit FNV-1a of
+// that.
 uint64_t StorageLayout::fingerprint() const {
   static const char kTag[] = "pagedkv.storage.v1";
   std::string bytes(kTag, sizeof(kTag) - 1);
@@ -197,6 +212,11 @@ uint64_t StorageLayout::fingerprint() const {
     append(0xE0, 1);
     append(engine_digest.size(), 8);
     bytes += engine_digest;
+  }
+  if (tp_size != 1 || tp_rank != 0) {
+    append(0x7A, 1);
+    append(static_cast<uint32_t>(tp_size), 4);
+    append(static_cast<uint32_t>(tp_rank), 4);
   }
   return detail::fnv1a64(bytes.data(), bytes.size());
 }

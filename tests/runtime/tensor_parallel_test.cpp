@@ -12,11 +12,17 @@
 // - A fault on the first or the last rank in the middle of a move or a copy-on-write: the call
 //   fails, and every rank's bytes, every block location and every residency are as before; the
 //   retry succeeds.
+// - A storage tier of a store per rank: the same prompts on an unsharded cache with one store
+//   and a TP cache with N, under pressure that writes host blocks back: the same fetches, hits,
+//   counters and events, every rank's heads of a fetched block are the model's, and after a
+//   restart over the same stores both fetch the same prompts again.
 // - What a TP cache refuses, and where each rank's pools are.
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -30,6 +36,7 @@
 #include "pagedkv/cache.hpp"
 #include "pagedkv/cpu_backend.hpp"
 #include "pagedkv/fault_injection.hpp"
+#include "pagedkv/storage_tier.hpp"
 #include "runtime/kv_model.hpp"
 #include "runtime/null_storage.hpp"
 #include "runtime/runtime_backends.hpp"
@@ -123,10 +130,11 @@ struct Deployment {
 };
 
 Deployment make_deployment(BackendKind kind, const CacheConfig& config, int32_t tp,
-                           bool wrap_faults = false) {
+                           bool wrap_faults = false, std::vector<StorageTier*> rank_storage = {}) {
   Deployment d;
   KvCacheOptions o;
   o.tp_size = tp;
+  o.rank_storage = std::move(rank_storage);
   for (int32_t r = 0; r < tp; ++r) {
     CpuBackendOptions cpu;
     int64_t pools = 0;  // one rank's device pools
@@ -657,7 +665,7 @@ TEST(TensorParallelConfig, RefusesWhatCannotBeSharded) {
     StatusCode code;
     const char* names;
   };
-  testing::NullStorage store;
+  testing::NullStorage store, other_store;
   std::unique_ptr<Backend> one = create_cpu_backend();
   const std::vector<Case> cases = {
       {"tp_size 0", [](CacheConfig*, KvCacheOptions* o) { o->tp_size = 0; },
@@ -705,12 +713,33 @@ TEST(TensorParallelConfig, RefusesWhatCannotBeSharded) {
          o->rank_native_compute_streams = {reinterpret_cast<void*>(1)};
        },
        StatusCode::kInvalidArgument, "rank_native_compute_streams"},
-      {"a storage tier",
+      {"one store for every rank",
        [&](CacheConfig*, KvCacheOptions* o) {
          o->tp_size = 2;
          o->storage = &store;
        },
-       StatusCode::kUnimplemented, "storage"},
+       StatusCode::kInvalidArgument, "rank_storage"},
+      {"rank stores of another count",
+       [&](CacheConfig*, KvCacheOptions* o) {
+         o->tp_size = 2;
+         o->rank_storage = {&store};
+       },
+       StatusCode::kInvalidArgument, "rank_storage"},
+      {"rank stores without tensor parallelism",
+       [&](CacheConfig*, KvCacheOptions* o) { o->rank_storage = {&store}; },
+       StatusCode::kInvalidArgument, "rank_storage"},
+      {"the owner's store on one rank only",
+       [&](CacheConfig*, KvCacheOptions* o) {
+         o->tp_size = 2;
+         o->rank_storage = {&store, nullptr};
+       },
+       StatusCode::kInvalidArgument, "every rank"},
+      {"a store whose layout is not the rank's",
+       [&](CacheConfig*, KvCacheOptions* o) {
+         o->tp_size = 2;
+         o->rank_storage = {&store, &other_store};
+       },
+       StatusCode::kInvalidArgument, "layout"},
   };
   for (const Case& k : cases) {
     CacheConfig config = c;
@@ -761,6 +790,150 @@ TEST(TensorParallelConfig, ALatentGroupIsReplicatedAndAKvGroupSplit) {
   ASSERT_OK((*both)->synchronize());
   ASSERT_OK((*both)->check_invariants());
 }
+
+}  // namespace
+}  // namespace pagedkv
+
+namespace pagedkv {
+namespace {
+
+class TensorParallelStorage : public ::testing::TestWithParam<int32_t> {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/pagedkv-tp-storage-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  std::unique_ptr<StorageTier> file_tier(const std::string& name, const StorageLayout& layout) {
+    FileTierOptions fo;
+    fo.directory = dir_ + "/" + name;
+    auto store = make_file_tier(layout, fo);
+    EXPECT_OK(store);
+    return store.ok() ? std::move(store).value() : nullptr;
+  }
+  std::string dir_;
+};
+
+// A step's events as (kind, tier, block hash, sequence), sorted.
+std::vector<std::tuple<int, int, uint64_t, SequenceId>> event_set(
+    const std::vector<ControlEvent>& events) {
+  std::vector<std::tuple<int, int, uint64_t, SequenceId>> out;
+  for (const ControlEvent& e : events) {
+    out.emplace_back(static_cast<int>(e.kind), static_cast<int>(e.tier), e.block_hash, e.sequence);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Flushes both caches' storage (every write-back stored and announced, every fetch landed).
+void flush_both(KvCache& a, KvCache& b) {
+  ASSERT_OK(a.flush_storage());
+  ASSERT_OK(b.flush_storage());
+}
+
+TEST_P(TensorParallelStorage, EveryRankWritesBackAndFetchesItsHeadsAsTheUnshardedCacheDoes) {
+  const int32_t tp = GetParam();
+  CacheConfig config = tp_config(BackendKind::kCpu);
+  config.num_device_blocks = 10;  // a few prompts fill it: cached blocks go to the host and on
+  config.num_host_blocks = 6;
+  const CacheConfig part = rank_config(config, tp).value();
+  std::unique_ptr<StorageTier> ref_store =
+      file_tier("one", StorageLayout::from_config(config, "tp-model"));
+  std::vector<std::unique_ptr<StorageTier>> stores;
+  std::vector<StorageTier*> rank_storage;
+  for (int32_t r = 0; r < tp; ++r) {
+    stores.push_back(
+        file_tier("rank" + std::to_string(r), StorageLayout::for_rank(part, "tp-model", tp, r)));
+    ASSERT_NE(stores.back(), nullptr);
+    rank_storage.push_back(stores.back().get());
+  }
+  ASSERT_NE(ref_store, nullptr);
+  // The stores' layouts name the TP size and the rank: none serves another deployment.
+  EXPECT_NE(rank_storage[0]->layout().fingerprint(), ref_store->layout().fingerprint());
+  EXPECT_NE(rank_storage[0]->layout().fingerprint(), rank_storage[1]->layout().fingerprint());
+  {
+    std::vector<StorageTier*> swapped = rank_storage;
+    std::swap(swapped[0], swapped[1]);
+    KvCacheOptions o;
+    o.tp_size = tp;
+    o.rank_storage = swapped;
+    EXPECT_EQ(KvCache::create(config, o).status().code(), StatusCode::kInvalidArgument);
+  }
+
+  std::mt19937 rng(static_cast<uint32_t>(40 + tp));
+  const std::vector<TokenId> system = {11, 12, 13, 14, 15, 16, 17, 18};
+  std::vector<std::vector<TokenId>> prompts;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<TokenId> p = system;
+    for (int t = 0; t < 5 + i; ++t) p.push_back(100 + 10 * i + t);
+    prompts.push_back(p);
+  }
+  int64_t fetched = 0;
+  SequenceId next_id = 1;
+  for (int pass = 0; pass < 2; ++pass) {  // pass 1: new caches over the same stores (a restart)
+    SCOPED_TRACE("pass " + std::to_string(pass));
+    std::unique_ptr<Backend> one_backend = create_cpu_backend();
+    KvCacheOptions o;
+    o.backend = one_backend.get();
+    o.storage = ref_store.get();
+    auto made = KvCache::create(config, o);
+    ASSERT_OK(made);
+    KvCache& ref = **made;
+    Deployment ranks = make_deployment(BackendKind::kCpu, config, tp, false, rank_storage);
+    ASSERT_NE(ranks.cache, nullptr);
+    KvCache& sharded = *ranks.cache;
+    const std::vector<Backend*> ref_backends{one_backend.get()};
+    const std::vector<Backend*> tp_backends = backends_of(sharded);
+    for (int step = 0; step < 40; ++step) {
+      const std::vector<TokenId>& prompt = prompts[rng() % prompts.size()];
+      flush_both(ref, sharded);
+      StatusOr<int64_t> a = ref.fetch_from_storage(prompt);
+      StatusOr<int64_t> b = sharded.fetch_from_storage(prompt);
+      ASSERT_OK(a);
+      ASSERT_OK(b);
+      ASSERT_EQ(*a, *b) << "step " << step;
+      fetched += *b;
+      flush_both(ref, sharded);
+      const SequenceId id = next_id++;
+      StatusOr<int64_t> hit = ref.add_sequence(id, prompt);
+      ASSERT_OK(hit);
+      ASSERT_EQ(sharded.add_sequence(id, prompt).value(), *hit) << "step " << step;
+      const std::vector<TokenId> rest(prompt.begin() + *hit, prompt.end());
+      ASSERT_OK(ref.reserve(id, static_cast<int64_t>(rest.size())));
+      ASSERT_OK(sharded.reserve(id, static_cast<int64_t>(rest.size())));
+      write_and_commit(ref, ref_backends, id, rest, *hit);
+      write_and_commit(sharded, tp_backends, id, rest, *hit);
+      for (int32_t layer = 0; layer < config.num_layers; ++layer) {
+        const std::vector<uint16_t> model = model_layer(sharded, prompt, layer);
+        ASSERT_EQ(gather_all_heads(sharded, tp_backends, id, layer), model) << "step " << step;
+        ASSERT_EQ(gather_all_heads(ref, ref_backends, id, layer), model) << "step " << step;
+      }
+      // Offloaded, then finished: its blocks are cached on the host, where later offloads
+      // push the least recently used out, written back to the stores.
+      ASSERT_OK(ref.offload(id));
+      ASSERT_OK(sharded.offload(id));
+      ASSERT_OK(ref.finish(id));
+      ASSERT_OK(sharded.finish(id));
+      flush_both(ref, sharded);
+      EXPECT_EQ(ref.stats(), sharded.stats()) << "step " << step;
+      // The same events: a put's STORAGE event comes when the store's thread finishes it, so
+      // its place among a step's events is the store's timing; compared as a set per step.
+      EXPECT_EQ(event_set(ref.drain_events()), event_set(sharded.drain_events()))
+          << "step " << step;
+      ASSERT_OK(sharded.check_invariants());
+    }
+    EXPECT_GT(sharded.stats().storage_blocks_written, 0);
+    EXPECT_GT(sharded.stats().storage_hit_blocks, 0);
+  }
+  EXPECT_GT(fetched, 0) << "no prompt came back from the stores";
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallelStorage, ::testing::Values(2, 4),
+                         [](const auto& info) { return "Tp" + std::to_string(info.param); });
 
 }  // namespace
 }  // namespace pagedkv

@@ -30,6 +30,11 @@ uint64_t reference_fingerprint(const StorageLayout& l) {
   put(uint64_t(l.block_bytes), 8);
   put(l.model_id.size(), 8);
   b += l.model_id;
+  if (l.tp_size != 1 || l.tp_rank != 0) {  // a tensor-parallel rank's layout
+    put(0x7A, 1);
+    put(uint32_t(l.tp_size), 4);
+    put(uint32_t(l.tp_rank), 4);
+  }
   uint64_t h = 0xcbf29ce484222325ull;
   for (unsigned char c : b) {
     h ^= c;
@@ -66,6 +71,38 @@ TEST(StorageLayoutTest, EveryFieldChangesTheFingerprint) {
   a.model_id = "ab";
   b.model_id = std::string("ab\0", 3);
   EXPECT_NE(a.fingerprint(), b.fingerprint());
+}
+
+// A tensor-parallel rank's layout (StorageLayout::for_rank) appends the TP size and the rank:
+// no two ranks, no two TP sizes and no unsharded layout share a fingerprint.
+TEST(StorageLayoutTest, ATensorParallelRanksLayoutNamesTheSizeAndTheRank) {
+  CacheConfig part;
+  part.num_layers = 2;
+  part.num_kv_heads = 2;
+  part.head_dim = 8;
+  part.block_size = 4;
+  const StorageLayout r0 = StorageLayout::for_rank(part, "m", 2, 0);
+  const StorageLayout r1 = StorageLayout::for_rank(part, "m", 2, 1);
+  const StorageLayout of4 = StorageLayout::for_rank(part, "m", 4, 0);
+  const StorageLayout plain = StorageLayout::from_config(part, "m");
+  EXPECT_EQ(r1.tp_size, 2);
+  EXPECT_EQ(r1.tp_rank, 1);
+  EXPECT_EQ(r1.num_kv_heads, 2);
+  std::vector<uint64_t> prints;
+  for (const StorageLayout& l : {r0, r1, of4, plain}) {
+    EXPECT_OK(detail::validate_storage_layout(l));
+    EXPECT_EQ(l.fingerprint(), reference_fingerprint(l));
+    prints.push_back(l.fingerprint());
+  }
+  std::sort(prints.begin(), prints.end());
+  EXPECT_EQ(std::unique(prints.begin(), prints.end()), prints.end()) << "two layouts collide";
+  EXPECT_EQ(StorageLayout::for_rank(part, "m", 1, 0).fingerprint(), plain.fingerprint());
+  StorageLayout bad = r1;
+  bad.tp_rank = 2;
+  EXPECT_EQ(detail::validate_storage_layout(bad).code(), StatusCode::kInvalidArgument);
+  bad.tp_size = 0;
+  bad.tp_rank = 0;
+  EXPECT_EQ(detail::validate_storage_layout(bad).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(StorageLayoutTest, FromConfigCopiesTheShapeAndTheBlockSize) {
