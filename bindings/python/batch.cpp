@@ -75,6 +75,18 @@ nb::object batch_array(const PyBatchArrays& a, const std::string& name) {
   throw nb::attribute_error(("no batch array named " + name).c_str());
 }
 
+// The Python object of a batch of the cache `self` (rank 0's device): it keeps the cache alive
+// and is current until the cache's next build.
+nb::object adopt_batch(nb::handle self, std::unique_ptr<PyBatch> b) {
+  PyCache& s = nb::cast<PyCache&>(self);
+  b->cache = nb::borrow(self);
+  b->owner = &s;
+  b->serial_source = &s.batch_serial;
+  b->device_type = backend_device_type(*s.kv);
+  b->device_id = backend_device_id(*s.kv);
+  return nb::cast(b.release(), nb::rv_policy::take_ownership);
+}
+
 // Runs a call that builds a batch and copies what the Batch keeps while the cache is locked
 // (another thread's build_batch would change it). The serial moves on even when the call fails:
 // a failed build_batch leaves no batch current, so earlier device arrays are not to be read.
@@ -90,13 +102,8 @@ nb::object building(nb::handle self, const Ids& ids, Fn&& fn) {
     b->device.host = &b->host;
     return ok_status();
   }));
-  b->cache = nb::borrow(self);
-  b->owner = &s;
-  b->serial_source = &s.batch_serial;
-  b->device_type = backend_device_type(*s.kv);
-  b->device_id = backend_device_id(*s.kv);
   b->ids = ids;
-  return nb::cast(b.release(), nb::rv_policy::take_ownership);
+  return adopt_batch(self, std::move(b));
 }
 
 }  // namespace
@@ -174,14 +181,7 @@ void register_batch(nb::module_& m, nb::class_<PyCache>& cls) {
           return ok_status();
         }));
         nb::list out;
-        for (std::unique_ptr<PyBatch>& b : made) {
-          b->cache = nb::borrow(self);
-          b->owner = &s;
-          b->serial_source = &s.batch_serial;
-          b->device_type = backend_device_type(*s.kv);
-          b->device_id = backend_device_id(*s.kv);
-          out.append(nb::cast(b.release(), nb::rv_policy::take_ownership));
-        }
+        for (std::unique_ptr<PyBatch>& b : made) out.append(adopt_batch(self, std::move(b)));
         return out;
       },
       nb::arg("plan"),
