@@ -16,6 +16,10 @@
 // under load does. The two-group model's groups share the logical blocks of one cache. The two
 // models take turns going first.
 //
+// The fifth argument 1 builds the window group's table as a ring (BatchOptions::
+// ring_window_tables: about 9 entries a row for window 128 at block size 16, against the full
+// group's width), the form a window-aware attention kernel reads.
+//
 // Time is the two-group model's reserve_batch + build_batch (manual time). Counters (ns a
 // sequence, thread CPU time less the clock's own cost): ns_per_seq (the same),
 // one_group_ns_per_seq, vs_one_group (their ratio), commit_ns_per_seq and
@@ -94,6 +98,8 @@ void BM_ModelDecodeStep(benchmark::State& state) {
   const bool staggered = state.range(1) != 0;
   const bool fresh_tokens = state.range(2) != 0;
   const BackendKind backend = state.range(3) != 0 ? BackendKind::kNull : BackendKind::kCpu;
+  BatchOptions options;
+  options.ring_window_tables = state.range(4) != 0;
   auto one = make_model(seqs, false, staggered, backend);
   auto two = make_model(seqs, true, staggered, backend);
   if (one == nullptr || two == nullptr) {
@@ -101,9 +107,9 @@ void BM_ModelDecodeStep(benchmark::State& state) {
     return;
   }
   ModelKvCache* models[2] = {one.get(), two.get()};
-  const bench::StepTimes t =
-      bench::time_decode_steps(state, models, seqs, kSteps, fresh_tokens,
-                               [&](SequenceId s) { return prompt(s, staggered); });
+  const bench::StepTimes t = bench::time_decode_steps(
+      state, models, seqs, kSteps, fresh_tokens, [&](SequenceId s) { return prompt(s, staggered); },
+      options);
   if (t.failed) {
     state.SkipWithError("a call failed");
     return;
@@ -115,15 +121,29 @@ void BM_ModelDecodeStep(benchmark::State& state) {
   state.counters["commit_ns_per_seq"] = per_seq(t.commit_ns[1]);
   state.counters["one_group_commit_ns_per_seq"] = per_seq(t.commit_ns[0]);
   state.counters["with_commit_vs_one_group"] = t.with_commit_ratio();
+  {
+    std::vector<SequenceId> ids(static_cast<size_t>(seqs));
+    std::iota(ids.begin(), ids.end(), 0);
+    auto b = two->build_batch(ids, options);
+    if (b.ok()) {
+      state.counters["window_table_width"] = b->groups[1].host->max_blocks;
+      state.counters["full_table_width"] = b->groups[0].host->max_blocks;
+    }
+  }
   state.SetLabel(std::string(staggered ? "staggered" : "lockstep") +
                  (fresh_tokens ? ", new tokens each cycle" : "") +
-                 (backend == BackendKind::kNull ? ", null backend" : ""));
+                 (backend == BackendKind::kNull ? ", null backend" : "") +
+                 (options.ring_window_tables ? ", ring window table" : ""));
 }
 BENCHMARK(BM_ModelDecodeStep)
-    ->Args({1024, 0, 0, 0})
-    ->Args({1024, 1, 0, 0})
-    ->Args({1024, 1, 1, 0})
-    ->Args({1024, 1, 0, 1})
+    ->Args({1024, 0, 0, 0, 0})
+    ->Args({1024, 1, 0, 0, 0})
+    ->Args({1024, 1, 1, 0, 0})
+    ->Args({1024, 1, 0, 1, 0})
+    ->Args({1024, 0, 0, 0, 1})
+    ->Args({1024, 1, 0, 0, 1})
+    ->Args({1024, 1, 1, 0, 1})
+    ->Args({1024, 1, 0, 1, 1})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

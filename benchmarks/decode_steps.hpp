@@ -58,10 +58,10 @@ struct StepTimes {
 /// the two taking turns going first, each timed apart; the iteration time (manual time) is the
 /// second cache's reserve_batch + build_batch. Every `cycle` steps the sequences go back to
 /// their prompts, untimed (with `fresh_tokens`, the next cycle samples other tokens, so every
-/// block is a new key).
+/// block is a new key). Both caches build their batches with `options`.
 template <typename Cache, typename PromptFn>
 StepTimes time_decode_steps(benchmark::State& state, Cache* caches[2], int64_t seqs, int64_t cycle,
-                            bool fresh_tokens, PromptFn prompt) {
+                            bool fresh_tokens, PromptFn prompt, const BatchOptions& options = {}) {
   std::vector<SequenceId> ids;
   for (SequenceId s = 0; s < static_cast<SequenceId>(seqs); ++s) ids.push_back(s);
   std::vector<TokenId> sampled(ids.size(), 7);
@@ -73,7 +73,7 @@ StepTimes time_decode_steps(benchmark::State& state, Cache* caches[2], int64_t s
       const int m = (turn + static_cast<int>(iteration & 1)) % 2;
       const int64_t t0 = cpu_now_ns();
       t.failed |= !caches[m]->reserve_batch(ids, 1).ok();
-      t.failed |= !caches[m]->build_batch(ids).ok();
+      t.failed |= !caches[m]->build_batch(ids, options).ok();
       const int64_t t1 = cpu_now_ns();
       t.failed |= !caches[m]->commit_batch(ids, sampled, 1).ok();
       const int64_t t2 = cpu_now_ns();

@@ -127,6 +127,10 @@ void register_batch(nb::module_& m, nb::class_<PyCache>& cls) {
                    })
       .def_prop_ro("batch_size", [](const PyBatch& b) { return b.host.batch_size; })
       .def_prop_ro("max_blocks", [](const PyBatch& b) { return b.host.max_blocks; })
+      .def_prop_ro(
+          "ring_table", [](const PyBatch& b) { return b.host.ring_table; },
+          "The block table's rows are rings (build_batch(ring_window_tables=True), a window "
+          "group's): block i of a row at column i % max_blocks while it is in the window.")
       .def_prop_ro("ids", [](const PyBatch& b) { return b.ids; })
       .def_prop_ro("is_current", &PyBatch::current)
       .def_prop_ro("has_csr", [](const PyBatch& b) { return b.device.indptr != nullptr; })

@@ -110,11 +110,12 @@ struct PyModelCache {
   }
 };
 
-/// The options of a build_batch(ids, csr, pad_slots_to) call.
-inline BatchOptions batch_options(bool csr, int64_t pad_slots_to) {
+/// The options of a build_batch(ids, csr, pad_slots_to[, ring_window_tables]) call.
+inline BatchOptions batch_options(bool csr, int64_t pad_slots_to, bool ring_window_tables = false) {
   BatchOptions o;
   o.build_csr = csr;
   o.pad_slots_to = pad_slots_to;
+  o.ring_window_tables = ring_window_tables;
   return o;
 }
 

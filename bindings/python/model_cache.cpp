@@ -299,12 +299,15 @@ void register_model_cache(nb::module_& m) {
   // ---- reading ----
   cls.def(
       "build_batch",
-      [](nb::handle self, const Ids& ids, bool csr, int64_t pad_slots_to) {
-        return build_model_batch(self, ids, batch_options(csr, pad_slots_to));
+      [](nb::handle self, const Ids& ids, bool csr, int64_t pad_slots_to, bool ring_window_tables) {
+        return build_model_batch(self, ids, batch_options(csr, pad_slots_to, ring_window_tables));
       },
       nb::arg("ids"), nb::arg("csr") = false, nb::arg("pad_slots_to") = 0,
+      nb::arg("ring_window_tables") = false,
       "Builds a step's batch metadata in every group; returns a ModelBatch (batch[g] is group "
-      "g's Batch; its device arrays are valid until the next build_batch).");
+      "g's Batch; its device arrays are valid until the next build_batch). "
+      "ring_window_tables=True: window groups beside the full one get ring tables (Batch."
+      "ring_table: a row's block i at column i % max_blocks while in the window).");
   cls.def(
       "write_kv",
       [](PyModelCache& s, SequenceId id, int32_t layer, nb::handle key, nb::handle value) {

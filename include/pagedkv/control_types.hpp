@@ -133,6 +133,13 @@ struct BatchOptions {
   bool build_csr = false;
   /// Pad the slot mapping with -1 up to this many entries (for fixed-size graphs); 0: no pad.
   int64_t pad_slots_to = 0;
+  /// Build each sliding-window group's table as a ring (BatchMetadata::ring_table): a row as
+  /// wide as the blocks a sequence holds in the window, not as its whole length, so a decode
+  /// step of a window-128 group writes and uploads about 9 entries a row, whatever the context
+  /// (TensorRT-LLM's cyclic window in table form). For kernels that read through the device
+  /// view (PagedKvView::ring_table) or index rings themselves; not vLLM's form. The group that
+  /// owns the blocks (KvCache::full_group()) keeps a plain table, a window group among them too.
+  bool ring_window_tables = false;
 };
 
 /// Metadata of one step for a batch of sequences. Each row covers a sequence's committed tokens
@@ -145,6 +152,10 @@ struct BatchMetadata {
   std::vector<int64_t> slot_mapping;
   /// `[batch_size, max_blocks]` physical device block ids, -1 past a row's blocks.
   std::vector<int32_t> block_tables;
+  /// The rows are rings (BatchOptions::ring_window_tables, a window group's table): row r's
+  /// logical block i is at column i % max_blocks while it is in the window; a column holds -1
+  /// when no block of the window is there. Every block a row's tokens read or write fits.
+  bool ring_table = false;
   /// Per row: committed + reserved tokens.
   std::vector<int32_t> seq_lens;
   /// CSR (FlashInfer): row r's blocks are indices[indptr[r] .. indptr[r+1]).

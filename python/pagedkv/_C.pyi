@@ -643,6 +643,12 @@ class Batch:
     def max_blocks(self) -> int: ...
 
     @property
+    def ring_table(self) -> bool:
+        """
+        The block table's rows are rings (build_batch(ring_window_tables=True), a window group's): block i of a row at column i % max_blocks while it is in the window.
+        """
+
+    @property
     def ids(self) -> list[int]: ...
 
     @property
@@ -831,9 +837,9 @@ class _ModelKvCache:
         Sequences some group dropped to make room since the last call (gone from every group).
         """
 
-    def build_batch(self, ids: Sequence[int], csr: bool = False, pad_slots_to: int = 0) -> ModelBatch:
+    def build_batch(self, ids: Sequence[int], csr: bool = False, pad_slots_to: int = 0, ring_window_tables: bool = False) -> ModelBatch:
         """
-        Builds a step's batch metadata in every group; returns a ModelBatch (batch[g] is group g's Batch; its device arrays are valid until the next build_batch).
+        Builds a step's batch metadata in every group; returns a ModelBatch (batch[g] is group g's Batch; its device arrays are valid until the next build_batch). ring_window_tables=True: window groups beside the full one get ring tables (Batch.ring_table: a row's block i at column i % max_blocks while in the window).
         """
 
     def write_kv(self, id: int, layer: int, key: object, value: object | None = None) -> None:

@@ -63,7 +63,7 @@ Status BatchMetadataBuilder::fit(const Sizes& sizes, int64_t* max_blocks) const 
   return ok_status();
 }
 
-void BatchMetadataBuilder::begin(const Sizes& sizes, int64_t max_blocks,
+bool BatchMetadataBuilder::begin(const Sizes& sizes, int64_t max_blocks,
                                  const BatchOptions& options) {
   const int32_t batch = static_cast<int32_t>(sizes.batch);
   if (batch != md_.batch_size) {
@@ -71,10 +71,28 @@ void BatchMetadataBuilder::begin(const Sizes& sizes, int64_t max_blocks,
     md_.block_tables.resize(static_cast<size_t>(batch) * static_cast<size_t>(md_.max_blocks), -1);
     row_state_.resize(static_cast<size_t>(batch));
   }
-  if (max_blocks != md_.max_blocks) relayout(static_cast<int32_t>(max_blocks));
+  const bool relaid = max_blocks != md_.max_blocks;
+  if (relaid) relayout(static_cast<int32_t>(max_blocks));
   md_.slot_mapping.clear();
   md_.slot_mapping.reserve(static_cast<size_t>(std::max(sizes.total_slots, options.pad_slots_to)));
   md_.seq_lens.resize(static_cast<size_t>(batch));
+  return relaid;
+}
+
+void BatchMetadataBuilder::begin_follower(const Sizes& sizes, int64_t max_blocks, bool ring,
+                                          const BatchOptions& options) {
+  const bool switched = ring != md_.ring_table;
+  md_.ring_table = ring;
+  // A ring keeps its own width (0 the first time: every row overflows, and rebuild_ring()
+  // measures it).
+  const int64_t width = ring ? (switched ? 0 : md_.max_blocks) : max_blocks;
+  rewrite_all_ = begin(sizes, width, options);
+  if (switched && !rewrite_all_) {  // the same width in the other form: lay it out anew
+    relayout(static_cast<int32_t>(width));
+    rewrite_all_ = true;
+  }
+  ring_overflow_ = false;
+  follower_tails_.resize(static_cast<size_t>(sizes.batch));
 }
 
 // Inlined into the row loops: it runs once per row of every step.
@@ -121,7 +139,7 @@ void BatchMetadataBuilder::begin(const Sizes& sizes, int64_t max_blocks,
   for (int64_t t = len; t < len + pending; ++t) {
     const int64_t e = bdiv_.div(t);
     const int64_t page = e == last        ? last_page
-                         : row != nullptr ? row[e]
+                         : row != nullptr ? row[table_index(0, e)]
                                           : md_.block_tables[table_index(r, e)];
     md_.slot_mapping.push_back(page * bs + bdiv_.mod(t));
   }
@@ -161,6 +179,69 @@ void BatchMetadataBuilder::write_row(int32_t r, const Sequence& s, const RowPlan
   write_slots(r, s, n, tail->page, row);
 }
 
+template <typename PageOf>
+bool BatchMetadataBuilder::write_ring_row(int32_t r, const Sequence& s, const RowPlan& p,
+                                          size_t first_live, RowTail* tail, PageOf page_of) {
+  const int32_t n = p.n;
+  const int32_t live = static_cast<int32_t>(std::min<size_t>(first_live, static_cast<size_t>(n)));
+  const int32_t width = md_.max_blocks;
+  if (n - live > width || width == 0) return false;
+  if (!rewrite_all_ && p.same_last && live == tail->first_live && live < n) {
+    write_slots(r, s, n, tail->page, nullptr);
+    return true;
+  }
+  int32_t* row = &md_.block_tables[static_cast<size_t>(r) * static_cast<size_t>(width)];
+  // Clears entries [a, b) of the row (the whole ring when they span it).
+  const auto clear = [&](int32_t a, int32_t b) {
+    if (b - a >= width) {
+      std::fill(row, row + width, -1);
+      return;
+    }
+    for (int32_t i = a; i < b; ++i) row[i % width] = -1;
+  };
+  int32_t from = live;
+  if (p.reset || rewrite_all_) {
+    std::fill(row, row + width, -1);
+  } else {
+    // The row holds this sequence's entries [tail->first_live, p.old_n), each within one ring
+    // width: clearing what left (the window's trim, a shorter row) and rewriting what changed
+    // touches no column of an entry that stays.
+    clear(std::min(p.from, tail->first_live), live);
+    if (p.old_n > n) clear(n, p.old_n);
+    from = std::max(p.from, live);
+  }
+  for (int32_t i = from; i < n; ++i) row[i % width] = page_of(s.blocks[static_cast<size_t>(i)]);
+  tail->first_live = live;
+  if (!p.same_last || live >= n || rewrite_all_) tail->page = n > 0 ? row[(n - 1) % width] : -1;
+  write_slots(r, s, n, tail->page, row);
+  return true;
+}
+
+void BatchMetadataBuilder::rebuild_ring(const std::vector<Sequence*>& rows, const GroupPages& pages,
+                                        const Sizes& sizes, int64_t max_width,
+                                        const BatchOptions& options) {
+  // At least what a decoding row holds (ceil(W / block_size) + 1), and grown by half at least,
+  // so that a batch whose rows keep widening does not rebuild at every step; never past the
+  // full group's width, which every row fits and whose checks passed.
+  int64_t widest = (pages.window() + block_size_ - 1) / block_size_ + 1;
+  for (const Sequence* s : rows) {
+    const int64_t n = static_cast<int64_t>(s->blocks.size());
+    widest = std::max(widest, n - std::min<int64_t>(static_cast<int64_t>(pages.first_held(*s)), n));
+  }
+  const int64_t grown = std::max<int64_t>(md_.max_blocks, 0) * 3 / 2;
+  begin(sizes, std::min(std::max(widest, grown), std::max<int64_t>(max_width, 1)), options);
+  rewrite_all_ = true;
+  ring_overflow_ = false;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const Sequence& s = *rows[r];
+    RowPlan p;
+    p.n = static_cast<int32_t>(s.blocks.size());
+    p.reset = true;
+    write_ring_row(static_cast<int32_t>(r), s, p, pages.first_held(s), &follower_tails_[r],
+                   [&pages](LogicalId id) { return pages.page(id); });
+  }
+}
+
 void BatchMetadataBuilder::end(const Sizes& sizes, const BatchOptions& options,
                                const std::vector<RowState>& row_state) {
   if (options.pad_slots_to > static_cast<int64_t>(md_.slot_mapping.size())) {
@@ -182,7 +263,12 @@ void BatchMetadataBuilder::end(const Sizes& sizes, const BatchOptions& options,
   for (int32_t r = 0; r < batch; ++r) {
     const int32_t* row = &md_.block_tables[static_cast<size_t>(r) * stride];
     const int32_t n = row_state[static_cast<size_t>(r)].num_blocks;
-    md_.indices.insert(md_.indices.end(), row, row + n);
+    if (md_.ring_table) {  // in block order, -1 before the window as in a plain table
+      const int32_t live = follower_tails_[static_cast<size_t>(r)].first_live;
+      for (int32_t i = 0; i < n; ++i) md_.indices.push_back(i < live ? -1 : row[i % stride]);
+    } else {
+      md_.indices.insert(md_.indices.end(), row, row + n);
+    }
     md_.indptr.push_back(static_cast<int32_t>(md_.indices.size()));
     const int32_t len = md_.seq_lens[static_cast<size_t>(r)];
     md_.last_page_len[static_cast<size_t>(r)] = len == 0 ? 0 : (len - 1) % block_size_ + 1;
@@ -247,9 +333,8 @@ Status BatchMetadataBuilder::build_groups(const std::vector<Sequence*>& rows,
   // builder's row states) serves every group; each keeps only where its live entries begin.
   begin(sizes, max_blocks, options);
   for (size_t w = 0; w < windows; ++w) {
-    BatchMetadataBuilder& b = (*window_builders)[w];
-    b.begin(sizes, max_blocks, options);
-    b.follower_tails_.resize(static_cast<size_t>(sizes.batch));
+    const bool ring = options.ring_window_tables && (*pages)[w].window() > 0;
+    (*window_builders)[w].begin_follower(sizes, max_blocks, ring, options);
   }
   const int32_t batch = static_cast<int32_t>(sizes.batch);
   for (int32_t r = 0; r < batch; ++r) {
@@ -262,12 +347,22 @@ Status BatchMetadataBuilder::build_groups(const std::vector<Sequence*>& rows,
     for (size_t w = 0; w < windows; ++w) {
       const GroupPages& g = (*pages)[w];
       BatchMetadataBuilder& b = (*window_builders)[w];
-      b.write_row(r, s, p, g.first_held(s), &b.follower_tails_[static_cast<size_t>(r)],
-                  [&g](LogicalId id) { return g.page(id); });
+      const auto page_of = [&g](LogicalId id) { return g.page(id); };
+      RowTail* tail = &b.follower_tails_[static_cast<size_t>(r)];
+      if (!b.md_.ring_table) {
+        b.write_row(r, s, b.rewrite_all_ ? RowPlan{p.n, 0, 0, true, false} : p, g.first_held(s),
+                    tail, page_of);
+      } else if (!b.ring_overflow_) {
+        b.ring_overflow_ = !b.write_ring_row(r, s, p, g.first_held(s), tail, page_of);
+      }
     }
     write_row(r, s, p, s.first_live, &row_state_[static_cast<size_t>(r)].tail,
               [&blocks](LogicalId b) { return blocks[b].phys; });
     mark_seen(&s);
+  }
+  for (size_t w = 0; w < windows; ++w) {
+    BatchMetadataBuilder& b = (*window_builders)[w];
+    if (b.ring_overflow_) b.rebuild_ring(rows, (*pages)[w], sizes, md_.max_blocks, options);
   }
   end(sizes, options, row_state_);
   for (size_t w = 0; w < windows; ++w) (*window_builders)[w].end(sizes, options, row_state_);

@@ -65,7 +65,9 @@ class BatchMetadataBuilder {
   // and every count an int32: measure() would pass and fit() keep the width.
   bool fits_unmeasured(size_t rows, size_t widest, const BatchOptions& options) const;
   Status fit(const Sizes& sizes, int64_t* max_blocks) const;
-  void begin(const Sizes& sizes, int64_t max_blocks, const BatchOptions& options);
+  // Lays the buffers out for `sizes` at `max_blocks` a row; true when the table was laid out
+  // anew (every row's content unknown).
+  bool begin(const Sizes& sizes, int64_t max_blocks, const BatchOptions& options);
   // What row r must be rewritten of, for sequence s (from this builder's row state, which it
   // updates but for the tail): the whole row (`reset`), or the entries from `from` on and
   // those past the sequence's `n` entries up to the `old_n` it had. `same_last`: the last entry
@@ -84,11 +86,28 @@ class BatchMetadataBuilder {
   template <typename PageOf>
   void write_row(int32_t r, const Sequence& s, const RowPlan& p, size_t first_live, RowTail* tail,
                  PageOf page_of);
+  // write_row() of a ring table (BatchOptions::ring_window_tables): entry e at column
+  // e % max_blocks. False, writing nothing, when the row's live entries do not fit the ring.
+  template <typename PageOf>
+  bool write_ring_row(int32_t r, const Sequence& s, const RowPlan& p, size_t first_live,
+                      RowTail* tail, PageOf page_of);
+  // A window group's builder before the rows of build_groups(): a plain table as wide as the
+  // full group's (`max_blocks`), or with `ring` a ring of its own width. A new layout rewrites
+  // every row, whatever the full group's plan.
+  void begin_follower(const Sizes& sizes, int64_t max_blocks, bool ring,
+                      const BatchOptions& options);
+  // Rewrites every row of a ring that a row did not fit, at a width that fits them all (at
+  // most `max_width`, the full group's).
+  void rebuild_ring(const std::vector<Sequence*>& rows, const GroupPages& pages, const Sizes& sizes,
+                    int64_t max_width, const BatchOptions& options);
   // Row r's length and s's pending slots, the last of its `n` entries being `last_page` (`row`:
   // the row, when at hand).
   void write_slots(int32_t r, const Sequence& s, int32_t n, int32_t last_page, const int32_t* row);
+  // Where entry e of row r is (a ring's at column e % max_blocks).
   size_t table_index(int32_t r, int64_t e) const {
-    return static_cast<size_t>(r) * static_cast<size_t>(md_.max_blocks) + static_cast<size_t>(e);
+    const int64_t column = md_.ring_table ? e % md_.max_blocks : e;
+    return static_cast<size_t>(r) * static_cast<size_t>(md_.max_blocks) +
+           static_cast<size_t>(column);
   }
   // The padding and CSR; `row_state` holds the rows' sizes (this builder's, or for a window
   // group's the full group's builder's, which its rows follow).
@@ -102,6 +121,10 @@ class BatchMetadataBuilder {
   // A window group's builder (build_groups' `window_builders`) keeps no row state: its rows
   // follow the full group's builder. Only the rows' tails are its own.
   std::vector<RowTail> follower_tails_;
+  // A window group's builder: this build rewrites every row (a new layout), and a row did not
+  // fit the ring (rebuild_ring() follows).
+  bool rewrite_all_ = false;
+  bool ring_overflow_ = false;
 };
 
 }  // namespace core

@@ -277,6 +277,7 @@ device::PagedKvView KvCache::device_view(const DeviceBatch& batch, KvScales scal
                                           batch.host != nullptr ? batch.host->max_blocks : 0,
                                           batch.seq_lens, batch_size, scales);
   view.sliding_window = impl_->group_config(g).sliding_window;
+  view.ring_table = batch.indptr == nullptr && batch.host != nullptr && batch.host->ring_table;
   return view;
 }
 

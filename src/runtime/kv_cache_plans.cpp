@@ -101,12 +101,17 @@ Status KvCache::Impl::check_step_record(const StepRecord& rec, const StepRecord*
                             std::to_string(m.block_tables.size()) + " table entries and " +
                             std::to_string(m.seq_lens.size()) + " lengths");
   }
+  if (m.ring_table && (c.sliding_window <= 0 || (rows > 0 && stride == 0))) {
+    return invalid_argument(at + ": a ring table of " + std::to_string(stride) +
+                            " columns in a group with window " + std::to_string(c.sliding_window));
+  }
   PAGEDKV_RETURN_IF_ERROR(check_all(m.block_tables, c.num_device_blocks, i, "a table's block"));
   PAGEDKV_RETURN_IF_ERROR(
       check_all(m.slot_mapping, c.num_device_blocks * c.block_size, i, "a slot"));
+  // A ring's row covers the window, not the length (BatchMetadata::ring_table).
+  const int64_t longest = m.ring_table ? c.max_sequence_length : stride * c.block_size;
   for (int32_t len : m.seq_lens) {
-    PAGEDKV_RETURN_IF_ERROR(
-        check_index(len, stride * c.block_size + 1, false, i, "a row's length"));
+    PAGEDKV_RETURN_IF_ERROR(check_index(len, longest + 1, false, i, "a row's length"));
   }
   if (rec.build_csr) {
     bool ok = static_cast<int64_t>(m.indptr.size()) == rows + 1 &&

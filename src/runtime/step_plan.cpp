@@ -2,7 +2,7 @@
 // kind (u8); a transfers record: the moves (u32 count; each src tier u8, src block i32, dst
 // tier u8, dst block i32, group i32) and the copies (u32 count; each src i32, dst i32, group
 // i32); a batch record: group i32, build_csr u8, same_build u8, batch_size i32, max_blocks i32,
-// then slot_mapping (u64 count, i64 each), block_tables, seq_lens, indptr, indices,
+// ring_table u8, then slot_mapping (u64 count, i64 each), block_tables, seq_lens, indptr, indices,
 // last_page_len (u64 count, i32 each).
 #include "pagedkv/step_plan.hpp"
 
@@ -12,7 +12,7 @@
 namespace pagedkv {
 namespace {
 
-constexpr char kMagic[8] = {'P', 'K', 'V', 'S', 'T', 'E', 'P', 1};
+constexpr char kMagic[8] = {'P', 'K', 'V', 'S', 'T', 'E', 'P', 2};
 
 class Writer {
  public:
@@ -125,6 +125,7 @@ Status decode_batch(Reader& r, StepRecord* rec) {
   PAGEDKV_RETURN_IF_ERROR(get_bool(r, &rec->same_build, "a batch's same_build"));
   PAGEDKV_RETURN_IF_ERROR(r.get(&m.batch_size, "a batch's size"));
   PAGEDKV_RETURN_IF_ERROR(r.get(&m.max_blocks, "a batch's max_blocks"));
+  PAGEDKV_RETURN_IF_ERROR(get_bool(r, &m.ring_table, "a batch's ring_table"));
   PAGEDKV_RETURN_IF_ERROR(r.get_array(&m.slot_mapping, "a batch's slot_mapping"));
   PAGEDKV_RETURN_IF_ERROR(r.get_array(&m.block_tables, "a batch's block_tables"));
   PAGEDKV_RETURN_IF_ERROR(r.get_array(&m.seq_lens, "a batch's seq_lens"));
@@ -165,6 +166,7 @@ std::string StepPlan::encode() const {
     w.put<uint8_t>(rec.same_build ? 1 : 0);
     w.put(m.batch_size);
     w.put(m.max_blocks);
+    w.put<uint8_t>(m.ring_table ? 1 : 0);
     w.put_array(m.slot_mapping);
     w.put_array(m.block_tables);
     w.put_array(m.seq_lens);
@@ -177,7 +179,7 @@ std::string StepPlan::encode() const {
 
 StatusOr<StepPlan> StepPlan::decode(std::string_view bytes) {
   if (bytes.size() < sizeof(kMagic) || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
-    return invalid_argument("step plan: no step plan header (\"PKVSTEP\", version 1)");
+    return invalid_argument("step plan: no step plan header (\"PKVSTEP\", version 2)");
   }
   Reader r(bytes.substr(sizeof(kMagic)));
   StepPlan plan;

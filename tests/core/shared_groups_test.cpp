@@ -472,6 +472,18 @@ struct Model {
   std::vector<std::vector<uint64_t>> mem;   // per config group, per device slot
   std::vector<std::vector<uint64_t>> host;  // per config group, per host slot
   std::map<SequenceId, std::vector<TokenId>> tokens;
+  // How the window groups' tables are built (BatchOptions::ring_window_tables): plain, rings,
+  // or switching between the two at every build.
+  enum class Tables { kPlain, kRing, kAlternate } tables = Tables::kPlain;
+  int builds = 0;
+
+  BatchOptions options(bool csr = false) {
+    BatchOptions o;
+    o.build_csr = csr;
+    o.ring_window_tables =
+        tables == Tables::kRing || (tables == Tables::kAlternate && ++builds % 2 == 0);
+    return o;
+  }
 
   // Stamps of every prefix of `t`: stamp[p] is what position p's slot holds.
   static std::vector<uint64_t> stamps(const std::vector<TokenId>& t) {
@@ -509,21 +521,23 @@ struct Model {
 
 // Every sequence reads its stamps through every group's table, over what that group attends
 // to; a decoding sequence (nothing reserved) holds at most ceil(W / bs) + 1 window pages.
-void verify(ControlPlane& cp, const Model& m) {
+void verify(ControlPlane& cp, Model& m) {
   PAGEDKV_EXPECT_INV(cp);
   std::vector<SequenceId> ids;  // the resident ones (an offloaded one reads after its restore)
   for (const auto& kv : m.tokens) {
     if (!cp.residency(kv.first).value().offloaded) ids.push_back(kv.first);
   }
-  BatchOptions csr;
-  csr.build_csr = true;
-  auto md = cp.build_batch(ids, csr);
+  const BatchOptions options = m.options(/*csr=*/true);
+  auto md = cp.build_batch(ids, options);
   ASSERT_OK(md);
   for (int32_t g = 0; g < cp.num_groups(); ++g) {
     const BatchMetadata& b = cp.group_batch(g);
     ASSERT_EQ(b.batch_size, static_cast<int32_t>(ids.size()));
     ASSERT_EQ(b.indptr.size(), ids.size() + 1);
     const int64_t w = m.windows[static_cast<size_t>(g)];
+    // Rings: every window group but the one owning the blocks, exactly when asked for.
+    ASSERT_EQ(b.ring_table, options.ring_window_tables && w > 0 && g != cp.full_group());
+    const auto column = [&b](int64_t i) { return b.ring_table ? i % b.max_blocks : i; };
     for (size_t r = 0; r < ids.size(); ++r) {
       const std::vector<TokenId>& t = m.tokens.at(ids[r]);
       const std::vector<uint64_t> st = Model::stamps(t);
@@ -531,7 +545,7 @@ void verify(ControlPlane& cp, const Model& m) {
       const int32_t* row = &b.block_tables[r * static_cast<size_t>(b.max_blocks)];
       const int64_t from = w == 0 ? 0 : std::max<int64_t>(0, len - w);
       for (int64_t p = from; p < len; ++p) {
-        const int32_t page = row[p / m.bs];
+        const int32_t page = row[column(p / m.bs)];
         ASSERT_GE(page, 0) << "group " << g << " sequence " << ids[r] << " position " << p;
         ASSERT_EQ(m.mem[static_cast<size_t>(g)][static_cast<size_t>(page) * m.bs + p % m.bs],
                   st[static_cast<size_t>(p)])
@@ -543,8 +557,21 @@ void verify(ControlPlane& cp, const Model& m) {
                 static_cast<int32_t>((t.size() + static_cast<size_t>(cp.pending(ids[r]).value()) +
                                       static_cast<size_t>(m.bs) - 1) /
                                      static_cast<size_t>(m.bs)));
-      for (int32_t i = 0; i < n; ++i) {
-        ASSERT_EQ(b.indices[static_cast<size_t>(b.indptr[r] + i)], row[i]);
+      const int32_t* csr = &b.indices[static_cast<size_t>(b.indptr[r])];
+      if (!b.ring_table) {
+        for (int32_t i = 0; i < n; ++i) ASSERT_EQ(csr[i], row[i]);
+      } else {
+        // The blocks from the first held one on, each in its column; every other column -1.
+        int32_t live = 0;
+        while (live < n && csr[live] < 0) ++live;
+        ASSERT_LE(n - live, b.max_blocks) << "group " << g << " sequence " << ids[r];
+        std::vector<int32_t> expect(static_cast<size_t>(b.max_blocks), -1);
+        for (int32_t i = live; i < n; ++i) {
+          ASSERT_GE(csr[i], 0) << "a hole in the window of sequence " << ids[r];
+          expect[static_cast<size_t>(column(i))] = csr[i];
+        }
+        ASSERT_EQ(std::vector<int32_t>(row, row + b.max_blocks), expect)
+            << "group " << g << " sequence " << ids[r];
       }
       ASSERT_EQ(b.last_page_len[r], b.seq_lens[r] == 0 ? 0 : (b.seq_lens[r] - 1) % m.bs + 1);
       if (w > 0 && cp.pending(ids[r]).value() == 0) {
@@ -560,7 +587,7 @@ void verify(ControlPlane& cp, const Model& m) {
 // metadata), then commits the first `k` of `next` each.
 void write_and_commit(ControlPlane& cp, Model& m, const std::vector<SequenceId>& ids, int64_t n,
                       int64_t k, const std::vector<std::vector<TokenId>>& next) {
-  auto md = cp.build_batch(ids);
+  auto md = cp.build_batch(ids, m.options());
   ASSERT_OK(md);
   for (int32_t g = 0; g < cp.num_groups(); ++g) {
     const BatchMetadata& b = cp.group_batch(g);
@@ -584,10 +611,10 @@ void write_and_commit(ControlPlane& cp, Model& m, const std::vector<SequenceId>&
   }
 }
 
-// Every group's rows (block tables, lengths) and each sequence's reservation: what a plan's
-// undo must leave as it found it.
+// Every group's rows (block tables, or a ring's blocks in block order; lengths) and each
+// sequence's reservation: what a plan's undo must leave as it found it.
 using Rows = std::vector<std::vector<int32_t>>;
-Rows rows_of(ControlPlane& cp, const Model& m) {
+Rows rows_of(ControlPlane& cp, Model& m) {
   std::vector<SequenceId> ids;
   Rows out;
   for (const auto& kv : m.tokens) {
@@ -595,12 +622,18 @@ Rows rows_of(ControlPlane& cp, const Model& m) {
     ids.push_back(kv.first);
     out.push_back({static_cast<int32_t>(cp.pending(kv.first).value())});
   }
-  EXPECT_OK(cp.build_batch(ids));
+  EXPECT_OK(cp.build_batch(ids, m.options(/*csr=*/true)));
   for (int32_t g = 0; g < cp.num_groups(); ++g) {
     const BatchMetadata& b = cp.group_batch(g);
     for (size_t r = 0; r < ids.size(); ++r) {
       const int32_t* row = &b.block_tables[r * static_cast<size_t>(b.max_blocks)];
-      out[r].insert(out[r].end(), row, row + b.max_blocks);
+      // A ring's width is the widest row's so far, not the sequence's; the forms alternate.
+      if (m.tables != Model::Tables::kPlain) {
+        out[r].insert(out[r].end(), &b.indices[static_cast<size_t>(b.indptr[r])],
+                      &b.indices[static_cast<size_t>(b.indptr[r + 1])]);
+      } else {
+        out[r].insert(out[r].end(), row, row + b.max_blocks);
+      }
       out[r].push_back(b.seq_lens[r]);
     }
   }
@@ -634,6 +667,7 @@ struct Shape {
   size_t full_at;           // the full group's index in CacheConfig::groups
   int64_t host_blocks = 0;  // every group's host pool
   int32_t full_window = 0;  // the "full" group's window: with one, every group has a window
+  Model::Tables tables = Model::Tables::kPlain;
 };
 
 void run_random(uint32_t seed, const Shape& shape, int ops) {
@@ -643,6 +677,7 @@ void run_random(uint32_t seed, const Shape& shape, int ops) {
   c.max_sequence_length = 1 << 16;
   Model m;
   m.bs = bs;
+  m.tables = shape.tables;
   for (const auto& [window, pages] : shape.windows) {
     if (c.groups.size() == shape.full_at) {
       c.groups.push_back(group("global", shape.full_window, shape.full_blocks, 0));
@@ -949,6 +984,32 @@ TEST(SharedGroups, RandomMoreWindowSizesThanTheInlineBounds) {
   Shape hosted = many;
   hosted.host_blocks = 40;
   run_seeds(114, 115, hosted, 1200);
+}
+
+// Ring tables for the window groups beside the owner (BatchOptions::ring_window_tables), built
+// at every step of the random runs: each position read through its column, every column
+// outside the window -1, the CSR in block order, undo leaving the rings as they were. Then
+// the two forms alternating build by build (every switch lays the table out anew). A second
+// full-attention group beside them keeps a plain table.
+Shape with_tables(Shape s, Model::Tables t) {
+  s.tables = t;
+  return s;
+}
+
+TEST(SharedGroups, RandomRingWindowTables) {
+  for (Model::Tables t : {Model::Tables::kRing, Model::Tables::kAlternate}) {
+    SCOPED_TRACE(t == Model::Tables::kRing ? "rings" : "alternating");
+    run_seeds(121, 123, with_tables(Shape{4, {{8, 40}}, 64, 1}, t), 1500);
+    if (HasFatalFailure()) return;
+    run_seeds(124, 125, with_tables(Shape{16, {{64, 48}}, 96, 1}, t), 1000);
+    if (HasFatalFailure()) return;
+    run_seeds(126, 127, with_tables(Shape{4, {{5, 40}, {9, 56}, {4, 30}}, 64, 2, 40}, t), 1200);
+    if (HasFatalFailure()) return;
+    run_seeds(128, 129, with_tables(Shape{4, {{5, 40}, {12, 56}}, 64, 0, 0, 13}, t), 1500);
+    if (HasFatalFailure()) return;
+    run_seeds(130, 131, with_tables(Shape{4, {{0, 48}, {8, 40}}, 64, 2}, t), 1500);
+    if (HasFatalFailure()) return;
+  }
 }
 
 TEST(SharedGroups, RandomAmpleWindowPoolsKeepCachedPages) {

@@ -290,6 +290,35 @@ def test_window_batch_tables_mark_released_blocks(two_group, rng):
     m.cache.check_invariants()
 
 
+def test_ring_window_tables_hold_each_window_block_in_its_column(two_group):
+    # build_batch(ring_window_tables=True): the window group's rows are rings as wide as the
+    # blocks a row holds (block i at column i % max_blocks), the full group's stay plain; the
+    # slot mappings are the plain build's.
+    m = two_group
+    ids = [1, 2, 3]
+    m.cache.reserve_batch(ids, 1)
+    plain = m.cache.build_batch(ids)
+    plain_slots = [list(plain[g].host.slot_mapping) for g in (0, 1)]
+    plain_tables = [[list(r) for r in plain[g].host.block_tables] for g in (0, 1)]
+    ring = m.cache.build_batch(ids, ring_window_tables=True)
+    assert not ring[0].ring_table and ring[1].ring_table and not plain[1].ring_table
+    assert ring[1].max_blocks <= W // BS + 2 < plain[1].max_blocks
+    assert [list(r) for r in ring[0].host.block_tables] == plain_tables[0]
+    for g in (0, 1):
+        assert list(ring[g].host.slot_mapping) == plain_slots[g]
+    width = ring[1].max_blocks
+    for row, id in enumerate(ids):
+        locations = m.cache.group(1).block_locations(id)
+        want = [-1] * width
+        for i, (_, block) in enumerate(locations):
+            if block >= 0:
+                want[i % width] = block
+        assert list(ring[1].host.block_tables[row]) == want
+        held = [b for b in plain_tables[1][row] if b >= 0]
+        assert sorted(b for b in want if b >= 0) == sorted(held)
+    m.cache.check_invariants()
+
+
 def test_a_shared_prefix_hits_in_both_groups(two_group):
     # Sequence 1 (60 tokens, none released: 60 <= W) is finished: its 3 full blocks stay cached
     # in both groups, so a prompt sharing its first 50 tokens gets 48 of them.

@@ -175,7 +175,9 @@ class ModelCacheHarness : public BackendParamTest {
   /// write_kv_batch of every model layer, commit_batch. A failed reserve_batch is returned.
   Status decode_step(const std::vector<SequenceId>& ids, const std::vector<TokenId>& next) {
     PAGEDKV_RETURN_IF_ERROR(cache_->reserve_batch(ids, 1));
-    PAGEDKV_ASSIGN_OR_RETURN(ModelBatch batch, cache_->build_batch(ids));
+    BatchOptions options;
+    options.ring_window_tables = ring_tables_;
+    PAGEDKV_ASSIGN_OR_RETURN(ModelBatch batch, cache_->build_batch(ids, options));
     return write_and_commit(batch, ids, next);
   }
 
@@ -317,6 +319,7 @@ class ModelCacheHarness : public BackendParamTest {
   std::string check_view(const std::vector<SequenceId>& ids, bool csr, std::mt19937_64& rng) {
     BatchOptions bo;
     bo.build_csr = csr;
+    bo.ring_window_tables = ring_tables_;
     auto batch = cache_->build_batch(ids, bo);
     if (!batch.ok()) return "build_batch: " + batch.status().to_string();
     if (static_cast<int32_t>(batch->groups.size()) != cache_->num_groups()) {
@@ -332,6 +335,28 @@ class ModelCacheHarness : public BackendParamTest {
         auto blocks = cache_->block_locations(ids[r], g);
         if (!blocks.ok()) return where + ": " + blocks.status().to_string();
         const int64_t nb = (len + bs - 1) / bs;
+        const bool ring =
+            ring_tables_ && gconf(g).sliding_window > 0 && g != cache_->cache().full_group();
+        if (m.ring_table != ring) return where + ": ring_table is " + std::to_string(m.ring_table);
+        if (ring) {
+          // Each held block in column i % width, every other column -1; the CSR in block order.
+          std::vector<int32_t> want(static_cast<size_t>(m.max_blocks), -1);
+          for (int64_t i = 0; i < nb; ++i) {
+            const int32_t b = (*blocks)[static_cast<size_t>(i)].block;
+            if (i >= window_first_block(g, len) && b < 0) return where + ": a hole in the window";
+            if (b >= 0) want[static_cast<size_t>(i % m.max_blocks)] = b;
+            if (csr && m.indices[size_t(m.indptr[r]) + size_t(i)] != b) {
+              return where + ": CSR index " + std::to_string(i) + " is not the block";
+            }
+          }
+          const int32_t* row = &m.block_tables[r * static_cast<size_t>(m.max_blocks)];
+          if (std::vector<int32_t>(row, row + m.max_blocks) != want) {
+            return where + ": the ring row is not the held blocks in their columns";
+          }
+          if (csr && m.indptr[r + 1] - m.indptr[r] != nb) return where + ": CSR row length";
+          ++ring_rows_checked_;
+          continue;
+        }
         for (int64_t i = 0; i < m.max_blocks; ++i) {
           const int32_t got = m.block_tables[r * static_cast<size_t>(m.max_blocks) + size_t(i)];
           const int32_t want = i < nb ? (*blocks)[static_cast<size_t>(i)].block : -1;
@@ -357,6 +382,9 @@ class ModelCacheHarness : public BackendParamTest {
       auto view = cache_->device_view(*batch, g);
       if (!view.ok()) return "device_view: " + view.status().to_string();
       if (view->sliding_window != c.sliding_window) return "device_view: wrong window";
+      if (view->ring_table != (!csr && batch->groups[size_t(g)].host->ring_table)) {
+        return "device_view: ring_table not the batch's";
+      }
       const int32_t heads = c.num_kv_heads, dim = c.head_dim;
       const int32_t q_heads = heads * 2;
       const size_t n = ids.size();
@@ -442,6 +470,10 @@ class ModelCacheHarness : public BackendParamTest {
   std::map<SequenceId, std::vector<TokenId>> ref_;  // committed tokens of each live sequence
   int64_t out_of_range_checks_ = 0;
   int64_t attention_checks_ = 0;
+  // Every build_batch of the harness builds the window groups' tables as rings
+  // (BatchOptions::ring_window_tables).
+  bool ring_tables_ = false;
+  int64_t ring_rows_checked_ = 0;
 };
 
 }  // namespace pagedkv::testing

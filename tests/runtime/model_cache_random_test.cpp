@@ -496,6 +496,20 @@ void ModelCacheRandom::run_hybrid(bool stored, int32_t full_window) {
 
 TEST_P(ModelCacheRandom, HybridModelEveryReadMatchesTheReference) { run_hybrid(false); }
 
+// The same with the window group's tables built as rings (BatchOptions::ring_window_tables):
+// the decode steps write through their slot mappings, and every check_view reads the rings,
+// their CSR and the reference decode attention through the device view. Then with every group
+// windowed: the owner (window 96) keeps a plain table, the window of 64 a ring.
+TEST_P(ModelCacheRandom, HybridModelRingWindowTablesEveryReadMatchesTheReference) {
+  ring_tables_ = true;
+  run_hybrid(false);
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_GT(ring_rows_checked_, 100);
+  const int64_t checked = ring_rows_checked_;
+  run_hybrid(false, 96);
+  EXPECT_GT(ring_rows_checked_, checked + 100);
+}
+
 // The same, each group with a store of its own.
 TEST_P(ModelCacheRandom, HybridModelWithStorageEveryReadMatchesTheReference) { run_hybrid(true); }
 

@@ -388,9 +388,12 @@ TEST_P(SplitProcess, WorkersApplyingThePlansEndByteIdenticalToTheInProcessCache)
       }
       batch = ready;
       if (batch.empty()) continue;
-      StatusOr<std::vector<DeviceBatch>> built = s.in_process->build_batches(batch);
+      // Every other step builds the window group's table as a ring, which the plan carries.
+      BatchOptions options;
+      options.ring_window_tables = step % 2 == 1;
+      StatusOr<std::vector<DeviceBatch>> built = s.in_process->build_batches(batch, options);
       ASSERT_OK(built);
-      ASSERT_OK(s.null->build_batches(batch));
+      ASSERT_OK(s.null->build_batches(batch, options));
       for (int32_t r = 0; r < tp; ++r) {
         std::vector<DeviceBatch> mine;
         for (const DeviceBatch& b : *built) mine.push_back(s.in_process->rank_batch(b, r).value());
@@ -488,7 +491,7 @@ TEST(StepPlan, BytesRoundTripAndEveryDamagedMessageIsRefused) {
   }
   EXPECT_EQ(StepPlan::decode(bytes + "x").status().code(), StatusCode::kInvalidArgument);
   std::string bad = bytes;
-  bad[7] = 2;  // the version
+  bad[7] = 1;  // the version (2 is this one)
   EXPECT_EQ(StepPlan::decode(bad).status().code(), StatusCode::kInvalidArgument);
   bad = bytes;
   bad[12] = 9;  // the first record's kind
@@ -568,6 +571,8 @@ TEST(SplitProcessWorker, APlanOutsideItsPoolsIsRefusedAndChangesNothing) {
       {"a last page longer than a block",
        [](StepPlan& p) { p.records[2].batch.last_page_len[0] = 5; }},
       {"a batch of the same build first", [](StepPlan& p) { p.records[2].same_build = true; }},
+      {"a ring table in a group without a window",
+       [](StepPlan& p) { p.records[2].batch.ring_table = true; }},
   };
   for (auto& [what, damage_it] : damage) {
     StepPlan bad = good;

@@ -57,6 +57,9 @@ struct PagedKvView {
   /// the window have no page: their block-table and CSR entries are -1, and a kernel reads only
   /// positions from window_begin(seq) on.
   int32_t sliding_window = 0;
+  /// The block table's rows are rings (BatchMetadata::ring_table): logical block i of a row is
+  /// at column i % max_blocks_per_seq. Only positions inside the window may be asked for.
+  bool ring_table = false;
 
   /// True when the batch is described in CSR form.
   PAGEDKV_HOST_DEVICE bool is_csr() const { return indptr != nullptr; }
@@ -84,7 +87,8 @@ struct PagedKvView {
   PAGEDKV_HOST_DEVICE int64_t block_of(int32_t seq, int64_t pos) const {
     const int64_t logical = pos / layout.block_size;
     if (is_csr()) return load_metadata(indices + load_metadata(indptr + seq) + logical);
-    return load_metadata(block_tables + static_cast<int64_t>(seq) * max_blocks_per_seq + logical);
+    const int64_t column = ring_table ? logical % max_blocks_per_seq : logical;
+    return load_metadata(block_tables + static_cast<int64_t>(seq) * max_blocks_per_seq + column);
   }
 
   /// Element offset (from `pool`) of the head vector of (seq, layer, part, head, pos).
@@ -212,8 +216,9 @@ PAGEDKV_HOST_DEVICE FlashInferPagedArgs flashinfer_args(const PagedKvView& view,
   return a;
 }
 
-/// Layer `layer` of a block-table view in vLLM's shape (needs !view.is_csr()). A latent pool
-/// gives its latent pages as key_cache (FlashMLA's kv cache) and a null value_cache.
+/// Layer `layer` of a block-table view in vLLM's shape (needs !view.is_csr() and no ring
+/// table). A latent pool gives its latent pages as key_cache (FlashMLA's kv cache) and a null
+/// value_cache.
 PAGEDKV_HOST_DEVICE VllmPagedArgs vllm_args(const PagedKvView& view, int32_t layer) {
   VllmPagedArgs a;
   const int64_t es = static_cast<int64_t>(dtype_size(view.dtype));
