@@ -135,10 +135,11 @@ struct BatchOptions {
   int64_t pad_slots_to = 0;
   /// Build each sliding-window group's table as a ring (BatchMetadata::ring_table): a row as
   /// wide as the blocks a sequence holds in the window, not as its whole length, so a decode
-  /// step of a window-128 group writes and uploads about 9 entries a row, whatever the context
-  /// (TensorRT-LLM's cyclic window in table form). For kernels that read through the device
-  /// view (PagedKvView::ring_table) or index rings themselves; not vLLM's form. The group that
-  /// owns the blocks (KvCache::full_group()) keeps a plain table, a window group among them too.
+  /// step of a window-128 group writes and uploads 9 entries a row at block size 16, whatever
+  /// the context (TensorRT-LLM's cyclic window in table form). For kernels that read through
+  /// the device view (PagedKvView::ring_table) or index rings themselves; not vLLM's form. The
+  /// group that owns the blocks (KvCache::full_group()) and groups without a window keep plain
+  /// tables.
   bool ring_window_tables = false;
 };
 

@@ -220,16 +220,19 @@ bool BatchMetadataBuilder::write_ring_row(int32_t r, const Sequence& s, const Ro
 void BatchMetadataBuilder::rebuild_ring(const std::vector<Sequence*>& rows, const GroupPages& pages,
                                         const Sizes& sizes, int64_t max_width,
                                         const BatchOptions& options) {
-  // At least what a decoding row holds (ceil(W / block_size) + 1), and grown by half at least,
-  // so that a batch whose rows keep widening does not rebuild at every step; never past the
-  // full group's width, which every row fits and whose checks passed.
-  int64_t widest = (pages.window() + block_size_ - 1) / block_size_ + 1;
+  // What a decoding row holds (ceil(W / block_size) + 1) while the rows fit it; past that
+  // (prefill chunks) grown by half at least, so that a batch whose rows keep widening does not
+  // rebuild at every step; never past the full group's width, which every row fits and whose
+  // checks passed.
+  const int64_t decoding = (pages.window() + block_size_ - 1) / block_size_ + 1;
+  int64_t widest = 1;
   for (const Sequence* s : rows) {
     const int64_t n = static_cast<int64_t>(s->blocks.size());
     widest = std::max(widest, n - std::min<int64_t>(static_cast<int64_t>(pages.first_held(*s)), n));
   }
   const int64_t grown = std::max<int64_t>(md_.max_blocks, 0) * 3 / 2;
-  begin(sizes, std::min(std::max(widest, grown), std::max<int64_t>(max_width, 1)), options);
+  const int64_t width = widest <= decoding ? decoding : std::max(widest, grown);
+  begin(sizes, std::min(width, std::max<int64_t>(max_width, 1)), options);
   rewrite_all_ = true;
   ring_overflow_ = false;
   for (size_t r = 0; r < rows.size(); ++r) {
