@@ -557,7 +557,7 @@ void verify(ControlPlane& cp, Model& m) {
                 static_cast<int32_t>((t.size() + static_cast<size_t>(cp.pending(ids[r]).value()) +
                                       static_cast<size_t>(m.bs) - 1) /
                                      static_cast<size_t>(m.bs)));
-      const int32_t* csr = &b.indices[static_cast<size_t>(b.indptr[r])];
+      const int32_t* csr = b.indices.data() + b.indptr[r];
       if (!b.ring_table) {
         for (int32_t i = 0; i < n; ++i) ASSERT_EQ(csr[i], row[i]);
       } else {
@@ -629,8 +629,8 @@ Rows rows_of(ControlPlane& cp, Model& m) {
       const int32_t* row = &b.block_tables[r * static_cast<size_t>(b.max_blocks)];
       // A ring's width is the widest row's so far, not the sequence's; the forms alternate.
       if (m.tables != Model::Tables::kPlain) {
-        out[r].insert(out[r].end(), &b.indices[static_cast<size_t>(b.indptr[r])],
-                      &b.indices[static_cast<size_t>(b.indptr[r + 1])]);
+        out[r].insert(out[r].end(), b.indices.data() + b.indptr[r],
+                      b.indices.data() + b.indptr[r + 1]);
       } else {
         out[r].insert(out[r].end(), row, row + b.max_blocks);
       }
