@@ -217,6 +217,50 @@ bool BatchMetadataBuilder::write_ring_row(int32_t r, const Sequence& s, const Ro
   return true;
 }
 
+template <size_t kWindows>
+[[gnu::always_inline]] inline bool BatchMetadataBuilder::write_decode_row(
+    int32_t r, const Sequence& s, const RowPlan& p, const GroupPages* pages,
+    BatchMetadataBuilder* followers, size_t count) {
+  // A model of one window size (the usual one) gets the loops over its groups unrolled.
+  const size_t windows = kWindows > 0 ? kWindows : count;
+  if (!p.same_last || s.pending != 1) return false;
+  const int64_t len = s.length();
+  const int32_t n = p.n;
+  if (bdiv_.div(len) != static_cast<int64_t>(n) - 1) return false;
+  const size_t row = static_cast<size_t>(r);
+  const RowTail& tail = row_state_[row].tail;
+  // This builder's row as write_row() would find it: no entry left its window since it was
+  // written and the last block is still held (so no table line is read).
+  if (s.first_live >= static_cast<size_t>(n) ||
+      static_cast<int32_t>(s.first_live) != tail.first_live) {
+    return false;
+  }
+  // Each window group's row likewise, but for the entries that left its window since (a
+  // window trims a block every block_size steps): those become -1, as in write_row() and
+  // write_ring_row(). They were live entries of a row that fitted its ring, so clearing them
+  // touches no column of an entry that stays.
+  for (size_t w = 0; w < windows; ++w) {
+    const BatchMetadataBuilder& b = followers[w];
+    const size_t held = pages[w].first_held(s);
+    const int32_t was = b.follower_tails_[row].first_live;
+    if (held >= static_cast<size_t>(n) || static_cast<int32_t>(held) < was) return false;
+  }
+  const int64_t offset = bdiv_.mod(len);
+  const int32_t seq_len = static_cast<int32_t>(len + 1);
+  const int64_t bs = block_size_;
+  md_.seq_lens[row] = seq_len;
+  md_.slot_mapping.push_back(static_cast<int64_t>(tail.page) * bs + offset);
+  for (size_t w = 0; w < windows; ++w) {
+    BatchMetadataBuilder& b = followers[w];
+    RowTail& t = b.follower_tails_[row];
+    const int32_t held = static_cast<int32_t>(pages[w].first_held(s));
+    for (int32_t e = t.first_live; e < held; ++e) b.md_.block_tables[b.table_index(r, e)] = -1;
+    t.first_live = held;
+    b.md_.slot_mapping.push_back(static_cast<int64_t>(t.page) * bs + offset);
+  }
+  return true;
+}
+
 void BatchMetadataBuilder::rebuild_ring(const std::vector<Sequence*>& rows, const GroupPages& pages,
                                         const Sizes& sizes, int64_t max_width,
                                         const BatchOptions& options) {
@@ -340,6 +384,12 @@ Status BatchMetadataBuilder::build_groups(const std::vector<Sequence*>& rows,
     (*window_builders)[w].begin_follower(sizes, max_blocks, ring, options);
   }
   const int32_t batch = static_cast<int32_t>(sizes.batch);
+  const GroupPages* const first_pages = windows > 0 ? pages->data() : nullptr;
+  BatchMetadataBuilder* const first_follower = windows > 0 ? window_builders->data() : nullptr;
+  // write_decode_row() serves the usual rows while no window group's table is rewritten
+  // whole (a new layout, or a ring a row overflowed: rebuild_ring() rewrites it after the pass).
+  bool decode_rows = windows > 0;
+  for (size_t w = 0; w < windows; ++w) decode_rows = decode_rows && !first_follower[w].rewrite_all_;
   for (int32_t r = 0; r < batch; ++r) {
     // Rows are scattered sequences: fetch a few ahead.
     if (static_cast<size_t>(r) + 4 < rows.size()) {
@@ -347,6 +397,12 @@ Status BatchMetadataBuilder::build_groups(const std::vector<Sequence*>& rows,
     }
     Sequence& s = *rows[static_cast<size_t>(r)];
     const RowPlan p = plan_row(r, s);
+    if (decode_rows &&
+        (windows == 1 ? write_decode_row<1>(r, s, p, first_pages, first_follower, windows)
+                      : write_decode_row<0>(r, s, p, first_pages, first_follower, windows))) {
+      mark_seen(&s);
+      continue;
+    }
     for (size_t w = 0; w < windows; ++w) {
       const GroupPages& g = (*pages)[w];
       BatchMetadataBuilder& b = (*window_builders)[w];
@@ -357,6 +413,7 @@ Status BatchMetadataBuilder::build_groups(const std::vector<Sequence*>& rows,
                     tail, page_of);
       } else if (!b.ring_overflow_) {
         b.ring_overflow_ = !b.write_ring_row(r, s, p, g.first_held(s), tail, page_of);
+        decode_rows = decode_rows && !b.ring_overflow_;
       }
     }
     write_row(r, s, p, s.first_live, &row_state_[static_cast<size_t>(r)].tail,
@@ -368,7 +425,11 @@ Status BatchMetadataBuilder::build_groups(const std::vector<Sequence*>& rows,
     if (b.ring_overflow_) b.rebuild_ring(rows, (*pages)[w], sizes, md_.max_blocks, options);
   }
   end(sizes, options, row_state_);
-  for (size_t w = 0; w < windows; ++w) (*window_builders)[w].end(sizes, options, row_state_);
+  for (size_t w = 0; w < windows; ++w) {
+    BatchMetadataBuilder& b = (*window_builders)[w];
+    b.md_.seq_lens = md_.seq_lens;  // a sequence's length is the same in every group
+    b.end(sizes, options, row_state_);
+  }
   return ok_status();
 }
 

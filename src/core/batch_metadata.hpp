@@ -91,6 +91,14 @@ class BatchMetadataBuilder {
   template <typename PageOf>
   bool write_ring_row(int32_t r, const Sequence& s, const RowPlan& p, size_t first_live,
                       RowTail* tail, PageOf page_of);
+  // build_groups()' usual decode row, every group's at once: one new token in the row's last
+  // block, each group's row as it was written but for the entries its window trimmed since
+  // (cleared here). Writes every group's slot and this builder's length (the window groups'
+  // lengths are copied from it after the pass); false, writing nothing, for any other row.
+  // kWindows: the number of window groups when known at compile time (0: `count`).
+  template <size_t kWindows>
+  bool write_decode_row(int32_t r, const Sequence& s, const RowPlan& p, const GroupPages* pages,
+                        BatchMetadataBuilder* followers, size_t count);
   // A window group's builder before the rows of build_groups(): a plain table as wide as the
   // full group's (`max_blocks`), or with `ring` a ring of its own width. A new layout rewrites
   // every row, whatever the full group's plan.
