@@ -7,7 +7,10 @@
 //                 (one pass after each timed job, so that both see the same load).
 // The file store runs without fsync (page cache: the figures are CPU and syscall bound, not
 // disk bound). Its *_direct rows write with O_DIRECT (FileTierOptions::direct_io) and also give
-// ratio_direct, against a sequential O_DIRECT write / read of the same bytes (disk bound).
+// ratio_direct, against a sequential O_DIRECT write / read of the same bytes (disk bound). Its
+// get_cold rows read after the page cache dropped the files (store and ceilings alike), with
+// and without reads around the page cache (FileTierOptions::direct_read_depth);
+// direct_share is the share of blocks a get row read around the page cache.
 // The Redis benchmarks start their own redis-server on 127.0.0.1 and skip when it or hiredis
 // is missing. Arguments: KiB per block.
 #include <arpa/inet.h>
@@ -116,8 +119,30 @@ void read_file(const std::string& path, unsigned char* p, size_t n) {
   ::close(fd);
 }
 
-// What an iteration runs: a copying put, a borrowed put (submit_put_borrowed) or a get.
-enum class Op { kPut, kBorrowed, kGet };
+// What an iteration runs: a copying put, a borrowed put (submit_put_borrowed), a get, or a get
+// after the page cache dropped the store's files (a cold read: its ceilings read cold too).
+enum class Op { kPut, kBorrowed, kGet, kGetCold };
+
+// Drops every file under `path` (a file or a directory) from the page cache: written back first,
+// as only clean pages can be dropped.
+void drop_cached(const std::string& path) {
+  std::error_code ec;
+  std::vector<std::string> files;
+  if (std::filesystem::is_directory(path, ec)) {
+    for (const auto& e : std::filesystem::recursive_directory_iterator(path, ec)) {
+      if (e.is_regular_file(ec)) files.push_back(e.path().string());
+    }
+  } else {
+    files.push_back(path);
+  }
+  for (const std::string& f : files) {
+    const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    (void)::fdatasync(fd);
+    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
 
 StatusOr<uint64_t> submit(StorageTier& tier, Op op, Job& job) {
   switch (op) {
@@ -126,6 +151,7 @@ StatusOr<uint64_t> submit(StorageTier& tier, Op op, Job& job) {
     case Op::kBorrowed:
       return tier.submit_put_borrowed(job.keys, job.src);
     case Op::kGet:
+    case Op::kGetCold:
       break;
   }
   return tier.submit_get(job.keys, job.dst);
@@ -148,8 +174,9 @@ bool direct_file(const std::string& path, unsigned char* aligned, size_t n, bool
   return done == n;
 }
 
-void BM_FileTier(benchmark::State& state, Op op, bool direct = false) {
-  const bool put = op != Op::kGet;
+void BM_FileTier(benchmark::State& state, Op op, bool direct = false, int32_t read_depth = 0) {
+  const bool put = op == Op::kPut || op == Op::kBorrowed;
+  const bool cold = op == Op::kGetCold;
   const int64_t kib = state.range(0);
   const StorageLayout layout = layout_of(kib);
   const std::string dir = scratch_dir();
@@ -163,6 +190,7 @@ void BM_FileTier(benchmark::State& state, Op op, bool direct = false) {
     FileTierOptions o;
     o.directory = dir + "/store";
     o.direct_io = direct;
+    o.direct_read_depth = read_depth;
     auto made = make_file_tier(layout, o);
     if (!made.ok()) {
       state.SkipWithError(made.status().to_string().c_str());
@@ -185,7 +213,17 @@ void BM_FileTier(benchmark::State& state, Op op, bool direct = false) {
         ++ns;
         state.ResumeTiming();
       }
+      if (cold) {
+        state.PauseTiming();
+        drop_cached(dir + "/store");
+        state.ResumeTiming();
+      }
       ok = ok && run_job(*tier, submit(*tier, op, job));
+    }
+    const StorageStats st = tier->stats();
+    if (!put) {
+      state.counters["direct_share"] = benchmark::Counter(
+          static_cast<double>(st.gets_direct) / static_cast<double>(std::max<int64_t>(st.gets, 1)));
     }
     if (!ok) state.SkipWithError("a job failed");
     if (!put && job.out != job.data) state.SkipWithError("read back differs");
@@ -205,6 +243,7 @@ void BM_FileTier(benchmark::State& state, Op op, bool direct = false) {
   double seq = 0, files = 0;
   for (int r = 0; r < reps; ++r) {
     if (put) ::unlink(one.c_str());
+    if (cold) drop_cached(one);
     seq += seconds_of(
         [&] {
           if (put) {
@@ -217,6 +256,7 @@ void BM_FileTier(benchmark::State& state, Op op, bool direct = false) {
     if (put) {
       for (size_t i = 0; i < kBlocks; ++i) ::unlink((dir + "/plain/" + std::to_string(i)).c_str());
     }
+    if (cold) drop_cached(dir + "/plain");
     files += seconds_of(
         [&] {
           for (size_t i = 0; i < kBlocks; ++i) {
@@ -232,9 +272,9 @@ void BM_FileTier(benchmark::State& state, Op op, bool direct = false) {
   }
   seq /= reps;
   files /= reps;
-  // The direct_io rows also against a sequential O_DIRECT write / read of the same bytes.
+  // The direct_io and cold rows also against a sequential O_DIRECT write / read of the same bytes.
   double seq_direct = 0;
-  if (direct) {
+  if (direct || cold) {
     std::unique_ptr<unsigned char, decltype(&std::free)> aligned(
         static_cast<unsigned char*>(std::aligned_alloc(4096, flat.size())), &std::free);
     std::memcpy(aligned.get(), flat.data(), flat.size());
@@ -259,7 +299,7 @@ void BM_FileTier(benchmark::State& state, Op op, bool direct = false) {
                                                benchmark::Counter::kIsRate);
   state.counters["ratio_files"] = benchmark::Counter(
       files * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
-  if (direct) {
+  if (direct || cold) {
     state.counters["direct_MBps"] = benchmark::Counter(total / seq_direct / 1e6);
     state.counters["ratio_direct"] = benchmark::Counter(
         seq_direct * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
@@ -510,6 +550,21 @@ BENCHMARK_CAPTURE(BM_FileTier, put_borrowed_direct, Op::kBorrowed, true)
 BENCHMARK_CAPTURE(BM_FileTier, get_direct, Op::kGet, true)
     ->Arg(32)
     ->Arg(256)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+// Cold gets (the store's files dropped from the page cache before each job; the ceilings read
+// cold as well): through the page cache (the default) and, for comparison in the same run, around
+// it (direct_read_depth 8). 2 MiB blocks are a vLLM chunk's size.
+BENCHMARK_CAPTURE(BM_FileTier, get_cold, Op::kGetCold, false, 0)
+    ->Arg(32)
+    ->Arg(256)
+    ->Arg(2048)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_FileTier, get_cold_direct_reads, Op::kGetCold, false, 8)
+    ->Arg(32)
+    ->Arg(256)
+    ->Arg(2048)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_RedisTier, put, Op::kPut)

@@ -83,13 +83,14 @@ void construct(T* self, const StorageLayout& layout, decltype(T::options) o, Mak
 void init_file_tier(PyFileTier* self, nb::handle layout_or_config, const std::string& directory,
                     const std::optional<std::string>& model_id, std::optional<int32_t> group,
                     int64_t max_bytes, bool fsync, int64_t max_queued_blocks, int32_t threads,
-                    bool direct_io) {
+                    bool direct_io, int32_t direct_read_depth) {
   const StorageLayout layout = layout_of(layout_or_config, model_id, group);
   FileTierOptions o;
   o.directory = directory;
   o.max_bytes = max_bytes;
   o.fsync = fsync;
   o.direct_io = direct_io;
+  o.direct_read_depth = direct_read_depth;
   o.max_queued_blocks = max_queued_blocks;
   o.threads = threads;
   construct(self, layout, std::move(o), &make_file_tier);
@@ -118,6 +119,7 @@ nb::dict storage_stats_dict(const StorageStats& s) {
   d["bytes_read"] = s.bytes_read;
   d["failed_puts"] = s.failed_puts;
   d["failed_gets"] = s.failed_gets;
+  d["gets_direct"] = s.gets_direct;
   d["rejected_puts"] = s.rejected_puts;
   d["removed"] = s.removed;
   return d;
@@ -254,7 +256,9 @@ void register_storage(nb::module_& m) {
           // The counters are atomics: no need for the lock of the cache using the store.
           [](const PyStore& s) { return storage_stats_dict(s.tier->stats()); },
           "Counters since the store was created, as a dict: puts, gets, bytes_written, "
-          "bytes_read, failed_puts, failed_gets, rejected_puts, removed (blocks unless bytes).");
+          "bytes_read, failed_puts, failed_gets, rejected_puts, removed, gets_direct (blocks "
+          "unless "
+          "bytes).");
   def_raw_store_calls(store);
 
   nb::class_<PyFileTier, PyStore>(
@@ -265,13 +269,15 @@ void register_storage(nb::module_& m) {
            nb::kw_only(), nb::arg("model_id").none() = nb::none(),
            nb::arg("group").none() = nb::none(), nb::arg("max_bytes") = 0, nb::arg("fsync") = false,
            nb::arg("max_queued_blocks") = 4096, nb::arg("threads") = 2,
-           nb::arg("direct_io") = false,
+           nb::arg("direct_io") = false, nb::arg("direct_read_depth") = 0,
            "A store in `directory` (created when missing) for the blocks of a StorageLayout, or "
            "of a CacheConfig (group `group` of a model's config) and `model_id`. max_bytes bounds "
            "it (least recently used blocks go; 0: no bound); fsync makes every block survive a "
            "power loss; direct_io writes its segments with O_DIRECT, past the page cache (where "
            "the filesystem refuses O_DIRECT it logs a warning and writes through the page "
-           "cache). InvalidArgumentError for a bad layout or option, UnavailableError when the "
+           "cache); with direct_read_depth > 0, reads of blocks the page cache does not hold go "
+           "around it with O_DIRECT, that many in flight per I/O thread (0: all through it). "
+           "InvalidArgumentError for a bad layout or option, UnavailableError when the "
            "directory cannot be created or written.")
       .def_prop_ro(
           "directory", [](const PyFileTier& s) { return s.options.directory; },

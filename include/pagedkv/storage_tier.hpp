@@ -100,6 +100,7 @@ struct StorageStats {
   int64_t failed_gets = 0;    // blocks: missing, corrupt (checksum) or unreadable
   int64_t rejected_puts = 0;  // blocks refused because the write queue was full
   int64_t removed = 0;        // blocks removed (remove() or the store's size bound)
+  int64_t gets_direct = 0;    // of `gets`: read around the page cache (a file store's O_DIRECT)
 };
 
 /// A store of blocks (see the file comment). Thread-compatible: one owner thread calls it.
@@ -176,9 +177,15 @@ struct FileTierOptions {
   int64_t segment_bytes = int64_t{32} << 20;
   /// Write segments with O_DIRECT, bypassing the page cache, from aligned staging buffers (each
   /// record padded to 4 KiB): puts then stay fast when page-cache memory is scarce or cold, and
-  /// leave the host's cached pages alone. Reads stay buffered. Where the filesystem refuses
-  /// O_DIRECT (tmpfs) the store logs a warning and writes through the page cache as without it.
+  /// leave the host's cached pages alone. Where the filesystem refuses O_DIRECT (tmpfs) the
+  /// store logs a warning and writes through the page cache as without it.
   bool direct_io = false;
+  /// Reads of blocks the page cache does not hold go around it, with O_DIRECT, up to this many
+  /// in flight per I/O thread (io_uring; one at a time without it), so that cold reads leave
+  /// the host's cached pages alone; blocks it holds are still read from it. 0 (the default,
+  /// faster on the machines measured: docs/storage.md): every read through the page cache.
+  /// At most 256.
+  int32_t direct_read_depth = 0;
 };
 
 /// Options of the Redis (or Valkey) store.

@@ -1033,7 +1033,7 @@ class StorageTier:
 
     def stats(self) -> dict[str, Any]:
         """
-        Counters since the store was created, as a dict: puts, gets, bytes_written, bytes_read, failed_puts, failed_gets, rejected_puts, removed (blocks unless bytes).
+        Counters since the store was created, as a dict: puts, gets, bytes_written, bytes_read, failed_puts, failed_gets, rejected_puts, removed, gets_direct (blocks unless bytes).
         """
 
     def batch_exists(self, keys: Sequence) -> int:
@@ -1086,9 +1086,9 @@ class FileTier(StorageTier):
     The file store: one directory of segment files, which outlives the process (a restart on the same directory and layout finds its blocks). docs/storage.md.
     """
 
-    def __init__(self, layout_or_config: object, directory: str, *, model_id: str | None = None, group: int | None = None, max_bytes: int = 0, fsync: bool = False, max_queued_blocks: int = 4096, threads: int = 2, direct_io: bool = False) -> None:
+    def __init__(self, layout_or_config: object, directory: str, *, model_id: str | None = None, group: int | None = None, max_bytes: int = 0, fsync: bool = False, max_queued_blocks: int = 4096, threads: int = 2, direct_io: bool = False, direct_read_depth: int = 0) -> None:
         """
-        A store in `directory` (created when missing) for the blocks of a StorageLayout, or of a CacheConfig (group `group` of a model's config) and `model_id`. max_bytes bounds it (least recently used blocks go; 0: no bound); fsync makes every block survive a power loss; direct_io writes its segments with O_DIRECT, past the page cache (where the filesystem refuses O_DIRECT it logs a warning and writes through the page cache). InvalidArgumentError for a bad layout or option, UnavailableError when the directory cannot be created or written.
+        A store in `directory` (created when missing) for the blocks of a StorageLayout, or of a CacheConfig (group `group` of a model's config) and `model_id`. max_bytes bounds it (least recently used blocks go; 0: no bound); fsync makes every block survive a power loss; direct_io writes its segments with O_DIRECT, past the page cache (where the filesystem refuses O_DIRECT it logs a warning and writes through the page cache); with direct_read_depth > 0, reads of blocks the page cache does not hold go around it with O_DIRECT, that many in flight per I/O thread (0: all through it). InvalidArgumentError for a bad layout or option, UnavailableError when the directory cannot be created or written.
         """
 
     @property

@@ -25,7 +25,8 @@ FileTier::FileTier(const StorageLayout& layout, const FileTierOptions& options)
       store_dir_(options.directory + "/" + hex16(fingerprint_)),
       record_bytes_(static_cast<int64_t>(kReadHeadBytes) + layout.block_bytes),
       active_(static_cast<size_t>(options.threads)),
-      stages_(static_cast<size_t>(options.threads)) {}
+      stages_(static_cast<size_t>(options.threads)),
+      readers_(static_cast<size_t>(options.threads)) {}
 
 FileTier::~FileTier() {
   stop_workers();
@@ -59,15 +60,16 @@ Status FileTier::open() {
     return unavailable("make_file_tier: cannot write in " + store_dir_ + ": " +
                        errno_text(write_errno));
   }
-  if (options_.direct_io) {
+  if (options_.direct_io || options_.direct_read_depth > 0) {
     std::string why;
     if (probe_direct_io(&why)) {
-      align_ = kDirectAlign;
+      if (options_.direct_io) align_ = kDirectAlign;
+      direct_reads_ = options_.direct_read_depth > 0;
     } else {
       logger().warn(
-          "DISK storage tier: O_DIRECT is not supported in {} ({}); writing through the "
+          "DISK storage tier: O_DIRECT is not supported in {} ({}); reading{} through the "
           "page cache",
-          store_dir_, why);
+          store_dir_, why, options_.direct_io ? " and writing" : "");
     }
   }
   segment_bytes_ = effective_segment_bytes(options_, record_bytes_, align_);
@@ -182,12 +184,7 @@ void FileTier::put_blocks(int thread, BlockIo* blocks, size_t n) {
   reclaim_over_bound();
 }
 
-void FileTier::get_blocks(int, BlockIo* blocks, size_t n) {
-  struct Want {
-    size_t i;
-    SegmentPtr seg;
-    int64_t offset;
-  };
+void FileTier::get_blocks(int thread, BlockIo* blocks, size_t n) {
   std::vector<Want> wants;
   wants.reserve(n);
   {
@@ -205,15 +202,13 @@ void FileTier::get_blocks(int, BlockIo* blocks, size_t n) {
   std::sort(wants.begin(), wants.end(), [](const Want& a, const Want& b) {
     return a.seg->id != b.seg->id ? a.seg->id < b.seg->id : a.offset < b.offset;
   });
-  const auto payload = static_cast<size_t>(layout_.block_bytes);
-  // Three iovecs per record at most (an aligned one's padding goes to `pad`), within IOV_MAX.
-  constexpr size_t kMaxRun = kMaxRunRecords / 2;
-  std::vector<unsigned char> heads(std::min(n, kMaxRun) * kReadHeadBytes);
-  std::vector<iovec> iov(3 * std::min(n, kMaxRun));
-  std::vector<unsigned char> pad;
+  // Runs of adjacent records, each read with one preadv from the page cache (short enough that
+  // the checksums then read the blocks from the CPU's cache, not from memory), or, with
+  // direct_read_depth, those the page cache does not hold with O_DIRECT, after the others.
+  constexpr size_t kMaxRun = kMaxRunRecords / 2;  // three iovecs a record, within IOV_MAX
+  ReadScratch scratch;
+  std::vector<Run> cold;
   for (size_t r = 0; r < wants.size();) {
-    // A run of adjacent records: one preadv. Runs are short enough that the checksums then
-    // read the blocks from the CPU's cache, not from memory.
     const Segment& seg = *wants[r].seg;
     const int64_t stride = stride_of(seg);
     const size_t max_run =
@@ -223,31 +218,59 @@ void FileTier::get_blocks(int, BlockIo* blocks, size_t n) {
            wants[r + k].offset == wants[r].offset + static_cast<int64_t>(k) * stride) {
       ++k;
     }
-    const auto gap = static_cast<size_t>(stride - record_bytes_);  // an aligned record's padding
-    if (gap > pad.size()) pad.resize(gap);
-    int count = 0;
-    for (size_t j = 0; j < k; ++j) {
-      if (j > 0 && gap > 0) iov[static_cast<size_t>(count++)] = {pad.data(), gap};
-      iov[static_cast<size_t>(count++)] = {heads.data() + j * kReadHeadBytes, kReadHeadBytes};
-      iov[static_cast<size_t>(count++)] = {blocks[wants[r + j].i].data, payload};
-    }
-    std::string error;
-    const int64_t got = detail::preadv_all(seg.fd, iov.data(), count, wants[r].offset, &error);
-    for (size_t j = 0; j < k; ++j) {
-      const Want& w = wants[r + j];
-      BlockIo& b = blocks[w.i];
-      bool damaged = false;
-      if (got < 0) {
-        b.error = error;
-      } else if (got < static_cast<int64_t>(j) * stride + record_bytes_) {
-        b.error = "the segment ends before the record (truncated)";
-      } else {
-        b.error = verify(*w.seg, heads.data() + j * kReadHeadBytes, b, &damaged);
-      }
-      if (!b.error.empty()) forget(b.key, w.seg, w.offset, damaged);
+    const Run run{r, k};
+    if (direct_reads_ && is_cold(wants, run)) {
+      cold.push_back(run);
+    } else {
+      read_buffered(blocks, wants, run, &scratch);
     }
     r += k;
   }
+  if (!cold.empty()) read_direct(thread, blocks, wants, cold, &scratch);
+}
+
+int64_t FileTier::run_bytes(const std::vector<Want>& wants, Run run) const {
+  return static_cast<int64_t>(run.k - 1) * stride_of(*wants[run.first].seg) + record_bytes_;
+}
+
+void FileTier::read_buffered(BlockIo* blocks, const std::vector<Want>& wants, Run run,
+                             ReadScratch* scratch) {
+  const Segment& seg = *wants[run.first].seg;
+  const int64_t stride = stride_of(seg);
+  const auto payload = static_cast<size_t>(layout_.block_bytes);
+  const auto gap = static_cast<size_t>(stride - record_bytes_);  // an aligned record's padding
+  if (gap > scratch->pad.size()) scratch->pad.resize(gap);
+  if (scratch->heads.size() < run.k * kReadHeadBytes) scratch->heads.resize(run.k * kReadHeadBytes);
+  if (scratch->iov.size() < 3 * run.k) scratch->iov.resize(3 * run.k);
+  int count = 0;
+  for (size_t j = 0; j < run.k; ++j) {
+    if (j > 0 && gap > 0) scratch->iov[static_cast<size_t>(count++)] = {scratch->pad.data(), gap};
+    scratch->iov[static_cast<size_t>(count++)] = {scratch->heads.data() + j * kReadHeadBytes,
+                                                  kReadHeadBytes};
+    scratch->iov[static_cast<size_t>(count++)] = {blocks[wants[run.first + j].i].data, payload};
+  }
+  std::string error;
+  const int64_t got =
+      detail::preadv_all(seg.fd, scratch->iov.data(), count, wants[run.first].offset, &error);
+  for (size_t j = 0; j < run.k; ++j) {
+    const Want& w = wants[run.first + j];
+    BlockIo& b = blocks[w.i];
+    const int64_t end = static_cast<int64_t>(j) * stride + record_bytes_;
+    finish_get(w, b, scratch->heads.data() + j * kReadHeadBytes, got < 0 ? error : "", got >= end);
+  }
+}
+
+void FileTier::finish_get(const Want& w, BlockIo& b, const unsigned char* head,
+                          const std::string& read_error, bool whole) {
+  bool damaged = false;
+  if (!read_error.empty()) {
+    b.error = read_error;
+  } else if (!whole) {
+    b.error = "the segment ends before the record (truncated)";
+  } else {
+    b.error = verify(*w.seg, head, b, &damaged);
+  }
+  if (!b.error.empty()) forget(b.key, w.seg, w.offset, damaged);
 }
 
 bool FileTier::remove_block(int, const StorageKey& key) {
@@ -297,6 +320,10 @@ StatusOr<std::unique_ptr<StorageTier>> make_file_tier(const StorageLayout& layou
   if (options.segment_bytes <= 0) {
     return invalid_argument("make_file_tier: segment_bytes: must be positive, got " +
                             std::to_string(options.segment_bytes));
+  }
+  if (options.direct_read_depth < 0 || options.direct_read_depth > 256) {
+    return invalid_argument("make_file_tier: direct_read_depth: must be in [0, 256], got " +
+                            std::to_string(options.direct_read_depth));
   }
   // The smallest store: one segment of one block (aligned records with direct_io).
   const uint32_t align = options.direct_io ? detail::kDirectAlign : 1;

@@ -6,11 +6,14 @@
 // block's record header in place as removed. The size bound drops whole least recently used
 // segments. At startup the index is rebuilt by scanning the segments (segment_scan.hpp).
 // With FileTierOptions::direct_io the segments are written with O_DIRECT from aligned staging
-// buffers, records aligned to kDirectAlign (segment_format.hpp, version 2); reads stay buffered.
+// buffers, records aligned to kDirectAlign (segment_format.hpp, version 2). A get reads the runs
+// the page cache does not hold around it, with O_DIRECT, several at once (direct_read_depth).
 // The class is defined across file_tier.cpp (puts, gets, lookups), file_tier_segments.cpp
-// (appending, the index, removal and reclaim), file_tier_direct.cpp (O_DIRECT appends) and
-// file_tier_scan.cpp (what is on disk).
+// (appending, the index, removal and reclaim), file_tier_direct.cpp (O_DIRECT appends),
+// file_tier_direct_reads.cpp (O_DIRECT reads) and file_tier_scan.cpp (what is on disk).
 #pragma once
+
+#include <sys/uio.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -22,6 +25,7 @@
 #include <vector>
 
 #include "storage/block_format.hpp"
+#include "storage/direct_reads.hpp"
 #include "storage/queued_tier.hpp"
 #include "storage/segment_format.hpp"
 #include "storage/segment_scan.hpp"
@@ -47,6 +51,9 @@ inline constexpr size_t kStageBytes = size_t{2} << 20;
 // Test seam: while set, stores made from then on find O_DIRECT refused (as tmpfs did before
 // Linux 6.6) and fall back to writing through the page cache.
 void refuse_direct_io_for_testing(bool refuse);
+// Test seam: while set, every get of a store that reads around the page cache does so, as if the
+// page cache held none of its blocks.
+void force_direct_reads_for_testing(bool force);
 
 class FileTier final : public QueuedStorageTier {
  public:
@@ -113,6 +120,41 @@ class FileTier final : public QueuedStorageTier {
   // payload's CRC. Sets *damaged when the record is corrupt (not merely removed).
   std::string verify(const Segment& seg, const unsigned char* head, const BlockIo& b,
                      bool* damaged);
+
+  // ---- gets ----
+
+  // A block a get reads: blocks[i], whose record starts at `offset` of `seg`.
+  struct Want {
+    size_t i;
+    SegmentPtr seg;
+    int64_t offset;
+  };
+  // Records adjacent in one segment, wants[first, first + k): read at once.
+  struct Run {
+    size_t first;
+    size_t k;
+  };
+  // A get's buffers for the headers of a run and its iovecs, reused from run to run.
+  struct ReadScratch {
+    std::vector<unsigned char> heads;
+    std::vector<iovec> iov;
+    std::vector<unsigned char> pad;
+  };
+  // The bytes from the run's first record header to the end of its last record.
+  int64_t run_bytes(const std::vector<Want>& wants, Run run) const;
+  // Reads a run through the page cache, straight into the blocks' destinations.
+  void read_buffered(BlockIo* blocks, const std::vector<Want>& wants, Run run,
+                     ReadScratch* scratch);
+  // Whether the page cache lacks some of the run (file_tier_direct_reads.cpp).
+  bool is_cold(const std::vector<Want>& wants, Run run) const;
+  // Reads runs around the page cache, several in flight, on the thread's DirectReads; those
+  // that cannot be read so are read with read_buffered.
+  void read_direct(int thread, BlockIo* blocks, const std::vector<Want>& wants,
+                   const std::vector<Run>& runs, ReadScratch* scratch);
+  // Sets b.error from how the read went (`read_error`; `whole`: the record was all read) and
+  // verify(), and forgets the block when it failed.
+  void finish_get(const Want& w, BlockIo& b, const unsigned char* head,
+                  const std::string& read_error, bool whole);
 
   // ---- segments this store appends to ----
 
@@ -222,6 +264,10 @@ class FileTier final : public QueuedStorageTier {
     void operator()(unsigned char* p) const;
   };
   std::vector<std::unique_ptr<unsigned char, FreeAligned>> stages_;  // per I/O thread
+  // Set by open(): reads of runs the page cache does not hold go around it (direct_read_depth > 0
+  // and O_DIRECT works here).
+  bool direct_reads_ = false;
+  std::vector<std::unique_ptr<DirectReads>> readers_;  // per I/O thread, made on first use
 
   std::mutex mu_;
   Index index_;

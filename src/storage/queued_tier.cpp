@@ -289,6 +289,7 @@ StorageStats QueuedStorageTier::stats() const {
   s.failed_gets = failed_gets_.load();
   s.rejected_puts = rejected_puts_.load();
   s.removed = removed_.load();
+  s.gets_direct = gets_direct_.load();
   return s;
 }
 

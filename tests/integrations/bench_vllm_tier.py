@@ -4,7 +4,7 @@ same kind of directory, in one run: chunks/s stored (the cascade from the primar
 chunks/s promoted (found in the tier, read back into the primary tier).
 
     python tests/integrations/bench_vllm_tier.py [--chunks 64] [--chunk-kib 2048] [--rounds 3]
-        [--threads 2] [--direct-io]
+        [--threads 2] [--direct-read-depth 0] [--direct-io]
 """
 from __future__ import annotations
 
@@ -125,6 +125,8 @@ def main() -> None:
     ap.add_argument("--chunk-kib", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="PagedKvTier I/O threads")
+    ap.add_argument("--direct-read-depth", type=int, default=0,
+                    help="PagedKvTier reads around the page cache, this many in flight (0: none)")
     ap.add_argument("--direct-io", action="store_true",
                     help="PagedKvTier writes and reads its segments with O_DIRECT")
     args = ap.parse_args()
@@ -138,6 +140,7 @@ def main() -> None:
                 config = ({"type": "fs", "root_dir": root} if name == "fs" else
                           {"type": "PagedKvTier", "module_path": "pagedkv.integrations.vllm",
                            "backend": "file", "directory": root, "threads": args.threads,
+                           "direct_read_depth": args.direct_read_depth,
                            "direct_io": args.direct_io})
                 s, p = run(config, n, chunk_bytes, rng)
                 results[name][0].append(s)

@@ -3,6 +3,8 @@ submit_get, poll, drain, remove) on caller buffers, with an opaque layout of ano
 block size: what the vLLM and SGLang adapters build on (docs/storage.md, Raw store)."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -67,6 +69,52 @@ def test_direct_io_writes_aligned_segments_that_read_back_across_a_restart(tmp_p
         assert finished(store, [job])[job]["ok"]
         np.testing.assert_array_equal(out, data)
         del store
+
+
+def on_tmpfs(path):
+    """Whether `path` lies on tmpfs (where every page of a file stays in the page cache)."""
+    best, fstype = "", ""
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            _, mount, kind = line.split()[:3]
+            if str(path).startswith(mount) and len(mount) > len(best):
+                best, fstype = mount, kind
+    return fstype == "tmpfs"
+
+
+def drop_page_cache(directory):
+    for f in directory.rglob("*.seg"):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+@pytest.mark.parametrize("depth", [8, 0])
+def test_blocks_the_page_cache_dropped_are_read_around_it_unless_depth_is_0(tmp_path, depth):
+    if on_tmpfs(tmp_path):
+        pytest.skip("tmpfs keeps every page cached")
+    data = rows(np.random.default_rng(12), 9)
+    keys = [bytes([0x60 + i]) * 16 for i in range(9)]
+    store = make_store(tmp_path, direct_read_depth=depth)
+    job = store.submit_put(keys, list(data))
+    assert finished(store, [job])[job]["ok"]
+    drop_page_cache(tmp_path / "store")
+    out = np.zeros_like(data)
+    job = store.submit_get(keys, list(out))
+    assert finished(store, [job])[job]["ok"]
+    np.testing.assert_array_equal(out, data)
+    stats = store.stats()
+    assert stats["gets"] == 9
+    assert stats["gets_direct"] == (9 if depth > 0 else 0)
+
+
+def test_a_direct_read_depth_outside_0_to_256_is_refused(tmp_path):
+    for depth in (-1, 257):
+        with pytest.raises(pagedkv.InvalidArgumentError, match="direct_read_depth"):
+            make_store(tmp_path, direct_read_depth=depth)
 
 
 def test_addresses_are_buffers_too(tmp_path):

@@ -28,8 +28,8 @@ from ..errors import FailedPreconditionError, InvalidArgumentError, StatusCode
 
 class PagedKvStorage(HiCacheStorage):
     """A HiCache storage backend over a pagedkv store. Extra-config keys: `backend` "file"
-    (`directory`, `max_bytes`, `fsync`, `direct_io`) or "redis" (`host`, `port`, `key_prefix`,
-    `timeout_ms`), `threads`, `max_queued_blocks`, `digest` (names the page layout yourself)."""
+    (`directory`, `max_bytes`, `fsync`, `direct_io`, `direct_read_depth`) or "redis" (`host`,
+    `port`, `key_prefix`, `timeout_ms`), `threads`, `max_queued_blocks`, `digest` (names the page layout yourself)."""
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
         self.config = storage_config
@@ -65,7 +65,8 @@ class PagedKvStorage(HiCacheStorage):
         if o.get("backend", "file") == "file":
             self._store = FileTier(layout, o["directory"], max_bytes=o.get("max_bytes", 0),
                                    fsync=o.get("fsync", False),
-                                   direct_io=o.get("direct_io", False), **common)
+                                   direct_io=o.get("direct_io", False),
+                                   direct_read_depth=o.get("direct_read_depth", 0), **common)
         else:
             self._store = RedisTier(layout, host=o.get("host", "127.0.0.1"),
                                     port=o.get("port", 6379),
