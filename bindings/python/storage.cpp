@@ -120,6 +120,7 @@ nb::dict storage_stats_dict(const StorageStats& s) {
   d["failed_puts"] = s.failed_puts;
   d["failed_gets"] = s.failed_gets;
   d["gets_direct"] = s.gets_direct;
+  d["gets_in_place"] = s.gets_in_place;
   d["rejected_puts"] = s.rejected_puts;
   d["removed"] = s.removed;
   return d;
@@ -256,7 +257,8 @@ void register_storage(nb::module_& m) {
           // The counters are atomics: no need for the lock of the cache using the store.
           [](const PyStore& s) { return storage_stats_dict(s.tier->stats()); },
           "Counters since the store was created, as a dict: puts, gets, bytes_written, "
-          "bytes_read, failed_puts, failed_gets, rejected_puts, removed, gets_direct (blocks "
+          "bytes_read, failed_puts, failed_gets, rejected_puts, removed, gets_direct, "
+          "gets_in_place (blocks "
           "unless "
           "bytes).");
   def_raw_store_calls(store);

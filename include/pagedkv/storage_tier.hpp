@@ -101,6 +101,7 @@ struct StorageStats {
   int64_t rejected_puts = 0;  // blocks refused because the write queue was full
   int64_t removed = 0;        // blocks removed (remove() or the store's size bound)
   int64_t gets_direct = 0;    // of `gets`: read around the page cache (a file store's O_DIRECT)
+  int64_t gets_in_place = 0;  // of `gets_direct`: read straight into the caller's memory (no copy)
 };
 
 /// A store of blocks (see the file comment). Thread-compatible: one owner thread calls it.

@@ -1033,7 +1033,7 @@ class StorageTier:
 
     def stats(self) -> dict[str, Any]:
         """
-        Counters since the store was created, as a dict: puts, gets, bytes_written, bytes_read, failed_puts, failed_gets, rejected_puts, removed, gets_direct (blocks unless bytes).
+        Counters since the store was created, as a dict: puts, gets, bytes_written, bytes_read, failed_puts, failed_gets, rejected_puts, removed, gets_direct, gets_in_place (blocks unless bytes).
         """
 
     def batch_exists(self, keys: Sequence) -> int:

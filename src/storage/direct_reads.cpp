@@ -7,11 +7,16 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
+#include <string>
+#include <thread>
 
 #ifdef PAGEDKV_WITH_LIBURING
 #include <liburing.h>
 #endif
+
+#include "storage/file_io.hpp"
 
 namespace pagedkv::detail {
 
@@ -38,6 +43,14 @@ std::atomic<bool> cachestat_missing{false};
 // The rest of a read that came back short: synchronously, while it stays aligned (an O_DIRECT
 // read stops short only at the end of the file, where the next read returns 0).
 int64_t finish_read(const DirectReads::Read& r, unsigned char* buf, int64_t got, int* err) {
+  if (r.iov != nullptr) {
+    std::vector<iovec> rest(r.iov, r.iov + r.iovcnt);
+    iovec* first = rest.data();
+    const int left = advance_iovecs(first, r.iovcnt, static_cast<size_t>(got));
+    std::string error;
+    const int64_t more = preadv_direct(r.fd, first, left, r.offset + got, 4096, &error, err);
+    return more < 0 ? got : got + more;
+  }
   while (got < r.bytes) {
     const ssize_t n = ::pread(r.fd, buf + got, static_cast<size_t>(r.bytes - got),
                               static_cast<off_t>(r.offset + got));
@@ -111,8 +124,10 @@ bool DirectReads::ensure_buffers(int64_t bytes) {
 
 bool DirectReads::run(const std::vector<Read>& reads, const Done& done) {
   if (reads.empty()) return true;
-  int64_t largest = 0;
-  for (const Read& r : reads) largest = std::max(largest, r.bytes);
+  int64_t largest = 4096;
+  for (const Read& r : reads) {
+    if (r.iov == nullptr) largest = std::max(largest, r.bytes);
+  }
   if (!ensure_buffers(largest)) return false;
 #ifdef PAGEDKV_WITH_LIBURING
   if (!ring_tried_) {
@@ -136,7 +151,7 @@ void DirectReads::run_one_at_a_time(const std::vector<Read>& reads, const Done& 
   for (const Read& r : reads) {
     int err = 0;
     const int64_t got = finish_read(r, buf, 0, &err);
-    done(r.tag, buf, got, err);
+    done(r.tag, r.iov != nullptr ? nullptr : buf, got, err);
   }
 }
 
@@ -150,7 +165,18 @@ void DirectReads::run_ring(const std::vector<Read>& reads, const Done& done) {
   int in_flight = 0;
   // The ring refused a submit or a wait: reads may still land in the buffers, so they are
   // given up (leaked, never reused) and what is not done is read one at a time into new ones.
+  // A read into the caller's iovecs must be over before run() returns: its completion is
+  // waited for a while longer (and the read done again, which lands the same bytes).
   const auto abandon_ring = [&] {
+    for (int tries = 0; in_flight > 0 && tries < 1000; ++tries) {
+      io_uring_cqe* cqe = nullptr;
+      if (io_uring_peek_cqe(ring, &cqe) == 0 && cqe != nullptr) {
+        io_uring_cqe_seen(ring, cqe);
+        --in_flight;
+        continue;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     for (auto& b : buffers_) (void)b.release();
     buffers_.clear();
     const int64_t bytes = buffer_bytes_;
@@ -176,8 +202,13 @@ void DirectReads::run_ring(const std::vector<Read>& reads, const Done& done) {
       const int slot = free_slots.back();
       free_slots.pop_back();
       const Read& r = reads[next];
-      io_uring_prep_read(sqe, r.fd, buffers_[static_cast<size_t>(slot)].get(),
-                         static_cast<unsigned>(r.bytes), static_cast<uint64_t>(r.offset));
+      if (r.iov != nullptr) {
+        io_uring_prep_readv(sqe, r.fd, r.iov, static_cast<unsigned>(r.iovcnt),
+                            static_cast<uint64_t>(r.offset));
+      } else {
+        io_uring_prep_read(sqe, r.fd, buffers_[static_cast<size_t>(slot)].get(),
+                           static_cast<unsigned>(r.bytes), static_cast<uint64_t>(r.offset));
+      }
       io_uring_sqe_set_data64(sqe, static_cast<uint64_t>(slot));
       slot_read[static_cast<size_t>(slot)] = next++;
       ++in_flight;
@@ -210,7 +241,7 @@ void DirectReads::run_ring(const std::vector<Read>& reads, const Done& done) {
     } else {
       err = -res;
     }
-    done(r.tag, buf, got, err);
+    done(r.tag, r.iov != nullptr ? nullptr : buf, got, err);
     free_slots.push_back(static_cast<int>(slot));
   }
 }

@@ -1,9 +1,12 @@
 // Reads around the page cache: O_DIRECT reads of aligned spans into aligned buffers of the
-// reader's own, several in flight at once through io_uring (liburing), or one at a time where
-// this build has no liburing or the kernel refuses io_uring. The file store reads the blocks the
-// page cache does not hold this way (FileTierOptions::direct_read_depth): a cold read then
-// neither allocates page-cache memory nor waits for one read before it starts the next.
+// reader's own or into the caller's (aligned iovecs), several in flight at once through io_uring
+// (liburing), or one at a time where this build has no liburing or the kernel refuses io_uring. The
+// file store reads the blocks the page cache does not hold this way
+// (FileTierOptions::direct_read_depth): a cold read then neither allocates page-cache memory nor
+// waits for one read before it starts the next.
 #pragma once
+
+#include <sys/uio.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -26,15 +29,20 @@ void refuse_io_uring_for_testing(bool refuse);
 class DirectReads {
  public:
   /// One read: `bytes` from `offset` of `fd` (opened with O_DIRECT); offset, bytes aligned to
-  /// the filesystem's O_DIRECT alignment. `tag` names it to the completion.
+  /// the filesystem's O_DIRECT alignment. `tag` names it to the completion. With `iov`, the
+  /// bytes go to those `iovcnt` buffers (aligned bases and lengths, `bytes` in all; kept valid
+  /// until the completion), else to one of the reader's.
   struct Read {
     int fd = -1;
     int64_t offset = 0;
     int64_t bytes = 0;
     size_t tag = 0;
+    const iovec* iov = nullptr;
+    int iovcnt = 0;
   };
-  /// A completed read: its tag, the buffer holding the bytes read, how many (fewer than asked:
-  /// the file ended), or the errno it failed with (0: none). The buffer is reused after return.
+  /// A completed read: its tag, the buffer holding the bytes read (null for a read into iovecs),
+  /// how many (fewer than asked: the file ended), or the errno it failed with (0: none). The
+  /// buffer is reused after return.
   using Done = std::function<void(size_t tag, const unsigned char* data, int64_t got, int err)>;
 
   /// `depth`: reads in flight at most (>= 1).
@@ -44,8 +52,8 @@ class DirectReads {
   DirectReads& operator=(const DirectReads&) = delete;
 
   /// Runs every read, up to `depth` at a time, calling `done` for each as it completes (in
-  /// any order), on the caller's thread. False when the buffers cannot be allocated (then no
-  /// read ran and `done` was not called).
+  /// any order), on the caller's thread; once it returns, no read is in flight. False when the
+  /// buffers cannot be allocated (then no read ran and `done` was not called).
   bool run(const std::vector<Read>& reads, const Done& done);
 
   /// Whether reads go through io_uring (else one at a time), once run() has been called.

@@ -8,10 +8,8 @@
 #include <cstring>
 
 namespace pagedkv::detail {
-namespace {
 
-// Drops the first `n` bytes of the iovec array; returns how many iovecs are left.
-int advance(iovec*& iov, int count, size_t n) {
+int advance_iovecs(iovec*& iov, int count, size_t n) {
   while (count > 0 && n >= iov->iov_len) {
     n -= iov->iov_len;
     ++iov;
@@ -23,8 +21,6 @@ int advance(iovec*& iov, int count, size_t n) {
   }
   return count;
 }
-
-}  // namespace
 
 std::string errno_text(int e) { return std::string(std::strerror(e)); }
 
@@ -71,26 +67,35 @@ std::string pwritev_all(int fd, iovec* iov, int count, int64_t offset) {
     }
     if (w == 0) return "write: no progress";
     offset += w;
-    count = advance(iov, count, static_cast<size_t>(w));
+    count = advance_iovecs(iov, count, static_cast<size_t>(w));
   }
   return {};
 }
 
-int64_t preadv_all(int fd, iovec* iov, int count, int64_t offset, std::string* error) {
+int64_t preadv_direct(int fd, iovec* iov, int count, int64_t offset, int64_t unit,
+                      std::string* error, int* err) {
   int64_t done = 0;
   while (count > 0) {
     const ssize_t r = ::preadv(fd, iov, count, static_cast<off_t>(offset));
     if (r < 0) {
-      if (errno == EINTR) continue;
-      *error = "read: " + errno_text(errno);
+      const int e = errno;
+      if (e == EINTR) continue;
+      *err = e;
+      *error = "read: " + errno_text(e);
       return -1;
     }
     if (r == 0) break;  // the file ends
     offset += r;
     done += r;
-    count = advance(iov, count, static_cast<size_t>(r));
+    if (unit > 1 && offset % unit != 0) break;  // ... mid-unit
+    count = advance_iovecs(iov, count, static_cast<size_t>(r));
   }
   return done;
+}
+
+int64_t preadv_all(int fd, iovec* iov, int count, int64_t offset, std::string* error) {
+  int err = 0;
+  return preadv_direct(fd, iov, count, offset, /*unit=*/1, error, &err);
 }
 
 }  // namespace pagedkv::detail

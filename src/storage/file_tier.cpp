@@ -23,7 +23,6 @@ FileTier::FileTier(const StorageLayout& layout, const FileTierOptions& options)
     : QueuedStorageTier(layout, options.threads, options.max_queued_blocks),
       options_(options),
       store_dir_(options.directory + "/" + hex16(fingerprint_)),
-      record_bytes_(static_cast<int64_t>(kReadHeadBytes) + layout.block_bytes),
       active_(static_cast<size_t>(options.threads)),
       stages_(static_cast<size_t>(options.threads)),
       readers_(static_cast<size_t>(options.threads)) {}
@@ -34,12 +33,20 @@ FileTier::~FileTier() {
   release_free_files(&free_);
 }
 
-int64_t FileTier::effective_segment_bytes(const FileTierOptions& o, int64_t record_bytes,
-                                          uint32_t align) {
+RecordShape FileTier::new_segment_shape(bool direct_io, bool direct_reads, int64_t block_bytes) {
+  const bool whole_pages = block_bytes % kDirectAlign == 0;
+  if (whole_pages && (direct_io || (direct_reads && block_bytes >= kInPlaceBlockBytes))) {
+    return RecordShape::payload_aligned(kDirectAlign);
+  }
+  if (direct_io) return RecordShape{kDirectAlign, kReadHeadBytes};
+  return RecordShape{};
+}
+
+int64_t FileTier::effective_segment_bytes(const FileTierOptions& o, const RecordShape& shape,
+                                          int64_t block_bytes) {
   int64_t s = o.segment_bytes;
   if (o.max_bytes > 0) s = std::min(s, o.max_bytes / 4);
-  return std::max<int64_t>(s, first_record_offset(align) + record_stride(record_bytes, align) +
-                                  static_cast<int64_t>(kRecordHeaderBytes));
+  return std::max<int64_t>(s, smallest_segment(shape, block_bytes));
 }
 
 Status FileTier::open() {
@@ -63,8 +70,8 @@ Status FileTier::open() {
   if (options_.direct_io || options_.direct_read_depth > 0) {
     std::string why;
     if (probe_direct_io(&why)) {
-      if (options_.direct_io) align_ = kDirectAlign;
       direct_reads_ = options_.direct_read_depth > 0;
+      shape_ = new_segment_shape(options_.direct_io, direct_reads_, layout_.block_bytes);
     } else {
       logger().warn(
           "DISK storage tier: O_DIRECT is not supported in {} ({}); reading{} through the "
@@ -72,9 +79,9 @@ Status FileTier::open() {
           store_dir_, why, options_.direct_io ? " and writing" : "");
     }
   }
-  segment_bytes_ = effective_segment_bytes(options_, record_bytes_, align_);
+  segment_bytes_ = effective_segment_bytes(options_, shape_, layout_.block_bytes);
   stage_bytes_ = static_cast<size_t>(
-      std::max<int64_t>(static_cast<int64_t>(kStageBytes), record_stride(record_bytes_, align_)));
+      std::max<int64_t>(static_cast<int64_t>(kStageBytes), shape_.stride(layout_.block_bytes)));
   detail::remove_free_files(store_dir_);  // a dead process's, never read
   rescan_directory(/*at_open=*/true);
   reclaim_over_bound();
@@ -118,10 +125,12 @@ StatusOr<std::vector<bool>> FileTier::exists_each(const std::vector<StorageKey>&
 void FileTier::put_blocks(int thread, BlockIo* blocks, size_t n) {
   const size_t body = kBlockHeaderBytes + static_cast<size_t>(layout_.block_bytes);
   const auto payload = static_cast<size_t>(layout_.block_bytes);
-  // Packed records: per record its header and the block header, then the payload from where it
-  // is (a borrowed put's is the caller's memory): two iovecs per record. Aligned ones are
-  // staged (append_aligned).
+  // Through the page cache, per record: its header and the block header (and in version 3 the
+  // zeros up to the payload) from `heads`, the payload from where it is (a borrowed put's is the
+  // caller's memory), and an aligned record's padding from `zeros`: two or three iovecs per
+  // record. O_DIRECT appends are staged instead (append_aligned).
   std::vector<unsigned char> heads;
+  std::vector<unsigned char> zeros;
   std::vector<iovec> iov;
   size_t i = 0;
   while (i < n) {
@@ -133,33 +142,38 @@ void FileTier::put_blocks(int thread, BlockIo* blocks, size_t n) {
     }
     const int64_t start = seg->bytes;
     const int64_t stride = stride_of(*seg);
-    const bool aligned = seg->align > 1;
-    const bool empty = start == first_record_offset(seg->align);
+    const bool staged = seg->direct_fd >= 0;
+    const bool empty = start == seg->shape.first_record();
+    const auto head = static_cast<size_t>(seg->shape.payload_at);
+    const auto tail = static_cast<size_t>(stride - record_end(*seg));
     // Room for the records and, later, the seal.
     const int64_t room = segment_bytes_ - start - static_cast<int64_t>(kRecordHeaderBytes);
-    size_t k = std::min({n - i, aligned ? stage_records(*seg) : kMaxRunRecords,
+    size_t k = std::min({n - i, staged ? stage_records(*seg) : kMaxRunRecords / (tail > 0 ? 2 : 1),
                          static_cast<size_t>(std::max<int64_t>(0, room / stride))});
     if (k == 0 && empty) k = 1;
     if (k == 0) {
       seal(thread);
       continue;
     }
-    if (aligned) {
+    if (staged) {
       error = append_aligned(thread, *seg, blocks + i, k, start);
     } else {
-      heads.resize(std::max(heads.size(), k * kReadHeadBytes));
-      iov.resize(std::max(iov.size(), 2 * k));
+      heads.resize(std::max(heads.size(), k * head));  // zeros past each record's headers
+      zeros.resize(std::max(zeros.size(), tail));
+      iov.resize(std::max(iov.size(), 3 * k));
+      int count = 0;
       for (size_t j = 0; j < k; ++j) {
         RecordHeader h;
         h.key = blocks[i + j].key;
         h.body_bytes = body;
-        unsigned char* head = heads.data() + j * kReadHeadBytes;
-        encode_record_header(h, detail::record_seed(seg->id), head);
-        std::memcpy(head + kRecordHeaderBytes, blocks[i + j].header, kBlockHeaderBytes);
-        iov[2 * j] = {head, kReadHeadBytes};
-        iov[2 * j + 1] = {blocks[i + j].data, payload};
+        unsigned char* p = heads.data() + j * head;
+        encode_record_header(h, detail::record_seed(seg->id), p);
+        std::memcpy(p + kRecordHeaderBytes, blocks[i + j].header, kBlockHeaderBytes);
+        iov[static_cast<size_t>(count++)] = {p, head};
+        iov[static_cast<size_t>(count++)] = {blocks[i + j].data, payload};
+        if (tail > 0) iov[static_cast<size_t>(count++)] = {zeros.data(), tail};
       }
-      error = detail::pwritev_all(seg->fd, iov.data(), static_cast<int>(2 * k), start);
+      error = detail::pwritev_all(seg->fd, iov.data(), count, start);
     }
     if (error.empty() && options_.fsync && ::fdatasync(seg->fd) != 0) {
       error = "fdatasync: " + errno_text(errno);
@@ -205,7 +219,7 @@ void FileTier::get_blocks(int thread, BlockIo* blocks, size_t n) {
   // Runs of adjacent records, each read with one preadv from the page cache (short enough that
   // the checksums then read the blocks from the CPU's cache, not from memory), or, with
   // direct_read_depth, those the page cache does not hold with O_DIRECT, after the others.
-  constexpr size_t kMaxRun = kMaxRunRecords / 2;  // three iovecs a record, within IOV_MAX
+  constexpr size_t kMaxRun = kMaxRunRecords / 2;  // four iovecs a record, within IOV_MAX
   ReadScratch scratch;
   std::vector<Run> cold;
   for (size_t r = 0; r < wants.size();) {
@@ -230,7 +244,8 @@ void FileTier::get_blocks(int thread, BlockIo* blocks, size_t n) {
 }
 
 int64_t FileTier::run_bytes(const std::vector<Want>& wants, Run run) const {
-  return static_cast<int64_t>(run.k - 1) * stride_of(*wants[run.first].seg) + record_bytes_;
+  const Segment& seg = *wants[run.first].seg;
+  return static_cast<int64_t>(run.k - 1) * stride_of(seg) + record_end(seg);
 }
 
 void FileTier::read_buffered(BlockIo* blocks, const std::vector<Want>& wants, Run run,
@@ -238,15 +253,19 @@ void FileTier::read_buffered(BlockIo* blocks, const std::vector<Want>& wants, Ru
   const Segment& seg = *wants[run.first].seg;
   const int64_t stride = stride_of(seg);
   const auto payload = static_cast<size_t>(layout_.block_bytes);
-  const auto gap = static_cast<size_t>(stride - record_bytes_);  // an aligned record's padding
-  if (gap > scratch->pad.size()) scratch->pad.resize(gap);
+  // An aligned record's padding: after its payload (`tail`) and, in version 3, between its
+  // headers and its payload (`lead`); read into one scratch buffer and ignored.
+  const auto tail = static_cast<size_t>(stride - record_end(seg));
+  const auto lead = static_cast<size_t>(seg.shape.payload_at - kReadHeadBytes);
+  if (std::max(tail, lead) > scratch->pad.size()) scratch->pad.resize(std::max(tail, lead));
   if (scratch->heads.size() < run.k * kReadHeadBytes) scratch->heads.resize(run.k * kReadHeadBytes);
-  if (scratch->iov.size() < 3 * run.k) scratch->iov.resize(3 * run.k);
+  if (scratch->iov.size() < 4 * run.k) scratch->iov.resize(4 * run.k);
   int count = 0;
   for (size_t j = 0; j < run.k; ++j) {
-    if (j > 0 && gap > 0) scratch->iov[static_cast<size_t>(count++)] = {scratch->pad.data(), gap};
+    if (j > 0 && tail > 0) scratch->iov[static_cast<size_t>(count++)] = {scratch->pad.data(), tail};
     scratch->iov[static_cast<size_t>(count++)] = {scratch->heads.data() + j * kReadHeadBytes,
                                                   kReadHeadBytes};
+    if (lead > 0) scratch->iov[static_cast<size_t>(count++)] = {scratch->pad.data(), lead};
     scratch->iov[static_cast<size_t>(count++)] = {blocks[wants[run.first + j].i].data, payload};
   }
   std::string error;
@@ -255,7 +274,7 @@ void FileTier::read_buffered(BlockIo* blocks, const std::vector<Want>& wants, Ru
   for (size_t j = 0; j < run.k; ++j) {
     const Want& w = wants[run.first + j];
     BlockIo& b = blocks[w.i];
-    const int64_t end = static_cast<int64_t>(j) * stride + record_bytes_;
+    const int64_t end = static_cast<int64_t>(j) * stride + record_end(seg);
     finish_get(w, b, scratch->heads.data() + j * kReadHeadBytes, got < 0 ? error : "", got >= end);
   }
 }
@@ -326,12 +345,10 @@ StatusOr<std::unique_ptr<StorageTier>> make_file_tier(const StorageLayout& layou
                             std::to_string(options.direct_read_depth));
   }
   // The smallest store: one segment of one block (aligned records with direct_io).
-  const uint32_t align = options.direct_io ? detail::kDirectAlign : 1;
-  const int64_t smallest =
-      detail::first_record_offset(align) +
-      detail::record_stride(static_cast<int64_t>(detail::kReadHeadBytes) + layout.block_bytes,
-                            align) +
-      static_cast<int64_t>(detail::kRecordHeaderBytes);
+  const int64_t smallest = detail::FileTier::smallest_segment(
+      detail::FileTier::new_segment_shape(options.direct_io, options.direct_read_depth > 0,
+                                          layout.block_bytes),
+      layout.block_bytes);
   if (options.max_bytes < 0 || (options.max_bytes > 0 && options.max_bytes < smallest)) {
     return invalid_argument(
         "make_file_tier: max_bytes: must be 0 (no bound) or at least one segment of one block (" +

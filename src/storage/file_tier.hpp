@@ -40,11 +40,12 @@ struct FileKeyHash {
 
 // Records per preadv / pwritev: two iovecs each, within IOV_MAX (1024).
 inline constexpr size_t kMaxRunRecords = 512;
-// A record's header and its block's header: what a get reads apart from the payload.
-inline constexpr size_t kReadHeadBytes = kRecordHeaderBytes + kBlockHeaderBytes;
 // O_DIRECT's alignment of offsets, lengths and buffers: the page size, which every Linux
 // filesystem that takes O_DIRECT accepts (most need only the logical sector, 512 B).
 inline constexpr uint32_t kDirectAlign = 4096;
+// The smallest block that reads around the page cache lay out for reads in place without
+// direct_io: the page each record then takes more is at most 1/16 of it.
+inline constexpr int64_t kInPlaceBlockBytes = int64_t{16} * kDirectAlign;
 // An O_DIRECT append stages its records in a buffer of about this size per I/O thread.
 inline constexpr size_t kStageBytes = size_t{2} << 20;
 
@@ -61,11 +62,23 @@ class FileTier final : public QueuedStorageTier {
 
   ~FileTier() override;
 
+  // How new segments lay out records of `block_bytes`. With direct_io (O_DIRECT appends):
+  // aligned to kDirectAlign (version 2), their payloads too where block_bytes is a multiple of it
+  // (version 3: then no larger than version 2's records). With direct_reads alone: version 3 for
+  // blocks of whole pages of at least kInPlaceBlockBytes (cold gets then read them in place; a
+  // record takes one page more than packed), else packed (version 1).
+  static RecordShape new_segment_shape(bool direct_io, bool direct_reads, int64_t block_bytes);
+
+  // The smallest segment of records shaped so: its header, one record and the seal.
+  static int64_t smallest_segment(const RecordShape& shape, int64_t block_bytes) {
+    return shape.first_record() + shape.stride(block_bytes) +
+           static_cast<int64_t>(kRecordHeaderBytes);
+  }
+
   // The largest segment: options.segment_bytes, and with a size bound at most a quarter of it
-  // (reclaim drops whole segments), but always room for one record (of records aligned to
-  // `align`) and the seal.
-  static int64_t effective_segment_bytes(const FileTierOptions& o, int64_t record_bytes,
-                                         uint32_t align);
+  // (reclaim drops whole segments), but never below smallest_segment().
+  static int64_t effective_segment_bytes(const FileTierOptions& o, const RecordShape& shape,
+                                         int64_t block_bytes);
 
   // Creates the directory, checks it can be written, and indexes the segments already there.
   Status open();
@@ -134,11 +147,17 @@ class FileTier final : public QueuedStorageTier {
     size_t first;
     size_t k;
   };
-  // A get's buffers for the headers of a run and its iovecs, reused from run to run.
+  struct FreeAligned {
+    void operator()(unsigned char* p) const;
+  };
+  // A get's buffers for the headers of a run and its iovecs, reused from run to run; `units`:
+  // kDirectAlign-aligned, for reads in place (their record headers' units and the padding).
   struct ReadScratch {
     std::vector<unsigned char> heads;
     std::vector<iovec> iov;
     std::vector<unsigned char> pad;
+    std::unique_ptr<unsigned char, FreeAligned> units;
+    size_t units_bytes = 0;
   };
   // The bytes from the run's first record header to the end of its last record.
   int64_t run_bytes(const std::vector<Want>& wants, Run run) const;
@@ -147,10 +166,21 @@ class FileTier final : public QueuedStorageTier {
                      ReadScratch* scratch);
   // Whether the page cache lacks some of the run (file_tier_direct_reads.cpp).
   bool is_cold(const std::vector<Want>& wants, Run run) const;
-  // Reads runs around the page cache, several in flight, on the thread's DirectReads; those
-  // that cannot be read so are read with read_buffered.
+  // Reads runs around the page cache, several in flight on the thread's DirectReads: in place
+  // where they can be, the others as aligned spans copied out; those that cannot be read so
+  // with read_buffered.
   void read_direct(int thread, BlockIo* blocks, const std::vector<Want>& wants,
                    const std::vector<Run>& runs, ReadScratch* scratch);
+  // Whether a run can be read in place: a version 3 segment, payloads of whole aligned units,
+  // every destination aligned.
+  bool readable_in_place(const BlockIo* blocks, const std::vector<Want>& wants, Run run) const;
+  // The aligned scratch an in-place read of `k` records of `seg` needs: a header unit each and
+  // one place for the padding between them.
+  size_t in_place_unit_bytes(const Segment& seg, size_t k) const;
+  // The iovecs of such a read: each record's header unit into `units`, its payload straight into
+  // the block's destination, the padding between records into the place after the units.
+  void add_in_place_iovecs(const BlockIo* blocks, const std::vector<Want>& wants, Run run,
+                           unsigned char* units, std::vector<iovec>* iovs) const;
   // Sets b.error from how the read went (`read_error`; `whole`: the record was all read) and
   // verify(), and forgets the block when it failed.
   void finish_get(const Want& w, BlockIo& b, const unsigned char* head,
@@ -158,7 +188,11 @@ class FileTier final : public QueuedStorageTier {
 
   // ---- segments this store appends to ----
 
-  int64_t stride_of(const Segment& seg) const { return record_stride(record_bytes_, seg.align); }
+  int64_t stride_of(const Segment& seg) const { return seg.shape.stride(layout_.block_bytes); }
+  // From a record's header to the end of its payload.
+  int64_t record_end(const Segment& seg) const {
+    return seg.shape.payload_at + layout_.block_bytes;
+  }
 
   // Whether O_DIRECT writes work in the store's directory (a probe file written with it); when
   // not, *why says what failed. tmpfs, for one, refuses O_DIRECT (EINVAL).
@@ -253,16 +287,12 @@ class FileTier final : public QueuedStorageTier {
 
   const FileTierOptions options_;
   const std::string store_dir_;
-  const int64_t record_bytes_;  // record header, block header and payload
-  // Set by open(), before the I/O threads start: the alignment of the records of new segments
-  // (kDirectAlign with direct_io where O_DIRECT works, else 1: packed), and the segment size.
-  uint32_t align_ = 1;
+  // Set by open(), before the I/O threads start: the shape of new segments' records (aligned
+  // with direct_io where O_DIRECT works, else packed), and the segment size.
+  RecordShape shape_;
   int64_t segment_bytes_ = 0;  // a segment takes records while they (and a seal) fit
   size_t stage_bytes_ = 0;
   std::vector<SegmentPtr> active_;  // per I/O thread: the segment it appends to, or null
-  struct FreeAligned {
-    void operator()(unsigned char* p) const;
-  };
   std::vector<std::unique_ptr<unsigned char, FreeAligned>> stages_;  // per I/O thread
   // Set by open(): reads of runs the page cache does not hold go around it (direct_read_depth > 0
   // and O_DIRECT works here).

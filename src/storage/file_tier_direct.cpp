@@ -120,17 +120,18 @@ std::string write_staged(int fd, int* direct_fd, const unsigned char* p, size_t 
 
 std::string FileTier::write_segment_header(int thread, Segment& seg) {
   unsigned char head[kSegmentHeaderBytes];
-  encode_segment_header(fingerprint_, static_cast<uint64_t>(layout_.block_bytes), seg.align, head);
-  if (seg.align <= 1) {
+  encode_segment_header(fingerprint_, static_cast<uint64_t>(layout_.block_bytes), seg.shape, head);
+  const uint32_t align = seg.shape.align;
+  if (align <= 1) {
     iovec iov{head, sizeof(head)};
     return pwritev_all(seg.fd, &iov, 1, 0);
   }
   unsigned char* page = stage(thread);
   if (page == nullptr) return "cannot allocate the O_DIRECT staging buffer";
   // The whole first unit: a recycled file's old bytes before the first record are zeroed too.
-  std::memset(page, 0, seg.align);
+  std::memset(page, 0, align);
   std::memcpy(page, head, sizeof(head));
-  return write_staged(seg.fd, &seg.direct_fd, page, seg.align, 0, seg.path);
+  return write_staged(seg.fd, &seg.direct_fd, page, align, 0, seg.path);
 }
 
 std::string FileTier::append_aligned(int thread, Segment& seg, const BlockIo* blocks, size_t k,
@@ -140,7 +141,7 @@ std::string FileTier::append_aligned(int thread, Segment& seg, const BlockIo* bl
   const auto stride = static_cast<size_t>(stride_of(seg));
   const auto payload = static_cast<size_t>(layout_.block_bytes);
   const uint64_t body = kBlockHeaderBytes + payload;
-  const size_t used = kReadHeadBytes + payload;
+  const size_t at = seg.shape.payload_at;
   for (size_t j = 0; j < k; ++j) {
     unsigned char* p = buf + j * stride;
     RecordHeader h;
@@ -148,8 +149,11 @@ std::string FileTier::append_aligned(int thread, Segment& seg, const BlockIo* bl
     h.body_bytes = body;
     encode_record_header(h, record_seed(seg.id), p);
     std::memcpy(p + kRecordHeaderBytes, blocks[j].header, kBlockHeaderBytes);
-    std::memcpy(p + kReadHeadBytes, blocks[j].data, payload);
-    std::memset(p + used, 0, stride - used);  // the padding: never read, zeros for tidiness
+    // The padding (between the headers and a version 3 payload, and after the payload): never
+    // read, zeros for tidiness.
+    std::memset(p + kReadHeadBytes, 0, at - kReadHeadBytes);
+    std::memcpy(p + at, blocks[j].data, payload);
+    std::memset(p + at + payload, 0, stride - at - payload);
   }
   return write_staged(seg.fd, &seg.direct_fd, buf, k * stride, start, seg.path);
 }

@@ -53,8 +53,8 @@ SegmentPtr FileTier::active_segment(int thread, std::string* error) {
       std::lock_guard<std::mutex> lock(mu_);
       seg->fd = fd;  // the segment closes it from here on
     }
-    seg->align = align_;
-    if (align_ > 1) open_direct(*seg);
+    seg->shape = shape_;
+    if (options_.direct_io && shape_.align > 1) open_direct(*seg);
     std::string why = write_segment_header(thread, *seg);
     if (why.empty() && options_.fsync && !detail::fsync_dir(store_dir_, &why)) {
       why = "fsync: " + why;
@@ -68,7 +68,7 @@ SegmentPtr FileTier::active_segment(int thread, std::string* error) {
     struct stat st {};
     const int64_t size = ::fstat(fd, &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
     std::lock_guard<std::mutex> lock(mu_);
-    seg->bytes = first_record_offset(seg->align);
+    seg->bytes = seg->shape.first_record();
     seg->seen_bytes = std::max(seg->bytes, size);  // a recycled file keeps its old length
     seg->last_used = ++clock_;
     total_bytes_ += seg->seen_bytes;
@@ -185,8 +185,8 @@ void FileTier::mark_removed(const SegmentPtr& seg, int64_t offset, const Storage
 }
 
 bool FileTier::nobody_appends(const Segment& seg) {
-  return seg.sealed || (seg.seen_bytes > first_record_offset(seg.align) &&
-                        ::flock(seg.fd, LOCK_EX | LOCK_NB) == 0);
+  return seg.sealed ||
+         (seg.seen_bytes > seg.shape.first_record() && ::flock(seg.fd, LOCK_EX | LOCK_NB) == 0);
 }
 
 void FileTier::drop_if_dead(const SegmentPtr& seg) {

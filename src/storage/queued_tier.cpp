@@ -290,6 +290,7 @@ StorageStats QueuedStorageTier::stats() const {
   s.rejected_puts = rejected_puts_.load();
   s.removed = removed_.load();
   s.gets_direct = gets_direct_.load();
+  s.gets_in_place = gets_in_place_.load();
   return s;
 }
 

@@ -82,8 +82,12 @@ class QueuedStorageTier : public StorageTier {
   /// Logs once that the store is reachable again after an outage.
   void note_reachable();
   void count_removed(int64_t n) { removed_ += n; }
-  /// Blocks of a get read around the page cache (they count as gets once the batch succeeds).
-  void count_direct_gets(int64_t n) { gets_direct_ += n; }
+  /// Blocks of a get read around the page cache, `in_place` of them straight into the caller's
+  /// memory (they count as gets once the batch succeeds).
+  void count_direct_gets(int64_t n, int64_t in_place) {
+    gets_direct_ += n;
+    gets_in_place_ += in_place;
+  }
 
   const StorageLayout layout_;
   const uint64_t fingerprint_;
@@ -132,7 +136,7 @@ class QueuedStorageTier : public StorageTier {
 
   std::atomic<int64_t> puts_{0}, gets_{0}, bytes_written_{0}, bytes_read_{0};
   std::atomic<int64_t> failed_puts_{0}, failed_gets_{0}, rejected_puts_{0}, removed_{0};
-  std::atomic<int64_t> gets_direct_{0};
+  std::atomic<int64_t> gets_direct_{0}, gets_in_place_{0};
   std::atomic<bool> reachable_{true};
   std::atomic<int64_t> outage_warnings_{0};
 };

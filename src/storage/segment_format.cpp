@@ -11,34 +11,44 @@ constexpr size_t kRecordCrcOffset = kRecordHeaderBytes - 4;
 
 }  // namespace
 
-void encode_segment_header(uint64_t fingerprint, uint64_t block_bytes, uint32_t align,
+void encode_segment_header(uint64_t fingerprint, uint64_t block_bytes, const RecordShape& shape,
                            unsigned char* out) {
-  const bool aligned = align > 1;
+  const bool aligned = shape.align > 1;
+  const uint16_t version = !aligned ? kSegmentFormatVersion
+                           : shape.payload_at == kReadHeadBytes
+                               ? kAlignedSegmentFormatVersion
+                               : kPayloadAlignedSegmentFormatVersion;
   put_le(out + 0, kSegmentMagic, 4);
-  put_le(out + 4, aligned ? kAlignedSegmentFormatVersion : kSegmentFormatVersion, 2);
+  put_le(out + 4, version, 2);
   put_le(out + 6, kSegmentHeaderBytes, 2);
   put_le(out + 8, fingerprint, 8);
   put_le(out + 16, block_bytes, 8);
-  put_le(out + 24, aligned ? align : 0, 4);
+  put_le(out + 24, aligned ? shape.align : 0, 4);
   put_le(out + kSegmentCrcOffset, crc32c(out, kSegmentCrcOffset), 4);
 }
 
 std::string check_segment_header(const unsigned char* in, uint64_t fingerprint,
-                                 uint64_t block_bytes, uint32_t* align) {
+                                 uint64_t block_bytes, RecordShape* shape) {
   if (get_le(in, 4) != kSegmentMagic) return "bad segment magic";
   if (get_le(in + kSegmentCrcOffset, 4) != crc32c(in, kSegmentCrcOffset)) {
     return "segment header checksum mismatch";
   }
   const uint64_t version = get_le(in + 4, 2);
   if (version == kSegmentFormatVersion) {
-    *align = 1;
-  } else if (version == kAlignedSegmentFormatVersion) {
+    *shape = RecordShape{};
+  } else if (version == kAlignedSegmentFormatVersion ||
+             version == kPayloadAlignedSegmentFormatVersion) {
     const uint64_t a = get_le(in + 24, 4);
-    // At least the header, so that the first record never overlaps it.
-    if (a < kSegmentHeaderBytes || a > kMaxRecordAlign || (a & (a - 1)) != 0) {
+    // At least the header, so that the first record never overlaps it; and in version 3 more
+    // than a record's two headers, which its first unit holds.
+    const uint64_t least =
+        version == kAlignedSegmentFormatVersion ? kSegmentHeaderBytes : kReadHeadBytes;
+    if (a < least || a > kMaxRecordAlign || (a & (a - 1)) != 0) {
       return "bad record alignment " + std::to_string(a);
     }
-    *align = static_cast<uint32_t>(a);
+    const auto align = static_cast<uint32_t>(a);
+    *shape = version == kAlignedSegmentFormatVersion ? RecordShape{align, kReadHeadBytes}
+                                                     : RecordShape::payload_aligned(align);
   } else {
     return "unknown segment format version";
   }

@@ -5,7 +5,10 @@
 // Version 1 packs the records. Version 2 (written for O_DIRECT, FileTierOptions::direct_io)
 // aligns them: the header names an alignment A, the first record starts at A and each record is
 // zero-padded to a multiple of A, so that every append is whole aligned blocks. A seal is not
-// padded (it ends the file).
+// padded (it ends the file). Version 3 (written for O_DIRECT when the block size is a multiple
+// of A) is version 2 with each block's payload at the start of the record's second unit (the two
+// headers, then zeros up to A): a cold get then reads a payload straight into an aligned
+// destination (file_tier_direct_reads.cpp). Its records take no more room than version 2's.
 #pragma once
 
 #include <cstddef>
@@ -13,17 +16,21 @@
 #include <string>
 
 #include "pagedkv/storage_tier.hpp"
+#include "storage/block_format.hpp"
 
 namespace pagedkv::detail {
 
 inline constexpr size_t kSegmentHeaderBytes = 32;
 inline constexpr size_t kRecordHeaderBytes = 40;
+// A block record's two headers (record and block): where its payload starts in versions 1 and 2.
+inline constexpr size_t kReadHeadBytes = kRecordHeaderBytes + kBlockHeaderBytes;
 /// "PKSG" and "PKSR" in file order.
 inline constexpr uint32_t kSegmentMagic = 0x47534B50u;
 inline constexpr uint32_t kRecordMagic = 0x52534B50u;
 inline constexpr uint16_t kSegmentFormatVersion = 1;
 inline constexpr uint16_t kAlignedSegmentFormatVersion = 2;
-/// The largest record alignment a version 2 segment may name.
+inline constexpr uint16_t kPayloadAlignedSegmentFormatVersion = 3;
+/// The largest record alignment a version 2 or 3 segment may name.
 inline constexpr uint32_t kMaxRecordAlign = uint32_t{1} << 20;
 
 enum class RecordType : uint16_t {
@@ -39,22 +46,31 @@ struct RecordHeader {
   uint64_t body_bytes = 0;  // a block: kBlockHeaderBytes + block_bytes; a seal: 0
 };
 
+/// How a segment lays out its records (read from its header).
+struct RecordShape {
+  uint32_t align = 1;                    // records start at multiples of this (1: packed)
+  uint32_t payload_at = kReadHeadBytes;  // a block's payload, from its record header
+
+  /// From one record to the next: the payload's end rounded up to `align`.
+  int64_t stride(int64_t block_bytes) const {
+    return (payload_at + block_bytes + align - 1) / align * align;
+  }
+  /// Where the first record starts.
+  int64_t first_record() const {
+    return align > 1 ? int64_t{align} : static_cast<int64_t>(kSegmentHeaderBytes);
+  }
+  /// Version 3's shape, for `align` (a power of two >= 128).
+  static RecordShape payload_aligned(uint32_t align) { return RecordShape{align, align}; }
+};
+
 /// Writes the 32 segment header bytes for a store of `fingerprint` and `block_bytes`, with
-/// records packed (`align` 1: version 1) or aligned to `align` bytes (a power of two: version 2).
-void encode_segment_header(uint64_t fingerprint, uint64_t block_bytes, uint32_t align,
+/// records packed (version 1), aligned (version 2) or with aligned payloads (version 3).
+void encode_segment_header(uint64_t fingerprint, uint64_t block_bytes, const RecordShape& shape,
                            unsigned char* out);
-/// Empty when the 32 bytes at `in` are a segment header of this layout (and sets *align: 1 for
-/// packed records), else why not.
+/// Empty when the 32 bytes at `in` are a segment header of this layout (and sets *shape), else
+/// why not.
 std::string check_segment_header(const unsigned char* in, uint64_t fingerprint,
-                                 uint64_t block_bytes, uint32_t* align);
-/// Where the first record of a segment of records aligned to `align` starts.
-inline int64_t first_record_offset(uint32_t align) {
-  return align > 1 ? int64_t{align} : static_cast<int64_t>(kSegmentHeaderBytes);
-}
-/// From one record to the next: `record_bytes` (header and body) rounded up to `align`.
-inline int64_t record_stride(int64_t record_bytes, uint32_t align) {
-  return (record_bytes + align - 1) / align * align;
-}
+                                 uint64_t block_bytes, RecordShape* shape);
 
 /// The seed of a segment's record header CRCs: its id, so that the records a recycled file held
 /// in an earlier life (under another id) never read as records of its new one.

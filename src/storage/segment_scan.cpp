@@ -97,12 +97,12 @@ SegmentPtr open_segment(const std::string& dir, uint64_t id, uint64_t fingerprin
   struct stat st {};
   unsigned char head[kSegmentHeaderBytes];
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || !read_at(fd, head, sizeof(head), 0) ||
-      !check_segment_header(head, fingerprint, static_cast<uint64_t>(block_bytes), &seg->align)
+      !check_segment_header(head, fingerprint, static_cast<uint64_t>(block_bytes), &seg->shape)
            .empty()) {
     return nullptr;
   }
   seg->mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-  seg->bytes = seg->seen_bytes = first_record_offset(seg->align);
+  seg->bytes = seg->seen_bytes = seg->shape.first_record();
   return seg;
 }
 
@@ -118,11 +118,13 @@ ScanResult scan_segment(const Segment& seg, uint64_t fingerprint, int64_t block_
   out.size = static_cast<int64_t>(st.st_size);
   const auto body = static_cast<int64_t>(kBlockHeaderBytes) + block_bytes;
   const auto head_bytes = static_cast<int64_t>(kRecordHeaderBytes);
-  const int64_t stride = record_stride(head_bytes + body, seg.align);
+  const int64_t stride = seg.shape.stride(block_bytes);
+  // From a record header to the end of its payload.
+  const int64_t record = seg.shape.payload_at + block_bytes;
   const uint32_t seed = record_seed(seg.id);
   // A sealed segment (its last record a seal) was finished by its writer: headers suffice.
   bool trusted = false;
-  if (out.size >= head_bytes + first_record_offset(seg.align)) {
+  if (out.size >= head_bytes + seg.shape.first_record()) {
     unsigned char tail[kRecordHeaderBytes];
     RecordHeader h;
     trusted = read_at(seg.fd, tail, sizeof(tail), out.size - head_bytes) &&
@@ -133,7 +135,7 @@ ScanResult scan_segment(const Segment& seg, uint64_t fingerprint, int64_t block_
   unsigned char head[kRecordHeaderBytes + kBlockHeaderBytes];
   int64_t off = out.end;
   while (off + head_bytes <= out.size) {
-    const bool whole = off + head_bytes + body <= out.size;
+    const bool whole = off + record <= out.size;
     if (!read_at(seg.fd, head, whole ? sizeof(head) : kRecordHeaderBytes, off)) {
       out.torn = "unreadable record header";
       break;
@@ -160,8 +162,7 @@ ScanResult scan_segment(const Segment& seg, uint64_t fingerprint, int64_t block_
                                     static_cast<uint64_t>(block_bytes), &crc);
       if (!out.torn.empty()) break;
       if (!trusted) {
-        if (!read_at(seg.fd, payload.data(), payload.size(),
-                     off + static_cast<int64_t>(sizeof(head)))) {
+        if (!read_at(seg.fd, payload.data(), payload.size(), off + seg.shape.payload_at)) {
           out.torn = "unreadable payload";
           break;
         }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "pagedkv/storage_tier.hpp"
+#include "storage/segment_format.hpp"
 
 namespace pagedkv::detail {
 
@@ -22,7 +23,7 @@ struct Segment {
   // O_DIRECT appends (FileTierOptions::direct_io): the file opened again with O_DIRECT, while
   // this store appends to it; -1 otherwise (appends then go through `fd`).
   int direct_fd = -1;
-  uint32_t align = 1;      // records aligned to this (1: packed; segment_format.hpp)
+  RecordShape shape;       // how its records are laid out (segment_format.hpp)
   int64_t mtime_ns = 0;    // when opened
   bool ours = false;       // one of this store's I/O threads appends to it
   bool mine = false;       // this store made it (only such a file is reused once dead)

@@ -4,7 +4,13 @@ same kind of directory, in one run: chunks/s stored (the cascade from the primar
 chunks/s promoted (found in the tier, read back into the primary tier).
 
     python tests/integrations/bench_vllm_tier.py [--chunks 64] [--chunk-kib 2048] [--rounds 3]
-        [--threads 2] [--direct-read-depth 0] [--direct-io]
+        [--threads 2] [--direct-read-depth 0] [--direct-io] [--step-pause-ms 0]
+
+With the tier's default direct_read_depth (8), pagedkv reads cold chunks in place, straight into
+the primary tier's page-aligned rows (as the fs tier does); --direct-read-depth 0 reads them
+through the page cache. --step-pause-ms sleeps between the
+promotion loop's scheduler steps, as an engine's steps take time; 0 spins (on a small machine the
+spinning loop takes CPU from the fs tier's Python reader threads).
 """
 from __future__ import annotations
 
@@ -83,7 +89,7 @@ def drop_page_cache():
         return False
 
 
-def run(tier_config, n, chunk_bytes, rng):
+def run(tier_config, n, chunk_bytes, rng, pause_s):
     """(seconds to store n chunks through the cascade, seconds to promote them back)."""
     region = Region(n, chunk_bytes)
     primary = CPUPrimaryTierOffloadingManager(num_chunks=n, mmap_region=region)
@@ -114,6 +120,8 @@ def run(tier_config, n, chunk_bytes, rng):
     while waiting:
         waiting = [k for k in waiting if manager.lookup(k, ctx) is not LookupResult.HIT]
         step(manager)
+        if pause_s > 0:
+            time.sleep(pause_s)
     t_promote = time.perf_counter() - t0
     manager.shutdown()
     return t_store, t_promote
@@ -125,10 +133,13 @@ def main() -> None:
     ap.add_argument("--chunk-kib", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="PagedKvTier I/O threads")
-    ap.add_argument("--direct-read-depth", type=int, default=0,
-                    help="PagedKvTier reads around the page cache, this many in flight (0: none)")
+    ap.add_argument("--direct-read-depth", type=int, default=None,
+                    help="PagedKvTier reads around the page cache, this many in flight (0: none; "
+                         "default: the tier's default)")
     ap.add_argument("--direct-io", action="store_true",
                     help="PagedKvTier writes and reads its segments with O_DIRECT")
+    ap.add_argument("--step-pause-ms", type=float, default=0.0,
+                    help="sleep between the promotion loop's steps (0: spin)")
     args = ap.parse_args()
     n, chunk_bytes = args.chunks, args.chunk_kib * 1024
     rng = np.random.default_rng(0)
@@ -140,16 +151,20 @@ def main() -> None:
                 config = ({"type": "fs", "root_dir": root} if name == "fs" else
                           {"type": "PagedKvTier", "module_path": "pagedkv.integrations.vllm",
                            "backend": "file", "directory": root, "threads": args.threads,
-                           "direct_read_depth": args.direct_read_depth,
                            "direct_io": args.direct_io})
-                s, p = run(config, n, chunk_bytes, rng)
+                if name == "pagedkv" and args.direct_read_depth is not None:
+                    config["direct_read_depth"] = args.direct_read_depth
+                s, p = run(config, n, chunk_bytes, rng, args.step_pause_ms / 1000)
                 results[name][0].append(s)
                 results[name][1].append(p)
     rate = {name: (n / statistics.median(s), n / statistics.median(p))
             for name, (s, p) in results.items()}
     print(f"{n} chunks of {args.chunk_kib} KiB, median of {args.rounds} rounds, one directory "
           f"kind ({tmp}); promotions read "
-          f"{'the disk (page cache dropped)' if run.cold else 'through the page cache'}")
+          f"{'the disk (page cache dropped)' if run.cold else 'through the page cache'}; "
+          f"pagedkv threads {args.threads}, direct_io {args.direct_io}, direct_read_depth "
+          f"{'default' if args.direct_read_depth is None else args.direct_read_depth}; "
+          f"{args.step_pause_ms} ms between promotion steps")
     for name, (stored, promoted) in rate.items():
         print(f"  {name:8s} stored {stored:8.1f} chunks/s   promoted {promoted:8.1f} chunks/s")
     print(f"pagedkv / fs: stored {rate['pagedkv'][0] / rate['fs'][0]:.2f}x, "

@@ -111,6 +111,37 @@ def test_blocks_the_page_cache_dropped_are_read_around_it_unless_depth_is_0(tmp_
     assert stats["gets_direct"] == (9 if depth > 0 else 0)
 
 
+def page_aligned_rows(n, width):
+    """n rows of `width` bytes (a multiple of 4096), each starting on a page boundary."""
+    raw = np.zeros(n * width + 4096, dtype=np.uint8)
+    skip = -raw.ctypes.data % 4096
+    return raw[skip:skip + n * width].reshape(n, width)
+
+
+def test_direct_io_blocks_of_whole_pages_are_read_in_place_into_aligned_rows(tmp_path):
+    if on_tmpfs(tmp_path):
+        pytest.skip("tmpfs keeps every page cached")
+    width = 3 * 4096
+    data = np.random.default_rng(13).integers(0, 256, size=(7, width), dtype=np.uint8)
+    keys = [bytes([0x70 + i]) * 16 for i in range(7)]
+    store = make_store(tmp_path, block=width, direct_io=True, direct_read_depth=4)
+    job = store.submit_put(keys, list(data))
+    assert finished(store, [job])[job]["ok"]
+    drop_page_cache(tmp_path / "store")
+    out = page_aligned_rows(7, width)
+    job = store.submit_get(keys, list(out))
+    assert finished(store, [job])[job]["ok"]
+    np.testing.assert_array_equal(out, data)
+    drop_page_cache(tmp_path / "store")
+    off_page = page_aligned_rows(7, width + 4096)[:, 16:16 + width]  # 16 bytes past a page
+    job = store.submit_get(keys, list(off_page))
+    assert finished(store, [job])[job]["ok"]
+    np.testing.assert_array_equal(off_page, data)
+    stats = store.stats()
+    assert stats["gets_direct"] == 14
+    assert stats["gets_in_place"] == 7
+
+
 def test_a_direct_read_depth_outside_0_to_256_is_refused(tmp_path):
     for depth in (-1, 257):
         with pytest.raises(pagedkv.InvalidArgumentError, match="direct_read_depth"):

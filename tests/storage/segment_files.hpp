@@ -3,7 +3,8 @@
 // records of a 40-byte record header (type at 4, ns at 8, hash at 16, body bytes at 24) and a
 // body (a block: the 48-byte block header and the payload). Version 1 packs the records; in
 // version 2 (O_DIRECT) the header names an alignment (at 24), the first record starts there and
-// each record is padded to a multiple of it.
+// each record is padded to a multiple of it; version 3 is version 2 with each payload at the
+// start of its record's second aligned unit (zeros between the headers and it).
 #pragma once
 
 #include <algorithm>
@@ -54,17 +55,20 @@ inline int64_t segment_bytes_on_disk(const std::string& dir, const StorageLayout
   return n;
 }
 
-/// A segment's format version (at 4) and record alignment (1 for packed records).
+/// A segment's format version (at 4), record alignment (1 for packed records) and where a
+/// block's payload starts in its record.
 struct SegmentFormat {
   int version = 0;
   uint64_t align = 1;
-  uint64_t first = 32;  // the first record's offset
+  uint64_t first = 32;       // the first record's offset
+  uint64_t payload_at = 88;  // from the record header
 };
 inline SegmentFormat segment_format(const std::string& bytes) {
   SegmentFormat f;
   if (bytes.size() < 32) return f;
   f.version = int(le_at(bytes, 4, 2));
-  if (f.version == 2) f.align = f.first = le_at(bytes, 24, 4);
+  if (f.version == 2 || f.version == 3) f.align = f.first = le_at(bytes, 24, 4);
+  if (f.version == 3) f.payload_at = f.align;
   return f;
 }
 
@@ -87,7 +91,8 @@ inline std::vector<RecordAt> all_records(const std::string& dir, const StorageLa
       RecordAt r{p, int64_t(off), int(le_at(s, off + 4, 2)),
                  StorageKey{le_at(s, off + 16, 8), le_at(s, off + 8, 8)}};
       out.push_back(r);
-      const size_t record = 40 + size_t(le_at(s, off + 24, 8));
+      // The headers (or version 3's first unit), then the payload: the body less its header.
+      const size_t record = size_t(f.payload_at) + size_t(le_at(s, off + 24, 8)) - 48;
       off += (record + f.align - 1) / f.align * f.align;
     }
   }

@@ -80,7 +80,9 @@ class PagedKvTier(SecondaryTierManager):
     """A vLLM secondary tier over a pagedkv store.
 
     Tier options (the JSON of its `secondary_tiers` entry): `backend` "file" (with `directory`,
-    `max_bytes`, `fsync`, `direct_io`, `direct_read_depth`) or "redis" (with `host`, `port`, `key_prefix`, `timeout_ms`);
+    `max_bytes`, `fsync`, `direct_io`, `direct_read_depth`: 8 by default, so that a promotion of
+    chunks the page cache does not hold reads them with O_DIRECT straight into the primary tier's
+    page-aligned rows) or "redis" (with `host`, `port`, `key_prefix`, `timeout_ms`);
     `threads` and `max_queued_blocks` for either; `digest` to name the chunks' layout yourself
     (default: from the offloading config); `locality` "LOCAL"/"REMOTE" for the events. Options
     this version does not know are logged and ignored, so a newer vLLM's extra arguments do not
@@ -91,7 +93,7 @@ class PagedKvTier(SecondaryTierManager):
     def __init__(self, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str,
                  backpressure_detector: Any = None, *, backend: str = "file",
                  directory: Optional[str] = None, max_bytes: int = 0, fsync: bool = False,
-                 direct_io: bool = False, direct_read_depth: int = 0,
+                 direct_io: bool = False, direct_read_depth: int = 8,
                  host: str = "127.0.0.1", port: int = 6379, key_prefix: str = "pagedkv",
                  timeout_ms: int = 1000, threads: int = 2, max_queued_blocks: int = 4096,
                  digest: Optional[str] = None, locality: Optional[str] = None,
