@@ -97,8 +97,6 @@ struct DirectReads::Ring {
 struct DirectReads::Ring {};
 #endif
 
-void DirectReads::FreeAligned::operator()(unsigned char* p) const { std::free(p); }
-
 DirectReads::DirectReads(int depth) : depth_(std::max(depth, 1)) {}
 
 DirectReads::~DirectReads() = default;

@@ -14,6 +14,8 @@
 #include <memory>
 #include <vector>
 
+#include "storage/file_io.hpp"
+
 namespace pagedkv::detail {
 
 /// Whether [offset, offset + bytes) of the file is in the page cache (Linux's cachestat).
@@ -66,10 +68,7 @@ class DirectReads {
   void run_ring(const std::vector<Read>& reads, const Done& done);
 
   const int depth_;
-  int64_t buffer_bytes_ = 0;  // each buffer's size
-  struct FreeAligned {
-    void operator()(unsigned char* p) const;
-  };
+  int64_t buffer_bytes_ = 0;                                          // each buffer's size
   std::vector<std::unique_ptr<unsigned char, FreeAligned>> buffers_;  // depth_ of them
   std::unique_ptr<Ring> ring_;  // null: not set up yet, or refused
   bool ring_tried_ = false;

@@ -6,9 +6,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 namespace pagedkv::detail {
+
+/// Frees a buffer from aligned_alloc / posix_memalign (the O_DIRECT buffers' deleter).
+struct FreeAligned {
+  void operator()(unsigned char* p) const { std::free(p); }
+};
 
 /// strerror(e) as a string.
 std::string errno_text(int e);

@@ -145,7 +145,7 @@ void FileTier::put_blocks(int thread, BlockIo* blocks, size_t n) {
     const bool staged = seg->direct_fd >= 0;
     const bool empty = start == seg->shape.first_record();
     const auto head = static_cast<size_t>(seg->shape.payload_at);
-    const auto tail = static_cast<size_t>(stride - record_end(*seg));
+    const size_t tail = padding_after(*seg);
     // Room for the records and, later, the seal.
     const int64_t room = segment_bytes_ - start - static_cast<int64_t>(kRecordHeaderBytes);
     size_t k = std::min({n - i, staged ? stage_records(*seg) : kMaxRunRecords / (tail > 0 ? 2 : 1),
@@ -255,7 +255,7 @@ void FileTier::read_buffered(BlockIo* blocks, const std::vector<Want>& wants, Ru
   const auto payload = static_cast<size_t>(layout_.block_bytes);
   // An aligned record's padding: after its payload (`tail`) and, in version 3, between its
   // headers and its payload (`lead`); read into one scratch buffer and ignored.
-  const auto tail = static_cast<size_t>(stride - record_end(seg));
+  const size_t tail = padding_after(seg);
   const auto lead = static_cast<size_t>(seg.shape.payload_at - kReadHeadBytes);
   if (std::max(tail, lead) > scratch->pad.size()) scratch->pad.resize(std::max(tail, lead));
   if (scratch->heads.size() < run.k * kReadHeadBytes) scratch->heads.resize(run.k * kReadHeadBytes);

@@ -6,8 +6,10 @@
 // block's record header in place as removed. The size bound drops whole least recently used
 // segments. At startup the index is rebuilt by scanning the segments (segment_scan.hpp).
 // With FileTierOptions::direct_io the segments are written with O_DIRECT from aligned staging
-// buffers, records aligned to kDirectAlign (segment_format.hpp, version 2). A get reads the runs
-// the page cache does not hold around it, with O_DIRECT, several at once (direct_read_depth).
+// buffers, records aligned to kDirectAlign (segment_format.hpp, version 2, or 3 for blocks of
+// whole pages). With direct_read_depth a get reads the runs the page cache does not hold around
+// it, with O_DIRECT, several at once; version 3 runs (also written, through the page cache, for
+// blocks of whole pages from kInPlaceBlockBytes) straight into page-aligned destinations.
 // The class is defined across file_tier.cpp (puts, gets, lookups), file_tier_segments.cpp
 // (appending, the index, removal and reclaim), file_tier_direct.cpp (O_DIRECT appends),
 // file_tier_direct_reads.cpp (O_DIRECT reads) and file_tier_scan.cpp (what is on disk).
@@ -26,6 +28,7 @@
 
 #include "storage/block_format.hpp"
 #include "storage/direct_reads.hpp"
+#include "storage/file_io.hpp"
 #include "storage/queued_tier.hpp"
 #include "storage/segment_format.hpp"
 #include "storage/segment_scan.hpp"
@@ -147,9 +150,6 @@ class FileTier final : public QueuedStorageTier {
     size_t first;
     size_t k;
   };
-  struct FreeAligned {
-    void operator()(unsigned char* p) const;
-  };
   // A get's buffers for the headers of a run and its iovecs, reused from run to run; `units`:
   // kDirectAlign-aligned, for reads in place (their record headers' units and the padding).
   struct ReadScratch {
@@ -192,6 +192,10 @@ class FileTier final : public QueuedStorageTier {
   // From a record's header to the end of its payload.
   int64_t record_end(const Segment& seg) const {
     return seg.shape.payload_at + layout_.block_bytes;
+  }
+  // An aligned record's zeros after its payload, up to the next record.
+  size_t padding_after(const Segment& seg) const {
+    return static_cast<size_t>(stride_of(seg) - record_end(seg));
   }
 
   // Whether O_DIRECT writes work in the store's directory (a probe file written with it); when
@@ -287,8 +291,8 @@ class FileTier final : public QueuedStorageTier {
 
   const FileTierOptions options_;
   const std::string store_dir_;
-  // Set by open(), before the I/O threads start: the shape of new segments' records (aligned
-  // with direct_io where O_DIRECT works, else packed), and the segment size.
+  // Set by open(), before the I/O threads start: the shape of new segments' records
+  // (new_segment_shape, where O_DIRECT works; else packed), and the segment size.
   RecordShape shape_;
   int64_t segment_bytes_ = 0;  // a segment takes records while they (and a seal) fit
   size_t stage_bytes_ = 0;

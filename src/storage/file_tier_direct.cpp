@@ -27,8 +27,6 @@ std::atomic<bool> refuse_direct_io{false};
 
 void refuse_direct_io_for_testing(bool refuse) { refuse_direct_io = refuse; }
 
-void FileTier::FreeAligned::operator()(unsigned char* p) const { std::free(p); }
-
 bool FileTier::probe_direct_io(std::string* why) const {
   if (refuse_direct_io) {
     *why = "open with O_DIRECT: " + errno_text(EINVAL) + " (refused for a test)";

@@ -4,7 +4,7 @@
 // cached pages alone (as direct_io does for appends); runs the page cache holds (a block read
 // again soon, a prefix many requests share) are still read from it.
 // Several runs are in flight at once (DirectReads). A run of a version 3 segment (payloads at
-// aligned offsets: direct_io with a block size of whole pages) into aligned destinations is read
+// aligned offsets: FileTier::new_segment_shape) into aligned destinations is read
 // in place: one vectored read puts each payload straight into its destination, with no copy
 // (what vLLM's fs tier does with the primary tier's rows). Any other run is read as the aligned
 // span that covers it, and each payload is copied out of the span; that copy costs what the page
@@ -159,14 +159,14 @@ bool FileTier::readable_in_place(const BlockIo* blocks, const std::vector<Want>&
 
 size_t FileTier::in_place_unit_bytes(const Segment& seg, size_t k) const {
   // Each record's header unit, then one place for every record's padding after its payload.
-  return k * seg.shape.payload_at + static_cast<size_t>(stride_of(seg) - record_end(seg));
+  return k * seg.shape.payload_at + padding_after(seg);
 }
 
 void FileTier::add_in_place_iovecs(const BlockIo* blocks, const std::vector<Want>& wants, Run run,
                                    unsigned char* units, std::vector<iovec>* iovs) const {
   const Segment& seg = *wants[run.first].seg;
   const size_t head_unit = seg.shape.payload_at;
-  const auto tail = static_cast<size_t>(stride_of(seg) - record_end(seg));
+  const size_t tail = padding_after(seg);
   for (size_t j = 0; j < run.k; ++j) {
     if (j > 0 && tail > 0) iovs->push_back({units + run.k * head_unit, tail});
     iovs->push_back({units + j * head_unit, head_unit});

@@ -5,10 +5,10 @@
 // Version 1 packs the records. Version 2 (written for O_DIRECT, FileTierOptions::direct_io)
 // aligns them: the header names an alignment A, the first record starts at A and each record is
 // zero-padded to a multiple of A, so that every append is whole aligned blocks. A seal is not
-// padded (it ends the file). Version 3 (written for O_DIRECT when the block size is a multiple
-// of A) is version 2 with each block's payload at the start of the record's second unit (the two
-// headers, then zeros up to A): a cold get then reads a payload straight into an aligned
-// destination (file_tier_direct_reads.cpp). Its records take no more room than version 2's.
+// padded (it ends the file). Version 3 (for blocks whose size is a multiple of A) is version 2
+// with each block's payload at the start of the record's second unit (the two headers, then
+// zeros up to A): a cold get then reads a payload straight into an aligned destination
+// (file_tier_direct_reads.cpp). Its records take no more room than version 2's.
 #pragma once
 
 #include <cstddef>
