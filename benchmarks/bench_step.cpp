@@ -18,7 +18,8 @@
 // per step: host_us, host_us/seq, data_us, MiB (bytes moved), memcpy_GBps (the contiguous
 // ceiling), vs_memcpy (memcpy time of the step's bytes / whole step time), data_vs_memcpy (the
 // same over data time only), scatter_GBps and vs_scatter (the ceiling the step really has: the
-// same bytes as 2 KiB rows copied to random rows of a buffer the size of the pool), evicted_blk
+// same bytes as 2 KiB rows copied to random rows of a buffer the size of the pool; on the CPU
+// with the streaming stores write_kv uses there, kernels::detail::copy_streaming), evicted_blk
 // (cached blocks reclaimed).
 //
 // The device pool holds the shared prefix, every running sequence at its longest and two steps
@@ -50,6 +51,7 @@
 
 #include "benchmarks/goal_reporter.hpp"
 #include "device_data.hpp"
+#include "kernels/paged_copy.hpp"
 #include "pagedkv/backend.hpp"
 #include "pagedkv/cache.hpp"
 
@@ -144,7 +146,6 @@ class StepBench {
   Status step(StepTimer& timer);
   /// Gathers a few sequences' layers and compares them with the inputs written.
   Status verify();
-  /// Seconds of one plain copy of `bytes` bytes on this backend (the ceiling).
   /// Seconds of a copy of `bytes`: contiguous, or scattered as the step's 2 KiB rows over a
   /// buffer the size of the pool (the ceilings of the step's ratios).
   StatusOr<double> copy_seconds(size_t bytes, bool scattered);
@@ -417,7 +418,15 @@ StatusOr<double> StepBench::copy_seconds(size_t bytes, bool scattered) {
   }
   return seconds_per_copy([&]() -> Status {
     if (cpu) {
-      for (const CopyRegion& r : regions) std::memcpy(r.dst, r.src, r.bytes);
+      if (!scattered) {
+        std::memcpy(regions[0].dst, regions[0].src, regions[0].bytes);  // streams when large
+        return ok_status();
+      }
+      for (const CopyRegion& r : regions) {
+        kernels::detail::copy_streaming(static_cast<char*>(r.dst), static_cast<const char*>(r.src),
+                                        r.bytes);
+      }
+      kernels::detail::fence_streaming();
       return ok_status();
     }
     PAGEDKV_RETURN_IF_ERROR(

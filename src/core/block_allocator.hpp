@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/huge_pages.hpp"
 #include "pagedkv/control_types.hpp"
 
 namespace pagedkv {
@@ -102,7 +103,7 @@ class BlockAllocator {
   static size_t idx(Tier t) { return static_cast<size_t>(t); }
   int32_t take_slot(Tier t);
 
-  std::vector<BlockInfo> blocks_;
+  HugeVector<BlockInfo> blocks_;
   std::vector<LogicalId> free_logical_;
   std::vector<int32_t> free_[kNumTiers];
   std::vector<LogicalId> owner_[kNumTiers];

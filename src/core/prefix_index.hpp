@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/block_allocator.hpp"
+#include "core/huge_pages.hpp"
 #include "pagedkv/control_types.hpp"
 
 namespace pagedkv {
@@ -146,10 +147,10 @@ class PrefixIndex {
   int32_t block_size_;
   int64_t size_ = 0;
   uint64_t changes_ = 0;  // inserts and removes so far (a Lookup is valid while it is unchanged)
-  std::vector<PrefixNode> nodes_;
-  std::vector<TokenId> tokens_;
+  HugeVector<PrefixNode> nodes_;
+  HugeVector<TokenId> tokens_;
   std::vector<NodeId> free_nodes_;
-  std::vector<Slot> slots_;  // chained hash -> first node with it
+  HugeVector<Slot> slots_;  // chained hash -> first node with it
   size_t mask_ = 0;
 };
 

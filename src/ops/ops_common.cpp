@@ -193,6 +193,12 @@ kernels::PagedRowBody make_row_body(const PoolRef& pool) {
   return b;
 }
 
+// Streaming stores on the host (plan_paged_rows): into pools from the size of a server CPU's
+// last-level cache, out of them for launches from a few MiB (under it a gathered tensor is
+// still in the cache when it is read).
+constexpr int64_t kStreamIntoPoolsFromBytes = int64_t{32} << 20;
+constexpr int64_t kStreamReadsFromBytes = int64_t{4} << 20;
+
 StatusOr<PagedRowsPlan> plan_paged_rows(kernels::PagedRowBody b, bool wide,
                                         int64_t resident_threads) {
   const int64_t head_dim = b.layout.head_dim;
@@ -249,6 +255,18 @@ StatusOr<PagedRowsPlan> plan_paged_rows(kernels::PagedRowBody b, bool wide,
                             " tokens make an index space past int64");
   }
   const int64_t lanes = wide ? 1 : row_lanes(b.segs_per_row, rows_total, resident_threads);
+  // The host's whole-row shape streams its stores (kernels::detail::copy_streaming) where the
+  // lines it writes are unlikely to be in the cache and unlikely to be read again from it soon:
+  // into a pool larger than a last-level cache (its rows are scattered over it), and out of the
+  // pool when the launch moves more than a core's caches would keep.
+  if (wide && !b.convert) {
+    const double es = static_cast<double>(dtype_size(b.pool_dtype));
+    const double pool_bytes =
+        static_cast<double>(b.num_blocks) * static_cast<double>(b.layout.block_elems()) * es;
+    const double moved = static_cast<double>(rows_total) * static_cast<double>(row_elems) * es;
+    b.stream_stores = b.to_pool ? pool_bytes >= static_cast<double>(kStreamIntoPoolsFromBytes)
+                                : moved >= static_cast<double>(kStreamReadsFromBytes);
+  }
   b.lane_shift = 0;
   while ((int64_t{1} << b.lane_shift) < lanes) ++b.lane_shift;
   b.step_heads = static_cast<int32_t>(lanes * b.seg_elems / head_dim);

@@ -1,11 +1,13 @@
 // PrefixIndex's lookup-then-insert: a lookup that misses gives the key's hash and map slot, and
 // inserting from it gives the node a plain insert of the key gives (same hash, found by find,
 // under the same parent); on random keys with removals in between, an index filled through
-// lookups answers every find as one filled through plain inserts.
+// lookups answers every find as one filled through plain inserts, and as a plain map of keys.
 #include "core/prefix_index.hpp"
 
 #include <gtest/gtest.h>
 
+#include <iterator>
+#include <map>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -122,6 +124,54 @@ TEST(PrefixIndexTest, IndexFilledThroughLookupsAnswersAsOneFilledByPlainInserts)
     ASSERT_EQ(n, looked_nodes[i]);
     EXPECT_TRUE(looked.reachable(n));
     EXPECT_EQ(looked.node(n).block, plain.node(plain_nodes[i]).block);
+  }
+}
+
+// The hash map against a plain map of keys: root and flat keys over few distinct tokens and
+// prefixes in a small index (every slot run shared, the backward shift moving entries across
+// the one insert() holds back), with finds of present and absent keys, inserts and removes
+// interleaved in every order; after each step every live key is found at its node and reachable.
+TEST(PrefixIndexTest, AnswersAsAMapOfItsKeys) {
+  constexpr int64_t kMax = 48;
+  std::mt19937 rng(29);
+  PrefixIndex index(kBlock, kMax);
+  using Key = std::pair<int, std::vector<TokenId>>;  // prefix (-1: a root key), tokens
+  std::map<Key, NodeId> model;
+  const std::vector<uint64_t> prefixes = {11, 12, 13};
+  const auto random_key = [&] {
+    Key k{static_cast<int>(rng() % 4) - 1, std::vector<TokenId>(kBlock)};
+    for (TokenId& x : k.second) x = static_cast<TokenId>(rng() % 3);
+    return k;
+  };
+  const auto find = [&](const Key& k) {
+    return k.first < 0
+               ? index.find(kRootNode, 0, k.second.data())
+               : index.find_flat(prefixes[static_cast<size_t>(k.first)], 0, k.second.data());
+  };
+  for (int step = 0; step < 20000; ++step) {
+    const Key k = random_key();
+    const auto it = model.find(k);
+    const int op = static_cast<int>(rng() % 3);
+    if (op == 0) {  // find
+      ASSERT_EQ(find(k), it == model.end() ? NodeId{-1} : it->second) << "step " << step;
+    } else if (op == 1 && it == model.end() && index.size() < kMax) {  // insert
+      const LogicalId block = step;
+      const NodeId n = k.first < 0 ? index.insert(kRootNode, 0, k.second.data(), block)
+                                   : index.insert_flat(prefixes[static_cast<size_t>(k.first)], 0,
+                                                       k.second.data(), block);
+      model.emplace(k, n);
+    } else if (op == 2 && !model.empty()) {  // remove a random live key
+      auto victim = model.begin();
+      std::advance(victim, static_cast<std::ptrdiff_t>(rng() % model.size()));
+      index.remove(victim->second);
+      model.erase(victim);
+    }
+    ASSERT_EQ(index.size(), static_cast<int64_t>(model.size()));
+    for (const auto& [key, node] : model) {
+      ASSERT_EQ(find(key), node) << "step " << step;
+      ASSERT_TRUE(index.reachable(node)) << "step " << step;
+      ASSERT_TRUE(index.contains_hash(index.node(node).hash)) << "step " << step;
+    }
   }
 }
 

@@ -1,11 +1,14 @@
 // The row bodies' launch shape (ops_detail::row_lanes, plan_paged_rows) and the raw-copy body
 // (PagedRowRawBody) against a naive reference: every lane count a row can get, both directions,
-// odd shapes, bad device indices, and the generic body on the same plans for comparison.
+// odd shapes, bad device indices, the host's streaming stores, and the generic body on the same
+// plans for comparison.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 
 #include "kernel_test_util.hpp"
+#include "kernels/paged_copy.hpp"
 #include "kernels/registry.hpp"
 #include "ops/ops_common.hpp"
 #include "support/status_matchers.hpp"
@@ -118,6 +121,57 @@ TEST(PlanPagedRows, DecodeWriteRunsTheRawBodyWithALanePerVector) {
   ASSERT_OK(plan);
   EXPECT_EQ(plan->kernel, KernelId::kPagedRows);
   EXPECT_EQ(plan->body.lane_shift, 7);
+}
+
+// Streaming stores (the host's whole-row shape only): into a pool from 32 MiB, out of one from
+// 4 MiB a launch; never on the narrow (device) shape or a conversion.
+TEST(PlanPagedRows, TheHostStreamsIntoLargePoolsAndLargeReadsOutOfThem) {
+  const auto plan = [](kernels::PagedRowBody b, bool wide) {
+    auto p = ops_detail::plan_paged_rows(b, wide, kModelResidentThreads);
+    EXPECT_OK(p);
+    return p.ok() ? p->body.stream_stores : -1;
+  };
+  // 300 blocks of 2 MiB (32 layers, K and V, 16 tokens of 2 KiB rows).
+  kernels::PagedRowBody write = decode_write_body(DType::kFloat16, DType::kFloat16, 1);
+  EXPECT_EQ(plan(write, true), 1);
+  EXPECT_EQ(plan(write, false), 0);
+  write.num_blocks = 15;  // 30 MiB
+  EXPECT_EQ(plan(write, true), 0);
+  write.num_blocks = 16;
+  EXPECT_EQ(plan(write, true), 1);
+  EXPECT_EQ(plan(decode_write_body(DType::kBFloat16, DType::kFloat16, 256), true), 0);
+  // Reads: 2 KiB rows, K and V: 1,024 tokens are 4 MiB.
+  kernels::PagedRowBody read = decode_write_body(DType::kFloat16, DType::kFloat16, 1023);
+  read.to_pool = 0;
+  EXPECT_EQ(plan(read, true), 0);
+  read.num_tokens = 1024;
+  EXPECT_EQ(plan(read, true), 1);
+  EXPECT_EQ(plan(read, false), 0);
+}
+
+// copy_streaming against memcpy: whole lines at line-aligned destinations (streamed) and every
+// other size and offset (the memcpy it falls back to); the bytes around are untouched.
+TEST(CopyStreaming, CopiesExactlyTheBytesAtAnyOffsetAndSize) {
+  std::mt19937 rng(41);
+  std::vector<uint8_t> src(9000);
+  for (uint8_t& x : src) x = static_cast<uint8_t>(rng());
+  alignas(64) static uint8_t dst[9000 + 256];
+  for (int i = 0; i < 3000; ++i) {
+    const bool lines = i % 2 == 0;
+    const size_t off = lines ? 64 * (rng() % 8) : rng() % 256;
+    const size_t bytes = lines ? 64 * (rng() % 100) : rng() % 6000;
+    const size_t from = rng() % 2000;
+    std::memset(dst, 0xa5, sizeof(dst));
+    kernels::detail::copy_streaming(reinterpret_cast<char*>(dst + off),
+                                    reinterpret_cast<const char*>(src.data() + from), bytes);
+    kernels::detail::fence_streaming();
+    SCOPED_TRACE("offset " + std::to_string(off) + ", " + std::to_string(bytes) + " bytes");
+    ASSERT_EQ(std::memcmp(dst + off, src.data() + from, bytes), 0);
+    for (size_t k = 0; k < sizeof(dst); ++k) {
+      if (k >= off && k < off + bytes) continue;
+      ASSERT_EQ(dst[k], 0xa5) << "byte " << k;
+    }
+  }
 }
 
 struct RawCase {
@@ -310,21 +364,26 @@ class RawRowBodyTest : public BackendTest<Tag> {
     run_plans(b, 2 * int64_t{c.tokens}, dout, out0, want);
   }
 
-  // Every plan of `b`, with both bodies: `dst` starts as `dst0` and must end as `want`.
+  // Every plan of `b`, with both bodies (the wide one with streaming stores and without):
+  // `dst` starts as `dst0` and must end as `want`.
   void run_plans(const kernels::PagedRowBody& b, int64_t rows, DeviceBuffer& dst,
                  const std::vector<uint8_t>& dst0, const std::vector<uint8_t>& want) {
     for (const PlanChoice& choice : plan_choices(rows)) {
       auto plan = ops_detail::plan_paged_rows(b, choice.wide, choice.resident_threads);
       ASSERT_OK(plan);
       ASSERT_EQ(plan->kernel, KernelId::kPagedRowsRaw);
-      for (KernelId kernel : {KernelId::kPagedRowsRaw, KernelId::kPagedRows}) {
-        SCOPED_TRACE(std::string(kernels::kernel_name(kernel)) +
-                     (choice.wide ? " wide" : " narrow") + ", " +
-                     std::to_string(1 << plan->body.lane_shift) + " lanes of " +
-                     std::to_string(plan->body.segs_per_row) + " chunks");
-        dst.upload(dst0);
-        ASSERT_OK(launch(*plan, kernel));
-        EXPECT_TRUE(bytes_equal(want, dst.download<uint8_t>()));
+      for (int stream : {0, 1}) {
+        if (stream == 1 && !choice.wide) continue;  // the host's whole-row shape only
+        plan->body.stream_stores = stream;
+        for (KernelId kernel : {KernelId::kPagedRowsRaw, KernelId::kPagedRows}) {
+          SCOPED_TRACE(std::string(kernels::kernel_name(kernel)) +
+                       (choice.wide ? " wide" : " narrow") + (stream ? " streaming" : "") + ", " +
+                       std::to_string(1 << plan->body.lane_shift) + " lanes of " +
+                       std::to_string(plan->body.segs_per_row) + " chunks");
+          dst.upload(dst0);
+          ASSERT_OK(launch(*plan, kernel));
+          EXPECT_TRUE(bytes_equal(want, dst.download<uint8_t>()));
+        }
       }
     }
   }

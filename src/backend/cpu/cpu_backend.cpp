@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/paged_copy.hpp"
 #include "kernels/registry.hpp"
 
 namespace pagedkv::cpu {
@@ -38,6 +39,9 @@ void run_body(const void* params, int64_t num_items) {
   Body body;
   std::memcpy(static_cast<void*>(&body), params, sizeof(Body));
   for (int64_t i = 0; i < num_items; ++i) body(i);
+  // Bodies may write with streaming stores (kernels::detail::copy_streaming), which are weakly
+  // ordered: they must be visible before the stream reports the work done to another thread.
+  kernels::detail::fence_streaming();
 }
 
 }  // namespace
