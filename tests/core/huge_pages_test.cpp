@@ -12,8 +12,8 @@ namespace core {
 namespace {
 
 TEST(HugeVector, LargeArraysStartOnAHugePageAndAllAreZeroed) {
-  for (const size_t bytes : {size_t{100}, kHugePageThreshold - 8, kHugePageThreshold,
-                             3 * kHugePageThreshold + 24}) {
+  for (const size_t bytes :
+       {size_t{100}, kHugePageThreshold - 8, kHugePageThreshold, 3 * kHugePageThreshold + 24}) {
     SCOPED_TRACE(std::to_string(bytes) + " bytes");
     HugeVector<uint64_t> v;
     resize_huge(&v, bytes / sizeof(uint64_t));
